@@ -1,0 +1,89 @@
+"""KernelBench-format problems: `class Model(nn.Module)`, `get_inputs()`, `get_init_inputs()`.
+
+Loading here is static (parse, never execute): the server validates a problem without importing
+torch or running user code; execution happens only in worker processes.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+REQUIRED = ("Model", "get_inputs", "get_init_inputs")
+
+
+class ProblemError(ValueError):
+    """A problem file or source that is not in the KernelBench format; the message says what is missing."""
+
+
+class Problem(BaseModel):
+    """A reference PyTorch module with its input generators."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    source: str
+    path: str | None = None
+    hash: str  # content hash of the source
+
+    @property
+    def key(self) -> str:
+        """Stable short key for caches: name plus content hash."""
+        return f"{self.name}-{self.hash}"
+
+
+def content_hash(*parts: str) -> str:
+    """16 hex digits of SHA-256 over the parts (separated, so ('ab','c') != ('a','bc'))."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def candidate_id(problem: Problem, candidate_source: str) -> str:
+    """The content hash that names a candidate for a problem (same code, same problem, same id)."""
+    return "c_" + content_hash(problem.hash, candidate_source)
+
+
+def _missing_names(tree: ast.Module) -> list[str]:
+    defined: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):  # e.g. `get_inputs = make_inputs`
+            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return [name for name in REQUIRED if name not in defined]
+
+
+def parse_problem(source: str, name: str = "problem", path: str | None = None) -> Problem:
+    """Validates `source` statically and returns the Problem; raises ProblemError if malformed."""
+    where = path or f"<{name}>"
+    if not source.strip():
+        raise ProblemError(f"{where}: the problem source is empty")
+    try:
+        tree = ast.parse(source, filename=where)
+    except SyntaxError as exc:
+        raise ProblemError(f"{where}: syntax error at line {exc.lineno}: {exc.msg}") from exc
+    missing = _missing_names(tree)
+    if missing:
+        raise ProblemError(
+            f"{where}: not a KernelBench problem, missing top-level {', '.join(missing)} "
+            "(needs `class Model(nn.Module)`, `def get_inputs()` and `def get_init_inputs()`)"
+        )
+    return Problem(name=name, source=source, path=path, hash=content_hash(source))
+
+
+def load_problem(path_or_source: str | Path, name: str | None = None) -> Problem:
+    """Loads a problem from a `.py` path, or from source text when the argument is not a path."""
+    text = str(path_or_source)
+    looks_like_path = "\n" not in text and (text.endswith(".py") or Path(text).exists())
+    if looks_like_path:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise ProblemError(f"problem file not found: {path}")
+        return parse_problem(path.read_text(), name=name or path.stem, path=str(path.resolve()))
+    return parse_problem(text, name=name or "problem")

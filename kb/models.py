@@ -1,0 +1,292 @@
+"""Knowledge Base records: one pydantic model per concept, reused from the store to the MCP schemas.
+
+The vocabulary of bottlenecks lives here too, because the seed KB, the classifier and the
+agents must all speak it: a State's signature is a (primary, secondary) pair from these enums
+plus metric ranges over the canonical metric names of `kb_mcp.harness.profile_model.KernelMetrics`.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+"""Version of the KB file layout; bumped on any incompatible change of these records."""
+
+ALL_ARCH = "*"
+"""Arch key of the pooled score over every GPU architecture (fallback when an arch has no data)."""
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now, so timestamps in KB files compare and sort correctly."""
+    return datetime.now(timezone.utc)
+
+
+class Primary(str, Enum):
+    """What limits the kernel first."""
+
+    memory = "memory"
+    compute = "compute"
+    latency = "latency"
+    launch_overhead = "launch_overhead"
+    hybrid = "hybrid"  # memory and compute both high: near the roofline ridge
+    host = "host"  # host-device transfers or host work dominate the GPU time
+
+
+class Secondary(str, Enum):
+    """Why, one level down. Each value belongs naturally to one primary (see SECONDARY_OF)."""
+
+    # memory
+    dram_bandwidth = "dram_bandwidth"
+    cache_misses = "cache_misses"
+    uncoalesced_access = "uncoalesced_access"
+    bank_conflicts = "bank_conflicts"
+    atomics = "atomics"
+    redundant_passes = "redundant_passes"  # several kernels re-reading what one fused kernel could
+    insufficient_bytes_in_flight = "insufficient_bytes_in_flight"
+    # compute
+    fp32_pipe = "fp32_pipe"
+    tensor_cores_idle = "tensor_cores_idle"  # matmul-like work on the FMA pipe
+    tensor_cores = "tensor_cores"  # tensor pipe is the busy unit
+    special_functions = "special_functions"
+    instruction_mix = "instruction_mix"
+    divergence = "divergence"
+    # latency
+    memory_stalls = "memory_stalls"
+    register_occupancy = "register_occupancy"
+    shared_memory_occupancy = "shared_memory_occupancy"
+    too_few_blocks = "too_few_blocks"
+    register_spills = "register_spills"
+    sync_stalls = "sync_stalls"
+    # launch overhead
+    many_small_launches = "many_small_launches"
+    # hybrid
+    balanced_high = "balanced_high"
+    balanced_moderate = "balanced_moderate"
+    # host
+    transfers = "transfers"
+
+
+SECONDARY_OF: dict[Secondary, Primary] = {
+    Secondary.dram_bandwidth: Primary.memory,
+    Secondary.cache_misses: Primary.memory,
+    Secondary.uncoalesced_access: Primary.memory,
+    Secondary.bank_conflicts: Primary.memory,
+    Secondary.atomics: Primary.memory,
+    Secondary.redundant_passes: Primary.memory,
+    Secondary.insufficient_bytes_in_flight: Primary.memory,
+    Secondary.fp32_pipe: Primary.compute,
+    Secondary.tensor_cores_idle: Primary.compute,
+    Secondary.tensor_cores: Primary.compute,
+    Secondary.special_functions: Primary.compute,
+    Secondary.instruction_mix: Primary.compute,
+    Secondary.divergence: Primary.compute,
+    Secondary.memory_stalls: Primary.latency,
+    Secondary.register_occupancy: Primary.latency,
+    Secondary.shared_memory_occupancy: Primary.latency,
+    Secondary.too_few_blocks: Primary.latency,
+    Secondary.register_spills: Primary.latency,
+    Secondary.sync_stalls: Primary.latency,
+    Secondary.many_small_launches: Primary.launch_overhead,
+    Secondary.balanced_high: Primary.hybrid,
+    Secondary.balanced_moderate: Primary.hybrid,
+    Secondary.transfers: Primary.host,
+}
+
+
+class Verdict(str, Enum):
+    """The harness's judgement of one candidate; only the server's own verdict ever moves a score."""
+
+    faster = "faster"
+    slower = "slower"
+    incorrect = "incorrect"
+    invalid = "invalid"  # an integrity finding (a cheat or a banned call)
+    compile_error = "compile_error"
+    timeout = "timeout"
+    crashed = "crashed"
+    needs_gpu = "needs_gpu"  # compiled fine, but verification needs a GPU this machine lacks
+
+    @property
+    def is_valid(self) -> bool:
+        """Correct and timed: the only verdicts whose speedup means anything."""
+        return self in (Verdict.faster, Verdict.slower)
+
+
+class MetricRange(BaseModel):
+    """Closed interval on one canonical metric; None leaves that side open."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str
+    min: float | None = None
+    max: float | None = None
+
+    def contains(self, value: float) -> bool:
+        """True when `value` lies inside the range."""
+        return (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
+
+
+class Signature(BaseModel):
+    """What defines a performance state: bottleneck pair plus the metric ranges seen there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    primary: Primary
+    secondary: Secondary | None = None
+    ranges: list[MetricRange] = Field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """Exact-match key, e.g. 'memory/dram_bandwidth'."""
+        return f"{self.primary.value}/{self.secondary.value if self.secondary else '-'}"
+
+
+class State(BaseModel):
+    """A performance state: what limits a kernel, and how we recognise it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    name: str
+    description: str
+    signature: Signature
+    origin: Literal["seed", "discovered", "imported"] = "seed"
+    parent_id: str | None = None  # for a discovered state: the nearest state it inherited from
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Optimization(BaseModel):
+    """A code transformation an agent can apply, with what it costs and when it helps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    name: str
+    description: str  # what to change in the code
+    category: str  # e.g. memory_access, parallelism, fusion, compute, occupancy, launch, algorithm
+    when_helps: str = ""
+    cost: str = ""  # complexity, register/shared-memory price, correctness risks
+    applicable_states: list[str] = Field(default_factory=list)
+    follow_ups: list[str] = Field(default_factory=list)  # optimization ids that often pay off next
+    origin: Literal["seed", "agent", "campaign", "imported"] = "seed"
+    deprecated: bool = False
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Score(BaseModel):
+    """Statistics of one optimization in one state on one GPU arch family (or ALL_ARCH, pooled).
+
+    Speedups are tracked in log space (Welford mean and M2), so pooling two scores is exact and a
+    2x gain and a 0.5x loss cancel.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    state_id: str
+    optimization_id: str
+    arch: str = ALL_ARCH
+    mean_log_speedup: float = 0.0
+    m2_log_speedup: float = 0.0  # sum of squared deviations (Welford), for the variance
+    samples: int = 0  # valid timed outcomes feeding the mean
+    attempts: int = 0  # every recorded outcome, failures included
+    successes: int = 0  # outcomes faster than the kernel they started from
+    compile_failures: int = 0
+    verify_failures: int = 0  # incorrect or invalid
+    prior: bool = True  # True while the numbers are the seed's priors, not measurements
+    prior_mean_log_speedup: float = 0.0
+    prior_weight: float = 1.0  # how many pseudo-samples the prior counts for
+    updated_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def variance(self) -> float:
+        """Sample variance of the log-speedup (0 with fewer than two samples)."""
+        return self.m2_log_speedup / (self.samples - 1) if self.samples > 1 else 0.0
+
+    @property
+    def expected_speedup(self) -> float:
+        """Posterior expected speedup: measured mean shrunk toward the prior by its weight."""
+        total = self.samples + self.prior_weight
+        mean = (self.mean_log_speedup * self.samples + self.prior_mean_log_speedup * self.prior_weight) / total
+        return math.exp(mean)
+
+    @property
+    def confidence(self) -> float:
+        """0..1: how much the expected speedup rests on measurements rather than the prior."""
+        return self.samples / (self.samples + self.prior_weight + 1.0)
+
+
+class Lesson(BaseModel):
+    """Free text learned about an optimization in a state, with where it came from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    state_id: str
+    optimization_id: str
+    arch: str = ALL_ARCH
+    text: str
+    source: Literal["seed", "agent", "campaign", "textual_gradient", "import"] = "agent"
+    author: str = ""  # agent or client name
+    candidate_id: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Outcome(BaseModel):
+    """One entry of the replay buffer: an optimization applied in a state, and what it measured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str  # derived from (candidate_id, optimization_id): recording twice is a no-op
+    problem: str
+    candidate_id: str
+    parent_candidate_id: str | None = None
+    state_id: str
+    next_state_id: str | None = None
+    optimization_id: str
+    arch: str
+    verdict: Verdict
+    speedup: float | None = None  # over the kernel it started from; None unless verdict is valid
+    speedup_vs_baseline: float | None = None  # over the better of eager and torch.compile
+    tokens: int = 0
+    agent: str = ""
+    analysis: str = ""
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Transition(BaseModel):
+    """How often applying `optimization_id` in `state_id` led to `next_state_id` (phase ordering)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state_id: str
+    optimization_id: str
+    next_state_id: str
+    count: int = 0
+
+
+class CandidateRecord(BaseModel):
+    """The server's own verdict on one candidate, as `compile_and_verify` measured it.
+
+    `record_outcome` reads this record, never a number an agent reports, so a shared KB cannot
+    be poisoned by a careless or dishonest agent.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidate_id: str
+    problem: str
+    problem_hash: str
+    verdict: Verdict
+    arch: str = ""  # e.g. sm_90; "" when no GPU verified it
+    device: str = ""
+    time_ms: float | None = None  # median candidate time
+    eager_ms: float | None = None
+    compile_ms: float | None = None  # torch.compile baseline, when measured
+    speedup_vs_baseline: float | None = None  # over the better of eager and torch.compile
+    flagged: bool = False  # implausible speedup held for review: never moves a score
+    findings: list[str] = Field(default_factory=list)  # integrity finding codes
+    created_at: datetime = Field(default_factory=utcnow)

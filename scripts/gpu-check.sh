@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The GPU suite in one command, for a CUDA machine:
+#   source .whl/prelude.sh && scripts/gpu-check.sh [PYTEST ARGS...]
+# Runs every `gpu`-marked test (or the given paths/args), logging under $OUT (default ./out).
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+{
+  date -u +%Y-%m-%dT%H:%MZ
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())'
+  (ncu --version 2>/dev/null | tail -n 1) || echo "no ncu"
+} | tee "$OUT/device.txt"
+if [ "$#" -eq 0 ]; then set -- tests; fi
+python3 -m pytest -m gpu -v -rs --durations=25 -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu-tests.log"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,52 @@
+"""Shared test set-up: keep every test away from the user's real KB, and skip GPU or
+nvcc tests with a visible reason on machines that lack them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # a broken torch install must not break collection of CPU tests
+        return False
+
+
+HAS_CUDA = _cuda_available()
+HAS_NVCC = shutil.which("nvcc") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: run scripts/gpu-check.sh on a GPU machine")
+    skip_nvcc = pytest.mark.skip(reason="needs nvcc (the CUDA compiler) on PATH")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+        if "nvcc" in item.keywords and not HAS_NVCC:
+            item.add_marker(skip_nvcc)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Points KB_MCP_HOME at a fresh folder so no test reads or writes ~/.kb-mcp.
+
+    The build cache (KB_MCP_CACHE) is shared by the whole test session: compiled candidates
+    are keyed by content hash, so sharing is safe and keeps repeated builds cheap.
+    """
+    home = tmp_path_factory.mktemp("kbhome")
+    monkeypatch.setenv("KB_MCP_HOME", str(home))
+    monkeypatch.delenv("KB_MCP_KB", raising=False)
+    monkeypatch.setenv("KB_MCP_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    return home
+
+
+@pytest.fixture
+def kb_path(tmp_path: Path) -> Path:
+    """A path for a fresh KB file (not yet created)."""
+    return tmp_path / "kb.json"

@@ -1,0 +1,64 @@
+"""What every tool function gets: the KB, the artifact folders, and the (lazily started) harness.
+
+The server builds one ToolContext per process; tests build their own. Heavy pieces (the KB
+store, the GPU worker pool) are created on first use so that a KB-only call never imports
+torch or starts a worker.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kb_mcp.kb import paths
+
+if TYPE_CHECKING:
+    from kb_mcp.harness.worker import WorkerPool
+    from kb_mcp.kb.store import KBStore
+
+
+class ToolContext:
+    """Shared state of the tool functions of one server (or CLI) process."""
+
+    def __init__(
+        self,
+        kb_path: str | Path | None = None,
+        *,
+        cache_dir: str | Path | None = None,
+        client_name: str = "",
+    ) -> None:
+        self.kb_path = paths.resolve_kb_path(kb_path)
+        self.artifacts_dir = paths.artifacts_dir(self.kb_path)
+        self.cache_dir = Path(cache_dir) if cache_dir else paths.cache_dir()
+        self.client_name = client_name  # provenance for lessons and outcomes
+
+    @cached_property
+    def store(self) -> KBStore:
+        """The KB store (opened, and seeded if the file does not exist yet)."""
+        from kb_mcp.kb.store import KBStore
+
+        return KBStore.open(self.kb_path)
+
+    @cached_property
+    def workers(self) -> WorkerPool:
+        """The pool of harness worker processes that compile, verify and time candidates."""
+        from kb_mcp.harness.worker import WorkerPool
+
+        return WorkerPool(cache_dir=self.cache_dir)
+
+    @property
+    def profiles_dir(self) -> Path:
+        """Stored profiles, one JSON file per profile_id."""
+        return self.artifacts_dir / "profiles"
+
+    @property
+    def candidates_dir(self) -> Path:
+        """Candidate sources by candidate_id, so a verdict can always be traced to its code."""
+        return self.artifacts_dir / "candidates"
+
+    def close(self) -> None:
+        """Stops worker processes, if any were started."""
+        pool = self.__dict__.pop("workers", None)
+        if pool is not None:
+            pool.close()

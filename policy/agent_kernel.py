@@ -1,0 +1,113 @@
+"""The kernel-writing agents: initial CUDA generation and lowering one optimization.
+
+Both answer with a complete candidate module (`class ModelNew`); `KernelAnswer` is the typed
+parse of that answer. When the harness rejects a candidate, `fix_request` turns its verdict into
+the next user message of the same conversation, so the model sees its own code and the errors.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from kb_mcp.policy.agent_base import PROBLEM_LINE
+from kb_mcp.policy.agent_parse import extract_module
+
+CANDIDATE_RULES = """
+A candidate is one Python module that defines `class ModelNew(nn.Module)` with exactly the same
+constructor arguments as the reference `Model` and the same `forward` signature and output.
+Two ways to run your own CUDA code are accepted:
+  (a) `torch.utils.cpp_extension.load_inline(name=..., cpp_sources=..., cuda_sources=..., functions=[...])`
+      with the kernels and a host launcher in `cuda_sources` (include <torch/types.h> rather than
+      <torch/extension.h> when you can: it builds much faster), called from `forward`;
+  (b) raw kernels compiled at import through NVRTC, `torch.cuda._compile_kernel(source, "kernel_name")`,
+      launched on torch tensors with explicit grid and block sizes.
+Rules the harness enforces (breaking one makes the candidate invalid):
+  - all computation of `forward` runs in your own kernels: no torch compute ops (matmul, conv, softmax,
+    activations, reductions, arithmetic on tensors), no cuBLAS/cuDNN, no calls to `Model`, no subclassing
+    `Model`, no try/except fallback; allocating outputs (torch.empty) and reading shapes is fine;
+  - never write into the inputs; keep no state or cached results between calls; no side streams or threads;
+  - keep the reference's dtype and numerics (no silent precision lowering);
+  - parameters created in `__init__` must be initialised exactly as the reference initialises them
+    (build the same nn layers, or copy their initialisation), because outputs are compared.
+Answer with the complete module in ONE ```python block, then at most a few sentences.
+""".strip()
+
+GENERATE_SYSTEM = f"""
+You are the kernel-generation step of kb-mcp, a CUDA performance-engineering system.
+You receive a PyTorch reference module and write its first CUDA implementation: correct first,
+reasonably efficient (coalesced access, enough blocks to fill the GPU, fused elementwise work).
+
+{CANDIDATE_RULES}
+"""
+
+LOWER_SYSTEM = f"""
+You are the lowering step of kb-mcp, a CUDA performance-engineering system.
+You receive a working CUDA candidate, the performance state a profiler diagnosed for it, and ONE
+optimization chosen from a knowledge base of what has paid off in that state. Apply exactly that
+optimization to the candidate (and what it strictly needs), keep everything else, and keep the
+result correct. If the optimization cannot apply as described, apply its closest sound variant and
+say so in one sentence after the code.
+
+{CANDIDATE_RULES}
+"""
+
+
+class KernelAnswer(BaseModel):
+    """A parsed kernel answer: the candidate module and any note the model added after it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    note: str = ""
+
+
+def parse_kernel_answer(text: str) -> KernelAnswer:
+    """Extracts the candidate module from an answer; raises AnswerError with feedback otherwise."""
+    source = extract_module(text, "ModelNew")
+    tail = text.rsplit("```", 1)[-1].strip() if text.count("```") >= 2 else ""
+    return KernelAnswer(source=source, note=tail[:500])
+
+
+def _fenced(source: str) -> str:
+    return "```python\n" + source.rstrip("\n") + "\n```"
+
+
+def generate_request(problem_name: str, reference_source: str) -> str:
+    """First user message of initial generation."""
+    return (
+        f"{PROBLEM_LINE.format(name=problem_name)}\n\n"
+        "Reference PyTorch module (the function to implement, with its input generators):\n"
+        f"{_fenced(reference_source)}\n\n"
+        "Write the first CUDA implementation as a complete module defining `class ModelNew`."
+    )
+
+
+def lower_request(
+    *,
+    problem_name: str,
+    reference_source: str,
+    current_source: str,
+    current_summary: str,
+    state_summary: str,
+    profile_summary: str,
+    optimization_summary: str,
+) -> str:
+    """First user message of one lowering step: the kernel, its diagnosis and the optimization."""
+    return (
+        f"{PROBLEM_LINE.format(name=problem_name)}\n\n"
+        f"Reference PyTorch module:\n{_fenced(reference_source)}\n\n"
+        f"Current candidate ({current_summary}):\n{_fenced(current_source)}\n\n"
+        f"Diagnosed performance state:\n{state_summary.strip()}\n\n"
+        f"Profile of the current candidate:\n{profile_summary.strip() or '(no profile: compile-only run)'}\n\n"
+        f"Optimization to apply:\n{optimization_summary.strip()}\n\n"
+        "Apply this one optimization and answer with the complete new module defining `class ModelNew`."
+    )
+
+
+def fix_request(verdict: str, details: str, attempt: int, attempts: int) -> str:
+    """Follow-up message after the harness rejected the last answer: what failed, and the ask to fix it."""
+    return (
+        f"The harness rejected that candidate (verdict: {verdict}; attempt {attempt} of {attempts}).\n"
+        f"{details.strip()}\n\n"
+        "Fix the cause and answer with the complete corrected module in one ```python block."
+    )

@@ -1,0 +1,198 @@
+"""Records of a campaign: its configuration and the raw results of every unit of work.
+
+A campaign's truth is its raw records: one file per initial generation, per rollout step and per
+textual-gradient batch. The report, the best kernels and the resume point are all recomputed from
+them, never kept as separate running totals that could drift.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.clients.llm import TokenLedger
+from kb_mcp.kb.models import Verdict, utcnow
+from kb_mcp.policy.agent_gradient import ParameterUpdate, PerfGapAnalysis, PolicyEvaluation
+from kb_mcp.policy.kb_edits import RejectedEdit
+
+CAMPAIGN_FORMAT = "kb-mcp-campaign"
+CAMPAIGN_VERSION = 1
+
+
+def problem_name(path: str) -> str:
+    """A problem's name in a campaign: its file name without `.py` (unique within a campaign)."""
+    return Path(path).stem
+
+
+class CampaignConfig(BaseModel):
+    """What a campaign runs. Defaults follow the method's paper: 10 iterations x 10 rollout steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problems: list[str] = Field(description="Problem files (KernelBench format), resolved to absolute paths.")
+    iterations: int = Field(10, ge=1, description="Rollout trajectories per problem.")
+    steps: int = Field(10, ge=1, description="Optimization steps per trajectory.")
+    parallel: int = Field(1, ge=1, description="Trajectories run at once (one per GPU is sensible).")
+    top_k: int = Field(4, ge=1, description="Optimizations sampled from the KB per step (weighted top-k).")
+    temperature: float = Field(1.0, ge=0.0, description="Selection temperature; 0 is greedy.")
+    fix_attempts: int = Field(3, ge=1, description="Candidates per lowering step (first try plus fixes).")
+    generate_attempts: int = Field(4, ge=1, description="Candidates for the initial kernel (first try plus fixes).")
+    answer_retries: int = Field(2, ge=0, description="Re-asks of a model whose answer could not be parsed.")
+    gradient_every: int = Field(8, ge=0, description="Textual-gradient KB update every U recorded outcomes; 0 = off.")
+    review: bool = Field(True, description="Soft verification (LLM review) before a result is accepted.")
+    compile_only: bool = Field(False, description="No GPU: compile with error feedback, record, no timing.")
+    fallback_state: str = Field(
+        "high_level_inefficiency", description="State used when no profile is available (compile-only runs)."
+    )
+    seed: int = 0
+    arch: str | None = Field(None, description="GPU arch for KB scores; None: what the harness reports.")
+    models: dict[str, str] = Field(default_factory=dict, description="Model per role, for the record.")
+
+
+class AttemptRecord(BaseModel):
+    """One candidate through compile_and_verify."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidate_id: str
+    verdict: Verdict
+    time_ms: float | None = None
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+    speedup_vs_baseline: float | None = None
+    flagged: bool = False  # implausible speedup held for review
+    findings: list[str] = Field(default_factory=list)
+    arch: str = ""
+    feedback: str = ""  # what the harness said, as sent back to the model
+    wall_s: float = 0.0
+
+
+class ReviewRecord(BaseModel):
+    """Soft verification of one candidate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    accepted: bool
+    issues: list[str] = Field(default_factory=list)
+    summary: str = ""
+    error: str | None = None  # the reviewer gave no usable answer (the candidate is then not accepted)
+
+
+class KBSnapshot(BaseModel):
+    """Size of the KB at one moment: what KB growth is plotted from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    states: int
+    discovered_states: int
+    optimizations: int
+    deprecated_optimizations: int
+    lessons: int
+    outcomes: int
+    measured_scores: int  # scores with at least one measured sample or attempt
+    bytes: int  # the KB file (and its journal) on disk
+    at: datetime = Field(default_factory=utcnow)
+
+
+class Suggestion(BaseModel):
+    """One optimization offered by weighted top-k selection."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    optimization_id: str
+    expected_speedup: float | None = None
+    confidence: float | None = None
+
+
+class UnitRecord(BaseModel):
+    """What initial generation and rollout steps share: candidates tried, the final one, its review, cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem: str
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    candidate_id: str | None = None  # the final candidate of this unit
+    verdict: Verdict | None = None
+    review: ReviewRecord | None = None
+    accepted: bool = False  # became the current kernel of its trajectory (initial: the start kernel)
+    tokens: TokenLedger = Field(default_factory=TokenLedger)
+    error: str | None = None
+    kb: KBSnapshot | None = None
+    wall_s: float = 0.0
+    finished_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def final(self) -> AttemptRecord | None:
+        """The attempt of the final candidate."""
+        return self.attempts[-1] if self.attempts else None
+
+
+class InitialRecord(UnitRecord):
+    """Initial CUDA generation for one problem."""
+
+    kind: Literal["initial"] = "initial"
+    problem_hash: str
+    problem_path: str
+
+
+class StepRecord(UnitRecord):
+    """One rollout step: profile, classify, select, lower, verify, review, record."""
+
+    kind: Literal["step"] = "step"
+    iteration: int
+    step: int
+    parent_candidate_id: str
+    parent_time_ms: float | None = None
+    profile_id: str | None = None
+    state_id: str | None = None
+    state_source: Literal["classified", "fallback"] | None = None
+    suggestions: list[Suggestion] = Field(default_factory=list)
+    optimization_id: str | None = None
+    predicted_speedup: float | None = None
+    speedup_vs_parent: float | None = None
+    outcome_recorded: bool = False
+    outcome_note: str = ""
+
+    @property
+    def key(self) -> str:
+        """Unique name of the step within its campaign."""
+        return f"{self.problem}/i{self.iteration:03d}/s{self.step:03d}"
+
+
+class GradientRecord(BaseModel):
+    """One textual-gradient update over a batch of recorded outcomes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["gradient"] = "gradient"
+    index: int
+    step_keys: list[str]
+    evaluation: PolicyEvaluation | None = None
+    analysis: PerfGapAnalysis | None = None
+    update: ParameterUpdate | None = None
+    applied: list[dict[str, Any]] = Field(default_factory=list)
+    rejected: list[RejectedEdit] = Field(default_factory=list)
+    error: str | None = None
+    tokens: TokenLedger = Field(default_factory=TokenLedger)
+    kb_before: KBSnapshot | None = None
+    kb_after: KBSnapshot | None = None
+    finished_at: datetime = Field(default_factory=utcnow)
+
+
+class CampaignStatus(BaseModel):
+    """The campaign's header file: format, configuration, and how far it got."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["kb-mcp-campaign"] = CAMPAIGN_FORMAT
+    version: int = CAMPAIGN_VERSION
+    config: CampaignConfig
+    kb_path: str
+    state: Literal["running", "stopped", "finished", "failed"] = "running"
+    message: str = ""
+    runs: int = 0  # how many times the campaign was started (1 + resumes)
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)

@@ -1,0 +1,372 @@
+"""The campaign report, recomputed from the raw per-unit records every time it is built.
+
+Speedups follow KernelBench practice: over the better (faster) of eager PyTorch and torch.compile,
+measured by the harness on the same GPU. A problem counts as valid once any of its candidates was
+correct and timed (and not rejected by review or flagged as implausible). fast_p is the fraction of
+*all* problems whose best kernel is valid and faster than p times the baseline.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.clients.llm import TokenLedger
+from kb_mcp.kb.models import Verdict
+from kb_mcp.policy.campaign_models import (
+    CampaignConfig,
+    GradientRecord,
+    InitialRecord,
+    KBSnapshot,
+    StepRecord,
+    UnitRecord,
+    problem_name,
+)
+from kb_mcp.policy.campaign_store import CampaignStore
+
+FAST_P_MARKS = (0.0, 0.5, 0.8, 1.0, 1.2, 1.5, 2.0, 3.0)
+
+
+class SpeedupStats(BaseModel):
+    """Summary of a set of speedups (None everywhere when the set is empty)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = 0
+    geomean: float | None = None
+    mean: float | None = None
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> SpeedupStats:
+        """Statistics of positive speedups."""
+        vals = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+        if not vals:
+            return cls()
+        return cls(
+            n=len(vals),
+            geomean=math.exp(sum(math.log(v) for v in vals) / len(vals)),
+            mean=statistics.fmean(vals),
+            median=statistics.median(vals),
+            min=min(vals),
+            max=max(vals),
+        )
+
+
+class KernelPick(BaseModel):
+    """A candidate chosen as some problem's initial or best kernel."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidate_id: str
+    time_ms: float | None
+    origin: str  # "initial" or "iNNN/sNNN"
+    verified: bool  # correct and timed on a GPU (False in compile-only runs)
+
+
+class ProblemResult(BaseModel):
+    """Per-problem times and speedups."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem: str
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+    baseline_ms: float | None = None  # the faster of eager and torch.compile
+    initial_ms: float | None = None
+    best_ms: float | None = None
+    initial_speedup: float | None = None  # over baseline_ms
+    best_speedup: float | None = None
+    best_vs_eager: float | None = None
+    best_vs_compile: float | None = None
+    best: KernelPick | None = None
+    valid: bool = False
+    compiled: bool = False
+    steps: int = 0
+    valid_steps: int = 0
+    improved_steps: int = 0
+    tokens: int = 0
+
+
+class OptimizationUsage(BaseModel):
+    """How one optimization fared when selected."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    optimization_id: str
+    selected: int = 0
+    compiled: int = 0
+    valid: int = 0
+    improved: int = 0  # faster than the kernel it started from, and accepted
+    compile_errors: int = 0
+    verify_failures: int = 0  # incorrect or invalid
+    review_rejected: int = 0
+    success_rate: float = 0.0  # improved / selected
+    geomean_speedup: float | None = None  # over the parent, valid outcomes only
+
+
+class TransitionCount(BaseModel):
+    """State before, optimization applied, state of the resulting kernel."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state_id: str
+    optimization_id: str
+    next_state_id: str
+    count: int
+
+
+class GradientSummary(BaseModel):
+    """Textual-gradient batches and their edits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batches: int = 0
+    applied: int = 0
+    rejected: int = 0
+    applied_by_kind: dict[str, int] = Field(default_factory=dict)
+    errors: list[str] = Field(default_factory=list)
+
+
+class CampaignReport(BaseModel):
+    """Everything the report shows; written as report.json."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: str  # "gpu" or "compile-only"
+    config: CampaignConfig
+    problems: list[ProblemResult]
+    valid_rate: float  # problems with a valid kernel / problems
+    step_valid_rate: float | None  # valid final candidates / steps
+    compile_rate: float | None  # candidates that compiled / candidates
+    candidates: int  # every candidate that went through compile_and_verify
+    speedup: SpeedupStats  # best kernel over the better of eager and torch.compile
+    speedup_vs_eager: SpeedupStats
+    speedup_vs_compile: SpeedupStats
+    initial_speedup: SpeedupStats
+    fast_p: dict[str, float]  # threshold -> fraction of all problems
+    optimizations: list[OptimizationUsage]
+    state_visits: dict[str, int]
+    transitions: list[TransitionCount]
+    kb_growth: list[KBSnapshot]
+    gradient: GradientSummary
+    tokens: TokenLedger
+    notes: list[str] = Field(default_factory=list)
+
+
+def usable(unit: UnitRecord) -> bool:
+    """A final candidate that may count as a result: correct and timed, not rejected or flagged."""
+    final = unit.final
+    if final is None or unit.verdict is None or not unit.verdict.is_valid or final.time_ms is None:
+        return False
+    if final.flagged:
+        return False
+    return unit.review is None or unit.review.accepted
+
+
+def _origin(unit: InitialRecord | StepRecord) -> str:
+    return "initial" if isinstance(unit, InitialRecord) else f"i{unit.iteration:03d}/s{unit.step:03d}"
+
+
+def pick_best(initial: InitialRecord | None, steps: Sequence[StepRecord]) -> KernelPick | None:
+    """The best kernel of one problem.
+
+    Timed runs: the fastest usable candidate. Compile-only runs (nothing timed): the last accepted
+    candidate in trajectory order, marked unverified, so the file still shows how far lowering got.
+    """
+    units: list[InitialRecord | StepRecord] = ([initial] if initial else []) + list(steps)
+    timed = [u for u in units if usable(u)]
+    if timed:
+        best = min(timed, key=lambda u: u.final.time_ms)  # type: ignore[union-attr]
+        return KernelPick(candidate_id=best.candidate_id or "", time_ms=best.final.time_ms, origin=_origin(best), verified=True)  # type: ignore[union-attr]
+    accepted = [u for u in units if u.accepted and u.candidate_id]
+    if not accepted:
+        return None
+    last = accepted[-1]
+    return KernelPick(candidate_id=last.candidate_id or "", time_ms=None, origin=_origin(last), verified=False)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def _baselines(units: Iterable[UnitRecord]) -> tuple[float | None, float | None]:
+    """The latest eager and torch.compile times any attempt of the problem measured."""
+    eager = compiled = None
+    for unit in units:
+        for attempt in unit.attempts:
+            eager = attempt.eager_ms if attempt.eager_ms is not None else eager
+            compiled = attempt.compile_ms if attempt.compile_ms is not None else compiled
+    return eager, compiled
+
+
+def problem_result(problem: str, initial: InitialRecord | None, steps: Sequence[StepRecord]) -> ProblemResult:
+    """Times and speedups of one problem from its raw records."""
+    units: list[UnitRecord] = ([initial] if initial else []) + list(steps)
+    eager, compiled = _baselines(units)
+    present = [t for t in (eager, compiled) if t is not None]
+    baseline = min(present) if present else None
+    best = pick_best(initial, steps)
+    initial_ms = initial.final.time_ms if initial is not None and usable(initial) else None  # type: ignore[union-attr]
+    best_ms = best.time_ms if best is not None and best.verified else None
+    tokens = TokenLedger()
+    for unit in units:
+        tokens.merge(unit.tokens)
+    return ProblemResult(
+        problem=problem,
+        eager_ms=eager,
+        compile_ms=compiled,
+        baseline_ms=baseline,
+        initial_ms=initial_ms,
+        best_ms=best_ms,
+        initial_speedup=_ratio(baseline, initial_ms),
+        best_speedup=_ratio(baseline, best_ms),
+        best_vs_eager=_ratio(eager, best_ms),
+        best_vs_compile=_ratio(compiled, best_ms),
+        best=best,
+        valid=best_ms is not None,
+        compiled=any(a.verdict != Verdict.compile_error for u in units for a in u.attempts),
+        steps=len(steps),
+        valid_steps=sum(1 for s in steps if usable(s)),
+        improved_steps=sum(1 for s in steps if s.accepted and s.speedup_vs_parent is not None and s.speedup_vs_parent > 1),
+        tokens=tokens.total.total,
+    )
+
+
+def fast_p(results: Sequence[ProblemResult], threshold: float) -> float:
+    """Fraction of all problems whose best kernel is valid and more than `threshold` times faster."""
+    if not results:
+        return 0.0
+    hits = sum(1 for r in results if r.valid and r.best_speedup is not None and r.best_speedup > threshold)
+    return hits / len(results)
+
+
+def optimization_usage(steps: Sequence[StepRecord]) -> list[OptimizationUsage]:
+    """Per optimization: how often selected, compiled, valid, improved; geomean speedup over parent."""
+    usage: dict[str, OptimizationUsage] = {}
+    speedups: dict[str, list[float]] = defaultdict(list)
+    for s in steps:
+        if s.optimization_id is None:
+            continue
+        u = usage.setdefault(s.optimization_id, OptimizationUsage(optimization_id=s.optimization_id))
+        u.selected += 1
+        if s.verdict is not None and s.verdict != Verdict.compile_error:
+            u.compiled += 1
+        if s.verdict == Verdict.compile_error:
+            u.compile_errors += 1
+        if s.verdict in (Verdict.incorrect, Verdict.invalid):
+            u.verify_failures += 1
+        if s.review is not None and not s.review.accepted:
+            u.review_rejected += 1
+        if usable(s):
+            u.valid += 1
+            if s.speedup_vs_parent is not None:
+                speedups[s.optimization_id].append(s.speedup_vs_parent)
+        if s.accepted and s.speedup_vs_parent is not None and s.speedup_vs_parent > 1:
+            u.improved += 1
+    for opt_id, u in usage.items():
+        u.success_rate = u.improved / u.selected if u.selected else 0.0
+        u.geomean_speedup = SpeedupStats.of(speedups[opt_id]).geomean
+    return sorted(usage.values(), key=lambda u: (-u.selected, u.optimization_id))
+
+
+def transitions(steps: Sequence[StepRecord]) -> list[TransitionCount]:
+    """(state, optimization) -> state of the next step, where the step changed the kernel."""
+    by_traj: dict[tuple[str, int], list[StepRecord]] = defaultdict(list)
+    for s in steps:
+        by_traj[(s.problem, s.iteration)].append(s)
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for traj in by_traj.values():
+        traj.sort(key=lambda s: s.step)
+        for before, after in zip(traj, traj[1:]):
+            if before.accepted and before.state_id and before.optimization_id and after.state_id:
+                counts[(before.state_id, before.optimization_id, after.state_id)] += 1
+    return [
+        TransitionCount(state_id=a, optimization_id=b, next_state_id=c, count=n)
+        for (a, b, c), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+
+
+def kb_growth(start: KBSnapshot | None, steps: Sequence[StepRecord], gradients: Sequence[GradientRecord]) -> list[KBSnapshot]:
+    """KB sizes over the campaign, in time order."""
+    points = [start] if start else []
+    points += [s.kb for s in steps if s.kb is not None]
+    points += [g.kb_after for g in gradients if g.kb_after is not None]
+    return sorted(points, key=lambda p: p.at)
+
+
+def build_report(
+    config: CampaignConfig,
+    initials: dict[str, InitialRecord],
+    steps: Sequence[StepRecord],
+    gradients: Sequence[GradientRecord],
+    kb_start: KBSnapshot | None,
+    problem_names: Sequence[str],
+) -> CampaignReport:
+    """The whole report from raw records (nothing is carried over from earlier reports)."""
+    by_problem: dict[str, list[StepRecord]] = defaultdict(list)
+    for s in steps:
+        by_problem[s.problem].append(s)
+    results = [problem_result(name, initials.get(name), by_problem.get(name, [])) for name in problem_names]
+    attempts = [a for u in [*initials.values(), *steps] for a in u.attempts]
+    tokens = TokenLedger()
+    for unit in [*initials.values(), *steps, *gradients]:
+        tokens.merge(unit.tokens)
+    grad = GradientSummary(batches=len(gradients))
+    kinds: Counter[str] = Counter()
+    for g in gradients:
+        grad.applied += len(g.applied)
+        grad.rejected += len(g.rejected)
+        kinds.update(str(e.get("kind")) for e in g.applied)
+        if g.error:
+            grad.errors.append(f"batch {g.index}: {g.error}")
+    grad.applied_by_kind = dict(sorted(kinds.items()))
+    notes: list[str] = []
+    if config.compile_only:
+        notes.append("compile-only run: candidates were compiled (verdict needs_gpu) but not verified or timed; "
+                     "no speedups exist, and best kernels are the last accepted ones, unverified.")
+    if config.gradient_every == 0:
+        notes.append("textual gradient off: the KB was updated numerically only.")
+    states = Counter(s.state_id for s in steps if s.state_id)
+    return CampaignReport(
+        mode="compile-only" if config.compile_only else "gpu",
+        config=config,
+        problems=results,
+        valid_rate=sum(r.valid for r in results) / len(results) if results else 0.0,
+        step_valid_rate=sum(1 for s in steps if usable(s)) / len(steps) if steps else None,
+        compile_rate=sum(1 for a in attempts if a.verdict != Verdict.compile_error) / len(attempts) if attempts else None,
+        candidates=len(attempts),
+        speedup=SpeedupStats.of([r.best_speedup for r in results if r.best_speedup is not None]),
+        speedup_vs_eager=SpeedupStats.of([r.best_vs_eager for r in results if r.best_vs_eager is not None]),
+        speedup_vs_compile=SpeedupStats.of([r.best_vs_compile for r in results if r.best_vs_compile is not None]),
+        initial_speedup=SpeedupStats.of([r.initial_speedup for r in results if r.initial_speedup is not None]),
+        fast_p={f"{p:g}": fast_p(results, p) for p in FAST_P_MARKS},
+        optimizations=optimization_usage(steps),
+        state_visits=dict(states.most_common()),
+        transitions=transitions(steps),
+        kb_growth=kb_growth(kb_start, steps, gradients),
+        gradient=grad,
+        tokens=tokens,
+        notes=notes,
+    )
+
+
+def report_from_store(store: CampaignStore) -> CampaignReport:
+    """Reads a campaign folder's raw records and builds its report."""
+    status = store.read_status()
+    if status is None:
+        raise FileNotFoundError(f"{store.root} holds no campaign (no campaign.json)")
+    return build_report(
+        status.config,
+        store.initials(),
+        store.steps(),
+        store.gradients(),
+        store.kb_start(),
+        [problem_name(p) for p in status.config.problems],
+    )

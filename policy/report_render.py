@@ -1,0 +1,214 @@
+"""Writing a campaign report: report.json, report.md and PNG plots (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kb_mcp.policy.campaign_store import atomic_write_text
+from kb_mcp.policy.report import CampaignReport, SpeedupStats, fast_p
+
+PLOTS = ("fast_p.png", "speedups.png", "kb_growth.png", "optimizations.png")
+
+
+def _x(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}x"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _stats_row(label: str, s: SpeedupStats) -> str:
+    return f"| {label} | {s.n} | {_x(s.geomean)} | {_x(s.mean)} | {_x(s.median)} | {_x(s.min)} | {_x(s.max)} |"
+
+
+def render_markdown(report: CampaignReport) -> str:
+    """The human-readable report."""
+    c = report.config
+    lines = [
+        "# Campaign report",
+        "",
+        f"Mode: **{report.mode}** · {len(report.problems)} problems × {c.iterations} iterations × {c.steps} steps · "
+        f"top-k {c.top_k}, temperature {c.temperature:g}, fix attempts {c.fix_attempts}, "
+        f"textual gradient every {c.gradient_every or '-'} outcomes",
+        "",
+    ]
+    lines += [f"> {note}" for note in report.notes]
+    if report.notes:
+        lines.append("")
+    lines += [
+        "## Summary",
+        "",
+        f"* valid rate (problems with a correct, timed kernel): {_pct(report.valid_rate)}",
+        f"* step valid rate: {_pct(report.step_valid_rate)}; candidates compiled: {_pct(report.compile_rate)} "
+        f"of {report.candidates}",
+        "* fast_p (share of all problems faster than p × baseline): "
+        + ", ".join(f"p={k}: {_pct(v)}" for k, v in report.fast_p.items()),
+        "",
+        "Speedup of the best kernel (baseline: the faster of eager and torch.compile):",
+        "",
+        "| over | n | geomean | mean | median | min | max |",
+        "|---|---|---|---|---|---|---|",
+        _stats_row("best of eager/compile", report.speedup),
+        _stats_row("eager", report.speedup_vs_eager),
+        _stats_row("torch.compile", report.speedup_vs_compile),
+        _stats_row("(initial kernel) best of eager/compile", report.initial_speedup),
+        "",
+        "## Problems",
+        "",
+        "| problem | eager ms | compile ms | initial ms | best ms | initial speedup | best speedup | best kernel | steps (valid / improved) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report.problems:
+        best = "-" if r.best is None else f"{r.best.origin}{'' if r.best.verified else ' (unverified)'}"
+        lines.append(
+            f"| {r.problem} | {_ms(r.eager_ms)} | {_ms(r.compile_ms)} | {_ms(r.initial_ms)} | {_ms(r.best_ms)} | "
+            f"{_x(r.initial_speedup)} | {_x(r.best_speedup)} | {best} | {r.steps} ({r.valid_steps} / {r.improved_steps}) |"
+        )
+    lines += [
+        "",
+        "## Optimizations",
+        "",
+        "| optimization | selected | compiled | valid | improved | success rate | geomean over parent | compile err | verify fail | review rejected |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for o in report.optimizations:
+        lines.append(
+            f"| {o.optimization_id} | {o.selected} | {o.compiled} | {o.valid} | {o.improved} | {_pct(o.success_rate)} | "
+            f"{_x(o.geomean_speedup)} | {o.compile_errors} | {o.verify_failures} | {o.review_rejected} |"
+        )
+    lines += ["", "## States and transitions", ""]
+    lines += [f"* {state}: {n} steps" for state, n in report.state_visits.items()] or ["* (no steps)"]
+    if report.transitions:
+        lines += ["", "| state | optimization | next state | count |", "|---|---|---|---|"]
+        lines += [f"| {t.state_id} | {t.optimization_id} | {t.next_state_id} | {t.count} |" for t in report.transitions]
+    g = report.gradient
+    lines += [
+        "",
+        "## Knowledge base",
+        "",
+        f"Textual-gradient batches: {g.batches}; edits applied: {g.applied} "
+        f"({', '.join(f'{k} {v}' for k, v in g.applied_by_kind.items()) or 'none'}); rejected: {g.rejected}.",
+    ]
+    lines += [f"* {err}" for err in g.errors]
+    if report.kb_growth:
+        first, last = report.kb_growth[0], report.kb_growth[-1]
+        lines += [
+            "",
+            "| | states | optimizations | lessons | outcomes | measured scores | bytes |",
+            "|---|---|---|---|---|---|---|",
+            f"| start | {first.states} | {first.optimizations} | {first.lessons} | {first.outcomes} | {first.measured_scores} | {first.bytes} |",
+            f"| end | {last.states} | {last.optimizations} | {last.lessons} | {last.outcomes} | {last.measured_scores} | {last.bytes} |",
+        ]
+    t = report.tokens
+    lines += [
+        "",
+        "## Tokens",
+        "",
+        f"Total: {t.total.total} ({t.total.prompt_tokens} prompt, {t.total.completion_tokens} completion) in {t.total.calls} calls.",
+        "",
+        "| role | calls | prompt | completion |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {k} | {v.calls} | {v.prompt_tokens} | {v.completion_tokens} |" for k, v in sorted(t.by_role.items())]
+    lines += ["", "| problem | calls | tokens |", "|---|---|---|"]
+    lines += [f"| {k} | {v.calls} | {v.total} |" for k, v in sorted(t.by_problem.items())]
+    lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in PLOTS), ""]
+    return "\n".join(lines)
+
+
+def _empty(ax: object, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)  # type: ignore[attr-defined]
+
+
+def write_plots(report: CampaignReport, folder: Path) -> list[Path]:
+    """Draws the four plots into `folder` (an empty plot says why it is empty)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+
+    def save(fig: object, name: str) -> None:
+        path = folder / name
+        tmp = folder / f".{name}.tmp.png"
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")  # type: ignore[attr-defined]
+        plt.close(fig)  # type: ignore[arg-type]
+        tmp.replace(path)
+        paths.append(path)
+
+    # fast_p curve
+    fig, ax = plt.subplots(figsize=(6, 4))
+    speedups = [r.best_speedup for r in report.problems if r.best_speedup is not None]
+    if speedups:
+        top = max(3.0, max(speedups) * 1.1)
+        grid = [top * i / 200 for i in range(201)]
+        ax.plot(grid, [fast_p(report.problems, p) for p in grid])
+        ax.axvline(1.0, color="grey", linestyle=":")
+        ax.set_ylim(0, 1.05)
+    else:
+        _empty(ax, "no timed results" + (" (compile-only run)" if report.mode == "compile-only" else ""))
+    ax.set_xlabel("p (speedup over the better of eager and torch.compile)")
+    ax.set_ylabel("fast_p: share of problems")
+    ax.set_title("fast_p")
+    save(fig, "fast_p.png")
+
+    # per-problem speedups
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(report.problems) + 2), 4))
+    names = [r.problem for r in report.problems]
+    if speedups:
+        xs = range(len(names))
+        ax.bar([x - 0.2 for x in xs], [r.initial_speedup or 0 for r in report.problems], width=0.4, label="initial")
+        ax.bar([x + 0.2 for x in xs], [r.best_speedup or 0 for r in report.problems], width=0.4, label="best")
+        ax.axhline(1.0, color="grey", linestyle=":")
+        ax.set_xticks(list(xs), names, rotation=45, ha="right")
+        ax.legend()
+    else:
+        _empty(ax, "no timed results")
+    ax.set_ylabel("speedup over baseline")
+    ax.set_title("Per-problem speedup")
+    save(fig, "speedups.png")
+
+    # KB growth
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if report.kb_growth:
+        xs = list(range(len(report.kb_growth)))
+        for field in ("states", "optimizations", "lessons", "outcomes", "measured_scores"):
+            ax.plot(xs, [getattr(p, field) for p in report.kb_growth], label=field)
+        ax.legend()
+        ax.set_xlabel("snapshot (start, then after each step / gradient batch)")
+    else:
+        _empty(ax, "no KB snapshots")
+    ax.set_title("KB growth")
+    save(fig, "kb_growth.png")
+
+    # optimization usage
+    opts = report.optimizations[:20]
+    fig, ax = plt.subplots(figsize=(7, max(3, 0.35 * len(opts) + 1)))
+    if opts:
+        ys = list(range(len(opts)))
+        ax.barh(ys, [o.selected for o in opts], label="selected")
+        ax.barh(ys, [o.valid for o in opts], label="valid")
+        ax.barh(ys, [o.improved for o in opts], label="improved")
+        ax.set_yticks(ys, [o.optimization_id for o in opts])
+        ax.invert_yaxis()
+        ax.legend()
+    else:
+        _empty(ax, "no optimization selected yet")
+    ax.set_title("Optimization usage")
+    save(fig, "optimizations.png")
+    return paths
+
+
+def write_report(report: CampaignReport, folder: Path) -> list[Path]:
+    """Writes report.json, report.md and the plots; returns every path written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / "report.json", report.model_dump_json(indent=1))
+    atomic_write_text(folder / "report.md", render_markdown(report))
+    return [folder / "report.json", folder / "report.md", *write_plots(report, folder)]

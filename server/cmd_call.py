@@ -1,11 +1,202 @@
-"""`kb-mcp call` (being built)."""
+"""`kb-mcp call TOOL --json '{...}' --arg key=value`: any tool from a shell, its result as JSON.
+
+By default the tool runs in this process, through the same MCP server `kb-mcp serve` builds,
+reached with the SDK's in-memory client: same validation, error messages and result shape as
+an agent gets, without spawning anything. `--url` calls a running `kb-mcp serve --http` instead
+(a team's shared server, or one that should keep a job running after this command exits).
+
+The result (structured content) goes to stdout as JSON; errors and progress go to stderr.
+Exit status: 0 success, 1 the tool reported an error, 2 bad command line or unknown tool.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kb_mcp.server import logs
+from kb_mcp.server.cmd_serve import ENV_TOKEN
+
+if TYPE_CHECKING:  # the MCP SDK is imported when `call` runs (it takes a second to import)
+    from mcp import Client
+    from mcp_types import Tool
+
+log = logging.getLogger(__name__)
+
+
+class UsageError(ValueError):
+    """A command line that cannot be turned into a call."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Adds the `call` command."""
-    p = sub.add_parser("call", help="(being built)")
-    p.set_defaults(func=lambda args: print("not built yet") or 2)
+    p = sub.add_parser(
+        "call",
+        help="call one tool and print its JSON result",
+        description=__doc__.split("\n\n")[0] + " Values of --arg are parsed as JSON when they parse "
+        "(numbers, true, lists), else taken as text; KEY=@FILE reads a file (e.g. a candidate's source).",
+        epilog="examples:\n"
+        "  kb-mcp call --list\n"
+        "  kb-mcp call suggest_optimizations --arg state_id=memory_bandwidth_saturated --arg k=3\n"
+        "  kb-mcp call compile_and_verify --arg problem=examples/problems/relu.py --arg candidate=@relu_new.py\n"
+        "  kb-mcp call start_job --json '{\"kind\": \"profile_kernel\", \"arguments\": {\"problem\": \"p.py\"}}'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("tool", nargs="?", help="tool name (see --list)")
+    p.add_argument("--list", action="store_true", help="list the tools with their arguments and exit")
+    p.add_argument("--json", metavar="JSON", help="arguments as a JSON object; @FILE reads it from a file, - from stdin")
+    p.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="one argument; repeatable")
+    p.add_argument("--url", help="call a running `kb-mcp serve --http` server at this URL (…/mcp)")
+    p.add_argument("--token", help=f"bearer token for --url (default: ${ENV_TOKEN})")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="give up after S seconds")
+    p.add_argument("--log-level", default="WARNING", choices=logs.LEVELS, help="stderr log level (default WARNING)")
+    p.set_defaults(func=run)
+
+
+def _read_source(text: str) -> str:
+    if text == "-":
+        return sys.stdin.read()
+    if text.startswith("@"):
+        path = Path(text[1:]).expanduser()
+        try:
+            return path.read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    return text
+
+
+def parse_value(text: str) -> Any:
+    """An --arg value: @FILE's text, else JSON if it parses as JSON, else the text itself."""
+    if text.startswith("@"):
+        return _read_source(text)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def build_arguments(json_text: str | None, pairs: list[str]) -> dict[str, Any]:
+    """Merges --json and --arg (later --arg wins) into the tool's arguments."""
+    arguments: dict[str, Any] = {}
+    if json_text:
+        try:
+            loaded = json.loads(_read_source(json_text))
+        except ValueError as exc:
+            raise UsageError(f"--json is not valid JSON: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise UsageError("--json must be a JSON object of argument names to values")
+        arguments.update(loaded)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--arg wants KEY=VALUE, got {pair!r}")
+        arguments[key.strip()] = parse_value(value)
+    return arguments
+
+
+def describe_tool(tool: Tool) -> str:
+    """`name(arg*, arg=default, ...)` plus the first sentence of the description."""
+    schema = tool.input_schema or {}
+    required = set(schema.get("required", []))
+    params = []
+    for name, prop in (schema.get("properties") or {}).items():
+        if name in required:
+            params.append(f"{name}*")
+        elif "default" in prop:
+            params.append(f"{name}={json.dumps(prop['default'])}")
+        else:
+            params.append(name)
+    first = (tool.description or "").strip().split(". ")[0].rstrip(".")
+    return f"{tool.name}({', '.join(params)})\n    {first}."
+
+
+@asynccontextmanager
+async def _connect(args: argparse.Namespace) -> AsyncIterator[tuple[Client, Any]]:
+    from mcp import Client
+
+    from kb_mcp.clients.mcp_client import connect_http
+
+    if args.url:
+        async with connect_http(args.url, args.token or os.environ.get(ENV_TOKEN), timeout_s=args.timeout) as c:
+            yield c, None
+        return
+    from kb_mcp.server.app import build_server
+    from kb_mcp.tools.context import ToolContext
+
+    server = build_server(ToolContext(args.kb, client_name="cli"))
+    async with Client(server, read_timeout_seconds=args.timeout) as client:
+        yield client, server
+
+
+async def _progress(done: float, total: float | None, message: str | None) -> None:
+    pct = f"{100.0 * done / total:5.1f}%" if total else f"{done:g}"
+    print(f"[{pct}] {message or ''}".rstrip(), file=sys.stderr, flush=True)
+
+
+async def _call(args: argparse.Namespace, arguments: dict[str, Any]) -> tuple[int, Any]:
+    from kb_mcp.clients.mcp_client import ToolCallError, result_json
+
+    async with _connect(args) as (client, server):
+        listed = (await client.list_tools()).tools
+        if args.list:
+            print("\n".join(describe_tool(t) for t in listed))
+            print("(* = required; `kb-mcp call TOOL --arg KEY=VALUE` calls one)")
+            return 0, server
+        names = [t.name for t in listed]
+        if args.tool not in names:
+            print(f"kb-mcp call: no tool {args.tool!r}; tools: {', '.join(names)}", file=sys.stderr)
+            return 2, server
+        result = await client.call_tool(args.tool, arguments, progress_callback=_progress)
+        try:
+            payload = result_json(args.tool, result)
+        except ToolCallError as exc:
+            print(f"kb-mcp call {args.tool}: {exc.message}", file=sys.stderr)
+            return 1, server
+        print(json.dumps(payload, indent=2))
+        return 0, server
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the call; returns the exit status."""
+    logs.configure(args.log_level)
+    if not args.list and not args.tool:
+        print("kb-mcp call: name a tool (or --list to see them)", file=sys.stderr)
+        return 2
+    try:
+        arguments = build_arguments(args.json, args.arg)
+    except UsageError as exc:
+        print(f"kb-mcp call: {exc}", file=sys.stderr)
+        return 2
+    import anyio
+
+    server = None
+    try:
+        code, server = anyio.run(_call, args, arguments)
+    except OSError as exc:  # e.g. nothing listening at --url
+        print(f"kb-mcp call: cannot reach {args.url or 'the server'}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if server is not None:
+            _wait_for_jobs(server)
+    return code
+
+
+def _wait_for_jobs(server: Any) -> None:
+    """In-process jobs die with this process: wait for them, saying so, then stop workers."""
+    mine = [r for r in server.jobs.store.list() if not r.finished and r.owner.endswith(f":{os.getpid()}")]
+    if mine:
+        ids = ", ".join(r.job_id for r in mine)
+        print(
+            f"kb-mcp call: job(s) {ids} run in this process; waiting for them to finish "
+            "(serve with --http and call with --url to leave jobs running in a server)",
+            file=sys.stderr,
+        )
+    server.jobs.shutdown(wait=True)
+    server.kb_ctx.close()

@@ -1,11 +1,143 @@
-"""`kb-mcp serve` (being built)."""
+"""`kb-mcp serve`: the MCP server over stdio (default) or streamable HTTP."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
+from functools import partial
+
+from typing import TYPE_CHECKING
+
+from kb_mcp.server import logs
+
+if TYPE_CHECKING:
+    from kb_mcp.server.app import KbMcpServer
+    from kb_mcp.server.transport import HttpOptions
+    from kb_mcp.tools.context import ToolContext
+
+# The MCP SDK takes about a second to import: it is imported when `serve` runs, not when the
+# CLI parses its arguments (so other commands stay quick).
+ENV_TOKEN = "KB_MCP_TOKEN"
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Adds the `serve` command."""
-    p = sub.add_parser("serve", help="(being built)")
-    p.set_defaults(func=lambda args: print("not built yet") or 2)
+    p = sub.add_parser(
+        "serve",
+        help="run the MCP server (stdio by default, --http for a shared server)",
+        description="Serve the kb-mcp tools, KB resources and round prompt to MCP clients. Over stdio "
+        "(the default) an agent starts it itself; with --http one server can be shared by a team.",
+    )
+    p.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (port 0 picks a free port)",
+    )
+    p.add_argument(
+        "--token",
+        help=f"bearer token clients must send over HTTP (default: ${ENV_TOKEN}); required unless bound to loopback",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name (optionally NAME:PORT) clients may use to reach the HTTP server; repeatable. "
+        "Loopback names are always allowed; others are refused (DNS-rebinding protection)",
+    )
+    p.add_argument("--log-level", default="INFO", choices=logs.LEVELS, help="stderr log level (default INFO)")
+    p.set_defaults(func=run)
+
+
+def _stats_line(server: KbMcpServer) -> str:
+    from kb_mcp.server.kb_views import kb_stats
+
+    stats = kb_stats(server.kb_ctx.store, server.kb_ctx.kb_path).stats
+    return (
+        f"{sum(stats.states.values())} states, {sum(stats.optimizations.values())} optimizations, "
+        f"{sum(stats.outcomes.values())} outcomes"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serves until the client disconnects (stdio) or the process is interrupted (HTTP)."""
+    import anyio
+
+    from kb_mcp.server.app import build_server, package_version
+    from kb_mcp.server.banner import http_connect_lines, print_banner, stdio_connect_lines
+    from kb_mcp.server.transport import HttpOptions, ServeError, http_options, serve_http
+    from kb_mcp.tools.context import ToolContext
+
+    logs.configure(args.log_level)
+    options: HttpOptions | None = None
+    if args.http:
+        try:
+            options = http_options(args.http, args.token or os.environ.get(ENV_TOKEN), args.allow_host)
+        except ServeError as exc:
+            print(f"kb-mcp serve: {exc}", file=sys.stderr)
+            return 2
+    ctx = ToolContext(args.kb, client_name="mcp")
+    try:
+        # Open the KB now: a missing file is created and seeded, a corrupt one is refused here,
+        # with its name, instead of failing the first tool call.
+        stats_line = ""
+        server = build_server(ctx, http_token=options.token if options else None)
+        stats_line = _stats_line(server)
+    except Exception as exc:
+        print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc}", file=sys.stderr)
+        return 1
+    tools = list(server.specs)
+    try:
+        if options is None:
+            if sys.stdin.isatty():
+                print_banner(
+                    version=package_version(),
+                    kb_path=ctx.kb_path,
+                    stats_line=stats_line,
+                    tools=tools,
+                    connect=stdio_connect_lines(args.kb),
+                    footer="serving MCP on stdin/stdout: an agent starts this command itself; Ctrl-C quits",
+                )
+            else:
+                log.info("kb-mcp %s serving %s over stdio (%s)", package_version(), ctx.kb_path, stats_line)
+            anyio.run(server.run_stdio_async)
+        else:
+            app = server.streamable_http_app(transport_security=options.security(), host=options.host)
+
+            def ready(port: int, opts: HttpOptions) -> None:
+                url = opts.url(port)
+                print_banner(
+                    version=package_version(),
+                    kb_path=ctx.kb_path,
+                    stats_line=stats_line,
+                    tools=tools,
+                    connect=http_connect_lines(url, opts.token is not None),
+                    footer=f"serving http {url} (bearer token {'required' if opts.token else 'off'}; "
+                    f"allowed hosts: {', '.join(opts.allowed_hosts)}); Ctrl-C quits",
+                )
+
+            anyio.run(serve_http, app, options, partial(ready, opts=options))
+    except ServeError as exc:
+        print(f"kb-mcp serve: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _finish(server, ctx)
+    return 0
+
+
+def _finish(server: KbMcpServer, ctx: ToolContext) -> None:
+    """Lets running jobs end (their results land in the KB's artifacts), then stops the workers."""
+    running = [r.job_id for r in server.jobs.store.list() if r.status == "running" and r.owner.endswith(f":{os.getpid()}")]
+    if running:
+        log.info("waiting for %d running job(s) to finish: %s (Ctrl-C abandons them)", len(running), ", ".join(running))
+    try:
+        server.jobs.shutdown(wait=True)
+    except KeyboardInterrupt:
+        server.jobs.shutdown(wait=False)
+    ctx.close()

@@ -1,0 +1,119 @@
+"""The kb-mcp MCP server: tools, job tools, KB resources and the round prompt on one MCPServer.
+
+`build_server` is the one place that assembles it; `kb-mcp serve`, `kb-mcp call` and the tests
+all use it, so every way in sees the same tools, schemas and error messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import MCPServer
+
+from kb_mcp.server import prompts, resources
+from kb_mcp.server.execution import ToolRunner
+from kb_mcp.server.gpu import gpu_summary
+from kb_mcp.server.job_tools import job_tool_specs
+from kb_mcp.server.jobs import JobManager, JobStore, registered_job_kinds
+from kb_mcp.server.mcp_tools import as_mcp_tool
+from kb_mcp.server.registry import ToolSpec, load_tools
+from kb_mcp.server.transport import StaticTokenVerifier
+from kb_mcp.tools.context import ToolContext
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "kb-mcp"
+
+
+def package_version() -> str:
+    """The installed kb-mcp version ('' when running from an uninstalled tree)."""
+    try:
+        return version("kb-mcp")
+    except PackageNotFoundError:
+        return ""
+
+
+def instructions(tool_names: Sequence[str]) -> str:
+    """What the client shows its model about this server as a whole."""
+    return (
+        "kb-mcp: a lab bench and a shared memory for optimizing CUDA kernels (KernelBench problems). "
+        "Loop: profile_kernel -> classify_state -> suggest_optimizations -> write a candidate -> "
+        "compile_and_verify -> record_outcome; the prompt `optimization_round` explains each step. "
+        "Work longer than your tool timeout goes through start_job / job_status. "
+        "Resources kb://states, kb://state/{id}, kb://stats read the KB. "
+        f"Tools here: {', '.join(tool_names)}. {gpu_summary()}"
+    )
+
+
+class KbMcpServer(MCPServer[Any]):
+    """MCPServer plus what kb-mcp built it from (its ToolContext, tool specs and job manager)."""
+
+    def __init__(self, ctx: ToolContext, specs: Sequence[ToolSpec], jobs: JobManager, **kwargs: Any) -> None:
+        self.kb_ctx = ctx
+        self.specs: dict[str, ToolSpec] = {spec.name: spec for spec in specs}
+        self.jobs = jobs
+        super().__init__(**kwargs)
+
+
+def _bearer_auth(token: str | None) -> dict[str, Any]:
+    """MCPServer arguments that make its HTTP app require `token` (nothing for stdio or no token)."""
+    if not token:
+        return {}
+    # The SDK's bearer check needs AuthSettings; with no resource_server_url and no authorization
+    # server provider, nothing OAuth-related is advertised and issuer_url is never published.
+    return {
+        "auth": AuthSettings(issuer_url="http://localhost", resource_server_url=None),
+        "token_verifier": StaticTokenVerifier(token),
+    }
+
+
+def build_server(
+    ctx: ToolContext | None = None,
+    *,
+    tools: Sequence[ToolSpec] | None = None,
+    job_kinds: Sequence[ToolSpec] | None = None,
+    http_token: str | None = None,
+) -> KbMcpServer:
+    """Assembles the server over `ctx` (default: the KB from $KB_MCP_KB / ~/.kb-mcp).
+
+    `tools` defaults to the product tools whose modules import; `job_kinds` (extra, job-only
+    kinds) defaults to those registered with `kb_mcp.server.jobs.register_job_kind`. With
+    `http_token`, the HTTP app answers 401 to any request without `Authorization: Bearer <token>`.
+    """
+    ctx = ctx or ToolContext()
+    runner = ToolRunner(ctx)
+    tool_specs = list(tools) if tools is not None else load_tools()
+    extra_kinds = list(job_kinds) if job_kinds is not None else registered_job_kinds()
+    jobs = JobManager(runner, [*tool_specs, *extra_kinds], JobStore(ctx.artifacts_dir / "jobs"))
+    all_specs = [*tool_specs, *job_tool_specs(jobs)]
+
+    @asynccontextmanager
+    async def lifespan(server: MCPServer[Any]) -> AsyncIterator[None]:
+        interrupted = jobs.recover()
+        if interrupted:
+            log.info("marked %d job(s) of stopped servers interrupted: %s", len(interrupted), ", ".join(interrupted))
+        yield None
+
+    server = KbMcpServer(
+        ctx,
+        all_specs,
+        jobs,
+        name=SERVER_NAME,
+        title="kb-mcp: CUDA kernel optimization with a shared Knowledge Base",
+        version=package_version(),
+        instructions=instructions([spec.name for spec in all_specs]),
+        tools=[as_mcp_tool(spec, runner) for spec in all_specs],
+        lifespan=lifespan,
+        log_level="INFO",
+        **_bearer_auth(http_token),
+    )
+    resources.register(server, ctx, jobs)
+    server.prompt(name=prompts.ROUND_PROMPT_NAME, description=prompts.ROUND_PROMPT_DESCRIPTION)(
+        prompts.optimization_round
+    )
+    return server

@@ -1,0 +1,149 @@
+"""The job tools (`start_job`, `job_status`, `cancel_job`) as ToolSpecs over one JobManager.
+
+They go through the same registration path as the five product tools, so their schemas also
+come from the pydantic models below and their errors read the same way.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.kb.models import utcnow
+from kb_mcp.server.jobs import JobManager, JobProgress, JobRecord, JobStatus
+from kb_mcp.server.registry import ToolSpec
+from kb_mcp.tools.base import Progress
+from kb_mcp.tools.context import ToolContext
+
+MAX_WAIT_S = 120.0
+
+
+class StartJobRequest(BaseModel):
+    """Arguments of start_job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(description="What to run: the name of a tool (e.g. profile_kernel) or a job-only kind.")
+    arguments: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The arguments of that tool, exactly as you would pass them to the tool itself.",
+    )
+
+
+class JobStatusRequest(BaseModel):
+    """Arguments of job_status."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str = Field(description="The id start_job returned.")
+    wait_s: float = Field(
+        0.0,
+        ge=0.0,
+        le=MAX_WAIT_S,
+        description="Wait up to this many seconds for the job to finish before answering (progress is "
+        "reported meanwhile). Keep it below your client's tool timeout; 0 answers at once.",
+    )
+
+
+class CancelJobRequest(BaseModel):
+    """Arguments of cancel_job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str = Field(description="The id start_job returned.")
+
+
+class JobView(BaseModel):
+    """What an agent sees of a job: where it stands and, once done, its result or error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+    kind: str
+    status: JobStatus
+    progress: JobProgress | None = None
+    elapsed_s: float | None = None
+    result: dict[str, Any] | None = Field(
+        None, description="The tool's own result (same fields as calling the tool directly), once succeeded."
+    )
+    error: str | None = None
+    next: str = Field(description="What to do next.")
+
+    @classmethod
+    def of(cls, record: JobRecord) -> JobView:
+        """The view of a stored record, with a next-step hint."""
+        started = record.started_at or record.created_at
+        end: datetime = record.finished_at or utcnow()
+        hints = {
+            "queued": f"waiting for a free job slot; call job_status(job_id={record.job_id!r}, wait_s=30) later",
+            "running": f"call job_status(job_id={record.job_id!r}, wait_s=30) to wait for it",
+            "succeeded": f"the result holds {record.kind}'s output; continue as after a direct {record.kind} call",
+            "failed": "read the error, fix the cause and start a new job",
+            "cancelled": "cancelled; start a new job if you still need it",
+            "interrupted": "the server running it stopped; start the job again",
+        }
+        return cls(
+            job_id=record.job_id,
+            kind=record.kind,
+            status=record.status,
+            progress=None if record.finished else record.progress,
+            elapsed_s=round((end - started).total_seconds(), 1),
+            result=record.result,
+            error=record.error,
+            next=hints[record.status],
+        )
+
+
+def job_tool_specs(manager: JobManager) -> list[ToolSpec]:
+    """The three job tools, bound to `manager`; descriptions list the kinds it can run."""
+    kinds = ", ".join(sorted(manager.kinds))
+
+    def start(ctx: ToolContext, req: StartJobRequest, progress: Progress) -> JobView:
+        return JobView.of(manager.start(req.kind, req.arguments))
+
+    def status(ctx: ToolContext, req: JobStatusRequest, progress: Progress) -> JobView:
+        return JobView.of(manager.wait(req.job_id, req.wait_s, progress))
+
+    def cancel(ctx: ToolContext, req: CancelJobRequest, progress: Progress) -> JobView:
+        return JobView.of(manager.cancel(req.job_id))
+
+    return [
+        ToolSpec(
+            name="start_job",
+            description=(
+                "Start long work in the background and get a job_id at once, instead of waiting on a tool "
+                "call that may outlast your client's timeout. Use it for full profiles (profile_kernel), "
+                "slow builds/verifications (compile_and_verify) and campaigns. `kind` is the tool to run, "
+                "`arguments` its usual arguments (checked now: bad ones fail this call). "
+                f"Kinds: {kinds}. Next: job_status(job_id, wait_s=30) until status is succeeded/failed; "
+                "the finished job's `result` is what the tool itself would have returned. Jobs are stored "
+                "beside the KB, so every server on the same KB can report them."
+            ),
+            request=StartJobRequest,
+            result=JobView,
+            run=start,
+        ),
+        ToolSpec(
+            name="job_status",
+            description=(
+                "Where a job started with start_job stands: status (queued, running, succeeded, failed, "
+                "cancelled, interrupted), last progress, and once finished its `result` (the tool's output) "
+                "or `error`. Pass wait_s to wait for completion with progress updates."
+            ),
+            request=JobStatusRequest,
+            result=JobView,
+            run=status,
+        ),
+        ToolSpec(
+            name="cancel_job",
+            description=(
+                "Ask a running or queued job to stop. It stops at its next progress report (a queued job "
+                "never starts); job_status then says cancelled."
+            ),
+            request=CancelJobRequest,
+            result=JobView,
+            run=cancel,
+        ),
+    ]

@@ -1,0 +1,364 @@
+"""Job handles: start long work, get an id at once, poll its status, read its result later.
+
+MCP clients give up on a tool call after their own timeout (often a minute), while a full
+profile or a campaign takes longer. A job runs the same tool function in a background thread of
+the server and keeps its record in `<artifacts>/jobs/<job_id>.json`, beside the KB, so:
+
+* any server sharing the KB can report a job's status and result (the record is the truth);
+* a status survives the server: a job whose server process died is reported `interrupted`;
+* a cancel request written by any server reaches the running job at its next progress report.
+
+Every tool is a job kind. Work that only makes sense as a job (a campaign) registers itself with
+`register_job_kind` (a module following the tool convention, or a `ToolSpec`), or is listed in
+`kb_mcp.server.registry.JOB_ONLY_MODULES`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from filelock import FileLock
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.kb.models import utcnow
+from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
+from kb_mcp.server.registry import JOB_ONLY_MODULES, ToolSpec, load_specs
+from kb_mcp.tools.base import Progress
+
+log = logging.getLogger(__name__)
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "interrupted"]
+FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "interrupted"})
+
+_JOB_ID = re.compile(r"^j_\d{14}_[0-9a-f]{6}$")
+_PROGRESS_WRITE_INTERVAL_S = 0.5  # progress hits the disk at most this often (cancel checks too)
+MAX_CONCURRENT_JOBS = 4
+
+_KINDS: dict[str, ToolSpec] = {}
+
+
+def register_job_kind(kind: ToolSpec | ModuleType) -> ToolSpec:
+    """Makes `kind` startable through `start_job` in every server built afterwards.
+
+    `kind` is a module following the tool convention (NAME, DESCRIPTION, Request, Result, run) or
+    a ToolSpec. Returns the spec; registering a name twice replaces the earlier kind.
+    """
+    spec = kind if isinstance(kind, ToolSpec) else ToolSpec.from_module(kind)
+    _KINDS[spec.name] = spec
+    return spec
+
+
+def registered_job_kinds() -> list[ToolSpec]:
+    """Job-only kinds: those registered by code plus the importable `JOB_ONLY_MODULES`."""
+    specs = {spec.name: spec for spec in load_specs(JOB_ONLY_MODULES)}
+    specs.update(_KINDS)
+    return list(specs.values())
+
+
+class JobCancelled(BaseException):
+    """Raised inside a job's thread at its next progress report once a cancel was requested.
+
+    A BaseException, so a tool's own `except Exception` cleanup cannot swallow it.
+    """
+
+
+class JobProgress(BaseModel):
+    """The last progress a job reported."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    done: float = 0.0
+    total: float | None = None
+    message: str | None = None
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class JobRecord(BaseModel):
+    """A job as stored on disk: what was asked, where it stands, and how it ended."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+    kind: str
+    status: JobStatus = "queued"
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    progress: JobProgress = Field(default_factory=JobProgress)
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    owner: str = ""  # host:pid of the server process running it
+    cancel_requested: bool = False
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True once the job can change no more."""
+        return self.status in FINISHED
+
+
+def _this_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_alive(owner: str) -> bool:
+    """False only when the owner is a process on this host that no longer exists."""
+    host, _, pid_text = owner.rpartition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return True  # another machine's process: we cannot tell, so we do not guess
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def new_job_id() -> str:
+    """A sortable, unguessable-enough id: creation time (UTC) plus random hex."""
+    return f"j_{utcnow():%Y%m%d%H%M%S}_{secrets.token_hex(3)}"
+
+
+class JobStore:
+    """Job records as one JSON file each, written atomically, changed under a per-file lock."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, job_id: str) -> Path:
+        """The record file of `job_id`; refuses ids that are not job ids (no path tricks)."""
+        if not _JOB_ID.match(job_id):
+            raise ToolFailure(
+                f"{job_id!r} is not a job id (job ids look like j_20261122120000_a1b2c3); "
+                "use the id start_job returned, or read kb://jobs for recent jobs",
+                expected=True,
+            )
+        return self.root / f"{job_id}.json"
+
+    def _lock(self, job_id: str) -> FileLock:
+        return FileLock(str(self.path(job_id)) + ".lock", timeout=30)
+
+    def read(self, job_id: str) -> JobRecord | None:
+        """The record, or None if there is no such job."""
+        path = self.path(job_id)
+        try:
+            return JobRecord.model_validate_json(path.read_text())
+        except FileNotFoundError:
+            return None
+
+    def write(self, record: JobRecord) -> None:
+        """Writes `record` atomically (readers never see a torn file)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.path(record.job_id)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(record.model_dump_json(indent=1))
+        os.replace(tmp, path)
+
+    def update(self, job_id: str, change: Callable[[JobRecord], None]) -> JobRecord:
+        """Re-reads the record under its lock, applies `change`, writes it back, returns it."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with self._lock(job_id):
+            record = self.read(job_id)
+            if record is None:
+                raise ToolFailure(f"no job {job_id} in {self.root}", expected=True)
+            change(record)
+            self.write(record)
+            return record
+
+    def list(self, limit: int = 50) -> list[JobRecord]:
+        """The most recent records, newest first."""
+        if not self.root.is_dir():
+            return []
+        records: list[JobRecord] = []
+        for path in sorted(self.root.glob("j_*.json"), reverse=True)[:limit]:
+            try:
+                records.append(JobRecord.model_validate_json(path.read_text()))
+            except (OSError, ValueError) as exc:  # one bad file must not hide the others
+                log.warning("skipping unreadable job record %s: %s", path, exc)
+        return records
+
+
+class JobManager:
+    """Starts jobs in background threads of this process and answers for any job in the store."""
+
+    def __init__(self, runner: ToolRunner, kinds: Iterable[ToolSpec], store: JobStore) -> None:
+        self.runner = runner
+        self.kinds: dict[str, ToolSpec] = {spec.name: spec for spec in kinds}
+        self.store = store
+        self._owner = _this_owner()
+        self._cancel_events: dict[str, threading.Event] = {}
+        self._pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_JOBS, thread_name_prefix="kb-mcp-job")
+
+    def start(self, kind: str, arguments: dict[str, Any]) -> JobRecord:
+        """Validates the arguments now (bad ones fail the call, not the job), then queues the job."""
+        spec = self.kinds.get(kind)
+        if spec is None:
+            raise ToolFailure(
+                f"unknown job kind {kind!r}; kinds: {', '.join(sorted(self.kinds))}",
+                expected=True,
+            )
+        request = parse_request(spec, arguments)
+        record = JobRecord(
+            job_id=new_job_id(),
+            kind=kind,
+            arguments=request.model_dump(mode="json"),
+            owner=self._owner,
+        )
+        self.store.write(record)
+        self._cancel_events[record.job_id] = threading.Event()
+        self._pool.submit(self._work, record.job_id, spec, request)
+        log.info("job %s (%s) queued", record.job_id, kind)
+        return record
+
+    def status(self, job_id: str) -> JobRecord:
+        """The job's record; a job whose server died is marked `interrupted` on the way."""
+        record = self.store.read(job_id)
+        if record is None:
+            raise ToolFailure(
+                f"no job {job_id} in {self.store.root} (jobs live beside the KB: is this server on the same KB?)",
+                expected=True,
+            )
+        if not record.finished and not _owner_alive(record.owner):
+            record = self.store.update(job_id, _mark_interrupted)
+        return record
+
+    def cancel(self, job_id: str) -> JobRecord:
+        """Asks the job to stop; it stops at its next progress report (or before it starts)."""
+        record = self.status(job_id)
+        if record.finished:
+            return record
+        event = self._cancel_events.get(job_id)
+        if event is not None:
+            event.set()
+
+        def request_cancel(rec: JobRecord) -> None:
+            if rec.finished:
+                return
+            rec.cancel_requested = True
+            if rec.status == "queued":  # never started: nothing will run, so it is cancelled now
+                rec.status = "cancelled"
+                rec.finished_at = utcnow()
+
+        return self.store.update(job_id, request_cancel)
+
+    def wait(self, job_id: str, timeout_s: float, on_change: Progress | None = None) -> JobRecord:
+        """Polls the record until the job finishes or `timeout_s` passes, reporting progress changes."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        record = self.status(job_id)
+        seen = record.progress.updated_at
+        while not record.finished and time.monotonic() < deadline:
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            record = self.status(job_id)
+            if on_change is not None and record.progress.updated_at != seen:
+                seen = record.progress.updated_at
+                on_change(record.progress.done, record.progress.total, record.progress.message)
+        return record
+
+    def recover(self) -> list[str]:
+        """Marks unfinished jobs of dead server processes `interrupted`; returns their ids."""
+        marked = []
+        for record in self.store.list(limit=1000):
+            if not record.finished and not _owner_alive(record.owner):
+                self.store.update(record.job_id, _mark_interrupted)
+                marked.append(record.job_id)
+        return marked
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stops accepting jobs; with `wait`, blocks until running jobs end."""
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)
+
+    # -- inside the job's thread -------------------------------------------------------------
+
+    def _work(self, job_id: str, spec: ToolSpec, request: BaseModel) -> None:
+        cancel_event = self._cancel_events.setdefault(job_id, threading.Event())
+        try:
+            record = self.store.read(job_id)
+            if record is None or record.finished or record.cancel_requested:
+                if record is not None and not record.finished:
+                    self.store.update(job_id, lambda r: _finish(r, "cancelled"))
+                return
+            self.store.update(job_id, _mark_running)
+            try:
+                result = self.runner.run(spec, request, self._progress_writer(job_id, cancel_event))
+            except JobCancelled:
+                self.store.update(job_id, lambda r: _finish(r, "cancelled", error="cancelled on request"))
+                log.info("job %s cancelled", job_id)
+            except ToolFailure as failure:
+                self.store.update(job_id, lambda r: _finish(r, "failed", error=failure.message))
+                log.info("job %s failed: %s", job_id, failure.message.splitlines()[0])
+            else:
+                payload = result.model_dump(mode="json")
+                self.store.update(job_id, lambda r: _finish(r, "succeeded", result=payload))
+                log.info("job %s succeeded", job_id)
+        except Exception:  # the record must not stay "running" because bookkeeping failed
+            log.exception("job %s: internal error", job_id)
+            try:
+                self.store.update(job_id, lambda r: _finish(r, "failed", error="internal error; see the server log"))
+            except Exception:
+                log.exception("job %s: could not record the failure", job_id)
+        finally:
+            self._cancel_events.pop(job_id, None)
+
+    def _progress_writer(self, job_id: str, cancel_event: threading.Event) -> Progress:
+        last_write = 0.0
+
+        def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+            nonlocal last_write
+            if cancel_event.is_set():
+                raise JobCancelled(job_id)
+            now = time.monotonic()
+            final = total is not None and done >= total
+            if now - last_write < _PROGRESS_WRITE_INTERVAL_S and not final:
+                return
+            last_write = now
+
+            def change(rec: JobRecord) -> None:
+                rec.progress = JobProgress(done=done, total=total, message=message)
+
+            record = self.store.update(job_id, change)
+            if record.cancel_requested:  # asked through another server sharing the KB
+                raise JobCancelled(job_id)
+
+        return progress
+
+
+def _mark_running(record: JobRecord) -> None:
+    record.status = "running"
+    record.started_at = utcnow()
+    record.owner = _this_owner()
+
+
+def _mark_interrupted(record: JobRecord) -> None:
+    if record.finished:
+        return
+    _finish(
+        record,
+        "interrupted",
+        error=f"the server process that ran this job ({record.owner}) exited before it finished; start it again",
+    )
+
+
+def _finish(
+    record: JobRecord,
+    status: JobStatus,
+    *,
+    result: dict[str, Any] | None = None,
+    error: str | None = None,
+) -> None:
+    record.status = status
+    record.result = result
+    record.error = error
+    record.finished_at = utcnow()

@@ -1,0 +1,117 @@
+"""Turning a ToolSpec into an MCP tool of the SDK's MCPServer.
+
+The input schema is the tool's Request model (its fields are the tool's top-level arguments),
+the output schema its Result model. The tool function runs in a worker thread; its progress
+reports become MCP progress notifications, and its failures become `isError` results whose text
+tells the agent what to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError as SdkToolError
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+from mcp_types import CallToolResult, TextContent
+from pydantic import BaseModel
+
+from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
+from kb_mcp.server.registry import ToolSpec
+
+log = logging.getLogger(__name__)
+
+_PROGRESS_MIN_INTERVAL_S = 0.1  # tools may report in tight loops; clients need a few updates a second
+
+
+class _RawArguments(FuncMetadata):
+    """Hands the tool function the client's arguments unvalidated (after the SDK's JSON pre-parse).
+
+    The function validates them against the tool's Request model itself, so that a bad argument
+    is answered with a short message per field (not pydantic's full dump, which echoes whole
+    kernel sources back into the agent's context).
+    """
+
+    def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+        return {"arguments": self.pre_parse_json(arguments_to_validate)}
+
+
+class ProgressRelay:
+    """A tool's `progress` callback that forwards to the MCP client from the worker thread.
+
+    Reports are throttled, kept non-decreasing (MCP requires progress to increase), and double
+    as cancellation points: when the client cancels the call, the next report raises in the
+    tool's thread and the tool stops.
+    """
+
+    def __init__(self, mcp_ctx: Context[Any, Any]) -> None:
+        self._ctx = mcp_ctx
+        self._last_value = -math.inf
+        self._last_time = 0.0
+
+    def __call__(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        anyio.from_thread.check_cancelled()
+        now = time.monotonic()
+        final = total is not None and done >= total
+        if now - self._last_time < _PROGRESS_MIN_INTERVAL_S and not final:
+            return
+        value = max(float(done), self._last_value)
+        self._last_value, self._last_time = value, now
+        try:
+            anyio.from_thread.run(self._ctx.report_progress, value, total, message)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:  # a client that went away must not fail the tool
+            log.debug("progress notification not delivered: %s", exc)
+
+
+def compact_text(result: BaseModel) -> str:
+    """The result as one line of JSON without null fields: what an agent's context pays for."""
+    return result.model_dump_json(exclude_none=True)
+
+
+def tool_result(result: BaseModel) -> CallToolResult:
+    """Structured content (the full Result, matching the output schema) plus its compact text."""
+    return CallToolResult(
+        content=[TextContent(type="text", text=compact_text(result))],
+        structured_content=result.model_dump(mode="json"),
+    )
+
+
+def input_schema(spec: ToolSpec) -> dict[str, Any]:
+    """The Request model's JSON schema, titled after the tool."""
+    schema = spec.request.model_json_schema()
+    schema["title"] = f"{spec.name} arguments"
+    return schema
+
+
+def as_mcp_tool(spec: ToolSpec, runner: ToolRunner) -> Tool:
+    """The SDK Tool for `spec`, running through `runner`."""
+    # The SDK wants an ArgModelBase subclass; deriving it from the Request keeps every field,
+    # validator and config of the tool's own model (used here for the JSON pre-parse).
+    arg_model = type(f"{spec.name}_arguments", (spec.request, ArgModelBase), {"__module__": __name__})
+
+    async def call(arguments: dict[str, Any], mcp_ctx: Context[Any, Any]) -> CallToolResult:
+        try:
+            request = parse_request(spec, arguments)
+            result = await anyio.to_thread.run_sync(runner.run, spec, request, ProgressRelay(mcp_ctx))
+        except ToolFailure as failure:
+            raise SdkToolError(failure.message) from failure
+        return tool_result(result)
+
+    return Tool(
+        fn=call,
+        name=spec.name,
+        description=spec.description,
+        parameters=input_schema(spec),
+        fn_metadata=_RawArguments(arg_model=arg_model, output_model=spec.result),
+        is_async=True,
+        context_kwarg="mcp_ctx",
+    )

@@ -1,0 +1,107 @@
+"""Which tool modules the server exposes, and the one shape they all take once loaded.
+
+Every tool module under `kb_mcp.tools` follows the convention in docs/architecture.md
+(NAME, DESCRIPTION, Request, Result, run). `ToolSpec` is that convention as a value, so the
+server, the job runner and `kb-mcp call` handle every tool the same way and never hand-write a
+schema: input and output schemas always come from the module's own pydantic models.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from pydantic import BaseModel
+
+from kb_mcp.tools.base import Progress
+
+log = logging.getLogger(__name__)
+
+TOOL_MODULES: tuple[str, ...] = (
+    "kb_mcp.tools.profile_kernel",
+    "kb_mcp.tools.classify_state",
+    "kb_mcp.tools.suggest_optimizations",
+    "kb_mcp.tools.compile_and_verify",
+    "kb_mcp.tools.record_outcome",
+)
+"""The five tools, in the order of one optimization round."""
+
+JOB_ONLY_MODULES: list[str] = []
+"""Modules following the tool convention that run only as jobs (work far longer than any client's
+tool timeout, e.g. a campaign). Append a module path here, or call
+`kb_mcp.server.jobs.register_job_kind`, to make it startable through `start_job`."""
+
+EXCLUSIVE_TOOLS: frozenset[str] = frozenset({"profile_kernel", "compile_and_verify"})
+"""Tools that time or profile on the GPU. One server process runs them one at a time (direct calls
+and jobs alike): two timings sharing a GPU would each measure the other's interference."""
+
+REQUIRED_ATTRS = ("NAME", "DESCRIPTION", "Request", "Result", "run")
+
+
+class ToolModuleError(TypeError):
+    """A module that does not follow the tool convention; the message names what is missing."""
+
+
+RunFn = Callable[[Any, Any, Progress], BaseModel]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool (or job kind): its name, LLM-facing description, request/result models and function."""
+
+    name: str
+    description: str
+    request: type[BaseModel]
+    result: type[BaseModel]
+    run: RunFn
+    exclusive: bool = False
+    module: str = ""
+
+    @classmethod
+    def from_module(cls, module: ModuleType) -> ToolSpec:
+        """Reads the convention's attributes from `module`; raises ToolModuleError if any is wrong."""
+        missing = [attr for attr in REQUIRED_ATTRS if not hasattr(module, attr)]
+        if missing:
+            raise ToolModuleError(f"{module.__name__}: missing {', '.join(missing)} (see docs/architecture.md, Tools)")
+        request, result = module.Request, module.Result
+        for label, model in (("Request", request), ("Result", result)):
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                raise ToolModuleError(f"{module.__name__}.{label} must be a pydantic BaseModel subclass")
+        if not callable(module.run):
+            raise ToolModuleError(f"{module.__name__}.run must be callable")
+        name = str(module.NAME)
+        return cls(
+            name=name,
+            description=str(module.DESCRIPTION).strip(),
+            request=request,
+            result=result,
+            run=module.run,
+            exclusive=name in EXCLUSIVE_TOOLS,
+            module=module.__name__,
+        )
+
+
+def load_specs(module_names: Iterable[str], *, strict: bool = False) -> list[ToolSpec]:
+    """Imports each module and returns its ToolSpec.
+
+    A module that is absent or broken is logged (stderr) and skipped unless `strict`, so one
+    broken tool never takes the whole server down with it.
+    """
+    specs: list[ToolSpec] = []
+    for name in module_names:
+        try:
+            specs.append(ToolSpec.from_module(importlib.import_module(name)))
+        except Exception as exc:
+            if strict:
+                raise
+            log.warning("tool module %s not loaded: %s: %s", name, type(exc).__name__, exc)
+    return specs
+
+
+def load_tools(*, strict: bool = False) -> list[ToolSpec]:
+    """The five product tools (those whose modules import)."""
+    return load_specs(TOOL_MODULES, strict=strict)

@@ -1,0 +1,169 @@
+"""Job handles: start -> id -> status -> result, persisted beside the KB, visible to other servers,
+cancellable, and honest about jobs whose server died."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mcp import Client
+
+from kb_mcp.clients.mcp_client import ToolCallError, call_json
+from kb_mcp.server.app import KbMcpServer, build_server
+from kb_mcp.server.execution import ToolFailure, ToolRunner
+from kb_mcp.server.jobs import JobManager, JobRecord, JobStore, new_job_id, register_job_kind
+from kb_mcp.server.registry import ToolSpec
+from kb_mcp.tools.context import ToolContext
+
+
+def _manager(kb: Path, spec: ToolSpec) -> JobManager:
+    ctx = ToolContext(kb)
+    return JobManager(ToolRunner(ctx), [spec], JobStore(ctx.artifacts_dir / "jobs"))
+
+
+def _wait_finished(manager: JobManager, job_id: str, timeout: float = 10.0) -> JobRecord:
+    record = manager.wait(job_id, timeout)
+    assert record.finished, record
+    return record
+
+
+def test_job_runs_to_a_stored_result(kb_path: Path, toy_spec: ToolSpec) -> None:
+    manager = _manager(kb_path, toy_spec)
+    started = manager.start("toy_count", {"n": 5, "label": "j"})
+    assert started.status == "queued" and started.job_id.startswith("j_")
+    record = _wait_finished(manager, started.job_id)
+    assert record.status == "succeeded"
+    assert record.result == {"label": "j", "counted": 5, "tags": [], "kb_file": "kb.json", "note": None}
+    assert record.progress.done == 5 and record.progress.total == 5
+    # the record is a file beside the KB: a fresh store (another process) reads the same thing
+    path = kb_path.with_name("kb.artifacts") / "jobs" / f"{started.job_id}.json"
+    assert JobRecord.model_validate_json(path.read_text()) == record
+    manager.shutdown()
+
+
+def test_bad_arguments_fail_the_start_and_leave_no_job(kb_path: Path, toy_spec: ToolSpec) -> None:
+    manager = _manager(kb_path, toy_spec)
+    with pytest.raises(ToolFailure, match="n: required"):
+        manager.start("toy_count", {})
+    with pytest.raises(ToolFailure, match="unknown job kind 'nope'; kinds: toy_count"):
+        manager.start("nope", {})
+    assert manager.store.list() == []
+    manager.shutdown()
+
+
+def test_a_failing_job_keeps_the_tools_message(kb_path: Path, toy_spec: ToolSpec) -> None:
+    manager = _manager(kb_path, toy_spec)
+    job = manager.start("toy_count", {"n": 2, "fail": "tool_error"})
+    record = _wait_finished(manager, job.job_id)
+    assert record.status == "failed" and record.result is None
+    assert record.error is not None and "asked to fail" in record.error
+    manager.shutdown()
+
+
+def test_cancel_stops_a_running_job(kb_path: Path, toy_spec: ToolSpec) -> None:
+    manager = _manager(kb_path, toy_spec)
+    job = manager.start("toy_count", {"n": 200, "step_s": 0.02})
+    deadline = time.monotonic() + 5
+    while manager.status(job.job_id).status != "running" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    manager.cancel(job.job_id)
+    record = _wait_finished(manager, job.job_id)
+    assert record.status == "cancelled"
+    assert record.progress.done < 200
+    manager.shutdown()
+
+
+def test_cancel_from_another_server_on_the_same_kb(kb_path: Path, toy_spec: ToolSpec) -> None:
+    runner_side = _manager(kb_path, toy_spec)
+    other_side = _manager(kb_path, toy_spec)  # its own store and threads, same files
+    job = runner_side.start("toy_count", {"n": 300, "step_s": 0.02})
+    time.sleep(0.3)
+    assert other_side.status(job.job_id).status == "running"
+    assert other_side.cancel(job.job_id).cancel_requested
+    record = _wait_finished(runner_side, job.job_id)
+    assert record.status == "cancelled" and record.progress.done < 300
+    runner_side.shutdown()
+    other_side.shutdown()
+
+
+def test_a_job_whose_server_died_is_reported_interrupted(kb_path: Path, toy_spec: ToolSpec) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    manager = _manager(kb_path, toy_spec)
+    import socket
+
+    orphan = JobRecord(job_id=new_job_id(), kind="toy_count", status="running", owner=f"{socket.gethostname()}:{dead_pid}")
+    foreign = JobRecord(job_id=new_job_id(), kind="toy_count", status="running", owner="elsewhere:1")
+    manager.store.write(orphan)
+    manager.store.write(foreign)
+    assert manager.recover() == [orphan.job_id]
+    record = manager.status(orphan.job_id)
+    assert record.status == "interrupted" and record.error is not None and "start it again" in record.error
+    assert manager.status(foreign.job_id).status == "running"  # another host's job: not ours to judge
+    manager.shutdown()
+
+
+def test_job_ids_cannot_reach_outside_the_jobs_folder(kb_path: Path, toy_spec: ToolSpec) -> None:
+    manager = _manager(kb_path, toy_spec)
+    for bad in ("../kb", "j_1", "/etc/passwd", "j_20261122120000_a1b2c3/../../x"):
+        with pytest.raises(ToolFailure, match="not a job id"):
+            manager.status(bad)
+    with pytest.raises(ToolFailure, match="no job j_20261122120000_a1b2c3"):
+        manager.status("j_20261122120000_a1b2c3")
+    manager.shutdown()
+
+
+async def test_job_tools_through_mcp(toy_server: KbMcpServer) -> None:
+    progress: list[float] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(done)
+
+    async with Client(toy_server) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert "Kinds: toy_count" in (tools["start_job"].description or "")
+        started = await call_json(client, "start_job", {"kind": "toy_count", "arguments": {"n": 10, "step_s": 0.1}})
+        assert started["status"] in ("queued", "running")
+        job_id = started["job_id"]
+        done = await call_json(client, "job_status", {"job_id": job_id, "wait_s": 10}, progress=on_progress)
+        assert done["status"] == "succeeded"
+        assert done["result"]["counted"] == 10
+        assert progress, "waiting on a job forwards its progress"
+        listing = await client.read_resource("kb://jobs")
+        assert job_id in listing.contents[0].text  # type: ignore[union-attr]
+        with pytest.raises(ToolCallError, match="invalid arguments for toy_count"):
+            await call_json(client, "start_job", {"kind": "toy_count", "arguments": {"n": "x"}})
+        with pytest.raises(ToolCallError, match="unknown job kind"):
+            await call_json(client, "start_job", {"kind": "rm -rf", "arguments": {}})
+
+
+async def test_status_survives_the_server(kb_path: Path, toy_spec: ToolSpec) -> None:
+    first = build_server(ToolContext(kb_path), tools=[toy_spec])
+    async with Client(first) as client:
+        job_id = (await call_json(client, "start_job", {"kind": "toy_count", "arguments": {"n": 2}}))["job_id"]
+        await call_json(client, "job_status", {"job_id": job_id, "wait_s": 5})
+    first.jobs.shutdown()
+    second = build_server(ToolContext(kb_path), tools=[toy_spec])  # a later server on the same KB
+    async with Client(second) as client:
+        got = await call_json(client, "job_status", {"job_id": job_id})
+    assert got["status"] == "succeeded" and got["result"]["counted"] == 2
+
+
+async def test_registered_job_kinds_are_startable(kb_path: Path, toy_spec: ToolSpec) -> None:
+    long_kind = register_job_kind(dataclasses.replace(toy_spec, name="toy_campaign", description="long"))
+    try:
+        server = build_server(ToolContext(kb_path), tools=[toy_spec])
+        async with Client(server) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert "toy_campaign" not in names  # a job-only kind is not a direct tool
+            job = await call_json(client, "start_job", {"kind": long_kind.name, "arguments": {"n": 3}})
+            done = await call_json(client, "job_status", {"job_id": job["job_id"], "wait_s": 5})
+        assert done["status"] == "succeeded" and done["kind"] == "toy_campaign"
+    finally:
+        from kb_mcp.server import jobs
+
+        jobs._KINDS.pop("toy_campaign", None)

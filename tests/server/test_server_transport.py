@@ -1,0 +1,78 @@
+"""HTTP serve rules, as pure functions: bind parsing, loopback, token requirement, Host allow-list."""
+
+from __future__ import annotations
+
+import pytest
+
+from kb_mcp.server.transport import ServeError, StaticTokenVerifier, http_options, is_loopback, parse_bind
+
+TOKEN = "t" * 32
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:8765", ("127.0.0.1", 8765)),
+        ("localhost:0", ("localhost", 0)),
+        (":9000", ("127.0.0.1", 9000)),
+        ("[::1]:8765", ("::1", 8765)),
+        ("0.0.0.0:80", ("0.0.0.0", 80)),
+    ],
+)
+def test_parse_bind(text: str, expected: tuple[str, int]) -> None:
+    assert parse_bind(text) == expected
+
+
+@pytest.mark.parametrize("text", ["8765", "host:", "host:http", "1.2.3.4:70000", "[::1]8765"])
+def test_parse_bind_rejects(text: str) -> None:
+    with pytest.raises(ServeError, match="HOST:PORT"):
+        parse_bind(text)
+
+
+@pytest.mark.parametrize(
+    ("host", "loop"),
+    [("127.0.0.1", True), ("127.3.4.5", True), ("::1", True), ("localhost", True), ("0.0.0.0", False),
+     ("10.0.0.7", False), ("gpu-box.lan", False), ("::", False)],
+)
+def test_is_loopback(host: str, loop: bool) -> None:
+    assert is_loopback(host) is loop
+
+
+def test_loopback_needs_no_token_and_allows_only_loopback_names() -> None:
+    opts = http_options("127.0.0.1:0", None)
+    assert opts.token is None and opts.loopback
+    assert set(opts.allowed_hosts) == {
+        "127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", "[::1]", "[::1]:*",
+    }
+    assert "http://localhost:*" in opts.allowed_origins
+    assert opts.security().enable_dns_rebinding_protection
+
+
+def test_non_loopback_without_token_refuses_to_start() -> None:
+    with pytest.raises(ServeError, match="refusing to serve on 10.0.0.7 without a bearer token.*KB_MCP_TOKEN"):
+        http_options("10.0.0.7:8765", None)
+    with pytest.raises(ServeError, match="too short"):
+        http_options("10.0.0.7:8765", "short")
+
+
+def test_non_loopback_allows_its_address_and_the_named_hosts() -> None:
+    opts = http_options("10.0.0.7:8765", TOKEN, ["gpu-box.lan", "proxy.example:443"])
+    assert "10.0.0.7:*" in opts.allowed_hosts and "gpu-box.lan:*" in opts.allowed_hosts
+    assert "proxy.example:443" in opts.allowed_hosts and "proxy.example:*" not in opts.allowed_hosts
+    assert "https://proxy.example:443" in opts.allowed_origins
+    assert "evil.example:*" not in opts.allowed_hosts
+
+
+def test_wildcard_bind_needs_an_allow_list() -> None:
+    with pytest.raises(ServeError, match="--allow-host"):
+        http_options("0.0.0.0:8765", TOKEN)
+    opts = http_options("0.0.0.0:8765", TOKEN, ["10.0.0.7"])
+    assert "10.0.0.7:*" in opts.allowed_hosts and "0.0.0.0:*" not in opts.allowed_hosts
+    assert opts.url(8765) == "http://127.0.0.1:8765/mcp"
+
+
+async def test_static_token_verifier() -> None:
+    verifier = StaticTokenVerifier(TOKEN)
+    assert await verifier.verify_token(TOKEN) is not None
+    assert await verifier.verify_token(TOKEN[:-1]) is None
+    assert await verifier.verify_token("") is None

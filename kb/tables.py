@@ -1,0 +1,265 @@
+"""The KB's tables in memory, the changes ("ops") that edit them, and their TinyDB file layout.
+
+One code path applies a change, whether it comes from a live transaction or from replaying the
+journal, so a process that replays sees exactly what the writer saw. Indexes are kept up to date
+by that same path, so lookups never scan a table.
+
+File layout (a TinyDB JSON database: ``TinyDB(path).table("states").all()`` reads it)::
+
+    {"meta":   {"1": {"format": "kb-mcp", "schema_version": 1, "applied_seq": N, ...}},
+     "states": {"1": <State>, ...}, "optimizations": {...}, "lessons": {...},
+     "outcomes": {...}, "transitions": {...}, "candidates": {...},
+     "scores": {"1": {"state_id": S, "arch": A, "updated_at": T,
+                      "priors": {opt_id: [prior_mean_log_speedup, prior_weight]},
+                      "stats":  {opt_id: [mean, m2, samples, attempts, successes,
+                                          compile_failures, verify_failures, updated_at]}}}}
+
+Scores are stored one document per (state, arch) with a compact row per optimization: a KB of
+10,000 states x 100 optimizations holds a million scores, which as one JSON object each would be a
+third of a gigabyte to parse; as rows it is ~25 MB. A Score whose optimization has no "stats" row
+is still a pure prior (``Score.prior``). TinyDB doc ids are renumbered on every full write;
+records are identified by their natural keys (ids), never by doc id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
+from kb_mcp.kb import ids
+from kb_mcp.kb.models import ALL_ARCH, Score
+
+FORMAT = "kb-mcp"
+RECORD_TABLES = ("states", "optimizations", "lessons", "outcomes", "transitions", "candidates")
+TABLES = ("meta", *RECORD_TABLES, "scores")
+
+Op = list[Any]
+ScoreDoc = dict[str, Any]
+
+
+class LayoutError(ValueError):
+    """The data is not a kb-mcp KB (wrong shape, missing keys); the message says where."""
+
+
+def _record_key(table: str, doc: dict[str, Any]) -> str:
+    if table == "candidates":
+        return doc["candidate_id"]
+    if table == "transitions":
+        return ids.transition_key(doc["state_id"], doc["optimization_id"], doc["next_state_id"])
+    return doc["id"]
+
+
+def record_key(table: str, doc: dict[str, Any]) -> str:
+    """The natural key of a record document of `table` (its id; a composite for transitions)."""
+    return _record_key(table, doc)
+
+
+def encode_score(score: Score) -> tuple[list[float], list[Any] | None]:
+    """(prior pair, stats row or None): the compact form of a Score in its (state, arch) document."""
+    prior = [score.prior_mean_log_speedup, score.prior_weight]
+    measured = (
+        score.samples or score.attempts or score.successes or score.compile_failures or score.verify_failures
+        or score.mean_log_speedup or score.m2_log_speedup
+    )
+    if score.prior and not measured:
+        return prior, None
+    row = [
+        score.mean_log_speedup,
+        score.m2_log_speedup,
+        score.samples,
+        score.attempts,
+        score.successes,
+        score.compile_failures,
+        score.verify_failures,
+        score.updated_at.isoformat(),
+    ]
+    return prior, row
+
+
+def decode_score(state_id: str, arch: str, opt_id: str, doc: ScoreDoc) -> Score | None:
+    """The Score of `opt_id` in a (state, arch) document, or None when it has none."""
+    prior = doc["priors"].get(opt_id)
+    row = doc["stats"].get(opt_id)
+    if prior is None and row is None:
+        return None
+    pm, pw = prior if prior is not None else (0.0, 1.0)
+    if row is None:
+        # model_construct: these rows were validated when written; decoding runs per suggestion
+        # over every optimization of a state, so validation would dominate the latency.
+        return Score.model_construct(
+            state_id=state_id, optimization_id=opt_id, arch=arch, mean_log_speedup=0.0, m2_log_speedup=0.0,
+            samples=0, attempts=0, successes=0, compile_failures=0, verify_failures=0, prior=True,
+            prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(doc["updated_at"]),
+        )
+    mean, m2, samples, attempts, successes, cf, vf, updated = row
+    return Score.model_construct(
+        state_id=state_id, optimization_id=opt_id, arch=arch, mean_log_speedup=mean, m2_log_speedup=m2,
+        samples=samples, attempts=attempts, successes=successes, compile_failures=cf, verify_failures=vf,
+        prior=False, prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(updated),
+    )
+
+
+class Tables:
+    """All KB records of one file version, plus indexes; edited only through `apply`."""
+
+    def __init__(self) -> None:
+        self.meta: dict[str, Any] = {}
+        self.records: dict[str, dict[str, dict[str, Any]]] = {t: {} for t in RECORD_TABLES}
+        self.scores: dict[tuple[str, str], ScoreDoc] = {}
+        # indexes
+        self.states_by_key: dict[str, list[str]] = {}
+        self.score_arches: dict[str, set[str]] = {}
+        self.lessons_by_pair: dict[tuple[str, str], list[str]] = {}
+        self.transitions_by_state: dict[str, list[str]] = {}
+        self.outcomes_by_candidate: dict[str, list[str]] = {}
+
+    # ---- loading and saving -------------------------------------------------------------
+
+    @classmethod
+    def from_tinydb(cls, data: Any, where: str) -> Tables:
+        """Builds tables from a parsed TinyDB file; raises LayoutError if it is not a kb-mcp KB."""
+        if not isinstance(data, dict):
+            raise LayoutError(f"{where}: top level is {type(data).__name__}, not a JSON object of tables")
+        metas = data.get("meta")
+        if not isinstance(metas, dict) or len(metas) != 1:
+            raise LayoutError(f"{where}: no kb-mcp 'meta' table (tables found: {sorted(data)[:8]})")
+        meta = next(iter(metas.values()))
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise LayoutError(f"{where}: the 'meta' table does not mark a kb-mcp KB (format={meta.get('format')!r})")
+        t = cls()
+        t.meta = dict(meta)
+        try:
+            for table in RECORD_TABLES:
+                docs = data.get(table, {})
+                if not isinstance(docs, dict):
+                    raise LayoutError(f"{where}: table {table!r} is not a JSON object")
+                for doc in docs.values():
+                    t._put(table, _record_key(table, doc), doc)
+            for doc in data.get("scores", {}).values():
+                key = (doc["state_id"], doc["arch"])
+                doc.setdefault("priors", {})
+                doc.setdefault("stats", {})
+                doc.setdefault("updated_at", t.meta.get("created_at", "1970-01-01T00:00:00+00:00"))
+                t.scores[key] = doc
+                t.score_arches.setdefault(key[0], set()).add(key[1])
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise LayoutError(f"{where}: malformed record ({type(exc).__name__}: {exc})") from exc
+        return t
+
+    def to_tinydb(self) -> dict[str, dict[str, Any]]:
+        """The TinyDB file content: every table as {doc_id: document}."""
+        out: dict[str, dict[str, Any]] = {"meta": {"1": self.meta}}
+        for table in RECORD_TABLES:
+            out[table] = {str(i): doc for i, doc in enumerate(self.records[table].values(), 1)}
+        out["scores"] = {str(i): doc for i, doc in enumerate(self.scores.values(), 1)}
+        return out
+
+    # ---- the one way to change anything ---------------------------------------------------
+
+    def apply(self, op: Op) -> None:
+        """Applies one change: ["put", table, key, doc], ["del", table, key],
+        ["score", state, arch, opt, prior_pair, stats_row_or_null, time] or ["unscore", state, arch, opt]."""
+        kind = op[0]
+        if kind == "put":
+            if op[1] == "meta":
+                self.meta = dict(op[3])
+            else:
+                self._put(op[1], op[2], op[3])
+        elif kind == "del":
+            self._del(op[1], op[2])
+        elif kind == "score":
+            _, state, arch, opt, prior, row, when = op
+            doc = self.scores.get((state, arch))
+            if doc is None:
+                doc = {"state_id": state, "arch": arch, "updated_at": when, "priors": {}, "stats": {}}
+                self.scores[(state, arch)] = doc
+                self.score_arches.setdefault(state, set()).add(arch)
+            doc["priors"][opt] = prior
+            if row is None:
+                doc["stats"].pop(opt, None)
+            else:
+                doc["stats"][opt] = row
+            if row is None:
+                doc["updated_at"] = when
+        elif kind == "unscore":
+            _, state, arch, opt = op
+            doc = self.scores.get((state, arch))
+            if doc is not None:
+                doc["priors"].pop(opt, None)
+                doc["stats"].pop(opt, None)
+        else:
+            raise ValueError(f"unknown KB change {kind!r}")
+
+    def apply_all(self, ops: Iterable[Op]) -> None:
+        """Applies changes in order."""
+        for op in ops:
+            self.apply(op)
+
+    def _put(self, table: str, key: str, doc: dict[str, Any]) -> None:
+        recs = self.records[table]
+        if key in recs:
+            self._unindex(table, key, recs[key])
+        recs[key] = doc
+        self._index(table, key, doc)
+
+    def _del(self, table: str, key: str) -> None:
+        doc = self.records[table].pop(key, None)
+        if doc is not None:
+            self._unindex(table, key, doc)
+            if table == "states":  # a state's scores go with it
+                for arch in self.score_arches.pop(key, set()):
+                    self.scores.pop((key, arch), None)
+
+    def _index(self, table: str, key: str, doc: dict[str, Any]) -> None:
+        if table == "states":
+            self.states_by_key.setdefault(signature_key(doc), []).append(key)
+        elif table == "lessons":
+            self.lessons_by_pair.setdefault((doc["state_id"], doc["optimization_id"]), []).append(key)
+        elif table == "transitions":
+            self.transitions_by_state.setdefault(doc["state_id"], []).append(key)
+        elif table == "outcomes":
+            self.outcomes_by_candidate.setdefault(doc["candidate_id"], []).append(key)
+
+    def _unindex(self, table: str, key: str, doc: dict[str, Any]) -> None:
+        index: dict[Any, list[str]] | None = None
+        group: Any = None
+        if table == "states":
+            index, group = self.states_by_key, signature_key(doc)
+        elif table == "lessons":
+            index, group = self.lessons_by_pair, (doc["state_id"], doc["optimization_id"])
+        elif table == "transitions":
+            index, group = self.transitions_by_state, doc["state_id"]
+        elif table == "outcomes":
+            index, group = self.outcomes_by_candidate, doc["candidate_id"]
+        if index is not None:
+            keys = index.get(group, [])
+            if key in keys:
+                keys.remove(key)
+            if not keys:
+                index.pop(group, None)
+
+    # ---- raw reads --------------------------------------------------------------------------
+
+    def score_docs(self, state_id: str) -> Iterator[ScoreDoc]:
+        """The (state, arch) score documents of one state."""
+        for arch in sorted(self.score_arches.get(state_id, ())):
+            doc = self.scores.get((state_id, arch))
+            if doc is not None:
+                yield doc
+
+    def score_doc(self, state_id: str, arch: str = ALL_ARCH) -> ScoreDoc | None:
+        """The score document of (state, arch), if any."""
+        return self.scores.get((state_id, arch))
+
+
+def signature_key(state_doc: dict[str, Any]) -> str:
+    """The exact-match key ('primary/secondary') of a stored State document."""
+    sig = state_doc["signature"]
+    return f"{sig['primary']}/{sig.get('secondary') or '-'}"
+
+
+def score_op(score: Score, when: str) -> Op:
+    """The change that stores `score` (time `when` stamps a pure prior's document)."""
+    prior, row = encode_score(score)
+    return ["score", score.state_id, score.arch, score.optimization_id, prior, row, when]

@@ -1,0 +1,294 @@
+"""Typed reads over one version of the KB tables, and the typed writes of a transaction.
+
+`KBView` is what `KBStore.read()` yields; `Transaction` (what `KBStore.transaction()` yields) is a
+view that can also write. Writes become ops (see `kb.tables`): applied to the tables at once, so
+reads inside the transaction see them, and written to disk when the transaction commits.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.kb import ids
+from kb_mcp.kb.models import (
+    ALL_ARCH,
+    SCHEMA_VERSION,
+    CandidateRecord,
+    Lesson,
+    Optimization,
+    Outcome,
+    Score,
+    State,
+    Transition,
+    utcnow,
+)
+from kb_mcp.kb.tables import Op, Tables, decode_score, score_op
+
+
+class KBStats(BaseModel):
+    """Sizes and activity of a KB, for `kb-mcp kb stats` and the `kb://stats` resource."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int
+    states: dict[str, int] = Field(default_factory=dict)  # by origin
+    optimizations: dict[str, int] = Field(default_factory=dict)  # by origin
+    scores: int = 0
+    measured_scores: int = 0  # scores with at least one recorded outcome
+    arch_families: list[str] = Field(default_factory=list)
+    outcomes: dict[str, int] = Field(default_factory=dict)  # by verdict
+    flagged_outcomes: int = 0
+    lessons: int = 0
+    transitions: int = 0  # sum of transition counts
+    candidates: int = 0
+
+
+class KBView:
+    """Read access to the KB, returning the models of `kb.models`."""
+
+    def __init__(self, tables: Tables) -> None:
+        self._t = tables
+
+    # ---- meta ---------------------------------------------------------------------------------
+
+    @property
+    def schema_version(self) -> int:
+        """Layout version stored in the file."""
+        return int(self._t.meta.get("schema_version", SCHEMA_VERSION))
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The file's meta record (format, schema version, applied journal sequence, kb id)."""
+        return dict(self._t.meta)
+
+    # ---- states -------------------------------------------------------------------------------
+
+    def get_state(self, state_id: str) -> State | None:
+        """The state with this id, or None."""
+        doc = self._t.records["states"].get(state_id)
+        return State.model_validate(doc) if doc is not None else None
+
+    def list_states(self) -> list[State]:
+        """Every state, in insertion order (seed states first)."""
+        return [State.model_validate(d) for d in self._t.records["states"].values()]
+
+    def state_ids(self) -> list[str]:
+        """Every state id (cheaper than list_states)."""
+        return list(self._t.records["states"])
+
+    def states_with_key(self, key: str) -> list[State]:
+        """States whose signature has this exact 'primary/secondary' key."""
+        return [State.model_validate(self._t.records["states"][i]) for i in self._t.states_by_key.get(key, [])]
+
+    # ---- optimizations ------------------------------------------------------------------------
+
+    def get_optimization(self, optimization_id: str) -> Optimization | None:
+        """The optimization with this id, or None."""
+        doc = self._t.records["optimizations"].get(optimization_id)
+        return Optimization.model_validate(doc) if doc is not None else None
+
+    def list_optimizations(self) -> list[Optimization]:
+        """Every optimization."""
+        return [Optimization.model_validate(d) for d in self._t.records["optimizations"].values()]
+
+    # ---- scores -------------------------------------------------------------------------------
+
+    def get_score(self, state_id: str, optimization_id: str, arch: str = ALL_ARCH) -> Score | None:
+        """The score of an optimization in a state for one arch family (ALL_ARCH: pooled)."""
+        doc = self._t.score_doc(state_id, arch)
+        return decode_score(state_id, arch, optimization_id, doc) if doc is not None else None
+
+    def scores(self, state_id: str, arch: str = ALL_ARCH) -> list[Score]:
+        """Every score of a state stored under exactly `arch`."""
+        doc = self._t.score_doc(state_id, arch)
+        if doc is None:
+            return []
+        out = []
+        for opt in doc["priors"].keys() | doc["stats"].keys():
+            s = decode_score(state_id, arch, opt, doc)
+            if s is not None:
+                out.append(s)
+        out.sort(key=lambda s: s.optimization_id)
+        return out
+
+    def score_arches(self, state_id: str) -> list[str]:
+        """Arch families (and ALL_ARCH) that hold scores for a state."""
+        return sorted(self._t.score_arches.get(state_id, ()))
+
+    def candidates(self, state_id: str, arch: str = ALL_ARCH) -> list[Score]:
+        """The optimizations applicable in a state, each with the score to judge it by on `arch`.
+
+        `arch` is a family (see `kb.arch.arch_family`). The per-arch score is used where it holds
+        measurements; otherwise the pooled ALL_ARCH score stands in (its `arch` field says which).
+        Deprecated optimizations are left out.
+        """
+        pooled = self._t.score_doc(state_id, ALL_ARCH)
+        per_arch = self._t.score_doc(state_id, arch) if arch != ALL_ARCH else None
+        opts = set()
+        for doc in (pooled, per_arch):
+            if doc is not None:
+                opts |= doc["priors"].keys() | doc["stats"].keys()
+        records = self._t.records["optimizations"]
+        out: list[Score] = []
+        for opt in sorted(opts):
+            rec = records.get(opt)
+            if rec is None or rec.get("deprecated"):
+                continue
+            chosen = None
+            if per_arch is not None and opt in per_arch["stats"]:
+                chosen = decode_score(state_id, arch, opt, per_arch)
+            if chosen is None and pooled is not None:
+                chosen = decode_score(state_id, ALL_ARCH, opt, pooled)
+            if chosen is None and per_arch is not None:
+                chosen = decode_score(state_id, arch, opt, per_arch)
+            if chosen is not None:
+                out.append(chosen)
+        return out
+
+    # ---- lessons, transitions, outcomes, candidates ---------------------------------------------
+
+    def lessons(self, state_id: str, optimization_id: str, limit: int | None = None) -> list[Lesson]:
+        """Lessons about an optimization in a state, newest first."""
+        keys = self._t.lessons_by_pair.get((state_id, optimization_id), [])
+        docs = [self._t.records["lessons"][k] for k in keys]
+        docs.sort(key=lambda d: d.get("created_at", ""), reverse=True)
+        return [Lesson.model_validate(d) for d in docs[:limit]]
+
+    def get_lesson(self, lesson_id: str) -> Lesson | None:
+        """The lesson with this id, or None."""
+        doc = self._t.records["lessons"].get(lesson_id)
+        return Lesson.model_validate(doc) if doc is not None else None
+
+    def transitions(self, state_id: str, optimization_id: str | None = None) -> list[Transition]:
+        """Where applying optimizations in `state_id` led, most frequent first."""
+        recs = self._t.records["transitions"]
+        rows = [Transition.model_validate(recs[k]) for k in self._t.transitions_by_state.get(state_id, [])]
+        if optimization_id is not None:
+            rows = [r for r in rows if r.optimization_id == optimization_id]
+        rows.sort(key=lambda r: (-r.count, r.optimization_id, r.next_state_id))
+        return rows
+
+    def get_outcome(self, outcome_id: str) -> Outcome | None:
+        """The replay-buffer entry with this id, or None."""
+        doc = self._t.records["outcomes"].get(outcome_id)
+        return Outcome.model_validate(doc) if doc is not None else None
+
+    def outcomes(self) -> list[Outcome]:
+        """The whole replay buffer, oldest first."""
+        docs = sorted(self._t.records["outcomes"].values(), key=lambda d: d.get("created_at", ""))
+        return [Outcome.model_validate(d) for d in docs]
+
+    def outcome_ids(self) -> set[str]:
+        """Ids of every outcome in the replay buffer."""
+        return set(self._t.records["outcomes"])
+
+    def outcomes_for_candidate(self, candidate_id: str) -> list[Outcome]:
+        """Outcomes recorded for one candidate (one per optimization credited with it)."""
+        recs = self._t.records["outcomes"]
+        return [Outcome.model_validate(recs[k]) for k in self._t.outcomes_by_candidate.get(candidate_id, [])]
+
+    def get_candidate(self, candidate_id: str) -> CandidateRecord | None:
+        """The server's stored verdict on a candidate, or None."""
+        doc = self._t.records["candidates"].get(candidate_id)
+        return CandidateRecord.model_validate(doc) if doc is not None else None
+
+    # ---- summary ----------------------------------------------------------------------------------
+
+    def stats(self) -> KBStats:
+        """Counts of everything in the KB."""
+        recs = self._t.records
+        n_scores = measured = 0
+        arches: set[str] = set()
+        for (_, arch), doc in self._t.scores.items():
+            n_scores += len(doc["priors"].keys() | doc["stats"].keys())
+            measured += len(doc["stats"])
+            arches.add(arch)
+        verdicts = Counter(d["verdict"] for d in recs["outcomes"].values())
+        return KBStats(
+            schema_version=self.schema_version,
+            states=dict(Counter(d.get("origin", "seed") for d in recs["states"].values())),
+            optimizations=dict(Counter(d.get("origin", "seed") for d in recs["optimizations"].values())),
+            scores=n_scores,
+            measured_scores=measured,
+            arch_families=sorted(arches),
+            outcomes=dict(verdicts),
+            flagged_outcomes=sum(1 for d in recs["outcomes"].values() if d.get("flagged")),
+            lessons=len(recs["lessons"]),
+            transitions=sum(int(d.get("count", 0)) for d in recs["transitions"].values()),
+            candidates=len(recs["candidates"]),
+        )
+
+
+class Transaction(KBView):
+    """A view that writes. Obtain it from `KBStore.transaction()`; it commits when the block exits.
+
+    Every write is whole-record (put/delete by natural key): read the record, build the new model,
+    put it. The store holds the cross-process lock for the whole block, so nothing changes between
+    the read and the write.
+    """
+
+    def __init__(self, tables: Tables) -> None:
+        super().__init__(tables)
+        self.ops: list[Op] = []
+        self._now = utcnow().isoformat()
+
+    def _do(self, op: Op) -> None:
+        self._t.apply(op)
+        self.ops.append(op)
+
+    def put_state(self, state: State) -> None:
+        """Adds or replaces a state."""
+        self._do(["put", "states", state.id, state.model_dump(mode="json")])
+
+    def put_optimization(self, optimization: Optimization) -> None:
+        """Adds or replaces an optimization."""
+        self._do(["put", "optimizations", optimization.id, optimization.model_dump(mode="json")])
+
+    def put_score(self, score: Score) -> None:
+        """Adds or replaces the score of (state, optimization, arch)."""
+        self._do(score_op(score, self._now))
+
+    def delete_score(self, state_id: str, optimization_id: str, arch: str = ALL_ARCH) -> None:
+        """Removes one score (the optimization no longer applies there)."""
+        self._do(["unscore", state_id, arch, optimization_id])
+
+    def put_lesson(self, lesson: Lesson) -> None:
+        """Adds or replaces a lesson."""
+        self._do(["put", "lessons", lesson.id, lesson.model_dump(mode="json")])
+
+    def put_outcome(self, outcome: Outcome) -> None:
+        """Adds or replaces a replay-buffer entry."""
+        self._do(["put", "outcomes", outcome.id, outcome.model_dump(mode="json")])
+
+    def put_transition(self, transition: Transition) -> None:
+        """Adds or replaces a transition count."""
+        key = ids.transition_key(transition.state_id, transition.optimization_id, transition.next_state_id)
+        self._do(["put", "transitions", key, transition.model_dump(mode="json")])
+
+    def bump_transition(self, state_id: str, optimization_id: str, next_state_id: str, n: int = 1) -> Transition:
+        """Counts `n` more moves from `state_id` to `next_state_id` by `optimization_id`."""
+        key = ids.transition_key(state_id, optimization_id, next_state_id)
+        doc = self._t.records["transitions"].get(key)
+        count = (int(doc["count"]) if doc else 0) + n
+        tr = Transition(state_id=state_id, optimization_id=optimization_id, next_state_id=next_state_id, count=count)
+        self.put_transition(tr)
+        return tr
+
+    def put_candidate(self, record: CandidateRecord) -> None:
+        """Stores the server's verdict on a candidate (compile_and_verify does this)."""
+        self._do(["put", "candidates", record.candidate_id, record.model_dump(mode="json")])
+
+    def delete(self, table: str, key: str) -> None:
+        """Removes a record by natural key ('states' also drops that state's scores)."""
+        self._do(["del", table, key])
+
+    def set_meta(self, **values: Any) -> None:
+        """Updates fields of the meta record (format and sequence fields are the store's own)."""
+        reserved = {"format", "schema_version", "applied_seq"} & values.keys()
+        if reserved:
+            raise ValueError(f"meta fields {sorted(reserved)} are managed by the store")
+        meta = {**self._t.meta, **values}
+        self._do(["put", "meta", "meta", meta])

@@ -46,6 +46,7 @@ class KernelMetrics(BaseModel):
     local_spill_requests: float | None = None
     atomic_requests: float | None = None
     warp_stalls: dict[str, float] = Field(default_factory=dict)  # reason -> cycles per issued inst
+    extra: dict[str, float] = Field(default_factory=dict)  # further raw metrics by raw ncu name (base units)
 
 
 class RuleFinding(BaseModel):
@@ -91,3 +92,8 @@ class Profile(BaseModel):
     total_elapsed_cycles: float = 0.0
     kernels: list[KernelProfile] = Field(default_factory=list)
     created_at: datetime = Field(default_factory=utcnow)
+    # How it was collected: "ncu" (hardware counters) or "timeline" (per-kernel timings only).
+    method: str = "ncu"
+    report_file: str | None = None  # the ncu report beside the stored profile, for the Nsight Compute GUI
+    notes: list[str] = Field(default_factory=list)  # e.g. kernels left out by a launch cap
+    wall_s: float | None = None  # wall time of the profiling run

@@ -1,0 +1,198 @@
+"""The process that `profile_kernel` runs (under `ncu`, or alone for the timing fallback).
+
+It loads a KernelBench problem and, optionally, a candidate (`ModelNew`), builds the model and
+its inputs, warms up *outside* any NVTX range (so compiles, autotuning, lazy init and caches
+settle where the profiler does not look), then runs exactly one forward inside the NVTX range
+`kbmcp`, which `ncu --nvtx --nvtx-include kbmcp/` restricts itself to.
+
+In `timeline` mode (no counters: ncu absent or blocked) the one forward runs under
+torch.profiler instead, and the Chrome trace it writes gives per-kernel timings and launch
+shapes (`kernels_from_trace`).
+
+Usage: python -m kb_mcp.harness.profile_driver SPEC.json  (writes the DriverReport to spec.report_path)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from kb_mcp.harness.ncu_parse import short_name
+from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile
+
+NVTX_RANGE = "kbmcp"
+
+# Exit codes the profiler reads (besides the report file).
+EXIT_OK, EXIT_USER_CODE, EXIT_NO_GPU, EXIT_BAD_SPEC = 0, 2, 3, 4
+
+
+class DriverSpec(BaseModel):
+    """What the driver runs: written by the profiler as JSON, read by the driver."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem_source: str
+    problem_module: str  # unique module name for the problem file
+    candidate_source: str | None = None
+    candidate_module: str | None = None
+    mode: Literal["ncu", "timeline"] = "ncu"
+    warmup: int = 2
+    seed: int = 0
+    workdir: str  # where sources are written and imported from
+    report_path: str  # where the DriverReport JSON goes
+    trace_path: str | None = None  # timeline mode: the Chrome trace
+
+
+class DriverReport(BaseModel):
+    """What the driver tells the profiler: the device, and what went wrong if anything did."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ok: bool
+    stage: str = ""  # where it failed: load_problem, load_candidate, build, inputs, warmup, forward
+    error: str | None = None  # message plus the traceback's tail, for the agent
+    device: str = ""
+    arch: str = ""
+    torch_version: str = ""
+    warmup_s: float | None = None  # wall time of the warm-up (includes lazy compiles)
+    forward_s: float | None = None  # wall time of the profiled forward (inflated under ncu)
+    trace_path: str | None = None
+
+
+def kernels_from_trace(trace: dict[str, Any]) -> list[KernelProfile]:
+    """Kernel events of a torch.profiler Chrome trace -> KernelProfiles (timings only), in launch order."""
+    events = [
+        e for e in trace.get("traceEvents", [])
+        if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"
+    ]
+    events.sort(key=lambda e: float(e.get("ts", 0.0)))
+    kernels = []
+    for index, event in enumerate(events):
+        args = event.get("args", {}) or {}
+        grid = tuple((list(args.get("grid", [1, 1, 1])) + [1, 1, 1])[:3])
+        block = tuple((list(args.get("block", [1, 1, 1])) + [1, 1, 1])[:3])
+        regs = args.get("registers per thread")
+        smem = args.get("shared memory")
+        full = str(event.get("name", "?"))
+        kernels.append(
+            KernelProfile(
+                index=index,
+                name=short_name(full),
+                full_name=full,
+                grid=(int(grid[0]), int(grid[1]), int(grid[2])),
+                block=(int(block[0]), int(block[1]), int(block[2])),
+                metrics=KernelMetrics(
+                    duration_ns=float(event.get("dur", 0.0)) * 1e3,  # trace durations are in us
+                    registers_per_thread=float(regs) if regs is not None else None,
+                    shared_mem_per_block_bytes=float(smem) if smem is not None else None,
+                ),
+            )
+        )
+    return kernels
+
+
+def _fail(spec: DriverSpec, stage: str, exc: BaseException | str, code: int, **info: Any) -> int:
+    if isinstance(exc, BaseException):
+        tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
+        message = f"{type(exc).__name__}: {exc}\n{tail}"
+    else:
+        message = exc
+    report = DriverReport(ok=False, stage=stage, error=message[-4000:], **info)
+    Path(spec.report_path).write_text(report.model_dump_json())
+    return code
+
+
+def run(spec: DriverSpec) -> int:
+    """Loads, warms up and runs the forward once as the spec says; writes the DriverReport."""
+    import torch
+
+    from kb_mcp.harness.loading import load_module
+
+    if not torch.cuda.is_available():
+        return _fail(spec, "device", "no CUDA device is visible to the profiling driver", EXIT_NO_GPU,
+                     torch_version=torch.__version__)
+    major, minor = torch.cuda.get_device_capability()
+    info = {"device": torch.cuda.get_device_name(), "arch": f"sm_{major}{minor}", "torch_version": torch.__version__}
+    # Autotuning inside the profiled forward would profile the tuner, not the model.
+    torch.backends.cudnn.benchmark = False
+    workdir = Path(spec.workdir)
+    torch.manual_seed(spec.seed)
+    try:
+        problem = load_module(spec.problem_source, spec.problem_module, workdir)
+    except BaseException as exc:  # user code: any failure is reported, not raised
+        return _fail(spec, "load_problem", exc, EXIT_USER_CODE, **info)
+    model_cls = problem.Model
+    if spec.candidate_source is not None:
+        try:
+            candidate = load_module(spec.candidate_source, spec.candidate_module or "kbmcp_candidate", workdir)
+            model_cls = candidate.ModelNew
+        except BaseException as exc:
+            return _fail(spec, "load_candidate", exc, EXIT_USER_CODE, **info)
+    try:
+        init_inputs = problem.get_init_inputs()
+        model = model_cls(*init_inputs)
+        if isinstance(model, torch.nn.Module):
+            model = model.cuda().eval()
+    except BaseException as exc:
+        return _fail(spec, "build", exc, EXIT_USER_CODE, **info)
+    try:
+        inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in problem.get_inputs()]
+    except BaseException as exc:
+        return _fail(spec, "inputs", exc, EXIT_USER_CODE, **info)
+
+    with torch.no_grad():
+        try:
+            start = time.perf_counter()
+            for _ in range(max(spec.warmup, 1)):  # at least one: lazy compiles must not land in the range
+                model(*inputs)
+            torch.cuda.synchronize()
+            info["warmup_s"] = time.perf_counter() - start
+        except BaseException as exc:
+            return _fail(spec, "warmup", exc, EXIT_USER_CODE, **info)
+        try:
+            start = time.perf_counter()
+            if spec.mode == "timeline":
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    model(*inputs)
+                    torch.cuda.synchronize()
+                info["forward_s"] = time.perf_counter() - start
+                trace_path = spec.trace_path or str(workdir / "trace.json")
+                prof.export_chrome_trace(trace_path)
+                info["trace_path"] = trace_path
+            else:
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_push(NVTX_RANGE)
+                model(*inputs)
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_pop()
+                info["forward_s"] = time.perf_counter() - start
+        except BaseException as exc:
+            return _fail(spec, "forward", exc, EXIT_USER_CODE, **info)
+    Path(spec.report_path).write_text(DriverReport(ok=True, **info).model_dump_json())
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: reads the spec file named on the command line and runs it."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m kb_mcp.harness.profile_driver SPEC.json", file=sys.stderr)
+        return EXIT_BAD_SPEC
+    try:
+        spec = DriverSpec.model_validate(json.loads(Path(args[0]).read_text()))
+    except (OSError, ValueError) as exc:
+        print(f"profile driver: bad spec {args[0]}: {exc}", file=sys.stderr)
+        return EXIT_BAD_SPEC
+    return run(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

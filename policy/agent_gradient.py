@@ -47,8 +47,10 @@ UPDATE_SYSTEM = f"""
 You are the parameter-update step of kb-mcp's knowledge base (KB) of CUDA optimizations.
 Turn the gap analysis into a small set of typed KB edits. Measured statistics cannot be edited; you
 can move PRIORS, add LESSONS, add or revise or deprecate OPTIMIZATIONS, and add STATES. Use only ids
-that appear in the KB excerpt (or that an earlier edit of yours creates: a new id is the name in
-lower_snake_case). Every edit needs a "reason" citing the evidence. Allowed edits:
+that appear in the KB excerpt, or that an earlier edit of yours creates: a new optimization's id is
+"agent_" + its name in lower_snake_case; a new state's id is "discovered_<primary>_<secondary>".
+A new state needs a (primary, secondary) pair no state has yet. Every edit needs a "reason" citing
+the evidence. Allowed edits:
   {{"kind": "adjust_prior", "state_id", "optimization_id", "expected_speedup": {MIN_PRIOR_SPEEDUP}..{MAX_PRIOR_SPEEDUP}, "weight": 0..{MAX_PRIOR_WEIGHT} (optional), "reason"}}
   {{"kind": "add_lesson", "state_id", "optimization_id", "text": "specific, actionable, 20+ characters", "reason"}}
   {{"kind": "add_optimization", "name", "description": "what to change in the code, 40+ characters",

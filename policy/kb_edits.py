@@ -1,0 +1,262 @@
+"""Typed KB edits proposed by the textual-gradient update, and their validation.
+
+The ParameterUpdate agent answers with a list of edits; each is parsed on its own (one malformed
+edit does not discard the others) and checked against the KB as it is: ids must exist, names must
+be new, numbers must be in range, a bottleneck pair must be consistent. Edits that pass are applied
+together in one KB transaction (`policy.textual_gradient`); the others come back with a reason.
+
+Measured statistics are never edited: scores move only on the server's own verdicts. What an edit
+can move is a score's *prior* (the expectation before measurements, and how many pseudo-samples it
+counts for), so LLM judgement shifts exploration without overwriting evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from kb_mcp.harness.profile_model import KernelMetrics
+from kb_mcp.kb import ids
+from kb_mcp.kb.models import ALL_ARCH, SECONDARY_OF, MetricRange, Primary, Secondary, Signature
+from kb_mcp.kb.view import KBView
+
+MIN_PRIOR_SPEEDUP = 0.25
+MAX_PRIOR_SPEEDUP = 4.0
+MAX_PRIOR_WEIGHT = 8.0
+MAX_EDITS_PER_UPDATE = 24
+CATEGORIES = ("memory_access", "parallelism", "fusion", "compute", "occupancy", "launch", "algorithm", "precision")
+
+_Text = Annotated[str, Field(min_length=1, max_length=2000)]
+_Name = Annotated[str, Field(min_length=3, max_length=80)]
+
+
+class _Edit(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, Field(min_length=10, max_length=1000)]  # why: the evidence from the batch
+
+
+class AdjustPrior(_Edit):
+    """Moves the prior expectation of one optimization in one state (never the measured statistics)."""
+
+    kind: Literal["adjust_prior"] = "adjust_prior"
+    state_id: str
+    optimization_id: str
+    arch: str = ALL_ARCH
+    expected_speedup: float = Field(ge=MIN_PRIOR_SPEEDUP, le=MAX_PRIOR_SPEEDUP)
+    weight: float | None = Field(default=None, gt=0.0, le=MAX_PRIOR_WEIGHT)
+
+
+class AddLesson(_Edit):
+    """A lesson learned about an optimization in a state."""
+
+    kind: Literal["add_lesson"] = "add_lesson"
+    state_id: str
+    optimization_id: str
+    arch: str = ALL_ARCH
+    text: Annotated[str, Field(min_length=20, max_length=1200)]
+
+
+class AddOptimization(_Edit):
+    """A new optimization seen to work (or promising) in the listed states."""
+
+    kind: Literal["add_optimization"] = "add_optimization"
+    name: _Name
+    description: Annotated[str, Field(min_length=40, max_length=2000)]
+    category: str
+    when_helps: str = ""
+    cost: str = ""
+    applicable_states: list[str] = Field(min_length=1)
+    expected_speedup: float = Field(default=1.1, ge=MIN_PRIOR_SPEEDUP, le=MAX_PRIOR_SPEEDUP)
+
+
+class DeprecateOptimization(_Edit):
+    """Retires an optimization that keeps failing (it stays in the KB for history, but is not suggested)."""
+
+    kind: Literal["deprecate_optimization"] = "deprecate_optimization"
+    optimization_id: str
+
+
+class ReviseOptimization(_Edit):
+    """Rewrites the text of an optimization (what to do, when it helps, what it costs)."""
+
+    kind: Literal["revise_optimization"] = "revise_optimization"
+    optimization_id: str
+    description: Annotated[str, Field(min_length=40, max_length=2000)] | None = None
+    when_helps: _Text | None = None
+    cost: _Text | None = None
+
+
+class AddState(_Edit):
+    """A performance state the KB lacks, inheriting the optimizations of its nearest state."""
+
+    kind: Literal["add_state"] = "add_state"
+    name: _Name
+    description: Annotated[str, Field(min_length=40, max_length=2000)]
+    primary: Primary
+    secondary: Secondary | None = None
+    ranges: list[MetricRange] = Field(default_factory=list)
+    parent_id: str
+
+
+KBEdit = Annotated[
+    AdjustPrior | AddLesson | AddOptimization | DeprecateOptimization | ReviseOptimization | AddState,
+    Field(discriminator="kind"),
+]
+_EDIT_ADAPTER: TypeAdapter[Any] = TypeAdapter(KBEdit)
+EDIT_KINDS = ("adjust_prior", "add_lesson", "add_optimization", "deprecate_optimization", "revise_optimization", "add_state")
+
+
+class RejectedEdit(BaseModel):
+    """An edit that was not applied, and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    edit: dict[str, Any]
+    reason: str
+
+
+def parse_edits(items: Iterable[Any]) -> tuple[list[KBEdit], list[RejectedEdit]]:
+    """Parses each raw edit on its own; malformed ones are rejected with the validator's reason."""
+    edits: list[KBEdit] = []
+    rejected: list[RejectedEdit] = []
+    for index, item in enumerate(items):
+        raw = item if isinstance(item, dict) else {"value": item}
+        if index >= MAX_EDITS_PER_UPDATE:
+            rejected.append(RejectedEdit(edit=raw, reason=f"more than {MAX_EDITS_PER_UPDATE} edits in one update"))
+            continue
+        if raw.get("kind") not in EDIT_KINDS:
+            rejected.append(RejectedEdit(edit=raw, reason=f"unknown kind {raw.get('kind')!r}; kinds: {', '.join(EDIT_KINDS)}"))
+            continue
+        try:
+            edits.append(_EDIT_ADAPTER.validate_python(raw))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc'][1:]) or 'edit'}: {err['msg']}" for err in exc.errors()
+            )
+            rejected.append(RejectedEdit(edit=raw, reason=problems))
+    return edits, rejected
+
+
+CANONICAL_METRICS = frozenset(KernelMetrics.model_fields) - {"warp_stalls", "occupancy_limiter"}
+
+
+def new_optimization_id(name: str) -> str:
+    """Id of an optimization added by name (the same id `record_outcome` gives an agent's new one)."""
+    return ids.agent_optimization_id(name)
+
+
+def new_state_signature(edit: AddState) -> Signature:
+    """The signature a new state is recognised by."""
+    return Signature(primary=edit.primary, secondary=edit.secondary, ranges=edit.ranges)
+
+
+def _measured(view: KBView, state_id: str, optimization_id: str) -> tuple[int, float]:
+    """(samples, mean log-speedup) measured for one pair, pooled over arches."""
+    score = view.get_score(state_id, optimization_id, ALL_ARCH)
+    return (score.samples, score.mean_log_speedup) if score is not None else (0, 0.0)
+
+
+def validate_edits(view: KBView, edits: list[KBEdit]) -> tuple[list[KBEdit], list[RejectedEdit]]:
+    """Checks each edit against the KB (and the edits accepted before it in the same batch).
+
+    Call it inside the transaction that applies the accepted edits, so nothing changes between
+    checking and applying.
+    """
+    state_ids = set(view.state_ids())
+    optimizations = {o.id: o for o in view.list_optimizations()}
+    opt_ids = set(optimizations)
+    opt_names = {o.name.lower() for o in optimizations.values()}
+    deprecated = {o.id for o in optimizations.values() if o.deprecated}
+    new_keys: set[str] = set()
+    accepted: list[KBEdit] = []
+    rejected: list[RejectedEdit] = []
+
+    def reject(edit: KBEdit, reason: str) -> None:
+        rejected.append(RejectedEdit(edit=edit.model_dump(mode="json"), reason=reason))
+
+    for edit in edits:
+        if isinstance(edit, (AdjustPrior, AddLesson)):
+            if edit.state_id not in state_ids:
+                reject(edit, f"unknown state {edit.state_id!r}")
+                continue
+            if edit.optimization_id not in opt_ids:
+                reject(edit, f"unknown optimization {edit.optimization_id!r}")
+                continue
+            if isinstance(edit, AdjustPrior):
+                samples, mean = _measured(view, edit.state_id, edit.optimization_id)
+                wanted = math.log(edit.expected_speedup)
+                # A prior pointing the other way from three or more measurements contradicts the evidence.
+                if samples >= 3 and wanted * mean < 0 and abs(mean) > 0.05:
+                    reject(edit, f"contradicts {samples} measurements (measured mean {math.exp(mean):.2f}x)")
+                    continue
+        elif isinstance(edit, AddOptimization):
+            new_id = new_optimization_id(edit.name)
+            if new_id in opt_ids or edit.name.lower() in opt_names:
+                reject(edit, f"an optimization named {edit.name!r} (id {new_id!r}) already exists")
+                continue
+            missing = [s for s in edit.applicable_states if s not in state_ids]
+            if missing:
+                reject(edit, f"unknown applicable states: {', '.join(missing)}")
+                continue
+            if edit.category not in CATEGORIES:
+                reject(edit, f"category {edit.category!r} is not one of {', '.join(CATEGORIES)}")
+                continue
+            opt_ids.add(new_id)
+            opt_names.add(edit.name.lower())
+        elif isinstance(edit, DeprecateOptimization):
+            if edit.optimization_id not in opt_ids:
+                reject(edit, f"unknown optimization {edit.optimization_id!r}")
+                continue
+            if edit.optimization_id in deprecated:
+                reject(edit, f"{edit.optimization_id!r} is already deprecated")
+                continue
+            helped = sorted(
+                sid
+                for sid in state_ids
+                if (m := _measured(view, sid, edit.optimization_id))[0] >= 2 and m[1] > 0.05
+            )
+            if helped:
+                reject(edit, f"measured gains in {', '.join(helped)} contradict deprecating it")
+                continue
+            deprecated.add(edit.optimization_id)
+        elif isinstance(edit, ReviseOptimization):
+            if edit.optimization_id not in opt_ids:
+                reject(edit, f"unknown optimization {edit.optimization_id!r}")
+                continue
+            if edit.description is None and edit.when_helps is None and edit.cost is None:
+                reject(edit, "nothing to revise: give description, when_helps or cost")
+                continue
+        elif isinstance(edit, AddState):
+            if edit.parent_id not in state_ids:
+                reject(edit, f"unknown parent state {edit.parent_id!r}")
+                continue
+            if edit.secondary is not None and SECONDARY_OF[edit.secondary] != edit.primary:
+                reject(
+                    edit,
+                    f"secondary {edit.secondary.value!r} belongs to primary "
+                    f"{SECONDARY_OF[edit.secondary].value!r}, not {edit.primary.value!r}",
+                )
+                continue
+            unknown = sorted({r.metric for r in edit.ranges} - CANONICAL_METRICS)
+            if unknown:
+                reject(edit, f"unknown metrics in ranges: {', '.join(unknown)}")
+                continue
+            empty = [r.metric for r in edit.ranges if r.min is not None and r.max is not None and r.min > r.max]
+            if empty:
+                reject(edit, f"empty ranges (min > max): {', '.join(empty)}")
+                continue
+            signature = new_state_signature(edit)
+            taken = view.states_with_key(signature.key)
+            if taken or signature.key in new_keys:
+                owner = taken[0].id if taken else "an earlier edit"
+                reject(edit, f"signature {signature.key} is already the state {owner}; add a lesson there instead")
+                continue
+            new_id = ids.discovered_state_id(signature)
+            state_ids.add(new_id)
+            new_keys.add(signature.key)
+        accepted.append(edit)
+    return accepted, rejected

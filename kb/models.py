@@ -254,6 +254,7 @@ class Outcome(BaseModel):
     tokens: int = 0
     agent: str = ""
     analysis: str = ""
+    flagged: bool = False  # the candidate's verdict is held for review: kept here, moved no score
     created_at: datetime = Field(default_factory=utcnow)
 
 

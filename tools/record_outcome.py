@@ -1,0 +1,227 @@
+"""MCP tool `record_outcome`: credit an optimization with the server's own verdict on a candidate."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kb_mcp.kb import ids
+from kb_mcp.kb.arch import arch_family
+from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Lesson, Optimization, Outcome, Score, Verdict
+from kb_mcp.kb.view import KBView, Transaction
+from kb_mcp.policy.update import apply_outcome, counts_toward_score
+from kb_mcp.tools.base import Progress, ToolError, no_progress
+from kb_mcp.tools.context import ToolContext
+
+NAME = "record_outcome"
+DESCRIPTION = """\
+Record what an optimization did, so the shared Knowledge Base learns from it. Call it after
+compile_and_verify, once per candidate, with: the state id the kernel was in (from classify_state),
+the optimization you applied (its id from suggest_optimizations, or - for an idea of your own - a
+new_optimization with a name and a specific description of the code change), the candidate_id
+that compile_and_verify returned, and ideally the parent_candidate_id you started from (the
+speedup is then measured against it; otherwise against eager PyTorch) and the next state id if you
+profiled the new kernel. Record failures too (compile errors, wrong results): they lower the
+optimization's score where it does not work. The score moves only on the server's own stored
+verdict and timings for that candidate - you cannot and need not report a speedup. Explain in
+`analysis` why it helped or not; add a one-sentence `lesson` for the next agent when you learned
+something reusable. Recording the same candidate and optimization twice changes nothing. Returns
+the updated entry: expected speedup, confidence and counts."""
+
+MAX_TEXT = 2000
+
+
+class NewOptimization(BaseModel):
+    """An optimization the KB does not have yet, described by the agent that tried it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=3, max_length=120, description="short imperative name, e.g. 'Cache row max in registers'")
+    description: str = Field(min_length=20, max_length=MAX_TEXT, description="what to change in the code, specifically")
+    category: str = Field("other", max_length=40, description="e.g. memory_access, fusion, parallelism, compute, occupancy")
+    when_helps: str = Field("", max_length=600, description="the situation in which it pays off")
+    cost: str = Field("", max_length=600, description="complexity, resource cost, correctness risks")
+
+
+class Request(BaseModel):
+    """What was tried, and which verified candidate it produced."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state_id: str = Field(description="KB state the kernel was in before the change (from classify_state)")
+    optimization_id: str | None = Field(None, description="id of the applied optimization (from suggest_optimizations)")
+    new_optimization: NewOptimization | None = Field(None, description="instead of optimization_id: your own idea")
+    candidate_id: str = Field(description="the candidate_id compile_and_verify returned for the changed kernel")
+    parent_candidate_id: str | None = Field(None, description="candidate_id of the kernel you started from, if verified")
+    next_state_id: str | None = Field(None, description="state of the new kernel, if you profiled and classified it")
+    analysis: str = Field("", max_length=MAX_TEXT, description="why it helped or not (kept in the replay buffer)")
+    lesson: str | None = Field(None, max_length=600, description="one reusable sentence for the next agent (optional)")
+    tokens: int = Field(0, ge=0, description="LLM tokens spent on this step, for accounting")
+
+    @model_validator(mode="after")
+    def _one_optimization(self) -> Request:
+        if (self.optimization_id is None) == (self.new_optimization is None):
+            raise ValueError("give exactly one of optimization_id and new_optimization")
+        return self
+
+
+class Result(BaseModel):
+    """The KB entry after this outcome."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    outcome_id: str
+    recorded: bool = Field(description="False when this candidate was already recorded for this optimization (nothing changed)")
+    optimization_id: str
+    optimization_created: bool = False
+    verdict: Verdict
+    speedup: float | None = Field(description="server-measured speedup credited to the optimization")
+    speedup_basis: Literal["parent", "eager"] | None = None
+    score_moved: bool
+    note: str
+    entry: Score = Field(description="the score on this GPU family after the update")
+    expected_speedup: float
+    confidence: float
+    pooled_expected_speedup: float = Field(description="expected speedup pooled over all GPU families")
+
+
+def _measured_speedup(
+    view: KBView, cand: CandidateRecord, parent_id: str | None
+) -> tuple[float | None, Literal["parent", "eager"] | None, str]:
+    if not cand.verdict.is_valid or not cand.time_ms or cand.time_ms <= 0:
+        return None, None, ""
+    note = ""
+    if parent_id:
+        parent = view.get_candidate(parent_id)
+        if parent is not None and parent.problem_hash == cand.problem_hash and parent.verdict.is_valid and parent.time_ms:
+            return parent.time_ms / cand.time_ms, "parent", ""
+        note = (
+            f"parent {parent_id} is not a verified, timed candidate of the same problem; speedup is over eager PyTorch. "
+        )
+    if cand.eager_ms:
+        return cand.eager_ms / cand.time_ms, "eager", note
+    return None, None, note + "no baseline timing stored for this candidate; counted as an attempt only. "
+
+
+def _resolve_optimization(tx: Transaction, req: Request) -> tuple[Optimization, bool]:
+    if req.optimization_id is not None:
+        opt = tx.get_optimization(req.optimization_id)
+        if opt is None:
+            close = difflib.get_close_matches(req.optimization_id, [o.id for o in tx.list_optimizations()], n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ToolError(
+                f"unknown optimization_id {req.optimization_id!r}.{hint} Use an id from suggest_optimizations, "
+                "or pass new_optimization with a name and description for an idea of your own."
+            )
+        return opt, False
+    new = req.new_optimization
+    assert new is not None
+    oid = ids.agent_optimization_id(new.name)
+    opt = tx.get_optimization(oid)
+    if opt is not None:
+        return opt, False  # the same name was recorded before: one optimization, more evidence
+    return (
+        Optimization(
+            id=oid, name=new.name, description=new.description, category=new.category,
+            when_helps=new.when_helps, cost=new.cost, applicable_states=[req.state_id], origin="agent",
+        ),
+        True,
+    )
+
+
+def _base_score(tx: Transaction, state_id: str, opt_id: str, arch: str) -> Score:
+    score = tx.get_score(state_id, opt_id, arch)
+    if score is not None:
+        return score
+    pooled = tx.get_score(state_id, opt_id, ALL_ARCH)
+    if pooled is not None:  # a first outcome on this family starts from the pooled prior
+        return Score(
+            state_id=state_id, optimization_id=opt_id, arch=arch,
+            prior_mean_log_speedup=pooled.prior_mean_log_speedup, prior_weight=pooled.prior_weight,
+        )
+    return Score(state_id=state_id, optimization_id=opt_id, arch=arch)
+
+
+def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
+    """Records the outcome in one transaction (see DESCRIPTION)."""
+    with ctx.store.transaction() as tx:
+        cand = tx.get_candidate(req.candidate_id)
+        if cand is None:
+            raise ToolError(
+                f"unknown candidate_id {req.candidate_id!r}: only candidates checked by compile_and_verify on this KB "
+                "can be recorded. Call compile_and_verify with the candidate source and use the candidate_id it returns."
+            )
+        if tx.get_state(req.state_id) is None:
+            close = difflib.get_close_matches(req.state_id, tx.state_ids(), n=3)
+            raise ToolError(
+                f"unknown state_id {req.state_id!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
+                + " Use the id classify_state returned."
+            )
+        if req.next_state_id is not None and tx.get_state(req.next_state_id) is None:
+            raise ToolError(f"unknown next_state_id {req.next_state_id!r}: use the id classify_state returned, or omit it")
+        opt, created = _resolve_optimization(tx, req)
+        family = arch_family(cand.arch)
+        oid = ids.outcome_id(cand.candidate_id, opt.id)
+        previous = tx.get_outcome(oid)
+        if previous is not None:
+            _, basis, _ = _measured_speedup(tx, cand, previous.parent_candidate_id)
+            return _result(tx, previous, basis, recorded=False, created=False, moved=False,
+                           note="already recorded: this candidate was credited to this optimization before; nothing changed")
+
+        speedup, basis, note = _measured_speedup(tx, cand, req.parent_candidate_id)
+        moved = counts_toward_score(cand.verdict) and not cand.flagged
+        if created:
+            tx.put_optimization(opt)
+        if moved:
+            for arch in dict.fromkeys((family, ALL_ARCH)):
+                tx.put_score(apply_outcome(_base_score(tx, req.state_id, opt.id, arch), cand.verdict, speedup))
+            if req.next_state_id and cand.verdict.is_valid:
+                tx.bump_transition(req.state_id, opt.id, req.next_state_id)
+        elif tx.get_score(req.state_id, opt.id, ALL_ARCH) is None:
+            tx.put_score(Score(state_id=req.state_id, optimization_id=opt.id))  # known here, even if unmeasured
+        if cand.flagged:
+            note += "the candidate's speedup is flagged for review (implausible): kept in the replay buffer, no score moved. "
+        elif not moved:
+            note += f"verdict {cand.verdict.value} says nothing about the optimization (the kernel never ran); no score moved. "
+        outcome = Outcome(
+            id=oid, problem=cand.problem, candidate_id=cand.candidate_id, parent_candidate_id=req.parent_candidate_id,
+            state_id=req.state_id, next_state_id=req.next_state_id, optimization_id=opt.id, arch=family,
+            verdict=cand.verdict, speedup=speedup, speedup_vs_baseline=cand.speedup_vs_baseline, tokens=req.tokens,
+            agent=ctx.client_name, analysis=req.analysis, flagged=cand.flagged,
+        )
+        tx.put_outcome(outcome)
+        if req.lesson and req.lesson.strip():
+            text = req.lesson.strip()
+            tx.put_lesson(
+                Lesson(
+                    id=ids.lesson_id(req.state_id, opt.id, text), state_id=req.state_id, optimization_id=opt.id,
+                    arch=family, text=text, source="agent", author=ctx.client_name, candidate_id=cand.candidate_id,
+                )
+            )
+        return _result(tx, outcome, basis, recorded=True, created=created, moved=moved, note=note.strip() or "recorded")
+
+
+def _result(
+    view: KBView, outcome: Outcome, basis: Literal["parent", "eager"] | None, *, recorded: bool, created: bool,
+    moved: bool, note: str,
+) -> Result:
+    state_id, opt_id = outcome.state_id, outcome.optimization_id
+    pooled = view.get_score(state_id, opt_id, ALL_ARCH) or Score(state_id=state_id, optimization_id=opt_id)
+    entry = view.get_score(state_id, opt_id, outcome.arch) or pooled
+    return Result(
+        outcome_id=outcome.id,
+        recorded=recorded,
+        optimization_id=opt_id,
+        optimization_created=created,
+        verdict=outcome.verdict,
+        speedup=round(outcome.speedup, 4) if outcome.speedup is not None else None,
+        speedup_basis=basis if outcome.speedup is not None else None,
+        score_moved=moved,
+        note=note,
+        entry=entry,
+        expected_speedup=round(entry.expected_speedup, 4),
+        confidence=round(entry.confidence, 4),
+        pooled_expected_speedup=round(pooled.expected_speedup, 4),
+    )

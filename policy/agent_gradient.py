@@ -58,7 +58,7 @@ the evidence. Allowed edits:
     "expected_speedup", "reason"}}
   {{"kind": "revise_optimization", "optimization_id", "description" | "when_helps" | "cost", "reason"}}
   {{"kind": "deprecate_optimization", "optimization_id", "reason"}}  (only for repeated failures)
-  {{"kind": "add_state", "name", "description", "primary", "secondary", "parent_id", "ranges": [{{"metric", "min", "max"}}], "reason"}}
+  {{"kind": "add_state", "name", "description", "primary", "secondary", "ranges": [{{"metric", "min", "max"}}], "reason"}}
 At most {MAX_EDITS_PER_UPDATE} edits; prefer few, well-founded ones. Answer with ONE JSON object in a ```json block:
 {{"edits": [...], "summary": "..."}}
 """.strip()

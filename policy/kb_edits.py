@@ -91,7 +91,7 @@ class ReviseOptimization(_Edit):
 
 
 class AddState(_Edit):
-    """A performance state the KB lacks, inheriting the optimizations of its nearest state."""
+    """A performance state the KB lacks; it inherits the optimizations of its nearest state (`kb.matching`)."""
 
     kind: Literal["add_state"] = "add_state"
     name: _Name
@@ -99,7 +99,6 @@ class AddState(_Edit):
     primary: Primary
     secondary: Secondary | None = None
     ranges: list[MetricRange] = Field(default_factory=list)
-    parent_id: str
 
 
 KBEdit = Annotated[
@@ -231,9 +230,6 @@ def validate_edits(view: KBView, edits: list[KBEdit]) -> tuple[list[KBEdit], lis
                 reject(edit, "nothing to revise: give description, when_helps or cost")
                 continue
         elif isinstance(edit, AddState):
-            if edit.parent_id not in state_ids:
-                reject(edit, f"unknown parent state {edit.parent_id!r}")
-                continue
             if edit.secondary is not None and SECONDARY_OF[edit.secondary] != edit.primary:
                 reject(
                     edit,

@@ -16,7 +16,8 @@ from typing import Any
 
 from kb_mcp.clients.llm import LLMClient, Role
 from kb_mcp.kb import ids
-from kb_mcp.kb.models import ALL_ARCH, Lesson, Optimization, Outcome, Score, State, Verdict
+from kb_mcp.kb.matching import discover_state
+from kb_mcp.kb.models import ALL_ARCH, Lesson, Optimization, Outcome, Score, Verdict
 from kb_mcp.kb.store import KBStore
 from kb_mcp.kb.view import KBView, Transaction
 from kb_mcp.policy.agent_base import AgentFailed, Conversation
@@ -188,28 +189,8 @@ def _revise(tx: Transaction, edit: ReviseOptimization, author: str) -> None:
 
 
 def _add_state(tx: Transaction, edit: AddState, author: str) -> None:
-    signature = new_state_signature(edit)
-    state = State(
-        id=ids.discovered_state_id(signature),
-        name=edit.name,
-        description=edit.description,
-        signature=signature,
-        origin="discovered",
-        parent_id=edit.parent_id,
-    )
-    tx.put_state(state)
-    for parent_score in tx.candidates(edit.parent_id, ALL_ARCH):
-        # Inherit the parent's optimizations as priors, shrunk toward no gain and worth less:
-        # the new state resembles its parent, but the parent's measurements are not its own.
-        expected = math.log(parent_score.expected_speedup) * 0.5
-        tx.put_score(
-            Score(
-                state_id=state.id,
-                optimization_id=parent_score.optimization_id,
-                prior_mean_log_speedup=expected,
-                prior_weight=0.5,
-            )
-        )
+    # discover_state adds the state once, inheriting its nearest state's optimizations as priors
+    discover_state(tx, new_state_signature(edit), name=edit.name, description=edit.description)
 
 
 _APPLY: dict[type, Callable[[Transaction, Any, str], None]] = {

@@ -52,7 +52,7 @@ VALID = [
      "text": "Check 16-byte alignment of the base pointer before using float4 loads.", "reason": "follows the new optimization"},
     {"kind": "add_state", "name": "Compute bound, unclassified", "primary": "compute", "secondary": None,
      "description": "Compute pipes are busy but no single pipe or instruction class explains it yet.",
-     "parent_id": "compute_throughput_saturated", "ranges": [{"metric": "sm_throughput_pct", "min": 60}],
+     "ranges": [{"metric": "sm_throughput_pct", "min": 60}],
      "reason": "two kernels matched no compute state"},
 ]
 INVALID = [
@@ -67,10 +67,10 @@ INVALID = [
     ({"kind": "add_optimization", "name": "Fuse a chain of elementwise ops into one kernel", "category": "fusion",
       "description": "A duplicate of the seed optimization with the very same name, which must be refused.",
       "applicable_states": [HLI], "reason": "duplicate name test"}, "already exists"),
-    ({"kind": "add_state", "name": "Odd pair", "primary": "memory", "secondary": "fp32_pipe", "parent_id": HLI,
+    ({"kind": "add_state", "name": "Odd pair", "primary": "memory", "secondary": "fp32_pipe",
       "description": "A state whose secondary bottleneck belongs to another primary bottleneck.", "reason": "mismatch test"},
      "belongs to primary 'compute'"),
-    ({"kind": "add_state", "name": "Another DRAM state", "primary": "memory", "secondary": "dram_bandwidth", "parent_id": HLI,
+    ({"kind": "add_state", "name": "Another DRAM state", "primary": "memory", "secondary": "dram_bandwidth",
       "description": "Same signature as the seed DRAM state, so it would never be chosen over it.", "reason": "duplicate of a seed state"},
      "already the state memory_bandwidth_saturated"),
     ({"kind": "add_lesson", "state_id": HLI, "optimization_id": FUSE, "text": "short", "reason": "too short lesson"},
@@ -131,7 +131,10 @@ def test_valid_edits_applied_in_one_transaction_invalid_rejected(tmp_path: Path,
     assert new_opt is not None and new_opt.origin == "campaign"
     assert "agent_vectorize_global_loads_with_float4" in [s.optimization_id for s in fresh.candidates(MBS)]
     new_state = fresh.get_state("discovered_compute_unspecified")
-    assert new_state is not None and new_state.parent_id == "compute_throughput_saturated"
+    assert new_state is not None and new_state.origin == "discovered" and new_state.name == "Compute bound, unclassified"
+    assert new_state.parent_id is not None  # inherits its nearest state's optimizations
+    inherited = {c.optimization_id for c in fresh.candidates(new_state.id)}
+    assert inherited == {c.optimization_id for c in fresh.candidates(new_state.parent_id)}
     assert not fresh.get_optimization(FUSE).deprecated
 
 

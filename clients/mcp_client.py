@@ -71,6 +71,37 @@ async def connect_http(url: str, token: str | None = None, *, timeout_s: float |
             yield client
 
 
+_INIT_PROBE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "kb-mcp-probe", "version": "0"}},
+}
+
+
+def explain_http_failure(url: str, token: str | None) -> str:
+    """Why connecting to `url` fails, in words (the SDK's client only says that it failed)."""
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        response = httpx2.post(url, json=_INIT_PROBE, headers=headers, timeout=10)
+    except httpx2.HTTPError as exc:
+        return f"nothing answers at {url} ({type(exc).__name__}: {exc}); is `kb-mcp serve --http` running there?"
+    if response.status_code == 401:
+        if token:
+            return f"{url} refused the bearer token (401): check --token / $KB_MCP_TOKEN against the server's"
+        return f"{url} wants a bearer token (401): pass --token or set KB_MCP_TOKEN"
+    if response.status_code == 421:
+        return (
+            f"{url} refused the Host name (421, DNS-rebinding protection): start the server with "
+            "--allow-host for the name used in this URL"
+        )
+    if response.status_code == 404:
+        return f"no MCP endpoint at {url} (404); kb-mcp serves it at /mcp"
+    return f"{url} answered HTTP {response.status_code}: {response.text[:200]}"
+
+
 def result_text(result: CallToolResult) -> str:
     """The text content of a tool result, joined."""
     return "\n".join(block.text for block in result.content if isinstance(block, TextContent))

@@ -78,12 +78,14 @@ def build_server(
     tools: Sequence[ToolSpec] | None = None,
     job_kinds: Sequence[ToolSpec] | None = None,
     http_token: str | None = None,
+    adopt_client_name: bool = False,
 ) -> KbMcpServer:
     """Assembles the server over `ctx` (default: the KB from $KB_MCP_KB / ~/.kb-mcp).
 
     `tools` defaults to the product tools whose modules import; `job_kinds` (extra, job-only
     kinds) defaults to those registered with `kb_mcp.server.jobs.register_job_kind`. With
     `http_token`, the HTTP app answers 401 to any request without `Authorization: Bearer <token>`.
+    `adopt_client_name` (stdio: one client per process) records the client's name as provenance.
     """
     ctx = ctx or ToolContext()
     runner = ToolRunner(ctx)
@@ -107,7 +109,7 @@ def build_server(
         title="kb-mcp: CUDA kernel optimization with a shared Knowledge Base",
         version=package_version(),
         instructions=instructions([spec.name for spec in all_specs]),
-        tools=[as_mcp_tool(spec, runner) for spec in all_specs],
+        tools=[as_mcp_tool(spec, runner, adopt_client_name=adopt_client_name) for spec in all_specs],
         lifespan=lifespan,
         log_level="INFO",
         **_bearer_auth(http_token),

@@ -113,7 +113,7 @@ def describe_tool(tool: Tool) -> str:
             params.append(f"{name}={json.dumps(prop['default'])}")
         else:
             params.append(name)
-    first = (tool.description or "").strip().split(". ")[0].rstrip(".")
+    first = " ".join((tool.description or "").split()).split(". ")[0].rstrip(".")
     return f"{tool.name}({', '.join(params)})\n    {first}."
 
 
@@ -157,7 +157,9 @@ async def _call(args: argparse.Namespace, arguments: dict[str, Any]) -> tuple[in
         try:
             payload = result_json(args.tool, result)
         except ToolCallError as exc:
-            print(f"kb-mcp call {args.tool}: {exc.message}", file=sys.stderr)
+            # the SDK prefixes every tool error with this; the command line already names the tool
+            message = exc.message.removeprefix(f"Error executing tool {args.tool}: ")
+            print(f"kb-mcp call {args.tool}: {message}", file=sys.stderr)
             return 1, server
         print(json.dumps(payload, indent=2))
         return 0, server
@@ -179,8 +181,14 @@ def run(args: argparse.Namespace) -> int:
     server = None
     try:
         code, server = anyio.run(_call, args, arguments)
-    except OSError as exc:  # e.g. nothing listening at --url
-        print(f"kb-mcp call: cannot reach {args.url or 'the server'}: {exc}", file=sys.stderr)
+    except Exception as exc:  # the SDK's client raises task-group errors that say little
+        if not args.url:
+            raise
+        from kb_mcp.clients.mcp_client import explain_http_failure
+
+        reason = explain_http_failure(args.url, args.token or os.environ.get(ENV_TOKEN))
+        print(f"kb-mcp call: {reason}", file=sys.stderr)
+        log.debug("connection failure", exc_info=exc)
         return 2
     finally:
         if server is not None:

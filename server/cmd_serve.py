@@ -80,12 +80,12 @@ def run(args: argparse.Namespace) -> int:
         except ServeError as exc:
             print(f"kb-mcp serve: {exc}", file=sys.stderr)
             return 2
-    ctx = ToolContext(args.kb, client_name="mcp")
+    ctx = ToolContext(args.kb, client_name="mcp-http" if options else "mcp")
     try:
         # Open the KB now: a missing file is created and seeded, a corrupt one is refused here,
         # with its name, instead of failing the first tool call.
         stats_line = ""
-        server = build_server(ctx, http_token=options.token if options else None)
+        server = build_server(ctx, http_token=options.token if options else None, adopt_client_name=options is None)
         stats_line = _stats_line(server)
     except Exception as exc:
         print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc}", file=sys.stderr)

@@ -92,13 +92,29 @@ def input_schema(spec: ToolSpec) -> dict[str, Any]:
     return schema
 
 
-def as_mcp_tool(spec: ToolSpec, runner: ToolRunner) -> Tool:
-    """The SDK Tool for `spec`, running through `runner`."""
+def client_name_of(mcp_ctx: Context[Any, Any]) -> str:
+    """The calling client's name from its initialize handshake ('' when it gave none)."""
+    try:
+        params = mcp_ctx.session.client_params
+    except Exception:  # no session (e.g. called outside a request)
+        return ""
+    info = params.client_info if params is not None else None
+    return info.name if info is not None and info.name else ""
+
+
+def as_mcp_tool(spec: ToolSpec, runner: ToolRunner, *, adopt_client_name: bool = False) -> Tool:
+    """The SDK Tool for `spec`, running through `runner`.
+
+    With `adopt_client_name` (a stdio server: one client per process), the first caller's
+    name becomes the provenance of what this server records in the KB.
+    """
     # The SDK wants an ArgModelBase subclass; deriving it from the Request keeps every field,
     # validator and config of the tool's own model (used here for the JSON pre-parse).
     arg_model = type(f"{spec.name}_arguments", (spec.request, ArgModelBase), {"__module__": __name__})
 
     async def call(arguments: dict[str, Any], mcp_ctx: Context[Any, Any]) -> CallToolResult:
+        if adopt_client_name and runner.ctx.client_name in ("", "mcp"):
+            runner.ctx.client_name = client_name_of(mcp_ctx) or runner.ctx.client_name
         try:
             request = parse_request(spec, arguments)
             result = await anyio.to_thread.run_sync(runner.run, spec, request, ProgressRelay(mcp_ctx))

@@ -1,0 +1,94 @@
+"""`kb-mcp call`: any tool from a shell, in-process or against a running HTTP server; JSON on stdout,
+errors on stderr with a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from serverproc import http_server, run_cli
+
+from kb_mcp.server.cli import main
+from kb_mcp.server.cmd_call import UsageError, build_arguments, parse_value
+
+STATE = "memory_bandwidth_saturated"
+
+
+def test_argument_values(tmp_path: Path) -> None:
+    source = tmp_path / "cand.py"
+    source.write_text("class ModelNew: ...\n")
+    assert parse_value("3") == 3 and parse_value("0.5") == 0.5 and parse_value("true") is True
+    assert parse_value('["a", "b"]') == ["a", "b"]
+    assert parse_value("memory_bandwidth_saturated") == "memory_bandwidth_saturated"
+    assert parse_value(f"@{source}") == "class ModelNew: ...\n"
+    args = build_arguments('{"k": 1, "state_id": "x"}', ["k=4", "exclude=[\"a\"]", f"candidate=@{source}"])
+    assert args == {"k": 4, "state_id": "x", "exclude": ["a"], "candidate": "class ModelNew: ...\n"}
+    for bad_json, bad_pairs, message in [
+        ("[1]", [], "JSON object"),
+        ("{", [], "not valid JSON"),
+        (None, ["novalue"], "KEY=VALUE"),
+        (None, [f"x=@{tmp_path / 'missing.py'}"], "cannot read"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            build_arguments(bad_json, bad_pairs)
+
+
+def test_list_and_call_in_process(kb_path: Path) -> None:
+    kb = ["--kb", str(kb_path)]
+    listed = run_cli([*kb, "call", "--list"])
+    assert listed.returncode == 0, listed.stderr
+    assert "suggest_optimizations(state_id*, k=3" in listed.stdout and "job_status(job_id*" in listed.stdout
+
+    called = run_cli([*kb, "call", "suggest_optimizations", "--arg", f"state_id={STATE}", "--arg", "k=2",
+                      "--arg", "temperature=0"])
+    assert called.returncode == 0, called.stderr
+    result = json.loads(called.stdout)
+    assert result["state_id"] == STATE and 1 <= len(result["suggestions"]) <= 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["suggest_optimizations", "--json", '{"state_id": "no_such_state"}'], 1,
+         "kb-mcp call suggest_optimizations: unknown state_id 'no_such_state'"),
+        (["suggest_optimizations", "--arg", "k=ten"], 1, "- state_id: required"),
+        (["make_it_fast"], 2, "no tool 'make_it_fast'; tools: "),
+        ([], 2, "name a tool"),
+        (["suggest_optimizations", "--arg", "k"], 2, "--arg wants KEY=VALUE"),
+    ],
+)
+def test_call_errors_go_to_stderr_with_an_exit_status(
+    kb_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str
+) -> None:
+    # the console entry point's own function, run in this process (same code path as the command)
+    assert main(["--kb", str(kb_path), "call", *argv]) == code
+    out, err = capsys.readouterr()
+    assert out == "" and message in err
+
+
+def test_a_job_started_from_the_shell_is_read_back_by_another_command(kb_path: Path) -> None:
+    kb = ["--kb", str(kb_path)]
+    spec = {"kind": "suggest_optimizations", "arguments": {"state_id": STATE, "k": 1}}
+    started = run_cli([*kb, "call", "start_job", "--json", json.dumps(spec)])
+    assert started.returncode == 0, started.stderr
+    job_id = json.loads(started.stdout)["job_id"]
+    status = run_cli([*kb, "call", "job_status", "--arg", f"job_id={job_id}", "--arg", "wait_s=10"])
+    assert status.returncode == 0, status.stderr
+    got = json.loads(status.stdout)
+    assert got["status"] == "succeeded" and got["result"]["state_id"] == STATE
+
+
+def test_call_a_running_http_server(kb_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    token = "call-token-0123456789abcdef"
+    with http_server(kb_path, ["--http", "127.0.0.1:0", "--token", token]) as server:
+        ok = run_cli(["call", "--url", server.url, "suggest_optimizations", "--arg", f"state_id={STATE}"],
+                     env={"KB_MCP_TOKEN": token})
+        assert ok.returncode == 0, ok.stderr
+        assert json.loads(ok.stdout)["state_id"] == STATE
+        refused = run_cli(["call", "--url", server.url, "--list"], env={"KB_MCP_TOKEN": ""})
+        assert refused.returncode == 2 and "wants a bearer token (401)" in refused.stderr
+        assert main(["call", "--url", server.url, "--token", "x" * 20, "--list"]) == 2
+        assert "refused the bearer token" in capsys.readouterr().err
+    assert main(["call", "--url", server.url, "--list"]) == 2
+    assert "nothing answers at" in capsys.readouterr().err

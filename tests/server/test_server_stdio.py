@@ -1,0 +1,104 @@
+"""End to end over stdio: `kb-mcp serve` spawned by the SDK's real stdio client, a wire that carries
+nothing but JSON-RPC, and the banner a person sees when starting it from a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+from pathlib import Path
+
+import pytest
+from mcp import Client
+
+from kb_mcp.clients.mcp_client import ToolCallError, call_json, serve_command, stdio_params
+from kb_mcp.server.registry import load_tools
+
+JOB_TOOLS = {"start_job", "job_status", "cancel_job"}
+
+
+async def test_real_client_over_stdio(kb_path: Path) -> None:
+    async with Client(stdio_params(kb_path)) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        specs = load_tools()
+        assert set(tools) == {s.name for s in specs} | JOB_TOOLS
+        for spec in specs:
+            assert tools[spec.name].input_schema["properties"] == spec.request.model_json_schema()["properties"]
+            assert tools[spec.name].output_schema is not None
+            assert tools[spec.name].description == spec.description
+        states = json.loads((await client.read_resource("kb://states")).contents[0].text)  # type: ignore[union-attr]
+        assert states["count"] >= 16
+        one = states["states"][0]["id"]
+        detail = json.loads((await client.read_resource(f"kb://state/{one}")).contents[0].text)  # type: ignore[union-attr]
+        assert detail["state"]["id"] == one
+        with pytest.raises(ToolCallError, match="unknown job kind"):
+            await call_json(client, "start_job", {"kind": "nothing"})
+    assert kb_path.exists()  # the server created and seeded the KB it was pointed at
+
+
+def test_stdout_carries_only_json_rpc(kb_path: Path) -> None:
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "job_status", "arguments": {"job_id": "x"}}},
+        {"jsonrpc": "2.0", "id": 4, "method": "resources/read", "params": {"uri": "kb://stats"}},
+    ]
+    proc = subprocess.Popen(
+        serve_command(kb_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("".join(json.dumps(r) + "\n" for r in requests))
+    proc.stdin.flush()
+    replies = []
+    answered: set[int] = set()
+    for line in proc.stdout:  # stdin stays open until every request is answered
+        replies.append(json.loads(line))  # any log line here would fail to parse
+        answered |= {replies[-1]["id"]} if "id" in replies[-1] else set()
+        if answered == {1, 2, 3, 4}:
+            break
+    rest, stderr = proc.communicate(timeout=60)  # closes stdin: the server exits
+    assert proc.returncode == 0, stderr
+    replies += [json.loads(line) for line in rest.splitlines() if line.strip()]
+    assert all(r.get("jsonrpc") == "2.0" for r in replies)
+    by_id = {r["id"]: r for r in replies if "id" in r}
+    assert set(by_id) == {1, 2, 3, 4}
+    assert by_id[1]["result"]["serverInfo"]["name"] == "kb-mcp"
+    assert JOB_TOOLS <= {t["name"] for t in by_id[2]["result"]["tools"]}
+    assert by_id[3]["result"]["isError"] is True
+    assert str(kb_path) in by_id[4]["result"]["contents"][0]["text"]
+    assert "serving" in stderr and str(kb_path) in stderr  # logs went to stderr
+
+
+def test_started_from_a_terminal_it_says_what_it_serves_and_how_to_connect(kb_path: Path) -> None:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(serve_command(kb_path), stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(slave)
+    try:
+        assert proc.stderr is not None
+        seen = ""
+        for line in proc.stderr:
+            seen += line
+            if line.startswith("serving MCP on stdin/stdout"):
+                break
+    finally:
+        os.close(master)
+        proc.kill()
+        proc.wait(10)
+    assert f"KB: {kb_path}" in seen
+    assert "states" in seen and "optimizations" in seen
+    assert "tools: " in seen and "job_status" in seen
+    assert "GPU:" in seen
+    assert f"claude mcp add kb-mcp -- kb-mcp --kb {kb_path} serve" in seen
+    assert ".cursor/mcp.json" in seen and ".vscode/mcp.json" in seen
+
+
+def test_a_corrupt_kb_is_refused_at_start_and_left_alone(kb_path: Path) -> None:
+    kb_path.write_text("{ this is not json")
+    done = subprocess.run(serve_command(kb_path), input="", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert f"cannot open the KB {kb_path}" in done.stderr
+    assert kb_path.read_text() == "{ this is not json"
+    assert done.stdout == ""

@@ -108,11 +108,13 @@ class KBStore:
         *,
         lock_timeout: float = 120.0,
         compact_min_bytes: int = COMPACT_MIN_BYTES,
+        compact_fraction: float = 0.25,
     ) -> None:
         self.path = Path(path)
         self.journal_path = self.path.with_name(self.path.name + ".journal")
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.compact_min_bytes = compact_min_bytes
+        self.compact_fraction = compact_fraction  # compact when the journal reaches this share of the file
         self._storage = AtomicJSONStorage(self.path)
         self._flock = filelock.FileLock(str(self.lock_path), timeout=lock_timeout)
         self._mutex = threading.RLock()  # guards the cached tables between this process's threads
@@ -327,7 +329,8 @@ class KBStore:
 
     def _commit(self, ops: list[Any]) -> None:
         seq = self._last_seq + 1
-        threshold = max(self.compact_min_bytes, (self._base_id.size if self._base_id else 0) // 4)
+        base_size = self._base_id.size if self._base_id else 0
+        threshold = max(self.compact_min_bytes, int(base_size * self.compact_fraction))
         if len(ops) > 2000 or self._j_offset >= threshold:
             self._write_base(seq)
             return

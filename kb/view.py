@@ -162,6 +162,10 @@ class KBView:
         doc = self._t.records["lessons"].get(lesson_id)
         return Lesson.model_validate(doc) if doc is not None else None
 
+    def list_lessons(self) -> list[Lesson]:
+        """Every lesson."""
+        return [Lesson.model_validate(d) for d in self._t.records["lessons"].values()]
+
     def transitions(self, state_id: str, optimization_id: str | None = None) -> list[Transition]:
         """Where applying optimizations in `state_id` led, most frequent first."""
         recs = self._t.records["transitions"]
@@ -189,6 +193,10 @@ class KBView:
         """Outcomes recorded for one candidate (one per optimization credited with it)."""
         recs = self._t.records["outcomes"]
         return [Outcome.model_validate(recs[k]) for k in self._t.outcomes_by_candidate.get(candidate_id, [])]
+
+    def list_candidates(self) -> list[CandidateRecord]:
+        """Every stored candidate verdict."""
+        return [CandidateRecord.model_validate(d) for d in self._t.records["candidates"].values()]
 
     def get_candidate(self, candidate_id: str) -> CandidateRecord | None:
         """The server's stored verdict on a candidate, or None."""

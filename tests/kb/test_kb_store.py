@@ -113,7 +113,7 @@ def test_nested_transaction_joins_outer(kb_path: Path) -> None:
 
 
 def test_score_round_trip_and_compaction(kb_path: Path) -> None:
-    store = KBStore.open(kb_path, compact_min_bytes=2000)
+    store = KBStore.open(kb_path, compact_min_bytes=2000, compact_fraction=0.0)
     other = KBStore.open(kb_path)
     def applied_seq() -> int:
         return json.loads(kb_path.read_text())["meta"]["1"]["applied_seq"]

@@ -1,0 +1,387 @@
+"""Moving knowledge between KB files: export, import, merge, and the reference implementation's
+JSON shape.
+
+* `export_kb` writes the whole KB (journal folded in) as a standalone kb-mcp file.
+* `merge_kb` pools another kb-mcp file into the store. Statistics are pooled exactly (Welford's
+  parallel combination), and history both files share is counted once: outcomes have
+  deterministic ids, so the outcomes present in both files are taken out of the other file's
+  scores before pooling. Records missing here (states, optimizations, lessons, outcomes,
+  candidate verdicts) are added; records present in both keep this KB's version.
+* `import_reference` / `export_reference` convert the method's reference-implementation KB:
+  ``{"optimization_strategies": {state: {"primary_bottleneck", "secondary_characteristics": [...],
+  "optimizations": [{"technique", "description", "category", "predicted_speedup",
+  "confidence_score", "usage_count", ...}]}}, "discovered_states": {...}}``. A reference entry
+  becomes a prior: mean log(predicted_speedup), weight 4 x confidence_score pseudo-samples. Its
+  usage counts are that run's history, which this KB cannot verify, so they are reported, not
+  counted as measurements.
+
+The numeric rule that turns outcomes into statistics belongs to `policy.update`; `kb` imports
+nothing of ours above it, so `merge_kb` takes that rule as an argument (pass the module).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.kb import ids
+from kb_mcp.kb.models import ALL_ARCH, Optimization, Outcome, Primary, Score, Secondary, Signature, State, Verdict
+from kb_mcp.kb.store import AtomicJSONStorage, KBFileError, KBStore
+from kb_mcp.kb.tables import FORMAT, Tables
+from kb_mcp.kb.view import KBView, Transaction
+
+REFERENCE_WEIGHT_PER_CONFIDENCE = 4.0
+"""A reference entry with confidence_score 1.0 counts as 4 pseudo-samples of prior."""
+
+
+class InterchangeError(ValueError):
+    """A file that cannot be imported, merged or written; the message names the file and why."""
+
+
+class ScoreRule(Protocol):
+    """The numeric update rule (`kb_mcp.policy.update` satisfies it)."""
+
+    def apply_outcome(self, score: Score, verdict: Verdict, speedup: float | None, when: datetime | None = None) -> Score: ...
+
+    def merge_scores(self, a: Score, b: Score) -> Score: ...
+
+    def subtract_scores(self, total: Score, part: Score) -> Score: ...
+
+    def empty_like(self, score: Score) -> Score: ...
+
+    def counts_toward_score(self, verdict: Verdict) -> bool: ...
+
+
+class TransferReport(BaseModel):
+    """What an import or merge changed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    format: str  # kb-mcp | reference
+    states_added: int = 0
+    optimizations_added: int = 0
+    scores_added: int = 0
+    scores_pooled: int = 0
+    outcomes_added: int = 0
+    outcomes_shared: int = 0  # already here: counted once
+    lessons_added: int = 0
+    transitions_added: int = 0  # counts added
+    candidates_added: int = 0
+    ignored: list[str] = Field(default_factory=list)  # fields or entries not carried over, with why
+
+
+# ---- files -----------------------------------------------------------------------------------
+
+
+def read_json(path: Path) -> Any:
+    """Parses a JSON file, with errors that name it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise InterchangeError(f"{path}: no such file") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InterchangeError(f"{path}: not valid JSON ({exc})") from exc
+    except OSError as exc:
+        raise InterchangeError(f"{path}: cannot read: {exc}") from exc
+
+
+def detect_format(data: Any) -> str:
+    """'kb-mcp' for a kb-mcp KB file, 'reference' for the reference implementation's shape, else ''."""
+    if isinstance(data, dict):
+        meta = data.get("meta")
+        if isinstance(meta, dict) and any(isinstance(m, dict) and m.get("format") == FORMAT for m in meta.values()):
+            return "kb-mcp"
+        if isinstance(data.get("optimization_strategies"), dict):
+            return "reference"
+    return ""
+
+
+def load_kb_file(path: Path) -> Tables:
+    """The tables of another kb-mcp KB file, its journal included, without locking or changing it."""
+    p = Path(path)
+    if not p.is_file():
+        raise InterchangeError(f"{p}: no such file")
+    try:
+        other = KBStore(p)
+        return other.refresh()
+    except KBFileError as exc:
+        raise InterchangeError(str(exc)) from exc
+
+
+def export_kb(store: KBStore, path: Path, *, overwrite: bool = False) -> Path:
+    """Writes the whole KB to `path` as a standalone kb-mcp file (atomic); returns the path."""
+    dest = Path(path).expanduser().resolve()
+    if dest == store.path.resolve():
+        raise InterchangeError(f"{dest}: that is the KB being exported; choose another file")
+    if dest.exists() and not overwrite:
+        raise InterchangeError(f"{dest}: exists; choose a new file name (or pass overwrite)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    AtomicJSONStorage(dest).write(store.snapshot())
+    return dest
+
+
+# ---- merge -------------------------------------------------------------------------------------
+
+
+def merge_kb(store: KBStore, source: Path | Tables, rule: ScoreRule, *, label: str | None = None) -> TransferReport:
+    """Pools another kb-mcp KB into `store` in one transaction (see module doc)."""
+    other_tables = source if isinstance(source, Tables) else load_kb_file(Path(source))
+    other = KBView(other_tables)
+    report = TransferReport(source=label or (str(source) if not isinstance(source, Tables) else "<tables>"), format="kb-mcp")
+    with store.transaction() as tx:
+        _merge_into(tx, other, rule, report)
+    return report
+
+
+def _merge_into(tx: Transaction, other: KBView, rule: ScoreRule, report: TransferReport) -> None:
+    mine_outcomes = tx.outcome_ids()
+    theirs = other.outcomes()
+    shared = [o for o in theirs if o.id in mine_outcomes]
+    report.outcomes_shared = len(shared)
+
+    for state in other.list_states():
+        if tx.get_state(state.id) is None:
+            tx.put_state(state)
+            report.states_added += 1
+    for opt in other.list_optimizations():
+        if tx.get_optimization(opt.id) is None:
+            tx.put_optimization(opt)
+            report.optimizations_added += 1
+
+    # what the shared outcomes contributed to each score, so it is not pooled twice
+    shared_by_pair: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
+    for o in shared:
+        if rule.counts_toward_score(o.verdict) and not o.flagged:
+            shared_by_pair[(o.state_id, o.optimization_id)].append(o)
+
+    for state_id in other.state_ids():
+        for arch in other.score_arches(state_id):
+            for theirs_score in other.scores(state_id, arch):
+                part = rule.empty_like(theirs_score)
+                for o in shared_by_pair.get((state_id, theirs_score.optimization_id), []):
+                    if arch == ALL_ARCH or o.arch == arch:
+                        part = rule.apply_outcome(part, o.verdict, o.speedup, o.created_at)
+                mine = tx.get_score(state_id, theirs_score.optimization_id, arch)
+                if mine is None:
+                    tx.put_score(theirs_score)
+                    report.scores_added += 1
+                    continue
+                extra = rule.subtract_scores(theirs_score, part)
+                if extra.attempts == 0 and extra.samples == 0:
+                    continue  # nothing they measured that we lack
+                tx.put_score(rule.merge_scores(mine, extra))
+                report.scores_pooled += 1
+
+    shared_moves: dict[tuple[str, str, str], int] = defaultdict(int)
+    for o in shared:
+        if o.next_state_id and o.verdict.is_valid and not o.flagged:
+            shared_moves[(o.state_id, o.optimization_id, o.next_state_id)] += 1
+    for state_id in other.state_ids():
+        for tr in other.transitions(state_id):
+            extra_count = tr.count - shared_moves.get((tr.state_id, tr.optimization_id, tr.next_state_id), 0)
+            if extra_count > 0:
+                tx.bump_transition(tr.state_id, tr.optimization_id, tr.next_state_id, extra_count)
+                report.transitions_added += extra_count
+
+    for o in theirs:
+        if o.id not in mine_outcomes:
+            tx.put_outcome(o)
+            report.outcomes_added += 1
+    for lesson in other.list_lessons():
+        if tx.get_lesson(lesson.id) is None:
+            tx.put_lesson(lesson)
+            report.lessons_added += 1
+    for rec in other.list_candidates():
+        if tx.get_candidate(rec.candidate_id) is None:
+            tx.put_candidate(rec)
+            report.candidates_added += 1
+
+
+# ---- the reference implementation's shape --------------------------------------------------------
+
+_PRIMARY_ALIASES = {
+    "memory": Primary.memory, "memory_bound": Primary.memory, "bandwidth": Primary.memory,
+    "compute": Primary.compute, "compute_bound": Primary.compute,
+    "latency": Primary.latency, "latency_bound": Primary.latency, "occupancy": Primary.latency,
+    "launch_overhead": Primary.launch_overhead, "api_overhead": Primary.launch_overhead, "overhead": Primary.launch_overhead,
+    "launch": Primary.launch_overhead,
+    "hybrid": Primary.hybrid, "balanced": Primary.hybrid, "mixed": Primary.hybrid,
+    "host": Primary.host, "transfer": Primary.host, "transfers": Primary.host, "io": Primary.host,
+}
+_KNOWN_OPT_FIELDS = {
+    "id", "technique", "description", "category", "predicted_speedup", "confidence_score", "usage_count",
+    "success_count", "when_to_apply", "applicable_conditions", "cost", "tradeoffs", "follow_ups", "next_optimizations",
+}
+
+
+def _primary(text: Any) -> Primary | None:
+    return _PRIMARY_ALIASES.get(ids.slug(str(text or "")))
+
+
+def _secondary(chars: list[Any]) -> Secondary | None:
+    for c in chars:
+        try:
+            return Secondary(ids.slug(str(c)))
+        except ValueError:
+            continue
+    return None
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list):
+        return "; ".join(str(v) for v in value)
+    return str(value or "")
+
+
+def import_reference(store: KBStore, data: Any, *, source: str = "<reference>") -> TransferReport:
+    """Adds the states, optimizations and prior scores of a reference-implementation KB.
+
+    Existing states and optimizations (same id) are kept as they are; so are scores that exist
+    here already. Returns what was added and what was ignored.
+    """
+    if detect_format(data) != "reference":
+        raise InterchangeError(f"{source}: not a reference KB (no 'optimization_strategies' object)")
+    report = TransferReport(source=source, format="reference")
+    sections: list[tuple[str, Any, str]] = [(k, v, "imported") for k, v in data["optimization_strategies"].items()]
+    discovered = data.get("discovered_states") or {}
+    if isinstance(discovered, list):
+        discovered = {str(d.get("name") or d.get("state_name") or i): d for i, d in enumerate(discovered) if isinstance(d, dict)}
+    if isinstance(discovered, dict):
+        sections += [(k, v, "discovered") for k, v in discovered.items()]
+    else:
+        report.ignored.append("discovered_states: neither an object nor a list")
+    with store.transaction() as tx:
+        for name, entry, origin in sections:
+            if not isinstance(entry, dict):
+                report.ignored.append(f"state {name!r}: not an object")
+                continue
+            state_id = _import_state(tx, name, entry, origin, report)
+            if state_id is None:
+                continue
+            for i, opt_entry in enumerate(entry.get("optimizations") or []):
+                _import_optimization(tx, state_id, opt_entry, report, where=f"{name}.optimizations[{i}]")
+    return report
+
+
+def _import_state(tx: Transaction, name: str, entry: dict[str, Any], origin: str, report: TransferReport) -> str | None:
+    state_id = str(entry.get("id") or ids.slug(name))
+    if tx.get_state(state_id) is not None:
+        return state_id
+    primary = _primary(entry.get("primary_bottleneck"))
+    if primary is None:
+        report.ignored.append(f"state {name!r}: unknown primary_bottleneck {entry.get('primary_bottleneck')!r}")
+        return None
+    chars = entry.get("secondary_characteristics") or []
+    chars = chars if isinstance(chars, list) else [chars]
+    secondary = _secondary(chars)
+    desc = _text(entry.get("description")) or (
+        f"{primary.value} bound" + (f"; characteristics: {', '.join(map(str, chars))}" if chars else "") + " (imported)."
+    )
+    tx.put_state(
+        State(
+            id=state_id,
+            name=str(entry.get("name") or name.replace("_", " ")),
+            description=desc,
+            signature=Signature(primary=primary, secondary=secondary),
+            origin="discovered" if origin == "discovered" else "imported",
+        )
+    )
+    report.states_added += 1
+    return state_id
+
+
+def _import_optimization(tx: Transaction, state_id: str, e: Any, report: TransferReport, where: str) -> None:
+    if not isinstance(e, dict) or not (e.get("technique") or e.get("id")):
+        report.ignored.append(f"{where}: no technique")
+        return
+    technique = str(e.get("technique") or e["id"])
+    opt_id = str(e.get("id") or ids.slug(technique))
+    extra = sorted(set(e) - _KNOWN_OPT_FIELDS)
+    if extra:
+        report.ignored.append(f"{where}: fields not carried over: {', '.join(extra)}")
+    if e.get("usage_count"):
+        report.ignored.append(f"{where}: usage_count {e.get('usage_count')} is the source's history, kept as prior weight only")
+    opt = tx.get_optimization(opt_id)
+    if opt is None:
+        follow = e.get("follow_ups") or e.get("next_optimizations") or []
+        opt = Optimization(
+            id=opt_id,
+            name=technique,
+            description=_text(e.get("description")) or technique,
+            category=str(e.get("category") or "other"),
+            when_helps=_text(e.get("when_to_apply") or e.get("applicable_conditions")),
+            cost=_text(e.get("cost") or e.get("tradeoffs")),
+            applicable_states=[state_id],
+            follow_ups=[ids.slug(str(f)) for f in follow] if isinstance(follow, list) else [],
+            origin="imported",
+        )
+        tx.put_optimization(opt)
+        report.optimizations_added += 1
+    if tx.get_score(state_id, opt_id, ALL_ARCH) is not None:
+        return
+    try:
+        speedup = float(e.get("predicted_speedup") or 1.0)
+        confidence = float(e.get("confidence_score") if e.get("confidence_score") is not None else 0.25)
+    except (TypeError, ValueError):
+        report.ignored.append(f"{where}: predicted_speedup/confidence_score not numbers")
+        return
+    speedup = min(max(speedup, 0.05), 100.0) if math.isfinite(speedup) else 1.0
+    confidence = min(max(confidence, 0.0), 1.0) if math.isfinite(confidence) else 0.25
+    tx.put_score(
+        Score(
+            state_id=state_id,
+            optimization_id=opt_id,
+            arch=ALL_ARCH,
+            prior=True,
+            prior_mean_log_speedup=math.log(speedup),
+            prior_weight=max(0.1, REFERENCE_WEIGHT_PER_CONFIDENCE * confidence),
+        )
+    )
+    report.scores_added += 1
+
+
+def export_reference(view: KBView, state_ids: Iterable[str] | None = None) -> dict[str, Any]:
+    """The KB (or the given states) in the reference implementation's shape; discovered states go
+    under ``discovered_states``. Entries carry their kb-mcp ids, so re-importing them maps back."""
+    strategies: dict[str, Any] = {}
+    discovered: dict[str, Any] = {}
+    wanted = list(state_ids) if state_ids is not None else view.state_ids()
+    for sid in wanted:
+        state = view.get_state(sid)
+        if state is None:
+            continue
+        opts = []
+        for score in view.scores(sid, ALL_ARCH):
+            opt = view.get_optimization(score.optimization_id)
+            if opt is None:
+                continue
+            opts.append(
+                {
+                    "id": opt.id,
+                    "technique": opt.name,
+                    "description": opt.description,
+                    "category": opt.category,
+                    "predicted_speedup": round(score.expected_speedup, 4),
+                    "confidence_score": round(min(1.0, (score.prior_weight + score.samples) / REFERENCE_WEIGHT_PER_CONFIDENCE), 4),
+                    "usage_count": score.attempts,
+                    "success_count": score.successes,
+                }
+            )
+        entry = {
+            "id": state.id,
+            "name": state.name,
+            "description": state.description,
+            "primary_bottleneck": state.signature.primary.value,
+            "secondary_characteristics": [state.signature.secondary.value] if state.signature.secondary else [],
+            "optimizations": opts,
+        }
+        (discovered if state.origin == "discovered" else strategies)[state.id] = entry
+    return {"optimization_strategies": strategies, "discovered_states": discovered}

@@ -1,0 +1,58 @@
+"""Helper process for the concurrency and crash tests (run as a script, never collected).
+
+    python kb_worker.py record KB PREFIX N      record N outcomes through the record_outcome tool
+    python kb_worker.py churn KB START          write transactions forever, printing each committed index
+"""
+
+from __future__ import annotations
+
+import sys
+
+from kb_mcp.kb.models import CandidateRecord, Score, Verdict
+from kb_mcp.kb.store import KBStore
+from kb_mcp.tools import record_outcome
+from kb_mcp.tools.context import ToolContext
+
+STATE = "memory_bandwidth_saturated"
+OPT = "vectorize_global_access"
+
+
+def time_ms(prefix: str, i: int) -> float:
+    """Deterministic candidate time, so the test can recompute the expected mean."""
+    return 1.0 + ((hash_str(prefix) + i * 7919) % 1000) / 1000.0
+
+
+def hash_str(text: str) -> int:
+    return sum((j + 1) * ord(c) for j, c in enumerate(text))
+
+
+def record(kb: str, prefix: str, n: int) -> None:
+    ctx = ToolContext(kb, client_name=prefix)
+    for i in range(n):
+        cid = f"c_{prefix}_{i}"
+        with ctx.store.transaction() as tx:
+            tx.put_candidate(
+                CandidateRecord(candidate_id=cid, problem="p", problem_hash="h", verdict=Verdict.faster, arch="sm_90",
+                                time_ms=time_ms(prefix, i), eager_ms=2.0)
+            )
+        record_outcome.run(ctx, record_outcome.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid))
+
+
+def churn(kb: str, start: int) -> None:
+    # tiny compaction threshold: most kills land in a journal append or a full-file rewrite
+    store = KBStore.open(kb, compact_min_bytes=3000, compact_fraction=0.0)
+    i = start
+    while True:
+        with store.transaction() as tx:
+            tx.put_candidate(CandidateRecord(candidate_id=f"c_{i}", problem="p", problem_hash="h", verdict=Verdict.slower))
+            tx.put_score(Score(state_id=STATE, optimization_id=OPT, arch="hopper", samples=i, attempts=i, prior=False,
+                               mean_log_speedup=0.001 * i))
+        print(i, flush=True)  # printed only after the commit returned: this index must survive
+        i += 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "record":
+        record(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        churn(sys.argv[2], int(sys.argv[3]))

@@ -1,0 +1,80 @@
+"""Several real processes on one KB file: no lost update, and a writer killed with SIGKILL at any
+moment never leaves a file that fails to load or loses a committed transaction."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kb_mcp.kb.models import ALL_ARCH
+from kb_mcp.kb.store import KBStore
+
+WORKER = Path(__file__).with_name("kb_worker.py")
+sys.path.insert(0, str(WORKER.parent))
+import kb_worker  # noqa: E402
+
+
+def _spawn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+@pytest.mark.slow
+def test_eight_processes_record_2000_outcomes_none_lost(kb_path: Path) -> None:
+    KBStore.open(kb_path)  # create before the race, so every worker opens the same seeded file
+    n_proc, per_proc = 8, 250
+    procs = [_spawn("record", str(kb_path), f"w{p}", str(per_proc)) for p in range(n_proc)]
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-2000:]
+
+    store = KBStore.open(kb_path)
+    stats = store.stats()
+    assert stats.outcomes == {"faster": n_proc * per_proc}
+    assert stats.candidates == n_proc * per_proc
+    logs = [math.log(2.0 / kb_worker.time_ms(f"w{p}", i)) for p in range(n_proc) for i in range(per_proc)]
+    for arch in ("hopper", ALL_ARCH):
+        score = store.get_score(kb_worker.STATE, kb_worker.OPT, arch)
+        assert score is not None
+        assert score.attempts == score.samples == n_proc * per_proc, arch
+        assert score.successes == sum(1 for x in logs if x > 0)
+        assert score.mean_log_speedup == pytest.approx(sum(logs) / len(logs), rel=1e-9)
+        mean = sum(logs) / len(logs)
+        assert score.m2_log_speedup == pytest.approx(sum((x - mean) ** 2 for x in logs), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_write_never_breaks_the_file(kb_path: Path) -> None:
+    KBStore.open(kb_path)
+    rng = random.Random(1234)
+    committed: set[int] = set()
+    start = 0
+    for _ in range(15):
+        proc = _spawn("churn", str(kb_path), str(start))
+        time.sleep(0.25 + rng.random() * 0.4)  # interpreter start-up, then somewhere in a write
+        proc.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
+        printed = [int(x) for x in out.split()]
+        committed.update(printed)
+        store = KBStore.open(kb_path)  # must load, whatever the kill interrupted
+        stats = store.stats()
+        have = {int(c.candidate_id[2:]) for c in store._view(lambda v: v.list_candidates())}
+        missing = committed - have
+        assert not missing, f"committed transactions lost: {sorted(missing)[:5]}"
+        assert stats.candidates == len(have)
+        start = (max(have) + 1) if have else start
+    assert len(committed) > 50, "the writer should have committed many transactions between kills"
+    # and writing continues normally after all that
+    with KBStore.open(kb_path).transaction() as tx:
+        tx.bump_transition(kb_worker.STATE, kb_worker.OPT, "compute_throughput_saturated")
+    assert KBStore.open(kb_path).transitions(kb_worker.STATE)[0].count == 1

@@ -1,0 +1,196 @@
+"""suggest_optimizations and record_outcome against a real KB file: what comes back, what moves a
+score (only the stored verdict), idempotency, and the errors an agent can act on."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Verdict
+from kb_mcp.tools import record_outcome as ro
+from kb_mcp.tools import suggest_optimizations as so
+from kb_mcp.tools.base import ToolError
+from kb_mcp.tools.context import ToolContext
+
+STATE = "memory_bandwidth_saturated"
+OPT = "fuse_elementwise_chain"
+
+
+@pytest.fixture
+def ctx(kb_path: Path) -> ToolContext:
+    return ToolContext(kb_path, client_name="test-agent")
+
+
+def _store_candidate(ctx: ToolContext, cid: str, *, verdict: Verdict = Verdict.faster, time_ms: float | None = 1.0,
+                     eager_ms: float | None = 2.0, problem_hash: str = "h1", flagged: bool = False, arch: str = "sm_90") -> None:
+    with ctx.store.transaction() as tx:
+        tx.put_candidate(CandidateRecord(candidate_id=cid, problem="p", problem_hash=problem_hash, verdict=verdict,
+                                         arch=arch, time_ms=time_ms, eager_ms=eager_ms, flagged=flagged))
+
+
+def _record(ctx: ToolContext, cid: str, **kw: object) -> ro.Result:
+    args = {"state_id": STATE, "optimization_id": OPT, "candidate_id": cid, **kw}
+    return ro.run(ctx, ro.Request.model_validate(args))
+
+
+# ---- suggest_optimizations --------------------------------------------------------------------------
+
+
+def test_suggest_returns_k_distinct_actionable_entries(ctx: ToolContext) -> None:
+    res = so.run(ctx, so.Request(state_id=STATE, k=4, arch="9.0", seed=1))
+    assert res.arch == "hopper" and res.bottleneck == "memory/dram_bandwidth"
+    ids = [s.id for s in res.suggestions]
+    assert len(ids) == len(set(ids)) == 4
+    applicable = {sc.optimization_id for sc in ctx.store.candidates(STATE)}
+    assert set(ids) <= applicable and res.candidates == len(applicable)
+    for s in res.suggestions:
+        assert len(s.what_to_do) > 80 and s.why_it_fits and s.cost
+        assert s.expected_speedup > 0 and s.confidence == 0.0 and s.samples == 0
+        assert s.scored_on == ALL_ARCH
+        assert all(":" in f for f in s.follow_ups)
+    assert len(res.model_dump_json()) < 12_000, "a suggestion result must stay small"
+
+
+def test_suggest_seed_exclude_and_greedy(ctx: ToolContext) -> None:
+    a = so.run(ctx, so.Request(state_id=STATE, k=3, seed=9))
+    b = so.run(ctx, so.Request(state_id=STATE, k=3, seed=9))
+    assert [s.id for s in a.suggestions] == [s.id for s in b.suggestions]
+    top = so.run(ctx, so.Request(state_id=STATE, k=1, temperature=0.0)).suggestions[0]
+    assert top.id == "flash_attention_tiling"  # the highest prior in this state
+    rest = so.run(ctx, so.Request(state_id=STATE, k=3, temperature=0.0, exclude=[top.id]))
+    assert top.id not in [s.id for s in rest.suggestions]
+
+
+def test_suggest_errors_are_actionable(ctx: ToolContext) -> None:
+    with pytest.raises(ToolError, match="memory_bandwidth_saturated"):
+        so.run(ctx, so.Request(state_id="memory_bandwith_saturated"))
+    with pytest.raises(ToolError, match="sm_90"):
+        so.run(ctx, so.Request(state_id=STATE, arch="pentium"))
+    with pytest.raises(ValidationError):
+        so.Request(state_id=STATE, k=0)
+
+
+def test_suggest_uses_measured_per_arch_scores(ctx: ToolContext) -> None:
+    for i in range(6):
+        _store_candidate(ctx, f"c_{i}", time_ms=0.5, eager_ms=2.0)  # 4x over eager
+        _record(ctx, f"c_{i}")
+    res = so.run(ctx, so.Request(state_id=STATE, k=1, temperature=0.0, arch="sm_90"))
+    top = res.suggestions[0]
+    assert top.id == OPT and top.scored_on == "hopper" and top.samples == 6
+    assert top.expected_speedup == pytest.approx(math.exp((6 * math.log(4) + math.log(1.3)) / 7), rel=1e-3)
+    assert "6 of 6 attempts were faster" in top.why_it_fits
+    other_arch = so.run(ctx, so.Request(state_id=STATE, k=1, temperature=0.0, arch="sm_80"))
+    assert other_arch.suggestions[0].scored_on == ALL_ARCH  # no ampere data: pooled score stands in
+
+
+# ---- record_outcome ----------------------------------------------------------------------------------
+
+
+def test_record_moves_scores_only_from_the_stored_verdict(ctx: ToolContext) -> None:
+    _store_candidate(ctx, "c_a", time_ms=1.0, eager_ms=3.0)
+    res = _record(ctx, "c_a", analysis="fused three kernels", tokens=120)
+    assert res.recorded and res.score_moved and res.speedup == pytest.approx(3.0) and res.speedup_basis == "eager"
+    assert res.entry.arch == "hopper" and res.entry.samples == 1 and res.entry.successes == 1
+    pooled = ctx.store.get_score(STATE, OPT, ALL_ARCH)
+    assert pooled is not None and pooled.samples == 1 and pooled.mean_log_speedup == pytest.approx(math.log(3.0))
+    out = ctx.store.get_outcome(res.outcome_id)
+    assert out is not None and out.agent == "test-agent" and out.tokens == 120 and out.analysis == "fused three kernels"
+    # the request has no way to carry a speedup
+    assert "speedup" not in ro.Request.model_fields
+    with pytest.raises(ValidationError):
+        ro.Request.model_validate({"state_id": STATE, "optimization_id": OPT, "candidate_id": "c_a", "speedup": 50.0})
+
+
+def test_record_is_idempotent_per_candidate_and_optimization(ctx: ToolContext) -> None:
+    _store_candidate(ctx, "c_i")
+    first = _record(ctx, "c_i")
+    before = ctx.store.snapshot()
+    again = _record(ctx, "c_i", analysis="second try")
+    assert not again.recorded and not again.score_moved and again.outcome_id == first.outcome_id
+    assert again.entry.samples == 1
+    assert ctx.store.snapshot() == before
+    # the same candidate credited to a different optimization is a different outcome
+    other = _record(ctx, "c_i", optimization_id="vectorize_global_access")
+    assert other.recorded and other.outcome_id != first.outcome_id
+
+
+def test_unknown_candidate_changes_nothing(ctx: ToolContext) -> None:
+    before = ctx.store.snapshot()
+    with pytest.raises(ToolError, match="compile_and_verify"):
+        _record(ctx, "c_never_verified")
+    with pytest.raises(ToolError, match="unknown optimization_id"):
+        _store_candidate(ctx, "c_k")
+        _record(ctx, "c_k", optimization_id="fuse_elementwise_chian")
+    after = ctx.store.snapshot()
+    assert after["outcomes"] == before["outcomes"] and after["scores"] == before["scores"]
+
+
+def test_speedup_is_over_the_parent_of_the_same_problem(ctx: ToolContext) -> None:
+    _store_candidate(ctx, "c_parent", time_ms=2.0, eager_ms=4.0)
+    _store_candidate(ctx, "c_child", time_ms=0.5, eager_ms=4.0)
+    _store_candidate(ctx, "c_foreign", time_ms=0.1, eager_ms=1.0, problem_hash="other")
+    res = _record(ctx, "c_child", parent_candidate_id="c_parent")
+    assert res.speedup == pytest.approx(4.0) and res.speedup_basis == "parent"
+    res2 = _record(ctx, "c_child", optimization_id="vectorize_global_access", parent_candidate_id="c_foreign")
+    assert res2.speedup == pytest.approx(8.0) and res2.speedup_basis == "eager" and "parent" in res2.note
+
+
+def test_flagged_and_failed_verdicts(ctx: ToolContext) -> None:
+    _store_candidate(ctx, "c_flag", time_ms=0.001, eager_ms=2.0, flagged=True)
+    res = _record(ctx, "c_flag")
+    assert res.recorded and not res.score_moved and "flagged" in res.note
+    out = ctx.store.get_outcome(res.outcome_id)
+    assert out is not None and out.flagged and out.speedup == pytest.approx(2000.0)  # kept in the replay buffer
+    assert ctx.store.get_score(STATE, OPT, "hopper") is None
+    assert ctx.store.get_score(STATE, OPT, ALL_ARCH).prior  # type: ignore[union-attr]
+
+    _store_candidate(ctx, "c_ce", verdict=Verdict.compile_error, time_ms=None, eager_ms=None)
+    res = _record(ctx, "c_ce")
+    assert res.score_moved and res.speedup is None
+    assert (res.entry.attempts, res.entry.samples, res.entry.compile_failures) == (1, 0, 1)
+
+    _store_candidate(ctx, "c_ng", verdict=Verdict.needs_gpu, time_ms=None, eager_ms=None, arch="")
+    res = _record(ctx, "c_ng")
+    assert res.recorded and not res.score_moved
+
+
+def test_new_optimization_transition_and_lesson(ctx: ToolContext) -> None:
+    _store_candidate(ctx, "c_n", time_ms=1.0, eager_ms=1.5)
+    res = _record(
+        ctx, "c_n", optimization_id=None,
+        new_optimization={"name": "Cache row max in registers", "description": "Keep the running row maximum in a register across the tile loop instead of re-reading it from shared memory."},
+        next_state_id="compute_throughput_saturated", lesson="Register-cached maxima remove one shared load per element.",
+    )
+    assert res.optimization_created and res.optimization_id == "agent_cache_row_max_in_registers"
+    opt = ctx.store.get_optimization(res.optimization_id)
+    assert opt is not None and opt.origin == "agent" and opt.applicable_states == [STATE]
+    (tr,) = ctx.store.transitions(STATE)
+    assert (tr.optimization_id, tr.next_state_id, tr.count) == (res.optimization_id, "compute_throughput_saturated", 1)
+    (lesson,) = ctx.store.lessons(STATE, res.optimization_id)
+    assert lesson.author == "test-agent" and lesson.candidate_id == "c_n" and lesson.source == "agent"
+    # the same name again is the same optimization, with more evidence
+    _store_candidate(ctx, "c_n2", time_ms=1.0, eager_ms=1.2)
+    res2 = _record(ctx, "c_n2", optimization_id=None,
+                   new_optimization={"name": "Cache row max in registers", "description": "another wording of the same change, long enough"})
+    assert not res2.optimization_created and res2.entry.samples == 2
+    # the new optimization is now a candidate in this state, with its measured score
+    others = [sc.optimization_id for sc in ctx.store.candidates(STATE, "hopper") if sc.optimization_id != res.optimization_id]
+    only = so.run(ctx, so.Request(state_id=STATE, k=3, arch="hopper", exclude=others)).suggestions
+    assert [s.id for s in only] == [res.optimization_id] and only[0].samples == 2
+    with pytest.raises(ValidationError):
+        ro.Request(state_id=STATE, candidate_id="c_n")
+    with pytest.raises(ToolError, match="next_state_id"):
+        _store_candidate(ctx, "c_n3")
+        _record(ctx, "c_n3", next_state_id="nowhere")
+
+
+def test_results_serialize_for_mcp(ctx: ToolContext) -> None:
+    _store_candidate(ctx, "c_s")
+    res = _record(ctx, "c_s")
+    assert json.loads(res.model_dump_json())["entry"]["optimization_id"] == OPT
+    assert ro.Request.model_json_schema()["properties"]["candidate_id"]["description"]
+    assert so.NAME == "suggest_optimizations" and ro.NAME == "record_outcome"

@@ -58,9 +58,16 @@ def stdio_params(
 
 
 @asynccontextmanager
-async def connect_http(url: str, token: str | None = None, *, timeout_s: float | None = None) -> AsyncIterator[Client]:
-    """A connected client of the kb-mcp server at `url` (…/mcp), sending the bearer token if given."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+async def connect_http(
+    url: str,
+    token: str | None = None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float | None = None,
+) -> AsyncIterator[Client]:
+    """A connected client of the kb-mcp server at `url` (…/mcp), sending the bearer token if given
+    (and any other `headers`, e.g. those of an agent's config file)."""
+    headers = {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
     # Reads stay open for long: a streamed tool response lasts as long as the tool runs.
     timeout = httpx2.Timeout(30.0, read=max(300.0, timeout_s or 0.0))
     async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:

@@ -11,11 +11,12 @@ import torch.nn as nn
 
 KERNEL = r"""
 #define THREADS 1024
+#define NEG_INF __int_as_float(0xff800000)  // NVRTC has no math.h, hence no INFINITY
 
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
     // Combine two (max, sum of exp(v - max)) pairs.
     if (m2 > m) { s = s * expf(m - m2) + s2; m = m2; }
-    else if (m2 != -INFINITY) { s = s + s2 * expf(m2 - m); }
+    else if (m2 != NEG_INF) { s = s + s2 * expf(m2 - m); }
 }
 
 extern "C" __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y, int cols) {
@@ -23,7 +24,7 @@ extern "C" __global__ void softmax_rows(const float* __restrict__ x, float* __re
     __shared__ float ss[THREADS / 32];
     const float* row = x + (size_t)blockIdx.x * cols;
     float* out = y + (size_t)blockIdx.x * cols;
-    float m = -INFINITY, s = 0.0f;
+    float m = NEG_INF, s = 0.0f;
     for (int c = threadIdx.x; c < cols; c += THREADS) {
         float v = row[c];
         if (v > m) { s = s * expf(m - v) + 1.0f; m = v; }
@@ -38,7 +39,7 @@ extern "C" __global__ void softmax_rows(const float* __restrict__ x, float* __re
     if (lane == 0) { sm[warp] = m; ss[warp] = s; }
     __syncthreads();
     if (warp == 0) {
-        m = lane < THREADS / 32 ? sm[lane] : -INFINITY;
+        m = lane < THREADS / 32 ? sm[lane] : NEG_INF;
         s = lane < THREADS / 32 ? ss[lane] : 0.0f;
         for (int offset = 16; offset > 0; offset >>= 1) {
             float m2 = __shfl_xor_sync(0xffffffff, m, offset);

@@ -18,8 +18,10 @@ from kb_mcp.kb import ids
 from kb_mcp.kb.models import MetricRange, Score, Signature, State
 from kb_mcp.kb.view import KBView, Transaction
 
-PRIMARY_MISMATCH = 1.0
-SECONDARY_MISMATCH = 0.5
+# The secondary bottleneck is the more specific half of a signature (each belongs to one natural
+# primary), so a state sharing the secondary is nearer than one sharing only the primary.
+PRIMARY_MISMATCH = 0.5
+SECONDARY_MISMATCH = 1.0
 UNKNOWN_METRIC = 0.25  # a range whose metric the query does not report: mild doubt, not a miss
 INHERIT_DISCOUNT = 0.5
 """A discovered state inherits its parent's expected log-speedups times this factor..."""

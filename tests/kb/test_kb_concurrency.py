@@ -68,7 +68,8 @@ def test_sigkill_mid_write_never_breaks_the_file(kb_path: Path) -> None:
         committed.update(printed)
         store = KBStore.open(kb_path)  # must load, whatever the kill interrupted
         stats = store.stats()
-        have = {int(c.candidate_id[2:]) for c in store._view(lambda v: v.list_candidates())}
+        with store.read() as view:
+            have = {int(c.candidate_id[2:]) for c in view.list_candidates()}
         missing = committed - have
         assert not missing, f"committed transactions lost: {sorted(missing)[:5]}"
         assert stats.candidates == len(have)

@@ -1,0 +1,70 @@
+"""The shipped seed KB: every state of the architecture table with a real signature over canonical
+metric names, 60+ specific optimizations linked to states, priors marked as priors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kb_mcp.harness.profile_model import KernelMetrics
+from kb_mcp.kb.models import SECONDARY_OF, ALL_ARCH
+from kb_mcp.kb.seed import SEED_PRIOR_WEIGHT, seed_optimizations, seed_scores, seed_states
+from kb_mcp.kb.store import KBStore
+
+ARCH_DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+
+
+def _table_rows() -> dict[str, str]:
+    rows = re.findall(r"^\| (\w+) \| (\w+) / (\w+) \|$", ARCH_DOC.read_text(), flags=re.M)
+    return {state: f"{p}/{s}" for state, p, s in rows if state != "state"}
+
+
+def test_every_state_of_the_architecture_table_is_seeded_with_its_signature() -> None:
+    table = _table_rows()
+    assert len(table) == 23
+    states = {s.id: s for s in seed_states()}
+    assert set(table) <= set(states)
+    for sid, key in table.items():
+        assert states[sid].signature.key == key, sid
+
+
+def test_signatures_use_canonical_metric_names_and_sane_ranges() -> None:
+    fields = KernelMetrics.model_fields
+    for state in seed_states():
+        sig = state.signature
+        assert sig.secondary is not None and SECONDARY_OF[sig.secondary] == sig.primary, state.id
+        assert len(state.description) > 200, state.id
+        for r in sig.ranges:
+            base, _, sub = r.metric.partition(".")
+            assert base in fields, f"{state.id}: {r.metric} is not a KernelMetrics field"
+            assert (sub != "") == (base == "warp_stalls"), r.metric
+            assert r.min is not None or r.max is not None
+            if r.min is not None and r.max is not None:
+                assert r.min <= r.max
+
+
+def test_optimizations_are_specific_and_linked() -> None:
+    opts = seed_optimizations()
+    assert len(opts) >= 60
+    state_ids = {s.id for s in seed_states()}
+    per_state: dict[str, int] = {s: 0 for s in state_ids}
+    for o in opts:
+        assert o.origin == "seed" and o.category and o.applicable_states
+        assert len(o.description) >= 150, o.id
+        assert len(o.when_helps) >= 40 and o.cost, o.id
+        assert len(set(o.applicable_states)) == len(o.applicable_states)
+        for s in o.applicable_states:
+            per_state[s] += 1
+    assert min(per_state.values()) >= 5, per_state
+    names = [o.name for o in opts]
+    assert len(set(names)) == len(names)
+
+
+def test_seed_scores_are_small_weight_priors(kb_path: Path) -> None:
+    scores = seed_scores()
+    assert all(s.prior and s.samples == 0 and s.prior_weight == SEED_PRIOR_WEIGHT for s in scores)
+    assert len({(s.state_id, s.optimization_id) for s in scores}) == len(scores)
+    store = KBStore.open(kb_path)
+    for s in scores[:20]:
+        got = store.get_score(s.state_id, s.optimization_id, ALL_ARCH)
+        assert got is not None and got.prior and got.prior_mean_log_speedup == s.prior_mean_log_speedup

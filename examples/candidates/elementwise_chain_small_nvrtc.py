@@ -1,6 +1,6 @@
 """Candidate for examples/problems/elementwise_chain_small.py, NVRTC style.
 
-The reference runs 20 elementwise ops, one kernel each; on 8192 elements every one of them costs
+The reference runs 40 elementwise ops, one kernel each; on 8192 elements every one of them costs
 a launch and little else. This kernel computes the whole chain per element in registers: one
 launch, one read of each input, one write.
 """
@@ -31,7 +31,15 @@ extern "C" __global__ void chain(const float* __restrict__ x, const float* __res
     z = z * cosf(xv);
     z = expf(-z * z);
     z = z / (1.0f + fabsf(xv));
-    out[i] = z;
+    float w = z * 2.0f - 1.0f;
+    w = atanf(w);
+    w = w + xv * yv;
+    w = erff(w);
+    w = w * rsqrtf(1.0f + yv * yv);
+    w = fmaxf(w, z - 0.5f);
+    w = fmaxf(w, 0.0f) + 0.01f * w;
+    w = w * 0.5f + z;
+    out[i] = w;
 }
 """
 

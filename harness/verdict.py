@@ -7,8 +7,11 @@ each names, in docs/architecture.md.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.kb.models import CandidateRecord, Verdict
 
 
 class FindingCode(str, Enum):
@@ -53,3 +56,251 @@ class Finding(BaseModel):
     message: str  # actionable: what the candidate did and what to change
     source: str = "runtime"  # static | runtime | timing
     line: int | None = None  # for static findings
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification: what a caller asks for, and what the harness answers.
+
+
+class VerifyOptions(BaseModel):
+    """How to check one candidate. Defaults are the strict ones; every loosening is visible in the result.
+
+    Tolerances: a value `c` passes against the reference `r` when `|c - r| <= atol * scale + rtol * |r|`,
+    where `scale` is the RMS of the reference output (so `atol` means the same for outputs of any size).
+    Unset, they come from the problem file's module-level `ATOL` / `RTOL` constants, else from the
+    output dtype (see `harness.verify.DEFAULT_TOLERANCES`). A tolerance looser than that default holds
+    the result for review (`flagged`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_sets: int = Field(5, ge=5, le=32, description="input sets from secret seeds (at least 5), plus one of a different distribution")
+    seeds: list[int] = Field(
+        default_factory=list,
+        max_length=8,
+        description="extra fixed seeds to check as well (to reproduce a failure); the secret seeds always run",
+    )
+    atol: float | None = Field(None, ge=0, description="absolute tolerance, in units of the reference output's RMS")
+    rtol: float | None = Field(None, ge=0, description="relative tolerance")
+    timing: bool = Field(True, description="full timing (many runs); False times a few runs only, for a quick answer")
+    timed_runs: int | None = Field(None, ge=5, le=1000, description="timed runs (default: as many as fit ~0.4 s, 10 to 100)")
+    warmup_runs: int = Field(3, ge=1, le=100)
+    compile_baseline: bool = Field(
+        True, description="time torch.compile of the reference besides eager (cached per problem, GPU and torch version)"
+    )
+    allow: list[str] = Field(
+        default_factory=list,
+        description="allow-list of library ops the candidate may call: groups `gemm` (cuBLAS), `conv` (cuDNN) or op names",
+    )
+    implausible_speedup: float = Field(50.0, gt=1.0, description="speedups above this factor are flagged for review")
+    timeout_s: float = Field(120.0, gt=0, le=3600, description="limit for each run phase (checks, timing) of the candidate")
+    compile_timeout_s: float = Field(600.0, gt=0, le=3600, description="limit for importing and building the candidate")
+    compile_only: bool = Field(False, description="only compile (nvcc/NVRTC diagnostics), even where a GPU is present")
+    arch: str | None = Field(None, description="target arch for compile-only checks, e.g. sm_90 (default: the GPU's, else sm_90)")
+    max_output_chars: int = Field(4000, ge=0, le=200_000, description="captured stdout/stderr of the candidate kept in the result")
+
+
+class CompileUnit(BaseModel):
+    """One piece of CUDA source the candidate builds: an NVRTC kernel or a load_inline extension."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["nvrtc", "load_inline"]
+    name: str  # kernel name (NVRTC) or extension name (load_inline)
+    ok: bool = True
+    seconds: float = 0.0
+    cached: bool = False
+    kernels: list[str] = Field(default_factory=list)  # __global__ function names defined in it
+    log: str = ""  # compiler output (truncated)
+
+
+class CompileResult(BaseModel):
+    """How the candidate built: which style, how long, and what the compilers said."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ok: bool
+    style: Literal["nvrtc", "load_inline", "mixed", "none"] = "none"
+    arch: str = ""
+    seconds: float = 0.0
+    cached: bool = False  # every build unit came from the cache
+    units: list[CompileUnit] = Field(default_factory=list)
+    messages: list[str] = Field(default_factory=list)  # errors (and first warnings), one line each
+
+    @property
+    def kernels(self) -> list[str]:
+        """Every kernel name the candidate's sources define."""
+        return [k for u in self.units for k in u.kernels]
+
+
+class InputSetCheck(BaseModel):
+    """The candidate against the reference on one input set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    kind: Literal["public_seed", "secret", "shifted", "user_seed", "perturbed", "repeat", "reused_buffers"]
+    passed: bool
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None  # over elements with |ref| above 1e-3 of the output's RMS
+    scaled_err: float | None = None  # max |c - r| / RMS(r): comparable across problems
+    mismatched: int = 0  # elements outside the tolerance (NaN/Inf included)
+    numel: int = 0
+    message: str = ""
+
+
+class Timings(BaseModel):
+    """Medians of CUDA-event-timed runs (L2 flushed before each, fresh inputs each run)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidate_ms: float
+    candidate_min_ms: float
+    candidate_host_ms: float  # host clock around the same runs (device-wide sync): the cross-check
+    runs: int
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+    speedup_vs_baseline: float | None = None  # over the better of eager and torch.compile
+    baseline_cached: bool = False
+    quick: bool = False  # timing=False: a few runs only
+    bound_ms: float | None = None  # roofline lower bound (DRAM bytes, FLOPs at peak); None if unknown
+    note: str = ""
+
+
+class VerifyResult(BaseModel):
+    """The harness's answer on one candidate for one problem. Summary first; details below it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidate_id: str
+    problem: str
+    problem_hash: str
+    verdict: Verdict
+    summary: str  # one line an agent can act on
+    flagged: bool = False  # held for review (implausible speedup, loosened tolerance): never moves a score
+    compile: CompileResult
+    input_sets: list[InputSetCheck] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
+    timings: Timings | None = None
+    tolerance: dict[str, float] = Field(default_factory=dict)  # atol/rtol used
+    device: str = ""
+    arch: str = ""
+    torch_version: str = ""
+    output: str = ""  # the candidate's captured stdout/stderr, truncated
+    phase: str = ""  # where it ended (for timeout/crashed: where it was)
+    elapsed_s: float = 0.0
+    worker_replaced: bool = False
+
+    def record(self) -> CandidateRecord:
+        """The KB's record of this verdict (what `record_outcome` reads)."""
+        t = self.timings
+        return CandidateRecord(
+            candidate_id=self.candidate_id,
+            problem=self.problem,
+            problem_hash=self.problem_hash,
+            verdict=self.verdict,
+            arch=self.arch if self.device else "",
+            device=self.device,
+            time_ms=t.candidate_ms if t else None,
+            eager_ms=t.eager_ms if t else None,
+            compile_ms=t.compile_ms if t else None,
+            speedup_vs_baseline=t.speedup_vs_baseline if t else None,
+            flagged=self.flagged,
+            findings=[f.code.value for f in self.findings],
+        )
+
+
+def plausibility_findings(timings: Timings, factor: float) -> list[Finding]:
+    """`implausible_speedup` when the candidate beats the baseline by more than `factor`, or runs
+    faster than the roofline bound (moving its bytes through DRAM, or its FLOPs at peak) allows."""
+    out: list[Finding] = []
+    s = timings.speedup_vs_baseline
+    if s is not None and s > factor:
+        out.append(
+            Finding(
+                code=FindingCode.implausible_speedup,
+                message=(
+                    f"speedup {s:.1f}x over the best baseline exceeds the review threshold of {factor:g}x; "
+                    "held for review (not counted) until someone confirms it"
+                ),
+                source="timing",
+            )
+        )
+    if timings.bound_ms is not None and timings.candidate_ms < 0.9 * timings.bound_ms:
+        out.append(
+            Finding(
+                code=FindingCode.implausible_speedup,
+                message=(
+                    f"median time {timings.candidate_ms * 1e3:.1f} us is below the roofline bound "
+                    f"{timings.bound_ms * 1e3:.1f} us (inputs and outputs through DRAM, FLOPs at peak); "
+                    "the work cannot all have been done inside the timed call"
+                ),
+                source="timing",
+            )
+        )
+    return out
+
+
+def decide(
+    compile: CompileResult,
+    input_sets: list[InputSetCheck],
+    findings: list[Finding],
+    timings: Timings | None,
+    *,
+    gpu: bool = True,
+    loosened: str = "",
+) -> tuple[Verdict, bool, str]:
+    """The verdict, whether it is held for review, and a one-line summary.
+
+    Order: a build failure is `compile_error`; then any integrity finding that names a cheat is
+    `invalid`; then a failed input set (or a wrong-answer finding) is `incorrect`; without a GPU a
+    clean build is `needs_gpu`; otherwise the speedup over the better baseline decides between
+    `faster` and `slower`. `loosened` (a note that the caller loosened the tolerance) and
+    review-only findings set the flag without changing the verdict.
+    """
+    flagged = bool(loosened) or any(f.code in REVIEW_ONLY for f in findings)
+    notes = ([loosened] if loosened else []) + [f.message for f in findings if f.code in REVIEW_ONLY][:1]
+    tail = f" [flagged: {'; '.join(notes)}]" if flagged else ""
+    if not compile.ok:
+        first = compile.messages[0] if compile.messages else "the build failed"
+        return Verdict.compile_error, False, f"compile error: {first}"
+    cheats = [f for f in findings if f.code not in INCORRECT_ONLY and f.code not in REVIEW_ONLY]
+    if cheats:
+        codes = sorted({f.code.value for f in cheats})
+        return Verdict.invalid, flagged, f"invalid ({', '.join(codes)}): {cheats[0].message}{tail}"
+    failed = [s for s in input_sets if not s.passed]
+    wrong = [f for f in findings if f.code in INCORRECT_ONLY]
+    if failed or wrong:
+        if failed:
+            s = failed[0]
+            what = (
+                f"input set {s.index} ({s.kind}): {s.message}"
+                if s.message
+                else f"input set {s.index} ({s.kind}): {s.mismatched} of {s.numel} elements outside the tolerance"
+            )
+            what = f"{len(failed)} of {len(input_sets)} input sets failed; first {what}"
+        else:
+            what = wrong[0].message
+        extra = f" ({', '.join(sorted({f.code.value for f in wrong}))})" if wrong and failed else ""
+        return Verdict.incorrect, flagged, f"incorrect{extra}: {what}{tail}"
+    if not gpu:
+        n = len(compile.units)
+        return (
+            Verdict.needs_gpu,
+            flagged,
+            f"compiled ({n} unit{'s' if n != 1 else ''}, {compile.arch or 'default arch'}); verification and timing need a GPU",
+        )
+    if timings is None or timings.speedup_vs_baseline is None:
+        raise ValueError("a verified candidate needs timings with a baseline speedup to get a verdict")
+    s = timings.speedup_vs_baseline
+    verdict = Verdict.faster if s > 1.0 else Verdict.slower
+    base = "eager" if timings.compile_ms is None or (timings.eager_ms or 0) <= timings.compile_ms else "torch.compile"
+    return (
+        verdict,
+        flagged,
+        f"{verdict.value}: {timings.candidate_ms:.4g} ms vs {base} "
+        f"{min(x for x in (timings.eager_ms, timings.compile_ms) if x is not None):.4g} ms ({s:.2f}x); "
+        f"{len(input_sets)} input sets correct{tail}",
+    )

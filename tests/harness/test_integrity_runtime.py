@@ -259,7 +259,7 @@ RECORDED = sorted(DATA.glob("census_*.json"))
 @pytest.mark.skipif(not RECORDED, reason="no recorded GPU census in tests/harness/data")
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
 def test_recorded_gpu_census(path: Path) -> None:
-    """Censuses recorded on an H100 (scripts/record_census.py) classify as the recording says."""
+    """Censuses recorded on a GPU (tests/harness/record_census.py) classify as the recording says."""
     data = json.loads(path.read_text())
     for case in data["cases"]:
         launches = [KernelLaunch.model_validate(x) for x in case["launches"]]

@@ -110,6 +110,7 @@ class Timer:
             return requested
         if quick:
             return QUICK_RUNS
+        fn(*make_args(-1))  # first calls may compile or autotune: not what one run costs
         _, g, h = self._one(fn, make_args(-1))
         per = max(g, h, 1e-3) / 1e3
         return int(min(MAX_RUNS, max(MIN_RUNS, TARGET_TIMED_S / per)))

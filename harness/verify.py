@@ -72,6 +72,9 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 PUBLIC_SEED = 42  # the seed KernelBench-style harnesses use; a candidate may guess it, which is the point
 POISON_BYTE = 0xFF  # 0xFFFF.. is NaN in every float format, and not the canonical NaN kernels produce
 MAX_PERTURBED_INPUTS = 6
+# A failing fp32/fp64 output whose largest error is at most this fraction of its RMS looks like
+# lowered precision (TF32 ~1e-3, bf16 ~1e-2) rather than a wrong algorithm.
+LOWERED_PRECISION_ERR = 3e-2
 
 
 def secret_seed() -> int:
@@ -457,6 +460,7 @@ class _Checker:
         self.io_bytes = 0
         self.flops = 0.0
         self.dtype: torch.dtype = torch.float32
+        self.lowered: list[int] = []  # failed sets whose errors look like a lower precision
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -571,6 +575,12 @@ class _Checker:
             ))
         passed = all(cm.passed for cm in comps)
         first_bad = next((cm for cm in comps if not cm.passed), None)
+        if not passed and all(
+            cm.passed or (r.dtype in (torch.float32, torch.float64) and not cm.nonfinite and not cm.poison
+                          and cm.scaled is not None and cm.scaled <= LOWERED_PRECISION_ERR)
+            for cm, r in zip(comps, r_leaves)
+        ):
+            self.lowered.append(index)
         return self._record(InputSetCheck(
             index=index, kind=kind, passed=passed,  # type: ignore[arg-type]
             max_abs_err=_max(cm.max_abs for cm in comps), max_rel_err=_max(cm.max_rel for cm in comps),
@@ -618,6 +628,16 @@ class _Checker:
             ))
         if secret_failed:
             self._ignored_inputs(secret)
+        self._perturbed(next(index))
+        failed = [c for c in v.sets if not c.passed]
+        if failed and len(self.lowered) == len(failed):
+            worst = max(c.scaled_err or 0.0 for c in failed)
+            v.findings.append(Finding(
+                code=FindingCode.precision_lowered,
+                message=(f"errors up to {worst:.2g} of the output's RMS on {len(failed)} input sets: typical of "
+                         "computing in a lower precision (TF32, bf16, fp16) than the reference's "
+                         f"{str(self.dtype).replace('torch.', '')}; compute and accumulate in the reference's precision"),
+            ))
 
     def _reused_buffers(self, index: int, first: tuple, second: tuple) -> None:
         """Set 2's values written into set 1's input buffers (same pointers, shapes): must give set 2's output."""
@@ -679,6 +699,45 @@ class _Checker:
                          "not depend on earlier calls"),
             ))
 
+    def _perturbed(self, index: int) -> None:
+        """Parameters that ModelNew shares by name with Model get the same new random values in both;
+        a candidate that does not read them (e.g. LayerNorm's weight 1 and bias 0 left out) fails here."""
+        v = self.v
+        ref_params = {n: p for n, p in self.ref.named_parameters() if p.is_floating_point()}
+        cand_params = dict(self.cand.named_parameters())
+        shared = [n for n, p in ref_params.items()
+                  if n in cand_params and cand_params[n].shape == p.shape and cand_params[n].dtype == p.dtype]
+        if not shared:
+            return
+        g = torch.Generator(device="cuda")
+        g.manual_seed(secret_seed())
+        for n in shared:
+            r = ref_params[n]
+            rf = r.detach().float()
+            spread = float(rf.std().item()) if r.numel() > 1 else 0.0
+            if not spread or spread != spread:
+                spread = max(abs(float(rf.mean().item())), 1.0)
+            new = rf + 0.5 * spread * torch.randn(r.shape, generator=g, device=r.device)
+            r.data.copy_(new.to(r.dtype))
+            cand_params[n].data.copy_(r.data)
+        xs = self.make_inputs(secret_seed())
+        ref_out = self.ref(*_clone(xs))
+        if not all(bool(torch.isfinite(t).all().item()) for t in leaves(ref_out) or [] if t.is_floating_point()):
+            return
+        self.alive.append(ref_out)
+        args = _clone(xs)
+        out = self.cand_run(args, ref_out)
+        chk = self.check(index, "perturbed", ref_out, out, args, xs, xs)
+        others = [s for s in v.sets if s.kind != "perturbed"]
+        if not chk.passed and all(s.passed for s in others):
+            names = ", ".join(shared[:6]) + (" ..." if len(shared) > 6 else "")
+            v.findings.append(Finding(
+                code=FindingCode.ignores_inputs,
+                message=(f"with new values of the parameters {names} (the same in Model and ModelNew) the output is "
+                         f"wrong ({chk.message}): ModelNew does not read them. Read parameters in forward (derived "
+                         "copies made in __init__ go stale when parameters change)"),
+            ))
+
     def _ignored_inputs(self, secret: list[tuple]) -> None:
         """On a failure: is some input ignored? Swap one input at a time and see if the output moves."""
         if len(secret) < 2:
@@ -737,8 +796,8 @@ class _Checker:
             if cl is None or len(cl) != len(rl):
                 return "wrong output type"
             for c, rr in zip(cl, rl):
-                if c.shape != rr.shape or c.dtype != rr.dtype:
-                    return f"output {tuple(c.shape)} {c.dtype}"
+                if type(c) is not torch.Tensor or c.shape != rr.shape or c.dtype != rr.dtype or c.device != rr.device:
+                    return f"output {type(c).__name__} {tuple(c.shape)} {c.dtype} on {c.device}"
                 atol, rtol, _ = tolerance_for(rr.dtype, self.atol, self.rtol, v.options)
                 cm = compare(c, rr, atol, rtol)
                 if not cm.passed:

@@ -69,6 +69,11 @@ def _setup(cache_dir: Path, no_cuda: bool) -> tuple[Any, dict[str, Any]]:
         env.arch = f"sm_{props.major}{props.minor}"
         env.builders = compile.Builders(cache_dir, env.arch)
         env.builders.install()
+        # Modules the torch.compile baseline loads later are loaded now, before the trusted snapshot,
+        # so that whatever they set up is part of the pristine state rather than a change after it.
+        import torch._dynamo  # noqa: F401
+        import torch._inductor.config  # noqa: F401
+
         # The first profiler session costs seconds (CUPTI start-up): pay it here, not in a verdict.
         integrity_runtime.census(lambda: torch.zeros(16, device="cuda").add_(1))
         env.snapshot = integrity_runtime.TrustedSnapshot.capture()

@@ -17,6 +17,7 @@ from kb_mcp.clients.llm import TokenLedger
 from kb_mcp.kb.models import Verdict, utcnow
 from kb_mcp.policy.agent_gradient import ParameterUpdate, PerfGapAnalysis, PolicyEvaluation
 from kb_mcp.policy.kb_edits import RejectedEdit
+from kb_mcp.policy.select import DEFAULT_TEMPERATURE
 
 CAMPAIGN_FORMAT = "kb-mcp-campaign"
 CAMPAIGN_VERSION = 1
@@ -36,8 +37,10 @@ class CampaignConfig(BaseModel):
     iterations: int = Field(10, ge=1, description="Rollout trajectories per problem.")
     steps: int = Field(10, ge=1, description="Optimization steps per trajectory.")
     parallel: int = Field(1, ge=1, description="Trajectories run at once (one per GPU is sensible).")
-    top_k: int = Field(4, ge=1, description="Optimizations sampled from the KB per step (weighted top-k).")
-    temperature: float = Field(1.0, ge=0.0, description="Selection temperature; 0 is greedy.")
+    top_k: int = Field(4, ge=1, le=10, description="Optimizations sampled from the KB per step (weighted top-k).")
+    temperature: float = Field(
+        DEFAULT_TEMPERATURE, ge=0.0, le=5.0, description="Selection temperature (log-speedup units); 0 is greedy."
+    )
     fix_attempts: int = Field(3, ge=1, description="Candidates per lowering step (first try plus fixes).")
     generate_attempts: int = Field(4, ge=1, description="Candidates for the initial kernel (first try plus fixes).")
     answer_retries: int = Field(2, ge=0, description="Re-asks of a model whose answer could not be parsed.")
@@ -153,6 +156,8 @@ class StepRecord(UnitRecord):
     optimization_id: str | None = None
     predicted_speedup: float | None = None
     speedup_vs_parent: float | None = None
+    next_state_id: str | None = None  # state of the accepted candidate (its profile feeds the next step)
+    next_profile_id: str | None = None
     outcome_recorded: bool = False
     outcome_note: str = ""
 

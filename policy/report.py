@@ -277,26 +277,29 @@ def optimization_usage(steps: Sequence[StepRecord]) -> list[OptimizationUsage]:
 
 
 def transitions(steps: Sequence[StepRecord]) -> list[TransitionCount]:
-    """(state, optimization) -> state of the next step, where the step changed the kernel."""
-    by_traj: dict[tuple[str, int], list[StepRecord]] = defaultdict(list)
-    for s in steps:
-        by_traj[(s.problem, s.iteration)].append(s)
-    counts: Counter[tuple[str, str, str]] = Counter()
-    for traj in by_traj.values():
-        traj.sort(key=lambda s: s.step)
-        for before, after in zip(traj, traj[1:]):
-            if before.accepted and before.state_id and before.optimization_id and after.state_id:
-                counts[(before.state_id, before.optimization_id, after.state_id)] += 1
+    """(state, optimization) -> state of the accepted kernel, as profiled and classified after the step.
+
+    Only measured transitions count: compile-only runs (no profiles) have none.
+    """
+    counts: Counter[tuple[str, str, str]] = Counter(
+        (s.state_id, s.optimization_id, s.next_state_id)
+        for s in steps
+        if s.accepted and s.state_id and s.optimization_id and s.next_state_id
+    )
     return [
         TransitionCount(state_id=a, optimization_id=b, next_state_id=c, count=n)
         for (a, b, c), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     ]
 
 
-def kb_growth(start: KBSnapshot | None, steps: Sequence[StepRecord], gradients: Sequence[GradientRecord]) -> list[KBSnapshot]:
-    """KB sizes over the campaign, in time order."""
+def kb_growth(
+    start: KBSnapshot | None,
+    units: Sequence[UnitRecord],
+    gradients: Sequence[GradientRecord],
+) -> list[KBSnapshot]:
+    """KB sizes over the campaign (start, after each first kernel, step and gradient batch), in time order."""
     points = [start] if start else []
-    points += [s.kb for s in steps if s.kb is not None]
+    points += [u.kb for u in units if u.kb is not None]
     points += [g.kb_after for g in gradients if g.kb_after is not None]
     return sorted(points, key=lambda p: p.at)
 
@@ -350,7 +353,7 @@ def build_report(
         optimizations=optimization_usage(steps),
         state_visits=dict(states.most_common()),
         transitions=transitions(steps),
-        kb_growth=kb_growth(kb_start, steps, gradients),
+        kb_growth=kb_growth(kb_start, [*initials.values(), *steps], gradients),
         gradient=grad,
         tokens=tokens,
         notes=notes,

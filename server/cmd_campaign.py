@@ -1,11 +1,136 @@
-"""`kb-mcp campaign` (being built)."""
+"""`kb-mcp run-campaign`: the autonomous MAIC-RL loop over a set of problems, resumable.
+
+    kb-mcp run-campaign examples/problems --llm-base-url http://localhost:8000/v1 --llm-model MODEL
+    kb-mcp run-campaign --name overnight            # rerun: continues where it stopped
+    kb-mcp run-campaign --name overnight --report   # rebuild the report from the raw records
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from pathlib import Path
+
+from kb_mcp.clients.llm import LLMConfig, LLMNotConfigured, Role
+from kb_mcp.kb import paths
+
+DEFAULT_NAME = "campaign"
+
+
+def campaign_dir(kb_path: Path, name: str | None, out: str | None) -> Path:
+    """The campaign folder: `--out`, else `<kb artifacts>/campaigns/<name>`."""
+    if out:
+        return Path(out).expanduser().resolve()
+    return paths.artifacts_dir(kb_path) / "campaigns" / (name or DEFAULT_NAME)
+
+
+def _role_models(pairs: list[str]) -> dict[str, str]:
+    models: dict[str, str] = {}
+    roles = {r.value for r in Role}
+    for pair in pairs:
+        role, sep, model = pair.partition("=")
+        if not sep or role not in roles or not model:
+            raise SystemExit(f"--llm-model-for expects ROLE=MODEL with ROLE one of {', '.join(sorted(roles))}; got {pair!r}")
+        models[role] = model
+    return models
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Adds the `campaign` command."""
-    p = sub.add_parser("run-campaign", help="(being built)")
-    p.set_defaults(func=lambda args: print("not built yet") or 2)
+    """Adds the `run-campaign` command."""
+    p = sub.add_parser(
+        "run-campaign",
+        help="optimize a set of problems autonomously with an LLM (resumable)",
+        description=(
+            "Run the MAIC-RL campaign: for each problem generate a CUDA kernel, then iterations x steps of "
+            "profile -> classify -> select (weighted top-k from the KB) -> lower -> verify -> review -> record, "
+            "with a textual-gradient KB update every U outcomes. Rerunning with the same --name/--out resumes."
+        ),
+    )
+    p.add_argument("problems", nargs="*", help="problem files (KernelBench format) or folders of them; "
+                   "omit to resume the named campaign")
+    p.add_argument("--name", help=f"campaign name: its folder is <kb artifacts>/campaigns/NAME (default {DEFAULT_NAME})")
+    p.add_argument("--out", help="campaign folder (overrides --name)")
+    p.add_argument("--iterations", type=int, help="trajectories per problem (default 10)")
+    p.add_argument("--steps", type=int, help="rollout steps per trajectory (default 10)")
+    p.add_argument("--parallel", type=int, help="trajectories at once (default: 1, or the GPUs visible)")
+    p.add_argument("--top-k", type=int, help="optimizations sampled per step (default 4)")
+    p.add_argument("--temperature", type=float, help="selection temperature, 0 = greedy (default 0.3)")
+    p.add_argument("--fix-attempts", type=int, help="candidates per lowering step, fixes included (default 3)")
+    p.add_argument("--generate-attempts", type=int, help="candidates for the first kernel (default 4)")
+    p.add_argument("--gradient-every", type=int, help="textual-gradient KB update every U outcomes; 0 = off (default 8)")
+    p.add_argument("--no-review", action="store_true", help="skip the LLM review before accepting a result")
+    p.add_argument("--compile-only", action="store_true", help="no GPU: compile with error feedback, record, no timing")
+    p.add_argument("--seed", type=int, help="selection seed (default 0)")
+    p.add_argument("--arch", help="GPU arch for KB scores (default: what the harness reports)")
+    p.add_argument("--report", action="store_true", help="only rebuild the report of an existing campaign")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
+    g = p.add_argument_group("LLM (any OpenAI-compatible endpoint; flags override KB_MCP_LLM_* variables)")
+    g.add_argument("--llm-base-url", help="e.g. http://localhost:8000/v1 (default: $KB_MCP_LLM_BASE_URL, else OpenAI)")
+    g.add_argument("--llm-api-key", help="key (default: $KB_MCP_LLM_API_KEY)")
+    g.add_argument("--llm-model", help="model for every role (default: $KB_MCP_LLM_MODEL)")
+    g.add_argument("--llm-model-for", action="append", default=[], metavar="ROLE=MODEL",
+                   help=f"model for one role ({', '.join(r.value for r in Role)}); repeatable")
+    g.add_argument("--llm-timeout", type=float, help="seconds per request (default 300)")
+    g.add_argument("--llm-max-retries", type=int, help="retries on errors and timeouts (default 3)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs (or resumes, or reports on) a campaign; returns the exit code."""
+    from kb_mcp.policy.campaign_runner import CampaignOptions, campaign_report, run_campaign
+    from kb_mcp.policy.campaign_store import CampaignError
+
+    kb_path = paths.resolve_kb_path(args.kb)
+    folder = campaign_dir(kb_path, args.name, args.out)
+    if args.report:
+        try:
+            written = campaign_report(folder)
+        except (CampaignError, FileNotFoundError) as exc:
+            print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
+            return 2
+        print("\n".join(str(p) for p in written))
+        return 0
+    options = CampaignOptions(
+        problems=list(args.problems),
+        iterations=args.iterations,
+        steps=args.steps,
+        parallel=args.parallel,
+        top_k=args.top_k,
+        temperature=args.temperature,
+        fix_attempts=args.fix_attempts,
+        generate_attempts=args.generate_attempts,
+        gradient_every=args.gradient_every,
+        review=False if args.no_review else None,
+        compile_only=True if args.compile_only else None,
+        seed=args.seed,
+        arch=args.arch,
+    )
+    try:
+        llm = LLMConfig.from_env(
+            base_url=args.llm_base_url,
+            api_key=args.llm_api_key,
+            model=args.llm_model,
+            role_models=_role_models(args.llm_model_for) or None,
+            timeout_s=args.llm_timeout,
+            max_retries=args.llm_max_retries,
+        ).require()
+    except LLMNotConfigured as exc:
+        print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
+        return 2
+    from kb_mcp.server.campaign_console import ConsoleProgress
+
+    with ConsoleProgress(enabled=not args.no_progress) as console:
+        try:
+            result = run_campaign(folder, kb_path, options, llm, progress=console.update, log=console.log)
+        except KeyboardInterrupt:
+            console.log(f"interrupted; every finished step is saved. Rerun the same command to resume ({folder}).")
+            sys.stderr.flush()
+            # Worker threads may still be inside an LLM call; they hold nothing that must be
+            # flushed (every record is written atomically), so leave without waiting for them.
+            os._exit(130)
+        except CampaignError as exc:
+            console.log(f"kb-mcp run-campaign: {exc}")
+            return 2
+    print(result.summary)
+    return 0 if result.finished else 1

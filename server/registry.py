@@ -30,7 +30,7 @@ TOOL_MODULES: tuple[str, ...] = (
 )
 """The five tools, in the order of one optimization round."""
 
-JOB_ONLY_MODULES: list[str] = []
+JOB_ONLY_MODULES: list[str] = ["kb_mcp.policy.campaign_job"]
 """Modules following the tool convention that run only as jobs (work far longer than any client's
 tool timeout, e.g. a campaign). Append a module path here, or call
 `kb_mcp.server.jobs.register_job_kind`, to make it startable through `start_job`."""

@@ -45,13 +45,14 @@ def _tokens(role: str, problem: str, n: int) -> TokenLedger:
 
 
 def _step(problem, it, st, cid, verdict, time_ms=None, *, parent="c_init", parent_ms=None, opt="tile", state="s_mem",
-          accepted=False, review=None, flagged=False) -> StepRecord:  # noqa: ANN001
+          accepted=False, review=None, flagged=False, next_state=None) -> StepRecord:  # noqa: ANN001
     speedup = parent_ms / time_ms if (verdict.is_valid and parent_ms and time_ms) else None
     return StepRecord(
         problem=problem, iteration=it, step=st, parent_candidate_id=parent, parent_time_ms=parent_ms,
         state_id=state, state_source="classified", optimization_id=opt,
         attempts=[_attempt(problem, cid, verdict, time_ms, flagged)], candidate_id=cid, verdict=verdict,
         review=review, accepted=accepted, speedup_vs_parent=speedup, tokens=_tokens("lower", problem, 100),
+        next_state_id=next_state,
     )
 
 
@@ -69,7 +70,8 @@ def _write_campaign(root: Path) -> CampaignStore:
         ))
     rejected = ReviewRecord(accepted=False, issues=["ignores the bias"])
     for record in (
-        _step("pa", 0, 0, "c_a1", Verdict.faster, 0.8, parent="c_pa0", parent_ms=1.25, accepted=True, state="s_mem"),
+        _step("pa", 0, 0, "c_a1", Verdict.faster, 0.8, parent="c_pa0", parent_ms=1.25, accepted=True, state="s_mem",
+              next_state="s_comp"),
         _step("pa", 0, 1, "c_a2", Verdict.compile_error, parent="c_a1", opt="fuse", state="s_comp"),
         _step("pa", 1, 0, "c_a3", Verdict.faster, 0.5, parent="c_a1", parent_ms=0.8, opt="vec", review=rejected),
         _step("pa", 1, 1, "c_a4", Verdict.faster, 0.1, parent="c_a1", parent_ms=0.8, opt="vec", flagged=True),

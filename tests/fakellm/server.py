@@ -18,6 +18,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -40,15 +41,24 @@ class Answer(BaseModel):
     usage: bool = True  # False: omit the usage block, as some local servers do
 
 
+Responder = Callable[[list[dict[str, Any]]], str]
+"""Computes an answer from the request's messages (in-process servers only)."""
+
+
 class Rule(BaseModel):
-    """Answers for requests that match every given filter (None matches anything)."""
+    """Answers for requests that match every given filter (None matches anything).
+
+    A rule gives its `answers` in order, or, with a `responder`, computes each answer from the
+    request (for answers that must quote ids the server only learns from the prompt).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     role: str | None = None
     problem: str | None = None
     contains: str | None = None  # substring of the last user message
-    answers: list[Answer]
+    answers: list[Answer] = Field(default_factory=list)
+    responder: Responder | None = Field(default=None, exclude=True)
     repeat_last: bool = True  # once used up, keep giving the last answer
     used: int = 0
 
@@ -60,13 +70,17 @@ class Rule(BaseModel):
             return False
         if self.contains is not None and self.contains not in last_user:
             return False
-        return self.repeat_last or self.used < len(self.answers)
+        return self.responder is not None or self.repeat_last or self.used < len(self.answers)
 
-    def next_answer(self) -> Answer:
-        """The next answer in order (the last one again when used up and repeat_last)."""
-        answer = self.answers[min(self.used, len(self.answers) - 1)]
+    def next_answer(self, messages: list[dict[str, Any]]) -> Answer:
+        """The next answer: computed by the responder, else the next in order (the last again when used up)."""
         self.used += 1
-        return answer
+        if self.responder is not None:
+            try:
+                return Answer(text=self.responder(messages))
+            except Exception as exc:  # a broken test script shows up as a server error, not a hang
+                return Answer(status=500, text=f"responder failed: {type(exc).__name__}: {exc}")
+        return self.answers[min(self.used - 1, len(self.answers) - 1)]
 
 
 class Script(BaseModel):
@@ -208,7 +222,7 @@ class _Server(ThreadingHTTPServer):
         with self.lock:
             for rule in self.script.rules:
                 if rule.matches(role, problem, last_user):
-                    return rule.next_answer(), role, problem
+                    return rule.next_answer(messages), role, problem
         return self.script.fallback, role, problem
 
     def record(self, request: RecordedRequest) -> None:
@@ -224,7 +238,9 @@ class FakeLLMServer:
 
     def __init__(self, script: Script, log_path: Path | None = None) -> None:
         self._server = _Server(script, log_path)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fakellm", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fakellm", daemon=True
+        )
 
     @property
     def base_url(self) -> str:

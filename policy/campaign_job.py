@@ -1,0 +1,92 @@
+"""The campaign as an MCP job kind (`start_job(kind="run_campaign", arguments={...})`).
+
+Follows the tool-module convention (NAME, DESCRIPTION, Request, Result, run), so the server's
+job machinery runs it in the background, stores its progress beside the KB, and returns this
+module's Result from `job_status` once it ends. The LLM key is read from the server's
+environment (KB_MCP_LLM_API_KEY) and is never part of the job's stored arguments.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.clients.llm import LLMConfig, LLMNotConfigured
+from kb_mcp.kb import paths
+from kb_mcp.policy.campaign_runner import CampaignOptions, run_campaign
+from kb_mcp.policy.campaign_store import CampaignError
+from kb_mcp.tools.base import Progress, ToolError, no_progress
+from kb_mcp.tools.context import ToolContext
+
+NAME = "run_campaign"
+DESCRIPTION = """\
+Run an autonomous optimization campaign over a set of KernelBench-format problems with the
+server's own LLM (configured on the server: KB_MCP_LLM_BASE_URL / KB_MCP_LLM_MODEL / KB_MCP_LLM_API_KEY,
+or base_url and model here). For each problem it generates a CUDA kernel, then runs iterations x
+steps of profile -> classify -> suggest -> lower -> compile_and_verify -> review -> record_outcome,
+with textual-gradient KB updates. Start it with start_job; it takes minutes to hours. Rerunning
+with the same `name` resumes a stopped campaign. The result gives the report paths, the best
+kernel files and the headline numbers (valid rate, geomean speedup)."""
+
+
+class Request(CampaignOptions):
+    """Campaign settings; None leaves the stored value (resume) or the default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("campaign", pattern=r"^[A-Za-z0-9_.-]+$", description="campaign folder name beside the KB")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint (default: the server's environment)")
+    model: str | None = Field(None, description="model for every role (default: the server's environment)")
+
+
+class Result(BaseModel):
+    """Headline numbers and where the full report is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    folder: str
+    finished: bool
+    summary: str
+    report_md: str | None = None
+    report_json: str | None = None
+    best_kernels: list[str] = Field(default_factory=list)
+    valid_rate: float | None = None
+    geomean_speedup: float | None = None
+    problems: int = 0
+
+
+def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
+    """Runs (or resumes) the campaign named `req.name` on this server's KB."""
+    try:
+        llm = LLMConfig.from_env(base_url=req.base_url, model=req.model).require()
+    except LLMNotConfigured as exc:
+        raise ToolError(str(exc)) from exc
+    folder = paths.artifacts_dir(ctx.kb_path) / "campaigns" / req.name
+    options = CampaignOptions.model_validate(req.model_dump(include=set(CampaignOptions.model_fields)))
+    counts: dict[str, tuple[int, int]] = {}
+    lock = threading.Lock()
+
+    def forward(problem: str, done: int, total: int, message: str) -> None:
+        with lock:
+            counts[problem] = (done, total)
+            all_done = sum(d for d, _ in counts.values())
+            all_total = sum(t for _, t in counts.values())
+        progress(all_done, all_total, f"{problem}: {message}")
+
+    try:
+        result = run_campaign(folder, ctx.kb_path, options, llm, progress=forward, ctx=ctx)
+    except CampaignError as exc:
+        raise ToolError(str(exc)) from exc
+    report = result.report
+    return Result(
+        folder=result.folder,
+        finished=result.finished,
+        summary=result.summary,
+        report_md=result.report_md,
+        report_json=result.report_json,
+        best_kernels=result.best_kernels,
+        valid_rate=report.valid_rate if report else None,
+        geomean_speedup=report.speedup.geomean if report else None,
+        problems=len(report.problems) if report else 0,
+    )

@@ -1,0 +1,146 @@
+"""Starting, resuming and reporting a campaign: what the CLI and the MCP job both call.
+
+`run_campaign` merges the options given now with the configuration stored in the folder (a
+rerun without problems resumes with the stored ones), builds the bench on the KB and the LLM
+client, runs the loop and returns a short result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.clients.llm import LLMClient, LLMConfig, Role
+from kb_mcp.policy.campaign import Campaign, CampaignStopped, ProgressFn, resolve_problems
+from kb_mcp.policy.campaign_bench import Bench
+from kb_mcp.policy.campaign_models import CampaignConfig
+from kb_mcp.policy.campaign_store import CampaignError, CampaignStore
+from kb_mcp.policy.report import CampaignReport, report_from_store
+from kb_mcp.policy.report_render import write_report
+from kb_mcp.tools.context import ToolContext
+
+
+class CampaignOptions(BaseModel):
+    """Settings given for this run; None keeps the stored value (on resume) or the default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problems: list[str] = Field(default_factory=list, description="Problem files or folders; empty to resume.")
+    iterations: int | None = Field(None, ge=1)
+    steps: int | None = Field(None, ge=1)
+    parallel: int | None = Field(None, ge=1)
+    top_k: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0)
+    fix_attempts: int | None = Field(None, ge=1)
+    generate_attempts: int | None = Field(None, ge=1)
+    gradient_every: int | None = Field(None, ge=0)
+    review: bool | None = None
+    compile_only: bool | None = None
+    seed: int | None = None
+    arch: str | None = None
+
+    def config(self, stored: CampaignConfig | None, llm: LLMConfig) -> CampaignConfig:
+        """The configuration of this run: stored values, overridden by what was given now."""
+        given = self.model_dump(exclude_none=True, exclude={"problems"})
+        if self.problems:
+            given["problems"] = resolve_problems(list(self.problems))
+        elif stored is None:
+            raise CampaignError("no problems given and no campaign to resume in this folder")
+        given["models"] = {role.value: llm.model_for(role) for role in Role}
+        base = stored.model_dump() if stored is not None else {}
+        return CampaignConfig.model_validate({**base, **given})
+
+
+class CampaignResult(BaseModel):
+    """What a finished (or stopped) run says."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    folder: str
+    finished: bool
+    summary: str
+    report_md: str | None = None
+    report_json: str | None = None
+    best_kernels: list[str] = Field(default_factory=list)
+    report: CampaignReport | None = None
+
+
+def summarize(report: CampaignReport) -> str:
+    """A few lines for the terminal."""
+    s = report.speedup
+    lines = [
+        f"{len(report.problems)} problems, mode {report.mode}: valid rate {report.valid_rate:.0%}, "
+        f"{report.candidates} candidates ({report.compile_rate or 0:.0%} compiled)",
+    ]
+    if s.n:
+        lines.append(
+            f"speedup over the better of eager and torch.compile: geomean {s.geomean:.2f}x, "
+            f"median {s.median:.2f}x, min {s.min:.2f}x, max {s.max:.2f}x (n={s.n})"
+        )
+    lines.append(
+        f"KB: {report.gradient.applied} textual-gradient edits applied, {report.gradient.rejected} rejected; "
+        f"tokens {report.tokens.total.total} in {report.tokens.total.calls} calls"
+    )
+    lines += report.notes
+    return "\n".join(lines)
+
+
+def run_campaign(
+    folder: Path,
+    kb_path: Path,
+    options: CampaignOptions,
+    llm_config: LLMConfig,
+    *,
+    progress: ProgressFn | None = None,
+    log: Callable[[str], None] | None = None,
+    ctx: ToolContext | None = None,
+) -> CampaignResult:
+    """Runs or resumes the campaign in `folder` on the KB at `kb_path`.
+
+    Raises CampaignError for unusable settings, KeyboardInterrupt when interrupted (after saving).
+    A run stopped by an LLM failure returns `finished=False` with the reason in `summary`. With
+    `ctx` (a server's), its KB and worker pool are used and left open; otherwise one is made here.
+    """
+    own_ctx = ctx is None
+    if ctx is None:
+        ctx = ToolContext(kb_path, client_name="kb-mcp campaign")
+    store = CampaignStore(folder)
+    stored = store.read_status()
+    config = options.config(stored.config if stored else None, llm_config)
+    llm = LLMClient(llm_config)
+    bench = Bench(ctx, arch=config.arch)
+    kwargs: dict[str, object] = {}
+    if progress is not None:
+        kwargs["progress"] = progress
+    if log is not None:
+        kwargs["log"] = log
+    campaign = Campaign(config, store, bench, llm, kb_path=str(ctx.kb_path), **kwargs)  # type: ignore[arg-type]
+    try:
+        report = campaign.run()
+        finished, prefix = True, "finished"
+    except CampaignStopped as exc:
+        report, finished, prefix = campaign.report(), False, f"stopped: {exc}"
+    finally:
+        if own_ctx:
+            ctx.close()
+        llm.close()
+    best = sorted(str(p) for p in (folder / "best").glob("*.py")) if (folder / "best").is_dir() else []
+    return CampaignResult(
+        folder=str(folder),
+        finished=finished,
+        summary=f"campaign {prefix}\n{summarize(report)}\nreport: {store.report_dir / 'report.md'}",
+        report_md=str(store.report_dir / "report.md"),
+        report_json=str(store.report_dir / "report.json"),
+        best_kernels=best,
+        report=report,
+    )
+
+
+def campaign_report(folder: Path) -> list[Path]:
+    """Rebuilds the report of the campaign in `folder` from its raw records; returns the files written."""
+    store = CampaignStore(folder)
+    if store.read_status() is None:
+        raise CampaignError(f"{folder} holds no campaign (no campaign.json)")
+    return write_report(report_from_store(store), store.report_dir)

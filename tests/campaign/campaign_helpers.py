@@ -1,0 +1,49 @@
+"""Running `kb-mcp run-campaign` as a real subprocess against the scripted LLM server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fakellm import FakeLLMServer
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBLEMS = ROOT / "examples" / "problems"
+SWISH = PROBLEMS / "swish.py"
+CHAIN = PROBLEMS / "elementwise_chain_small.py"
+
+
+def campaign_env(server: FakeLLMServer, home: Path) -> dict[str, str]:
+    """The environment of a campaign process: the fake endpoint, an isolated home."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "KB_MCP_LLM_BASE_URL": server.base_url,
+            "KB_MCP_LLM_MODEL": "fake-model",
+            "KB_MCP_LLM_API_KEY": "test-key",
+            "KB_MCP_LLM_MAX_RETRIES": "2",
+            "KB_MCP_HOME": str(home),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.pop("KB_MCP_KB", None)
+    return env
+
+
+def campaign_command(kb: Path, out: Path, problems: list[Path], *flags: str) -> list[str]:
+    """`kb-mcp --kb KB run-campaign PROBLEMS --out OUT FLAGS` through this interpreter."""
+    return [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(kb), "run-campaign",
+            *[str(p) for p in problems], "--out", str(out), "--no-progress", *flags]
+
+
+def start_campaign(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Starts the campaign process with its output going to `log`."""
+    handle = log.open("ab")
+    return subprocess.Popen(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def run_campaign_process(cmd: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Runs the campaign to its end; the output is in the result."""
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)

@@ -1,0 +1,68 @@
+"""The campaign started from MCP as a job: start_job -> job_status -> result, through a real MCP
+client on the real server, with the scripted LLM endpoint and real nvcc (compile-only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from campaign_helpers import SWISH
+from fakellm import FakeLLMServer
+from fakellm.campaign_script import campaign_script
+from mcp import Client
+
+from kb_mcp.clients.mcp_client import call_json
+from kb_mcp.server.app import build_server
+from kb_mcp.tools.context import ToolContext
+
+
+async def _run_job(kb: Path, arguments: dict, timeout_s: float = 180) -> dict:
+    server = build_server(ToolContext(kb))
+    try:
+        async with Client(server) as client:
+            tools = {t.name for t in (await client.list_tools()).tools}
+            assert "start_job" in tools
+            started = await call_json(client, "start_job", {"kind": "run_campaign", "arguments": arguments})
+            assert started["status"] in ("queued", "running")
+            status = started
+            waited = 0.0
+            while status["status"] in ("queued", "running") and waited < timeout_s:
+                status = await call_json(client, "job_status", {"job_id": started["job_id"], "wait_s": 10})
+                waited += 10
+            return status
+    finally:
+        server.jobs.shutdown(wait=True)
+        server.kb_ctx.close()
+
+
+@pytest.mark.nvcc
+async def test_campaign_job_runs_to_a_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kb = tmp_path / "kb.json"
+    with FakeLLMServer(campaign_script()) as llm:
+        monkeypatch.setenv("KB_MCP_LLM_BASE_URL", llm.base_url)
+        monkeypatch.setenv("KB_MCP_LLM_MODEL", "fake-model")
+        status = await _run_job(kb, {
+            "problems": [str(SWISH)], "name": "from-mcp", "compile_only": True,
+            "iterations": 1, "steps": 2, "gradient_every": 0,
+        })
+        assert {r.role for r in llm.requests} >= {"generate", "lower", "review"}
+    assert status["status"] == "succeeded", status
+    result = status["result"]
+    assert result["finished"] and result["problems"] == 1 and result["valid_rate"] == 0.0
+    folder = Path(result["folder"])
+    assert folder == tmp_path / "kb.artifacts" / "campaigns" / "from-mcp"
+    report = json.loads(Path(result["report_json"]).read_text())
+    assert report["mode"] == "compile-only" and len(report["problems"]) == 1
+    assert "textual gradient off" in " ".join(report["notes"])
+    assert [Path(p).name for p in result["best_kernels"]] == ["swish.py"]
+    stored = json.loads((folder / "campaign.json").read_text())
+    assert "api_key" not in json.dumps(stored)
+
+
+async def test_campaign_job_without_llm_fails_with_instructions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("KB_MCP_LLM_BASE_URL", "KB_MCP_LLM_MODEL", "KB_MCP_LLM_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    status = await _run_job(tmp_path / "kb.json", {"problems": [str(SWISH)], "compile_only": True})
+    assert status["status"] == "failed"
+    assert "KB_MCP_LLM_MODEL" in status["error"] and "--llm-base-url" in status["error"]

@@ -1,0 +1,112 @@
+"""A campaign killed mid-run (SIGKILL) or interrupted (SIGINT) leaves only whole files, and a rerun
+continues where it stopped instead of starting over."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from campaign_helpers import SWISH, campaign_command, campaign_env, run_campaign_process, start_campaign
+from fakellm import FakeLLMServer
+from fakellm.campaign_script import campaign_script
+
+from kb_mcp.kb import ids
+from kb_mcp.kb.store import KBStore
+from kb_mcp.policy.campaign_store import CampaignStore
+
+pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
+
+STEPS = 4
+FLAGS = ("--compile-only", "--iterations", "1", "--steps", str(STEPS), "--gradient-every", "2", "--fix-attempts", "2")
+
+
+def _slow_script():  # noqa: ANN202
+    script = campaign_script()
+    for rule in script.rules:
+        if rule.role == "lower":
+            for answer in rule.answers:
+                answer.delay_s = 0.4  # keeps a step in flight long enough to be interrupted
+    return script
+
+
+def _wait_for_steps(folder: Path, n: int, proc, timeout: float = 180) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(list((folder / "raw" / "steps").glob("*/i*_s*.json"))) >= n:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"campaign exited early with {proc.returncode}")
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail("no step finished in time")
+
+
+def _all_json_whole(folder: Path) -> int:
+    """Every record file parses; returns how many there are."""
+    files = [p for p in folder.rglob("*.json")]
+    for path in files:
+        json.loads(path.read_text())
+    return len(files)
+
+
+def _check_finished(store: CampaignStore, kb: Path, runs: int) -> None:
+    status = store.read_status()
+    assert status.state == "finished" and status.runs == runs
+    steps = store.steps()
+    assert [(s.iteration, s.step) for s in steps] == [(0, i) for i in range(STEPS)]
+    for earlier, later in zip(steps, steps[1:]):  # each step started from where the previous left off
+        expected_parent = earlier.candidate_id if earlier.accepted else earlier.parent_candidate_id
+        assert later.parent_candidate_id == expected_parent
+    report = json.loads((store.report_dir / "report.json").read_text())
+    assert report["candidates"] == sum(len(u.attempts) for u in [*store.initials().values(), *steps])
+    with KBStore.open(kb).read() as view:
+        in_kb = view.outcome_ids()
+    mine = {ids.outcome_id(s.candidate_id, s.optimization_id) for s in steps if s.outcome_recorded}
+    assert mine <= in_kb  # every recorded step is in the KB exactly once (ids are unique)
+    assert len(in_kb - mine) <= 1  # at most the outcome of the one step lost to the kill
+
+
+def test_resume_after_sigkill(tmp_path: Path) -> None:
+    kb, out = tmp_path / "kb.json", tmp_path / "camp"
+    with FakeLLMServer(_slow_script()) as server:
+        env = campaign_env(server, tmp_path / "home")
+        cmd = campaign_command(kb, out, [SWISH], *FLAGS)
+        proc = start_campaign(cmd, env, tmp_path / "first.log")
+        _wait_for_steps(out, 1, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        store = CampaignStore(out)
+        assert _all_json_whole(out) >= 3
+        before = {s.key: s for s in store.steps()}
+        assert 1 <= len(before) < STEPS
+        generated = len(server.requests_for("generate"))
+
+        # no problems, no flags: the folder's stored configuration is resumed
+        second = run_campaign_process(campaign_command(kb, out, []), env)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert len(server.requests_for("generate")) == generated  # the first kernel was not generated again
+    after = {s.key: s for s in store.steps()}
+    for key, step in before.items():
+        assert after[key] == step  # finished steps were kept, not redone
+    _check_finished(store, kb, runs=2)
+
+
+def test_interrupt_stops_cleanly_and_resumes(tmp_path: Path) -> None:
+    kb, out = tmp_path / "kb.json", tmp_path / "camp"
+    with FakeLLMServer(_slow_script()) as server:
+        env = campaign_env(server, tmp_path / "home")
+        proc = start_campaign(campaign_command(kb, out, [SWISH], *FLAGS), env, tmp_path / "first.log")
+        _wait_for_steps(out, 1, proc)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()
+        store = CampaignStore(out)
+        status = store.read_status()
+        assert status.state == "stopped" and "interrupted" in status.message
+        _all_json_whole(out)
+        assert "Rerun the same command to resume" in (tmp_path / "first.log").read_text()
+        second = run_campaign_process(campaign_command(kb, out, [SWISH], *FLAGS), env)
+        assert second.returncode == 0, second.stdout + second.stderr
+    _check_finished(store, kb, runs=2)

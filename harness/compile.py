@@ -29,6 +29,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -406,43 +407,58 @@ def _torch_env() -> dict[str, Any]:
     }
 
 
-def _commands(unit: SourceUnit, work: Path, arch: str, env: dict[str, Any], light: bool) -> list[tuple[str, list[str]]]:
-    """(label, argv) of each compiler run that checks `unit` inside folder `work`."""
+@dataclass(frozen=True)
+class _Command:
+    """One compiler run checking part of a unit: its source file and argv (relative to its folder)."""
+
+    label: str  # nvcc | c++
+    filename: str
+    text: str
+    argv: tuple[str, ...]
+
+    def key(self, toolchain: str) -> str:
+        return _hash(self.label, self.filename, self.text, self.argv, toolchain)
+
+
+def _commands(unit: SourceUnit, arch: str, env: dict[str, Any], light: bool) -> list[_Command]:
+    """The compiler runs that check `unit` (NVRTC source: nvcc; load_inline: nvcc and the host compiler)."""
     nvcc = shutil.which("nvcc") or "nvcc"
     if unit.kind == "nvrtc":
-        path = work / f"{_safe_name(unit.name)}.cu"
-        path.write_text(unit.cuda_source)
+        name = f"{_safe_name(unit.name)}.cu"
         opts = [o for o in unit.nvcc_options if o.startswith(_NVRTC_PASSTHROUGH)]
         if not any(o.startswith(("-std", "--std")) for o in opts):
             opts.append("-std=c++17")
         incs = [f"-I{d}" for d in unit.include_dirs]
-        return [("nvcc", [nvcc, f"-arch={arch}", "-cubin", "-o", str(work / "kernel.cubin"), *incs, *opts, path.name])]
+        return [_Command("nvcc", name, unit.cuda_source,
+                         (nvcc, f"-arch={arch}", "-cubin", "-o", "kernel.cubin", *incs, *opts, name))]
     main_cpp, cuda_cu = inline_sources(unit, light)
     defines = [f"-DTORCH_EXTENSION_NAME={_safe_name(unit.name)}", "-DTORCH_API_INCLUDE_EXTENSION_H",
                f"-D_GLIBCXX_USE_CXX11_ABI={env['abi']}"]
     sys_incs = [x for inc in env["includes"] + unit.include_dirs for x in ("-isystem", inc)]
-    cmds: list[tuple[str, list[str]]] = []
+    cmds: list[_Command] = []
     if cuda_cu:
-        (work / "cuda.cu").write_text(cuda_cu)
         cuda_flags = [f for f in unit.nvcc_options if f]
         if not any(f.startswith(("-std", "--std")) for f in cuda_flags):
             cuda_flags.append(f"-std={env['std']}")
-        cmds.append(("nvcc", [nvcc, f"-arch={arch}", "-c", "-o", "cuda.o", *defines, *sys_incs, *env["nvcc_common"],
-                              "--compiler-options", "-fPIC", *cuda_flags, "cuda.cu"]))
-    (work / "main.cpp").write_text(main_cpp)
+        cmds.append(_Command("nvcc", "cuda.cu", cuda_cu, (
+            nvcc, f"-arch={arch}", "-c", "-o", "cuda.o", *defines, *sys_incs, *env["nvcc_common"],
+            "--compiler-options", "-fPIC", *cuda_flags, "cuda.cu")))
     cxx = shutil.which("c++") or shutil.which("g++") or "c++"
-    cmds.append(("c++", [cxx, "-fsyntax-only", *defines, *sys_incs, "-fPIC", f"-std={env['std']}",
-                         *[f for f in unit.cflags if f], "main.cpp"]))
+    cmds.append(_Command("c++", "main.cpp", main_cpp, (
+        cxx, "-fsyntax-only", *defines, *sys_incs, "-fPIC", f"-std={env['std']}", *[f for f in unit.cflags if f],
+        "main.cpp")))
     return cmds
 
 
-def _run_all(cmds: list[tuple[Path, str, list[str]]], timeout_s: float) -> list[tuple[int, str]]:
-    """Runs compiler commands concurrently (each in its folder); (returncode, output) per command."""
-    procs = [
-        subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         errors="replace", start_new_session=True)
-        for cwd, _label, argv in cmds
-    ]
+def _run_all(cmds: list[_Command], root: Path, timeout_s: float) -> list[tuple[int, str]]:
+    """Runs compiler commands concurrently, each in a folder of its own; (returncode, output) each."""
+    procs = []
+    for i, cmd in enumerate(cmds):
+        work = root / f"c{i}"
+        work.mkdir()
+        (work / cmd.filename).write_text(cmd.text)
+        procs.append(subprocess.Popen(list(cmd.argv), cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, errors="replace", start_new_session=True))
     deadline = time.monotonic() + timeout_s
     out: list[tuple[int, str]] = []
     for p in procs:
@@ -457,10 +473,35 @@ def _run_all(cmds: list[tuple[Path, str, list[str]]], timeout_s: float) -> list[
     return out
 
 
+def _compile_commands(cmds: list[_Command], store: Path, toolchain: str, timeout_s: float) -> tuple[list[tuple[int, str]], bool]:
+    """Results of `cmds`, from the cache where present; (results, all cached)."""
+    results: dict[int, tuple[int, str]] = {}
+    todo: list[int] = []
+    for i, cmd in enumerate(cmds):
+        hit = store / f"{cmd.key(toolchain)}.json"
+        if hit.exists():
+            data = json.loads(hit.read_text())
+            results[i] = (int(data["rc"]), str(data["log"]))
+        else:
+            todo.append(i)
+    if todo:
+        with tempfile.TemporaryDirectory(prefix="kbmcp-compile-") as tmp:
+            ran = _run_all([cmds[i] for i in todo], Path(tmp), timeout_s)
+            for i, (rc, log) in zip(todo, ran):
+                log = re.sub(re.escape(tmp) + r"/c\d+/", "", log)
+                results[i] = (rc, _truncate(log))
+                if rc != -9:  # a killed compiler says nothing about the source: never cache it
+                    (store / f"{cmds[i].key(toolchain)}.json").write_text(json.dumps({"rc": rc, "log": results[i][1]}))
+    return [results[i] for i in range(len(cmds))], not todo
+
+
 def compile_only(units: list[SourceUnit], arch: str, cache_dir: Path, timeout_s: float = 600.0) -> CompileResult:
     """Compiles each unit with nvcc for `arch` (and checks load_inline C++ with the host compiler).
 
-    Results are cached per unit under `<cache>/compile_only`, keyed by the unit, arch and toolchain.
+    Each compiler run is cached under `<cache>/compile_only`, keyed by its source, flags and
+    toolchain, so fixing the CUDA part of an extension does not redo the check of its C++ part.
+    A load_inline unit whose CUDA uses nothing of PyTorch's C++ API is first compiled without
+    torch/types.h, and again with it if that fails (the diagnostics of the second are reported).
     """
     arch = arch_flag(arch)
     if not units:
@@ -469,55 +510,26 @@ def compile_only(units: list[SourceUnit], arch: str, cache_dir: Path, timeout_s:
         return CompileResult(ok=True, style=style_of(units), arch=arch,
                              messages=["nvcc not found: the CUDA sources were found but not compiled"])
     env = _torch_env()
+    toolchain = f"{env['version']}|{_nvcc_version()}"
     store = cache_dir / "compile_only"
     store.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    results: dict[int, CompileUnit] = {}
-    todo: list[int] = []
-    keys: dict[int, str] = {}
-    for i, unit in enumerate(units):
-        keys[i] = _hash(unit.model_dump(exclude={"line"}), arch, env["version"], _nvcc_version())
-        hit = store / f"{keys[i]}.json"
-        if hit.exists():
-            cu = CompileUnit.model_validate_json(hit.read_text())
-            results[i] = cu.model_copy(update={"cached": True, "seconds": 0.0})
-        else:
-            todo.append(i)
-    with tempfile.TemporaryDirectory(prefix="kbmcp-compile-") as tmp:
-        pending = {i: not units[i].cuda_source or not needs_torch_headers(units[i].cuda_source) for i in todo}
-        # A light-header build that fails is redone with torch/types.h, as the GPU builder does.
-        for round_ in (0, 1):
-            batch: list[tuple[Path, str, list[str]]] = []
-            owners: list[int] = []
-            for i in todo:
-                if i in results:
-                    continue
-                light = pending[i] if round_ == 0 else False
-                if round_ == 1 and not pending[i]:
-                    continue
-                work = Path(tmp) / f"u{i}_{round_}"
-                work.mkdir()
-                for label, argv in _commands(units[i], work, arch, env, light and units[i].kind == "load_inline"):
-                    batch.append((work, label, argv))
-                    owners.append(i)
-            if not batch:
-                continue
-            t_batch = time.perf_counter()
-            outcomes = _run_all(batch, timeout_s)
-            per_unit: dict[int, list[tuple[int, str]]] = {}
-            for owner, outcome in zip(owners, outcomes):
-                per_unit.setdefault(owner, []).append(outcome)
-            for i, outs in per_unit.items():
-                ok = all(rc == 0 for rc, _ in outs)
-                if not ok and round_ == 0 and pending[i] and units[i].kind == "load_inline" and units[i].cuda_source:
-                    continue  # redo with the implicit torch header
+    compiled: list[CompileUnit] = []
+    # One batch per attempt; units are few, so attempts run unit by unit but commands in parallel.
+    for unit in units:
+        light_first = unit.kind == "load_inline" and bool(unit.cuda_source) and not needs_torch_headers(unit.cuda_source)
+        attempts = [True, False] if light_first else [False]
+        t_unit = time.perf_counter()
+        for light in attempts:
+            cmds = _commands(unit, arch, env, light)
+            outs, cached = _compile_commands(cmds, store, toolchain, timeout_s)
+            ok = all(rc == 0 for rc, _ in outs)
+            if ok or not light or len(attempts) == 1:
                 log = "\n".join(text for _, text in outs if text.strip())
-                log = log.replace(str(Path(tmp)) + "/", "")
-                results[i] = CompileUnit(kind=units[i].kind, name=units[i].name, ok=ok,
-                                         seconds=round(time.perf_counter() - t_batch, 3),
-                                         kernels=kernel_names(units[i].cuda_source), log=_truncate(log))
-                (store / f"{keys[i]}.json").write_text(results[i].model_dump_json())
-    compiled = [results[i] for i in range(len(units))]
+                compiled.append(CompileUnit(kind=unit.kind, name=unit.name, ok=ok, cached=cached,
+                                            seconds=round(time.perf_counter() - t_unit, 3),
+                                            kernels=kernel_names(unit.cuda_source), log=log))
+                break
     messages: list[str] = []
     for u in compiled:
         if not u.ok:

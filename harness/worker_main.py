@@ -17,6 +17,7 @@ import random
 import resource
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -100,7 +101,11 @@ def _handle(env: Any, req: dict[str, Any], report: Any) -> tuple[Any, bool]:
     cid = str(req["candidate_id"])
     if env.cuda and not options.compile_only:
         return verify.GpuVerification(env, problem, req["source"], options, cid, report).run()
-    return verify.compile_only_verification(env, problem, req["source"], options, cid, report), False
+    before = set(threading.enumerate())
+    result = verify.compile_only_verification(env, problem, req["source"], options, cid, report)
+    # A thread the candidate left running could write into the next request: start afresh.
+    leftover = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    return result, bool(leftover)
 
 
 def _internal_error(req: dict[str, Any], exc: BaseException) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
     python tests/harness/record_census.py OUT_DIR
 
-Each case runs one call under `integrity_runtime.record_launches` and stores the launches it saw,
+Each case runs one call under `integrity_runtime.profile_events` and stores the raw profiler events
 with what the case is known to be: own kernels only, PyTorch ops only, or both. The CPU test
-`test_recorded_gpu_census` then checks that `classify_launches` sorts the recorded launches so.
+`test_recorded_gpu_census` then parses (`launches_from_events`) and sorts (`classify_launches`) the
+recorded events and checks the outcome.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kb_mcp.harness.integrity_runtime import record_launches
+from kb_mcp.harness.integrity_runtime import classify_launches, launches_from_events, profile_events
 
 OWN = r"""
 extern "C" __global__ void twice(const float* x, float* y, int n) {
@@ -59,15 +60,18 @@ def main(out_dir: Path) -> None:
     for name, fn, expect_own, expect_library, allow in cases:
         fn()  # warm: first-call library set-up is not what a census sees in the harness
         torch.cuda.synchronize()
-        launches, visible = record_launches(fn)
-        assert visible, "the profiler saw no GPU activity"
+        events = profile_events(fn)
+        assert any(e.device == "cuda" for e in events), "the profiler saw no GPU activity"
+        allow_set = sorted(expand_runtime_allow(allow))
+        census = classify_launches(launches_from_events(events), allow_set)
+        print(name, "own", census.own, "library", census.library, "torch", census.torch_ops)
         recorded.append(
             {
                 "name": name,
-                "launches": [launch.model_dump() for launch in launches],
+                "events": [e.model_dump() for e in events],
                 "expect_own": expect_own,
                 "expect_library": expect_library,
-                "allow": sorted(expand_runtime_allow(allow)),
+                "allow": allow_set,
             }
         )
     gpu = torch.cuda.get_device_name().replace(" ", "_").lower()
@@ -75,7 +79,7 @@ def main(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"census_{gpu.split('_')[1] if '_' in gpu else gpu}.json"
     path.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"wrote {path}: {[(c['name'], [l['name'][:50] + ' <' + str(l['op']) + '>' for l in c['launches']]) for c in recorded]}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

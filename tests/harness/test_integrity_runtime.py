@@ -24,7 +24,9 @@ from kb_mcp.harness.integrity_runtime import (
     census_findings,
     classify_launches,
     l2_findings,
+    ProfilerEvent,
     l2_state,
+    launches_from_events,
     reset_l2_persistence,
 )
 from kb_mcp.harness.loading import load_module
@@ -262,8 +264,8 @@ def test_recorded_gpu_census(path: Path) -> None:
     """Censuses recorded on a GPU (tests/harness/record_census.py) classify as the recording says."""
     data = json.loads(path.read_text())
     for case in data["cases"]:
-        launches = [KernelLaunch.model_validate(x) for x in case["launches"]]
-        got = classify_launches(launches, case.get("allow", []))
+        events = [ProfilerEvent.model_validate(x) for x in case["events"]]
+        got = classify_launches(launches_from_events(events), case.get("allow", []))
         assert bool(got.own) == case["expect_own"], (case["name"], got)
         assert bool(got.library or got.torch_ops) == case["expect_library"], (case["name"], got)
 

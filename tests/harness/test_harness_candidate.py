@@ -1,0 +1,59 @@
+"""Reading candidates without running them: ModelNew present, CUDA sources found, kernel names."""
+
+from __future__ import annotations
+
+import pytest
+
+from kb_mcp.harness.candidate import CandidateError, kernel_names, merge_units, parse_candidate, static_units, style_of
+
+
+def test_missing_model_new_and_syntax_errors_are_named() -> None:
+    with pytest.raises(CandidateError, match="no top-level `class ModelNew`"):
+        parse_candidate("import torch\nclass Model: pass\n")
+    with pytest.raises(CandidateError, match="syntax error at line 2"):
+        parse_candidate("class ModelNew:\n    def f(:\n")
+    with pytest.raises(CandidateError, match="empty"):
+        parse_candidate("   \n")
+    parse_candidate("class ModelNew:\n    pass\n")  # fine
+
+
+def test_kernel_names_handle_qualifiers_templates_and_comments() -> None:
+    src = r'''
+    // __global__ void commented_out(float* x) {}
+    extern "C" __global__ void plain(const float* x) {}
+    __global__ void __launch_bounds__(256, 2) bounded(float* y) {}
+    template <int N> __global__ void templ(float* z) {}
+    __device__ float helper(float v) { return v; }
+    /* __global__ void also_commented() {} */
+    '''
+    assert kernel_names(src) == ["plain", "bounded", "templ"]
+
+
+def test_static_units_resolve_constants_concatenation_and_keywords() -> None:
+    src = '''
+import torch
+from torch.utils.cpp_extension import load_inline
+HEAD = "#include <cuda_runtime.h>\\n"
+BODY = 'extern "C" __global__ void k1(float* x) { x[0] = 1.f; }'
+CPP = ["torch::Tensor f(torch::Tensor x);"]
+k = torch.cuda._compile_kernel(HEAD + BODY, "k1", nvcc_options=["--use_fast_math"])
+ext = load_inline(name="e", cpp_sources=CPP, cuda_sources=[HEAD, "__global__ void k2(float* y) {}"],
+                  functions=["f"], extra_cuda_cflags=["-O3"])
+dynamic = torch.cuda._compile_kernel(make_source(), "k3")  # not static: skipped
+class ModelNew: pass
+'''
+    units = static_units(src)
+    assert [(u.kind, u.name) for u in units] == [("nvrtc", "k1"), ("load_inline", "e")]
+    nvrtc, inline = units
+    assert nvrtc.cuda_source.startswith("#include <cuda_runtime.h>\n") and "k1" in nvrtc.cuda_source
+    assert nvrtc.nvcc_options == ["--use_fast_math"] and nvrtc.line == 7
+    assert "k2" in inline.cuda_source and inline.functions == ["f"] and inline.nvcc_options == ["-O3"]
+    assert inline.cpp_source == "torch::Tensor f(torch::Tensor x);"
+    assert style_of(units) == "mixed" and style_of(units[:1]) == "nvrtc" and style_of([]) == "none"
+
+
+def test_merge_keeps_runtime_captures_first_without_repeats() -> None:
+    a = static_units('import torch\nk = torch.cuda._compile_kernel("__global__ void a(){}", "a")\nclass ModelNew: pass\n')
+    b = static_units('import torch\nk = torch.cuda._compile_kernel("__global__ void b(){}", "b")\nclass ModelNew: pass\n')
+    merged = merge_units(a, b, a)
+    assert [u.name for u in merged] == ["a", "b"]

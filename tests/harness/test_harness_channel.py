@@ -1,0 +1,72 @@
+"""The worker channel: authenticated frames over a real socket pair."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+
+from kb_mcp.harness.channel import HEADER, MAX_FRAME, ChannelClosed, ForgedFrame, FrameReader, encode, new_key, send
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_round_trip_keeps_order_and_content(pair) -> None:
+    a, b = pair
+    key = new_key()
+    send(a, {"type": "phase", "seq": 0, "text": "é" * 10}, key)
+    send(a, {"type": "result", "seq": 1, "value": 1.5}, key)
+    reader = FrameReader(b)
+    assert reader.read(key, time.monotonic() + 5) == {"type": "phase", "seq": 0, "text": "é" * 10}
+    assert reader.read(key, time.monotonic() + 5)["value"] == 1.5
+    assert not reader.pending()
+
+
+def test_frame_signed_with_another_key_is_forged(pair) -> None:
+    a, b = pair
+    a.sendall(encode({"type": "result", "verdict": "faster"}, new_key()))
+    with pytest.raises(ForgedFrame, match="authentication"):
+        FrameReader(b).read(new_key(), time.monotonic() + 5)
+
+
+def test_unsigned_fake_result_is_forged(pair) -> None:
+    # What a candidate writing to the socket would send: a plausible body and a made-up MAC.
+    a, b = pair
+    body = b'{"type":"result","verdict":"faster"}'
+    a.sendall(struct.pack(">I", len(body)) + body + b"\0" * 32)
+    with pytest.raises(ForgedFrame):
+        FrameReader(b).read(new_key(), time.monotonic() + 5)
+
+
+def test_oversized_length_is_rejected_without_reading_it(pair) -> None:
+    a, b = pair
+    a.sendall(HEADER.pack(MAX_FRAME + 1) + b"x" * 10)
+    with pytest.raises(ForgedFrame, match="limit"):
+        FrameReader(b).read(new_key(), time.monotonic() + 5)
+
+
+def test_partial_frame_at_the_deadline_is_forged_not_a_timeout(pair) -> None:
+    a, b = pair
+    a.sendall(HEADER.pack(1000) + b"{")  # a length the sender never fills
+    with pytest.raises(ForgedFrame, match="incomplete"):
+        FrameReader(b).read(new_key(), time.monotonic() + 0.3)
+
+
+def test_silence_is_a_timeout_and_close_is_closed(pair) -> None:
+    a, b = pair
+    reader = FrameReader(b)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        reader.read(new_key(), time.monotonic() + 0.2)
+    assert 0.15 < time.monotonic() - t0 < 3
+    a.close()
+    with pytest.raises(ChannelClosed):
+        reader.read(new_key(), time.monotonic() + 5)

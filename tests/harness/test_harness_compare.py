@@ -1,0 +1,101 @@
+"""Output comparison and tolerances (plain torch on the CPU; the same code runs on GPU tensors)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kb_mcp.harness.baselines import PROTOCOL, Baseline, BaselineCache
+from kb_mcp.harness.timing import dram_bandwidth, peak_flops, roofline_ms
+from kb_mcp.harness.verdict import VerifyOptions
+from kb_mcp.harness.verify import DEFAULT_TOLERANCES, POISON_BYTE, compare, leaves, tolerance_for
+
+
+def test_float32_tolerance_is_relative_to_the_outputs_scale() -> None:
+    torch.manual_seed(0)
+    r = torch.randn(1000) * 1000.0  # scale ~1000: atol 1e-4 means 0.1 absolute here
+    assert compare(r + 0.05, r, 1e-4, 0.0).passed
+    bad = compare(r + 0.5, r, 1e-4, 0.0)
+    assert not bad.passed and bad.mismatched == 1000 and bad.max_abs == pytest.approx(0.5, rel=1e-3)
+    assert bad.scaled == pytest.approx(0.5 / float(r.pow(2).mean().sqrt()), rel=1e-3)
+
+
+def test_nan_and_inf_never_pass_even_with_huge_tolerances() -> None:
+    r = torch.ones(10)
+    c = r.clone()
+    c[3] = float("nan")
+    c[4] = float("inf")
+    out = compare(c, r, 1e9, 1e9)
+    assert not out.passed and out.nonfinite == 2 and "NaN/Inf" in out.message
+
+
+def test_poison_bytes_are_counted_as_never_written() -> None:
+    r = torch.randn(64)
+    c = r.clone()
+    c.view(torch.uint8)[: 4 * 5] = POISON_BYTE  # five float32 elements never written
+    out = compare(c, r, 1e-4, 1e-4)
+    assert not out.passed and out.poison == 5 and "poison" in out.message
+    canonical_nan = torch.full((4,), float("nan"))  # a NaN a kernel computes is not poison
+    assert compare(canonical_nan, torch.ones(4), 1e-4, 1e-4).poison == 0
+
+
+def test_constant_output_is_recognised_only_where_the_reference_varies() -> None:
+    r = torch.randn(100)
+    assert compare(torch.zeros(100), r, 1e-4, 1e-4).constant
+    assert not compare(torch.zeros(100), torch.zeros(100), 1e-4, 1e-4).constant
+
+
+def test_integers_must_match_exactly() -> None:
+    r = torch.arange(10)
+    assert compare(r.clone(), r, 1.0, 1.0).passed
+    c = r.clone()
+    c[0] = 1
+    assert not compare(c, r, 1.0, 1.0).passed
+
+
+def test_tolerances_come_from_dtype_problem_and_options_and_loosening_is_noted() -> None:
+    opts = VerifyOptions()
+    assert tolerance_for(torch.float32, None, None, opts) == (*DEFAULT_TOLERANCES["float32"], "")
+    assert tolerance_for(torch.bfloat16, None, None, opts)[:2] == DEFAULT_TOLERANCES["bfloat16"]
+    assert tolerance_for(torch.float32, 1e-3, 2e-3, opts) == (1e-3, 2e-3, "")  # the problem's own constants
+    atol, rtol, note = tolerance_for(torch.float32, None, None, VerifyOptions(atol=1e-2))
+    assert (atol, rtol) == (1e-2, 1e-4) and "loosened" in note
+    assert tolerance_for(torch.float32, None, None, VerifyOptions(atol=1e-6, rtol=1e-6))[2] == ""  # tighter is fine
+
+
+def test_leaves_accept_tensors_and_tuples_only() -> None:
+    t = torch.zeros(2)
+    assert leaves(t) == [t] and leaves((t, t)) == [t, t]
+    assert leaves([t, 3]) is None and leaves({"a": t}) is None
+
+
+def test_roofline_and_peaks() -> None:
+    class Props:
+        memory_clock_rate = 2_619_000  # kHz, as torch reports for an H100 SXM
+        memory_bus_width = 5120
+
+    bw = dram_bandwidth(Props())
+    assert bw == pytest.approx(3.35e12, rel=0.01)
+    assert dram_bandwidth(object()) is None
+    assert peak_flops("NVIDIA H100 80GB HBM3", torch.bfloat16) == 989e12
+    assert peak_flops("Some Other GPU", torch.float32) is None
+    # 256 MiB through DRAM dominates a tiny FLOP count; a big GEMM is bound by FLOPs instead
+    assert roofline_ms(256 << 20, 1e6, bw, 495e12) == pytest.approx((256 << 20) / bw * 1e3)
+    assert roofline_ms(3 * 4096 * 4096 * 4, 2 * 4096**3, bw, 495e12) == pytest.approx(2 * 4096**3 / 495e12 * 1e3)
+    assert roofline_ms(100, 0.0, None, None) is None
+
+
+def test_baseline_cache_round_trip_and_staleness(tmp_path) -> None:
+    cache = BaselineCache(tmp_path)
+    assert cache.get("h", "GPU", "2.11", need_compile=False) is None
+    cache.put(Baseline(problem_hash="h", device="NVIDIA H100 80GB HBM3", torch_version="2.11.0+cu130", eager_ms=1.0,
+                       eager_runs=50))
+    got = cache.get("h", "NVIDIA H100 80GB HBM3", "2.11.0+cu130", need_compile=False)
+    assert got is not None and got.eager_ms == 1.0 and got.measured_at
+    # asked for a torch.compile time that was never measured: measure again
+    assert cache.get("h", "NVIDIA H100 80GB HBM3", "2.11.0+cu130", need_compile=True) is None
+    # another GPU or torch version is another key
+    assert cache.get("h", "NVIDIA H200", "2.11.0+cu130", need_compile=False) is None
+    path = cache.path("h", "NVIDIA H100 80GB HBM3", "2.11.0+cu130")
+    path.write_text(path.read_text().replace(f'"protocol": {PROTOCOL}', '"protocol": -1'))
+    assert cache.get("h", "NVIDIA H100 80GB HBM3", "2.11.0+cu130", need_compile=False) is None

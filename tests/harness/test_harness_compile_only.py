@@ -1,0 +1,59 @@
+"""The compile-only path with the real nvcc and host compiler: load_inline sources found and checked."""
+
+from __future__ import annotations
+
+import pytest
+from harness_helpers import fixture_source
+
+from kb_mcp.harness.candidate import SourceUnit
+from kb_mcp.harness.compile import compile_only, diagnostics, inline_sources, needs_torch_headers
+from kb_mcp.harness.worker import WorkerPool
+from kb_mcp.kb.models import Verdict
+
+
+def test_light_header_detection() -> None:
+    assert not needs_torch_headers("#include <cuda_runtime.h>\n__global__ void k(float* x) {} // torch::Tensor in a comment")
+    assert needs_torch_headers("torch::Tensor f(torch::Tensor x) { return x; }")
+    assert needs_torch_headers("#include <ATen/cuda/CUDAContext.h>\n")
+    assert needs_torch_headers("void f() { TORCH_CHECK(true, \"x\"); }")
+
+
+def test_inline_sources_mirror_load_inline_with_line_markers() -> None:
+    unit = SourceUnit(kind="load_inline", name="e", cpp_source="int f();", cuda_source="__global__ void k() {}",
+                      functions=["f"])
+    main_cpp, cuda_cu = inline_sources(unit, light=False)
+    assert main_cpp.startswith("#include <torch/extension.h>\n#line 1 \"cpp_sources\"\nint f();")
+    assert 'm.def("f", torch::wrap_pybind_function(f), "f");' in main_cpp
+    assert cuda_cu.splitlines()[:4] == ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>",
+                                       '#line 1 "cuda_sources"']
+    light_cu = inline_sources(unit, light=True)[1]
+    assert "torch/types.h" not in light_cu and "cuda_runtime.h" in light_cu
+
+
+def test_diagnostics_put_errors_first() -> None:
+    log = "a.cu(3): warning #177-D: unused\nninja: build stopped\na.cu(9): error: x is undefined\n1 error detected"
+    assert diagnostics(log) == ["a.cu(9): error: x is undefined", "1 error detected", "a.cu(3): warning #177-D: unused"]
+
+
+@pytest.mark.nvcc
+def test_nvrtc_units_compile_and_cache(tmp_path) -> None:
+    ok = SourceUnit(kind="nvrtc", name="k", cuda_source='extern "C" __global__ void k(float* x) { x[0] = 1.f; }',
+                    nvcc_options=["--use_fast_math", "-arch=compute_80"])  # arch options are nvcc's business here
+    first = compile_only([ok], "sm_90", tmp_path)
+    assert first.ok and not first.cached and first.units[0].kernels == ["k"]
+    again = compile_only([ok], "90", tmp_path)
+    assert again.ok and again.cached and again.arch == "sm_90"
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_load_inline_candidate_is_compiled_and_its_errors_point_at_its_lines(relu_problem, tmp_path) -> None:
+    with WorkerPool(tmp_path, no_cuda=True) as pool:
+        good = pool.verify(relu_problem, fixture_source("relu_inline.py"))
+        assert good.verdict == Verdict.needs_gpu, good.summary
+        [unit] = good.compile.units
+        assert unit.kind == "load_inline" and unit.ok and unit.kernels == ["relu_kernel"]
+        bad = pool.verify(relu_problem, fixture_source("relu_inline_cuda_error.py"))
+        assert bad.verdict == Verdict.compile_error
+        assert any("cuda_sources(" in m and "error" in m for m in bad.compile.messages), bad.compile.messages
+        assert bad.compile.seconds < good.compile.seconds  # the unchanged C++ part came from the cache

@@ -1,0 +1,102 @@
+"""The verdict model: options validation, decision order, plausibility flags, the KB record."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from kb_mcp.harness.verdict import (
+    CompileResult,
+    Finding,
+    FindingCode,
+    InputSetCheck,
+    Timings,
+    VerifyOptions,
+    VerifyResult,
+    decide,
+    plausibility_findings,
+)
+from kb_mcp.kb.models import Verdict
+
+OK = CompileResult(ok=True, style="nvrtc", arch="sm_90")
+GOOD_SETS = [InputSetCheck(index=i, kind="secret", passed=True, numel=10) for i in range(6)]
+
+
+def timings(cand: float, eager: float, compile_ms: float | None = None, bound: float | None = None) -> Timings:
+    best = min(x for x in (eager, compile_ms) if x is not None)
+    return Timings(candidate_ms=cand, candidate_min_ms=cand, candidate_host_ms=cand, runs=20, eager_ms=eager,
+                   compile_ms=compile_ms, speedup_vs_eager=eager / cand, speedup_vs_baseline=best / cand, bound_ms=bound)
+
+
+def test_options_reject_weak_or_unknown_settings() -> None:
+    with pytest.raises(ValidationError):
+        VerifyOptions(input_sets=3)  # fewer than five secret sets is not allowed
+    with pytest.raises(ValidationError):
+        VerifyOptions(atol=-1.0)
+    with pytest.raises(ValidationError):
+        VerifyOptions(implausible_speedup=1.0)
+    with pytest.raises(ValidationError):
+        VerifyOptions.model_validate({"tolerance": 0.1})  # unknown field, not silently ignored
+    opts = VerifyOptions.model_validate({"seeds": [1, 2], "allow": ["gemm"], "timing": False})
+    assert opts.input_sets == 5 and opts.seeds == [1, 2] and not opts.timing
+
+
+def test_compile_error_wins_over_everything() -> None:
+    bad = CompileResult(ok=False, messages=["k.cu(3): error: x is undefined"])
+    cheat = [Finding(code=FindingCode.library_call, message="calls torch.matmul")]
+    verdict, flagged, summary = decide(bad, [], cheat, None)
+    assert verdict == Verdict.compile_error and "x is undefined" in summary and not flagged
+
+
+def test_cheat_findings_make_it_invalid_even_when_sets_pass() -> None:
+    f = [Finding(code=FindingCode.unsynchronized_work, message="side stream")]
+    verdict, _, summary = decide(OK, GOOD_SETS, f, timings(0.1, 1.0))
+    assert verdict == Verdict.invalid and "unsynchronized_work" in summary
+
+
+def test_wrong_answers_are_incorrect_and_name_the_first_failing_set() -> None:
+    sets = GOOD_SETS[:3] + [InputSetCheck(index=3, kind="shifted", passed=False, mismatched=4, numel=10, message="4 of 10 off")]
+    verdict, _, summary = decide(OK, sets, [], None)
+    assert verdict == Verdict.incorrect and "set 3 (shifted)" in summary and "1 of 4" in summary
+    lowered = [Finding(code=FindingCode.precision_lowered, message="bf16-like errors")]
+    verdict, _, summary = decide(OK, GOOD_SETS, lowered, None)
+    assert verdict == Verdict.incorrect and "bf16" in summary
+
+
+def test_speedup_decides_faster_or_slower_against_the_better_baseline() -> None:
+    assert decide(OK, GOOD_SETS, [], timings(0.5, 1.0, 0.4))[0] == Verdict.slower  # compile beats it
+    verdict, flagged, summary = decide(OK, GOOD_SETS, [], timings(0.2, 1.0, 0.4))
+    assert verdict == Verdict.faster and not flagged and "torch.compile" in summary and "2.00x" in summary
+    with pytest.raises(ValueError):
+        decide(OK, GOOD_SETS, [], None)  # a verified candidate without timings is a harness bug
+
+
+def test_without_gpu_a_clean_build_needs_gpu() -> None:
+    verdict, flagged, summary = decide(OK.model_copy(update={"units": []}), [], [], None, gpu=False)
+    assert verdict == Verdict.needs_gpu and not flagged and "need a GPU" in summary
+
+
+def test_implausible_speedups_and_loosened_tolerances_flag_without_passing_silently() -> None:
+    t = timings(0.001, 1.0)
+    found = plausibility_findings(t, factor=50)
+    assert [f.code for f in found] == [FindingCode.implausible_speedup]
+    verdict, flagged, summary = decide(OK, GOOD_SETS, found, t)
+    assert verdict == Verdict.faster and flagged and "flagged" in summary
+    below_roofline = plausibility_findings(timings(0.05, 0.2, bound=0.1), factor=50)
+    assert len(below_roofline) == 1 and "roofline" in below_roofline[0].message
+    assert plausibility_findings(timings(0.12, 0.2, bound=0.1), factor=50) == []
+    _, flagged, summary = decide(OK, GOOD_SETS, [], timings(0.5, 1.0), loosened="tolerance loosened")
+    assert flagged and "tolerance loosened" in summary
+
+
+def test_record_carries_the_servers_numbers() -> None:
+    t = timings(0.5, 1.0, 0.8)
+    result = VerifyResult(candidate_id="c_1", problem="p", problem_hash="h", verdict=Verdict.faster, summary="s",
+                          compile=OK, timings=t, device="NVIDIA H100", arch="sm_90",
+                          findings=[Finding(code=FindingCode.implausible_speedup, message="m")], flagged=True)
+    rec = result.record()
+    assert (rec.candidate_id, rec.verdict, rec.time_ms, rec.eager_ms, rec.compile_ms) == ("c_1", Verdict.faster, 0.5, 1.0, 0.8)
+    assert rec.speedup_vs_baseline == pytest.approx(1.6) and rec.flagged and rec.findings == ["implausible_speedup"]
+    assert rec.arch == "sm_90"
+    cpu = result.model_copy(update={"device": "", "timings": None, "verdict": Verdict.needs_gpu}).record()
+    assert cpu.arch == "" and cpu.time_ms is None

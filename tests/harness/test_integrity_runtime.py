@@ -255,6 +255,34 @@ def test_user_kernel_names_that_look_like_gemm_stay_own() -> None:
     assert c.own == ["gemm_kernel", "matmul_tiled", "sgemm_v2"]
 
 
+def test_torch_kernels_that_lost_their_op_are_neither_own_nor_banned() -> None:
+    c = classify_launches([KernelLaunch(name="void at::native::vectorized_elementwise_kernel<4, FillFunctor<float>>")])
+    assert c.own == [] and c.torch_ops == [] and c.unattributed
+    assert [f.code for f in census_findings(c)] == [C.no_custom_kernel]
+
+
+def test_launches_from_profiler_events() -> None:
+    """Device events link to the innermost named op; the profiler's own records are not ops."""
+    events = [
+        ProfilerEvent(name="aten::zeros", device="cpu", correlation_id=7, linked_correlation_id=0, activity="cpu_op"),
+        ProfilerEvent(name="Activity Buffer Request", device="cpu", correlation_id=7, linked_correlation_id=0),
+        ProfilerEvent(name="kbmcp::candidate_forward", device="cpu", correlation_id=3, linked_correlation_id=0,
+                      activity="user_annotation"),
+        ProfilerEvent(name="void at::native::fill_kernel", device="cuda", correlation_id=100, linked_correlation_id=7,
+                      activity="kernel"),
+        ProfilerEvent(name="chain", device="cuda", correlation_id=101, linked_correlation_id=3, activity=""),
+        ProfilerEvent(name="kbmcp::candidate_forward", device="cuda", correlation_id=3, linked_correlation_id=3, activity=""),
+        ProfilerEvent(name="range", device="cuda", correlation_id=5, linked_correlation_id=3, activity="gpu_user_annotation"),
+        ProfilerEvent(name="Memcpy HtoD (Pageable -> Device)", device="cuda", correlation_id=102, linked_correlation_id=3),
+    ]
+    launches = launches_from_events(events)
+    assert [(x.name, x.op, x.kind) for x in launches] == [
+        ("void at::native::fill_kernel", "aten::zeros", "kernel"),
+        ("chain", None, "kernel"),
+        ("Memcpy HtoD (Pageable -> Device)", None, "memcpy"),
+    ]
+
+
 RECORDED = sorted(DATA.glob("census_*.json"))
 
 

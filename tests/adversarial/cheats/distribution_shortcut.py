@@ -1,8 +1,8 @@
 """Exploit: a shortcut that is only right on the test distribution (problem: swish).
 
-Standard-normal test inputs never leave [-6, 6] in practice, so this kernel computes swish there
-and writes 0 elsewhere (standing in for any approximation -- a lookup table, a short polynomial --
-that is only valid on the range the tests happen to use).
+Standard-normal test inputs never leave [-8, 8] in practice (P < 1e-15 per element), so this
+kernel computes swish there and writes 0 elsewhere (standing in for any approximation -- a lookup
+table, a short polynomial -- that is only valid on the range the tests happen to use).
 Caught by: an input set drawn from a different distribution (`distribution_shortcut`).
 """
 
@@ -14,7 +14,7 @@ extern "C" __global__ void swish_in_range(const float* x, float* y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = x[i];
-    y[i] = fabsf(v) <= 6.0f ? v / (1.0f + expf(-v)) : 0.0f;
+    y[i] = fabsf(v) <= 8.0f ? v / (1.0f + expf(-v)) : 0.0f;
 }
 """
 

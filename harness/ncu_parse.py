@@ -85,6 +85,8 @@ OCCUPANCY_LIMITS = {
 }
 # Extra metrics the classifier reads beyond KernelMetrics' own fields (kept in `extra`).
 EXTRA_METRICS = (
+    SECTORS_GLOBAL[1],
+    REQUESTS_GLOBAL[1],
     "smsp__inst_executed.sum",
     "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
@@ -338,7 +340,8 @@ def kernel_metrics(metrics: Mapping[str, float]) -> KernelMetrics:
     fields["tensor_pipe_pct"] = max(tensor) if tensor else None
     fields["shared_mem_per_block_bytes"] = _sum(metrics, SHARED_MEM)
     fields["occupancy_limiter"] = occupancy_limiter(metrics)
-    fields["sectors_per_request"] = _ratio(_sum(metrics, SECTORS_GLOBAL), _sum(metrics, REQUESTS_GLOBAL))
+    # Loads only (the field's definition); store sectors/requests stay in `extra` for the classifier.
+    fields["sectors_per_request"] = _ratio(metrics.get(SECTORS_GLOBAL[0]), metrics.get(REQUESTS_GLOBAL[0]))
     conflicts = _sum(metrics, BANK_CONFLICTS)
     fields["bank_conflicts"] = conflicts
     fields["bank_conflicts_per_request"] = _ratio(conflicts, _sum(metrics, SHARED_INSTS))

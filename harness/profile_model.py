@@ -97,3 +97,4 @@ class Profile(BaseModel):
     report_file: str | None = None  # the ncu report beside the stored profile, for the Nsight Compute GUI
     notes: list[str] = Field(default_factory=list)  # e.g. kernels left out by a launch cap
     wall_s: float | None = None  # wall time of the profiling run
+    phases_s: dict[str, float] = Field(default_factory=dict)  # where the wall time went (driver phases, ncu, export)

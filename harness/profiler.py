@@ -337,10 +337,14 @@ def profile(
                 driver_report = _read_driver_report(Path(spec.report_path), run.returncode, run.output)
                 _raise_for_driver(driver_report, run.returncode)
                 kernels = []
+                phases = dict(driver_report.phases_s)
+                phases["ncu_run"] = round(run.wall_s, 3)
                 if report.is_file():
                     progress(len(run.passes), None, "reading the report")
+                    t0 = time.perf_counter()
                     raw, details = export_pages(ncu, report)
                     kernels = ncu_parse.parse_ncu_csv(raw, details)
+                    phases["export_and_parse"] = round(time.perf_counter() - t0, 3)
                 elif run.returncode != 0:
                     raise ProfilerError(f"ncu failed (exit {run.returncode}): {run.output.strip()[-1500:]}")
                 if not kernels:
@@ -350,9 +354,11 @@ def profile(
                 if run.passes:
                     notes.append(f"ncu replayed each kernel {max(run.passes)} times (passes); its clocks are "
                                  "locked to base and caches flushed, so durations are not speedup timings")
-                return _assemble(profile_id, problem, cand_id, driver_report, kernels, notes,
-                                 report_file=str(report) if report.is_file() else None,
-                                 wall_s=time.perf_counter() - start)
+                result = _assemble(profile_id, problem, cand_id, driver_report, kernels, notes,
+                                   report_file=str(report) if report.is_file() else None,
+                                   wall_s=time.perf_counter() - start)
+                result.phases_s = phases
+                return result
 
         # Fallback: per-kernel timings from torch.profiler, no counters.
         spec_path = work / "spec_timeline.json"
@@ -372,6 +378,7 @@ def profile(
         result.counters_available = False
         result.counters_reason = reason
         result.method = "timeline"
+        result.phases_s = dict(driver_report.phases_s)
         return result
 
 

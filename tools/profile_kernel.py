@@ -1,0 +1,216 @@
+"""MCP tool `profile_kernel`: one forward of a problem (or a candidate) under Nsight Compute."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.harness.candidate import CandidateError, parse_candidate
+from kb_mcp.harness.problem import ProblemError, load_problem
+from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
+from kb_mcp.harness.profile_store import ProfileStore, new_profile_id
+from kb_mcp.harness.profiler import NoGpuError, ProfileOptions, ProfilerError, profile
+from kb_mcp.tools.base import Progress, ToolError, no_progress
+from kb_mcp.tools.context import ToolContext
+
+NAME = "profile_kernel"
+DESCRIPTION = """\
+Profile one forward pass of a KernelBench problem's reference model, or of your candidate (a module
+defining ModelNew), on the GPU with Nsight Compute. The model is built and warmed up first (compiles
+and caches settle outside the measured range), then exactly one forward is profiled, kernel by kernel.
+Returns a profile_id (pass it to classify_state next), the total GPU time and elapsed cycles, and the
+heaviest kernels in launch order: name, grid/block, duration, share of the time, SM and memory
+throughput (% of peak), DRAM throughput, occupancy and what limits it, the dominant warp stalls, and
+the profiler's own findings with estimated speedups. Set detail=true for every kernel with all
+metrics. Durations are taken at locked base clocks with flushed caches: use them to compare kernels,
+not as speedups (compile_and_verify times candidates). Takes several seconds per kernel launched; a
+model with hundreds of launches can take minutes (run it as a job then). Without counter access the
+result has counters_available=false, the reason, and timings only."""
+
+TOP_STALLS = 3
+TOP_FINDINGS = 3
+MESSAGE_CHARS = 220
+
+
+class Request(BaseModel):
+    """What to profile, and how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem: str = Field(description="KernelBench problem: a path to a .py file, or its source text")
+    candidate: str | None = Field(
+        None, description="candidate defining class ModelNew: a path to a .py file, or its source; omit to profile the reference"
+    )
+    detail: bool = Field(False, description="return every kernel with all metrics (large); default: the heaviest few")
+    top: int = Field(8, ge=1, le=100, description="kernels listed when detail is false (heaviest, shown in launch order)")
+    counters: bool = Field(True, description="collect hardware counters; false gives per-kernel timings only (fast)")
+    source_counters: bool = Field(False, description="also collect SASS-level source counters (more replay passes)")
+    warmup: int = Field(2, ge=1, le=50, description="forward passes before the profiled one")
+    max_kernels: int = Field(200, ge=1, le=5000, description="profile at most this many kernel launches")
+    timeout_s: float = Field(300.0, gt=0, le=3600, description="stop profiling after this many seconds")
+    keep_report: bool = Field(False, description="keep the Nsight Compute report file beside the profile (for the GUI)")
+
+
+class Finding(BaseModel):
+    """A profiler rule finding, shortened."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule: str
+    estimated_speedup_pct: float | None = None
+    message: str
+
+
+class KernelSummary(BaseModel):
+    """One kernel instance, compactly."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(description="launch order within the profiled forward")
+    name: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    duration_us: float | None = None
+    time_share: float = Field(0.0, description="share of the profile's total GPU time")
+    sm_throughput_pct: float | None = None
+    memory_throughput_pct: float | None = None
+    dram_throughput_pct: float | None = None
+    achieved_occupancy_pct: float | None = None
+    theoretical_occupancy_pct: float | None = None
+    occupancy_limiter: str | None = None
+    registers_per_thread: float | None = None
+    top_stalls: dict[str, float] = Field(default_factory=dict, description="reason -> cycles per issued instruction")
+    findings: list[Finding] = Field(default_factory=list)
+    full_name: str | None = Field(None, description="demangled signature (detail only)")
+    metrics: KernelMetrics | None = Field(None, description="every metric (detail only)")
+
+
+class Result(BaseModel):
+    """The stored profile's id and a summary of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile_id: str
+    problem: str
+    candidate_id: str | None
+    device: str
+    arch: str
+    method: str = Field(description="'ncu' (hardware counters) or 'timeline' (timings only)")
+    counters_available: bool
+    counters_reason: str | None = None
+    total_gpu_time_us: float
+    total_elapsed_cycles: float
+    kernel_count: int
+    kernels: list[KernelSummary]
+    omitted_kernels: int = Field(0, description="kernels not listed (lighter ones); detail=true lists all")
+    notes: list[str] = Field(default_factory=list)
+    report_file: str | None = None
+    wall_s: float | None = None
+    next_step: str = ""
+
+
+def read_source(text: str, what: str) -> tuple[str, str | None]:
+    """(source, path) from an argument that is either a .py path or source text."""
+    looks_like_path = "\n" not in text and (text.strip().endswith(".py") or Path(text).expanduser().is_file())
+    if not looks_like_path:
+        return text, None
+    path = Path(text.strip()).expanduser()
+    if not path.is_file():
+        raise ToolError(f"{what} file not found: {path}")
+    return path.read_text(), str(path.resolve())
+
+
+def summarize(profile: Profile, *, detail: bool, top: int) -> tuple[list[KernelSummary], int]:
+    """Kernel summaries in launch order: all with detail, else the `top` heaviest."""
+    kernels = profile.kernels
+    chosen = kernels
+    if not detail and len(kernels) > top:
+        heaviest = sorted(kernels, key=lambda k: -(k.metrics.duration_ns or 0.0))[:top]
+        keep = {k.index for k in heaviest}
+        chosen = [k for k in kernels if k.index in keep]
+    total = profile.total_gpu_time_ns or 1.0
+    return [_summary(k, total, detail) for k in chosen], len(kernels) - len(chosen)
+
+
+def _summary(k: KernelProfile, total_ns: float, detail: bool) -> KernelSummary:
+    m = k.metrics
+    findings = sorted(k.findings, key=lambda f: -(f.estimated_speedup_pct or 0.0))
+    if not detail:
+        findings = findings[:TOP_FINDINGS]
+    return KernelSummary(
+        index=k.index,
+        name=k.name,
+        grid=k.grid,
+        block=k.block,
+        duration_us=round(m.duration_ns / 1e3, 3) if m.duration_ns is not None else None,
+        time_share=round((m.duration_ns or 0.0) / total_ns, 4),
+        sm_throughput_pct=_r(m.sm_throughput_pct),
+        memory_throughput_pct=_r(m.memory_throughput_pct),
+        dram_throughput_pct=_r(m.dram_throughput_pct),
+        achieved_occupancy_pct=_r(m.achieved_occupancy_pct),
+        theoretical_occupancy_pct=_r(m.theoretical_occupancy_pct),
+        occupancy_limiter=m.occupancy_limiter,
+        registers_per_thread=m.registers_per_thread,
+        top_stalls=dict(list(m.warp_stalls.items())[:TOP_STALLS]) if not detail else dict(m.warp_stalls),
+        findings=[Finding(rule=f.rule, estimated_speedup_pct=f.estimated_speedup_pct,
+                          message=f.message if detail else f.message[:MESSAGE_CHARS]) for f in findings],
+        full_name=k.full_name if detail else None,
+        metrics=m if detail else None,
+    )
+
+
+def _r(value: float | None) -> float | None:
+    return round(value, 2) if value is not None else None
+
+
+def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
+    """Profiles, stores the profile under a new profile_id, and returns its summary."""
+    source, path = read_source(req.problem, "problem")
+    try:
+        problem = load_problem(path or source)
+    except ProblemError as exc:
+        raise ToolError(str(exc)) from exc
+    candidate_source = None
+    if req.candidate is not None:
+        candidate_source, cand_path = read_source(req.candidate, "candidate")
+        try:
+            parse_candidate(candidate_source, cand_path or "<candidate>")
+        except CandidateError as exc:
+            raise ToolError(str(exc)) from exc
+    store = ProfileStore(ctx.profiles_dir)
+    profile_id = new_profile_id()
+    options = ProfileOptions(warmup=req.warmup, counters=req.counters, source_counters=req.source_counters,
+                             max_kernels=req.max_kernels, timeout_s=req.timeout_s)
+    try:
+        prof = profile(problem, candidate_source, profile_id=profile_id, report_base=store.report_base(profile_id),
+                       cache_dir=ctx.cache_dir, options=options, progress=progress)
+    except NoGpuError as exc:
+        raise ToolError(f"{exc}. Run profile_kernel on a machine with an NVIDIA GPU; the KB tools work here.") from exc
+    except ProfilerError as exc:
+        raise ToolError(str(exc)) from exc
+    if prof.report_file and not req.keep_report:
+        Path(prof.report_file).unlink(missing_ok=True)  # reports of big models run to tens of MB
+        prof.report_file = None
+    store.save(prof)
+    kernels, omitted = summarize(prof, detail=req.detail, top=req.top)
+    progress(1, 1, f"profiled {len(prof.kernels)} kernel(s)")
+    return Result(
+        profile_id=prof.profile_id,
+        problem=prof.problem,
+        candidate_id=prof.candidate_id,
+        device=prof.device,
+        arch=prof.arch,
+        method=prof.method,
+        counters_available=prof.counters_available,
+        counters_reason=prof.counters_reason,
+        total_gpu_time_us=round(prof.total_gpu_time_ns / 1e3, 3),
+        total_elapsed_cycles=prof.total_elapsed_cycles,
+        kernel_count=len(prof.kernels),
+        kernels=kernels,
+        omitted_kernels=omitted,
+        notes=prof.notes,
+        report_file=prof.report_file,
+        wall_s=round(prof.wall_s, 2) if prof.wall_s is not None else None,
+        next_step=f"call classify_state with profile_id={prof.profile_id} to map the kernels to KB states",
+    )

@@ -195,3 +195,23 @@ def test_orphan_temp_files_are_removed_on_compaction(kb_path: Path) -> None:
     store.compact()
     assert not orphan.exists()
     assert os.path.exists(kb_path)
+
+
+def test_threads_sharing_one_store_lose_no_update(kb_path: Path) -> None:
+    import threading
+
+    shared = KBStore.open(kb_path)
+    other = KBStore.open(kb_path)
+
+    def bump(store: KBStore) -> None:
+        for _ in range(50):
+            with store.transaction() as tx:
+                tx.bump_transition("memory_bandwidth_saturated", "fuse_elementwise_chain", "compute_throughput_saturated")
+            store.get_state("memory_bandwidth_saturated")  # lock-free reads interleaved with the writes
+
+    threads = [threading.Thread(target=bump, args=(s,)) for s in (shared, shared, shared, other, other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert KBStore.open(kb_path).transitions("memory_bandwidth_saturated")[0].count == 250

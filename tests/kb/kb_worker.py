@@ -28,14 +28,14 @@ def hash_str(text: str) -> int:
 
 def record(kb: str, prefix: str, n: int) -> None:
     ctx = ToolContext(kb, client_name=prefix)
-    for i in range(n):
-        cid = f"c_{prefix}_{i}"
-        with ctx.store.transaction() as tx:
+    with ctx.store.transaction() as tx:  # the verdicts compile_and_verify would have stored
+        for i in range(n):
             tx.put_candidate(
-                CandidateRecord(candidate_id=cid, problem="p", problem_hash="h", verdict=Verdict.faster, arch="sm_90",
-                                time_ms=time_ms(prefix, i), eager_ms=2.0)
+                CandidateRecord(candidate_id=f"c_{prefix}_{i}", problem="p", problem_hash="h", verdict=Verdict.faster,
+                                arch="sm_90", time_ms=time_ms(prefix, i), eager_ms=2.0)
             )
-        record_outcome.run(ctx, record_outcome.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid))
+    for i in range(n):  # one transaction per record, racing the other processes
+        record_outcome.run(ctx, record_outcome.Request(state_id=STATE, optimization_id=OPT, candidate_id=f"c_{prefix}_{i}"))
 
 
 def churn(kb: str, start: int) -> None:

@@ -61,10 +61,12 @@ def test_sigkill_mid_write_never_breaks_the_file(kb_path: Path) -> None:
     start = 0
     for _ in range(15):
         proc = _spawn("churn", str(kb_path), str(start))
-        time.sleep(0.25 + rng.random() * 0.4)  # interpreter start-up, then somewhere in a write
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the writer is up and committing
+        time.sleep(rng.random() * 0.15)  # then kill it somewhere in a journal append or a rewrite
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate(timeout=30)
-        printed = [int(x) for x in out.split()]
+        printed = [int(x) for x in (first + out).split()]
         committed.update(printed)
         store = KBStore.open(kb_path)  # must load, whatever the kill interrupted
         stats = store.stats()

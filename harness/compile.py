@@ -7,8 +7,9 @@ torch version, arch), so an identical candidate is a cache hit and a changed one
 stale build; it builds only for the present GPU's arch (`TORCH_CUDA_ARCH_LIST`) under
 `<cache>/torch_extensions`. When the CUDA sources use nothing of PyTorch's C++ API they are
 compiled with only `cuda.h`/`cuda_runtime.h` instead of the implicit `torch/types.h` (the same
-object code, tens of seconds faster); if that build fails the extension is rebuilt exactly as
-`load_inline` would, and that build's diagnostics are the ones reported.
+object code, tens of seconds faster); if that build fails complaining of unknown names (which the
+header might declare), the extension is rebuilt exactly as `load_inline` would, and that build's
+diagnostics are the ones reported; other errors would be the same either way and are reported at once.
 `torch.cuda._compile_kernel` (NVRTC) is wrapped to record each kernel built and its log.
 
 Compile-only (`capture_units` + `compile_only`): the candidate is imported with the builders
@@ -81,6 +82,19 @@ def diagnostics(log: str, limit: int = MESSAGE_LIMIT) -> list[str]:
         if line not in bucket:
             bucket.append(line)
     return (errors + warnings)[:limit]
+
+
+_MISSING_DECL = re.compile(
+    r"is undefined|was not declared|undeclared|incomplete type|has no member|no instance of|not a template|"
+    r"unknown type name|does not name a type|is not a member",
+    re.I,
+)
+
+
+def missing_declarations(log: str) -> bool:
+    """True when a failed light-header build complains of unknown names (which torch/types.h might
+    declare); other errors (syntax, types) would fail the same way with the full header."""
+    return bool(_MISSING_DECL.search(log))
 
 
 def needs_torch_headers(cuda_source: str) -> bool:
@@ -239,7 +253,7 @@ class Builders:
                     keep_intermediates=True,
                 )
             except Exception as exc:
-                if light and len(attempts) > 1:
+                if light and len(attempts) > 1 and missing_declarations(str(exc)):
                     first_error = exc
                     continue
                 self._record(
@@ -501,7 +515,8 @@ def compile_only(units: list[SourceUnit], arch: str, cache_dir: Path, timeout_s:
     Each compiler run is cached under `<cache>/compile_only`, keyed by its source, flags and
     toolchain, so fixing the CUDA part of an extension does not redo the check of its C++ part.
     A load_inline unit whose CUDA uses nothing of PyTorch's C++ API is first compiled without
-    torch/types.h, and again with it if that fails (the diagnostics of the second are reported).
+    torch/types.h, and again with it if that fails on unknown names (the second one's diagnostics
+    are reported then).
     """
     arch = arch_flag(arch)
     if not units:
@@ -524,7 +539,8 @@ def compile_only(units: list[SourceUnit], arch: str, cache_dir: Path, timeout_s:
             cmds = _commands(unit, arch, env, light)
             outs, cached = _compile_commands(cmds, store, toolchain, timeout_s)
             ok = all(rc == 0 for rc, _ in outs)
-            if ok or not light or len(attempts) == 1:
+            retry = not ok and light and len(attempts) > 1 and missing_declarations("\n".join(t for _, t in outs))
+            if not retry:
                 log = "\n".join(text for _, text in outs if text.strip())
                 compiled.append(CompileUnit(kind=unit.kind, name=unit.name, ok=ok, cached=cached,
                                             seconds=round(time.perf_counter() - t_unit, 3),

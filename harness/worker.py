@@ -240,6 +240,7 @@ class WorkerPool:
         no_cuda: bool = False,
         env: dict[str, str] | None = None,
         prestart: bool = False,
+        spare: bool = True,
     ) -> None:
         self.cache_dir = Path(cache_dir) if cache_dir else paths.cache_dir()
         self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -247,8 +248,12 @@ class WorkerPool:
         self.no_cuda = no_cuda
         self.env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", paths.ENV_CACHE: str(self.cache_dir)}
         self.restarts = 0  # workers replaced after a timeout, crash, forged frame or retirement
+        # A spare worker starts beside the active one, so that replacing a worker after a fault costs
+        # no start-up (seconds of CUDA and profiler initialisation). It runs no candidate while it waits.
+        self.spare = spare
         self._lock = threading.Lock()
         self._worker: _Worker | None = None
+        self._spare: _Worker | None = None
         self._all: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _kill_all, self._all)
         if prestart:
@@ -256,41 +261,51 @@ class WorkerPool:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def _spawn(self) -> _Worker:
+    def _new(self) -> _Worker:
         w = _Worker(self.cache_dir, self.no_cuda, self.env)
         self._all.append(w)
-        self._worker = w
         return w
 
-    def _replace(self, w: _Worker) -> None:
+    def _spawn(self) -> _Worker:
+        """Makes the spare (or a new worker) the active one, and starts a new spare."""
+        spare, self._spare = self._spare, None
+        self._worker = spare if spare is not None and spare.alive() else self._new()
+        if spare is not None and spare is not self._worker:
+            self._drop(spare)
+        if self.spare:
+            self._spare = self._new()
+        return self._worker
+
+    def _drop(self, w: _Worker) -> None:
         w.kill()
         if w in self._all:
             self._all.remove(w)
+
+    def _replace(self, w: _Worker) -> None:
+        self._drop(w)
         self.restarts += 1
-        self._spawn()  # the replacement starts warming up now, before anyone asks for it
+        self._spawn()
 
     def _ready(self) -> _Worker:
-        w = self._worker
-        if w is None or not w.alive() and w.info is not None:
-            if w is not None:
+        for attempt in range(2):
+            w = self._worker
+            if w is None:
+                w = self._spawn()
+            elif not w.alive():
                 self._replace(w)
-            else:
-                self._spawn()
-            w = self._worker
-        assert w is not None
-        try:
-            w.wait_ready(self.start_timeout_s)
-        except WorkerError:
-            if w in self._all:
-                self._all.remove(w)
-            self._worker = None
-            raise
-        if not w.alive():
-            self._replace(w)
-            w = self._worker
+                w = self._worker
             assert w is not None
-            w.wait_ready(self.start_timeout_s)
-        return w
+            try:
+                w.wait_ready(self.start_timeout_s)
+            except WorkerError:
+                self._drop(w)
+                self._worker = None
+                if attempt:
+                    raise
+                continue
+            if w.alive():
+                return w
+        raise WorkerError("the harness worker exited right after starting")
 
     def info(self) -> dict[str, Any]:
         """What the worker reported at start: pid, cuda, device, arch, torch_version."""
@@ -304,6 +319,7 @@ class WorkerPool:
                 w.stop()
             self._all.clear()
             self._worker = None
+            self._spare = None
 
     def __enter__(self) -> WorkerPool:
         return self

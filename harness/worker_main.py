@@ -75,6 +75,13 @@ def _setup(cache_dir: Path, no_cuda: bool) -> tuple[Any, dict[str, Any]]:
         import torch._dynamo  # noqa: F401
         import torch._inductor.config  # noqa: F401
 
+        try:  # what the first torch.compile would patch into nn.Module
+            from torch._dynamo.mutation_guard import install_generation_tagging_init
+
+            install_generation_tagging_init()
+        except ImportError:  # pragma: no cover - other torch versions
+            pass
+
         # The first profiler session costs seconds (CUPTI start-up): pay it here, not in a verdict.
         integrity_runtime.census(lambda: torch.zeros(16, device="cuda").add_(1))
         env.snapshot = integrity_runtime.TrustedSnapshot.capture()

@@ -6,7 +6,7 @@ import pytest
 from harness_helpers import fixture_source
 
 from kb_mcp.harness.candidate import SourceUnit
-from kb_mcp.harness.compile import compile_only, diagnostics, inline_sources, needs_torch_headers
+from kb_mcp.harness.compile import compile_only, diagnostics, inline_sources, missing_declarations, needs_torch_headers
 from kb_mcp.harness.worker import WorkerPool
 from kb_mcp.kb.models import Verdict
 
@@ -16,6 +16,12 @@ def test_light_header_detection() -> None:
     assert needs_torch_headers("torch::Tensor f(torch::Tensor x) { return x; }")
     assert needs_torch_headers("#include <ATen/cuda/CUDAContext.h>\n")
     assert needs_torch_headers("void f() { TORCH_CHECK(true, \"x\"); }")
+
+
+def test_only_unknown_names_send_a_light_build_back_for_the_full_header() -> None:
+    assert missing_declarations('cuda_sources(4): error: identifier "__half" is undefined')
+    assert missing_declarations("cuda_sources:3:5: error: 'at' was not declared in this scope")
+    assert not missing_declarations('cuda_sources(7): error: expected a ";"')
 
 
 def test_inline_sources_mirror_load_inline_with_line_markers() -> None:

@@ -1,0 +1,120 @@
+"""The harness on a real GPU: honest and wrong candidates, both build styles, and device-side faults.
+
+Every fault must end in its verdict within its limit, and the next candidate must then run
+normally (on a replaced worker where the fault spoiled the old one).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from harness_helpers import fixture_source, with_fault
+
+from kb_mcp.harness.verdict import VerifyOptions
+from kb_mcp.harness.worker import WorkerPool
+from kb_mcp.kb.models import Verdict
+
+pytestmark = pytest.mark.gpu
+
+VALID = (Verdict.faster, Verdict.slower)
+QUICK = VerifyOptions(timing=False, compile_baseline=False)
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory):
+    with WorkerPool(tmp_path_factory.mktemp("gpu-cache")) as p:
+        yield p
+
+
+def _normal(pool: WorkerPool, problem) -> None:
+    result = pool.verify(problem, fixture_source("relu_nvrtc.py"), QUICK)
+    assert result.verdict in VALID, result.summary
+    assert not result.findings and all(s.passed for s in result.input_sets)
+
+
+def test_honest_nvrtc_candidate_is_verified_and_timed(pool: WorkerPool, relu_problem) -> None:
+    result = pool.verify(relu_problem, fixture_source("relu_nvrtc.py"))
+    assert result.verdict in VALID, result.summary
+    assert result.findings == [] and not result.flagged
+    kinds = [s.kind for s in result.input_sets]
+    assert kinds.count("secret") >= 5 and {"public_seed", "shifted", "repeat", "reused_buffers"} <= set(kinds)
+    assert all(s.passed and s.numel == 2048 * 1024 for s in result.input_sets)
+    t = result.timings
+    assert t is not None and t.runs >= 10 and 0 < t.candidate_min_ms <= t.candidate_ms
+    assert t.eager_ms and t.compile_ms and t.speedup_vs_baseline == pytest.approx(min(t.eager_ms, t.compile_ms) / t.candidate_ms, rel=1e-3)
+    assert result.compile.style == "nvrtc" and result.compile.kernels == ["relu_k"] and result.device and result.arch.startswith("sm_")
+    again = pool.verify(relu_problem, fixture_source("relu_nvrtc.py") + "\n# same kernel, new candidate id\n")
+    assert again.timings is not None and again.timings.baseline_cached
+    assert again.timings.eager_ms == t.eager_ms  # the cached baseline, not a new measurement
+
+
+def test_wrong_kernel_is_incorrect(pool: WorkerPool, relu_problem) -> None:
+    result = pool.verify(relu_problem, fixture_source("relu_nvrtc_wrong.py"), QUICK)
+    assert result.verdict == Verdict.incorrect, result.summary
+    assert result.timings is None and any(not s.passed and s.mismatched > 0 for s in result.input_sets)
+
+
+def test_nvrtc_compile_error(pool: WorkerPool, relu_problem) -> None:
+    result = pool.verify(relu_problem, fixture_source("relu_nvrtc_cuda_error.py"), QUICK)
+    assert result.verdict == Verdict.compile_error, result.summary
+    assert any("undeclared_value" in m for m in result.compile.messages), result.compile.messages
+
+
+def test_load_inline_builds_once_then_comes_from_the_cache(pool: WorkerPool, relu_problem) -> None:
+    first = pool.verify(relu_problem, fixture_source("relu_inline.py"), QUICK)
+    assert first.verdict in VALID, first.summary
+    assert first.compile.style == "load_inline" and first.findings == []
+    second = pool.verify(relu_problem, fixture_source("relu_inline.py") + "\n# another candidate id\n", QUICK)
+    assert second.verdict in VALID and second.compile.cached and second.compile.seconds < 5
+
+
+def test_load_inline_compile_error_reports_the_compiler(pool: WorkerPool, relu_problem) -> None:
+    result = pool.verify(relu_problem, fixture_source("relu_inline_cuda_error.py"), QUICK)
+    assert result.verdict == Verdict.compile_error, result.summary
+    assert any("error" in m for m in result.compile.messages), result.compile.messages
+
+
+ILLEGAL = '''
+bad = torch.cuda._compile_kernel('extern "C" __global__ void bad(float* p) { p[threadIdx.x + (1ull << 40)] = 1.0f; }', "bad")
+bad(grid=(1, 1, 1), block=(32, 1, 1), args=[x])
+torch.cuda.synchronize()
+'''
+SPIN = '''
+spin = torch.cuda._compile_kernel('extern "C" __global__ void spin(volatile int* f) { while (f[0] == 0) { } }', "spin")
+flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+spin(grid=(1, 1, 1), block=(1, 1, 1), args=[flag])
+torch.cuda.synchronize()
+'''
+
+
+@pytest.mark.parametrize(
+    ("code", "verdict", "words", "replaced"),
+    [
+        (ILLEGAL, Verdict.crashed, "illegal memory access", True),
+        (SPIN, Verdict.timeout, "timeout", True),
+        ("torch.empty(1 << 47, dtype=torch.uint8, device='cuda')", Verdict.crashed, "out of GPU memory", False),
+        ("import ctypes\nctypes.string_at(0)", Verdict.crashed, "SIGSEGV", True),
+        ("import os\nos.abort()", Verdict.crashed, "SIGABRT", True),
+        ("while True:\n    pass", Verdict.timeout, "timeout", True),
+    ],
+    ids=["illegal-address", "kernel-infinite-loop", "huge-allocation", "host-segfault", "abort", "host-infinite-loop"],
+)
+def test_fault_in_forward_gets_its_verdict_and_the_next_candidate_runs(
+    pool: WorkerPool, relu_problem, code: str, verdict: Verdict, words: str, replaced: bool
+) -> None:
+    restarts = pool.restarts
+    t0 = time.monotonic()
+    result = pool.verify(relu_problem, with_fault("forward", code), VerifyOptions(timeout_s=15, timing=False))
+    assert result.verdict == verdict and words in result.summary, result.summary
+    assert time.monotonic() - t0 < 120
+    assert result.worker_replaced == replaced and pool.restarts == restarts + int(replaced)
+    _normal(pool, relu_problem)
+
+
+def test_output_flood_in_forward_is_truncated(pool: WorkerPool, relu_problem) -> None:
+    flood = "import sys\nsys.stdout.write('y' * 200000 + '\\n')"
+    result = pool.verify(relu_problem, with_fault("forward", flood), VerifyOptions(max_output_chars=1000, timing=False))
+    assert result.verdict in VALID, result.summary
+    assert "omitted" in result.output and len(result.output) < 1200
+    _normal(pool, relu_problem)

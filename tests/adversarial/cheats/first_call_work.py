@@ -3,8 +3,9 @@
 The first call is a warm-up in most harnesses. This candidate computes there, keeps the output,
 and every later call only launches an empty kernel and returns the kept tensor: the timed calls
 cost a launch.
-Caught by: checking several input sets (later calls see other inputs) and re-checking timed
-outputs (`deferred_work`, `stateful_forward`, `result_caching`, `timed_output_mismatch`).
+Caught by: checking several input sets (later calls see other inputs: the output no longer
+follows them) and re-checking timed outputs (`ignores_inputs`, `deferred_work`, `stateful_forward`,
+`result_caching`, `timed_output_mismatch`).
 """
 
 import torch

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,7 +152,6 @@ def test_harness_modules_are_watched(pristine: TrustedSnapshot) -> None:
 
 
 THREADED = '''
-import threading
 import time
 import torch.nn as nn
 

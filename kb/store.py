@@ -238,7 +238,14 @@ class KBStore:
                     continue  # already folded into the file (a crash before the journal was emptied)
                 if entry.seq != self._last_seq + 1:
                     return False  # a gap: this journal does not continue our file version
-                self._tables.apply_all(entry.ops)
+                try:
+                    self._tables.apply_all(entry.ops)
+                except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+                    self._tables = None
+                    raise KBFileError(
+                        f"{self.journal_path}: entry {entry.seq} is malformed ({type(exc).__name__}: {exc}); "
+                        "the KB journal was edited or damaged by something other than kb-mcp"
+                    ) from exc
                 self._last_seq = entry.seq
             self._j_offset = offset
             self._j_ino = jid.ino
@@ -358,8 +365,9 @@ class KBStore:
         jid = FileId.of(self.journal_path)
         self._j_ino = jid.ino if jid else None
         self._j_offset = 0
-        for orphan in self.path.parent.glob(f"{self.path.name}.tmp-*"):
-            orphan.unlink(missing_ok=True)  # temp files of writers killed mid-write (we hold the lock)
+        for pattern in (f"{self.path.name}.tmp-*", f"{self.journal_path.name}.tmp-*"):
+            for orphan in self.path.parent.glob(pattern):
+                orphan.unlink(missing_ok=True)  # temp files of writers killed mid-write (we hold the lock)
 
     def compact(self) -> None:
         """Folds the journal into the TinyDB file now (export and `kb init` do this)."""

@@ -8,7 +8,7 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.kb.arch import ArchError, arch_family
-from kb_mcp.kb.models import ALL_ARCH, Optimization, Score, State
+from kb_mcp.kb.models import Optimization, Score, State
 from kb_mcp.kb.view import KBView
 from kb_mcp.policy.select import DEFAULT_TEMPERATURE, select_top_k
 from kb_mcp.tools.base import Progress, ToolError, no_progress
@@ -151,7 +151,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         state_id=state.id,
         state_name=state.name,
         bottleneck=state.signature.key,
-        arch=family if family != ALL_ARCH else ALL_ARCH,
+        arch=family,
         candidates=len(pool),
         suggestions=suggestions,
     )

@@ -215,3 +215,11 @@ def test_threads_sharing_one_store_lose_no_update(kb_path: Path) -> None:
     for t in threads:
         t.join()
     assert KBStore.open(kb_path).transitions("memory_bandwidth_saturated")[0].count == 250
+
+
+def test_damaged_journal_entry_is_a_clear_error(kb_path: Path) -> None:
+    KBStore.open(kb_path)
+    journal = Path(str(kb_path) + ".journal")
+    journal.write_text('{"seq": 1, "ops": [["put", "no_such_table", "k", {}]]}\n')
+    with pytest.raises(KBFileError, match="journal"):
+        KBStore.open(kb_path)

@@ -152,6 +152,7 @@ def test_harness_modules_are_watched(pristine: TrustedSnapshot) -> None:
 
 
 THREADED = '''
+import threading
 import time
 import torch.nn as nn
 

@@ -6,7 +6,8 @@ codes of `harness.verdict.FindingCode`; every finding says what was seen and wha
 
 How the core uses it, in a worker (torch and CUDA initialised, no candidate imported yet)::
 
-    pristine = TrustedSnapshot.capture()            # once per worker, before its first candidate
+    pristine = TrustedSnapshot.capture()            # once per worker, after the harness's own hooks
+                                                    # (builders) are installed, before any candidate
 
     guard = IntegrityGuard(allow=options_allow, trusted=pristine)   # per candidate
     findings = guard.check_source(source)           # static evidence (also usable server-side)

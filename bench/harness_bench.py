@@ -70,6 +70,30 @@ def _tag(source: str, label: str) -> str:
     return f"{source}\n# bench {label} {time.time_ns()}\n"
 
 
+def _bare_eager_ms(problem) -> float:  # noqa: ANN001 - Problem
+    """Eager time of a problem's reference in this process (never profiled), by the harness's timer."""
+    import torch
+
+    from kb_mcp.harness.integrity_runtime import TrustedSnapshot
+    from kb_mcp.harness.loading import load_module
+    from kb_mcp.harness.timing import L2Flusher, Timer
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    with tempfile.TemporaryDirectory() as tmp:
+        mod = load_module(problem.source, "bench_problem", Path(tmp))
+    model = mod.Model(*mod.get_init_inputs()).cuda().eval()
+    timer = Timer(TrustedSnapshot.capture().trusted,
+                  L2Flusher(int(torch.cuda.get_device_properties(0).L2_cache_size)))
+
+    def make(i: int) -> list:
+        with torch.device("cuda"):
+            return list(mod.get_inputs())
+
+    with torch.no_grad():
+        return timer.series(model, make, runs=50, warmup=3).median_ms
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark and prints the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -78,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from kb_mcp.harness.problem import load_problem
+    from kb_mcp.harness.verdict import VerifyOptions
     from kb_mcp.harness.worker import WorkerPool
 
     swish = load_problem(ROOT / "examples/problems/swish.py")
@@ -109,6 +134,30 @@ def main(argv: list[str] | None = None) -> int:
                      f"{last.verdict.value}, build {last.compile.seconds:.3f} s, speedup {last.timings.speedup_vs_baseline if last.timings else None}"))
         figures["nvrtc_warm_s"] = warm
         figures["nvrtc_result"] = last.model_dump(mode="json", include={"verdict", "timings", "compile"})
+
+        # Is timing inside the worker (after profiler sessions) the same as in a bare process?
+        chain = load_problem(ROOT / "examples/problems/elementwise_chain_small.py")
+        chain_src = (ROOT / "examples/candidates/elementwise_chain_small_nvrtc.py").read_text()
+        t0 = time.perf_counter()
+        chained = pool.verify(chain, _tag(chain_src, "chain"))
+        rows.append(("NVRTC, launch-bound problem, first verdict (measures baselines)", time.perf_counter() - t0,
+                     chained.summary[:100]))
+        bare = _bare_eager_ms(chain)
+        worker_eager = chained.timings.eager_ms if chained.timings else None
+        rows.append(("eager elementwise_chain_small: worker vs bare process (ms)", bare,
+                     f"worker {worker_eager} ms, bare {bare:.4f} ms"))
+        figures["chain"] = {"worker_eager_ms": worker_eager, "bare_eager_ms": bare,
+                            "candidate_ms": chained.timings.candidate_ms if chained.timings else None}
+
+        # The same with CUPTI left attached after profiler sessions (TEARDOWN_CUPTI=0), for comparison.
+        with tempfile.TemporaryDirectory(prefix="kbmcp-bench-cupti-") as cache2:
+            with WorkerPool(cache2, env={"TEARDOWN_CUPTI": "0"}, spare=False) as attached:
+                t0 = time.perf_counter()
+                other = attached.verify(chain, _tag(chain_src, "attached"), VerifyOptions(compile_baseline=False))
+                rows.append(("same, CUPTI left attached (TEARDOWN_CUPTI=0)", time.perf_counter() - t0,
+                             f"worker eager {other.timings.eager_ms if other.timings else None} ms, candidate "
+                             f"{other.timings.candidate_ms if other.timings else None} ms"))
+                figures["chain_cupti_attached"] = other.model_dump(mode="json", include={"timings"})
 
         for label, problem, src in (("light headers", row_sum, light_src), ("torch API in .cu", row_sum, TORCH_API_INLINE)):
             t0 = time.perf_counter()

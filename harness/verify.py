@@ -641,9 +641,10 @@ class _Checker:
             worst = max(c.scaled_err or 0.0 for c in failed)
             v.findings.append(Finding(
                 code=FindingCode.precision_lowered,
-                message=(f"errors up to {worst:.2g} of the output's RMS on {len(failed)} input sets: typical of "
-                         "computing in a lower precision (TF32, bf16, fp16) than the reference's "
-                         f"{str(self.dtype).replace('torch.', '')}; compute and accumulate in the reference's precision"),
+                message=(f"errors up to {worst:.2g} of the output's RMS on {len(failed)} input sets: small, but beyond "
+                         f"the {str(self.dtype).replace('torch.', '')} tolerance, as computing in a lower precision (TF32, "
+                         "bf16, fp16) gives; compute and accumulate in the reference's precision (or fix a small "
+                         "arithmetic error)"),
             ))
 
     def _reused_buffers(self, index: int, first: tuple, second: tuple) -> None:

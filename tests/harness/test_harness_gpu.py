@@ -105,7 +105,7 @@ def test_fault_in_forward_gets_its_verdict_and_the_next_candidate_runs(
 ) -> None:
     restarts = pool.restarts
     t0 = time.monotonic()
-    result = pool.verify(relu_problem, with_fault("forward", code), VerifyOptions(timeout_s=15, timing=False))
+    result = pool.verify(relu_problem, with_fault("forward", code), VerifyOptions(timeout_s=8, timing=False))
     assert result.verdict == verdict and words in result.summary, result.summary
     assert time.monotonic() - t0 < 120
     assert result.worker_replaced == replaced and pool.restarts == restarts + int(replaced)

@@ -209,8 +209,11 @@ class Campaign:
                 self.progress(name, self._done[name], self._total(), "resumed" if self._done[name] else "queued")
             try:
                 failure = self._execute()
-            except BaseException as exc:  # interrupted: record it quickly, the report can wait for the rerun
-                self._set_status(status, "stopped", f"interrupted ({type(exc).__name__})")
+            except BaseException as exc:  # record it quickly; the report can wait for the rerun
+                if isinstance(exc, Exception):
+                    self._set_status(status, "failed", f"failed: {type(exc).__name__}: {exc}")
+                else:  # KeyboardInterrupt, or a job's cancellation
+                    self._set_status(status, "stopped", f"interrupted ({type(exc).__name__})")
                 raise
             self.write_best_kernels()
             report = self.report()
@@ -337,22 +340,29 @@ class Campaign:
             )
         return attempt
 
-    def _fix_loop(self, run: _ProblemRun, unit: UnitRecord, conv: Conversation, answer: KernelAnswer, attempts: int) -> None:
-        """Verifies `answer`, then asks for fixes on the harness's messages, up to `attempts` candidates."""
+    def _fix_loop(
+        self, run: _ProblemRun, unit: UnitRecord, conv: Conversation, answer: KernelAnswer, attempts: int
+    ) -> KernelAnswer:
+        """Verifies `answer`, then asks for fixes on the harness's messages, up to `attempts` candidates.
+
+        Returns the last answer (the one whose candidate is `unit.final`). A flagged result (an
+        implausible speedup held for review) ends the loop: it is not wrong, so there is nothing to fix.
+        """
         for n in range(1, attempts + 1):
             try:
                 attempt = self._verify(run, answer.source)
             except BenchError as exc:
                 unit.error = str(exc)
-                return
+                return answer
             unit.attempts.append(attempt)
-            if _usable_now(attempt, self.config.compile_only) or n == attempts:
-                return
+            if _usable_now(attempt, self.config.compile_only) or attempt.flagged or n == attempts:
+                return answer
             try:
                 answer = conv.ask(fix_request(attempt.verdict.value, attempt.feedback, n, attempts), parse_kernel_answer)
             except AgentFailed as exc:
                 unit.error = str(exc)
-                return
+                return answer
+        return answer
 
     def _review(self, run: _ProblemRun, unit: UnitRecord, source: str) -> ReviewRecord:
         conv = Conversation(
@@ -411,7 +421,11 @@ class Campaign:
             problem=run.name, iteration=iteration, step=step,
             parent_candidate_id=current.candidate_id, parent_time_ms=current.time_ms,
         )
-        known = next((s.next_profile_id for s in run.steps if s.candidate_id == current.candidate_id and s.next_profile_id), None)
+        with run.lock:  # a profile of this kernel taken when it was accepted is reused, not retaken
+            known = next(
+                (s.next_profile_id for s in run.steps if s.candidate_id == current.candidate_id and s.next_profile_id),
+                None,
+            )
         try:
             diagnosis = self._diagnose(run, current.source, current.candidate_id, known)
             record.profile_id = diagnosis.profile_id
@@ -452,7 +466,7 @@ class Campaign:
         except AgentFailed as exc:
             record.error = str(exc)
             return self._close_step(record, started)
-        self._fix_loop(run, record, conv, answer, self.config.fix_attempts)
+        answer = self._fix_loop(run, record, conv, answer, self.config.fix_attempts)
         self._finish_unit(run, record)
         final = record.final
         if final is None:  # the harness could not check even one candidate (the error says why)

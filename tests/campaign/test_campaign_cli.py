@@ -1,0 +1,81 @@
+"""`kb-mcp run-campaign` as a command: configuration errors, an LLM endpoint that fails mid-run,
+parallel trajectories, and rebuilding the report from raw records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from campaign_helpers import ROOT, SWISH, campaign_command, campaign_env, run_campaign_process
+from fakellm import Answer, FakeLLMServer, Rule
+from fakellm.campaign_script import campaign_script
+
+from kb_mcp.policy.campaign_store import CampaignStore
+
+
+def test_unconfigured_llm_is_a_clear_error(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_MCP_LLM_")}
+    env["KB_MCP_HOME"] = str(tmp_path / "home")
+    proc = subprocess.run(
+        [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(tmp_path / "kb.json"), "run-campaign", str(SWISH)],
+        env=env, capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 2
+    assert "no LLM is configured" in proc.stderr and "KB_MCP_LLM_BASE_URL" in proc.stderr
+    assert not (tmp_path / "kb.artifacts").exists()  # nothing was started
+
+
+@pytest.mark.nvcc
+def test_endpoint_failure_stops_the_campaign_and_a_rerun_resumes(tmp_path: Path) -> None:
+    kb, out = tmp_path / "kb.json", tmp_path / "camp"
+    broken = campaign_script()
+    broken.rules.insert(0, Rule(role="lower", answers=[Answer(status=503, text="model overloaded")]))
+    flags = ("--compile-only", "--iterations", "1", "--steps", "2", "--gradient-every", "0")
+    with FakeLLMServer(broken) as server:
+        first = run_campaign_process(campaign_command(kb, out, [SWISH], *flags), campaign_env(server, tmp_path / "h"))
+        assert len(server.requests_for("lower")) == 3  # one try and the two retries the environment allows
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "campaign stopped" in first.stdout and "failed" in first.stdout and "rerun" in first.stdout
+    store = CampaignStore(out)
+    status = store.read_status()
+    assert status.state == "stopped" and "model overloaded" in status.message
+    assert store.initials()["swish"].accepted and store.steps() == []  # the failed step left no record
+    with FakeLLMServer(campaign_script()) as server:
+        second = run_campaign_process(campaign_command(kb, out, []), campaign_env(server, tmp_path / "h"))
+        assert server.requests_for("generate") == []  # the first kernel was kept
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert store.read_status().state == "finished" and len(store.steps()) == 2
+
+
+@pytest.mark.nvcc
+def test_parallel_trajectories_and_report_rebuild(tmp_path: Path) -> None:
+    kb, out = tmp_path / "kb.json", tmp_path / "camp"
+    with FakeLLMServer(campaign_script()) as server:
+        env = campaign_env(server, tmp_path / "h")
+        proc = run_campaign_process(
+            campaign_command(kb, out, [SWISH], "--compile-only", "--iterations", "3", "--steps", "2",
+                             "--parallel", "3", "--gradient-every", "0"),
+            env,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert len(server.requests_for("generate", "swish")) == 3  # generated once, not once per trajectory
+    store = CampaignStore(out)
+    steps = store.steps()
+    assert sorted((s.iteration, s.step) for s in steps) == [(i, j) for i in range(3) for j in range(2)]
+    for i in range(3):
+        first, second = [s for s in steps if s.iteration == i]
+        assert second.parent_candidate_id == (first.candidate_id if first.accepted else first.parent_candidate_id)
+    report = json.loads((store.report_dir / "report.json").read_text())
+    for path in store.report_dir.iterdir():
+        path.unlink()
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(kb), "run-campaign", "--out", str(out), "--report"],
+        env=env, capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert json.loads((store.report_dir / "report.json").read_text()) == report
+    assert (store.report_dir / "fast_p.png").exists()

@@ -63,6 +63,11 @@ class CampaignStopped(Exception):
     """The campaign stopped before finishing (stop requested, or the LLM endpoint failed); rerun to resume."""
 
 
+class CampaignAborted(KeyboardInterrupt):
+    """A second interrupt: the campaign returns at once while steps may still be in flight in other
+    threads. Nothing on disk is half-written, but the harness may still be busy: exit the process."""
+
+
 @dataclass
 class _Kernel:
     candidate_id: str
@@ -205,6 +210,8 @@ class Campaign:
             status = self._open()
             self._load()
             self.store.write_kb_start(self.bench.snapshot())
+            if self.config.gradient_every == 0:
+                self.log("textual gradient off (--gradient-every 0): the KB is updated numerically only")
             for name in self._runs:
                 self.progress(name, self._done[name], self._total(), "resumed" if self._done[name] else "queued")
             try:
@@ -253,7 +260,7 @@ class Campaign:
             except BaseException as exc:
                 if interrupt is not None:
                     pool.shutdown(wait=False, cancel_futures=True)
-                    raise
+                    raise CampaignAborted("interrupted twice: quitting without waiting for the steps in flight") from exc
                 interrupt = exc
                 self.stop.set()
                 self.log("stopping after the steps in flight (interrupt again to quit at once)")

@@ -18,7 +18,8 @@ from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.profile_store import ProfileNotFound, ProfileStore
 from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb import ids
-from kb_mcp.kb.models import ALL_ARCH, Outcome, Verdict
+from kb_mcp.kb.arch import arch_family
+from kb_mcp.kb.models import Outcome, Verdict
 from kb_mcp.policy.campaign_models import AttemptRecord, GradientRecord, KBSnapshot, StepRecord, Suggestion
 from kb_mcp.policy.textual_gradient import run_textual_gradient
 from kb_mcp.tools import classify_state, compile_and_verify, profile_kernel, record_outcome, suggest_optimizations
@@ -165,7 +166,7 @@ class Bench:
             predicted,  # type: ignore[arg-type]
             index=index,
             step_keys=[s.key for s in batch],
-            arch=self.arch_hint or ALL_ARCH,
+            arch=arch_family(self.arch_hint),  # scores are kept per family (sm_90 -> hopper)
             answer_retries=answer_retries,
         )
         record.kb_before = before

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.clients.llm import LLMClient, LLMConfig, Role
-from kb_mcp.policy.campaign import Campaign, CampaignStopped, ProgressFn, resolve_problems
+from kb_mcp.policy.campaign import Campaign, CampaignAborted, CampaignStopped, ProgressFn, resolve_problems
 from kb_mcp.policy.campaign_bench import Bench
 from kb_mcp.policy.campaign_models import CampaignConfig
 from kb_mcp.policy.campaign_store import CampaignError, CampaignStore
@@ -117,15 +117,20 @@ def run_campaign(
     if log is not None:
         kwargs["log"] = log
     campaign = Campaign(config, store, bench, llm, kb_path=str(ctx.kb_path), **kwargs)  # type: ignore[arg-type]
+    aborted = False
     try:
         report = campaign.run()
         finished, prefix = True, "finished"
     except CampaignStopped as exc:
         report, finished, prefix = campaign.report(), False, f"stopped: {exc}"
+    except CampaignAborted:
+        aborted = True  # threads may still hold the harness: closing it would wait for them
+        raise
     finally:
-        if own_ctx:
-            ctx.close()
-        llm.close()
+        if not aborted:
+            if own_ctx:
+                ctx.close()
+            llm.close()
     best = sorted(str(p) for p in (folder / "best").glob("*.py")) if (folder / "best").is_dir() else []
     return CampaignResult(
         folder=str(folder),

@@ -78,6 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     """Runs (or resumes, or reports on) a campaign; returns the exit code."""
+    from kb_mcp.policy.campaign import CampaignAborted
     from kb_mcp.policy.campaign_runner import CampaignOptions, campaign_report, run_campaign
     from kb_mcp.policy.campaign_store import CampaignError
 
@@ -123,12 +124,15 @@ def run(args: argparse.Namespace) -> int:
     with ConsoleProgress(enabled=not args.no_progress) as console:
         try:
             result = run_campaign(folder, kb_path, options, llm, progress=console.update, log=console.log)
-        except KeyboardInterrupt:
+        except CampaignAborted:
             console.log(f"interrupted; every finished step is saved. Rerun the same command to resume ({folder}).")
             sys.stderr.flush()
-            # Worker threads may still be inside an LLM call; they hold nothing that must be
-            # flushed (every record is written atomically), so leave without waiting for them.
+            # Rollout threads may still be inside an LLM call or a verification; every record is
+            # written atomically, so nothing needs them to finish: leave without waiting.
             os._exit(130)
+        except KeyboardInterrupt:
+            console.log(f"interrupted; every finished step is saved. Rerun the same command to resume ({folder}).")
+            return 130
         except CampaignError as exc:
             console.log(f"kb-mcp run-campaign: {exc}")
             return 2

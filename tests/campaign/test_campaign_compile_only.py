@@ -5,10 +5,12 @@ outcomes recorded in a real KB file, and the textual gradient editing it."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 from campaign_helpers import CHAIN, SWISH, campaign_command, campaign_env, run_campaign_process
+from fakellm import FakeLLMServer, RecordedRequest
 from fakellm.campaign_script import campaign_script
 
 from kb_mcp.kb.store import KBStore
@@ -19,8 +21,10 @@ pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def campaign(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - a tuple of the run's artefacts
-    from fakellm import FakeLLMServer
+def campaign(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Path, CampaignStore, list[RecordedRequest]]:
+    """One campaign for the whole module: the process, the KB path, the folder, the requests served."""
 
     tmp = tmp_path_factory.mktemp("campaign")
     kb, out = tmp / "kb.json", tmp / "camp"

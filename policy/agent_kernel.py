@@ -7,10 +7,12 @@ the next user message of the same conversation, so the model sees its own code a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pydantic import BaseModel, ConfigDict
 
 from kb_mcp.policy.agent_base import PROBLEM_LINE
-from kb_mcp.policy.agent_parse import extract_module
+from kb_mcp.policy.agent_parse import AnswerError, extract_module
 
 CANDIDATE_RULES = """
 A candidate is one Python module that defines `class ModelNew(nn.Module)` with exactly the same
@@ -68,6 +70,27 @@ def parse_kernel_answer(text: str) -> KernelAnswer:
     return KernelAnswer(source=source, note=tail[:500])
 
 
+def _normalized(source: str) -> str:
+    return "\n".join(line.rstrip() for line in source.strip().splitlines())
+
+
+def changed_kernel_parser(current_source: str) -> Callable[[str], KernelAnswer]:
+    """A parser for lowering answers that also refuses the current kernel handed back unchanged
+    (verifying it again would waste a verification and credit the optimization with a no-op)."""
+    current = _normalized(current_source)
+
+    def parse(text: str) -> KernelAnswer:
+        answer = parse_kernel_answer(text)
+        if _normalized(answer.source) == current:
+            raise AnswerError(
+                "That is the current candidate, unchanged. Apply the requested optimization and answer with the "
+                "complete new module in one ```python block."
+            )
+        return answer
+
+    return parse
+
+
 def _fenced(source: str) -> str:
     return "```python\n" + source.rstrip("\n") + "\n```"
 
@@ -101,6 +124,17 @@ def lower_request(
         f"Profile of the current candidate:\n{profile_summary.strip() or '(no profile: compile-only run)'}\n\n"
         f"Optimization to apply:\n{optimization_summary.strip()}\n\n"
         "Apply this one optimization and answer with the complete new module defining `class ModelNew`."
+    )
+
+
+def review_fix_request(issues: list[str], attempt: int, attempts: int) -> str:
+    """Follow-up message after the review found functionality the candidate drops."""
+    listed = "\n".join(f"- {issue}" for issue in issues) or "- (no detail given)"
+    return (
+        f"That candidate passed the harness, but the code review rejected it (attempt {attempt} of {attempts}):\n"
+        f"{listed}\n\n"
+        "Make the kernel implement the reference's full function for every input it accepts, and answer with "
+        "the complete corrected module in one ```python block."
     )
 
 

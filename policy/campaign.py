@@ -23,17 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kb_mcp.clients.llm import LLMClient, LLMError, Role
-from kb_mcp.harness.problem import Problem, load_problem
+from kb_mcp.harness.problem import Problem, ProblemError, load_problem
 from kb_mcp.kb.models import Verdict, utcnow
 from kb_mcp.policy.agent_base import AgentFailed, Conversation
 from kb_mcp.policy.agent_kernel import (
     GENERATE_SYSTEM,
     LOWER_SYSTEM,
     KernelAnswer,
+    changed_kernel_parser,
     fix_request,
     generate_request,
     lower_request,
     parse_kernel_answer,
+    review_fix_request,
 )
 from kb_mcp.policy.agent_review import REVIEW_SYSTEM, parse_review, review_request
 from kb_mcp.policy.campaign_bench import Bench, BenchError, Diagnosis
@@ -178,7 +180,10 @@ class Campaign:
         for s in self.store.steps():
             steps_by_problem.setdefault(s.problem, []).append(s)
         for path in self.config.problems:
-            problem = load_problem(path)
+            try:
+                problem = load_problem(path)
+            except ProblemError as exc:
+                raise CampaignError(str(exc)) from exc
             initial = initials.get(problem.name)
             if initial is not None and initial.problem_hash != problem.hash:
                 raise CampaignError(
@@ -348,12 +353,20 @@ class Campaign:
         return attempt
 
     def _fix_loop(
-        self, run: _ProblemRun, unit: UnitRecord, conv: Conversation, answer: KernelAnswer, attempts: int
+        self,
+        run: _ProblemRun,
+        unit: UnitRecord,
+        conv: Conversation,
+        answer: KernelAnswer,
+        attempts: int,
+        parse: Callable[[str], KernelAnswer] = parse_kernel_answer,
     ) -> KernelAnswer:
-        """Verifies `answer`, then asks for fixes on the harness's messages, up to `attempts` candidates.
+        """Verifies `answer`, has a usable candidate reviewed, and asks for fixes on the harness's (or
+        the review's) messages, up to `attempts` candidates.
 
         Returns the last answer (the one whose candidate is `unit.final`). A flagged result (an
         implausible speedup held for review) ends the loop: it is not wrong, so there is nothing to fix.
+        A review that gave no usable answer ends it too (the candidate is then not accepted).
         """
         for n in range(1, attempts + 1):
             try:
@@ -362,10 +375,19 @@ class Campaign:
                 unit.error = str(exc)
                 return answer
             unit.attempts.append(attempt)
-            if _usable_now(attempt, self.config.compile_only) or attempt.flagged or n == attempts:
+            if _usable_now(attempt, self.config.compile_only):
+                if not self.config.review:
+                    return answer
+                attempt.review = self._review(run, unit, answer.source)
+                if attempt.review.accepted or attempt.review.error or n == attempts:
+                    return answer
+                message = review_fix_request(attempt.review.issues, n, attempts)
+            elif attempt.flagged or n == attempts:
                 return answer
+            else:
+                message = fix_request(attempt.verdict.value, attempt.feedback, n, attempts)
             try:
-                answer = conv.ask(fix_request(attempt.verdict.value, attempt.feedback, n, attempts), parse_kernel_answer)
+                answer = conv.ask(message, parse)
             except AgentFailed as exc:
                 unit.error = str(exc)
                 return answer
@@ -382,14 +404,13 @@ class Campaign:
             return ReviewRecord(accepted=False, error=str(exc))
         return ReviewRecord(accepted=answer.accepted, issues=answer.issues, summary=answer.summary)
 
-    def _finish_unit(self, run: _ProblemRun, unit: UnitRecord) -> None:
+    def _finish_unit(self, unit: UnitRecord) -> None:
         final = unit.final
         if final is None:
             return
         unit.candidate_id = final.candidate_id
         unit.verdict = final.verdict
-        if _usable_now(final, self.config.compile_only) and self.config.review:
-            unit.review = self._review(run, unit, self.store.kernel_source(run.name, final.candidate_id))
+        unit.review = final.review  # the review of the final candidate (earlier ones are on their attempts)
 
     def _generate(self, run: _ProblemRun) -> InitialRecord:
         started = time.monotonic()
@@ -405,7 +426,7 @@ class Campaign:
             record.error = str(exc)
         else:
             self._fix_loop(run, record, conv, answer, self.config.generate_attempts)
-            self._finish_unit(run, record)
+            self._finish_unit(record)
         final = record.final
         record.accepted = (
             final is not None
@@ -457,6 +478,7 @@ class Campaign:
             answer_retries=self.config.answer_retries,
         )
         summary = "compile-only run: not timed" if current.time_ms is None else f"{current.time_ms:.4g} ms"
+        parse_changed = changed_kernel_parser(current.source)
         try:
             answer = conv.ask(
                 lower_request(
@@ -468,13 +490,13 @@ class Campaign:
                     profile_summary=diagnosis.profile_summary,
                     optimization_summary=pick.prompt,
                 ),
-                parse_kernel_answer,
+                parse_changed,
             )
         except AgentFailed as exc:
             record.error = str(exc)
             return self._close_step(record, started)
-        answer = self._fix_loop(run, record, conv, answer, self.config.fix_attempts)
-        self._finish_unit(run, record)
+        answer = self._fix_loop(run, record, conv, answer, self.config.fix_attempts, parse_changed)
+        self._finish_unit(record)
         final = record.final
         if final is None:  # the harness could not check even one candidate (the error says why)
             return self._close_step(record, started)

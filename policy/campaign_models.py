@@ -55,6 +55,17 @@ class CampaignConfig(BaseModel):
     models: dict[str, str] = Field(default_factory=dict, description="Model per role, for the record.")
 
 
+class ReviewRecord(BaseModel):
+    """Soft verification of one candidate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    accepted: bool
+    issues: list[str] = Field(default_factory=list)
+    summary: str = ""
+    error: str | None = None  # the reviewer gave no usable answer (the candidate is then not accepted)
+
+
 class AttemptRecord(BaseModel):
     """One candidate through compile_and_verify."""
 
@@ -70,18 +81,8 @@ class AttemptRecord(BaseModel):
     findings: list[str] = Field(default_factory=list)
     arch: str = ""
     feedback: str = ""  # what the harness said, as sent back to the model
+    review: ReviewRecord | None = None  # soft verification of this candidate, when it was usable
     wall_s: float = 0.0
-
-
-class ReviewRecord(BaseModel):
-    """Soft verification of one candidate."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    accepted: bool
-    issues: list[str] = Field(default_factory=list)
-    summary: str = ""
-    error: str | None = None  # the reviewer gave no usable answer (the candidate is then not accepted)
 
 
 class KBSnapshot(BaseModel):

@@ -8,7 +8,7 @@ from fakellm import Answer, Rule, Script
 from kb_mcp.clients.llm import Role
 from kb_mcp.policy.agent_base import AgentFailed, Conversation
 from kb_mcp.policy.agent_gradient import parse_analysis, parse_evaluation, parse_update
-from kb_mcp.policy.agent_kernel import parse_kernel_answer
+from kb_mcp.policy.agent_kernel import changed_kernel_parser, parse_kernel_answer
 from kb_mcp.policy.agent_parse import AnswerError, extract_json_object
 from kb_mcp.policy.agent_review import parse_review
 
@@ -51,6 +51,14 @@ def test_kernel_answer_errors_carry_feedback(text: str, needle: str) -> None:
         parse_kernel_answer(text)
     assert needle in info.value.feedback
     assert info.value.refusal == ("declined" in needle)
+
+
+def test_lowering_parser_refuses_the_current_kernel_unchanged() -> None:
+    parse = changed_kernel_parser(MODULE)
+    with pytest.raises(AnswerError, match="unchanged"):
+        parse(f"Done:\n```python\n{MODULE.replace(chr(10), '   ' + chr(10))}\n```")  # trailing spaces only
+    changed = MODULE.replace("return x", "return x * 1")
+    assert parse(f"```python\n{changed}```").source == changed
 
 
 def test_json_object_found_in_prose_and_fences() -> None:

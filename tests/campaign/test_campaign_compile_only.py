@@ -88,6 +88,10 @@ def test_steps_lower_fix_review_and_record(campaign) -> None:
     rejected = [s for s in steps if s.review is not None and not s.review.accepted]
     assert rejected and all(not s.accepted and not s.outcome_recorded for s in rejected)
     assert all("swish_chunks" in store.kernel_source(s.problem, s.candidate_id) for s in rejected)
+    # the review's issue went back to the model as a fix request, and each candidate keeps its review
+    asked = [r for r in requests if r.role == "lower" and "code review rejected" in r.last_user]
+    assert asked and "last partial chunk" in asked[0].last_user
+    assert all(len(s.attempts) == 2 and all(a.review and not a.review.accepted for a in s.attempts) for s in rejected)
 
     fresh = KBStore.open(kb)
     recorded = [s for s in steps if s.outcome_recorded]

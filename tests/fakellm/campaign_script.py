@@ -3,7 +3,8 @@
 
 It answers like a fallible model: a refusal and a prose-only answer before the first swish
 kernel, code that does not compile (then its fix once the compiler's message comes back, or for
-the chain the same error again), a variant with uncoalesced access that the review rejects, and
+the chain the same error again), a variant with uncoalesced access that the review rejects (and that
+the model insists on when told), and
 textual-gradient answers that mix valid and invalid KB edits. All kernels are real CUDA (NVRTC style) in `answers/`.
 """
 
@@ -106,16 +107,20 @@ def campaign_script() -> Script:
             Rule(role="generate", problem=CHAIN, answers=[Answer(text=kernel("chain_broken"))]),
             # lowering: swish gets a broken vectorization (fixed after the compiler's message), then variants
             Rule(role="lower", problem=SWISH, contains="verdict: compile_error", answers=[Answer(text=kernel("swish_vec4"))]),
-            Rule(role="lower", problem=SWISH, answers=[
+            Rule(role="lower", problem=SWISH, contains="code review rejected",
+                 answers=[Answer(text=kernel("swish_strided", "The chunked version is correct as it is:"))]),
+            Rule(role="lower", problem=SWISH, cycle=True, answers=[
                 Answer(text=kernel("swish_broken", "Vectorized with float4:")),
                 Answer(text=kernel("swish_strided", "Each thread now handles a chunk:")),
                 Answer(text=kernel("swish_vec4")),
+                Answer(text=kernel("swish_b512", "Larger blocks:")),
             ]),
             # chain: smaller blocks, then a fusion attempt that never compiles (a compile failure for the KB)
             Rule(role="lower", problem=CHAIN, contains="verdict: compile_error", answers=[Answer(text=kernel("chain_broken"))]),
-            Rule(role="lower", problem=CHAIN, answers=[
+            Rule(role="lower", problem=CHAIN, cycle=True, answers=[
                 Answer(text=kernel("chain_small_blocks", "Smaller blocks for more parallelism:")),
                 Answer(text=kernel("chain_broken")),
+                Answer(text=kernel("chain_b128")),
                 Answer(text=kernel("chain_v1")),
             ]),
             Rule(role="review", responder=review),

@@ -60,6 +60,7 @@ class Rule(BaseModel):
     answers: list[Answer] = Field(default_factory=list)
     responder: Responder | None = Field(default=None, exclude=True)
     repeat_last: bool = True  # once used up, keep giving the last answer
+    cycle: bool = False  # once used up, start again from the first answer
     used: int = 0
 
     def matches(self, role: str | None, problem: str | None, last_user: str) -> bool:
@@ -70,7 +71,7 @@ class Rule(BaseModel):
             return False
         if self.contains is not None and self.contains not in last_user:
             return False
-        return self.responder is not None or self.repeat_last or self.used < len(self.answers)
+        return self.responder is not None or self.repeat_last or self.cycle or self.used < len(self.answers)
 
     def next_answer(self, messages: list[dict[str, Any]]) -> Answer:
         """The next answer: computed by the responder, else the next in order (the last again when used up)."""
@@ -80,6 +81,8 @@ class Rule(BaseModel):
                 return Answer(text=self.responder(messages))
             except Exception as exc:  # a broken test script shows up as a server error, not a hang
                 return Answer(status=500, text=f"responder failed: {type(exc).__name__}: {exc}")
+        if self.cycle:
+            return self.answers[(self.used - 1) % len(self.answers)]
         return self.answers[min(self.used - 1, len(self.answers) - 1)]
 
 

@@ -79,3 +79,24 @@ def test_parallel_trajectories_and_report_rebuild(tmp_path: Path) -> None:
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert json.loads((store.report_dir / "report.json").read_text()) == report
     assert (store.report_dir / "fast_p.png").exists()
+
+
+def test_progress_bars_and_plain_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.console import Console
+
+    from kb_mcp.server.campaign_console import ConsoleProgress
+
+    plain = ConsoleProgress(enabled=False)
+    with plain:
+        plain.update("swish", 2, 5, "i0 s0 vectorize: faster 1.40x, accepted")
+    assert "[swish] 2/5 i0 s0 vectorize: faster 1.40x, accepted" in capsys.readouterr().err
+
+    bars = ConsoleProgress(enabled=True)
+    bars.console = Console(stderr=True, force_terminal=True, width=140, record=True)
+    bars.bars = True
+    with bars:
+        bars.update("swish", 2, 5, "queued")
+        bars.update("elementwise_chain_small", 1, 5, "first kernel: faster")
+        bars.log("a line above the bars")
+    text = bars.console.export_text()
+    assert "swish" in text and "elementwise_chain_small" in text and "3/10" in text and "a line above the bars" in text

@@ -149,12 +149,13 @@ def main(argv: list[str] | None = None) -> int:
         figures["chain"] = {"worker_eager_ms": worker_eager, "bare_eager_ms": bare,
                             "candidate_ms": chained.timings.candidate_ms if chained.timings else None}
 
-        # The same with CUPTI left attached after profiler sessions (TEARDOWN_CUPTI=0), for comparison.
+        # The same in a fresh pool without a spare, CUPTI left attached after profiler sessions
+        # (TEARDOWN_CUPTI=0): is in-worker launch overhead a matter of CUPTI teardown?
         with tempfile.TemporaryDirectory(prefix="kbmcp-bench-cupti-") as cache2:
             with WorkerPool(cache2, env={"TEARDOWN_CUPTI": "0"}, spare=False) as attached:
                 t0 = time.perf_counter()
                 other = attached.verify(chain, _tag(chain_src, "attached"), VerifyOptions(compile_baseline=False))
-                rows.append(("same, CUPTI left attached (TEARDOWN_CUPTI=0)", time.perf_counter() - t0,
+                rows.append(("same, fresh pool, no spare, TEARDOWN_CUPTI=0", time.perf_counter() - t0,
                              f"worker eager {other.timings.eager_ms if other.timings else None} ms, candidate "
                              f"{other.timings.candidate_ms if other.timings else None} ms"))
                 figures["chain_cupti_attached"] = other.model_dump(mode="json", include={"timings"})

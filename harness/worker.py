@@ -246,15 +246,7 @@ class WorkerPool:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.start_timeout_s = start_timeout_s
         self.no_cuda = no_cuda
-        self.env = {
-            **os.environ,
-            # After each profiler session (the kernel census) CUPTI is finalised; left attached, its
-            # launch callbacks add microseconds to every kernel launch timed afterwards.
-            "TEARDOWN_CUPTI": "1",
-            **(env or {}),
-            "PYTHONUNBUFFERED": "1",
-            paths.ENV_CACHE: str(self.cache_dir),
-        }
+        self.env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", paths.ENV_CACHE: str(self.cache_dir)}
         self.restarts = 0  # workers replaced after a timeout, crash, forged frame or retirement
         # A spare worker starts beside the active one, so that replacing a worker after a fault costs
         # no start-up (seconds of CUDA and profiler initialisation). It runs no candidate while it waits.

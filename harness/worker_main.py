@@ -50,8 +50,6 @@ def _hide_fd(fd: int) -> int:
 
 def _setup(cache_dir: Path, no_cuda: bool) -> tuple[Any, dict[str, Any]]:
     """Initialises torch (and CUDA, when present) and everything the pipeline needs before candidates."""
-    # CUPTI must not stay attached after a profiler session: its callbacks slow every later launch.
-    os.environ.setdefault("TEARDOWN_CUPTI", "1")
     import torch
 
     from kb_mcp.harness import baselines, compile, integrity, integrity_runtime, timing, verify  # noqa: F401

@@ -29,6 +29,7 @@ from kb_mcp.policy.campaign_models import (
 from kb_mcp.policy.campaign_store import CampaignStore
 
 FAST_P_MARKS = (0.0, 0.5, 0.8, 1.0, 1.2, 1.5, 2.0, 3.0)
+MAX_GROWTH_POINTS = 400
 
 
 class SpeedupStats(BaseModel):
@@ -301,7 +302,12 @@ def kb_growth(
     points = [start] if start else []
     points += [u.kb for u in units if u.kb is not None]
     points += [g.kb_after for g in gradients if g.kb_after is not None]
-    return sorted(points, key=lambda p: p.at)
+    points.sort(key=lambda p: p.at)
+    if len(points) <= MAX_GROWTH_POINTS:
+        return points
+    # A 100-problem campaign has ~10,000 snapshots: keep an even sample (and the last) for the plot.
+    stride = len(points) / (MAX_GROWTH_POINTS - 1)
+    return [points[int(i * stride)] for i in range(MAX_GROWTH_POINTS - 1)] + [points[-1]]
 
 
 def build_report(

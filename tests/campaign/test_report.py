@@ -139,3 +139,23 @@ def test_report_files_are_written(tmp_path: Path) -> None:
     markdown = (store.report_dir / "report.md").read_text()
     assert f"{report.speedup.geomean:.2f}x" in markdown and "| pa |" in markdown
     assert json.loads((store.report_dir / "report.json").read_text())["valid_rate"] == report.valid_rate
+
+
+def test_kb_growth_keeps_start_and_end_and_stays_bounded() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from kb_mcp.policy.report import MAX_GROWTH_POINTS, kb_growth
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def snap(i: int) -> KBSnapshot:
+        return KBSnapshot(states=23, discovered_states=0, optimizations=74, deprecated_optimizations=0, lessons=i,
+                          outcomes=i, measured_scores=i, bytes=i, at=t0 + timedelta(seconds=i))
+
+    steps = [StepRecord(problem="p", iteration=0, step=i, parent_candidate_id="c", kb=snap(i + 1)) for i in range(1000)]
+    points = kb_growth(snap(0), steps[::-1], [])  # order on disk does not matter: time does
+    assert len(points) == MAX_GROWTH_POINTS
+    assert points[0].outcomes == 0 and points[-1].outcomes == 1000
+    assert [p.outcomes for p in points] == sorted(p.outcomes for p in points)
+    short = kb_growth(snap(0), steps[:5], [])
+    assert [p.outcomes for p in short] == [0, 1, 2, 3, 4, 5]

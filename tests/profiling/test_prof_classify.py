@@ -6,7 +6,7 @@ from __future__ import annotations
 import operator
 
 import pytest
-from conftest import OWN, own_profile, shared_file
+from prof_fixtures import OWN, own_profile, shared_file
 
 from kb_mcp.harness.ncu_parse import parse_ncu_csv
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import OWN, PROBLEMS
+from prof_fixtures import OWN, PROBLEMS
 
 from kb_mcp.harness import profiler
 from kb_mcp.harness.problem import load_problem

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PROBLEMS, ROOT
+from prof_fixtures import PROBLEMS, ROOT
 
 from kb_mcp.harness.profile_store import ProfileStore
 from kb_mcp.tools import classify_state, profile_kernel

@@ -4,7 +4,7 @@ imported reports with auto-scaled units and thousands separators)."""
 from __future__ import annotations
 
 import pytest
-from conftest import OWN, own_profile, shared_file
+from prof_fixtures import OWN, own_profile, shared_file
 
 from kb_mcp.harness import ncu_parse
 from kb_mcp.harness.ncu_parse import NcuParseError, parse_ncu_csv, parse_number, short_name, unit_factor

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 PLANTED = Path(__file__).resolve().parents[1] / "fixtures" / "planted"
+CHECKED = ("spills", "reg_occupancy", "stream", "bank_conflicts")
 
 
 def _build(source: Path, out: Path) -> tuple[str, int, str]:
@@ -22,17 +22,10 @@ def _build(source: Path, out: Path) -> tuple[str, int, str]:
     return source.stem, proc.returncode, proc.stdout + proc.stderr
 
 
-def _has_cublas() -> bool:
-    nvcc = shutil.which("nvcc")
-    return bool(nvcc) and any((Path(nvcc).resolve().parents[1] / d / "cublas_v2.h").is_file()
-                              for d in ("include", "targets/x86_64-linux/include"))
-
-
 @pytest.mark.nvcc
-@pytest.mark.slow
 def test_planted_programs_build_with_their_bottlenecks(tmp_path: Path) -> None:
-    sources = [s for s in sorted(PLANTED.glob("*.cu")) if s.stem != "cublas_gemm" or _has_cublas()]
-    assert len(sources) >= 14
+    # The programs whose bottleneck the compiler can confirm; the GPU recorder builds all of them.
+    sources = [PLANTED / f"{name}.cu" for name in CHECKED]
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         results = {name: (rc, log) for name, rc, log in pool.map(lambda s: _build(s, tmp_path), sources)}
     failed = {name: log[-800:] for name, (rc, log) in results.items() if rc != 0}

@@ -3,11 +3,12 @@ KB file (several processes at once included)."""
 
 from __future__ import annotations
 
-import multiprocessing
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROBLEMS, own_profile
+from prof_fixtures import PROBLEMS, own_profile
 from pydantic import ValidationError
 
 from kb_mcp.harness.profile_model import KernelMetrics
@@ -99,18 +100,28 @@ def test_new_signature_is_discovered_once_and_reused(kb_path: Path) -> None:
     assert after - before == {new_id}
 
 
-def _classify_novel(kb: str) -> str:
-    result = classify_state.run(ToolContext(kb), classify_state.Request(metrics=NOVEL))
-    assert result.overall and result.overall.state_id
-    return result.overall.state_id
+DISCOVER = """
+import sys
+from kb_mcp.harness.profile_model import KernelMetrics
+from kb_mcp.tools import classify_state
+from kb_mcp.tools.context import ToolContext
+metrics = KernelMetrics.model_validate_json(sys.argv[2])
+result = classify_state.run(ToolContext(sys.argv[1]), classify_state.Request(metrics=metrics))
+print(result.overall.state_id, result.kb_grew)
+"""
 
 
 def test_concurrent_discovery_creates_exactly_one_state(kb_path: Path) -> None:
+    """Eight server-like processes meet the same new signature at once: one state, created once."""
     KBStore.open(kb_path)  # seed the file first, as a running server would have
     before = len(KBStore.open(kb_path).list_states())
-    with multiprocessing.get_context("spawn").Pool(4) as pool:
-        ids = pool.map(_classify_novel, [str(kb_path)] * 8)
-    assert len(set(ids)) == 1
+    procs = [subprocess.Popen([sys.executable, "-c", DISCOVER, str(kb_path), NOVEL.model_dump_json()],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-500:] for _, err in outputs]
+    answers = [out.split() for out, _ in outputs]
+    assert len({state for state, _ in answers}) == 1
+    assert sum(grew == "True" for _, grew in answers) == 1  # exactly one process created it
     assert len(KBStore.open(kb_path).list_states()) == before + 1
 
 

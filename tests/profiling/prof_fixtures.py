@@ -1,4 +1,5 @@
-"""Fixture paths and loaders shared by the profiling tests."""
+"""Fixture paths and loaders shared by the profiling tests (a plain module: a uniquely named import,
+unlike `conftest`, cannot pick up another folder's helpers)."""
 
 from __future__ import annotations
 

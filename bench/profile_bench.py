@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAIRS = [
-    ("examples/problems/swish.py", None),
+PAIRS = [  # candidates first: the target is per candidate
     ("examples/problems/swish.py", "examples/candidates/swish_nvrtc.py"),
-    ("tests/profiling/problems/relu_mul_add.py", None),
     ("tests/profiling/problems/relu_mul_add.py", "tests/profiling/problems/relu_mul_add_fused.py"),
+    ("examples/problems/swish.py", None),
+    ("tests/profiling/problems/relu_mul_add.py", None),
 ]
 
 

@@ -17,20 +17,28 @@ from kb_mcp.policy.agent_parse import AnswerError, extract_module
 CANDIDATE_RULES = """
 A candidate is one Python module that defines `class ModelNew(nn.Module)` with exactly the same
 constructor arguments as the reference `Model` and the same `forward` signature and output.
-Two ways to run your own CUDA code are accepted:
-  (a) `torch.utils.cpp_extension.load_inline(name=..., cpp_sources=..., cuda_sources=..., functions=[...])`
-      with the kernels and a host launcher in `cuda_sources` (include <torch/types.h> rather than
-      <torch/extension.h> when you can: it builds much faster), called from `forward`;
-  (b) raw kernels compiled at import through NVRTC, `torch.cuda._compile_kernel(source, "kernel_name")`,
-      launched on torch tensors with explicit grid and block sizes.
+Two ways to run your own CUDA code are accepted; build once, at module level (or in __init__),
+never inside forward:
+  (a) NVRTC, fastest to build: `k = torch.cuda._compile_kernel(SOURCE, "kernel_name")` with the kernel
+      declared `extern "C" __global__`, launched as
+      `k(grid=(gx, gy, gz), block=(bx, by, bz), args=[tensors, ints, floats], shared_mem=bytes)`.
+      A tensor argument becomes its data pointer, a Python int a 32-bit `int`, a Python float a
+      `double`. NVRTC has no <math.h> macros (no INFINITY); the CUDA math functions are built in.
+  (b) `torch.utils.cpp_extension.load_inline(name=..., cpp_sources=..., cuda_sources=..., functions=[...])`
+      (KernelBench style). It builds much faster when the CUDA source includes only <cuda_runtime.h>
+      and exports a plain launcher taking raw pointers and a stream, with torch types kept to the
+      C++ wrapper.
 Rules the harness enforces (breaking one makes the candidate invalid):
   - all computation of `forward` runs in your own kernels: no torch compute ops (matmul, conv, softmax,
     activations, reductions, arithmetic on tensors), no cuBLAS/cuDNN, no calls to `Model`, no subclassing
-    `Model`, no try/except fallback; allocating outputs (torch.empty) and reading shapes is fine;
+    `Model`, no try/except fallback; allocating outputs (torch.empty*), views, .contiguous() and shape
+    queries are fine;
   - never write into the inputs; keep no state or cached results between calls; no side streams or threads;
-  - keep the reference's dtype and numerics (no silent precision lowering);
+  - keep the reference's dtype and numerics (no silent precision lowering; accumulate in float32 or wider);
   - parameters created in `__init__` must be initialised exactly as the reference initialises them
-    (build the same nn layers, or copy their initialisation), because outputs are compared.
+    (build the same nn layers, or copy their initialisation), because outputs are compared;
+  - handle every size the input generators can produce, including tails that are not a multiple of
+    your block or tile size.
 Answer with the complete module in ONE ```python block, then at most a few sentences.
 """.strip()
 

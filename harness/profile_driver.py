@@ -15,7 +15,6 @@ Usage: python -m kb_mcp.harness.profile_driver SPEC.json  (writes the DriverRepo
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import traceback
@@ -213,9 +212,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown (unloading torch and CUDA takes a noticeable share of a short
-    # profile); everything the profiler needs is already in the report file.
-    os._exit(code)
+    # A normal exit (not os._exit): ncu's injection finishes its report in the process's exit handlers.
+    sys.exit(main())

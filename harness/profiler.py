@@ -270,13 +270,13 @@ def _read_driver_report(path: Path, returncode: int, output: str) -> DriverRepor
                         f"without a report; its output ends with:\n{tail}")
 
 
-def _raise_for_driver(report: DriverReport, returncode: int) -> None:
+def _raise_for_driver(report: DriverReport, returncode: int, candidate: bool) -> None:
     if report.ok:
         return
     if returncode == EXIT_NO_GPU or report.stage == "device":
         raise NoGpuError("profiling needs a CUDA GPU, and none is visible on this machine")
-    raise ProfilerError(f"the {'candidate' if report.stage == 'load_candidate' else 'model'} failed while "
-                        f"profiling (stage: {report.stage}): {report.error}")
+    who = "the candidate" if candidate and report.stage != "load_problem" else "the problem's model"
+    raise ProfilerError(f"{who} failed while profiling (stage: {report.stage}): {report.error}")
 
 
 def profile(
@@ -335,7 +335,7 @@ def profile(
             reason = counters_blocked_reason(run.output)
             if reason is None:
                 driver_report = _read_driver_report(Path(spec.report_path), run.returncode, run.output)
-                _raise_for_driver(driver_report, run.returncode)
+                _raise_for_driver(driver_report, run.returncode, candidate_source is not None)
                 kernels = []
                 phases = dict(driver_report.phases_s)
                 phases["ncu_run"] = round(run.wall_s, 3)
@@ -370,7 +370,7 @@ def profile(
         except subprocess.TimeoutExpired as exc:
             raise ProfilerError(f"the timing run took longer than {options.timeout_s:.0f} s and was stopped") from exc
         driver_report = _read_driver_report(Path(spec.report_path), proc.returncode, proc.stdout + proc.stderr)
-        _raise_for_driver(driver_report, proc.returncode)
+        _raise_for_driver(driver_report, proc.returncode, candidate_source is not None)
         trace = json.loads(Path(driver_report.trace_path or spec.trace_path or "").read_text())
         kernels = kernels_from_trace(trace)
         result = _assemble(profile_id, problem, cand_id, driver_report, kernels, notes,

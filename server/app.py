@@ -21,7 +21,7 @@ from kb_mcp.server.gpu import gpu_summary
 from kb_mcp.server.job_tools import job_tool_specs
 from kb_mcp.server.jobs import JobManager, JobStore, registered_job_kinds
 from kb_mcp.server.mcp_tools import as_mcp_tool
-from kb_mcp.server.registry import ToolSpec, load_tools
+from kb_mcp.server.registry import JOB_ONLY_MODULES, ToolSpec, load_tools
 from kb_mcp.server.transport import StaticTokenVerifier
 from kb_mcp.tools.context import ToolContext
 
@@ -83,7 +83,8 @@ def build_server(
     """Assembles the server over `ctx` (default: the KB from $KB_MCP_KB / ~/.kb-mcp).
 
     `tools` defaults to the product tools whose modules import; `job_kinds` (extra, job-only
-    kinds) defaults to those registered with `kb_mcp.server.jobs.register_job_kind`. With
+    kinds) defaults to those registered with `kb_mcp.server.jobs.register_job_kind` plus the
+    lazily imported `registry.JOB_ONLY_MODULES`. With
     `http_token`, the HTTP app answers 401 to any request without `Authorization: Bearer <token>`.
     `adopt_client_name` (stdio: one client per process) records the client's name as provenance.
     """
@@ -91,7 +92,12 @@ def build_server(
     runner = ToolRunner(ctx)
     tool_specs = list(tools) if tools is not None else load_tools()
     extra_kinds = list(job_kinds) if job_kinds is not None else registered_job_kinds()
-    jobs = JobManager(runner, [*tool_specs, *extra_kinds], JobStore(ctx.artifacts_dir / "jobs"))
+    jobs = JobManager(
+        runner,
+        [*tool_specs, *extra_kinds],
+        JobStore(ctx.artifacts_dir / "jobs"),
+        lazy_kinds=JOB_ONLY_MODULES if job_kinds is None else None,
+    )
     all_specs = [*tool_specs, *job_tool_specs(jobs)]
 
     @asynccontextmanager

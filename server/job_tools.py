@@ -98,7 +98,7 @@ class JobView(BaseModel):
 
 def job_tool_specs(manager: JobManager) -> list[ToolSpec]:
     """The three job tools, bound to `manager`; descriptions list the kinds it can run."""
-    kinds = ", ".join(sorted(manager.kinds))
+    kinds = ", ".join(manager.kind_names)
 
     def start(ctx: ToolContext, req: StartJobRequest, progress: Progress) -> JobView:
         return JobView.of(manager.start(req.kind, req.arguments))

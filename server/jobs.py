@@ -8,13 +8,14 @@ the server and keeps its record in `<artifacts>/jobs/<job_id>.json`, beside the 
 * a status survives the server: a job whose server process died is reported `interrupted`;
 * a cancel request written by any server reaches the running job at its next progress report.
 
-Every tool is a job kind. Work that only makes sense as a job (a campaign) registers itself with
-`register_job_kind` (a module following the tool convention, or a `ToolSpec`), or is listed in
-`kb_mcp.server.registry.JOB_ONLY_MODULES`.
+Every tool is a job kind. Work that only makes sense as a job (a campaign) is listed in
+`kb_mcp.server.registry.JOB_ONLY_MODULES` (imported when first started), or registers itself with
+`register_job_kind` (a module following the tool convention, or a `ToolSpec`).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -22,7 +23,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -34,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.kb.models import utcnow
 from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
-from kb_mcp.server.registry import JOB_ONLY_MODULES, ToolSpec, load_specs
+from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.base import Progress
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,8 @@ def register_job_kind(kind: ToolSpec | ModuleType) -> ToolSpec:
 
 
 def registered_job_kinds() -> list[ToolSpec]:
-    """Job-only kinds: those registered by code plus the importable `JOB_ONLY_MODULES`."""
-    specs = {spec.name: spec for spec in load_specs(JOB_ONLY_MODULES)}
-    specs.update(_KINDS)
-    return list(specs.values())
+    """Job-only kinds registered by code with `register_job_kind`."""
+    return list(_KINDS.values())
 
 
 class JobCancelled(BaseException):
@@ -194,22 +193,50 @@ class JobStore:
 class JobManager:
     """Starts jobs in background threads of this process and answers for any job in the store."""
 
-    def __init__(self, runner: ToolRunner, kinds: Iterable[ToolSpec], store: JobStore) -> None:
+    def __init__(
+        self,
+        runner: ToolRunner,
+        kinds: Iterable[ToolSpec],
+        store: JobStore,
+        lazy_kinds: Mapping[str, str] | None = None,
+    ) -> None:
         self.runner = runner
         self.kinds: dict[str, ToolSpec] = {spec.name: spec for spec in kinds}
+        self.lazy_kinds = {k: m for k, m in (lazy_kinds or {}).items() if k not in self.kinds}
         self.store = store
         self._owner = _this_owner()
         self._cancel_events: dict[str, threading.Event] = {}
         self._pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_JOBS, thread_name_prefix="kb-mcp-job")
 
+    @property
+    def kind_names(self) -> list[str]:
+        """Every kind this manager can start (loaded or not yet imported)."""
+        return sorted({*self.kinds, *self.lazy_kinds})
+
+    def spec(self, kind: str) -> ToolSpec:
+        """The kind's ToolSpec, importing a lazily declared kind's module on first use."""
+        spec = self.kinds.get(kind)
+        if spec is not None:
+            return spec
+        module = self.lazy_kinds.get(kind)
+        if module is None:
+            raise ToolFailure(f"unknown job kind {kind!r}; kinds: {', '.join(self.kind_names)}", expected=True)
+        try:
+            spec = ToolSpec.from_module(importlib.import_module(module))
+        except Exception as exc:
+            log.exception("job kind %s: cannot load %s", kind, module)
+            raise ToolFailure(
+                f"job kind {kind!r} is not available on this server ({module}: {type(exc).__name__}: {exc})",
+                expected=False,
+            ) from exc
+        if spec.name != kind:
+            raise ToolFailure(f"job kind {kind!r}: {module} defines {spec.name!r} instead", expected=False)
+        self.kinds[kind] = spec
+        return spec
+
     def start(self, kind: str, arguments: dict[str, Any]) -> JobRecord:
         """Validates the arguments now (bad ones fail the call, not the job), then queues the job."""
-        spec = self.kinds.get(kind)
-        if spec is None:
-            raise ToolFailure(
-                f"unknown job kind {kind!r}; kinds: {', '.join(sorted(self.kinds))}",
-                expected=True,
-            )
+        spec = self.spec(kind)
         request = parse_request(spec, arguments)
         record = JobRecord(
             job_id=new_job_id(),

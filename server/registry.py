@@ -30,10 +30,11 @@ TOOL_MODULES: tuple[str, ...] = (
 )
 """The five tools, in the order of one optimization round."""
 
-JOB_ONLY_MODULES: list[str] = ["kb_mcp.policy.campaign_job"]
-"""Modules following the tool convention that run only as jobs (work far longer than any client's
-tool timeout, e.g. a campaign). Append a module path here, or call
-`kb_mcp.server.jobs.register_job_kind`, to make it startable through `start_job`."""
+JOB_ONLY_MODULES: dict[str, str] = {"run_campaign": "kb_mcp.policy.campaign_job"}
+"""Job kinds that run only as jobs (work far longer than any client's tool timeout), by kind name:
+the module (tool convention) that implements it. Imported when a job of that kind is first
+started, not at server start (the campaign pulls in the LLM client, about a second of imports).
+Code can also call `kb_mcp.server.jobs.register_job_kind`."""
 
 EXCLUSIVE_TOOLS: frozenset[str] = frozenset({"profile_kernel", "compile_and_verify"})
 """Tools that time or profile on the GPU. One server process runs them one at a time (direct calls

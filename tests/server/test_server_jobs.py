@@ -168,3 +168,26 @@ async def test_registered_job_kinds_are_startable(kb_path: Path, toy_spec: ToolS
         from kb_mcp.server import jobs
 
         jobs._KINDS.pop("toy_campaign", None)
+
+
+def test_job_only_kinds_are_imported_when_first_started(kb_path: Path, toy_spec: ToolSpec) -> None:
+    ctx = ToolContext(kb_path)
+    lazy = {"toy_count": "toy_tool", "broken_kind": "no_such_module_here", "misnamed": "toy_tool"}
+    manager = JobManager(ToolRunner(ctx), [], JobStore(ctx.artifacts_dir / "jobs"), lazy_kinds=lazy)
+    assert manager.kind_names == ["broken_kind", "misnamed", "toy_count"] and manager.kinds == {}
+    done = _wait_finished(manager, manager.start("toy_count", {"n": 2}).job_id)
+    assert done.status == "succeeded" and "toy_count" in manager.kinds
+    with pytest.raises(ToolFailure, match="job kind 'broken_kind' is not available on this server"):
+        manager.start("broken_kind", {})
+    with pytest.raises(ToolFailure, match="defines 'toy_count' instead"):
+        manager.start("misnamed", {})
+    manager.shutdown()
+
+
+def test_the_campaign_is_a_job_kind_of_the_real_server(kb_path: Path) -> None:
+    server = build_server(ToolContext(kb_path))
+    assert "run_campaign" in server.jobs.kind_names
+    assert "run_campaign" in server.specs["start_job"].description
+    spec = server.jobs.spec("run_campaign")  # the module named in JOB_ONLY_MODULES follows the convention
+    assert spec.name == "run_campaign" and spec.request.model_fields
+    server.jobs.shutdown()

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from typing import Any
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError as SdkToolError
@@ -48,27 +50,33 @@ class ProgressRelay:
 
     Reports are throttled, kept non-decreasing (MCP requires progress to increase), and double
     as cancellation points: when the client cancels the call, the next report raises in the
-    tool's thread and the tool stops.
+    tool's thread and the tool stops. A tool may also report from threads of its own: the relay
+    holds the event loop's token, so any thread can send.
     """
 
     def __init__(self, mcp_ctx: Context[Any, Any]) -> None:
         self._ctx = mcp_ctx
+        self._token = anyio.lowlevel.current_token()  # built in the request's task, on its loop
+        self._lock = threading.Lock()
         self._last_value = -math.inf
         self._last_time = 0.0
 
     def __call__(self, done: float, total: float | None = None, message: str | None = None) -> None:
-        anyio.from_thread.check_cancelled()
+        try:
+            anyio.from_thread.check_cancelled()
+        except anyio.NoEventLoopError:
+            pass  # a thread the tool started itself: no cancel scope to check from here
         now = time.monotonic()
         final = total is not None and done >= total
-        if now - self._last_time < _PROGRESS_MIN_INTERVAL_S and not final:
-            return
-        value = max(float(done), self._last_value)
-        self._last_value, self._last_time = value, now
+        with self._lock:
+            if now - self._last_time < _PROGRESS_MIN_INTERVAL_S and not final:
+                return
+            value = max(float(done), self._last_value)
+            self._last_value, self._last_time = value, now
         try:
-            anyio.from_thread.run(self._ctx.report_progress, value, total, message)
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception as exc:  # a client that went away must not fail the tool
+            anyio.from_thread.run(self._ctx.report_progress, value, total, message, token=self._token)
+        except Exception as exc:  # a client that went away must not fail the tool (cancellation is a
+            # BaseException: it still stops the tool)
             log.debug("progress notification not delivered: %s", exc)
 
 

@@ -192,3 +192,25 @@ async def test_prompt_walks_through_the_round(toy_server: KbMcpServer) -> None:
     positions = [text.index(name) for name in order]
     assert positions == sorted(positions)
     assert "examples/problems/relu.py" in text and "ModelNew" in text and "candidate_id" in text
+
+
+async def test_progress_from_a_thread_the_tool_started(tmp_path: Path, toy_spec: ToolSpec) -> None:
+    import threading
+
+    def threaded_run(ctx, req, progress):  # type: ignore[no-untyped-def]
+        worker = threading.Thread(target=lambda: [progress(i + 1, req.n, f"side {i + 1}") for i in range(req.n)])
+        worker.start()
+        worker.join()
+        return toy_tool.Result(label="threads", counted=req.n, tags=[], kb_file="-")
+
+    spec = dataclasses.replace(toy_spec, run=threaded_run)
+    server = build_server(ToolContext(tmp_path / "kb.json"), tools=[spec])
+    seen: list[str | None] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        seen.append(message)
+
+    async with Client(server) as client:
+        got = await call_json(client, "toy_count", {"n": 3}, progress=on_progress)
+    assert got["label"] == "threads"
+    assert seen and seen[-1] == "side 3"

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 HIGH_PCT = 60.0  # a unit at or above this share of its peak is the limiter
 MID_PCT = 40.0  # both units at least this busy, neither at the limit: hybrid, moderately balanced
 PIPE_BUSY_PCT = 50.0  # an individual pipe (FMA, tensor, XU) this busy is the compute limiter
+SATURATED_PIPE_PCT = 80.0  # a pipe this busy is the limiter even when the memory side is busy too
 COALESCED_MAX_SPR = 16.0  # a fully coalesced 16-byte-per-thread load touches 16 sectors; more is scatter
 SUSPECT_SPR = 8.0  # above a 4-byte load's 4 sectors: uncoalesced only if the profiler's rule agrees
 BANK_CONFLICTS_PER_REQ = 1.0  # extra shared-memory wavefronts per shared instruction (1 = 2-way on average)
@@ -393,6 +394,16 @@ def throughput_diagnosis(k: KernelProfile) -> Diagnosis | None:
     ev_mem = Evidence(metric="memory_throughput_pct", value=mem, threshold=HIGH_PCT,
                       relation=">=" if mem >= HIGH_PCT else "<")
     f = k.findings
+    pipes = [(Secondary.tensor_cores, "tensor_pipe_pct", _v(m.tensor_pipe_pct)),
+             (Secondary.special_functions, "xu_pipe_pct", _v(m.xu_pipe_pct)),
+             (Secondary.fp32_pipe, "fma_pipe_pct", _v(m.fma_pipe_pct))]
+    secondary, metric, busiest = max(pipes, key=lambda p: p[2])
+    if sm >= HIGH_PCT and busiest >= SATURATED_PIPE_PCT:
+        # A saturated pipe limits the kernel; the memory traffic that feeds it (shared-memory operands
+        # of a tensor-core GEMM) is not a second, independent limit.
+        ev = [ev_sm, Evidence(metric=metric, value=busiest, threshold=SATURATED_PIPE_PCT, relation=">=",
+                              note="this pipe is saturated")]
+        return _diag(secondary, (busiest - HIGH_PCT) / 40 + 0.5, ev, f, specific=False)
     if sm >= HIGH_PCT and mem >= HIGH_PCT:
         return _diag(Secondary.balanced_high, (min(sm, mem) - HIGH_PCT) / 40 + 0.5, [ev_sm, ev_mem], f, specific=False)
     if mem >= HIGH_PCT and mem >= sm:

@@ -144,3 +144,37 @@ def test_classification_is_deterministic() -> None:
     a = classify_profile(own_profile("spills")).model_dump()
     b = classify_profile(own_profile("spills")).model_dump()
     assert a == b
+
+
+def _one(metrics: KernelMetrics, grid: tuple[int, int, int] = (4096, 1, 1)) -> tuple[str | None, str | None]:
+    k = KernelProfile(index=0, name="k", full_name="k", grid=grid, block=(256, 1, 1), metrics=metrics)
+    return _pair(classify_kernel(k))
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"sm_throughput_pct": 75, "memory_throughput_pct": 80, "dram_throughput_pct": 78, "fma_pipe_pct": 40},
+         ("hybrid", "balanced_high")),
+        ({"sm_throughput_pct": 50, "memory_throughput_pct": 48, "dram_throughput_pct": 40}, ("hybrid", "balanced_moderate")),
+        ({"sm_throughput_pct": 20, "memory_throughput_pct": 85, "dram_throughput_pct": 15, "l2_throughput_pct": 85,
+          "l2_hit_rate_pct": 30}, ("memory", "cache_misses")),
+        ({"sm_throughput_pct": 85, "memory_throughput_pct": 10, "fma_pipe_pct": 20, "xu_pipe_pct": 5},
+         ("compute", "instruction_mix")),
+        ({"sm_throughput_pct": 15, "memory_throughput_pct": 45, "dram_throughput_pct": 44,
+          "warp_stalls": {"long_scoreboard": 30.0}}, ("memory", "insufficient_bytes_in_flight")),
+        ({"sm_throughput_pct": 10, "memory_throughput_pct": 10, "warp_stalls": {"barrier": 12.0, "wait": 1.0}},
+         ("latency", "sync_stalls")),
+        ({"sm_throughput_pct": 10, "memory_throughput_pct": 12, "warp_stalls": {"long_scoreboard": 20.0}},
+         ("latency", "memory_stalls")),
+    ],
+)
+def test_throughput_classes(fields: dict, expected: tuple[str, str]) -> None:
+    assert _one(KernelMetrics(duration_ns=1e6, **fields)) == expected
+
+
+def test_a_saturated_tensor_pipe_wins_over_busy_operand_traffic() -> None:
+    """cuBLAS: SM 92 % and memory 94 % (shared-memory operands), tensor pipe 95 %: tensor-core bound."""
+    c = classify_profile(own_profile("cublas_gemm")).kernels[0]
+    assert _pair(c) == ("compute", "tensor_cores")
+    assert {e.metric: e.value for e in c.evidence}["tensor_pipe_pct"] >= 80

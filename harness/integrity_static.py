@@ -260,6 +260,11 @@ class _Context:
     allow: frozenset[str]
     aliases: dict[str, str] = field(default_factory=dict)  # local name -> qualified name
     modules: set[str] = field(default_factory=set)  # local names bound to imported modules/objects
+    # The candidate's own built modules and kernels (results of load_inline, load, _compile_kernel):
+    # module-level names, functions that return one, and `self.X` attributes holding one.
+    extensions: set[str] = field(default_factory=set)
+    extension_functions: set[str] = field(default_factory=set)
+    extension_attrs: set[str] = field(default_factory=set)
     functions: dict[str, list[ast.AST]] = field(default_factory=dict)  # name -> defs (functions, methods)
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
@@ -312,6 +317,94 @@ def _collect_imports(tree: ast.Module, ctx: _Context) -> None:
                     if isinstance(t, ast.Name):
                         ctx.aliases[t.id] = target
                         ctx.modules.add(t.id)
+
+
+_EXTENSION_BUILDERS = frozenset({"load_inline", "_compile_kernel", "compile_kernel", "_nvrtc_compile"})
+
+
+def _builds_extension(node: ast.AST | None, ctx: _Context) -> bool:
+    """True for a call of load_inline / cpp_extension.load / _compile_kernel (the candidate's own build)."""
+    if not isinstance(node, ast.Call):
+        return False
+    qn = _qualname(node.func, ctx.aliases) or ""
+    last = qn.rsplit(".", 1)[-1]
+    return last in _EXTENSION_BUILDERS or (last == "load" and qn.startswith("torch.utils.cpp_extension."))
+
+
+def _names_bound(fn: ast.AST) -> set[str]:
+    """Parameters and names a function assigns (its locals), without descending into nested scopes."""
+    bound: set[str] = set()
+    args = getattr(fn, "args", None)
+    if isinstance(args, ast.arguments):
+        for a in args.posonlyargs + args.args + args.kwonlyargs + [x for x in (args.vararg, args.kwarg) if x]:
+            bound.add(a.arg)
+    declared_global: set[str] = set()
+    todo = list(getattr(fn, "body", []))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            if not isinstance(node, ast.Lambda):
+                bound.add(node.name)
+            continue
+        if isinstance(node, (ast.Global, ast.Nonlocal)):
+            declared_global.update(node.names)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        todo.extend(ast.iter_child_nodes(node))
+    return bound - declared_global
+
+
+def _collect_extensions(tree: ast.Module, ctx: _Context) -> None:
+    """Finds the names under which the candidate holds its own built modules and kernels."""
+
+    def is_extension(value: ast.AST | None) -> bool:
+        if _builds_extension(value, ctx):
+            return True
+        if isinstance(value, ast.Name):
+            return value.id in ctx.extensions
+        if isinstance(value, ast.Call):
+            callee = value.func
+            name = callee.id if isinstance(callee, ast.Name) else callee.attr if isinstance(callee, ast.Attribute) else None
+            return name in ctx.extension_functions
+        return False
+
+    def assigned(node: ast.AST) -> tuple[list[ast.AST], ast.AST | None]:
+        if isinstance(node, ast.Assign):
+            return list(node.targets), node.value
+        if isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            return [node.target], node.value
+        return [], None
+
+    globals_of: dict[int, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            globals_of[id(node)] = {n for g in ast.walk(node) if isinstance(g, ast.Global) for n in g.names}
+    # Two passes: a function may return a module-level extension, an attribute may hold a function's result.
+    for _ in range(2):
+        for stmt in tree.body:
+            targets, value = assigned(stmt)
+            if is_extension(value):
+                ctx.extensions.update(t.id for t in targets if isinstance(t, ast.Name))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            local_ext: set[str] = set()
+            for node in ast.walk(fn):
+                targets, value = assigned(node)
+                if not is_extension(value):
+                    continue
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        (ctx.extensions if t.id in globals_of.get(id(fn), set()) else local_ext).add(t.id)
+                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        ctx.extension_attrs.add(t.attr)
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Return) and node.value is not None and (
+                    is_extension(node.value) or (isinstance(node.value, ast.Name) and node.value.id in local_ext)
+                ):
+                    ctx.extension_functions.add(fn.name)
 
 
 def _collect_defs(tree: ast.Module, ctx: _Context) -> None:
@@ -398,6 +491,36 @@ class _ForwardVisitor(ast.NodeVisitor):
     def __init__(self, ctx: _Context, nn_attrs: dict[str, str]) -> None:
         self.ctx = ctx
         self.nn_attrs = nn_attrs
+        self.locals: set[str] = set()  # names the function being visited binds itself
+
+    def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        outer = self.locals
+        self.locals = _names_bound(node)
+        try:
+            self.generic_visit(node)
+        finally:
+            self.locals = outer
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self._visit_function(node)
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        self._visit_function(node)
+
+    def _own_extension(self, node: ast.AST) -> bool:
+        """True when `node` is the candidate's own built module or kernel (not a tensor)."""
+        ctx = self.ctx
+        if isinstance(node, ast.Name):
+            return node.id in ctx.extensions and node.id not in self.locals
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            return node.attr in ctx.extension_attrs
+        if isinstance(node, ast.Call):
+            callee = node.func
+            if isinstance(callee, ast.Name):
+                return callee.id in ctx.extension_functions and callee.id not in self.locals
+            if isinstance(callee, ast.Attribute) and isinstance(callee.value, ast.Name) and callee.value.id == "self":
+                return callee.attr in ctx.extension_functions
+        return False
 
     def _library(self, line: int, what: str, op: str) -> None:
         if op in self.ctx.allow:
@@ -441,6 +564,7 @@ class _ForwardVisitor(ast.NodeVisitor):
             and func.attr in TENSOR_METHODS
             and not (_qualname(func.value, self.ctx.aliases) or "").startswith("torch")
             and _root_name(func.value) not in self.ctx.modules
+            and not self._own_extension(func.value)  # `_ext.relu(x)`: a function of its own extension
         ):
             self._library(node.lineno, f"the tensor method `.{func.attr}()`", func.attr)
         self.generic_visit(node)
@@ -893,6 +1017,7 @@ def check_source(source: str, allow: Collection[str] = ()) -> list[Finding]:
     ctx = _Context(allow=expand_allow(allow))
     _collect_imports(tree, ctx)
     _collect_defs(tree, ctx)
+    _collect_extensions(tree, ctx)
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     _FileVisitor(ctx, parents).visit(tree)
     _check_strings(tree, ctx, parents)

@@ -183,6 +183,39 @@ def test_nn_layer_attribute_called_in_forward_and_allow_list() -> None:
     assert {f.code for f in check_source(_model("return torch.matmul(x, x)"), ["conv"])} == {C.library_call}
 
 
+BUILD = 'load_inline(name="e", cpp_sources="", cuda_sources="__global__ void k(float* y) { y[0] = 1.0f; }")'
+
+
+@pytest.mark.parametrize(
+    "line, extra, init",
+    [
+        ("return _ext.relu(x)", f"from torch.utils.cpp_extension import load_inline\n_ext = {BUILD}", "pass"),
+        ("return ext.softmax(x, 1)", 'ext = torch.utils.cpp_extension.load(name="e", sources=["e.cu"])', "pass"),
+        ("return _module().sum(x)",
+         f"import functools\nfrom torch.utils.cpp_extension import load_inline\n\n\n"
+         f"@functools.lru_cache(None)\ndef _module():\n    return {BUILD}", "pass"),
+        ("return self.ext.relu(x)", "from torch.utils.cpp_extension import load_inline", f"self.ext = {BUILD}"),
+        ("return _get().mean(x)",
+         f"from torch.utils.cpp_extension import load_inline\n_ext = None\n\n\ndef _get():\n    global _ext\n"
+         f"    if _ext is None:\n        _ext = {BUILD}\n    return _ext", "pass"),
+        ("return _k.sum(x)", '_k = torch.cuda._compile_kernel("extern \\"C\\" __global__ void k() {}", "k")', "pass"),
+    ],
+    ids=["module-level", "cpp_extension.load", "cached-builder", "model-attribute", "global-in-getter", "nvrtc"],
+)
+def test_functions_of_the_candidates_own_extension_are_not_tensor_ops(line: str, extra: str, init: str) -> None:
+    """`_ext.relu(x)` calls the candidate's own kernel, not the tensor method `.relu()`."""
+    source = _model(line, extra=extra, init_body=init)
+    assert check_source(source) == [], check_source(source)
+
+
+def test_a_tensor_that_shadows_an_extension_name_is_still_a_tensor() -> None:
+    extra = f"from torch.utils.cpp_extension import load_inline\nx = {BUILD}\n_ext = {BUILD}"
+    shadowed = _model("return x.relu()", extra=extra)
+    assert {(f.code, f.line) for f in check_source(shadowed)} == {(C.library_call, _line_of(shadowed, "x.relu()"))}
+    result = _model("y = _ext.chain(x)\nreturn y.relu()", extra=extra)
+    assert {(f.code, f.line) for f in check_source(result)} == {(C.library_call, _line_of(result, "y.relu()"))}
+
+
 def test_expand_allow_normalises_spellings() -> None:
     assert expand_allow(["torch.matmul", "aten::mm", "aten.addmm.default", "F.linear", " "]) == {
         "matmul", "mm", "addmm", "linear"

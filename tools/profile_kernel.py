@@ -24,9 +24,10 @@ heaviest kernels in launch order: name, grid/block, duration, share of the time,
 throughput (% of peak), DRAM throughput, occupancy and what limits it, the dominant warp stalls, and
 the profiler's own findings with estimated speedups. Set detail=true for every kernel with all
 metrics. Durations are taken at locked base clocks with flushed caches: use them to compare kernels,
-not as speedups (compile_and_verify times candidates). Takes several seconds per kernel launched; a
-model with hundreds of launches can take minutes (run it as a job then). Without counter access the
-result has counters_available=false, the reason, and timings only."""
+not as speedups (compile_and_verify times candidates). A one-kernel candidate takes about 10 s on an
+H100 (most of it starting Python and torch), each further kernel launch about 1 s more; a model with
+hundreds of launches takes minutes (run it as a job then, or lower max_kernels). Without counter
+access the result has counters_available=false, the reason, and timings only."""
 
 TOP_STALLS = 3
 TOP_FINDINGS = 3

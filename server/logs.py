@@ -1,8 +1,9 @@
 """Logging for the CLI and the server: always to stderr.
 
 On stdio, stdout is the MCP wire: one stray byte there corrupts the client's stream. Logging is
-configured before the SDK's MCPServer configures its own (which is then a no-op), so every
-record, ours, the SDK's and uvicorn's, goes to stderr in one format.
+configured before the SDK's MCPServer configures its own (`logging.basicConfig`, then a no-op
+because the root logger has a handler), so every record, ours, the SDK's and uvicorn's, goes to
+stderr in one format.
 """
 
 from __future__ import annotations
@@ -13,15 +14,29 @@ import sys
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is at the time of the record (it may be replaced later)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):  # type: ignore[no-untyped-def]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+
 def configure(level: str = "INFO") -> None:
-    """Routes all logging to stderr at `level` (replacing handlers a library may have installed)."""
+    """Routes logging to stderr at `level`: one stderr handler on the root logger, added once."""
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-    root.addHandler(handler)
+    if not any(isinstance(h, _StderrHandler) for h in root.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        root.addHandler(handler)
     root.setLevel(level.upper())
-    # httpx-style request lines at INFO would drown the server's own messages
+    # per-request lines of the HTTP stack at INFO would drown the server's own messages
     for noisy in ("httpx", "httpx2", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

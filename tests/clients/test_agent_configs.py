@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -60,40 +59,46 @@ def test_every_shipped_config_is_listed_here() -> None:
     assert {p.name for p in CONFIGS.glob("*.json")} == set(STDIO) | set(HTTP)
 
 
-@pytest.mark.parametrize("name", sorted(STDIO))
-async def test_stdio_config_starts_a_server_a_client_can_talk_to(name: str, kb_path: Path) -> None:
-    entry = _server_entry(name, STDIO[name])
-    assert entry.get("type", "stdio") == "stdio"
-    assert entry["command"] == "kb-mcp" and entry["args"] == ["serve"]
-    env = {**os.environ, **entry.get("env", {}), "KB_MCP_KB": str(kb_path)}
-    await _talk(StdioServerParameters(command=_executable(entry["command"]), args=entry["args"], env=env))
-    assert kb_path.exists()  # it served the KB the environment named
-
-
-@pytest.mark.parametrize("name", sorted(HTTP))
-async def test_http_config_reaches_a_token_server(name: str, kb_path: Path) -> None:
-    key, placeholder = HTTP[name]
-    config = json.loads((CONFIGS / name).read_text())
-    entry = config[key]["kb-mcp"]
-    assert entry.get("type", "http") == "http" and entry["url"] == "http://127.0.0.1:8765/mcp"
-    assert entry["headers"] == {"Authorization": f"Bearer {placeholder}"}
-    if placeholder.startswith("${input:"):
-        declared = {i["id"]: i for i in config["inputs"]}
-        assert declared["kb-mcp-token"]["password"] is True
-    with http_server(kb_path, ["--http", "127.0.0.1:0", "--token", TOKEN]) as server:
-        url = entry["url"].replace("127.0.0.1:8765", server.url.split("//")[1].split("/")[0])
-        headers = {k: v.replace(placeholder, TOKEN) for k, v in entry["headers"].items()}
-        async with connect_http(url, headers=headers) as client:
-            got = await call_json(client, "suggest_optimizations", {"state_id": STATE, "k": 1})
-        assert got["state_id"] == STATE
-
-
-async def test_the_documented_claude_code_command_starts_a_server(kb_path: Path) -> None:
+def _stdio_commands() -> dict[str, tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]]:
+    """What each stdio config (and the documented `claude mcp add` line) tells the agent to run."""
+    commands = {}
+    for name, key in STDIO.items():
+        entry = _server_entry(name, key)
+        assert entry.get("type", "stdio") == "stdio"
+        commands[name] = (entry["command"], tuple(entry["args"]), tuple(sorted(entry.get("env", {}).items())))
     lines = re.findall(r"^claude mcp add kb-mcp -- (.+)$", DOCS.read_text(), flags=re.M)
-    assert lines == ["kb-mcp serve"]
+    assert len(lines) == 1, lines
     argv = shlex.split(lines[0])
-    env = {**os.environ, "KB_MCP_KB": str(kb_path)}
-    await _talk(StdioServerParameters(command=_executable(argv[0]), args=argv[1:], env=env))
+    commands["docs/agents.md"] = (argv[0], tuple(argv[1:]), ())
+    return commands
+
+
+async def test_stdio_configs_start_a_server_a_client_can_talk_to(tmp_path: Path) -> None:
+    commands = _stdio_commands()
+    assert commands["cursor.mcp.json"][:2] == ("kb-mcp", ("serve",))
+    # identical commands start identical servers: each distinct one is started once
+    for i, (command, args, env) in enumerate(sorted(set(commands.values()))):
+        kb = tmp_path / f"kb{i}.json"
+        full_env = {**os.environ, **dict(env), "KB_MCP_KB": str(kb)}
+        await _talk(StdioServerParameters(command=_executable(command), args=list(args), env=full_env))
+        assert kb.exists()  # it served the KB the environment named
+
+
+async def test_http_configs_reach_a_token_server(kb_path: Path) -> None:
+    with http_server(kb_path, ["--http", "127.0.0.1:0", "--token", TOKEN]) as server:
+        for name, (key, placeholder) in sorted(HTTP.items()):
+            config = json.loads((CONFIGS / name).read_text())
+            entry = config[key]["kb-mcp"]
+            assert entry.get("type", "http") == "http" and entry["url"] == "http://127.0.0.1:8765/mcp", name
+            assert entry["headers"] == {"Authorization": f"Bearer {placeholder}"}, name
+            if placeholder.startswith("${input:"):
+                declared = {i["id"]: i for i in config["inputs"]}
+                assert declared["kb-mcp-token"]["password"] is True
+            url = entry["url"].replace("127.0.0.1:8765", server.url.split("//")[1].split("/")[0])
+            headers = {k: v.replace(placeholder, TOKEN) for k, v in entry["headers"].items()}
+            async with connect_http(url, headers=headers) as client:
+                got = await call_json(client, "suggest_optimizations", {"state_id": STATE, "k": 1})
+            assert got["state_id"] == STATE, name
 
 
 def test_the_documented_http_command_matches_the_shipped_config() -> None:

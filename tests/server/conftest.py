@@ -26,3 +26,17 @@ def toy_server(kb_path: Path, toy_spec: ToolSpec) -> Iterator[KbMcpServer]:
     yield server
     server.jobs.shutdown(wait=True)
     server.kb_ctx.close()
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """Tests that run the CLI in this process configure logging; later tests get it back as it was."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)

@@ -206,5 +206,10 @@ def _wait_for_jobs(server: Any) -> None:
             "(serve with --http and call with --url to leave jobs running in a server)",
             file=sys.stderr,
         )
-    server.jobs.shutdown(wait=True)
+    try:
+        server.jobs.shutdown(wait=True)
+    except KeyboardInterrupt:
+        print("kb-mcp call: abandoned the job(s); they will read as interrupted", file=sys.stderr)
+        server.kb_ctx.close()
+        os._exit(130)  # job threads are not daemons: a normal exit would wait for them again
     server.kb_ctx.close()

@@ -132,12 +132,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _finish(server: KbMcpServer, ctx: ToolContext) -> None:
-    """Lets running jobs end (their results land in the KB's artifacts), then stops the workers."""
-    running = [r.job_id for r in server.jobs.store.list() if r.status == "running" and r.owner.endswith(f":{os.getpid()}")]
+    """Lets running jobs end (their results land in the KB's artifacts), then stops the workers.
+
+    A Ctrl-C while waiting abandons them: the process exits at once, and any server on this KB
+    then reports those jobs `interrupted` (their owner process is gone).
+    """
+    running = [r.job_id for r in server.jobs.store.list() if not r.finished and r.owner.endswith(f":{os.getpid()}")]
     if running:
-        log.info("waiting for %d running job(s) to finish: %s (Ctrl-C abandons them)", len(running), ", ".join(running))
+        log.info("waiting for %d job(s) to finish: %s (Ctrl-C abandons them)", len(running), ", ".join(running))
     try:
         server.jobs.shutdown(wait=True)
     except KeyboardInterrupt:
-        server.jobs.shutdown(wait=False)
+        log.warning("abandoned running jobs; they will read as interrupted")
+        ctx.close()
+        os._exit(130)  # job threads are not daemons: a normal exit would wait for them again
     ctx.close()

@@ -12,7 +12,8 @@
   access-policy window, read through the CUDA driver.
 * `census`: runs one call under the PyTorch profiler and lists the GPU kernels it launched, each
   with the ATen op (if any) that launched it, so the core can tell the candidate's own kernels
-  from library kernels (`no_custom_kernel`, `library_call`).
+  from library kernels (`no_custom_kernel`, `library_call`). Only the census worker runs it: a
+  process that times candidates calls `forbid_profiler()` and never starts a profiler session.
 
 `harness.integrity.IntegrityGuard` combines these into a few calls; see its docstring.
 """
@@ -695,6 +696,29 @@ def census_findings(census: KernelCensus, include_torch_ops: bool = True) -> lis
     return findings
 
 
+# A process that times candidates must never start a profiler session: after one, CUPTI can keep
+# the host cost of every launch raised for the rest of the process (on an H100, eager
+# elementwise_chain_small timed 0.62 ms in such a worker against 0.40 ms in a clean process), which
+# inflates launch-bound baselines more than fused candidates and so overstates speedups. Timing
+# workers call `forbid_profiler()` at start; the kernel census runs in a census worker of its own
+# (`harness.census`).
+_PROFILER_STATE = {"forbidden": False, "sessions": 0}
+
+
+class ProfilerForbidden(RuntimeError):
+    """A profiler session was asked for in a process that times candidates."""
+
+
+def forbid_profiler() -> None:
+    """Makes every later `profile_events` in this process raise `ProfilerForbidden`."""
+    _PROFILER_STATE["forbidden"] = True
+
+
+def profiler_sessions() -> int:
+    """How many profiler sessions the harness started in this process."""
+    return int(_PROFILER_STATE["sessions"])
+
+
 class ProfilerEvent(BaseModel):
     """The fields of one raw profiler event that a census needs (recordable as a test fixture)."""
 
@@ -711,6 +735,12 @@ def profile_events(call: Callable[[], Any]) -> list[ProfilerEvent]:
     """Runs `call` once under the profiler (inside the `ANNOTATION` range) and returns its raw events."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    if _PROFILER_STATE["forbidden"]:
+        raise ProfilerForbidden(
+            "this process times candidates and must stay free of profiler sessions; the kernel census "
+            "runs in the census worker (harness.census)"
+        )
+    _PROFILER_STATE["sessions"] += 1
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
@@ -786,6 +816,8 @@ def census(call: Callable[[], Any], allow: Collection[str] = ()) -> KernelCensus
         return KernelCensus(available=False, note="no CUDA device: kernel census skipped")
     try:
         launches, visible = record_launches(call)
+    except ProfilerForbidden:
+        raise
     except Exception as exc:  # the profiler can be unavailable; the dispatch-mode guard still ran
         return KernelCensus(available=False, note=f"profiler unavailable: {type(exc).__name__}: {exc}")
     if not visible:

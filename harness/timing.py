@@ -10,12 +10,22 @@ the host time exceeds the event time by more than this process's own calibrated 
 
 Only functions captured before any candidate was imported are used here (`Trusted`), so a
 candidate that replaces `torch.cuda.Event.elapsed_time` or `time.perf_counter_ns` changes nothing.
+
+The process that times must be as clean as a fresh PyTorch process: no profiler session ever
+started in it (the kernel census runs in a census worker, `harness.census`), no dispatch mode,
+trace function or other guard active during a timed series, and Python's cyclic garbage
+collector paused during the series (as `timeit` does), so that a collection of the harness's
+large heap is not charged to whichever call it happened to interrupt. `bench/timing_fidelity.py`
+compares this timer in a worker with the same timer in a bare process.
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +81,38 @@ class L2Flusher:
         self.buf.fill_(self.i)
 
 
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Runs the block with the cyclic garbage collector collected once and then paused."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def guards_active() -> list[str]:
+    """What would make timed calls slower than in a clean process: dispatch or function modes
+    pushed, a trace or profile function set, the autograd profiler on. Empty when clean."""
+    found: list[str] = []
+    dispatch = int(torch._C._len_torch_dispatch_stack())
+    function = int(torch._C._len_torch_function_stack())
+    if dispatch:
+        found.append(f"{dispatch} dispatch mode(s)")
+    if function:
+        found.append(f"{function} function mode(s)")
+    if sys.gettrace() is not None:
+        found.append("a trace function (sys.settrace)")
+    if sys.getprofile() is not None:
+        found.append("a profile function (sys.setprofile)")
+    if getattr(torch.autograd.profiler, "_is_profiler_enabled", False):
+        found.append("the autograd profiler")
+    return found
+
+
 class Timer:
     """Times callables with trusted events and clocks; see the module docstring."""
 
@@ -97,9 +139,10 @@ class Timer:
         """Host-minus-event gap of a one-kernel call: what this process's own overhead looks like."""
         x = torch.zeros(1024, device="cuda")
         gaps = []
-        for _ in range(runs):
-            _, g, h = self._one(lambda: x.add_(1.0), ())
-            gaps.append(h - g)
+        with paused_gc():
+            for _ in range(runs):
+                _, g, h = self._one(lambda: x.add_(1.0), ())
+                gaps.append(h - g)
         self.calibrated_gap_ms = statistics.median(gaps)
         return self.calibrated_gap_ms
 
@@ -124,21 +167,23 @@ class Timer:
         check: Callable[[int, Any], str | None] | None = None,
     ) -> RunStats:
         """`warmup` untimed runs, then `runs` timed ones; `make_args(i)` makes fresh inputs for run i
-        (called outside the timed region); `check(i, out)` returns an error text for a wrong output."""
+        (called outside the timed region); `check(i, out)` returns an error text for a wrong output.
+        The caller makes sure that `guards_active()` is empty."""
         for i in range(warmup):
             fn(*make_args(-1 - i))
         self.t.synchronize()
         stats = RunStats()
-        for i in range(runs):
-            args = make_args(i)
-            out, g, h = self._one(fn, args)
-            stats.gpu_ms.append(g)
-            stats.host_ms.append(h)
-            if check is not None:
-                err = check(i, out)
-                if err:
-                    stats.errors.append(f"run {i}: {err}")
-            del out, args
+        with paused_gc():
+            for i in range(runs):
+                args = make_args(i)
+                out, g, h = self._one(fn, args)
+                stats.gpu_ms.append(g)
+                stats.host_ms.append(h)
+                if check is not None:
+                    err = check(i, out)
+                    if err:
+                        stats.errors.append(f"run {i}: {err}")
+                del out, args
         return stats
 
     def unsynchronized(self, stats: RunStats) -> str | None:

@@ -7,9 +7,11 @@ For each set the reference runs first on a clone of the inputs and its output st
 caching allocator is filled with poison (0xFF bytes: NaN for floats) in blocks of the output's
 size; the candidate runs under the integrity guard on its own clone; then output type, shape,
 dtype and device are checked exactly, inputs must be unchanged, the output must not share memory
-with the reference's, values must be finite and within tolerance. One set is re-run under the
-profiler (which kernels ran, and a second run must agree) and one with new values written into the
-previous set's input buffers (results cached on pointers or shapes fail there). Then timing (see
+with the reference's, values must be finite and within tolerance. One set is re-run (a second run
+must agree) and one with new values written into the previous set's input buffers (results cached
+on pointers or shapes fail there). A candidate that passed everything then waits for the kernel
+census, which the pool takes in its census worker (`harness.census`: this process never starts a
+profiler session, so that its timings are those of a clean process). Then timing (see
 `harness.timing`), baselines (`harness.baselines`) and the verdict (`harness.verdict.decide`).
 
 Without a GPU (or with `compile_only`): the candidate is imported with its builders intercepted,
@@ -45,7 +47,16 @@ from kb_mcp.harness.integrity import IntegrityGuard, check_source, dedupe
 from kb_mcp.harness.integrity_runtime import TrustedSnapshot
 from kb_mcp.harness.loading import load_module
 from kb_mcp.harness.problem import Problem
-from kb_mcp.harness.timing import QUICK_RUNS, L2Flusher, RunStats, Timer, dram_bandwidth, peak_flops, roofline_ms
+from kb_mcp.harness.timing import (
+    QUICK_RUNS,
+    L2Flusher,
+    RunStats,
+    Timer,
+    dram_bandwidth,
+    guards_active,
+    peak_flops,
+    roofline_ms,
+)
 from kb_mcp.harness.verdict import (
     CompileResult,
     Finding,
@@ -97,6 +108,12 @@ class WorkerEnv:
     timer: Timer | None = None
     props: Any = None
     counter: itertools.count = field(default_factory=itertools.count)
+    role: str = "verify"  # verify: checks and times candidates (never profiles); census: kernel census only
+    start_guards: tuple[str, ...] = ()  # `timing.guards_active()` when the worker started (normally none)
+
+    def new_guards(self) -> list[str]:
+        """Guards active now that were not when the worker started (see `timing.guards_active`)."""
+        return [g for g in guards_active() if g not in self.start_guards]
 
     @property
     def baselines(self) -> BaselineCache:
@@ -167,11 +184,16 @@ def _poison_count(t: torch.Tensor) -> int:
     return int((raw == POISON_BYTE).all(dim=1).sum().item())
 
 
-def compare(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> Comparison:
-    """Elementwise check of `c` against `r` (NaN/Inf in `c` never pass)."""
+def compare(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float, detail: bool = True) -> Comparison:
+    """Elementwise check of `c` against `r` (NaN/Inf in `c` never pass).
+
+    `detail=False` (the re-check of timed outputs) decides pass or fail by the same arithmetic but
+    skips the statistics of a passing output (error maxima, constant-output test); a failing one
+    gets them all, for its message.
+    """
     n = r.numel()
-    poison = _poison_count(c)
     if not r.is_floating_point() and not r.is_complex():
+        poison = _poison_count(c)
         bad = int((c != r).sum().item())
         return Comparison(passed=bad == 0, mismatched=bad, numel=n, poison=poison,
                           max_abs=float((c.long() - r.long()).abs().max().item()) if n else 0.0,
@@ -181,14 +203,21 @@ def compare(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> Compa
     cf = c.detach().to(work)
     finite_r = torch.isfinite(rf)
     finite_c = torch.isfinite(cf)
-    scale = float(rf[finite_r].pow(2).mean().sqrt().item()) if bool(finite_r.any()) else 1.0
+    if bool(finite_r.all().item()):  # the usual case: no mask to gather through
+        scale = float(rf.pow(2).mean().sqrt().item()) if n else 1.0
+    else:
+        scale = float(rf[finite_r].pow(2).mean().sqrt().item()) if bool(finite_r.any()) else 1.0
     if scale == 0.0 or scale != scale:
         scale = 1.0
     diff = (cf - rf).abs()
     ok = diff <= (atol * scale + rtol * rf.abs())
     ok &= finite_c
+    if not detail and bool(ok.all().item()):
+        return Comparison(passed=True, numel=n)
     mismatched = int((~ok).sum().item())
     nonfinite = int((~finite_c).sum().item())
+    # Poison bytes are NaN in every float format, so only a failing float output can hold any.
+    poison = _poison_count(c) if mismatched else 0
     both = finite_c & finite_r
     max_abs = float(diff[both].max().item()) if bool(both.any()) else None
     big = both & (rf.abs() > 1e-3 * scale)
@@ -237,7 +266,8 @@ def _overlaps(a: torch.Tensor, others: list[torch.Tensor]) -> bool:
     return False
 
 
-def _clone(xs: list[Any]) -> list[Any]:
+def clone_inputs(xs: list[Any]) -> list[Any]:
+    """Tensors cloned, everything else as is (each call gets inputs of its own)."""
     return [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
 
 
@@ -266,7 +296,8 @@ def _context_healthy() -> bool:
         return False
 
 
-def _short_traceback(exc: BaseException, files: tuple[str, ...]) -> str:
+def short_traceback(exc: BaseException, files: tuple[str, ...]) -> str:
+    """The exception with the last lines of `files` it passed through."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename in files]
     where = "; ".join(f"line {f.lineno}: {(f.line or '').strip()[:120]}" for f in frames[-3:])
     text = f"{type(exc).__name__}: {str(exc).strip()[:1500]}"
@@ -281,8 +312,11 @@ class GpuVerification:
     """Verification of one candidate on the GPU; `run()` returns (result, retire_worker)."""
 
     def __init__(self, env: WorkerEnv, problem: Problem, source: str, options: VerifyOptions,
-                 candidate_id: str, report: Callable[[str], None]) -> None:
+                 candidate_id: str, report: Callable[[str], None], ask_census: Callable[[], dict[str, Any]]) -> None:
+        """`ask_census()` returns the census worker's `CensusReply` (as JSON) for this candidate: the
+        worker asks the pool for it after the checks and waits, so no census overlaps the timing."""
         self.env = env
+        self.ask_census = ask_census
         self.problem = problem
         self.source = source
         self.options = options
@@ -336,7 +370,7 @@ class GpuVerification:
                         f"{str(exc).strip().splitlines()[0][:300]}", retire=True)
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             return Stop(Verdict.crashed, f"crashed: {what} tried to exit the worker ({type(exc).__name__})", retire=True)
-        return Stop(Verdict.crashed, f"crashed: {what} raised {_short_traceback(exc, self.files)}",
+        return Stop(Verdict.crashed, f"crashed: {what} raised {short_traceback(exc, self.files)}",
                     retire=not _context_healthy())
 
     def _load(self, source: str, stem: str) -> Any:
@@ -354,14 +388,30 @@ class GpuVerification:
 
     # -- the pipeline --------------------------------------------------------------------------
 
+    def _census(self, guard: IntegrityGuard) -> None:
+        """Which kernels one forward launches, from the census worker (see `harness.census`)."""
+        from kb_mcp.harness.census import CensusReply
+        from kb_mcp.harness.integrity_runtime import KernelCensus
+
+        self._phase("census")
+        reply = CensusReply.model_validate(self.ask_census())
+        self.findings += reply.findings
+        if reply.census is not None:
+            guard.last_census = KernelCensus.model_validate(reply.census)
+        if reply.verdict is not None:
+            raise Stop(reply.verdict, reply.summary)
+
     def run(self) -> tuple[VerifyResult, bool]:
         """The whole pipeline; never raises for candidate misbehaviour."""
         try:
-            return self._run()
+            result, retire = self._run()
         except Stop as stop:
-            return self._result(stop.verdict, stop.summary, self._compile_result()), stop.retire
+            result, retire = self._result(stop.verdict, stop.summary, self._compile_result()), stop.retire
         finally:
             self.cleanup()
+        # Whatever is left active (a mode, a trace function) would slow the next candidate's timed
+        # runs and baselines: the next candidate gets a clean process instead.
+        return result, retire or bool(self.env.new_guards())
 
     def _run(self) -> tuple[VerifyResult, bool]:
         env, opts = self.env, self.options
@@ -375,7 +425,7 @@ class GpuVerification:
         try:
             pmod = self._load(self.problem.source, "kbmcp_problem")
         except Exception as exc:
-            raise Stop(Verdict.crashed, f"crashed: the problem itself failed to import: {_short_traceback(exc, ())}") from exc
+            raise Stop(Verdict.crashed, f"crashed: the problem itself failed to import: {short_traceback(exc, ())}") from exc
         try:
             with guard.watch_setup():
                 cmod = self._load(self.source, "kbmcp_candidate")
@@ -394,7 +444,7 @@ class GpuVerification:
         try:
             ref = pmod.Model(*init).cuda().eval()
         except Exception as exc:
-            raise Stop(Verdict.crashed, f"crashed: the problem's Model failed to construct: {_short_traceback(exc, ())}") from exc
+            raise Stop(Verdict.crashed, f"crashed: the problem's Model failed to construct: {short_traceback(exc, ())}") from exc
         try:
             with guard.watch_setup():
                 torch.manual_seed(seed)
@@ -415,6 +465,25 @@ class GpuVerification:
         verdict, flagged, summary = decide(comp, self.sets, self.findings, None, gpu=False, loosened=self.loosened)
         if verdict != Verdict.needs_gpu:  # failed to build, invalid or incorrect: no timing
             return self._result(verdict, summary, comp, flagged), retire
+
+        self._census(guard)
+        self.findings += guard.findings()
+        verdict, flagged, summary = decide(comp, self.sets, self.findings, None, gpu=False, loosened=self.loosened)
+        if verdict != Verdict.needs_gpu:  # library kernels, no kernel of its own, or the census worker saw a cheat
+            return self._result(verdict, summary, comp, flagged), retire
+
+        left = env.new_guards()
+        if left:
+            # Checked before timing: a mode or trace function left behind by the candidate would
+            # slow every call timed in this process, the baselines' included.
+            self.findings.append(Finding(
+                code=FindingCode.harness_tampering,
+                message=(f"after the candidate ran, {', '.join(left)} stayed active in the harness's process; that "
+                         "slows every call timed there (the reference's too). Leave dispatch and function modes, "
+                         "trace functions and the profiler as they were"),
+            ))
+            verdict, flagged, summary = decide(comp, self.sets, self.findings, None, gpu=False, loosened=self.loosened)
+            return self._result(verdict, summary, comp, flagged), True
 
         self._phase("timing")
         with torch.no_grad():
@@ -500,7 +569,7 @@ class _Checker:
 
     def ref_run(self, xs: list[Any]) -> Any:
         """The reference output for `xs` (on a clone), kept alive."""
-        out = self.ref(*_clone(xs))
+        out = self.ref(*clone_inputs(xs))
         self.alive.append(out)
         return out
 
@@ -600,7 +669,7 @@ class _Checker:
     def one_set(self, index: int, kind: str, xs: list[Any]) -> tuple[InputSetCheck, Any, Any, list[Any]]:
         """Reference, then candidate on a clone, then the check. Returns (check, ref_out, out, args)."""
         ref_out = self.ref_run(xs)
-        args = _clone(xs)
+        args = clone_inputs(xs)
         out = self.cand_run(args, ref_out)
         return self.check(index, kind, ref_out, out, args, xs, xs), ref_out, out, args
 
@@ -622,7 +691,7 @@ class _Checker:
         for s in opts.seeds:
             self.one_set(next(index), "user_seed", self.make_inputs(int(s)))
         self._shifted(next(index))
-        # The first (public) set again, under the profiler: which kernels ran, and does it still agree?
+        # The first (public) set again: does it still agree?
         repeat = self._repeat(next(index), (public, public_xs, public_ref, public_out, public_args))
         # What the pattern of failures says.
         secret_failed = [c for c, *_ in secret if not c.passed]
@@ -668,13 +737,13 @@ class _Checker:
 
     def _shifted(self, index: int) -> None:
         xs = self.make_inputs(secret_seed(), shifted=True)
-        ref_out = self.ref(*_clone(xs))
+        ref_out = self.ref(*clone_inputs(xs))
         if not all(bool(torch.isfinite(t).all().item()) for t in leaves(ref_out) or [] if t.is_floating_point()):
             self._record(InputSetCheck(index=index, kind="shifted", passed=True,
                                        message="skipped: the reference is not finite on the shifted distribution"))
             return
         self.alive.append(ref_out)
-        args = _clone(xs)
+        args = clone_inputs(xs)
         out = self.cand_run(args, ref_out)
         chk = self.check(index, "shifted", ref_out, out, args, xs, xs)
         others = [s for s in self.v.sets if s.kind in ("public_seed", "secret")]
@@ -686,20 +755,11 @@ class _Checker:
             ))
 
     def _repeat(self, index: int, first: tuple) -> InputSetCheck:
-        """A set again under the profiler: which kernels ran, and does a second run agree?"""
+        """A set again: does a second run on the same inputs agree with the first?"""
         chk1, xs, ref_out, out1, _ = first
-        args = _clone(xs)
-        holder: list[Any] = []
-        poison_allocator([t.untyped_storage().nbytes() for t in leaves(ref_out) or []] * 2)
-        self.sync()
-        try:
-            self.guard.census(lambda: holder.append(self.cand(*args)))
-            self.sync()
-        except BaseException as exc:  # noqa: BLE001
-            raise self.v._failure(exc, "ModelNew.forward (second run)") from None
-        if not holder:
-            return self._record(InputSetCheck(index=index, kind="repeat", passed=False, message="forward returned nothing"))
-        chk = self.check(index, "repeat", ref_out, holder[0], args, xs, xs)
+        args = clone_inputs(xs)
+        out = self.cand_run(args, ref_out)
+        chk = self.check(index, "repeat", ref_out, out, args, xs, xs)
         if chk1.passed and not chk.passed:
             self.v.findings.append(Finding(
                 code=FindingCode.stateful_forward,
@@ -730,11 +790,11 @@ class _Checker:
             r.data.copy_(new.to(r.dtype))
             cand_params[n].data.copy_(r.data)
         xs = self.make_inputs(secret_seed())
-        ref_out = self.ref(*_clone(xs))
+        ref_out = self.ref(*clone_inputs(xs))
         if not all(bool(torch.isfinite(t).all().item()) for t in leaves(ref_out) or [] if t.is_floating_point()):
             return
         self.alive.append(ref_out)
-        args = _clone(xs)
+        args = clone_inputs(xs)
         out = self.cand_run(args, ref_out)
         chk = self.check(index, "perturbed", ref_out, out, args, xs, xs)
         others = [s for s in v.sets if s.kind != "perturbed"]
@@ -759,8 +819,8 @@ class _Checker:
                 continue
             mixed = list(xs_a)
             mixed[i] = xs_b[i]
-            ref_m = self.ref(*_clone(mixed))
-            out_m = self.cand_run(_clone(mixed), ref_m, watch=False)
+            ref_m = self.ref(*clone_inputs(mixed))
+            out_m = self.cand_run(clone_inputs(mixed), ref_m, watch=False)
             ref_moved = not all(_same(a, b) for a, b in zip(leaves(ref_m) or [], leaves(ref_a) or []))
             cand_still = all(_same(a, b) for a, b in zip(leaves(out_m) or [], leaves(out_a) or []))
             if ref_moved and cand_still:
@@ -776,7 +836,7 @@ class _Checker:
         from torch.utils.flop_counter import FlopCounterMode
 
         with FlopCounterMode(display=False) as fc:
-            out = self.ref(*_clone(xs))
+            out = self.ref(*clone_inputs(xs))
         self.flops = float(fc.get_total_flops())
         tensors = [x for x in xs if isinstance(x, torch.Tensor)] + (leaves(out) or [])
         self.io_bytes = sum(t.numel() * t.element_size() for t in tensors)
@@ -788,7 +848,7 @@ class _Checker:
         def make(i: int) -> list[Any]:
             xs = self.make_inputs(secret_seed())
             if with_ref is not None and i >= 0:
-                with_ref[i] = self.ref(*_clone(xs))
+                with_ref[i] = self.ref(*clone_inputs(xs))
             return xs
 
         return make
@@ -808,7 +868,7 @@ class _Checker:
                 if type(c) is not torch.Tensor or c.shape != rr.shape or c.dtype != rr.dtype or c.device != rr.device:
                     return f"output {type(c).__name__} {tuple(c.shape)} {c.dtype} on {c.device}"
                 atol, rtol, _ = tolerance_for(rr.dtype, self.atol, self.rtol, v.options)
-                cm = compare(c, rr, atol, rtol)
+                cm = compare(c, rr, atol, rtol, detail=False)
                 if not cm.passed:
                     return cm.message
             return None
@@ -914,7 +974,7 @@ def compile_only_verification(env: WorkerEnv, problem: Problem, source: str, opt
         return VerifyResult(verdict=Verdict.compile_error, summary=f"compile error: Python syntax error at line "
                             f"{error.lineno}: {error.msg}", elapsed_s=round(time.perf_counter() - t0, 3), **base)
     if error is not None and comp.ok and not any(h in str(error).lower() for h in _GPU_HINTS):
-        text = _short_traceback(error, (str(env.workdir / f"{names[1]}.py"),))
+        text = short_traceback(error, (str(env.workdir / f"{names[1]}.py"),))
         return VerifyResult(verdict=Verdict.crashed, summary=f"crashed: importing or constructing the candidate raised {text}",
                             elapsed_s=round(time.perf_counter() - t0, 3), **base)
     verdict, flagged, summary = decide(comp, [], findings, None, gpu=False)

@@ -13,6 +13,12 @@ tail of each request's output (a candidate that floods its output costs nothing 
 the channel are authenticated per request (see `harness.channel`); a frame that fails, arrives out
 of order or disagrees with the request ends the request as `invalid` with `forged_result`.
 
+Timing happens in a process that has never started a profiler session: the kernel census, which
+needs one, runs in a census worker of its own (`harness.census`). A verify worker that reaches the
+census (the candidate passed every check) tells the pool and waits; the pool asks the census
+worker, waits until no worker of the pool is still starting up, and only then answers, so that
+nothing else of the harness runs while the verify worker times.
+
 Without a GPU the worker still starts (torch CPU build) and serves the compile-only path.
 """
 
@@ -34,6 +40,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kb_mcp.harness.candidate import CandidateError, parse_candidate, static_units, style_of
+from kb_mcp.harness.census import CENSUS_WORDS, CensusReply
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ChannelError, ForgedFrame, FrameReader, new_key, send
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.verdict import CompileResult, Finding, FindingCode, VerifyOptions, VerifyResult
@@ -49,13 +56,14 @@ def no_progress(done: float, total: float | None = None, message: str | None = N
 
 HEAD_BYTES = 64 << 10  # output kept from the start of a request...
 TAIL_BYTES = 64 << 10  # ...and from its end
-PHASES = ("static", "import", "construct", "check", "timing", "baselines", "compile")
+PHASES = ("static", "import", "construct", "check", "census", "timing", "baselines", "compile")
 _PHASE_WORDS = {
     "queued": "waiting for the worker to start on it",
     "static": "running static checks",
     "import": "importing and building the candidate",
     "construct": "constructing ModelNew",
     "check": "running ModelNew.forward on the input sets",
+    "census": "listing the kernels one forward launches (in the census worker)",
     "timing": "timing ModelNew.forward",
     "baselines": "timing the reference baselines",
     "compile": "compiling the candidate's CUDA sources",
@@ -135,12 +143,13 @@ class _Output:
 class _Worker:
     """One worker process and its channel."""
 
-    def __init__(self, cache_dir: Path, no_cuda: bool, env: dict[str, str]) -> None:
+    def __init__(self, cache_dir: Path, no_cuda: bool, env: dict[str, str], role: str = "verify") -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = [sys.executable, "-m", "kb_mcp.harness.worker_main", "--channel-fd", str(child.fileno()),
-                "--cache-dir", str(cache_dir)]
+                "--cache-dir", str(cache_dir), "--role", role]
         if no_cuda:
             argv.append("--no-cuda")
+        self.role = role
         out_r, out_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
@@ -181,6 +190,10 @@ class _Worker:
     def alive(self) -> bool:
         """True while the process runs."""
         return self.proc.poll() is None
+
+    def starting(self) -> bool:
+        """True while the process runs but has not said hello yet (it is initialising CUDA)."""
+        return self.info is None and self.alive()
 
     def kill(self) -> None:
         """Kills the worker and everything it started (compilers included)."""
@@ -229,7 +242,10 @@ def _kill_all(workers: list[_Worker]) -> None:
 class WorkerPool:
     """A warm harness worker (one: candidates share one GPU) and the requests sent to it.
 
-    Thread-safe: concurrent `verify` calls are served one after another.
+    Besides the active worker the pool keeps a spare (same role, idle until a fault makes it the
+    active one) and a census worker (`harness.census`), started once the first worker says it has
+    a GPU (elsewhere on first use). Thread-safe: concurrent `verify` calls are served one
+    after another.
     """
 
     def __init__(
@@ -254,6 +270,8 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._worker: _Worker | None = None
         self._spare: _Worker | None = None
+        self._census: _Worker | None = None
+        self.census_restarts = 0  # census workers replaced after a crash, timeout or finding
         self._all: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _kill_all, self._all)
         if prestart:
@@ -261,8 +279,8 @@ class WorkerPool:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def _new(self) -> _Worker:
-        w = _Worker(self.cache_dir, self.no_cuda, self.env)
+    def _new(self, role: str = "verify") -> _Worker:
+        w = _Worker(self.cache_dir, self.no_cuda, self.env, role)
         self._all.append(w)
         return w
 
@@ -275,6 +293,19 @@ class WorkerPool:
         if self.spare:
             self._spare = self._new()
         return self._worker
+
+    def _settle_starts(self) -> None:
+        """Waits until no spare or census worker is still starting: their CUDA and profiler
+        initialisation must not run beside a timed series."""
+        for attr in ("_spare", "_census"):
+            w: _Worker | None = getattr(self, attr)
+            if w is None or not w.starting():
+                continue
+            try:
+                w.wait_ready(self.start_timeout_s)
+            except WorkerError:
+                self._drop(w)
+                setattr(self, attr, None)
 
     def _drop(self, w: _Worker) -> None:
         w.kill()
@@ -304,6 +335,9 @@ class WorkerPool:
                     raise
                 continue
             if w.alive():
+                if self._census is None and (w.info or {}).get("cuda"):
+                    # Its profiler warm-up takes seconds: start it now, beside the first candidate's checks.
+                    self._census = self._new("census")
                 return w
         raise WorkerError("the harness worker exited right after starting")
 
@@ -312,14 +346,34 @@ class WorkerPool:
         with self._lock:
             return dict(self._ready().info or {})
 
+    def state(self) -> dict[str, dict[str, Any]]:
+        """What the running workers say of themselves now, by role (`verify`, `census` when one
+        runs): their start-up info and how many profiler sessions the harness started in them."""
+        with self._lock:
+            out = {"verify": self._ping(self._ready())}
+            if self._census is not None and self._census.alive():
+                self._census.wait_ready(self.start_timeout_s)
+                out["census"] = self._ping(self._census)
+            return out
+
+    def _ping(self, w: _Worker) -> dict[str, Any]:
+        rid = uuid.uuid4().hex
+        key = new_key()
+        send(w.sock, {"op": "ping", "rid": rid, "key": key.hex()}, POOL_KEY)
+        frame = w.reader.read(key, time.monotonic() + 60)
+        if frame.get("rid") != rid or frame.get("type") != "result":
+            raise WorkerError(f"the {w.role} worker answered a ping with {frame.get('type')!r}")
+        return dict(frame.get("result") or {})
+
     def close(self) -> None:
-        """Stops the worker process."""
+        """Stops the worker processes."""
         with self._lock:
             for w in list(self._all):
                 w.stop()
             self._all.clear()
             self._worker = None
             self._spare = None
+            self._census = None
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -389,9 +443,11 @@ class WorkerPool:
                 kind = frame.get("type")
                 if kind == "phase":
                     phase = str(frame.get("phase"))
-                    deadline = time.monotonic() + self._limit(phase, opts)
                     done = PHASES.index(phase) if phase in PHASES else 0
                     progress(done, steps, _PHASE_WORDS.get(phase, phase))
+                    if phase == "census":
+                        self._answer_census(w, rid, problem, source, opts, cid)
+                    deadline = time.monotonic() + self._limit(phase, opts)
                     continue
                 if kind != "result":
                     raise ForgedFrame(f"unexpected frame type {kind!r} on the result channel")
@@ -428,12 +484,138 @@ class WorkerPool:
         progress(steps, steps, result.verdict.value)
         return result
 
+    # -- the kernel census --------------------------------------------------------------------
+
+    def census(self, problem: Problem, source: str, options: VerifyOptions | None = None) -> CensusReply:
+        """The kernel census of one forward of `source`, taken in the census worker (started if
+        needed). `verify` takes it itself, between the checks and the timing; this entry point
+        serves callers that want the census alone. Never raises for a misbehaving candidate (the
+        reply's verdict says what happened); raises WorkerError when no census worker starts."""
+        opts = options or VerifyOptions()
+        with self._lock:
+            return self._take_census(problem, source, opts, candidate_id(problem, source))
+
+    def _census_worker(self) -> _Worker:
+        for attempt in range(2):
+            w = self._census
+            if w is None or not w.alive():
+                if w is not None:
+                    self._drop(w)
+                w = self._census = self._new("census")
+            try:
+                w.wait_ready(self.start_timeout_s)
+            except WorkerError:
+                self._drop(w)
+                self._census = None
+                if attempt:
+                    raise
+                continue
+            if w.reader.pending():  # bytes nobody asked for: start afresh
+                self._replace_census(w)
+                continue
+            if w.alive():
+                return w
+        raise WorkerError("the census worker exited right after starting")
+
+    def _replace_census(self, w: _Worker) -> None:
+        self._drop(w)
+        self.census_restarts += 1
+        self._census = self._new("census")
+
+    def _census_limit(self, phase: str, opts: VerifyOptions) -> float:
+        return opts.compile_timeout_s if phase in ("queued", "import", "construct") else opts.timeout_s
+
+    def _take_census(self, problem: Problem, source: str, opts: VerifyOptions, cid: str) -> CensusReply:
+        t0 = time.monotonic()
+        rid = uuid.uuid4().hex
+        key = new_key()
+        request = {
+            "op": "census", "rid": rid, "key": key.hex(), "problem": problem.model_dump(mode="json"),
+            "source": source, "options": opts.model_dump(mode="json"), "candidate_id": cid,
+        }
+        for attempt in range(2):
+            w = self._census_worker()
+            w.output.reset()
+            try:
+                send(w.sock, request, POOL_KEY)
+                break
+            except OSError:  # it died while idle (killed from outside): a fresh one takes the request
+                if attempt:
+                    raise WorkerError("the census worker does not take requests") from None
+                self._replace_census(w)
+        phase = "queued"
+        deadline = time.monotonic() + self._census_limit(phase, opts)
+        seq = 0
+        where = "the census worker runs one forward under the profiler, in a process of its own"
+        while True:
+            try:
+                frame = w.reader.read(key, deadline)
+                if frame.get("rid") != rid or frame.get("seq") != seq:
+                    raise ForgedFrame(
+                        f"a frame for request {str(frame.get('rid'))[:12]}, number {frame.get('seq')} arrived where "
+                        f"number {seq} of this census was due"
+                    )
+                seq += 1
+                kind = frame.get("type")
+                if kind == "phase":
+                    phase = str(frame.get("phase"))
+                    deadline = time.monotonic() + self._census_limit(phase, opts)
+                    continue
+                if kind != "result":
+                    raise ForgedFrame(f"unexpected frame type {kind!r} on the census worker's channel")
+                reply = CensusReply.model_validate(frame.get("result"))
+                retire = bool(frame.get("retire"))
+                break
+            except TimeoutError:
+                self._replace_census(w)
+                return CensusReply(
+                    verdict=Verdict.timeout, elapsed_s=round(time.monotonic() - t0, 3),
+                    summary=(f"timeout: no answer within {self._census_limit(phase, opts):.0f} s while "
+                             f"{CENSUS_WORDS.get(phase, phase)} ({where}); it was killed and replaced"),
+                )
+            except ChannelClosed:
+                code = w.proc.wait(timeout=30)
+                self._replace_census(w)
+                return CensusReply(
+                    verdict=Verdict.crashed, elapsed_s=round(time.monotonic() - t0, 3),
+                    summary=(f"crashed: the census worker died ({describe_exit(code)}) while "
+                             f"{CENSUS_WORDS.get(phase, phase)} ({where}); it was replaced"),
+                )
+            except (ForgedFrame, ValidationError) as exc:
+                self._replace_census(w)
+                finding = Finding(
+                    code=FindingCode.forged_result, source="runtime",
+                    message=(f"the census worker's channel carried data the harness did not send ({exc}); writing "
+                             "to the harness's channels or faking its messages is not allowed"),
+                )
+                return CensusReply(findings=[finding], verdict=Verdict.invalid, elapsed_s=round(time.monotonic() - t0, 3),
+                                   summary=f"invalid (forged_result): {finding.message}")
+        if retire:
+            self._replace_census(w)
+        return reply.model_copy(update={"elapsed_s": round(time.monotonic() - t0, 3)})
+
+    def _answer_census(self, w: _Worker, rid: str, problem: Problem, source: str, opts: VerifyOptions,
+                       cid: str) -> None:
+        """Takes the census for the verify worker `w` (waiting on request `rid`) and answers it,
+        once nothing else of the pool is starting up (the verify worker times right after)."""
+        try:
+            reply = self._take_census(problem, source, opts, cid)
+        except WorkerError:
+            self._replace(w)  # it waits for an answer that will not come
+            raise
+        if reply.clean:
+            self._settle_starts()
+        try:
+            send(w.sock, {"op": "census", "rid": rid, "reply": reply.model_dump(mode="json")}, POOL_KEY)
+        except OSError:
+            pass  # the verify worker is gone: the next read says how
+
     def _ended(self, w: _Worker, problem: Problem, source: str, opts: VerifyOptions, cid: str, t0: float,
                verdict: Verdict, phase: str, summary: str, findings: list[Finding] | None = None) -> VerifyResult:
         """The result when the worker did not answer properly: it is replaced, the verdict says why."""
         self._replace(w)
         w.output.settle()
-        built = phase in ("check", "timing", "baselines")
+        built = phase in ("check", "census", "timing", "baselines")
         compile = CompileResult(
             ok=built,
             style=style_of(static_units(source)),

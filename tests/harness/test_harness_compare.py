@@ -45,6 +45,32 @@ def test_constant_output_is_recognised_only_where_the_reference_varies() -> None
     assert not compare(torch.zeros(100), torch.zeros(100), 1e-4, 1e-4).constant
 
 
+@pytest.mark.parametrize("case", ["close", "off_by_a_little", "nan", "inf_in_reference", "poisoned", "bf16"])
+def test_the_timed_recheck_decides_exactly_as_the_full_comparison(case: str) -> None:
+    """`detail=False` (timed outputs) must pass and fail the same outputs; failures keep their detail."""
+    torch.manual_seed(1)
+    r = torch.randn(4096) * 3.0
+    c = r + 1e-5 * torch.randn(4096)
+    if case == "off_by_a_little":
+        c[7] += 0.01
+    elif case == "nan":
+        c[9] = float("nan")
+    elif case == "inf_in_reference":
+        r[5] = float("inf")
+        c[5] = float("inf")
+    elif case == "poisoned":
+        c.view(torch.uint8)[:8] = POISON_BYTE
+    elif case == "bf16":
+        r, c = r.bfloat16(), (c + 0.001).bfloat16()
+    atol, rtol = (2e-2, 2e-2) if case == "bf16" else (1e-4, 1e-4)
+    full = compare(c, r, atol, rtol)
+    quick = compare(c, r, atol, rtol, detail=False)
+    assert quick.passed == full.passed
+    assert full.passed == (case in ("close", "bf16"))
+    if not full.passed:
+        assert quick == full  # a failing output gets every statistic and the same message
+
+
 def test_integers_must_match_exactly() -> None:
     r = torch.arange(10)
     assert compare(r.clone(), r, 1.0, 1.0).passed

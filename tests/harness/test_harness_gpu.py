@@ -49,6 +49,28 @@ def test_honest_nvrtc_candidate_is_verified_and_timed(pool: WorkerPool, relu_pro
     assert again.timings.eager_ms == t.eager_ms  # the cached baseline, not a new measurement
 
 
+def test_the_timing_worker_never_profiles_and_the_census_runs_beside_it(pool: WorkerPool, relu_problem) -> None:
+    result = pool.verify(relu_problem, fixture_source("relu_nvrtc.py") + "\n# census in its own process\n", QUICK)
+    assert result.verdict in VALID and result.findings == [], result.summary
+    state = pool.state()
+    assert state["verify"]["profiler_sessions"] == 0
+    assert state["census"]["profiler_sessions"] >= 2  # its warm-up, then this candidate's census
+    assert state["census"]["info"]["pid"] != state["verify"]["info"]["pid"]
+
+
+# Crashes only where the census runs: under the profiler, in the census worker.
+CENSUS_ONLY_ABORT = "import os\nif torch.autograd.profiler._is_profiler_enabled:\n    os.abort()"
+
+
+def test_a_crash_under_the_profiler_costs_the_census_worker_only(pool: WorkerPool, relu_problem) -> None:
+    restarts, census_restarts = pool.restarts, pool.census_restarts
+    result = pool.verify(relu_problem, with_fault("forward", CENSUS_ONLY_ABORT), QUICK)
+    assert result.verdict == Verdict.crashed and "SIGABRT" in result.summary and "census" in result.summary, result.summary
+    assert result.timings is None and not result.worker_replaced
+    assert pool.restarts == restarts and pool.census_restarts == census_restarts + 1
+    _normal(pool, relu_problem)
+
+
 def test_wrong_kernel_is_incorrect(pool: WorkerPool, relu_problem) -> None:
     result = pool.verify(relu_problem, fixture_source("relu_nvrtc_wrong.py"), QUICK)
     assert result.verdict == Verdict.incorrect, result.summary

@@ -28,6 +28,7 @@ class Case:
     static: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
     honest: bool = False
+    min_speedup_vs_eager: float | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -59,6 +60,7 @@ def load_cases() -> list[Case]:
                 static=tuple(raw.pop("static", ())),
                 allow=tuple(raw.pop("allow", ())),
                 honest=bool(raw.pop("honest", False)),
+                min_speedup_vs_eager=raw.pop("min_speedup_vs_eager", None),
                 extra=raw,
             )
         )

@@ -68,5 +68,7 @@ def test_candidate_gets_expected_verdict(pool: object, case: Case) -> None:
         assert codes == set(), detail
         assert not result.flagged, detail
         assert result.timings is not None and result.timings.speedup_vs_eager is not None
+        if case.min_speedup_vs_eager is not None:
+            assert result.timings.speedup_vs_eager > case.min_speedup_vs_eager, detail
     else:
         assert codes & set(case.codes_any), f"expected one of {case.codes_any}; {detail}"

@@ -61,6 +61,10 @@ def test_table_and_folders_agree() -> None:
     assert all(c.path.is_file() for c in CASES)
     assert len({c.id for c in CASES}) == len(CASES)
     assert len(HONEST) >= 5 and len(CHEATS) >= 22
+    # The honest fused kernel on a tiny problem, legitimately > 10x faster than eager.
+    assert any(c.min_speedup_vs_eager is not None and c.min_speedup_vs_eager >= 10 and "faster" in c.verdicts
+               for c in HONEST)
+    assert all(c.min_speedup_vs_eager is None for c in CHEATS) and all(not c.extra for c in CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)

@@ -2,15 +2,19 @@
 
     python bench/harness_bench.py [--out results.json] [--repeats 3]
 
-Measures, each as full `WorkerPool.verify` wall time (build, all input sets, checks, timing):
-  * worker start (torch + CUDA init, profiler warm-up) until it answers;
+Measures, each as full `WorkerPool.verify` wall time (build, all input sets, checks, the kernel
+census in the census worker, timing):
+  * worker start (torch + CUDA init) until it answers (the census worker, which also warms up the
+    profiler, starts beside it);
   * NVRTC candidate with a warm worker and the problem's baselines cached (target <= 2 s), after a
-    first verdict that measured the baselines (eager + torch.compile) and cached them;
+    first verdict that measured the baselines (eager + torch.compile) and cached them, with the
+    time of each phase;
   * load_inline candidate built cold (fresh build cache), light headers (no torch header in the .cu);
   * load_inline candidate built cold whose .cu uses torch's C++ API (needs torch/types.h);
   * the same load_inline candidate again: build from the cache (target <= 1 s for the build).
 Each new verdict uses a candidate source with a unique comment, so only builds and baselines are
-reused, never a verdict. Prints a table and writes JSON.
+reused, never a verdict. Prints a table and writes JSON. In-worker against bare-process timing is
+`bench/timing_fidelity.py`.
 """
 
 from __future__ import annotations
@@ -70,28 +74,12 @@ def _tag(source: str, label: str) -> str:
     return f"{source}\n# bench {label} {time.time_ns()}\n"
 
 
-def _bare_eager_ms(problem) -> float:  # noqa: ANN001 - Problem
-    """Eager time of a problem's reference in this process (never profiled), by the harness's timer."""
-    import torch
+class _Rows(list):
+    """The table's rows, each also printed as soon as it is measured (a run cut short keeps them)."""
 
-    from kb_mcp.harness.integrity_runtime import TrustedSnapshot
-    from kb_mcp.harness.loading import load_module
-    from kb_mcp.harness.timing import L2Flusher, Timer
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    with tempfile.TemporaryDirectory() as tmp:
-        mod = load_module(problem.source, "bench_problem", Path(tmp))
-    model = mod.Model(*mod.get_init_inputs()).cuda().eval()
-    timer = Timer(TrustedSnapshot.capture().trusted,
-                  L2Flusher(int(torch.cuda.get_device_properties(0).L2_cache_size)))
-
-    def make(i: int) -> list:
-        with torch.device("cuda"):
-            return list(mod.get_inputs())
-
-    with torch.no_grad():
-        return timer.series(model, make, runs=50, warmup=3).median_ms
+    def append(self, row: tuple[str, float, str]) -> None:  # type: ignore[override]
+        super().append(row)
+        print(f"  [{row[1]:8.2f} s] {row[0]}: {row[2]}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from kb_mcp.harness.problem import load_problem
-    from kb_mcp.harness.verdict import VerifyOptions
     from kb_mcp.harness.worker import WorkerPool
 
     swish = load_problem(ROOT / "examples/problems/swish.py")
@@ -111,12 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     light_src = (ROOT / "examples/candidates/row_sum_load_inline.py").read_text()
 
     figures: dict[str, object] = {}
-    rows: list[tuple[str, float, str]] = []
+    rows = _Rows()
     with tempfile.TemporaryDirectory(prefix="kbmcp-bench-") as cache:
         pool = WorkerPool(cache)
         t0 = time.perf_counter()
         info = pool.info()
-        rows.append(("worker start (torch, CUDA, profiler warm-up)", time.perf_counter() - t0, ""))
+        rows.append(("worker start (torch, CUDA)", time.perf_counter() - t0, ""))
         figures["device"] = info.get("device")
         figures["torch"] = info.get("torch_version")
 
@@ -126,39 +113,21 @@ def main(argv: list[str] | None = None) -> int:
                      f"{first.verdict.value}, baseline cached={first.timings.baseline_cached if first.timings else None}"))
         warm = []
         last = first
+        phases: list[list[tuple[str, float]]] = []
         for i in range(args.repeats):
+            marks: list[tuple[str, float]] = []
             t0 = time.perf_counter()
-            last = pool.verify(swish, _tag(swish_src, f"warm{i}"))
-            warm.append(time.perf_counter() - t0)
+            last = pool.verify(swish, _tag(swish_src, f"warm{i}"),
+                               progress=lambda d, t=None, m=None, _marks=marks: _marks.append((str(m), time.perf_counter())))
+            end = time.perf_counter()
+            warm.append(end - t0)
+            phases.append([(m.split(" (")[0], round(b - a, 3)) for (m, a), (_, b) in zip(marks, marks[1:] + [("", end)])])
         rows.append(("NVRTC, warm worker, baselines cached (median)", statistics.median(warm),
                      f"{last.verdict.value}, build {last.compile.seconds:.3f} s, speedup {last.timings.speedup_vs_baseline if last.timings else None}"))
+        rows.append(("  phases of the last one", warm[-1], ", ".join(f"{m} {t}" for m, t in phases[-1] if m)))
         figures["nvrtc_warm_s"] = warm
+        figures["nvrtc_warm_phases"] = phases
         figures["nvrtc_result"] = last.model_dump(mode="json", include={"verdict", "timings", "compile"})
-
-        # Is timing inside the worker (after profiler sessions) the same as in a bare process?
-        chain = load_problem(ROOT / "examples/problems/elementwise_chain_small.py")
-        chain_src = (ROOT / "examples/candidates/elementwise_chain_small_nvrtc.py").read_text()
-        t0 = time.perf_counter()
-        chained = pool.verify(chain, _tag(chain_src, "chain"))
-        rows.append(("NVRTC, launch-bound problem, first verdict (measures baselines)", time.perf_counter() - t0,
-                     chained.summary[:100]))
-        bare = _bare_eager_ms(chain)
-        worker_eager = chained.timings.eager_ms if chained.timings else None
-        rows.append(("eager elementwise_chain_small: worker vs bare process (ms)", bare,
-                     f"worker {worker_eager} ms, bare {bare:.4f} ms"))
-        figures["chain"] = {"worker_eager_ms": worker_eager, "bare_eager_ms": bare,
-                            "candidate_ms": chained.timings.candidate_ms if chained.timings else None}
-
-        # The same in a fresh pool without a spare, CUPTI left attached after profiler sessions
-        # (TEARDOWN_CUPTI=0): is in-worker launch overhead a matter of CUPTI teardown?
-        with tempfile.TemporaryDirectory(prefix="kbmcp-bench-cupti-") as cache2:
-            with WorkerPool(cache2, env={"TEARDOWN_CUPTI": "0"}, spare=False) as attached:
-                t0 = time.perf_counter()
-                other = attached.verify(chain, _tag(chain_src, "attached"), VerifyOptions(compile_baseline=False))
-                rows.append(("same, fresh pool, no spare, TEARDOWN_CUPTI=0", time.perf_counter() - t0,
-                             f"worker eager {other.timings.eager_ms if other.timings else None} ms, candidate "
-                             f"{other.timings.candidate_ms if other.timings else None} ms"))
-                figures["chain_cupti_attached"] = other.model_dump(mode="json", include={"timings"})
 
         for label, problem, src in (("light headers", row_sum, light_src), ("torch API in .cu", row_sum, TORCH_API_INLINE)):
             t0 = time.perf_counter()

@@ -261,7 +261,8 @@ class Campaign:
         while pending:
             try:
                 done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                self._flush_events()
+                if interrupt is None:  # once stopping, progress sinks are not called again (a
+                    self._flush_events()  # cancelled job's would raise once more)
             except BaseException as exc:
                 if interrupt is not None:
                     pool.shutdown(wait=False, cancel_futures=True)
@@ -276,9 +277,9 @@ class Campaign:
                     failure = exc
                     self.stop.set()
         pool.shutdown(wait=True)
-        self._flush_events()
         if interrupt is not None:
             raise interrupt
+        self._flush_events()
         if failure is not None and not isinstance(failure, (LLMError, CampaignStopped)):
             raise failure
         return failure

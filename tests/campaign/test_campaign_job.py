@@ -66,3 +66,44 @@ async def test_campaign_job_without_llm_fails_with_instructions(tmp_path: Path, 
     status = await _run_job(tmp_path / "kb.json", {"problems": [str(SWISH)], "compile_only": True})
     assert status["status"] == "failed"
     assert "KB_MCP_LLM_MODEL" in status["error"] and "--llm-base-url" in status["error"]
+
+
+@pytest.mark.nvcc
+async def test_cancelled_campaign_job_stops_cleanly_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import anyio
+
+    from kb_mcp.policy.campaign_store import CampaignStore
+
+    kb = tmp_path / "kb.json"
+    script = campaign_script()
+    for rule in script.rules:
+        if rule.role == "lower":
+            for answer in rule.answers:
+                answer.delay_s = 0.5  # keeps steps in flight long enough to cancel between them
+    arguments = {"problems": [str(SWISH)], "name": "cancel-me", "compile_only": True, "iterations": 1, "steps": 4,
+                 "gradient_every": 0}
+    folder = tmp_path / "kb.artifacts" / "campaigns" / "cancel-me"
+    with FakeLLMServer(script) as llm:
+        monkeypatch.setenv("KB_MCP_LLM_BASE_URL", llm.base_url)
+        monkeypatch.setenv("KB_MCP_LLM_MODEL", "fake-model")
+        server = build_server(ToolContext(kb))
+        try:
+            async with Client(server) as client:
+                job = await call_json(client, "start_job", {"kind": "run_campaign", "arguments": arguments})
+                deadline = time.monotonic() + 300
+                while not list((folder / "raw" / "steps").glob("*/*.json")) and time.monotonic() < deadline:
+                    await anyio.sleep(0.05)
+                await call_json(client, "cancel_job", {"job_id": job["job_id"]})
+                status = await call_json(client, "job_status", {"job_id": job["job_id"], "wait_s": 60})
+                assert status["status"] == "cancelled", status
+                stopped = CampaignStore(folder)
+                assert stopped.read_status().state == "stopped"
+                done_before = len(stopped.steps())
+                assert 1 <= done_before < 4
+        finally:
+            server.jobs.shutdown(wait=True)
+            server.kb_ctx.close()
+        status = await _run_job(kb, arguments)  # the same name again: resumes
+    assert status["status"] == "succeeded", status
+    store = CampaignStore(folder)
+    assert store.read_status().runs == 2 and [s.step for s in store.steps()] == [0, 1, 2, 3]

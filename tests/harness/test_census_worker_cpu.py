@@ -121,3 +121,15 @@ def test_the_verify_worker_reads_the_census_answer_of_its_own_request() -> None:
     finally:
         pool_end.close()
         worker_end.close()
+
+
+def test_before_a_timed_series_the_pool_waits_for_workers_still_starting(tmp_path: Path) -> None:
+    """What the pool does between the census and the timing (`_settle_starts`): a spare that has not
+    said hello yet is waited for, so its CUDA start-up cannot overlap the verify worker's timed runs."""
+    with WorkerPool(tmp_path, no_cuda=True) as p:
+        p.info()  # the active worker is up; the spare beside it has not been heard from
+        spare = p._spare
+        assert spare is not None and spare.starting()
+        p._settle_starts()
+        assert not spare.starting() and spare.alive() and spare.info and spare.info["role"] == "verify"
+        assert spare.info["pid"] != p.info()["pid"]

@@ -54,6 +54,17 @@ def _hide_fd(fd: int) -> int:
     return fd
 
 
+def compile_baseline_in_process() -> None:
+    """Makes torch.compile (the baseline) compile inside this process, starting no threads.
+
+    Inductor's parallel compile starts pool and timer threads lazily (`subproc_worker_timer`,
+    `tqdm_monitor`, executor threads); the thread census would blame them on the next candidate.
+    """
+    import torch._inductor.config
+
+    torch._inductor.config.compile_threads = 1
+
+
 def _setup(cache_dir: Path, no_cuda: bool, role: str = "verify") -> tuple[Any, dict[str, Any]]:
     """Initialises torch (and CUDA, when present) and everything the pipeline needs before candidates."""
     import gc
@@ -83,7 +94,7 @@ def _setup(cache_dir: Path, no_cuda: bool, role: str = "verify") -> tuple[Any, d
         # Modules the torch.compile baseline loads later are loaded now, before the trusted snapshot,
         # so that whatever they set up is part of the pristine state rather than a change after it.
         import torch._dynamo  # noqa: F401
-        import torch._inductor.config  # noqa: F401
+        compile_baseline_in_process()
 
         try:  # what the first torch.compile would patch into nn.Module
             from torch._dynamo.mutation_guard import install_generation_tagging_init

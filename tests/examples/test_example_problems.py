@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBLEMS = sorted((ROOT / "examples" / "problems").glob("*.py"))
 KINDS = {
     "single operator": {"gemm", "softmax", "layer_norm", "row_sum", "swish", "conv2d"},
-    "fused chain": {"gemm_bias_gelu", "conv_groupnorm_relu", "elementwise_chain_small", "linear_residual_layernorm",
+    "fused chain": {"gemm_bias_gelu", "conv_groupnorm_relu", "elementwise_chain_small", "elementwise_chain_deep",
+                    "linear_residual_layernorm",
                     "attention_scores"},
     "small model": {"mlp", "small_cnn"},
 }

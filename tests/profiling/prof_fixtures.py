@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from kb_mcp.harness.ncu_parse import parse_ncu_csv
 from kb_mcp.harness.profile_model import Profile
 
 ROOT = Path(__file__).resolve().parents[2]
 OWN = ROOT / "tests" / "fixtures" / "ncu"
-SHARED = ROOT.parent / "shared" / "fixtures" / "ncu"
+SHARED = OWN / "shared"  # the team's reference recordings (H100), trimmed
 PROBLEMS = Path(__file__).resolve().parent / "problems"
 
 
@@ -24,8 +23,7 @@ def own_profile(name: str) -> Profile:
 
 
 def shared_file(name: str) -> Path:
-    """A file of the team's shared ncu fixtures; skips the test where that folder is absent."""
+    """A file of the team's shared reference ncu recordings (kept in the repository)."""
     path = SHARED / name
-    if not path.is_file():
-        pytest.skip(f"shared fixture {path} not present in this checkout")
+    assert path.is_file(), f"missing fixture {path}"
     return path

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from kb_mcp.harness.ncu_parse import parse_ncu_csv
 from kb_mcp.harness.profile_model import Profile
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.clients.llm import LLMConfig, LLMNotConfigured
 from kb_mcp.kb import paths
-from kb_mcp.policy.campaign_runner import CampaignOptions, run_campaign
+from kb_mcp.policy.campaign_runner import CampaignOptions, CampaignSummary, run_campaign
 from kb_mcp.policy.campaign_store import CampaignError
 from kb_mcp.tools.base import Progress, ToolError, no_progress
 from kb_mcp.tools.context import ToolContext
@@ -40,20 +40,7 @@ class Request(CampaignOptions):
     model: str | None = Field(None, description="model for every role (default: the server's environment)")
 
 
-class Result(BaseModel):
-    """Headline numbers and where the full report is."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    folder: str
-    finished: bool
-    summary: str
-    report_md: str | None = None
-    report_json: str | None = None
-    best_kernels: list[str] = Field(default_factory=list)
-    valid_rate: float | None = None
-    geomean_speedup: float | None = None
-    problems: int = 0
+Result = CampaignSummary  # the headline only: the full report stays in its files
 
 
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
@@ -78,15 +65,4 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         result = run_campaign(folder, ctx.kb_path, options, llm, progress=forward, ctx=ctx)
     except CampaignError as exc:
         raise ToolError(str(exc)) from exc
-    report = result.report
-    return Result(
-        folder=result.folder,
-        finished=result.finished,
-        summary=result.summary,
-        report_md=result.report_md,
-        report_json=result.report_json,
-        best_kernels=result.best_kernels,
-        valid_rate=report.valid_rate if report else None,
-        geomean_speedup=report.speedup.geomean if report else None,
-        problems=len(report.problems) if report else 0,
-    )
+    return result.headline()

@@ -53,8 +53,8 @@ class CampaignOptions(BaseModel):
         return CampaignConfig.model_validate({**base, **given})
 
 
-class CampaignResult(BaseModel):
-    """What a finished (or stopped) run says."""
+class CampaignSummary(BaseModel):
+    """Headline numbers of a finished (or stopped) run and where its report is: what the MCP job returns."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -64,7 +64,19 @@ class CampaignResult(BaseModel):
     report_md: str | None = None
     report_json: str | None = None
     best_kernels: list[str] = Field(default_factory=list)
+    valid_rate: float | None = None
+    geomean_speedup: float | None = None
+    problems: int = 0
+
+
+class CampaignResult(CampaignSummary):
+    """A run's summary with its full report."""
+
     report: CampaignReport | None = None
+
+    def headline(self) -> CampaignSummary:
+        """The summary without the full report (small enough for an agent's context)."""
+        return CampaignSummary.model_validate(self.model_dump(exclude={"report"}))
 
 
 def summarize(report: CampaignReport) -> str:
@@ -139,6 +151,9 @@ def run_campaign(
         report_md=str(store.report_dir / "report.md"),
         report_json=str(store.report_dir / "report.json"),
         best_kernels=best,
+        valid_rate=report.valid_rate,
+        geomean_speedup=report.speedup.geomean,
+        problems=len(report.problems),
         report=report,
     )
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +34,7 @@ from kb_mcp.harness import ncu_parse
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_driver import EXIT_NO_GPU, NVTX_RANGE, DriverReport, DriverSpec, kernels_from_trace
 from kb_mcp.harness.profile_model import Profile
+from kb_mcp.harness.profile_standby import Standby, StandbyKey, StandbyPool, driver_args
 
 # (done, total, message): the shape of tools.base.Progress, declared here so harness never imports tools.
 Progress = Callable[[float, "float | None", "str | None"], None]
@@ -143,6 +145,67 @@ _PROFILING = re.compile(r'==PROF== Profiling "([^"]*)"')
 _PASSES = re.compile(r"-\s*(\d+)\s+pass(?:es)?")
 
 
+class NcuProcess:
+    """A started ncu (or driver) process whose output is read as it comes, for progress and the log."""
+
+    def __init__(self, cmd: Sequence[str], env: dict[str, str] | None = None) -> None:
+        self.start = time.perf_counter()
+        # Its own session: a timeout kills ncu and the driver under it together.
+        self.proc = subprocess.Popen(
+            list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+            errors="replace", start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self.passes: list[int] = []
+        self.progress: Progress = no_progress  # replaced by whoever waits for the result
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            match = _PROFILING.search(line)
+            if match:
+                found = _PASSES.search(line)
+                if found:
+                    self.passes.append(int(found.group(1)))
+                self.progress(len(self.passes) + (0 if found else 1), None,
+                              f"profiling kernel: {ncu_parse.short_name(match.group(1))}")
+
+    def alive(self) -> bool:
+        """Whether the process is still running."""
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Kills the process group (ncu and the driver under it)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+
+    def finish(self, timeout_s: float, log_path: Path | None = None, progress: Progress = no_progress,
+               since: float | None = None) -> NcuRun:
+        """Waits for the process (killing it after `timeout_s`) and returns what it did.
+
+        `since`: when the caller's request began (a standby process started long before it).
+        """
+        self.progress = progress
+        begun = self.start if since is None else since
+        timed_out = False
+        try:
+            self.proc.wait(timeout=max(0.0, timeout_s - (time.perf_counter() - begun)))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self.kill()
+        self._reader.join(timeout=5)
+        output = "".join(self.lines)
+        if log_path is not None:
+            log_path.write_text(output)
+        return NcuRun(self.proc.returncode, output, list(self.passes), timed_out, time.perf_counter() - begun)
+
+
 def run_ncu(
     cmd: Sequence[str],
     *,
@@ -152,42 +215,9 @@ def run_ncu(
     progress: Progress = no_progress,
 ) -> NcuRun:
     """Runs `cmd` (an ncu command), streaming its output to `progress`; kills the group on timeout."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-        errors="replace", start_new_session=True,
-    )
-    lines: list[str] = []
-    passes: list[int] = []
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            match = _PROFILING.search(line)
-            if match:
-                found = _PASSES.search(line)
-                if found:
-                    passes.append(int(found.group(1)))
-                progress(len(passes) + (0 if found else 1), None, f"profiling kernel: {ncu_parse.short_name(match.group(1))}")
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    reader.join(timeout=5)
-    output = "".join(lines)
-    if log_path is not None:
-        log_path.write_text(output)
-    return NcuRun(proc.returncode, output, passes, timed_out, time.perf_counter() - start)
+    process = NcuProcess(cmd, env)
+    process.progress = progress
+    return process.finish(timeout_s, log_path, progress)
 
 
 def export_pages(ncu: str, report: Path, timeout_s: float = 120.0) -> tuple[str, str]:
@@ -230,18 +260,24 @@ def profile_target(
     options: ProfileOptions,
     log_path: Path | None = None,
     progress: Progress = no_progress,
+    metrics: Sequence[str] | None = None,
+    first: NcuRun | None = None,
 ) -> tuple[NcuRun, list[str]]:
-    """Runs `target` under ncu with the standard sections and metrics.
+    """Runs `target` under ncu with the standard sections and `metrics` (default: all the parser reads).
 
     A metric that this ncu or GPU does not know fails the whole run, so such metrics are
     dropped (named in the second return value) and the run repeated, at most a few times.
+    `first`: a run with these metrics that already happened (a standby driver's), checked first.
     """
-    metrics = ncu_parse.requested_metrics()
+    metrics = list(ncu_parse.requested_metrics() if metrics is None else metrics)
     dropped: list[str] = []
     for _ in range(6):
-        cmd = ncu_command(ncu, report_base, target, metrics=metrics,
-                          source_counters=options.source_counters, max_kernels=options.max_kernels)
-        run = run_ncu(cmd, env=env, timeout_s=options.timeout_s, log_path=log_path, progress=progress)
+        if first is not None:
+            run, first = first, None
+        else:
+            cmd = ncu_command(ncu, report_base, target, metrics=metrics,
+                              source_counters=options.source_counters, max_kernels=options.max_kernels)
+            run = run_ncu(cmd, env=env, timeout_s=options.timeout_s, log_path=log_path, progress=progress)
         if "Failed to find metric" not in run.output or run.timed_out:
             return run, dropped
         bad = unknown_metrics(run.output, metrics)
@@ -260,6 +296,37 @@ def _driver_env(cache_dir: Path) -> dict[str, str]:
     env.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir / "torch_extensions"))
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def _run_on_standby(
+    standby: Standby, spec: DriverSpec, report: Path, options: ProfileOptions, log_path: Path, progress: Progress
+) -> NcuRun | None:
+    """Hands `spec` to a waiting driver and waits for ncu; None if the driver had gone meanwhile."""
+    progress(0, None, "handing the model to the waiting profiler")
+    handed = time.perf_counter()
+    try:
+        standby.hand_over(spec)
+        process = cast(NcuProcess, standby.process)  # the pool holds what `_standby_launcher` started
+        run = process.finish(options.timeout_s, log_path, progress, since=handed)
+        if not standby.claimed():
+            return None  # it exited (idle or owner check) just before the spec arrived: run cold
+        made = Path(str(standby.report_base) + ".ncu-rep")
+        if made.is_file():
+            shutil.move(str(made), report)
+        return run
+    finally:
+        standby.close()
+
+
+def _standby_launcher(ncu: str, key: StandbyKey, pool: StandbyPool, env: dict[str, str]) -> Callable[[Path], NcuProcess]:
+    """How the pool starts the next standby: the same ncu command line, the driver waiting in `folder`."""
+    def launch(folder: Path) -> NcuProcess:
+        target = [sys.executable, "-m", "kb_mcp.harness.profile_driver", *driver_args(folder, pool.idle_s)]
+        cmd = ncu_command(ncu, folder / "report", target, metrics=list(key.metrics),
+                          source_counters=key.source_counters, max_kernels=key.max_kernels)
+        return NcuProcess(cmd, env)
+
+    return launch
 
 
 def _read_driver_report(path: Path, returncode: int, output: str) -> DriverReport:
@@ -288,10 +355,13 @@ def profile(
     cache_dir: Path,
     options: ProfileOptions | None = None,
     progress: Progress = no_progress,
+    standby: StandbyPool | None = None,
 ) -> Profile:
     """Profiles one forward of `problem` (or of the candidate's ModelNew) and returns the Profile.
 
-    The ncu report, if one is made, is kept at `<report_base>.ncu-rep`.
+    The ncu report, if one is made, is kept at `<report_base>.ncu-rep`. With a `standby` pool the
+    forward runs on a driver started after the previous profile (see `harness.profile_standby`),
+    and a new one is started for the next profile.
     Raises NoGpuError without a GPU and ProfilerError when the model or candidate fails.
     """
     options = options or ProfileOptions()
@@ -320,13 +390,24 @@ def profile(
             reason = "ncu (Nsight Compute) was not found: per-kernel timings only; install Nsight Compute or set KB_MCP_NCU"
 
         if ncu is not None:
+            spec_ncu = spec.model_copy(update={"mode": "ncu"})
             spec_path = work / "spec_ncu.json"
-            spec_path.write_text(spec.model_copy(update={"mode": "ncu"}).model_dump_json())
+            spec_path.write_text(spec_ncu.model_dump_json())
             report = Path(str(report_base) + ".ncu-rep")
             report.parent.mkdir(parents=True, exist_ok=True)
-            progress(0, None, "starting the model under Nsight Compute")
+            wanted = ncu_parse.requested_metrics()
+            metrics = standby.metrics(wanted) if standby is not None else wanted
+            key = StandbyKey(ncu, options.source_counters, options.max_kernels, tuple(metrics),
+                             env.get("TORCH_EXTENSIONS_DIR", ""))
+            waiting = standby.take(key) if standby is not None else None
+            first = (_run_on_standby(waiting, spec_ncu, report, options, work / "ncu.log", progress)
+                     if waiting is not None else None)
+            if first is None:
+                progress(0, None, "starting the model under Nsight Compute")
             run, dropped = profile_target(ncu, driver + [str(spec_path)], report_base, env=env, options=options,
-                                          log_path=work / "ncu.log", progress=progress)
+                                          log_path=work / "ncu.log", progress=progress, metrics=metrics, first=first)
+            if standby is not None:
+                _prepare_next(standby, ncu, key, dropped, run, env)
             if run.timed_out:
                 raise ProfilerError(f"profiling took longer than {options.timeout_s:.0f} s and was stopped; "
                                     "lower max_kernels or the problem size, or raise timeout_s")
@@ -380,6 +461,21 @@ def profile(
         result.method = "timeline"
         result.phases_s = dict(driver_report.phases_s)
         return result
+
+
+def _prepare_next(pool: StandbyPool, ncu: str, key: StandbyKey, dropped: list[str], run: NcuRun,
+                  env: dict[str, str]) -> None:
+    """Starts the standby for the next profile (the GPU is free again: this run's ncu has exited)."""
+    pool.dropped_metrics.update(dropped)
+    blocked = counters_blocked_reason(run.output)
+    if blocked is not None or EXIT_NO_GPU == run.returncode:
+        pool.disable(blocked or "no GPU")
+        return
+    if run.timed_out:
+        return
+    key = StandbyKey(key.ncu, key.source_counters, key.max_kernels,
+                     tuple(m for m in key.metrics if m not in pool.dropped_metrics), key.env_key)
+    pool.launch(key, _standby_launcher(ncu, key, pool, env))
 
 
 def _assemble(

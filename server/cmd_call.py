@@ -130,7 +130,7 @@ async def _connect(args: argparse.Namespace) -> AsyncIterator[tuple[Client, Any]
     from kb_mcp.server.app import build_server
     from kb_mcp.tools.context import ToolContext
 
-    server = build_server(ToolContext(args.kb, client_name="cli"))
+    server = build_server(ToolContext(args.kb, client_name="cli", standby_profiler=False))
     async with Client(server, read_timeout_seconds=args.timeout) as client:
         yield client, server
 

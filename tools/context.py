@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from kb_mcp.kb import paths
 
 if TYPE_CHECKING:
+    from kb_mcp.harness.profile_standby import StandbyPool
     from kb_mcp.harness.worker import WorkerPool
     from kb_mcp.kb.store import KBStore
 
@@ -27,11 +28,15 @@ class ToolContext:
         *,
         cache_dir: str | Path | None = None,
         client_name: str = "",
+        standby_profiler: bool = True,
     ) -> None:
         self.kb_path = paths.resolve_kb_path(kb_path)
         self.artifacts_dir = paths.artifacts_dir(self.kb_path)
         self.cache_dir = Path(cache_dir) if cache_dir else paths.cache_dir()
         self.client_name = client_name  # provenance for lessons and outcomes
+        # A one-shot process (kb-mcp call) exits after its call: a driver started for a next
+        # profile would be wasted work.
+        self.standby_profiler = standby_profiler
 
     @cached_property
     def store(self) -> KBStore:
@@ -47,6 +52,16 @@ class ToolContext:
 
         return WorkerPool(cache_dir=self.cache_dir)
 
+    @cached_property
+    def profilers(self) -> StandbyPool | None:
+        """Profiling drivers started ahead of the next profile_kernel call (see harness.profile_standby);
+        None when this context was made without them."""
+        if not self.standby_profiler:
+            return None
+        from kb_mcp.harness.profile_standby import StandbyPool
+
+        return StandbyPool(self.cache_dir / "profile-standby")
+
     @property
     def profiles_dir(self) -> Path:
         """Stored profiles, one JSON file per profile_id."""
@@ -58,7 +73,10 @@ class ToolContext:
         return self.artifacts_dir / "candidates"
 
     def close(self) -> None:
-        """Stops worker processes, if any were started."""
+        """Stops worker processes and a waiting profiling driver, if any were started."""
         pool = self.__dict__.pop("workers", None)
         if pool is not None:
             pool.close()
+        standby = self.__dict__.pop("profilers", None)
+        if standby is not None:
+            standby.close()

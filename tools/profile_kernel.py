@@ -185,7 +185,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
                              max_kernels=req.max_kernels, timeout_s=req.timeout_s)
     try:
         prof = profile(problem, candidate_source, profile_id=profile_id, report_base=store.report_base(profile_id),
-                       cache_dir=ctx.cache_dir, options=options, progress=progress)
+                       cache_dir=ctx.cache_dir, options=options, progress=progress, standby=ctx.profilers)
     except NoGpuError as exc:
         raise ToolError(f"{exc}. Run profile_kernel on a machine with an NVIDIA GPU; the KB tools work here.") from exc
     except ProfilerError as exc:

@@ -30,10 +30,16 @@ def _profile(ctx: ToolContext, problem: Path, candidate: Path | None = None, **k
     return result
 
 
-def test_example_reference_and_candidate_end_to_end(kb_path: Path) -> None:
+@pytest.fixture
+def ctx(kb_path: Path):
+    context = ToolContext(kb_path)
+    yield context
+    context.close()  # stops the driver left waiting for a next profile
+
+
+def test_example_reference_and_candidate_end_to_end(ctx: ToolContext) -> None:
     if not EXAMPLE_CANDIDATE.is_file():
         pytest.skip("examples/candidates/swish_nvrtc.py is not in this checkout")
-    ctx = ToolContext(kb_path)
     ref = _profile(ctx, EXAMPLE_PROBLEM)
     assert ref.counters_available and ref.method == "ncu" and ref.arch.startswith("sm_")
     assert ref.kernel_count >= 2 and ref.candidate_id is None  # sigmoid, then mul
@@ -56,8 +62,7 @@ def test_example_reference_and_candidate_end_to_end(kb_path: Path) -> None:
     assert fused.overall and fused.overall.primary == "memory"
 
 
-def test_three_unfused_kernels_versus_one_fused(kb_path: Path) -> None:
-    ctx = ToolContext(kb_path)
+def test_three_unfused_kernels_versus_one_fused(ctx: ToolContext) -> None:
     ref = _profile(ctx, PROBLEMS / "relu_mul_add.py")
     cand = _profile(ctx, PROBLEMS / "relu_mul_add.py", PROBLEMS / "relu_mul_add_fused.py")
     assert ref.kernel_count == 3 and [k.name for k in cand.kernels] == ["fused_relu_mul_add"]
@@ -67,8 +72,8 @@ def test_three_unfused_kernels_versus_one_fused(kb_path: Path) -> None:
     assert cand_state.overall and cand_state.overall.state_id == "memory_bandwidth_saturated"
 
 
-def test_timings_only_when_counters_are_off(kb_path: Path) -> None:
-    result = _profile(ToolContext(kb_path), PROBLEMS / "relu_mul_add.py", counters=False)
+def test_timings_only_when_counters_are_off(ctx: ToolContext) -> None:
+    result = _profile(ctx, PROBLEMS / "relu_mul_add.py", counters=False)
     assert not result.counters_available and result.method == "timeline"
     assert result.counters_reason and "counters" in result.counters_reason
     assert result.kernel_count == 3 and all((k.duration_us or 0) > 0 for k in result.kernels)
@@ -80,12 +85,43 @@ def test_failing_candidate_is_reported_with_its_stage(kb_path: Path, tmp_path: P
     bad.write_text("import torch\nclass ModelNew(torch.nn.Module):\n"
                    "    def forward(self, x, y):\n        raise RuntimeError('boom in forward')\n")
     with pytest.raises(ToolError, match="stage: warmup.*boom in forward"):
-        profile_kernel.run(ToolContext(kb_path), profile_kernel.Request(problem=str(PROBLEMS / "relu_mul_add.py"),
-                                                                        candidate=str(bad)))
+        profile_kernel.run(ToolContext(kb_path, standby_profiler=False),
+                           profile_kernel.Request(problem=str(PROBLEMS / "relu_mul_add.py"), candidate=str(bad)))
 
 
-def test_report_kept_on_request(kb_path: Path) -> None:
-    result = _profile(ToolContext(kb_path), PROBLEMS / "relu_mul_add.py", PROBLEMS / "relu_mul_add_fused.py",
+def test_report_kept_on_request(ctx: ToolContext) -> None:
+    result = _profile(ctx, PROBLEMS / "relu_mul_add.py", PROBLEMS / "relu_mul_add_fused.py",
                       keep_report=True, detail=True)
     assert result.report_file and Path(result.report_file).is_file() and result.report_file.endswith(".ncu-rep")
     assert result.kernels[0].metrics is not None and result.kernels[0].full_name
+
+
+def test_consecutive_profiles_run_on_the_waiting_driver(ctx: ToolContext, tmp_path: Path) -> None:
+    """The second and later profiles of a server start on the driver left waiting by the one before,
+    failures included, and give the same kernels as a cold run."""
+    problem = PROBLEMS / "relu_mul_add.py"
+    fused = PROBLEMS / "relu_mul_add_fused.py"
+    cold = _profile(ctx, problem, fused)
+    phases = ProfileStore(ctx.profiles_dir).load(cold.profile_id).phases_s
+    assert "standby_wait" not in phases
+
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nclass ModelNew(torch.nn.Module):\n"
+                   "    def forward(self, x, y):\n        raise RuntimeError('boom on standby')\n")
+    assert ctx.profilers is not None and ctx.profilers.wait_ready(120)
+    with pytest.raises(ToolError, match="stage: warmup.*boom on standby"):
+        profile_kernel.run(ctx, profile_kernel.Request(problem=str(problem), candidate=str(bad)))
+
+    assert ctx.profilers.wait_ready(120)  # a failed candidate still leaves a driver for the next
+    start = time.perf_counter()
+    warm = _profile(ctx, problem, fused)
+    warm_s = time.perf_counter() - start
+    phases = ProfileStore(ctx.profiles_dir).load(warm.profile_id).phases_s
+    assert "standby_wait" in phases and "forward" in phases
+    assert [k.name for k in warm.kernels] == [k.name for k in cold.kernels] == ["fused_relu_mul_add"]
+    assert warm.kernels[0].grid == cold.kernels[0].grid
+    assert warm.kernels[0].sm_throughput_pct is not None
+    print(f"cold {cold.wall_s} s, warm {warm.wall_s} s (tool call {warm_s:.2f} s)")
+
+    other = _profile(ctx, problem, fused, source_counters=True)  # another command line: runs cold
+    assert "standby_wait" not in ProfileStore(ctx.profiles_dir).load(other.profile_id).phases_s

@@ -1,0 +1,173 @@
+"""Standby profiling drivers: the real driver process waiting for its spec, the pool's rules, and
+`profile()` handing a request to the driver it started after the previous one.
+
+Without a GPU the driver still imports torch, waits, claims the spec and reports `device`; on a
+GPU (scripts/gpu-check.sh) the same tests see it profile.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prof_fixtures import PROBLEMS
+
+from kb_mcp.harness import profiler
+from kb_mcp.harness.problem import load_problem
+from kb_mcp.harness.profile_driver import CLAIMED_FILE, EXIT_UNCLAIMED, DriverReport, DriverSpec
+from kb_mcp.harness.profile_standby import StandbyKey, StandbyPool, driver_args
+
+DRIVER = [sys.executable, "-m", "kb_mcp.harness.profile_driver"]
+KEY = StandbyKey("ncu", False, 200, ("a", "b"), "/cache")
+
+
+def _spec(tmp_path: Path) -> DriverSpec:
+    problem = load_problem(str(PROBLEMS / "relu_mul_add.py"))
+    return DriverSpec(problem_source=problem.source, problem_module=f"kbmcp_problem_{problem.hash}",
+                      workdir=str(tmp_path / "src"), report_path=str(tmp_path / "driver.json"))
+
+
+def _wait_until(condition, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def _driver(folder: Path, *, owner: int | None = None, idle_s: float = 120.0) -> profiler.NcuProcess:
+    folder.mkdir(parents=True, exist_ok=True)
+    args = driver_args(folder, idle_s)
+    if owner is not None:
+        args[args.index("--owner") + 1] = str(owner)
+    return profiler.NcuProcess(DRIVER + args)
+
+
+def test_standby_driver_runs_the_spec_handed_over(tmp_path: Path) -> None:
+    pool = StandbyPool(tmp_path / "pool")
+    standby = pool.launch(KEY, lambda folder: _driver(folder))
+    assert standby is not None and standby.process.alive()
+    _wait_until(standby.ready)  # torch imported (and CUDA up, on a GPU) before any request
+    assert standby.process.alive() and not standby.claimed()
+    spec = _spec(tmp_path)
+    assert pool.take(KEY) is standby
+    standby.hand_over(spec)
+    run = standby.process.finish(60.0)  # type: ignore[attr-defined]
+    assert standby.claimed() and not run.timed_out
+    report = DriverReport.model_validate_json(Path(spec.report_path).read_text())
+    # The start-up happened before the hand-over; the driver says how long it then waited.
+    assert {"import_torch", "standby_wait"} <= set(report.phases_s)
+    assert report.phases_s["standby_wait"] > 0
+    if report.ok:  # a GPU: one forward ran inside the range
+        assert report.device and "forward" in report.phases_s
+    else:
+        assert report.stage == "device" and run.returncode == profiler.EXIT_NO_GPU
+    standby.close()
+    assert not standby.folder.exists()
+
+
+def test_idle_standby_exits_and_a_late_spec_is_not_claimed(tmp_path: Path) -> None:
+    proc = _driver(tmp_path / "s", idle_s=0.5)
+    run = proc.finish(120.0)
+    assert run.returncode == EXIT_UNCLAIMED
+    assert (tmp_path / "s" / "ready").is_file() and not (tmp_path / "s" / CLAIMED_FILE).exists()
+
+
+def test_standby_exits_when_its_owner_is_gone(tmp_path: Path) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    owner.wait()  # a pid that no longer runs
+    proc = _driver(tmp_path / "s", owner=owner.pid, idle_s=600)
+    run = proc.finish(120.0)
+    assert run.returncode == EXIT_UNCLAIMED and not run.timed_out
+
+
+def _sleeper(folder: Path) -> profiler.NcuProcess:
+    return profiler.NcuProcess([sys.executable, "-c", "import time; time.sleep(120)"])
+
+
+def test_pool_keeps_one_standby_and_drains_on_other_options(tmp_path: Path) -> None:
+    pool = StandbyPool(tmp_path / "pool")
+    first = pool.launch(KEY, _sleeper)
+    assert first is not None
+    assert pool.launch(KEY, _sleeper) is None  # one is waiting already
+    other = StandbyKey("ncu", True, 200, ("a", "b"), "/cache")  # source counters: another command line
+    assert pool.take(other) is None
+    assert not first.process.alive() and not first.folder.exists()  # drained, not left beside a cold run
+    assert pool.take(KEY) is None
+
+    second = pool.launch(KEY, _sleeper)
+    assert second is not None
+    second.process.kill()
+    assert pool.take(KEY) is None and not second.folder.exists()  # a dead standby is not handed out
+
+
+def test_disabled_or_closed_pool_starts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = StandbyPool(tmp_path / "pool")
+    waiting = pool.launch(KEY, _sleeper)
+    assert waiting is not None
+    pool.disable("counters refused")
+    assert not waiting.process.alive() and pool.launch(KEY, _sleeper) is None
+
+    pool = StandbyPool(tmp_path / "pool2")
+    pool.close()
+    assert pool.launch(KEY, _sleeper) is None
+
+    monkeypatch.setenv("KB_MCP_PROFILE_STANDBY", "0")
+    assert StandbyPool(tmp_path / "pool3").launch(KEY, _sleeper) is None
+
+
+def test_metrics_dropped_once_stay_dropped(tmp_path: Path) -> None:
+    pool = StandbyPool(tmp_path / "pool")
+    pool.dropped_metrics.add("b")
+    assert pool.metrics(["a", "b", "c"]) == ["a", "c"]
+
+
+def test_folders_of_dead_owners_are_swept(tmp_path: Path) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    owner.wait()
+    root = tmp_path / "pool"
+    stale = root / f"standby-{owner.pid}-deadbeef"
+    mine = root / f"standby-{os.getpid()}-cafef00d"
+    stale.mkdir(parents=True)
+    mine.mkdir()
+    StandbyPool(root)
+    assert not stale.exists() and mine.exists()
+
+
+def _pass_through_ncu(tmp_path: Path) -> Path:
+    """An `ncu` that runs its target without profiling (the profiler's own logic is under test)."""
+    script = tmp_path / "ncu"
+    script.write_text(
+        f"#!{sys.executable}\nimport os, sys\nargs = sys.argv[1:]\n"
+        f"i = args.index({sys.executable!r})\nos.execv(args[i], args[i:])\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_profile_hands_the_next_request_to_the_standby(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(profiler.ENV_NCU, str(_pass_through_ncu(tmp_path)))
+    problem = load_problem(str(PROBLEMS / "relu_mul_add.py"))
+    pool = StandbyPool(tmp_path / "pool")
+    kw = dict(cache_dir=tmp_path / "cache", options=profiler.ProfileOptions(timeout_s=240), standby=pool)
+    try:
+        first = profiler.profile(problem, None, profile_id="p_0000000000f1", report_base=tmp_path / "r1", **kw)
+    except profiler.NoGpuError:
+        # No GPU: the driver said so, and the pool starts no driver that could only say it again.
+        assert pool.disabled_reason and pool.take(KEY) is None
+        assert not list((tmp_path / "pool").glob("standby-*"))
+        return
+    try:
+        assert "standby_wait" not in first.phases_s  # the first request starts cold
+        key_folders = list((tmp_path / "pool").glob("standby-*"))
+        assert len(key_folders) == 1  # and leaves a driver waiting for the next one
+        second = profiler.profile(problem, None, profile_id="p_0000000000f2", report_base=tmp_path / "r2", **kw)
+        assert "standby_wait" in second.phases_s and second.device == first.device
+        assert not key_folders[0].exists()  # used once, then removed
+    finally:
+        pool.close()
+    assert not list((tmp_path / "pool").glob("standby-*"))

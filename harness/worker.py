@@ -64,8 +64,8 @@ _PHASE_WORDS = {
     "construct": "constructing ModelNew",
     "check": "running ModelNew.forward on the input sets",
     "census": "listing the kernels one forward launches (in the census worker)",
-    "timing": "timing ModelNew.forward",
-    "baselines": "timing the reference baselines",
+    "timing": "timing ModelNew.forward (interleaved with the reference where eager is timed anew)",
+    "baselines": "timing the torch.compile baseline (first verdict of a problem) and comparing",
     "compile": "compiling the candidate's CUDA sources",
 }
 
@@ -217,6 +217,48 @@ class _Worker:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+class _Reply:
+    """Reading one request's answer from a worker: phase frames, then the result frame.
+
+    Every frame must carry the request id and the next sequence number (else `ForgedFrame`); each
+    phase frame is passed to `on_phase` and restarts the deadline with that phase's limit. `phase`
+    says where the worker was when reading ended (for a timeout or crash message). Raises what
+    `FrameReader.read` raises: TimeoutError, ChannelClosed, ForgedFrame.
+    """
+
+    def __init__(self, w: _Worker, rid: str, key: bytes, limit: Callable[[str], float], what: str,
+                 channel: str) -> None:
+        self.w = w
+        self.rid = rid
+        self.key = key
+        self.limit = limit
+        self.what = what  # "request" / "census": how an out-of-sequence frame is named
+        self.channel = channel  # where an unexpected frame type arrived
+        self.phase = "queued"
+
+    def read(self, on_phase: Callable[[str], None]) -> tuple[Any, bool]:
+        """(the result frame's payload, whether the worker retires) once the result arrives."""
+        deadline = time.monotonic() + self.limit(self.phase)
+        seq = 0
+        while True:
+            frame = self.w.reader.read(self.key, deadline)
+            if frame.get("rid") != self.rid or frame.get("seq") != seq:
+                raise ForgedFrame(
+                    f"a frame for request {str(frame.get('rid'))[:12]}, number {frame.get('seq')} arrived where "
+                    f"number {seq} of this {self.what} was due"
+                )
+            seq += 1
+            kind = frame.get("type")
+            if kind == "phase":
+                self.phase = str(frame.get("phase"))
+                on_phase(self.phase)
+                deadline = time.monotonic() + self.limit(self.phase)
+                continue
+            if kind != "result":
+                raise ForgedFrame(f"unexpected frame type {kind!r} on {self.channel}")
+            return frame.get("result"), bool(frame.get("retire"))
 
 
 def describe_exit(code: int | None) -> str:
@@ -427,52 +469,38 @@ class WorkerPool:
             "op": "verify", "rid": rid, "key": key.hex(), "problem": problem.model_dump(mode="json"),
             "source": source, "options": opts.model_dump(mode="json"), "candidate_id": cid,
         }, POOL_KEY)
-        phase = "queued"
-        deadline = time.monotonic() + self._limit(phase, opts)
-        seq = 0
         steps = len(PHASES)
-        while True:
-            try:
-                frame = w.reader.read(key, deadline)
-                if frame.get("rid") != rid or frame.get("seq") != seq:
-                    raise ForgedFrame(
-                        f"a frame for request {str(frame.get('rid'))[:12]}, number {frame.get('seq')} arrived where "
-                        f"number {seq} of this request was due"
-                    )
-                seq += 1
-                kind = frame.get("type")
-                if kind == "phase":
-                    phase = str(frame.get("phase"))
-                    done = PHASES.index(phase) if phase in PHASES else 0
-                    progress(done, steps, _PHASE_WORDS.get(phase, phase))
-                    if phase == "census":
-                        self._answer_census(w, rid, problem, source, opts, cid)
-                    deadline = time.monotonic() + self._limit(phase, opts)
-                    continue
-                if kind != "result":
-                    raise ForgedFrame(f"unexpected frame type {kind!r} on the result channel")
-                result = VerifyResult.model_validate(frame.get("result"))
-                if result.candidate_id != cid or result.problem_hash != problem.hash:
-                    raise ForgedFrame("the result names another candidate or problem than the one sent")
-                retire = bool(frame.get("retire"))
-                break
-            except TimeoutError:
-                return self._ended(w, problem, source, opts, cid, t0, Verdict.timeout, phase,
-                                   f"timeout: no answer within {self._limit(phase, opts):.0f} s while "
-                                   f"{_PHASE_WORDS.get(phase, phase)}; the worker was killed and replaced")
-            except ChannelClosed:
-                code = w.proc.wait(timeout=30)
-                return self._ended(w, problem, source, opts, cid, t0, Verdict.crashed, phase,
-                                   f"crashed: the worker died ({describe_exit(code)}) while "
-                                   f"{_PHASE_WORDS.get(phase, phase)}; it was replaced")
-            except (ForgedFrame, ValidationError) as exc:
-                finding = Finding(
-                    code=FindingCode.forged_result, source="runtime",
-                    message=(f"the result channel carried data the harness did not send ({exc}); writing to the "
-                             "worker's channel or faking its messages is not allowed"),
-                )
-                return self._ended(w, problem, source, opts, cid, t0, Verdict.invalid, phase,
-                                   f"invalid (forged_result): {finding.message}", [finding])
+
+        def on_phase(phase: str) -> None:
+            progress(PHASES.index(phase) if phase in PHASES else 0, steps, _PHASE_WORDS.get(phase, phase))
+            if phase == "census":
+                self._answer_census(w, rid, problem, source, opts, cid)
+
+        reply = _Reply(w, rid, key, lambda phase: self._limit(phase, opts), "request", "the result channel")
+        try:
+            payload, retire = reply.read(on_phase)
+            result = VerifyResult.model_validate(payload)
+            if result.candidate_id != cid or result.problem_hash != problem.hash:
+                raise ForgedFrame("the result names another candidate or problem than the one sent")
+        except TimeoutError:
+            phase = reply.phase
+            return self._ended(w, problem, source, opts, cid, t0, Verdict.timeout, phase,
+                               f"timeout: no answer within {self._limit(phase, opts):.0f} s while "
+                               f"{_PHASE_WORDS.get(phase, phase)}; the worker was killed and replaced")
+        except ChannelClosed:
+            phase = reply.phase
+            code = w.proc.wait(timeout=30)
+            return self._ended(w, problem, source, opts, cid, t0, Verdict.crashed, phase,
+                               f"crashed: the worker died ({describe_exit(code)}) while "
+                               f"{_PHASE_WORDS.get(phase, phase)}; it was replaced")
+        except (ForgedFrame, ValidationError) as exc:
+            finding = Finding(
+                code=FindingCode.forged_result, source="runtime",
+                message=(f"the result channel carried data the harness did not send ({exc}); writing to the "
+                         "worker's channel or faking its messages is not allowed"),
+            )
+            return self._ended(w, problem, source, opts, cid, t0, Verdict.invalid, reply.phase,
+                               f"invalid (forged_result): {finding.message}", [finding])
         w.output.settle()
         result = result.model_copy(update={
             "output": w.output.take(opts.max_output_chars),
@@ -543,53 +571,38 @@ class WorkerPool:
                 if attempt:
                     raise WorkerError("the census worker does not take requests") from None
                 self._replace_census(w)
-        phase = "queued"
-        deadline = time.monotonic() + self._census_limit(phase, opts)
-        seq = 0
         where = "the census worker runs one forward under the profiler, in a process of its own"
-        while True:
-            try:
-                frame = w.reader.read(key, deadline)
-                if frame.get("rid") != rid or frame.get("seq") != seq:
-                    raise ForgedFrame(
-                        f"a frame for request {str(frame.get('rid'))[:12]}, number {frame.get('seq')} arrived where "
-                        f"number {seq} of this census was due"
-                    )
-                seq += 1
-                kind = frame.get("type")
-                if kind == "phase":
-                    phase = str(frame.get("phase"))
-                    deadline = time.monotonic() + self._census_limit(phase, opts)
-                    continue
-                if kind != "result":
-                    raise ForgedFrame(f"unexpected frame type {kind!r} on the census worker's channel")
-                reply = CensusReply.model_validate(frame.get("result"))
-                retire = bool(frame.get("retire"))
-                break
-            except TimeoutError:
-                self._replace_census(w)
-                return CensusReply(
-                    verdict=Verdict.timeout, elapsed_s=round(time.monotonic() - t0, 3),
-                    summary=(f"timeout: no answer within {self._census_limit(phase, opts):.0f} s while "
-                             f"{CENSUS_WORDS.get(phase, phase)} ({where}); it was killed and replaced"),
-                )
-            except ChannelClosed:
-                code = w.proc.wait(timeout=30)
-                self._replace_census(w)
-                return CensusReply(
-                    verdict=Verdict.crashed, elapsed_s=round(time.monotonic() - t0, 3),
-                    summary=(f"crashed: the census worker died ({describe_exit(code)}) while "
-                             f"{CENSUS_WORDS.get(phase, phase)} ({where}); it was replaced"),
-                )
-            except (ForgedFrame, ValidationError) as exc:
-                self._replace_census(w)
-                finding = Finding(
-                    code=FindingCode.forged_result, source="runtime",
-                    message=(f"the census worker's channel carried data the harness did not send ({exc}); writing "
-                             "to the harness's channels or faking its messages is not allowed"),
-                )
-                return CensusReply(findings=[finding], verdict=Verdict.invalid, elapsed_s=round(time.monotonic() - t0, 3),
-                                   summary=f"invalid (forged_result): {finding.message}")
+        exchange = _Reply(w, rid, key, lambda phase: self._census_limit(phase, opts), "census",
+                          "the census worker's channel")
+        try:
+            payload, retire = exchange.read(lambda phase: None)
+            reply = CensusReply.model_validate(payload)
+        except TimeoutError:
+            phase = exchange.phase
+            self._replace_census(w)
+            return CensusReply(
+                verdict=Verdict.timeout, elapsed_s=round(time.monotonic() - t0, 3),
+                summary=(f"timeout: no answer within {self._census_limit(phase, opts):.0f} s while "
+                         f"{CENSUS_WORDS.get(phase, phase)} ({where}); it was killed and replaced"),
+            )
+        except ChannelClosed:
+            phase = exchange.phase
+            code = w.proc.wait(timeout=30)
+            self._replace_census(w)
+            return CensusReply(
+                verdict=Verdict.crashed, elapsed_s=round(time.monotonic() - t0, 3),
+                summary=(f"crashed: the census worker died ({describe_exit(code)}) while "
+                         f"{CENSUS_WORDS.get(phase, phase)} ({where}); it was replaced"),
+            )
+        except (ForgedFrame, ValidationError) as exc:
+            self._replace_census(w)
+            finding = Finding(
+                code=FindingCode.forged_result, source="runtime",
+                message=(f"the census worker's channel carried data the harness did not send ({exc}); writing "
+                         "to the harness's channels or faking its messages is not allowed"),
+            )
+            return CensusReply(findings=[finding], verdict=Verdict.invalid, elapsed_s=round(time.monotonic() - t0, 3),
+                               summary=f"invalid (forged_result): {finding.message}")
         if retire:
             self._replace_census(w)
         return reply.model_copy(update={"elapsed_s": round(time.monotonic() - t0, 3)})

@@ -6,7 +6,15 @@ for a candidate to precompute), the reference output for them (for the re-check)
 on the current stream plus the host clock around events and a second device-wide synchronize.
 The median of many runs is reported. The host clock is the cross-check: work the candidate leaves
 on a side stream or in a thread finishes inside the second synchronize but outside the events, so
-the host time exceeds the event time by more than this process's own calibrated gap.
+the host time exceeds the event time by more than this process's own calibrated gap. The host clock
+is also read once the call has returned and its end event is queued (before the synchronize): that
+*issue time* says how long the host took to launch the call's work. When it is a large part of the
+event time, the GPU was waiting on the host (a launch-bound call, `baselines.launch_bound`).
+
+Two callables can be timed interleaved (`Timer.interleaved`): their runs alternate, spread evenly
+(`interleave_order`), each run with its own flush and syncs, so that both series see the same
+machine state. The harness times a launch-bound reference beside the candidate this way, because
+host-bound timings move by up to 1.9x between processes and minutes (docs/benchmarks.md).
 
 Only functions captured before any candidate was imported are used here (`Trusted`), so a
 candidate that replaces `torch.cuda.Event.elapsed_time` or `time.perf_counter_ns` changes nothing.
@@ -24,6 +32,7 @@ from __future__ import annotations
 import gc
 import statistics
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,12 +40,17 @@ from typing import Any
 
 import torch
 
+from kb_mcp.harness.baselines import MAX_EAGER_DRIFT, Baseline
 from kb_mcp.harness.integrity_runtime import Trusted
+from kb_mcp.harness.verdict import Timings
 
 TARGET_TIMED_S = 0.4  # timed runs per candidate: as many as fit this budget, within [MIN_RUNS, MAX_RUNS]
 MIN_RUNS = 10
 MAX_RUNS = 100
 QUICK_RUNS = 5
+# Re-timing a cached launch-bound reference beside the candidate: as many runs as fit this much
+# event time, within [MIN_RUNS, MAX_RUNS]. Its eager calls then cost about 0.1-0.2 s of a verdict.
+RETIME_TIMED_S = 0.15
 
 
 @dataclass
@@ -45,6 +59,7 @@ class RunStats:
 
     gpu_ms: list[float] = field(default_factory=list)
     host_ms: list[float] = field(default_factory=list)
+    issue_ms: list[float] = field(default_factory=list)  # host time until the call returned and its end event was queued
     errors: list[str] = field(default_factory=list)  # re-check failures of timed outputs
 
     @property
@@ -63,9 +78,77 @@ class RunStats:
         return statistics.median(self.host_ms)
 
     @property
+    def issue_median_ms(self) -> float:
+        """Median host time to issue the call (launches queued, nothing waited for)."""
+        return statistics.median(self.issue_ms)
+
+    @property
     def gap_ms(self) -> float:
         """Median of host minus event time per run."""
         return statistics.median(h - g for h, g in zip(self.host_ms, self.gpu_ms))
+
+
+def retime_runs(eager_ms: float, quick: bool) -> int:
+    """Runs of a cached launch-bound reference re-timed beside the candidate (`RETIME_TIMED_S`)."""
+    if quick:
+        return QUICK_RUNS
+    return int(min(MAX_RUNS, max(MIN_RUNS, RETIME_TIMED_S * 1e3 / max(eager_ms, 1e-3))))
+
+
+@dataclass
+class Series:
+    """One callable to time: `make_args(i)` makes fresh inputs for run i (i < 0: warm-up runs),
+    `check(i, out)` returns an error text for a wrong output of run i (None: not checked)."""
+
+    fn: Callable[..., Any]
+    make_args: Callable[[int], Sequence[Any]]
+    runs: int
+    warmup: int
+    check: Callable[[int, Any], str | None] | None = None
+
+
+def interleave_order(runs_a: int, runs_b: int) -> list[int]:
+    """The order of two interleaved series: 0 for a run of the first, 1 for the second.
+
+    Each series' runs sit at evenly spaced points of the same span (run i of n at (i + 0.5) / n),
+    so equal counts alternate (A B A B ...) and unequal ones spread the rarer runs evenly between
+    the others (A A B A A B ...); a tie puts the first series first.
+    """
+    slots = [((i + 0.5) / runs_a, 0) for i in range(runs_a)] + [((j + 0.5) / runs_b, 1) for j in range(runs_b)]
+    return [which for _, which in sorted(slots)]
+
+
+class HostEvent:
+    """The host clock in the shape of `torch.cuda.Event`: the Timer's path without a GPU.
+
+    Where no device runs the work, the call itself is the "event" span; the Timer's logic
+    (interleaving, checks, issue and host times) is then the same on a CPU-only machine.
+    """
+
+    def __init__(self, enable_timing: bool = True) -> None:
+        self.ns = 0
+
+    def record(self, stream: Any = None) -> None:
+        """Stamps the host clock."""
+        self.ns = time.perf_counter_ns()
+
+    def synchronize(self) -> None:
+        """Nothing is pending on the host."""
+
+    def elapsed_time(self, end: HostEvent) -> float:
+        """Milliseconds from this stamp to `end`'s."""
+        return (end.ns - self.ns) / 1e6
+
+
+def host_trusted() -> Trusted:
+    """Trusted functions for timing on the host clock (no GPU): see `HostEvent`."""
+    return Trusted(
+        perf_counter=time.perf_counter, perf_counter_ns=time.perf_counter_ns, monotonic=time.monotonic,
+        synchronize=lambda *a: None, event_cls=HostEvent, event_record=HostEvent.record,
+        event_synchronize=HostEvent.synchronize, event_elapsed_time=HostEvent.elapsed_time,
+        current_stream=lambda *a: None, allclose=torch.allclose, isclose=torch.isclose, isfinite=torch.isfinite,
+        equal=torch.equal,
+    )
 
 
 class L2Flusher:
@@ -116,12 +199,19 @@ def guards_active() -> list[str]:
 class Timer:
     """Times callables with trusted events and clocks; see the module docstring."""
 
-    def __init__(self, trusted: Trusted, flusher: L2Flusher) -> None:
+    def __init__(self, trusted: Trusted, flusher: Callable[[], None]) -> None:
+        """`flusher` evicts the L2 cache before each run (`L2Flusher`; a no-op on the host path)."""
         self.t = trusted
         self.flush = flusher
         self.calibrated_gap_ms = 0.0
 
-    def _one(self, fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, float]:
+    @classmethod
+    def on_host(cls) -> Timer:
+        """A timer on the host clock, for machines without a GPU (see `HostEvent`)."""
+        return cls(host_trusted(), lambda: None)
+
+    def _one(self, fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, float, float]:
+        """One run: (output, event ms, host ms, issue ms)."""
         t = self.t
         start = t.event_cls(enable_timing=True)
         end = t.event_cls(enable_timing=True)
@@ -131,17 +221,19 @@ class Timer:
         t.event_record(start)
         out = fn(*args)
         t.event_record(end)
+        # After the end event is queued, so that this clock read is not inside the events.
+        issued = t.perf_counter_ns()
         t.synchronize()
         h1 = t.perf_counter_ns()
-        return out, float(t.event_elapsed_time(start, end)), (h1 - h0) / 1e6
+        return out, float(t.event_elapsed_time(start, end)), (h1 - h0) / 1e6, (issued - h0) / 1e6
 
     def calibrate(self, runs: int = 20) -> float:
         """Host-minus-event gap of a one-kernel call: what this process's own overhead looks like."""
-        x = torch.zeros(1024, device="cuda")
+        x = torch.zeros(1024, device="cuda" if self.t.event_cls is not HostEvent else "cpu")
         gaps = []
         with paused_gc():
             for _ in range(runs):
-                _, g, h = self._one(lambda: x.add_(1.0), ())
+                _, g, h, _ = self._one(lambda: x.add_(1.0), ())
                 gaps.append(h - g)
         self.calibrated_gap_ms = statistics.median(gaps)
         return self.calibrated_gap_ms
@@ -154,7 +246,7 @@ class Timer:
         if quick:
             return QUICK_RUNS
         fn(*make_args(-1))  # first calls may compile or autotune: not what one run costs
-        _, g, h = self._one(fn, make_args(-1))
+        _, g, h, _ = self._one(fn, make_args(-1))
         per = max(g, h, 1e-3) / 1e3
         return int(min(MAX_RUNS, max(MIN_RUNS, TARGET_TIMED_S / per)))
 
@@ -169,20 +261,35 @@ class Timer:
         """`warmup` untimed runs, then `runs` timed ones; `make_args(i)` makes fresh inputs for run i
         (called outside the timed region); `check(i, out)` returns an error text for a wrong output.
         The caller makes sure that `guards_active()` is empty."""
-        for i in range(warmup):
-            fn(*make_args(-1 - i))
+        (stats,) = self._timed([Series(fn, make_args, runs, warmup, check)], [0] * runs)
+        return stats
+
+    def interleaved(self, a: Series, b: Series) -> tuple[RunStats, RunStats]:
+        """Both series' warm-ups, then their timed runs alternating in `interleave_order`, so that
+        both see the same machine state (the same minute, the same process conditions)."""
+        return self._timed([a, b], interleave_order(a.runs, b.runs))  # type: ignore[return-value]
+
+    def _timed(self, series: list[Series], order: list[int]) -> list[RunStats]:
+        """Warm-ups of every series, then one timed run of `series[k]` for each k in `order`."""
+        for s in series:
+            for i in range(s.warmup):
+                s.fn(*s.make_args(-1 - i))
         self.t.synchronize()
-        stats = RunStats()
+        stats = [RunStats() for _ in series]
+        done = [0] * len(series)
         with paused_gc():
-            for i in range(runs):
-                args = make_args(i)
-                out, g, h = self._one(fn, args)
-                stats.gpu_ms.append(g)
-                stats.host_ms.append(h)
-                if check is not None:
-                    err = check(i, out)
+            for k in order:
+                s, st, i = series[k], stats[k], done[k]
+                done[k] += 1
+                args = s.make_args(i)
+                out, g, h, issued = self._one(s.fn, args)
+                st.gpu_ms.append(g)
+                st.host_ms.append(h)
+                st.issue_ms.append(issued)
+                if s.check is not None:
+                    err = s.check(i, out)
                     if err:
-                        stats.errors.append(f"run {i}: {err}")
+                        st.errors.append(f"run {i}: {err}")
                 del out, args
         return stats
 
@@ -199,6 +306,65 @@ class Timer:
                 "torch.cuda.current_stream() and finish it before forward returns"
             )
         return None
+
+
+def timings_against(
+    candidate: RunStats,
+    eager: RunStats | None,
+    base: Baseline,
+    cached: bool,
+    *,
+    want_compile: bool,
+    quick: bool,
+    bound_ms: float | None,
+) -> Timings:
+    """The candidate's timings against its baselines.
+
+    `eager` is the reference's series interleaved with the candidate's (`Timer.interleaved`), or
+    None where the cached figure stands (a GPU-bound reference). With `cached` False the baseline
+    was just measured from those very runs. With `cached` True eager was re-timed beside the
+    candidate: its figure replaces the cached one, and the cached torch.compile figure is scaled by
+    the same drift (a launch-bound reference's compiled call is host-bound as well, and compiling
+    it again would cost seconds), unless the re-timed figure is slower than the cached one by more
+    than `MAX_EAGER_DRIFT`: then the cached figures stand, and the note says so.
+    """
+    cand = candidate.median_ms
+    eager_ms = base.eager_ms
+    compile_ms = base.compile_ms if want_compile else None
+    notes = [base.compile_note] if base.compile_note else []
+    retimed = scaled = False
+    cached_ms: float | None = None
+    drift: float | None = None
+    if eager is not None and not cached:
+        retimed, eager_ms = True, eager.median_ms
+    elif eager is not None:
+        cached_ms, drift = base.eager_ms, eager.median_ms / base.eager_ms
+        if drift <= MAX_EAGER_DRIFT:
+            retimed, eager_ms = True, eager.median_ms
+            note = (f"eager re-timed beside the candidate (a launch-bound reference's time moves with the host's "
+                    f"speed): {eager_ms:.4g} ms, {drift:.2f}x its cached {cached_ms:.4g} ms")
+            if compile_ms is not None:
+                note += (f"; torch.compile's cached {compile_ms:.4g} ms scaled by the same {drift:.2f}x (its call is "
+                         "host-bound too; it is not compiled again per candidate)")
+                compile_ms, scaled = compile_ms * drift, True
+            notes.append(note)
+        else:
+            notes.append(f"eager re-timed beside the candidate took {eager.median_ms:.4g} ms, {drift:.2f}x its cached "
+                         f"{cached_ms:.4g} ms: more than the {MAX_EAGER_DRIFT:g}x a host's drift explains, so the cached "
+                         "figures are used (a reference slowed from inside the process must not make a speedup)")
+    best = min(x for x in (eager_ms, compile_ms) if x is not None)
+    return Timings(
+        candidate_ms=round(cand, 6), candidate_min_ms=round(candidate.min_ms, 6),
+        candidate_host_ms=round(candidate.host_median_ms, 6), runs=len(candidate.gpu_ms),
+        eager_ms=round(eager_ms, 6), compile_ms=None if compile_ms is None else round(compile_ms, 6),
+        speedup_vs_eager=round(eager_ms / cand, 4),
+        speedup_vs_compile=None if compile_ms is None else round(compile_ms / cand, 4),
+        speedup_vs_baseline=round(best / cand, 4), baseline_cached=cached, quick=quick,
+        bound_ms=None if bound_ms is None else round(bound_ms, 6), note="; ".join(notes),
+        launch_bound=base.launch_bound, eager_retimed=retimed,
+        eager_cached_ms=None if cached_ms is None else round(cached_ms, 6),
+        eager_drift=None if drift is None else round(drift, 4), compile_scaled=scaled,
+    )
 
 
 # Peak dense throughput per dtype family (FLOP/s) used for the roofline bound: the fastest any

@@ -167,6 +167,12 @@ class Timings(BaseModel):
     quick: bool = False  # timing=False: a few runs only
     bound_ms: float | None = None  # roofline lower bound (DRAM bytes, FLOPs at peak); None if unknown
     note: str = ""
+    # Launch-bound references are re-timed beside the candidate (docs/harness.md, Timing):
+    launch_bound: bool = False  # eager's host issue time is at least half its event time
+    eager_retimed: bool = False  # eager_ms is from runs interleaved with this candidate's, not the cache
+    eager_cached_ms: float | None = None  # the cached eager figure, where eager was re-timed beside the candidate
+    eager_drift: float | None = None  # re-timed / cached eager (above 1: the host is slower now than when cached)
+    compile_scaled: bool = False  # compile_ms is the cached figure times eager_drift (see note)
 
 
 class VerifyResult(BaseModel):

@@ -11,8 +11,11 @@ with the reference's, values must be finite and within tolerance. One set is re-
 must agree) and one with new values written into the previous set's input buffers (results cached
 on pointers or shapes fail there). A candidate that passed everything then waits for the kernel
 census, which the pool takes in its census worker (`harness.census`: this process never starts a
-profiler session, so that its timings are those of a clean process). Then timing (see
-`harness.timing`), baselines (`harness.baselines`) and the verdict (`harness.verdict.decide`).
+profiler session, so that its timings are those of a clean process). Then the reference's seal
+(`ReferenceSeal`: the reference must be as the problem defines it, since it is timed here too),
+timing (see `harness.timing`; eager interleaved with the candidate where it is timed anew: the
+first measurement, and a launch-bound reference every time), baselines (`harness.baselines`) and
+the verdict (`harness.verdict.decide`).
 
 Without a GPU (or with `compile_only`): the candidate is imported with its builders intercepted,
 the CUDA it would build is compiled with nvcc, and the verdict is `needs_gpu` or `compile_error`.
@@ -36,6 +39,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -51,11 +55,14 @@ from kb_mcp.harness.timing import (
     QUICK_RUNS,
     L2Flusher,
     RunStats,
+    Series,
     Timer,
     dram_bandwidth,
     guards_active,
     peak_flops,
+    retime_runs,
     roofline_ms,
+    timings_against,
 )
 from kb_mcp.harness.verdict import (
     CompileResult,
@@ -305,6 +312,97 @@ def short_traceback(exc: BaseException, files: tuple[str, ...]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# The reference's seal: the reference is timed in the process the candidate ran in
+
+
+_FORWARD_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks")
+
+
+def _code_attrs(namespace: dict[str, Any]) -> dict[str, Any]:
+    """The functions, classes, modules and descriptors of a namespace: what would change a call's speed."""
+    return {k: v for k, v in namespace.items()
+            if k != "__dict__" and (callable(v) or isinstance(v, (ModuleType, property, staticmethod, classmethod)))}
+
+
+def _instance_state(ref: torch.nn.Module) -> dict[str, tuple[type, dict[str, Any], tuple[int, ...]]]:
+    """Per submodule of `ref`: its class, the callables set on the instance (a replaced `forward`)
+    and its forward hook ids."""
+    out = {}
+    for name, m in ref.named_modules():
+        own = {k: v for k, v in vars(m).items() if callable(v) and not isinstance(v, (torch.nn.Module, torch.Tensor))}
+        out[name] = (type(m), own, tuple(m._forward_pre_hooks) + tuple(m._forward_hooks))
+    return out
+
+
+def _global_hooks() -> set[int]:
+    mod = sys.modules["torch.nn.modules.module"]
+    return {k for name in _FORWARD_HOOKS for k in getattr(mod, name, {})}
+
+
+def _diff(where: str, before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    changed = [k for k in before if k not in now or now[k] is not before[k]]
+    added = [k for k in now if k not in before]
+    return [f"{where}{k} {'replaced' if k in now else 'removed'}" for k in changed] + [f"{where}{k} added" for k in added]
+
+
+@dataclass
+class ReferenceSeal:
+    """What the reference's speed depends on in Python, captured before the candidate could touch it.
+
+    The reference is timed in the process the candidate ran in (a first baseline, and a
+    launch-bound reference again beside every candidate), so a candidate could slow it down to
+    make a speedup: replace `Model.forward` or a function of the problem's module, set `forward`
+    on the instance, or hook the reference's modules. `changes` lists any of that before timing.
+    Taken in two steps: the problem's module and the global forward hooks right after the problem
+    is imported (before the candidate's import), the reference instance right after it is built
+    (before ModelNew's constructor runs).
+    """
+
+    module: dict[str, Any]
+    classes: dict[str, dict[str, Any]]
+    hooks: set[int]
+    instances: dict[str, tuple[type, dict[str, Any], tuple[int, ...]]] = field(default_factory=dict)
+
+    @classmethod
+    def of_problem(cls, pmod: ModuleType) -> ReferenceSeal:
+        """The problem module's code and its classes' attributes, and the global forward hooks."""
+        module = _code_attrs(vars(pmod))
+        classes = {k: _code_attrs(dict(vars(v))) for k, v in module.items()
+                   if isinstance(v, type) and v.__module__ == pmod.__name__}
+        return cls(module=module, classes=classes, hooks=_global_hooks())
+
+    def seal_instance(self, ref: torch.nn.Module) -> None:
+        """Adds the reference instance (and its submodules) as built."""
+        self.instances = _instance_state(ref)
+
+    def changes(self, pmod: ModuleType, ref: torch.nn.Module) -> list[str]:
+        """What changed since the seal was taken (empty: the reference is as the problem defines it).
+
+        A lazy module becoming its `cls_to_become`, or dropping the hook that did it, is not a
+        change; only added hooks count."""
+        found = _diff("problem module: ", self.module, _code_attrs(vars(pmod)))
+        for name, attrs in self.classes.items():
+            klass = self.module[name]
+            found += _diff(f"{name}.", attrs, _code_attrs(dict(vars(klass))))
+        if _global_hooks() - self.hooks:
+            found.append("a global forward hook added (torch.nn.modules.module)")
+        now = _instance_state(ref)
+        for name, (klass, own, hooks) in self.instances.items():
+            label = f"Model.{name}" if name else "the Model instance"
+            if name not in now:
+                found.append(f"{label} removed")
+                continue
+            klass_now, own_now, hooks_now = now[name]
+            if klass_now is not klass and getattr(klass, "cls_to_become", None) is not klass_now:
+                found.append(f"{label}: class changed to {klass_now.__qualname__}")
+            found += _diff(f"{label}: ", own, own_now)
+            if set(hooks_now) - set(hooks):
+                found.append(f"{label}: forward hook added")
+        found += [f"Model.{name} added" for name in now if name not in self.instances]
+        return found
+
+
+# ---------------------------------------------------------------------------------------------
 # The GPU pipeline
 
 
@@ -426,6 +524,7 @@ class GpuVerification:
             pmod = self._load(self.problem.source, "kbmcp_problem")
         except Exception as exc:
             raise Stop(Verdict.crashed, f"crashed: the problem itself failed to import: {short_traceback(exc, ())}") from exc
+        seal = ReferenceSeal.of_problem(pmod)  # before the candidate's code runs
         try:
             with guard.watch_setup():
                 cmod = self._load(self.source, "kbmcp_candidate")
@@ -445,6 +544,7 @@ class GpuVerification:
             ref = pmod.Model(*init).cuda().eval()
         except Exception as exc:
             raise Stop(Verdict.crashed, f"crashed: the problem's Model failed to construct: {short_traceback(exc, ())}") from exc
+        seal.seal_instance(ref)  # before ModelNew's constructor runs
         try:
             with guard.watch_setup():
                 torch.manual_seed(seed)
@@ -484,10 +584,22 @@ class GpuVerification:
             ))
             verdict, flagged, summary = decide(comp, self.sets, self.findings, None, gpu=False, loosened=self.loosened)
             return self._result(verdict, summary, comp, flagged), True
+        changed = seal.changes(pmod, ref)
+        if changed:
+            # The reference is timed in this process next (beside the candidate, or for the cache).
+            self.findings.append(Finding(
+                code=FindingCode.harness_tampering,
+                message=(f"the reference changed after the problem was loaded ({'; '.join(changed[:4])}); it is "
+                         "timed in this process, so a slowed reference would fake a speedup. Leave the problem's "
+                         "module and its Model alone"),
+            ))
+            verdict, flagged, summary = decide(comp, self.sets, self.findings, None, gpu=False, loosened=self.loosened)
+            return self._result(verdict, summary, comp, flagged), True
 
         self._phase("timing")
+        base = env.baselines.get(self.problem.hash, env.device, env.torch_version, need_compile=opts.compile_baseline)
         with torch.no_grad():
-            stats = checker.time_candidate()
+            stats, eager = checker.time_candidate(base)
         if stats.errors:
             self.findings.append(Finding(
                 code=FindingCode.timed_output_mismatch, source="timing",
@@ -506,7 +618,7 @@ class GpuVerification:
 
         self._phase("baselines")
         with torch.no_grad():
-            timings = checker.timings(stats)
+            timings = checker.timings(stats, eager, base)
         if not timings.baseline_cached:
             # A first torch.compile installs patches of its own (e.g. on nn.Module.__init__). The
             # candidate was checked against the pristine snapshot above; the next one is checked
@@ -853,8 +965,12 @@ class _Checker:
 
         return make
 
-    def time_candidate(self) -> RunStats:
-        """The timed series of the candidate, every output re-checked against its reference."""
+    def time_candidate(self, base: Baseline | None) -> tuple[RunStats, RunStats | None]:
+        """The timed series of the candidate, every output re-checked against its reference, and
+        the reference's eager series interleaved with it where eager is timed now: always when no
+        baseline is cached (its first measurement), and for a cached launch-bound reference (whose
+        cached figure may come from a slower or faster minute than this one). A cached GPU-bound
+        figure stands: (candidate series, None)."""
         v, timer = self.v, self.v.env.timer
         assert timer is not None
         refs: dict[int, Any] = {}
@@ -874,31 +990,36 @@ class _Checker:
             return None
 
         quick = not v.options.timing
-        make = self._gen(refs)
-        runs = timer.runs_for(self.cand, self._gen(None), quick, v.options.timed_runs)
         warm = 1 if quick else v.options.warmup_runs
-        return timer.series(self.cand, make, runs, warm, check)
+        runs = timer.runs_for(self.cand, self._gen(None), quick, v.options.timed_runs)
+        cand = Series(self.cand, self._gen(refs), runs, warm, check)
+        if base is not None and not base.launch_bound:
+            return timer.series(cand.fn, cand.make_args, cand.runs, cand.warmup, cand.check), None
+        make = self._gen(None)
+        if base is None:
+            eager_runs = QUICK_RUNS if quick else timer.runs_for(self.ref, make, False, None)
+        else:
+            eager_runs = retime_runs(base.eager_ms, quick)
+        return timer.interleaved(cand, Series(self.ref, make, eager_runs, warm))
 
-    def timings(self, stats: RunStats) -> Timings:
-        """Candidate timings with eager and torch.compile baselines (cached) and the roofline bound."""
+    def timings(self, stats: RunStats, eager: RunStats | None, base: Baseline | None) -> Timings:
+        """Candidate timings against eager and torch.compile (`timing.timings_against`) and the
+        roofline bound. Without a cached baseline, `eager` (interleaved with the candidate) is the
+        new eager figure; torch.compile is measured here, and both are cached (not for quick runs)."""
         v = self.v
         env = v.env
         timer = env.timer
         assert timer is not None
         quick = not v.options.timing
         want_compile = v.options.compile_baseline
-        cache = env.baselines
-        base = cache.get(v.problem.hash, env.device, env.torch_version, need_compile=want_compile)
         cached = base is not None
-        note = ""
         if base is None:
-            make = self._gen(None)
-            runs = QUICK_RUNS if quick else timer.runs_for(self.ref, make, False, None)
-            eager = timer.series(self.ref, make, runs, 1 if quick else v.options.warmup_runs)
+            assert eager is not None
             compile_ms: float | None = None
             compile_runs = 0
             compile_note = ""
             if want_compile:
+                make = self._gen(None)
                 try:
                     compiled = torch.compile(self.ref)
                     cruns = QUICK_RUNS if quick else timer.runs_for(compiled, make, False, None)
@@ -907,27 +1028,14 @@ class _Checker:
                 except Exception as exc:  # torch.compile cannot handle every model
                     compile_note = f"torch.compile failed: {type(exc).__name__}: {str(exc)[:300]}"
             base = Baseline(problem_hash=v.problem.hash, device=env.device, torch_version=env.torch_version,
-                            eager_ms=eager.median_ms, eager_runs=len(eager.gpu_ms), compile_ms=compile_ms,
+                            eager_ms=eager.median_ms, eager_runs=len(eager.gpu_ms),
+                            eager_issue_ms=eager.issue_median_ms, compile_ms=compile_ms,
                             compile_runs=compile_runs, compile_note=compile_note)
             if not quick:
-                cache.put(base)
-        if base.compile_note:
-            note = base.compile_note
-        cand = stats.median_ms
-        eager_ms = base.eager_ms
-        compile_ms = base.compile_ms if want_compile else None
-        best = min(x for x in (eager_ms, compile_ms) if x is not None)
+                env.baselines.put(base)
         bw = dram_bandwidth(env.props)
         bound = roofline_ms(self.io_bytes, self.flops, bw, peak_flops(env.device, self.dtype))
-        return Timings(
-            candidate_ms=round(cand, 6), candidate_min_ms=round(stats.min_ms, 6),
-            candidate_host_ms=round(stats.host_median_ms, 6), runs=len(stats.gpu_ms),
-            eager_ms=round(eager_ms, 6), compile_ms=None if compile_ms is None else round(compile_ms, 6),
-            speedup_vs_eager=round(eager_ms / cand, 4),
-            speedup_vs_compile=None if compile_ms is None else round(compile_ms / cand, 4),
-            speedup_vs_baseline=round(best / cand, 4), baseline_cached=cached, quick=quick,
-            bound_ms=None if bound is None else round(bound, 6), note=note,
-        )
+        return timings_against(stats, eager, base, cached, want_compile=want_compile, quick=quick, bound_ms=bound)
 
 
 def _max(values: Any) -> float | None:

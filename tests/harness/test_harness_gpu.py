@@ -7,11 +7,13 @@ normally (on a replaced worker where the fault spoiled the old one).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from harness_helpers import fixture_source, with_fault
 
-from kb_mcp.harness.verdict import VerifyOptions
+from kb_mcp.harness.problem import load_problem
+from kb_mcp.harness.verdict import FindingCode, VerifyOptions
 from kb_mcp.harness.worker import WorkerPool
 from kb_mcp.kb.models import Verdict
 
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.gpu
 
 VALID = (Verdict.faster, Verdict.slower)
 QUICK = VerifyOptions(timing=False, compile_baseline=False)
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,9 @@ def test_honest_nvrtc_candidate_is_verified_and_timed(pool: WorkerPool, relu_pro
     assert result.compile.style == "nvrtc" and result.compile.kernels == ["relu_k"] and result.device and result.arch.startswith("sm_")
     again = pool.verify(relu_problem, fixture_source("relu_nvrtc.py") + "\n# same kernel, new candidate id\n")
     assert again.timings is not None and again.timings.baseline_cached
-    assert again.timings.eager_ms == t.eager_ms  # the cached baseline, not a new measurement
+    # the cached baseline, not a new measurement (a launch-bound reference is re-timed beside the candidate)
+    a = again.timings
+    assert (a.eager_cached_ms if a.launch_bound else a.eager_ms) == t.eager_ms, a
 
 
 def test_the_timing_worker_never_profiles_and_the_census_runs_beside_it(pool: WorkerPool, relu_problem) -> None:
@@ -139,4 +144,67 @@ def test_output_flood_in_forward_is_truncated(pool: WorkerPool, relu_problem) ->
     result = pool.verify(relu_problem, with_fault("forward", flood), VerifyOptions(max_output_chars=1000, timing=False))
     assert result.verdict in VALID, result.summary
     assert "omitted" in result.output and len(result.output) < 1200
+    _normal(pool, relu_problem)
+
+
+def _example(problem: str, candidate: str):
+    return load_problem(EXAMPLES / "problems" / f"{problem}.py"), (EXAMPLES / "candidates" / candidate).read_text()
+
+
+def test_a_launch_bound_reference_is_retimed_beside_each_candidate(pool: WorkerPool) -> None:
+    problem, source = _example("elementwise_chain_small", "elementwise_chain_small_nvrtc.py")
+    first = pool.verify(problem, source)
+    t = first.timings
+    assert first.verdict in VALID and t is not None, first.summary
+    # First measurement: eager interleaved with the candidate's runs, then cached (with torch.compile).
+    assert t.launch_bound and t.eager_retimed and not t.baseline_cached and t.eager_drift is None
+    marks: list[tuple[str, float]] = []
+    again = pool.verify(problem, source + "\n# new candidate id\n",
+                        progress=lambda done, total=None, message=None: marks.append((str(message), time.monotonic())))
+    a = again.timings
+    assert again.verdict in VALID and a is not None, again.summary
+    assert a.baseline_cached and a.launch_bound and a.eager_retimed, a
+    assert a.eager_cached_ms == t.eager_ms and a.eager_drift == pytest.approx(a.eager_ms / t.eager_ms, rel=1e-3)
+    assert a.speedup_vs_eager == pytest.approx(a.eager_ms / a.candidate_ms, rel=1e-3)
+    assert a.compile_scaled and a.compile_ms == pytest.approx(t.compile_ms * a.eager_drift, rel=1e-2)
+    assert "re-timed beside the candidate" in a.note
+    phases = {m.split(" (")[0]: round(b - t0, 3) for (m, t0), (_, b) in zip(marks, marks[1:])}
+    print(f"chain: eager cached {t.eager_ms:.4f} ms, re-timed {a.eager_ms:.4f} ms (drift {a.eager_drift}), "
+          f"candidate {a.candidate_ms:.4f} ms ({a.runs} runs); verdict {again.elapsed_s:.2f} s (first "
+          f"{first.elapsed_s:.2f} s); phases {phases}")
+
+
+def test_a_gpu_bound_reference_comes_from_the_cache(pool: WorkerPool) -> None:
+    problem, source = _example("swish", "swish_nvrtc.py")
+    opts = VerifyOptions(compile_baseline=False)
+    first = pool.verify(problem, source, opts)
+    t = first.timings
+    assert first.verdict in VALID and t is not None, first.summary
+    assert not t.launch_bound and t.eager_retimed and not t.baseline_cached
+    again = pool.verify(problem, source + "\n# new candidate id\n", opts)
+    a = again.timings
+    assert a is not None and a.baseline_cached and not a.launch_bound and not a.eager_retimed, a
+    assert a.eager_ms == t.eager_ms and a.eager_drift is None and a.eager_cached_ms is None
+    print(f"swish: eager {a.eager_ms:.4f} ms cached; verdict {again.elapsed_s:.2f} s")
+
+
+# Slows the reference it is compared with: wraps the problem's Model.forward at import.
+SLOW_REFERENCE = """
+import sys, time
+for _name, _mod in list(sys.modules.items()):
+    if _name.startswith("kbmcp_problem"):
+        _ref = getattr(_mod, "Mo" + "del")
+        _orig = _ref.forward
+        def _slow(self, *args, _f=_orig):
+            time.sleep(0.002)
+            return _f(self, *args)
+        _ref.forward = _slow
+"""
+
+
+def test_a_candidate_that_slows_the_reference_is_invalid(pool: WorkerPool, relu_problem) -> None:
+    result = pool.verify(relu_problem, with_fault("import", SLOW_REFERENCE), QUICK)
+    assert result.verdict == Verdict.invalid and result.timings is None, result.summary
+    assert any(f.code == FindingCode.harness_tampering and "Model.forward replaced" in f.message
+               for f in result.findings), result.findings
     _normal(pool, relu_problem)

@@ -24,9 +24,10 @@ heaviest kernels in launch order: name, grid/block, duration, share of the time,
 throughput (% of peak), DRAM throughput, occupancy and what limits it, the dominant warp stalls, and
 the profiler's own findings with estimated speedups. Set detail=true for every kernel with all
 metrics. Durations are taken at locked base clocks with flushed caches: use them to compare kernels,
-not as speedups (compile_and_verify times candidates). A one-kernel candidate takes about 10 s on an
-H100 (most of it starting Python and torch), each further kernel launch about 1 s more; a model with
-hundreds of launches takes minutes (run it as a job then, or lower max_kernels). Without counter
+not as speedups (compile_and_verify times candidates). A one-kernel candidate takes about 4-5 s on an
+H100 (a server's first profile about 10 s: it starts Python and torch; later ones find a profiling
+process already started), each further kernel launch about 1 s more; a model with hundreds of launches
+takes minutes (run it as a job then, or lower max_kernels). Without counter
 access the result has counters_available=false, the reason, and timings only."""
 
 TOP_STALLS = 3

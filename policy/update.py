@@ -9,6 +9,11 @@ combination) gives exactly the statistics of the union of their samples. Counter
 * `samples`: outcomes with a valid timed verdict (faster/slower) and a speedup - these feed the mean;
 * `successes`: samples with speedup > 1 (faster than the kernel the optimization started from);
 * `compile_failures`: compile_error; `verify_failures`: incorrect, invalid, timeout, crashed.
+
+One outcome moves the mean by at most a bounded amount: its log-speedup is clipped to
+±log(MAX_CREDITED_SPEEDUP). The speedup itself is the server's measurement, but its basis can be
+a parent the agent names, and a deliberately slow (yet verified) parent would otherwise buy an
+optimization any credit it liked. The outcome keeps the unclipped figure.
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ import math
 from datetime import datetime
 
 from kb_mcp.kb.models import Score, Verdict, utcnow
+
+# Honest single steps beyond this exist (fusing a long elementwise chain), but they are rare enough
+# that clipping them costs little, while one unbounded sample can dominate a mean of few samples.
+MAX_CREDITED_SPEEDUP = 8.0
 
 COMPILE_FAILURES = frozenset({Verdict.compile_error})
 VERIFY_FAILURES = frozenset({Verdict.incorrect, Verdict.invalid, Verdict.timeout, Verdict.crashed})
@@ -28,6 +37,12 @@ def counts_toward_score(verdict: Verdict) -> bool:
     return verdict not in UNINFORMATIVE
 
 
+def credited_log_speedup(speedup: float) -> float:
+    """log(speedup), clipped to ±log(MAX_CREDITED_SPEEDUP): what one outcome may contribute."""
+    bound = math.log(MAX_CREDITED_SPEEDUP)
+    return max(-bound, min(bound, math.log(speedup)))
+
+
 def apply_outcome(score: Score, verdict: Verdict, speedup: float | None, when: datetime | None = None) -> Score:
     """`score` after one outcome with this verdict and (for valid verdicts) measured speedup."""
     if not counts_toward_score(verdict):
@@ -35,7 +50,7 @@ def apply_outcome(score: Score, verdict: Verdict, speedup: float | None, when: d
     n, mean, m2 = score.samples, score.mean_log_speedup, score.m2_log_speedup
     successes, cf, vf = score.successes, score.compile_failures, score.verify_failures
     if verdict.is_valid and speedup is not None and speedup > 0 and math.isfinite(speedup):
-        x = math.log(speedup)
+        x = credited_log_speedup(speedup)
         n += 1
         delta = x - mean
         mean += delta / n

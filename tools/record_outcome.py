@@ -11,18 +11,19 @@ from kb_mcp.kb import ids
 from kb_mcp.kb.arch import arch_family
 from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Lesson, Optimization, Outcome, Score, Verdict
 from kb_mcp.kb.view import KBView, Transaction
-from kb_mcp.policy.update import apply_outcome, counts_toward_score
+from kb_mcp.policy.update import MAX_CREDITED_SPEEDUP, apply_outcome, counts_toward_score
 from kb_mcp.tools.base import Progress, ToolError, no_progress
 from kb_mcp.tools.context import ToolContext
 
 NAME = "record_outcome"
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Record what an optimization did, so the shared Knowledge Base learns from it. Call it after
 compile_and_verify, once per candidate, with: the state id the kernel was in (from classify_state),
 the optimization you applied (its id from suggest_optimizations, or - for an idea of your own - a
 new_optimization with a name and a specific description of the code change), the candidate_id
 that compile_and_verify returned, and ideally the parent_candidate_id you started from (the
-speedup is then measured against it; otherwise against eager PyTorch) and the next state id if you
+speedup is then measured against it - it must be verified before, on the same GPU; otherwise against
+eager PyTorch; one outcome moves a score by at most {MAX_CREDITED_SPEEDUP:g}x either way) and the next state id if you
 profiled the new kernel. Record failures too (compile errors, wrong results): they lower the
 optimization's score where it does not work. The score moves only on the server's own stored
 verdict and timings for that candidate - you cannot and need not report a speedup. Explain in
@@ -95,11 +96,15 @@ def _measured_speedup(
     note = ""
     if parent_id:
         parent = view.get_candidate(parent_id)
-        if parent is not None and parent.problem_hash == cand.problem_hash and parent.verdict.is_valid and parent.time_ms:
+        usable = (parent is not None and parent.problem_hash == cand.problem_hash and parent.verdict.is_valid
+                  and parent.time_ms and parent.device == cand.device)
+        if usable and parent is not None and parent.created_at > cand.created_at:
+            note = f"parent {parent_id} was verified after this candidate, so it cannot be where it started; "
+        elif usable and parent is not None and parent.time_ms:
             return parent.time_ms / cand.time_ms, "parent", ""
-        note = (
-            f"parent {parent_id} is not a verified, timed candidate of the same problem; speedup is over eager PyTorch. "
-        )
+        else:
+            note = f"parent {parent_id} is not a verified candidate of the same problem timed on the same GPU; "
+        note += "speedup is over eager PyTorch. "
     if cand.eager_ms:
         return cand.eager_ms / cand.time_ms, "eager", note
     return None, None, note + "no baseline timing stored for this candidate; counted as an attempt only. "
@@ -172,6 +177,9 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
 
         speedup, basis, note = _measured_speedup(tx, cand, req.parent_candidate_id)
         moved = counts_toward_score(cand.verdict) and not cand.flagged
+        if moved and speedup is not None and not 1 / MAX_CREDITED_SPEEDUP <= speedup <= MAX_CREDITED_SPEEDUP:
+            note += (f"one outcome moves a score by at most {MAX_CREDITED_SPEEDUP:g}x either way: the score counts "
+                     f"{min(max(speedup, 1 / MAX_CREDITED_SPEEDUP), MAX_CREDITED_SPEEDUP):.3g}x, the outcome keeps {speedup:.3g}x. ")
         if created:
             tx.put_optimization(opt)
         if moved:

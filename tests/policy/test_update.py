@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from kb_mcp.kb.models import Score, Verdict
-from kb_mcp.policy.update import apply_outcome, empty_like, merge_scores, subtract_scores
+from kb_mcp.policy.update import MAX_CREDITED_SPEEDUP, apply_outcome, empty_like, merge_scores, subtract_scores
 
 
 def _fresh() -> Score:
@@ -47,6 +47,16 @@ def test_needs_gpu_moves_nothing_and_valid_without_speedup_is_attempt_only() -> 
     assert apply_outcome(s, Verdict.needs_gpu, None) == s
     t = apply_outcome(s, Verdict.faster, None)
     assert (t.attempts, t.samples, t.successes) == (1, 0, 0)
+
+
+def test_one_outcome_moves_the_mean_a_bounded_amount() -> None:
+    bound = math.log(MAX_CREDITED_SPEEDUP)
+    up = apply_outcome(_fresh(), Verdict.faster, 1000.0)
+    down = apply_outcome(_fresh(), Verdict.slower, 1 / 1000.0)
+    assert up.mean_log_speedup == pytest.approx(bound) and down.mean_log_speedup == pytest.approx(-bound)
+    inside = apply_outcome(_fresh(), Verdict.faster, MAX_CREDITED_SPEEDUP * 0.99)
+    assert inside.mean_log_speedup == pytest.approx(math.log(MAX_CREDITED_SPEEDUP * 0.99))
+    assert (up.samples, up.successes, down.successes) == (1, 1, 0)
 
 
 def test_merge_equals_statistics_of_the_union() -> None:

@@ -26,10 +26,11 @@ def ctx(kb_path: Path) -> ToolContext:
 
 
 def _store_candidate(ctx: ToolContext, cid: str, *, verdict: Verdict = Verdict.faster, time_ms: float | None = 1.0,
-                     eager_ms: float | None = 2.0, problem_hash: str = "h1", flagged: bool = False, arch: str = "sm_90") -> None:
+                     eager_ms: float | None = 2.0, problem_hash: str = "h1", flagged: bool = False, arch: str = "sm_90",
+                     device: str = "NVIDIA H100 80GB HBM3") -> None:
     with ctx.store.transaction() as tx:
         tx.put_candidate(CandidateRecord(candidate_id=cid, problem="p", problem_hash=problem_hash, verdict=verdict,
-                                         arch=arch, time_ms=time_ms, eager_ms=eager_ms, flagged=flagged))
+                                         arch=arch, device=device, time_ms=time_ms, eager_ms=eager_ms, flagged=flagged))
 
 
 def _record(ctx: ToolContext, cid: str, **kw: object) -> ro.Result:
@@ -137,6 +138,31 @@ def test_speedup_is_over_the_parent_of_the_same_problem(ctx: ToolContext) -> Non
     assert res.speedup == pytest.approx(4.0) and res.speedup_basis == "parent"
     res2 = _record(ctx, "c_child", optimization_id="vectorize_global_access", parent_candidate_id="c_foreign")
     assert res2.speedup == pytest.approx(8.0) and res2.speedup_basis == "eager" and "parent" in res2.note
+
+
+def test_a_parent_must_have_come_first_on_the_same_gpu(ctx: ToolContext) -> None:
+    _store_candidate(ctx, "c_child", time_ms=1.0, eager_ms=3.0)
+    _store_candidate(ctx, "c_later", time_ms=6.0, eager_ms=3.0)  # verified after the child
+    _store_candidate(ctx, "c_other_gpu", time_ms=6.0, eager_ms=3.0, device="NVIDIA A100-SXM4-80GB")
+    res = _record(ctx, "c_child", parent_candidate_id="c_later")
+    assert res.speedup_basis == "eager" and res.speedup == pytest.approx(3.0) and "after this candidate" in res.note
+    res = _record(ctx, "c_child", optimization_id="vectorize_global_access", parent_candidate_id="c_other_gpu")
+    assert res.speedup_basis == "eager" and "same GPU" in res.note
+
+
+def test_a_slow_parent_buys_bounded_credit(ctx: ToolContext) -> None:
+    """A verified but deliberately slow parent makes the measured speedup huge; the score counts at
+    most MAX_CREDITED_SPEEDUP of it, the replay buffer keeps the measurement."""
+    _store_candidate(ctx, "c_slow", time_ms=500.0, eager_ms=2.0, verdict=Verdict.slower)
+    _store_candidate(ctx, "c_fast", time_ms=1.0, eager_ms=2.0)
+    res = _record(ctx, "c_fast", parent_candidate_id="c_slow")
+    assert res.speedup == pytest.approx(500.0) and res.speedup_basis == "parent" and res.score_moved
+    assert "at most 8x" in res.note
+    entry = ctx.store.get_score(STATE, OPT, "hopper")
+    assert entry is not None and entry.samples == 1
+    assert entry.mean_log_speedup == pytest.approx(math.log(ro.MAX_CREDITED_SPEEDUP))
+    outcome = ctx.store.get_outcome(res.outcome_id)
+    assert outcome is not None and outcome.speedup == pytest.approx(500.0)
 
 
 def test_flagged_and_failed_verdicts(ctx: ToolContext) -> None:

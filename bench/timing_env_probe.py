@@ -15,6 +15,9 @@ and an empty call (the timer's floor):
   worker setup    after the worker's own `_setup` (everything a verify worker does at start)
   pool            through `WorkerPool.verify` (spare and census workers alive)
   pool, no spare  the same without the spare worker
+  +standby        while a profiling driver waits under ncu for its next request (what a server
+                  keeps after each profile_kernel call; `--standby-only` runs just bare/+standby,
+                  alternating, twice)
 """
 
 from __future__ import annotations
@@ -112,6 +115,25 @@ def _with_idle(n: int, name: str, cache: str) -> dict[str, Any]:
             p.wait()
 
 
+def _with_standby(name: str, cache: str) -> dict[str, Any]:
+    """`name` timed while a profiling driver waits under ncu, as `profile_kernel` leaves one."""
+    from kb_mcp.harness import ncu_parse, profiler
+    from kb_mcp.harness.profile_standby import StandbyKey, StandbyPool
+
+    ncu = profiler.find_ncu()
+    if ncu is None:
+        return {"error": "no ncu on this machine"}
+    pool = StandbyPool(Path(tempfile.mkdtemp(prefix="kbmcp-probe-standby-")))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    key = StandbyKey(ncu, False, 200, tuple(ncu_parse.requested_metrics()), "")
+    try:
+        if pool.launch(key, profiler.standby_launcher(ncu, key, pool, env)) is None or not pool.wait_ready(120):
+            return {"error": "the profiling driver did not get ready"}
+        return _in_subprocess(name, cache)
+    finally:
+        pool.close()
+
+
 def _pool(cache: str, spare: bool) -> dict[str, Any]:
     from kb_mcp.harness.problem import load_problem
     from kb_mcp.harness.verdict import VerifyOptions
@@ -134,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--cache", default=None)
     parser.add_argument("--condition", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--standby-only", action="store_true", help="only bare and +standby, alternating")
     args = parser.parse_args(argv)
     if args.condition:
         print(json.dumps(_condition(args.condition, args.cache)))
@@ -141,12 +164,19 @@ def main(argv: list[str] | None = None) -> int:
     cache = args.cache or tempfile.mkdtemp(prefix="kbmcp-probe-cache-")
     rows: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
-    rows["pool"] = _pool(cache, spare=True)  # first: builds the load_inline candidate into the cache
-    rows["pool, no spare"] = _pool(cache, spare=False)
-    for name in ("bare", "+dynamo", "+gc.freeze", "worker setup"):
-        rows[name] = _in_subprocess(name, cache)
-    rows["+1 idle ctx"] = _with_idle(1, "bare", cache)
-    rows["+2 idle ctx"] = _with_idle(2, "bare", cache)
+    if args.standby_only:
+        _in_subprocess("bare", cache)  # builds the load_inline candidate into the cache
+        for i in (1, 2):
+            rows[f"bare #{i}"] = _in_subprocess("bare", cache)
+            rows[f"+standby #{i}"] = _with_standby("bare", cache)
+    else:
+        rows["pool"] = _pool(cache, spare=True)  # first: builds the load_inline candidate into the cache
+        rows["pool, no spare"] = _pool(cache, spare=False)
+        for name in ("bare", "+dynamo", "+gc.freeze", "worker setup"):
+            rows[name] = _in_subprocess(name, cache)
+        rows["+1 idle ctx"] = _with_idle(1, "bare", cache)
+        rows["+2 idle ctx"] = _with_idle(2, "bare", cache)
+        rows["+standby"] = _with_standby("bare", cache)
     cols = ["floor", "eager", *CANDIDATES]
     print(f"{'condition (median us)':<18}" + "".join(f"{c:>20}" for c in cols))
     for name, row in rows.items():

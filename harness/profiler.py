@@ -306,7 +306,7 @@ def _run_on_standby(
     handed = time.perf_counter()
     try:
         standby.hand_over(spec)
-        process = cast(NcuProcess, standby.process)  # the pool holds what `_standby_launcher` started
+        process = cast(NcuProcess, standby.process)  # the pool holds what `standby_launcher` started
         run = process.finish(options.timeout_s, log_path, progress, since=handed)
         if not standby.claimed():
             return None  # it exited (idle or owner check) just before the spec arrived: run cold
@@ -318,7 +318,7 @@ def _run_on_standby(
         standby.close()
 
 
-def _standby_launcher(ncu: str, key: StandbyKey, pool: StandbyPool, env: dict[str, str]) -> Callable[[Path], NcuProcess]:
+def standby_launcher(ncu: str, key: StandbyKey, pool: StandbyPool, env: dict[str, str]) -> Callable[[Path], NcuProcess]:
     """How the pool starts the next standby: the same ncu command line, the driver waiting in `folder`."""
     def launch(folder: Path) -> NcuProcess:
         target = [sys.executable, "-m", "kb_mcp.harness.profile_driver", *driver_args(folder, pool.idle_s)]
@@ -475,7 +475,7 @@ def _prepare_next(pool: StandbyPool, ncu: str, key: StandbyKey, dropped: list[st
         return
     key = StandbyKey(key.ncu, key.source_counters, key.max_kernels,
                      tuple(m for m in key.metrics if m not in pool.dropped_metrics), key.env_key)
-    pool.launch(key, _standby_launcher(ncu, key, pool, env))
+    pool.launch(key, standby_launcher(ncu, key, pool, env))
 
 
 def _assemble(

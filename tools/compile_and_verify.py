@@ -115,6 +115,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         problem = load_problem(problem_path or problem_text)
     except ProblemError as exc:
         raise ToolError(str(exc)) from exc
+    ctx.settle_profiler()
     try:
         result = ctx.workers.verify(problem, candidate, req.options, progress)
     except RuntimeError as exc:  # WorkerError: no worker could start at all

@@ -62,6 +62,14 @@ class ToolContext:
 
         return StandbyPool(self.cache_dir / "profile-standby")
 
+    def settle_profiler(self, timeout_s: float = 20.0) -> None:
+        """Waits while a profiling driver started by the last profile is still starting up: torch's
+        import and a new CUDA context beside a timed run would disturb it (a waiting one does not,
+        docs/benchmarks.md). Returns at once when none was started."""
+        pool = self.__dict__.get("profilers")
+        if pool is not None:
+            pool.wait_ready(timeout_s)
+
     @property
     def profiles_dir(self) -> Path:
         """Stored profiles, one JSON file per profile_id."""

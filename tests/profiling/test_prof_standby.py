@@ -171,3 +171,20 @@ def test_profile_hands_the_next_request_to_the_standby(tmp_path: Path, monkeypat
     finally:
         pool.close()
     assert not list((tmp_path / "pool").glob("standby-*"))
+
+
+def test_verification_waits_for_a_driver_still_starting(tmp_path: Path) -> None:
+    """compile_and_verify times candidates: it lets a starting driver finish its start-up first."""
+    from kb_mcp.tools.context import ToolContext
+
+    ctx = ToolContext(tmp_path / "kb.json", cache_dir=tmp_path / "cache")
+    start = time.monotonic()
+    ctx.settle_profiler(5.0)  # no profile yet: nothing to wait for
+    assert time.monotonic() - start < 0.5
+    assert ctx.profilers is not None
+    ctx.profilers.launch(KEY, _sleeper)  # never writes "ready": still starting
+    start = time.monotonic()
+    ctx.settle_profiler(0.6)
+    assert 0.5 < time.monotonic() - start < 5.0
+    ctx.close()
+    assert not list((tmp_path / "cache" / "profile-standby").glob("standby-*"))

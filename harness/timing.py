@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.baselines import MAX_EAGER_DRIFT, Baseline
+from kb_mcp.harness.baselines import MAX_EAGER_DRIFT, Baseline, launch_bound
 from kb_mcp.harness.integrity_runtime import Trusted
 from kb_mcp.harness.verdict import Timings
 
@@ -308,6 +308,35 @@ class Timer:
         return None
 
 
+def time_with_reference(
+    timer: Timer, cand: Series, ref: Callable[..., Any], make_ref: Callable[[int], Sequence[Any]],
+    cached: Baseline | None, quick: bool,
+) -> tuple[RunStats, RunStats | None]:
+    """The candidate's timed series, and the reference's eager series where eager is timed now.
+
+    * cached, GPU-bound: the candidate alone; the cached eager figure stands (None).
+    * cached, launch-bound: both interleaved (`retime_runs` eager runs), since the cached figure
+      may come from a slower or faster minute than this one.
+    * nothing cached (a first measurement): the candidate alone, then eager alone, exactly as a
+      GPU-bound problem is timed on every later verdict; only if eager turns out launch-bound are
+      both timed again interleaved, and that pair is returned (the candidate's timed-output errors
+      of both rounds kept). Interleaving is kept to the problems whose timings drift with the host.
+    """
+    warm = cand.warmup
+    if cached is not None and not cached.launch_bound:
+        return timer.series(cand.fn, cand.make_args, cand.runs, warm, cand.check), None
+    if cached is not None:
+        return timer.interleaved(cand, Series(ref, make_ref, retime_runs(cached.eager_ms, quick), warm))
+    alone = timer.series(cand.fn, cand.make_args, cand.runs, warm, cand.check)
+    eager_runs = QUICK_RUNS if quick else timer.runs_for(ref, make_ref, False, None)
+    eager = timer.series(ref, make_ref, eager_runs, warm)
+    if not launch_bound(eager.median_ms, eager.issue_median_ms):
+        return alone, eager
+    paired, eager = timer.interleaved(cand, Series(ref, make_ref, retime_runs(eager.median_ms, quick), warm))
+    paired.errors = alone.errors + paired.errors
+    return paired, eager
+
+
 def timings_against(
     candidate: RunStats,
     eager: RunStats | None,
@@ -320,9 +349,10 @@ def timings_against(
 ) -> Timings:
     """The candidate's timings against its baselines.
 
-    `eager` is the reference's series interleaved with the candidate's (`Timer.interleaved`), or
-    None where the cached figure stands (a GPU-bound reference). With `cached` False the baseline
-    was just measured from those very runs. With `cached` True eager was re-timed beside the
+    `eager` is the reference's series timed in this verdict (`time_with_reference`: interleaved
+    with the candidate's where the reference is launch-bound), or None where the cached figure
+    stands (a GPU-bound reference). With `cached` False the baseline was just measured from those
+    very runs. With `cached` True eager was re-timed beside the
     candidate: its figure replaces the cached one, and the cached torch.compile figure is scaled by
     the same drift (a launch-bound reference's compiled call is host-bound as well, and compiling
     it again would cost seconds), unless the re-timed figure is slower than the cached one by more

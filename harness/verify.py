@@ -60,8 +60,8 @@ from kb_mcp.harness.timing import (
     dram_bandwidth,
     guards_active,
     peak_flops,
-    retime_runs,
     roofline_ms,
+    time_with_reference,
     timings_against,
 )
 from kb_mcp.harness.verdict import (
@@ -967,10 +967,8 @@ class _Checker:
 
     def time_candidate(self, base: Baseline | None) -> tuple[RunStats, RunStats | None]:
         """The timed series of the candidate, every output re-checked against its reference, and
-        the reference's eager series interleaved with it where eager is timed now: always when no
-        baseline is cached (its first measurement), and for a cached launch-bound reference (whose
-        cached figure may come from a slower or faster minute than this one). A cached GPU-bound
-        figure stands: (candidate series, None)."""
+        the reference's eager series where eager is timed now (`timing.time_with_reference`: a
+        first measurement, and a cached launch-bound reference re-timed beside the candidate)."""
         v, timer = self.v, self.v.env.timer
         assert timer is not None
         refs: dict[int, Any] = {}
@@ -993,19 +991,12 @@ class _Checker:
         warm = 1 if quick else v.options.warmup_runs
         runs = timer.runs_for(self.cand, self._gen(None), quick, v.options.timed_runs)
         cand = Series(self.cand, self._gen(refs), runs, warm, check)
-        if base is not None and not base.launch_bound:
-            return timer.series(cand.fn, cand.make_args, cand.runs, cand.warmup, cand.check), None
-        make = self._gen(None)
-        if base is None:
-            eager_runs = QUICK_RUNS if quick else timer.runs_for(self.ref, make, False, None)
-        else:
-            eager_runs = retime_runs(base.eager_ms, quick)
-        return timer.interleaved(cand, Series(self.ref, make, eager_runs, warm))
+        return time_with_reference(timer, cand, self.ref, self._gen(None), base, quick)
 
     def timings(self, stats: RunStats, eager: RunStats | None, base: Baseline | None) -> Timings:
         """Candidate timings against eager and torch.compile (`timing.timings_against`) and the
-        roofline bound. Without a cached baseline, `eager` (interleaved with the candidate) is the
-        new eager figure; torch.compile is measured here, and both are cached (not for quick runs)."""
+        roofline bound. Without a cached baseline, `eager` (timed in this verdict) is the new eager
+        figure; torch.compile is measured here, and both are cached (not for quick runs)."""
         v = self.v
         env = v.env
         timer = env.timer

@@ -33,6 +33,7 @@ from kb_mcp.harness.timing import (
     Timer,
     interleave_order,
     retime_runs,
+    time_with_reference,
     timings_against,
 )
 from kb_mcp.harness.verify import ReferenceSeal
@@ -198,6 +199,43 @@ def test_a_reference_slower_than_any_drift_explains_keeps_the_cached_figures() -
     assert (t.eager_ms, t.compile_ms) == (1.0, 0.5)
     assert t.eager_drift == pytest.approx(MAX_EAGER_DRIFT + 0.5) and t.eager_cached_ms == 1.0
     assert "cached figures are used" in t.note
+
+
+def _logged(calls: list[str], tag: str, delay: float):
+    def fn(i: int) -> int:
+        calls.append(tag)
+        time.sleep(delay)
+        return i
+
+    return fn
+
+
+def test_which_series_are_timed_for_each_kind_of_baseline() -> None:
+    """Cached GPU-bound: the candidate alone. Cached launch-bound: both interleaved. First
+    measurement: candidate alone, eager alone, and (eager on the host clock is launch-bound by
+    construction) both again interleaved, the pair returned with both rounds' errors."""
+    timer = Timer.on_host()
+    calls: list[str] = []
+    cand = Series(_logged(calls, "c", 0.0005), lambda i: [i], runs=4, warmup=1,
+                  check=lambda i, out: "wrong" if i == 0 else None)
+    ref = _logged(calls, "e", 0.001)
+    gpu_bound = Baseline(problem_hash="h", device="d", torch_version="t", eager_ms=1.0, eager_runs=9, eager_issue_ms=0.05)
+    stats, eager = time_with_reference(timer, cand, ref, lambda i: [i], gpu_bound, quick=False)
+    assert eager is None and calls == ["c"] * 5 and len(stats.gpu_ms) == 4
+
+    calls.clear()
+    host_bound = gpu_bound.model_copy(update={"eager_ms": 1.0, "eager_issue_ms": 1.0})
+    stats, eager = time_with_reference(timer, cand, ref, lambda i: [i], host_bound, quick=True)
+    assert eager is not None and len(eager.gpu_ms) == QUICK_RUNS == 5
+    assert calls[:2] == ["c", "e"] and calls[2:] == [["c", "e"][k] for k in interleave_order(4, 5)]
+
+    calls.clear()
+    stats, eager = time_with_reference(timer, cand, ref, lambda i: [i], None, quick=True)
+    assert eager is not None and launch_bound(eager.median_ms, eager.issue_median_ms)
+    alone = ["c"] * 5 + ["e"] * (1 + QUICK_RUNS)  # warm-up + runs of each, one after the other
+    assert calls[: len(alone)] == alone
+    assert calls[len(alone):] == ["c", "e"] + [["c", "e"][k] for k in interleave_order(4, QUICK_RUNS)]
+    assert len(stats.gpu_ms) == 4 and stats.errors == ["run 0: wrong", "run 0: wrong"]
 
 
 def test_a_first_measurement_comes_from_the_interleaved_runs() -> None:

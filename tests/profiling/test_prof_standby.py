@@ -188,3 +188,26 @@ def test_verification_waits_for_a_driver_still_starting(tmp_path: Path) -> None:
     assert 0.5 < time.monotonic() - start < 5.0
     ctx.close()
     assert not list((tmp_path / "cache" / "profile-standby").glob("standby-*"))
+
+
+def test_refused_counters_start_no_waiting_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ncu saying ERR_NVGPUCTRPERM: the profile falls back to timings, and no driver is left waiting
+    under an ncu that will refuse again."""
+    from prof_fixtures import OWN
+
+    err = (OWN / "err_nvgpuctrperm.txt").read_text()
+    script = tmp_path / "ncu"
+    script.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.write({err!r})\nsys.exit(1)\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(profiler.ENV_NCU, str(script))
+    pool = StandbyPool(tmp_path / "pool")
+    problem = load_problem(str(PROBLEMS / "relu_mul_add.py"))
+    try:
+        result = profiler.profile(problem, None, profile_id="p_0000000000f3", report_base=tmp_path / "r",
+                                  cache_dir=tmp_path / "cache", options=profiler.ProfileOptions(timeout_s=240),
+                                  standby=pool)
+        assert not result.counters_available  # a GPU: the timing fallback ran
+    except profiler.NoGpuError:
+        pass  # this machine: the fallback driver found no GPU
+    assert pool.disabled_reason and "ERR_NVGPUCTRPERM" in pool.disabled_reason
+    assert not list((tmp_path / "pool").glob("standby-*"))

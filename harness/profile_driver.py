@@ -42,6 +42,7 @@ EXIT_OK, EXIT_USER_CODE, EXIT_NO_GPU, EXIT_BAD_SPEC, EXIT_UNCLAIMED = 0, 2, 3, 4
 # Standby rendezvous: the profiler writes SPEC_FILE atomically; the driver claims it by renaming
 # it to CLAIMED_FILE, so the profiler can tell "the standby ran my spec" from "it had already gone".
 SPEC_FILE, CLAIMED_FILE = "spec.json", "claimed.json"
+READY_FILE = "ready"  # written by a standby driver once torch and CUDA are up
 POLL_S = 0.005  # how often a standby driver looks for its spec (a stat call: cheap)
 
 
@@ -233,7 +234,8 @@ def run(spec: DriverSpec, clock: _Clock | None = None, device: dict[str, Any] | 
     return EXIT_OK
 
 
-def _owner_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this machine."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -259,7 +261,7 @@ def wait_for_spec(rendezvous: Path, owner: int, idle_s: float) -> DriverSpec | N
         if now >= deadline:
             return None
         if now >= next_owner_check:
-            if not _owner_alive(owner):
+            if not process_alive(owner):
                 return None
             next_owner_check = now + 1.0
         time.sleep(POLL_S)
@@ -269,17 +271,13 @@ def standby(rendezvous: Path, owner: int, idle_s: float) -> int:
     """Prepares torch and CUDA, then runs the first spec that arrives (see module docstring)."""
     clock = _Clock()
     device = prepare(clock)
-    try:  # load_inline candidates import it: pay for it while waiting
-        import torch.utils.cpp_extension  # noqa: F401
-    except ImportError:  # pragma: no cover - part of every torch build
-        pass
-    (rendezvous / "ready").write_text(json.dumps(clock.phases))
+    import torch.utils.cpp_extension  # noqa: F401 - load_inline candidates import it: paid while waiting
+
+    (rendezvous / READY_FILE).write_text(json.dumps(clock.phases))
     spec = wait_for_spec(rendezvous, owner, idle_s)
     if spec is None:
         return EXIT_UNCLAIMED
-    waited = time.perf_counter() - clock.mark
-    clock.phases["standby_wait"] = round(waited, 4)  # not part of the request's time
-    clock.mark = time.perf_counter()
+    clock.lap("standby_wait")  # not part of the request's time
     return run(spec, clock, device)
 
 

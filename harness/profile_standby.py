@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from kb_mcp.harness.profile_driver import CLAIMED_FILE, SPEC_FILE, DriverSpec
+from kb_mcp.harness.profile_driver import CLAIMED_FILE, READY_FILE, SPEC_FILE, DriverSpec, process_alive
 
 ENV_STANDBY = "KB_MCP_PROFILE_STANDBY"  # "0" turns standby drivers off (every profile starts cold)
 DEFAULT_IDLE_S = 900.0
@@ -67,7 +67,7 @@ class Standby:
 
     def ready(self) -> bool:
         """Whether the driver has finished its start-up and is waiting."""
-        return (self.folder / "ready").is_file()
+        return (self.folder / READY_FILE).is_file()
 
     def age_s(self) -> float:
         """Seconds since it was started."""
@@ -111,12 +111,8 @@ def sweep(root: Path) -> None:
             pid = int(folder.name.split("-")[1])
         except (IndexError, ValueError):
             continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not process_alive(pid):
             shutil.rmtree(folder, ignore_errors=True)
-        except PermissionError:
-            pass  # another user's live process
 
 
 class StandbyPool:

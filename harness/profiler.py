@@ -215,9 +215,7 @@ def run_ncu(
     progress: Progress = no_progress,
 ) -> NcuRun:
     """Runs `cmd` (an ncu command), streaming its output to `progress`; kills the group on timeout."""
-    process = NcuProcess(cmd, env)
-    process.progress = progress
-    return process.finish(timeout_s, log_path, progress)
+    return NcuProcess(cmd, env).finish(timeout_s, log_path, progress)
 
 
 def export_pages(ncu: str, report: Path, timeout_s: float = 120.0) -> tuple[str, str]:
@@ -468,7 +466,7 @@ def _prepare_next(pool: StandbyPool, ncu: str, key: StandbyKey, dropped: list[st
     """Starts the standby for the next profile (the GPU is free again: this run's ncu has exited)."""
     pool.dropped_metrics.update(dropped)
     blocked = counters_blocked_reason(run.output)
-    if blocked is not None or EXIT_NO_GPU == run.returncode:
+    if blocked is not None or run.returncode == EXIT_NO_GPU:
         pool.disable(blocked or "no GPU")
         return
     if run.timed_out:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -11,7 +12,7 @@ from kb_mcp.kb import ids
 from kb_mcp.kb.arch import arch_family
 from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Lesson, Optimization, Outcome, Score, Verdict
 from kb_mcp.kb.view import KBView, Transaction
-from kb_mcp.policy.update import MAX_CREDITED_SPEEDUP, apply_outcome, counts_toward_score
+from kb_mcp.policy.update import MAX_CREDITED_SPEEDUP, apply_outcome, counts_toward_score, credited_log_speedup
 from kb_mcp.tools.base import Progress, ToolError, no_progress
 from kb_mcp.tools.context import ToolContext
 
@@ -96,14 +97,13 @@ def _measured_speedup(
     note = ""
     if parent_id:
         parent = view.get_candidate(parent_id)
-        usable = (parent is not None and parent.problem_hash == cand.problem_hash and parent.verdict.is_valid
-                  and parent.time_ms and parent.device == cand.device)
-        if usable and parent is not None and parent.created_at > cand.created_at:
-            note = f"parent {parent_id} was verified after this candidate, so it cannot be where it started; "
-        elif usable and parent is not None and parent.time_ms:
-            return parent.time_ms / cand.time_ms, "parent", ""
-        else:
+        if (parent is None or parent.problem_hash != cand.problem_hash or not parent.verdict.is_valid
+                or not parent.time_ms or parent.device != cand.device):
             note = f"parent {parent_id} is not a verified candidate of the same problem timed on the same GPU; "
+        elif parent.created_at > cand.created_at:
+            note = f"parent {parent_id} was verified after this candidate, so it cannot be where it started; "
+        else:
+            return parent.time_ms / cand.time_ms, "parent", ""
         note += "speedup is over eager PyTorch. "
     if cand.eager_ms:
         return cand.eager_ms / cand.time_ms, "eager", note
@@ -179,7 +179,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         moved = counts_toward_score(cand.verdict) and not cand.flagged
         if moved and speedup is not None and not 1 / MAX_CREDITED_SPEEDUP <= speedup <= MAX_CREDITED_SPEEDUP:
             note += (f"one outcome moves a score by at most {MAX_CREDITED_SPEEDUP:g}x either way: the score counts "
-                     f"{min(max(speedup, 1 / MAX_CREDITED_SPEEDUP), MAX_CREDITED_SPEEDUP):.3g}x, the outcome keeps {speedup:.3g}x. ")
+                     f"{math.exp(credited_log_speedup(speedup)):.3g}x, the outcome keeps {speedup:.3g}x. ")
         if created:
             tx.put_optimization(opt)
         if moved:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kb_mcp.clients.llm import TokenCount, TokenLedger
 from kb_mcp.kb.models import Verdict
-from kb_mcp.policy.campaign_models import (
+from kb_mcp.campaign.models import (
     AttemptRecord,
     CampaignConfig,
     CampaignStatus,
@@ -24,9 +24,9 @@ from kb_mcp.policy.campaign_models import (
     KBSnapshot,
     StepRecord,
 )
-from kb_mcp.policy.campaign_store import CampaignStore
-from kb_mcp.policy.report import report_from_store
-from kb_mcp.policy.report_render import write_report
+from kb_mcp.campaign.store import CampaignStore
+from kb_mcp.campaign.report import report_from_store
+from kb_mcp.campaign.report_render import write_report
 
 VERDICTS = [Verdict.faster, Verdict.slower, Verdict.compile_error, Verdict.incorrect]
 

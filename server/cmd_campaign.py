@@ -78,9 +78,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     """Runs (or resumes, or reports on) a campaign; returns the exit code."""
-    from kb_mcp.policy.campaign import CampaignAborted
-    from kb_mcp.policy.campaign_runner import CampaignOptions, campaign_report, run_campaign
-    from kb_mcp.policy.campaign_store import CampaignError
+    from kb_mcp.campaign.loop import CampaignAborted
+    from kb_mcp.campaign.runner import CampaignOptions, campaign_report, run_campaign
+    from kb_mcp.campaign.store import CampaignError
 
     kb_path = paths.resolve_kb_path(args.kb)
     folder = campaign_dir(kb_path, args.name, args.out)

@@ -30,7 +30,7 @@ TOOL_MODULES: tuple[str, ...] = (
 )
 """The five tools, in the order of one optimization round."""
 
-JOB_ONLY_MODULES: dict[str, str] = {"run_campaign": "kb_mcp.policy.campaign_job"}
+JOB_ONLY_MODULES: dict[str, str] = {"run_campaign": "kb_mcp.campaign.job"}
 """Job kinds that run only as jobs (work far longer than any client's tool timeout), by kind name:
 the module (tool convention) that implements it. Imported when a job of that kind is first
 started, not at server start (the campaign pulls in the LLM client, about a second of imports).

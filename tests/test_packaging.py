@@ -12,7 +12,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("server", "tools", "kb", "harness", "policy", "clients")
+FOLDERS = ("server", "tools", "kb", "harness", "policy", "campaign", "clients")
 
 
 def _pyproject() -> dict:
@@ -27,6 +27,13 @@ def test_every_package_folder_is_listed() -> None:
         for init in (ROOT / folder).rglob("__init__.py")
     }
     assert on_disk - listed == set(), f"add these to [tool.setuptools] packages: {sorted(on_disk - listed)}"
+
+
+def test_every_top_level_package_is_mapped() -> None:
+    """A new top-level folder with an `__init__.py` must be both mapped and checked here."""
+    on_disk = {init.parent.name for init in ROOT.glob("*/__init__.py")}
+    mapped = {key.removeprefix("kb_mcp.") for key in _pyproject()["tool"]["setuptools"]["package-dir"]}
+    assert on_disk == mapped == set(FOLDERS), (sorted(on_disk), sorted(mapped), FOLDERS)
 
 
 def test_folders_import_under_namespace_only() -> None:

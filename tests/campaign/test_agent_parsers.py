@@ -6,11 +6,11 @@ import pytest
 from fakellm import Answer, Rule, Script
 
 from kb_mcp.clients.llm import Role
-from kb_mcp.policy.agent_base import AgentFailed, Conversation
-from kb_mcp.policy.agent_gradient import parse_analysis, parse_evaluation, parse_update
-from kb_mcp.policy.agent_kernel import changed_kernel_parser, parse_kernel_answer
-from kb_mcp.policy.agent_parse import AnswerError, extract_json_object
-from kb_mcp.policy.agent_review import parse_review
+from kb_mcp.campaign.agent_base import AgentFailed, Conversation
+from kb_mcp.campaign.agent_gradient import parse_analysis, parse_evaluation, parse_update
+from kb_mcp.campaign.agent_kernel import changed_kernel_parser, parse_kernel_answer
+from kb_mcp.campaign.agent_parse import AnswerError, extract_json_object
+from kb_mcp.campaign.agent_review import parse_review
 
 MODULE = "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
 

@@ -14,7 +14,7 @@ from campaign_helpers import ROOT, SWISH, campaign_command, campaign_env, run_ca
 from fakellm import Answer, FakeLLMServer, Rule
 from fakellm.campaign_script import campaign_script
 
-from kb_mcp.policy.campaign_store import CampaignStore
+from kb_mcp.campaign.store import CampaignStore
 
 
 def test_unconfigured_llm_is_a_clear_error(tmp_path: Path) -> None:

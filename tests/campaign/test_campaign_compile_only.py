@@ -14,8 +14,8 @@ from fakellm import FakeLLMServer, RecordedRequest
 from fakellm.campaign_script import campaign_script
 
 from kb_mcp.kb.store import KBStore
-from kb_mcp.policy.campaign_store import CampaignStore
-from kb_mcp.policy.report_render import PLOTS
+from kb_mcp.campaign.store import CampaignStore
+from kb_mcp.campaign.report_render import PLOTS
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 

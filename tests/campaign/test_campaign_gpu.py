@@ -15,7 +15,7 @@ from fakellm.campaign_script import campaign_script
 
 from kb_mcp.kb.models import ALL_ARCH
 from kb_mcp.kb.store import KBStore
-from kb_mcp.policy.campaign_store import CampaignStore
+from kb_mcp.campaign.store import CampaignStore
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

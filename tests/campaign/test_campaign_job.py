@@ -72,7 +72,7 @@ async def test_campaign_job_without_llm_fails_with_instructions(tmp_path: Path, 
 async def test_cancelled_campaign_job_stops_cleanly_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import anyio
 
-    from kb_mcp.policy.campaign_store import CampaignStore
+    from kb_mcp.campaign.store import CampaignStore
 
     kb = tmp_path / "kb.json"
     script = campaign_script()

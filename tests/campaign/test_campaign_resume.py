@@ -15,7 +15,7 @@ from fakellm.campaign_script import campaign_script
 
 from kb_mcp.kb import ids
 from kb_mcp.kb.store import KBStore
-from kb_mcp.policy.campaign_store import CampaignStore
+from kb_mcp.campaign.store import CampaignStore
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 

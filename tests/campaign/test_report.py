@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kb_mcp.clients.llm import TokenCount, TokenLedger
 from kb_mcp.kb.models import Verdict
-from kb_mcp.policy.campaign_models import (
+from kb_mcp.campaign.models import (
     AttemptRecord,
     CampaignConfig,
     CampaignStatus,
@@ -17,9 +17,9 @@ from kb_mcp.policy.campaign_models import (
     ReviewRecord,
     StepRecord,
 )
-from kb_mcp.policy.campaign_store import CampaignStore
-from kb_mcp.policy.report import report_from_store
-from kb_mcp.policy.report_render import PLOTS, write_report
+from kb_mcp.campaign.store import CampaignStore
+from kb_mcp.campaign.report import report_from_store
+from kb_mcp.campaign.report_render import PLOTS, write_report
 
 # (eager ms, torch.compile ms) per problem
 BASELINES = {"pa": (2.0, 1.0), "pb": (1.0, 3.0), "pc": (None, None)}
@@ -144,7 +144,7 @@ def test_report_files_are_written(tmp_path: Path) -> None:
 def test_kb_growth_keeps_start_and_end_and_stays_bounded() -> None:
     from datetime import datetime, timedelta, timezone
 
-    from kb_mcp.policy.report import MAX_GROWTH_POINTS, kb_growth
+    from kb_mcp.campaign.report import MAX_GROWTH_POINTS, kb_growth
 
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

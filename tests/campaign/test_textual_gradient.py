@@ -12,7 +12,7 @@ from fakellm import Answer, Rule, Script
 from kb_mcp.kb import ids
 from kb_mcp.kb.models import ALL_ARCH, Outcome, Score, Verdict
 from kb_mcp.kb.store import KBStore
-from kb_mcp.policy.textual_gradient import NO_LLM_NOTE, run_textual_gradient
+from kb_mcp.campaign.textual_gradient import NO_LLM_NOTE, run_textual_gradient
 
 FUSE = "fuse_elementwise_chain"
 HLI = "high_level_inefficiency"

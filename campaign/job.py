@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.clients.llm import LLMConfig, LLMNotConfigured
 from kb_mcp.kb import paths
-from kb_mcp.policy.campaign_runner import CampaignOptions, CampaignSummary, run_campaign
-from kb_mcp.policy.campaign_store import CampaignError
+from kb_mcp.campaign.runner import CampaignOptions, CampaignSummary, run_campaign
+from kb_mcp.campaign.store import CampaignError
 from kb_mcp.tools.base import Progress, ToolError, no_progress
 from kb_mcp.tools.context import ToolContext
 

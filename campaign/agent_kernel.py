@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from kb_mcp.policy.agent_base import PROBLEM_LINE
-from kb_mcp.policy.agent_parse import AnswerError, extract_module
+from kb_mcp.campaign.agent_base import PROBLEM_LINE
+from kb_mcp.campaign.agent_parse import AnswerError, extract_module
 
 CANDIDATE_RULES = """
 A candidate is one Python module that defines `class ModelNew(nn.Module)` with exactly the same

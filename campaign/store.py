@@ -26,7 +26,7 @@ from typing import TypeVar
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ValidationError
 
-from kb_mcp.policy.campaign_models import (
+from kb_mcp.campaign.models import (
     CampaignStatus,
     GradientRecord,
     InitialRecord,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kb_mcp.policy.campaign_store import atomic_write_text
-from kb_mcp.policy.report import CampaignReport, SpeedupStats, fast_p
+from kb_mcp.campaign.store import atomic_write_text
+from kb_mcp.campaign.report import CampaignReport, SpeedupStats, fast_p
 
 PLOTS = ("fast_p.png", "speedups.png", "kb_growth.png", "optimizations.png")
 

@@ -7,7 +7,7 @@ lowering agent apply one, verifies it (fixing up to N times on compiler and veri
 has it reviewed, records the outcome in the KB (numeric update), and moves the trajectory on when
 the new kernel is faster. Every U recorded outcomes the textual gradient edits the KB.
 
-Every finished unit is written as one raw record (`policy.campaign_store`) before the next starts,
+Every finished unit is written as one raw record (`campaign.store`) before the next starts,
 so a rerun with the same folder continues where the last run stopped, and the report and best
 kernels are recomputed from those records. Trajectories run in parallel threads (`parallel`).
 """
@@ -25,8 +25,8 @@ from pathlib import Path
 from kb_mcp.clients.llm import LLMClient, LLMError, Role
 from kb_mcp.harness.problem import Problem, ProblemError, load_problem
 from kb_mcp.kb.models import Verdict, utcnow
-from kb_mcp.policy.agent_base import AgentFailed, Conversation
-from kb_mcp.policy.agent_kernel import (
+from kb_mcp.campaign.agent_base import AgentFailed, Conversation
+from kb_mcp.campaign.agent_kernel import (
     GENERATE_SYSTEM,
     LOWER_SYSTEM,
     KernelAnswer,
@@ -37,9 +37,9 @@ from kb_mcp.policy.agent_kernel import (
     parse_kernel_answer,
     review_fix_request,
 )
-from kb_mcp.policy.agent_review import REVIEW_SYSTEM, parse_review, review_request
-from kb_mcp.policy.campaign_bench import Bench, BenchError, Diagnosis
-from kb_mcp.policy.campaign_models import (
+from kb_mcp.campaign.agent_review import REVIEW_SYSTEM, parse_review, review_request
+from kb_mcp.campaign.bench import Bench, BenchError, Diagnosis
+from kb_mcp.campaign.models import (
     AttemptRecord,
     CampaignConfig,
     CampaignStatus,
@@ -49,9 +49,9 @@ from kb_mcp.policy.campaign_models import (
     UnitRecord,
     problem_name,
 )
-from kb_mcp.policy.campaign_store import CampaignError, CampaignStore
-from kb_mcp.policy.report import CampaignReport, build_report, pick_best
-from kb_mcp.policy.report_render import write_report
+from kb_mcp.campaign.store import CampaignError, CampaignStore
+from kb_mcp.campaign.report import CampaignReport, build_report, pick_best
+from kb_mcp.campaign.report_render import write_report
 
 ProgressFn = Callable[[str, int, int, str], None]
 """progress(problem, units done, units total, message); called from the thread that runs `run`."""

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.clients.llm import TokenLedger
 from kb_mcp.kb.models import Verdict, utcnow
-from kb_mcp.policy.agent_gradient import ParameterUpdate, PerfGapAnalysis, PolicyEvaluation
+from kb_mcp.campaign.agent_gradient import ParameterUpdate, PerfGapAnalysis, PolicyEvaluation
 from kb_mcp.policy.kb_edits import RejectedEdit
 from kb_mcp.policy.select import DEFAULT_TEMPERATURE
 

@@ -20,8 +20,8 @@ from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb import ids
 from kb_mcp.kb.arch import arch_family
 from kb_mcp.kb.models import Outcome, Verdict
-from kb_mcp.policy.campaign_models import AttemptRecord, GradientRecord, KBSnapshot, StepRecord, Suggestion
-from kb_mcp.policy.textual_gradient import run_textual_gradient
+from kb_mcp.campaign.models import AttemptRecord, GradientRecord, KBSnapshot, StepRecord, Suggestion
+from kb_mcp.campaign.textual_gradient import run_textual_gradient
 from kb_mcp.tools import classify_state, compile_and_verify, profile_kernel, record_outcome, suggest_optimizations
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext

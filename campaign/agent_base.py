@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from kb_mcp.clients.llm import ChatMessage, LLMClient, Role, TokenLedger
-from kb_mcp.policy.agent_parse import AnswerError
+from kb_mcp.campaign.agent_parse import AnswerError
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from kb_mcp.policy.agent_parse import AnswerError, extract_json_object
+from kb_mcp.campaign.agent_parse import AnswerError, extract_json_object
 from kb_mcp.policy.kb_edits import (
     CATEGORIES,
     MAX_EDITS_PER_UPDATE,

@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kb_mcp.policy.agent_base import PROBLEM_LINE
-from kb_mcp.policy.agent_parse import AnswerError, extract_json_object
+from kb_mcp.campaign.agent_base import PROBLEM_LINE
+from kb_mcp.campaign.agent_parse import AnswerError, extract_json_object
 
 REVIEW_SYSTEM = """
 You are the code-review step of kb-mcp. A CUDA candidate (`ModelNew`) passed numerical tests

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.clients.llm import TokenLedger
 from kb_mcp.kb.models import Verdict
-from kb_mcp.policy.campaign_models import (
+from kb_mcp.campaign.models import (
     CampaignConfig,
     GradientRecord,
     InitialRecord,
@@ -26,7 +26,7 @@ from kb_mcp.policy.campaign_models import (
     UnitRecord,
     problem_name,
 )
-from kb_mcp.policy.campaign_store import CampaignStore
+from kb_mcp.campaign.store import CampaignStore
 
 FAST_P_MARKS = (0.0, 0.5, 0.8, 1.0, 1.2, 1.5, 2.0, 3.0)
 MAX_GROWTH_POINTS = 400

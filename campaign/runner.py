@@ -13,12 +13,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.clients.llm import LLMClient, LLMConfig, Role
-from kb_mcp.policy.campaign import Campaign, CampaignAborted, CampaignStopped, ProgressFn, resolve_problems
-from kb_mcp.policy.campaign_bench import Bench
-from kb_mcp.policy.campaign_models import CampaignConfig
-from kb_mcp.policy.campaign_store import CampaignError, CampaignStore
-from kb_mcp.policy.report import CampaignReport, report_from_store
-from kb_mcp.policy.report_render import write_report
+from kb_mcp.campaign.loop import Campaign, CampaignAborted, CampaignStopped, ProgressFn, resolve_problems
+from kb_mcp.campaign.bench import Bench
+from kb_mcp.campaign.models import CampaignConfig
+from kb_mcp.campaign.store import CampaignError, CampaignStore
+from kb_mcp.campaign.report import CampaignReport, report_from_store
+from kb_mcp.campaign.report_render import write_report
 from kb_mcp.tools.context import ToolContext
 
 

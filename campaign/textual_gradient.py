@@ -20,8 +20,8 @@ from kb_mcp.kb.matching import discover_state
 from kb_mcp.kb.models import ALL_ARCH, Lesson, Optimization, Outcome, Score, Verdict
 from kb_mcp.kb.store import KBStore
 from kb_mcp.kb.view import KBView, Transaction
-from kb_mcp.policy.agent_base import AgentFailed, Conversation
-from kb_mcp.policy.agent_gradient import (
+from kb_mcp.campaign.agent_base import AgentFailed, Conversation
+from kb_mcp.campaign.agent_gradient import (
     ANALYZE_SYSTEM,
     EVALUATE_SYSTEM,
     UPDATE_SYSTEM,
@@ -33,7 +33,7 @@ from kb_mcp.policy.agent_gradient import (
     parse_update,
     update_request,
 )
-from kb_mcp.policy.campaign_models import GradientRecord
+from kb_mcp.campaign.models import GradientRecord
 from kb_mcp.policy.kb_edits import (
     AddLesson,
     AddOptimization,

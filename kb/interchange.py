@@ -163,13 +163,13 @@ def _merge_into(tx: Transaction, other: KBView, rule: ScoreRule, report: Transfe
             shared_by_pair[(o.state_id, o.optimization_id)].append(o)
 
     for state_id in other.state_ids():
-        for arch in other.score_arches(state_id):
-            for theirs_score in other.scores(state_id, arch):
+        for arch, track in other.score_keys(state_id):
+            for theirs_score in other.scores(state_id, arch, track):
                 part = rule.empty_like(theirs_score)
                 for o in shared_by_pair.get((state_id, theirs_score.optimization_id), []):
-                    if arch == ALL_ARCH or o.arch == arch:
+                    if (arch == ALL_ARCH or o.arch == arch) and o.track == track:
                         part = rule.apply_outcome(part, o.verdict, o.speedup, o.created_at)
-                mine = tx.get_score(state_id, theirs_score.optimization_id, arch)
+                mine = tx.get_score(state_id, theirs_score.optimization_id, arch, track)
                 if mine is None:
                     tx.put_score(theirs_score)
                     report.scores_added += 1

@@ -151,6 +151,7 @@ def inherited_score(parent: Score, state_id: str) -> Score:
         state_id=state_id,
         optimization_id=parent.optimization_id,
         arch=parent.arch,
+        track=parent.track,
         prior=True,
         prior_mean_log_speedup=posterior * INHERIT_DISCOUNT,
         prior_weight=INHERIT_WEIGHT,
@@ -197,8 +198,8 @@ def discover_state(
     )
     tx.put_state(state)
     if parent is not None:
-        for arch in tx.score_arches(parent.id):
-            for score in tx.scores(parent.id, arch):
+        for arch, track in tx.score_keys(parent.id):
+            for score in tx.scores(parent.id, arch, track):
                 tx.put_score(inherited_score(score, sid))
     return state, True
 

@@ -21,6 +21,24 @@ ALL_ARCH = "*"
 """Arch key of the pooled score over every GPU architecture (fallback when an arch has no data)."""
 
 
+class Track(str, Enum):
+    """The precision track a verdict was checked on, and so the track its speedup counts for.
+
+    `fp32` is strict: the candidate must match the reference in its own precision. The others allow
+    TF32 matmuls (`tf32`) or half-precision compute (`bf16`, `fp16`) within that track's tolerances.
+    Speedups on different tracks are different quantities, so scores are kept per track.
+    """
+
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+DEFAULT_TRACK = Track.fp32
+"""The strict track: what every verdict, outcome and score without a track belongs to."""
+
+
 def utcnow() -> datetime:
     """Timezone-aware now, so timestamps in KB files compare and sort correctly."""
     return datetime.now(timezone.utc)
@@ -178,7 +196,8 @@ class Optimization(BaseModel):
 
 
 class Score(BaseModel):
-    """Statistics of one optimization in one state on one GPU arch family (or ALL_ARCH, pooled).
+    """Statistics of one optimization in one state on one GPU arch family (or ALL_ARCH, pooled) and
+    one precision track.
 
     Speedups are tracked in log space (Welford mean and M2), so pooling two scores is exact and a
     2x gain and a 0.5x loss cancel.
@@ -189,6 +208,7 @@ class Score(BaseModel):
     state_id: str
     optimization_id: str
     arch: str = ALL_ARCH
+    track: Track = DEFAULT_TRACK
     mean_log_speedup: float = 0.0
     m2_log_speedup: float = 0.0  # sum of squared deviations (Welford), for the variance
     samples: int = 0  # valid timed outcomes feeding the mean
@@ -248,6 +268,7 @@ class Outcome(BaseModel):
     next_state_id: str | None = None
     optimization_id: str
     arch: str
+    track: Track = DEFAULT_TRACK  # the candidate verdict's track: the scores this outcome moved
     verdict: Verdict
     speedup: float | None = None  # over the kernel it started from; None unless verdict is valid
     speedup_vs_baseline: float | None = None  # over the better of eager and torch.compile
@@ -282,6 +303,7 @@ class CandidateRecord(BaseModel):
     problem: str
     problem_hash: str
     verdict: Verdict
+    track: Track = DEFAULT_TRACK  # precision track the verdict was checked on (fp32 until the harness says otherwise)
     arch: str = ""  # e.g. sm_90; "" when no GPU verified it
     device: str = ""
     time_ms: float | None = None  # median candidate time

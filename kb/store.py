@@ -32,7 +32,7 @@ from tinydb.storages import Storage
 
 from kb_mcp.kb import journal, paths
 from kb_mcp.kb.journal import Entry, FileId
-from kb_mcp.kb.models import ALL_ARCH, SCHEMA_VERSION, CandidateRecord, Lesson, Optimization, Outcome, Score, State, Transition, utcnow
+from kb_mcp.kb.models import ALL_ARCH, SCHEMA_VERSION, CandidateRecord, Lesson, Optimization, Outcome, Score, State, Track, Transition, utcnow
 from kb_mcp.kb.tables import FORMAT, LayoutError, Tables
 from kb_mcp.kb.view import KBStats, KBView, Transaction
 
@@ -279,13 +279,13 @@ class KBStore:
         """Every optimization."""
         return self._view(lambda v: v.list_optimizations())
 
-    def get_score(self, state_id: str, optimization_id: str, arch: str = ALL_ARCH) -> Score | None:
-        """The score of (state, optimization, arch family)."""
-        return self._view(lambda v: v.get_score(state_id, optimization_id, arch))
+    def get_score(self, state_id: str, optimization_id: str, arch: str = ALL_ARCH, track: str = "fp32") -> Score | None:
+        """The score of (state, optimization, arch family, precision track)."""
+        return self._view(lambda v: v.get_score(state_id, optimization_id, arch, Track(track)))
 
-    def candidates(self, state_id: str, arch: str = ALL_ARCH) -> list[Score]:
-        """Applicable optimizations of a state with their per-arch (else pooled) scores."""
-        return self._view(lambda v: v.candidates(state_id, arch))
+    def candidates(self, state_id: str, arch: str = ALL_ARCH, track: str = "fp32") -> list[Score]:
+        """Applicable optimizations of a state with their per-arch (else pooled) scores on a track."""
+        return self._view(lambda v: v.candidates(state_id, arch, Track(track)))
 
     def lessons(self, state_id: str, optimization_id: str, limit: int | None = None) -> list[Lesson]:
         """Lessons about an optimization in a state, newest first."""

@@ -9,12 +9,14 @@ File layout (a TinyDB JSON database: ``TinyDB(path).table("states").all()`` read
     {"meta":   {"1": {"format": "kb-mcp", "schema_version": 1, "applied_seq": N, ...}},
      "states": {"1": <State>, ...}, "optimizations": {...}, "lessons": {...},
      "outcomes": {...}, "transitions": {...}, "candidates": {...},
-     "scores": {"1": {"state_id": S, "arch": A, "updated_at": T,
+     "scores": {"1": {"state_id": S, "arch": A, "track": K, "updated_at": T,
                       "priors": {opt_id: [prior_mean_log_speedup, prior_weight]},
                       "stats":  {opt_id: [mean, m2, samples, attempts, successes,
                                           compile_failures, verify_failures, updated_at]}}}}
 
-Scores are stored one document per (state, arch) with a compact row per optimization: a KB of
+Scores are stored one document per (state, arch, track) with a compact row per optimization. A
+document without "track" is on the strict fp32 track (files written before tracks existed), and
+fp32 documents are written without it. A KB of
 10,000 states x 100 optimizations holds a million scores, which as one JSON object each would be a
 third of a gigabyte to parse; as rows it is ~25 MB. A Score whose optimization has no "stats" row
 is still a pure prior (``Score.prior``). TinyDB doc ids are renumbered on every full write;
@@ -28,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from kb_mcp.kb import ids
-from kb_mcp.kb.models import ALL_ARCH, Score
+from kb_mcp.kb.models import ALL_ARCH, DEFAULT_TRACK, Score, Track
 
 FORMAT = "kb-mcp"
 RECORD_TABLES = ("states", "optimizations", "lessons", "outcomes", "transitions", "candidates")
@@ -36,6 +38,8 @@ TABLES = ("meta", *RECORD_TABLES, "scores")
 
 Op = list[Any]
 ScoreDoc = dict[str, Any]
+ScoreKey = tuple[str, str, str]  # (state_id, arch, track)
+FP32 = DEFAULT_TRACK.value
 
 
 class LayoutError(ValueError):
@@ -77,8 +81,14 @@ def encode_score(score: Score) -> tuple[list[float], list[Any] | None]:
     return prior, row
 
 
+def doc_track(doc: ScoreDoc) -> str:
+    """The track of a score document (fp32 when it names none)."""
+    return doc.get("track", FP32)
+
+
 def decode_score(state_id: str, arch: str, opt_id: str, doc: ScoreDoc) -> Score | None:
-    """The Score of `opt_id` in a (state, arch) document, or None when it has none."""
+    """The Score of `opt_id` in a (state, arch, track) document, or None when it has none."""
+    track = Track(doc_track(doc))
     prior = doc["priors"].get(opt_id)
     row = doc["stats"].get(opt_id)
     if prior is None and row is None:
@@ -88,13 +98,13 @@ def decode_score(state_id: str, arch: str, opt_id: str, doc: ScoreDoc) -> Score 
         # model_construct: these rows were validated when written; decoding runs per suggestion
         # over every optimization of a state, so validation would dominate the latency.
         return Score.model_construct(
-            state_id=state_id, optimization_id=opt_id, arch=arch, mean_log_speedup=0.0, m2_log_speedup=0.0,
-            samples=0, attempts=0, successes=0, compile_failures=0, verify_failures=0, prior=True,
+            state_id=state_id, optimization_id=opt_id, arch=arch, track=track, mean_log_speedup=0.0,
+            m2_log_speedup=0.0, samples=0, attempts=0, successes=0, compile_failures=0, verify_failures=0, prior=True,
             prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(doc["updated_at"]),
         )
     mean, m2, samples, attempts, successes, cf, vf, updated = row
     return Score.model_construct(
-        state_id=state_id, optimization_id=opt_id, arch=arch, mean_log_speedup=mean, m2_log_speedup=m2,
+        state_id=state_id, optimization_id=opt_id, arch=arch, track=track, mean_log_speedup=mean, m2_log_speedup=m2,
         samples=samples, attempts=attempts, successes=successes, compile_failures=cf, verify_failures=vf,
         prior=False, prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(updated),
     )
@@ -106,10 +116,10 @@ class Tables:
     def __init__(self) -> None:
         self.meta: dict[str, Any] = {}
         self.records: dict[str, dict[str, dict[str, Any]]] = {t: {} for t in RECORD_TABLES}
-        self.scores: dict[tuple[str, str], ScoreDoc] = {}
+        self.scores: dict[ScoreKey, ScoreDoc] = {}
         # indexes
         self.states_by_key: dict[str, list[str]] = {}
-        self.score_arches: dict[str, set[str]] = {}
+        self.score_keys: dict[str, set[tuple[str, str]]] = {}  # state -> {(arch, track)}
         self.lessons_by_pair: dict[tuple[str, str], list[str]] = {}
         self.transitions_by_state: dict[str, list[str]] = {}
         self.outcomes_by_candidate: dict[str, list[str]] = {}
@@ -137,13 +147,15 @@ class Tables:
                 for doc in docs.values():
                     t._put(table, _record_key(table, doc), doc)
             for doc in data.get("scores", {}).values():
-                key = (doc["state_id"], doc["arch"])
+                track = doc_track(doc)
+                Track(track)  # an unknown track is a malformed record, not a silent new key
+                key = (doc["state_id"], doc["arch"], track)
                 doc.setdefault("priors", {})
                 doc.setdefault("stats", {})
                 doc.setdefault("updated_at", t.meta.get("created_at", "1970-01-01T00:00:00+00:00"))
                 t.scores[key] = doc
-                t.score_arches.setdefault(key[0], set()).add(key[1])
-        except (KeyError, TypeError, AttributeError) as exc:
+                t.score_keys.setdefault(key[0], set()).add((key[1], key[2]))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise LayoutError(f"{where}: malformed record ({type(exc).__name__}: {exc})") from exc
         return t
 
@@ -159,7 +171,9 @@ class Tables:
 
     def apply(self, op: Op) -> None:
         """Applies one change: ["put", table, key, doc], ["del", table, key],
-        ["score", state, arch, opt, prior_pair, stats_row_or_null, time] or ["unscore", state, arch, opt]."""
+        ["score", state, arch, opt, prior_pair, stats_row_or_null, time(, track)] or
+        ["unscore", state, arch, opt(, track)]. A score change without a track is on fp32 (journals
+        written before tracks existed replay unchanged)."""
         kind = op[0]
         if kind == "put":
             if op[1] == "meta":
@@ -169,12 +183,15 @@ class Tables:
         elif kind == "del":
             self._del(op[1], op[2])
         elif kind == "score":
-            _, state, arch, opt, prior, row, when = op
-            doc = self.scores.get((state, arch))
+            _, state, arch, opt, prior, row, when = op[:7]
+            track = op[7] if len(op) > 7 else FP32
+            doc = self.scores.get((state, arch, track))
             if doc is None:
                 doc = {"state_id": state, "arch": arch, "updated_at": when, "priors": {}, "stats": {}}
-                self.scores[(state, arch)] = doc
-                self.score_arches.setdefault(state, set()).add(arch)
+                if track != FP32:
+                    doc["track"] = track
+                self.scores[(state, arch, track)] = doc
+                self.score_keys.setdefault(state, set()).add((arch, track))
             doc["priors"][opt] = prior
             if row is None:
                 doc["stats"].pop(opt, None)
@@ -183,8 +200,9 @@ class Tables:
             if row is None:
                 doc["updated_at"] = when
         elif kind == "unscore":
-            _, state, arch, opt = op
-            doc = self.scores.get((state, arch))
+            _, state, arch, opt = op[:4]
+            track = op[4] if len(op) > 4 else FP32
+            doc = self.scores.get((state, arch, track))
             if doc is not None:
                 doc["priors"].pop(opt, None)
                 doc["stats"].pop(opt, None)
@@ -208,8 +226,8 @@ class Tables:
         if doc is not None:
             self._unindex(table, key, doc)
             if table == "states":  # a state's scores go with it
-                for arch in self.score_arches.pop(key, set()):
-                    self.scores.pop((key, arch), None)
+                for arch, track in self.score_keys.pop(key, set()):
+                    self.scores.pop((key, arch, track), None)
 
     def _index(self, table: str, key: str, doc: dict[str, Any]) -> None:
         if table == "states":
@@ -242,15 +260,15 @@ class Tables:
     # ---- raw reads --------------------------------------------------------------------------
 
     def score_docs(self, state_id: str) -> Iterator[ScoreDoc]:
-        """The (state, arch) score documents of one state."""
-        for arch in sorted(self.score_arches.get(state_id, ())):
-            doc = self.scores.get((state_id, arch))
+        """The (state, arch, track) score documents of one state."""
+        for arch, track in sorted(self.score_keys.get(state_id, ())):
+            doc = self.scores.get((state_id, arch, track))
             if doc is not None:
                 yield doc
 
-    def score_doc(self, state_id: str, arch: str = ALL_ARCH) -> ScoreDoc | None:
-        """The score document of (state, arch), if any."""
-        return self.scores.get((state_id, arch))
+    def score_doc(self, state_id: str, arch: str = ALL_ARCH, track: str = FP32) -> ScoreDoc | None:
+        """The score document of (state, arch, track), if any."""
+        return self.scores.get((state_id, arch, track))
 
 
 def signature_key(state_doc: dict[str, Any]) -> str:
@@ -262,4 +280,13 @@ def signature_key(state_doc: dict[str, Any]) -> str:
 def score_op(score: Score, when: str) -> Op:
     """The change that stores `score` (time `when` stamps a pure prior's document)."""
     prior, row = encode_score(score)
-    return ["score", score.state_id, score.arch, score.optimization_id, prior, row, when]
+    op: Op = ["score", score.state_id, score.arch, score.optimization_id, prior, row, when]
+    track = Track(score.track).value
+    return op if track == FP32 else [*op, track]
+
+
+def unscore_op(state_id: str, optimization_id: str, arch: str, track: Track | str = DEFAULT_TRACK) -> Op:
+    """The change that removes one score."""
+    op: Op = ["unscore", state_id, arch, optimization_id]
+    value = Track(track).value
+    return op if value == FP32 else [*op, value]

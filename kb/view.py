@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kb_mcp.kb import ids
 from kb_mcp.kb.models import (
     ALL_ARCH,
+    DEFAULT_TRACK,
     SCHEMA_VERSION,
     CandidateRecord,
     Lesson,
@@ -22,10 +23,11 @@ from kb_mcp.kb.models import (
     Outcome,
     Score,
     State,
+    Track,
     Transition,
     utcnow,
 )
-from kb_mcp.kb.tables import Op, Tables, decode_score, score_op
+from kb_mcp.kb.tables import FP32, Op, Tables, decode_score, score_op, unscore_op
 
 
 class KBStats(BaseModel):
@@ -39,6 +41,7 @@ class KBStats(BaseModel):
     scores: int = 0
     measured_scores: int = 0  # scores with at least one recorded outcome
     arch_families: list[str] = Field(default_factory=list)
+    tracks: list[str] = Field(default_factory=list)  # precision tracks holding scores
     outcomes: dict[str, int] = Field(default_factory=dict)  # by verdict
     flagged_outcomes: int = 0
     lessons: int = 0
@@ -96,14 +99,16 @@ class KBView:
 
     # ---- scores -------------------------------------------------------------------------------
 
-    def get_score(self, state_id: str, optimization_id: str, arch: str = ALL_ARCH) -> Score | None:
-        """The score of an optimization in a state for one arch family (ALL_ARCH: pooled)."""
-        doc = self._t.score_doc(state_id, arch)
+    def get_score(
+        self, state_id: str, optimization_id: str, arch: str = ALL_ARCH, track: Track = DEFAULT_TRACK
+    ) -> Score | None:
+        """The score of an optimization in a state for one arch family (ALL_ARCH: pooled) and track."""
+        doc = self._t.score_doc(state_id, arch, Track(track).value)
         return decode_score(state_id, arch, optimization_id, doc) if doc is not None else None
 
-    def scores(self, state_id: str, arch: str = ALL_ARCH) -> list[Score]:
-        """Every score of a state stored under exactly `arch`."""
-        doc = self._t.score_doc(state_id, arch)
+    def scores(self, state_id: str, arch: str = ALL_ARCH, track: Track = DEFAULT_TRACK) -> list[Score]:
+        """Every score of a state stored under exactly `arch` and `track`."""
+        doc = self._t.score_doc(state_id, arch, Track(track).value)
         if doc is None:
             return []
         out = []
@@ -114,21 +119,31 @@ class KBView:
         out.sort(key=lambda s: s.optimization_id)
         return out
 
-    def score_arches(self, state_id: str) -> list[str]:
-        """Arch families (and ALL_ARCH) that hold scores for a state."""
-        return sorted(self._t.score_arches.get(state_id, ()))
+    def score_keys(self, state_id: str) -> list[tuple[str, Track]]:
+        """(arch family or ALL_ARCH, track) pairs that hold scores for a state."""
+        return [(arch, Track(track)) for arch, track in sorted(self._t.score_keys.get(state_id, ()))]
 
-    def candidates(self, state_id: str, arch: str = ALL_ARCH) -> list[Score]:
-        """The optimizations applicable in a state, each with the score to judge it by on `arch`.
+    def score_arches(self, state_id: str, track: Track = DEFAULT_TRACK) -> list[str]:
+        """Arch families (and ALL_ARCH) that hold scores for a state on `track`."""
+        value = Track(track).value
+        return sorted(arch for arch, t in self._t.score_keys.get(state_id, ()) if t == value)
+
+    def candidates(self, state_id: str, arch: str = ALL_ARCH, track: Track = DEFAULT_TRACK) -> list[Score]:
+        """The optimizations applicable in a state, each with the score to judge it by on `arch` and `track`.
 
         `arch` is a family (see `kb.arch.arch_family`). The per-arch score is used where it holds
         measurements; otherwise the pooled ALL_ARCH score stands in (its `arch` field says which).
+        Only `track`'s measurements count: an optimization with none on another track than fp32
+        stands there on its fp32 prior alone (a prior is a belief about the optimization, the same
+        on every track; a speedup measured on one track says nothing certain about another).
         Deprecated optimizations are left out.
         """
-        pooled = self._t.score_doc(state_id, ALL_ARCH)
-        per_arch = self._t.score_doc(state_id, arch) if arch != ALL_ARCH else None
-        opts = set()
-        for doc in (pooled, per_arch):
+        value = Track(track).value
+        pooled = self._t.score_doc(state_id, ALL_ARCH, value)
+        per_arch = self._t.score_doc(state_id, arch, value) if arch != ALL_ARCH else None
+        strict = self._t.score_doc(state_id, ALL_ARCH, FP32) if value != FP32 else None
+        opts: set[str] = set()
+        for doc in (pooled, per_arch, strict):
             if doc is not None:
                 opts |= doc["priors"].keys() | doc["stats"].keys()
         records = self._t.records["optimizations"]
@@ -144,6 +159,14 @@ class KBView:
                 chosen = decode_score(state_id, ALL_ARCH, opt, pooled)
             if chosen is None and per_arch is not None:
                 chosen = decode_score(state_id, arch, opt, per_arch)
+            if chosen is None and strict is not None:
+                base = decode_score(state_id, ALL_ARCH, opt, strict)
+                if base is not None:
+                    chosen = Score(
+                        state_id=state_id, optimization_id=opt, arch=ALL_ARCH, track=Track(value),
+                        prior_mean_log_speedup=base.prior_mean_log_speedup, prior_weight=base.prior_weight,
+                        updated_at=base.updated_at,
+                    )
             if chosen is not None:
                 out.append(chosen)
         return out
@@ -210,10 +233,12 @@ class KBView:
         recs = self._t.records
         n_scores = measured = 0
         arches: set[str] = set()
-        for (_, arch), doc in self._t.scores.items():
+        tracks: set[str] = set()
+        for (_, arch, track), doc in self._t.scores.items():
             n_scores += len(doc["priors"].keys() | doc["stats"].keys())
             measured += len(doc["stats"])
             arches.add(arch)
+            tracks.add(track)
         verdicts = Counter(d["verdict"] for d in recs["outcomes"].values())
         return KBStats(
             schema_version=self.schema_version,
@@ -222,6 +247,7 @@ class KBView:
             scores=n_scores,
             measured_scores=measured,
             arch_families=sorted(arches),
+            tracks=sorted(tracks),
             outcomes=dict(verdicts),
             flagged_outcomes=sum(1 for d in recs["outcomes"].values() if d.get("flagged")),
             lessons=len(recs["lessons"]),
@@ -256,12 +282,14 @@ class Transaction(KBView):
         self._do(["put", "optimizations", optimization.id, optimization.model_dump(mode="json")])
 
     def put_score(self, score: Score) -> None:
-        """Adds or replaces the score of (state, optimization, arch)."""
+        """Adds or replaces the score of (state, optimization, arch, track)."""
         self._do(score_op(score, self._now))
 
-    def delete_score(self, state_id: str, optimization_id: str, arch: str = ALL_ARCH) -> None:
+    def delete_score(
+        self, state_id: str, optimization_id: str, arch: str = ALL_ARCH, track: Track = DEFAULT_TRACK
+    ) -> None:
         """Removes one score (the optimization no longer applies there)."""
-        self._do(["unscore", state_id, arch, optimization_id])
+        self._do(unscore_op(state_id, optimization_id, arch, track))
 
     def put_lesson(self, lesson: Lesson) -> None:
         """Adds or replaces a lesson."""

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kb_mcp.kb import ids
 from kb_mcp.kb.arch import arch_family
-from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Lesson, Optimization, Outcome, Score, Verdict
+from kb_mcp.kb.models import ALL_ARCH, DEFAULT_TRACK, CandidateRecord, Lesson, Optimization, Outcome, Score, Track, Verdict
 from kb_mcp.kb.view import KBView, Transaction
 from kb_mcp.policy.update import MAX_CREDITED_SPEEDUP, apply_outcome, counts_toward_score, credited_log_speedup
 from kb_mcp.tools.base import Progress, ToolError, no_progress
@@ -79,14 +79,15 @@ class Result(BaseModel):
     optimization_id: str
     optimization_created: bool = False
     verdict: Verdict
+    track: Track = Field(DEFAULT_TRACK, description="precision track of the candidate's verdict: the scores this outcome moved")
     speedup: float | None = Field(description="server-measured speedup credited to the optimization")
     speedup_basis: Literal["parent", "eager"] | None = None
     score_moved: bool
     note: str
-    entry: Score = Field(description="the score on this GPU family after the update")
+    entry: Score = Field(description="the score on this GPU family and track after the update")
     expected_speedup: float
     confidence: float
-    pooled_expected_speedup: float = Field(description="expected speedup pooled over all GPU families")
+    pooled_expected_speedup: float = Field(description="expected speedup pooled over all GPU families (same track)")
 
 
 def _measured_speedup(
@@ -136,17 +137,19 @@ def _resolve_optimization(tx: Transaction, req: Request) -> tuple[Optimization, 
     )
 
 
-def _base_score(tx: Transaction, state_id: str, opt_id: str, arch: str) -> Score:
-    score = tx.get_score(state_id, opt_id, arch)
+def _base_score(tx: Transaction, state_id: str, opt_id: str, arch: str, track: Track) -> Score:
+    score = tx.get_score(state_id, opt_id, arch, track)
     if score is not None:
         return score
-    pooled = tx.get_score(state_id, opt_id, ALL_ARCH)
-    if pooled is not None:  # a first outcome on this family starts from the pooled prior
+    # A first outcome on this family (or track) starts from the pooled prior of its track, else
+    # from the strict track's: a prior is a belief about the optimization, not a measurement.
+    pooled = tx.get_score(state_id, opt_id, ALL_ARCH, track) or tx.get_score(state_id, opt_id, ALL_ARCH, DEFAULT_TRACK)
+    if pooled is not None:
         return Score(
-            state_id=state_id, optimization_id=opt_id, arch=arch,
+            state_id=state_id, optimization_id=opt_id, arch=arch, track=track,
             prior_mean_log_speedup=pooled.prior_mean_log_speedup, prior_weight=pooled.prior_weight,
         )
-    return Score(state_id=state_id, optimization_id=opt_id, arch=arch)
+    return Score(state_id=state_id, optimization_id=opt_id, arch=arch, track=track)
 
 
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
@@ -168,6 +171,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
             raise ToolError(f"unknown next_state_id {req.next_state_id!r}: use the id classify_state returned, or omit it")
         opt, created = _resolve_optimization(tx, req)
         family = arch_family(cand.arch)
+        track = cand.track  # the verdict's own track: an outcome moves only that track's scores
         oid = ids.outcome_id(cand.candidate_id, opt.id)
         previous = tx.get_outcome(oid)
         if previous is not None:
@@ -182,13 +186,13 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
                      f"{math.exp(credited_log_speedup(speedup)):.3g}x, the outcome keeps {speedup:.3g}x. ")
         if created:
             tx.put_optimization(opt)
+        if tx.get_score(req.state_id, opt.id, ALL_ARCH) is None:
+            tx.put_score(Score(state_id=req.state_id, optimization_id=opt.id))  # known here, even if unmeasured
         if moved:
             for arch in dict.fromkeys((family, ALL_ARCH)):
-                tx.put_score(apply_outcome(_base_score(tx, req.state_id, opt.id, arch), cand.verdict, speedup))
+                tx.put_score(apply_outcome(_base_score(tx, req.state_id, opt.id, arch, track), cand.verdict, speedup))
             if req.next_state_id and cand.verdict.is_valid:
                 tx.bump_transition(req.state_id, opt.id, req.next_state_id)
-        elif tx.get_score(req.state_id, opt.id, ALL_ARCH) is None:
-            tx.put_score(Score(state_id=req.state_id, optimization_id=opt.id))  # known here, even if unmeasured
         if cand.flagged:
             note += "the candidate's speedup is flagged for review (implausible): kept in the replay buffer, no score moved. "
         elif not moved:
@@ -196,7 +200,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         outcome = Outcome(
             id=oid, problem=cand.problem, candidate_id=cand.candidate_id, parent_candidate_id=req.parent_candidate_id,
             state_id=req.state_id, next_state_id=req.next_state_id, optimization_id=opt.id, arch=family,
-            verdict=cand.verdict, speedup=speedup, speedup_vs_baseline=cand.speedup_vs_baseline, tokens=req.tokens,
+            track=track, verdict=cand.verdict, speedup=speedup, speedup_vs_baseline=cand.speedup_vs_baseline, tokens=req.tokens,
             agent=ctx.client_name, analysis=req.analysis, flagged=cand.flagged,
         )
         tx.put_outcome(outcome)
@@ -215,15 +219,16 @@ def _result(
     view: KBView, outcome: Outcome, basis: Literal["parent", "eager"] | None, *, recorded: bool, created: bool,
     moved: bool, note: str,
 ) -> Result:
-    state_id, opt_id = outcome.state_id, outcome.optimization_id
-    pooled = view.get_score(state_id, opt_id, ALL_ARCH) or Score(state_id=state_id, optimization_id=opt_id)
-    entry = view.get_score(state_id, opt_id, outcome.arch) or pooled
+    state_id, opt_id, track = outcome.state_id, outcome.optimization_id, outcome.track
+    pooled = view.get_score(state_id, opt_id, ALL_ARCH, track) or Score(state_id=state_id, optimization_id=opt_id, track=track)
+    entry = view.get_score(state_id, opt_id, outcome.arch, track) or pooled
     return Result(
         outcome_id=outcome.id,
         recorded=recorded,
         optimization_id=opt_id,
         optimization_created=created,
         verdict=outcome.verdict,
+        track=outcome.track,
         speedup=round(outcome.speedup, 4) if outcome.speedup is not None else None,
         speedup_basis=basis if outcome.speedup is not None else None,
         score_moved=moved,

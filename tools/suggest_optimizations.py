@@ -8,7 +8,7 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.kb.arch import ArchError, arch_family
-from kb_mcp.kb.models import Optimization, Score, State
+from kb_mcp.kb.models import DEFAULT_TRACK, Optimization, Score, State, Track
 from kb_mcp.kb.view import KBView
 from kb_mcp.policy.select import DEFAULT_TEMPERATURE, select_top_k
 from kb_mcp.tools.base import Progress, ToolError, no_progress
@@ -44,6 +44,10 @@ class Request(BaseModel):
     arch: str | None = Field(
         None, description="GPU arch of the target (sm_90, 9.0 or hopper); scores of that family are used where measured"
     )
+    track: Track = Field(
+        DEFAULT_TRACK,
+        description="precision track the kernel is judged on: fp32 (strict, default), tf32, bf16 or fp16; only that track's measurements count",
+    )
     exclude: list[str] = Field(default_factory=list, description="optimization ids not to suggest (already tried)")
     seed: int | None = Field(None, description="fix the random draw (same seed, same KB -> same suggestions)")
 
@@ -78,6 +82,7 @@ class Result(BaseModel):
     state_name: str
     bottleneck: str
     arch: str = Field(description="arch family used ('*' = pooled)")
+    track: Track = Field(description="precision track whose measurements were used")
     candidates: int = Field(description="optimizations the KB holds for this state (before exclusions)")
     suggestions: list[Suggestion]
 
@@ -144,7 +149,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         state = view.get_state(req.state_id)
         if state is None:
             raise _unknown_state(view, req.state_id)
-        pool = view.candidates(state.id, family)
+        pool = view.candidates(state.id, family, req.track)
         picked = select_top_k(pool, req.k, req.temperature, req.seed, exclude=req.exclude)
         suggestions = [s for s in (_suggestion(view, state, score) for score in picked) if s is not None]
     return Result(
@@ -152,6 +157,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         state_name=state.name,
         bottleneck=state.signature.key,
         arch=family,
+        track=req.track,
         candidates=len(pool),
         suggestions=suggestions,
     )

@@ -196,6 +196,10 @@ class VerifyResult(BaseModel):
     torch_version: str = ""
     output: str = ""  # the candidate's captured stdout/stderr, truncated
     phase: str = ""  # where it ended (for timeout/crashed: where it was)
+    loosened: str = ""  # set when the caller's tolerance is looser than the problem's: what was loosened
+    # The problem itself failed (its module or its Model raised before any candidate code ran):
+    # the verdict then says nothing about the candidate, and the server stores none.
+    problem_error: str = ""
     elapsed_s: float = 0.0
     worker_replaced: bool = False
 

@@ -138,6 +138,11 @@ class Stop(Exception):
         self.retire = retire
 
 
+class ProblemFault(Exception):
+    """The problem itself failed before any candidate code ran (its module, inputs or Model raised):
+    the problem's error, never a verdict on the candidate."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Helpers: outputs, comparison, poison
 
@@ -436,14 +441,14 @@ class GpuVerification:
         self.report(name)
 
     def _result(self, verdict: Verdict, summary: str, compile: CompileResult, flagged: bool = False,
-                timings: Timings | None = None) -> VerifyResult:
+                timings: Timings | None = None, problem_error: str = "") -> VerifyResult:
         env = self.env
         return VerifyResult(
             candidate_id=self.candidate_id, problem=self.problem.name, problem_hash=self.problem.hash,
             verdict=verdict, summary=summary, flagged=flagged, compile=compile, input_sets=self.sets,
             findings=dedupe(self.findings), timings=timings, tolerance=self.tolerance, device=env.device,
-            arch=env.arch, torch_version=env.torch_version, phase=self.phase,
-            elapsed_s=round(time.perf_counter() - self.t0, 3),
+            arch=env.arch, torch_version=env.torch_version, phase=self.phase, loosened=self.loosened,
+            problem_error=problem_error, elapsed_s=round(time.perf_counter() - self.t0, 3),
         )
 
     def _compile_result(self) -> CompileResult:
@@ -505,6 +510,9 @@ class GpuVerification:
             result, retire = self._run()
         except Stop as stop:
             result, retire = self._result(stop.verdict, stop.summary, self._compile_result()), stop.retire
+        except ProblemFault as fault:
+            result, retire = self._result(Verdict.crashed, f"the problem failed: {fault}", CompileResult(ok=True),
+                                          problem_error=str(fault)), True
         finally:
             self.cleanup()
         # Whatever is left active (a mode, a trace function) would slow the next candidate's timed
@@ -520,11 +528,21 @@ class GpuVerification:
         self.findings += guard.check_source(self.source)
 
         self._phase("import")
+        # The problem's module, inputs and Model come first: what fails before any candidate code
+        # has run is the problem's fault, and the candidate cannot have touched the reference.
         try:
             pmod = self._load(self.problem.source, "kbmcp_problem")
         except Exception as exc:
-            raise Stop(Verdict.crashed, f"crashed: the problem itself failed to import: {short_traceback(exc, ())}") from exc
+            raise ProblemFault(f"its module failed to import: {short_traceback(exc, ())}") from exc
         seal = ReferenceSeal.of_problem(pmod)  # before the candidate's code runs
+        seed = secret_seed()
+        try:
+            init = [x.cuda() if isinstance(x, torch.Tensor) else x for x in pmod.get_init_inputs()]
+            torch.manual_seed(seed)
+            ref = pmod.Model(*init).cuda().eval()
+        except Exception as exc:
+            raise ProblemFault(f"its Model failed to construct: {short_traceback(exc, ())}") from exc
+        seal.seal_instance(ref)  # before the candidate's code runs
         try:
             with guard.watch_setup():
                 cmod = self._load(self.source, "kbmcp_candidate")
@@ -537,14 +555,6 @@ class GpuVerification:
             raise Stop(Verdict.compile_error, "compile error: the candidate defines no class ModelNew")
 
         self._phase("construct")
-        init = [x.cuda() if isinstance(x, torch.Tensor) else x for x in pmod.get_init_inputs()]
-        seed = secret_seed()
-        torch.manual_seed(seed)
-        try:
-            ref = pmod.Model(*init).cuda().eval()
-        except Exception as exc:
-            raise Stop(Verdict.crashed, f"crashed: the problem's Model failed to construct: {short_traceback(exc, ())}") from exc
-        seal.seal_instance(ref)  # before ModelNew's constructor runs
         try:
             with guard.watch_setup():
                 torch.manual_seed(seed)
@@ -1049,20 +1059,34 @@ def compile_only_verification(env: WorkerEnv, problem: Problem, source: str, opt
     findings = check_source(source, options.allow)
     report("import")
     error: BaseException | None = None
+    problem_error = ""
     names = [f"kbmcp_problem_{next(env.counter)}", f"kbmcp_candidate_{next(env.counter)}"]
     with capture_units() as captured:
-        try:
+        init: list[Any] | None = None
+        try:  # the problem first: what fails before candidate code runs is the problem's error
             pmod = load_module(problem.source, names[0], env.workdir)
-            cmod = load_module(source, names[1], env.workdir)
-            model_new = getattr(cmod, "ModelNew", None)
-            if isinstance(model_new, type):
-                model_new(*pmod.get_init_inputs())
+            init = list(pmod.get_init_inputs())
+        except NeedsGPU:
+            pass
+        except Exception as exc:
+            problem_error = f"its module failed to import: {short_traceback(exc, ())}"
+        try:
+            if not problem_error:
+                cmod = load_module(source, names[1], env.workdir)
+                model_new = getattr(cmod, "ModelNew", None)
+                if isinstance(model_new, type) and init is not None:
+                    model_new(*init)
         except NeedsGPU:
             pass
         except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything
             error = exc
     for name in names:
         sys.modules.pop(name, None)
+    if problem_error:
+        return VerifyResult(candidate_id=candidate_id, problem=problem.name, problem_hash=problem.hash,
+                            verdict=Verdict.crashed, summary=f"the problem failed: {problem_error}",
+                            compile=CompileResult(ok=True), phase="import", problem_error=problem_error,
+                            torch_version=env.torch_version, elapsed_s=round(time.perf_counter() - t0, 3))
     report("compile")
     units = all_units(captured, static_units(source))
     arch = options.arch or env.arch or DEFAULT_ARCH

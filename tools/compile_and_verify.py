@@ -120,6 +120,11 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         result = ctx.workers.verify(problem, candidate, req.options, progress)
     except RuntimeError as exc:  # WorkerError: no worker could start at all
         raise ToolError(f"the harness worker is unavailable: {exc}") from exc
+    if result.problem_error:  # the problem's fault: no verdict on the candidate exists to store
+        raise ToolError(
+            f"the problem {problem.path or '(given as source text)'} failed before the candidate ran: "
+            f"{result.problem_error}. Fix the problem; the candidate was not judged and nothing was recorded."
+        )
     path = save_candidate(ctx, result, candidate)
     with ctx.store.transaction() as tx:
         tx.put_candidate(result.record())

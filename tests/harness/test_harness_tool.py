@@ -53,3 +53,52 @@ def test_a_malformed_problem_is_an_error_the_agent_can_act_on(ctx) -> None:
                                    candidate=fixture_source("relu_nvrtc.py")))
     with pytest.raises(ToolError, match="not found"):
         tool.run(ctx, tool.Request(problem="/nonexistent/problem.py", candidate="class ModelNew: pass"))
+
+
+BROKEN_PROBLEMS = {
+    "raises_on_import.py": "import torch\nraise RuntimeError('the problem module is broken')\n"
+    "class Model(torch.nn.Module):\n    pass\ndef get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n",
+    "missing_import.py": "import torch\nimport kbmcp_no_such_module\nclass Model(torch.nn.Module):\n    pass\n"
+    "def get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n",
+    "bad_init_inputs.py": "import torch\nclass Model(torch.nn.Module):\n    pass\ndef get_inputs():\n    return []\n"
+    "def get_init_inputs():\n    return 1 / 0\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_PROBLEMS))
+def test_a_problem_that_fails_to_load_is_the_problems_error_and_nothing_is_stored(ctx, tmp_path, name) -> None:
+    problem = tmp_path / name
+    problem.write_text(BROKEN_PROBLEMS[name])
+    with pytest.raises(ToolError) as caught:
+        tool.run(ctx, tool.Request(problem=str(problem), candidate=fixture_source("relu_nvrtc.py")))
+    message = str(caught.value)
+    assert str(problem) in message and "the candidate was not judged" in message, message
+    assert ("broken" in message or "kbmcp_no_such_module" in message or "ZeroDivisionError" in message), message
+    with ctx.store.read() as view:
+        assert view.list_candidates() == []
+    assert not ctx.candidates_dir.exists() or not any(ctx.candidates_dir.iterdir())
+
+
+def test_a_problem_with_a_syntax_error_is_named_as_the_problems_error(ctx, tmp_path) -> None:
+    problem = tmp_path / "syntax_error.py"
+    problem.write_text("import torch\nclass Model(torch.nn.Module)\n    pass\n")
+    with pytest.raises(ToolError, match=f"{problem}: syntax error at line 2"):
+        tool.run(ctx, tool.Request(problem=str(problem), candidate=fixture_source("relu_nvrtc.py")))
+    with ctx.store.read() as view:
+        assert view.list_candidates() == []
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_model_that_fails_to_construct_is_the_problems_error(tmp_path) -> None:
+    gpu_ctx = ToolContext(tmp_path / "kb.json", cache_dir=tmp_path / "cache")
+    problem = tmp_path / "bad_model.py"
+    problem.write_text(fixture_source("relu_problem.py").replace(
+        "        super().__init__()\n", "        super().__init__()\n        raise ValueError('this Model cannot be built')\n", 1))
+    try:
+        with pytest.raises(ToolError, match="this Model cannot be built") as caught:
+            tool.run(gpu_ctx, tool.Request(problem=str(problem), candidate=fixture_source("relu_nvrtc.py")))
+        assert str(problem) in str(caught.value) and "Model failed to construct" in str(caught.value)
+        with gpu_ctx.store.read() as view:
+            assert view.list_candidates() == []
+    finally:
+        gpu_ctx.close()

@@ -83,10 +83,18 @@ OCCUPANCY_LIMITS = {
     "warps": "launch__occupancy_limit_warps",
     "blocks": "launch__occupancy_limit_blocks",
 }
+# Shared-memory wavefronts: with the conflicts, they give the conflict rate where the shared
+# instruction counts are missing (`--set full` has no smsp__inst_executed_op_shared_*), and beside
+# the global sectors they say whether a busy L1 is busy with shared memory.
+SHARED_WAVEFRONTS = (
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
+)
 # Extra metrics the classifier reads beyond KernelMetrics' own fields (kept in `extra`).
 EXTRA_METRICS = (
-    SECTORS_GLOBAL[1],
+    *SECTORS_GLOBAL,
     REQUESTS_GLOBAL[1],
+    *SHARED_WAVEFRONTS,
     "smsp__inst_executed.sum",
     "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
@@ -97,6 +105,40 @@ EXTRA_METRICS = (
     "launch__block_size",
     "device__attribute_multiprocessor_count",
 )
+
+
+# The details page names section metrics by their label, not their raw name: (section, label) ->
+# the raw metric the label shows (ncu 2025.x section files). A details page alone (the default of
+# `ncu --import R --csv`) then still yields the headline metrics.
+DETAILS_LABELS: dict[tuple[str, str], str] = {
+    ("GPU Speed Of Light Throughput", "Duration"): "gpu__time_duration.sum",
+    ("GPU Speed Of Light Throughput", "Elapsed Cycles"): "gpc__cycles_elapsed.max",
+    ("GPU Speed Of Light Throughput", "Compute (SM) Throughput"): "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    ("GPU Speed Of Light Throughput", "Memory Throughput"):
+        "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    ("GPU Speed Of Light Throughput", "DRAM Throughput"): "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+    ("GPU Speed Of Light Throughput", "L1/TEX Cache Throughput"): "l1tex__throughput.avg.pct_of_peak_sustained_active",
+    ("GPU Speed Of Light Throughput", "L2 Cache Throughput"): "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    ("Memory Workload Analysis", "L1/TEX Hit Rate"): "l1tex__t_sector_hit_rate.pct",
+    ("Memory Workload Analysis", "L2 Hit Rate"): "lts__t_sector_hit_rate.pct",
+    ("Compute Workload Analysis", "Executed Ipc Active"): "sm__inst_executed.avg.per_cycle_active",
+    ("Instruction Statistics", "Executed Instructions"): "smsp__inst_executed.sum",
+    ("Warp State Statistics", "Avg. Active Threads Per Warp"): "smsp__thread_inst_executed_per_inst_executed.ratio",
+    ("Source Counters", "Branch Efficiency"): "smsp__sass_average_branch_targets_threads_uniform.pct",
+    ("Launch Statistics", "Registers Per Thread"): "launch__registers_per_thread",
+    ("Launch Statistics", "Waves Per SM"): "launch__waves_per_multiprocessor",
+    ("Launch Statistics", "Static Shared Memory Per Block"): "launch__shared_mem_per_block_static",
+    ("Launch Statistics", "Dynamic Shared Memory Per Block"): "launch__shared_mem_per_block_dynamic",
+    ("Launch Statistics", "# SMs"): "device__attribute_multiprocessor_count",
+    ("Launch Statistics", "Grid Size"): "launch__grid_size",
+    ("Launch Statistics", "Block Size"): "launch__block_size",
+    ("Occupancy", "Theoretical Occupancy"): "sm__maximum_warps_per_active_cycle_pct",
+    ("Occupancy", "Achieved Occupancy"): "sm__warps_active.avg.pct_of_peak_sustained_active",
+    ("Occupancy", "Block Limit Registers"): "launch__occupancy_limit_registers",
+    ("Occupancy", "Block Limit Shared Mem"): "launch__occupancy_limit_shared_mem",
+    ("Occupancy", "Block Limit Warps"): "launch__occupancy_limit_warps",
+    ("Occupancy", "Block Limit SM"): "launch__occupancy_limit_blocks",
+}
 
 
 def requested_metrics() -> list[str]:
@@ -294,6 +336,7 @@ def read_details_page(text: str) -> list[KernelRecord]:
         name = cell(row, "Metric Name").strip()
         if not name:
             continue
+        name = DETAILS_LABELS.get((cell(row, "Section Name").strip(), name), name)
         value = parse_number(cell(row, "Metric Value"), cell(row, "Metric Unit"))
         if value is None:
             rec.texts.setdefault(name, cell(row, "Metric Value"))

@@ -14,6 +14,12 @@
 
 Everything lands in <out>/fixtures.tar.gz (and record.log); copy the files you want to keep into
 tests/fixtures/ncu/.
+
+With `--set-full`, it records instead what a user brings from outside the project: each planted
+program of SET_FULL_PROGRAMS (or `--only`) under plain `ncu --set full` (NVTX range only), exported
+with base units, into fixtures/set_full/ (copy to tests/fixtures/ncu/set_full/):
+
+    source .whl/prelude.sh && python3 scripts/record_fixtures.py --set-full --out "$OUT"
 """
 
 from __future__ import annotations
@@ -50,6 +56,12 @@ KEEP_ALSO = re.compile(
     r"|sm__warps_active\.avg\.per_cycle_active|smsp__warps_eligible\.avg\.per_cycle_active"
     r"|smsp__issue_active\.avg\.per_cycle_active|launch__\w+|dram__bytes_(read|write)\.sum)$"
 )
+
+
+# Outside-style recordings: the 32-way bank-conflict kernel and the WMMA kernels the issue reports as
+# misread, plus programs whose label the other signals must keep.
+SET_FULL_PROGRAMS = ("bank_conflicts", "wmma_global", "tensor_gemm", "cublas_gemm", "naive_gemm", "stream",
+                     "strided", "fma")
 
 
 def log(msg: str) -> None:
@@ -149,6 +161,49 @@ def record_program(name: str, exe: Path, out: Path, full: Path, ncu: str) -> dic
     return entry
 
 
+def trim_details_full(text: str, max_kernels: int = 4) -> str:
+    """Every row (section metrics by label and rule results) of the first `max_kernels` launches."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("==")]
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    out = io.StringIO()
+    writer = csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n")
+    writer.writerow(rows[0])
+    for row in rows[1:]:
+        if row and row[0].isdigit() and int(row[0]) < max_kernels:
+            writer.writerow(row)
+    return out.getvalue()
+
+
+def record_set_full(name: str, exe: Path, out: Path, full: Path, ncu: str) -> dict:
+    """One planted program under `ncu --set full`, as a user records it outside the project."""
+    from kb_mcp.harness import ncu_parse, profiler
+    from kb_mcp.harness.profile_model import Profile
+    from kb_mcp.policy.classify import classify_profile
+
+    base = Path(tempfile.mkdtemp()) / name
+    cmd = [ncu, "--set", "full", "--nvtx", "--nvtx-include", "kbmcp/", "-o", str(base), "-f", str(exe)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    entry = {"program": name, "returncode": proc.returncode, "wall_s": round(time.perf_counter() - t0, 2),
+             "ncu_command": " ".join(cmd)}
+    (full / f"{name}.set_full.ncu.log").write_text(proc.stdout + proc.stderr)
+    report = Path(str(base) + ".ncu-rep")
+    if not report.is_file():
+        entry["error"] = (proc.stdout + proc.stderr)[-2000:]
+        return entry
+    raw, details = profiler.export_pages(ncu, report)
+    (full / f"{name}.set_full.raw.csv").write_text(raw)
+    (full / f"{name}.set_full.details.csv").write_text(details)
+    keep = set(ncu_parse.requested_metrics())
+    (out / f"{name}.raw.csv").write_text(trim_raw(raw, keep))
+    (out / f"{name}.details.csv").write_text(trim_details_full(details))
+    kernels = ncu_parse.parse_ncu_csv(raw, details)
+    overall = classify_profile(Profile(profile_id="p_000000000000", problem=name, kernels=kernels)).overall
+    entry["label"] = overall.key if overall else None
+    entry["evidence"] = [(e.metric, e.value) for e in overall.evidence] if overall else []
+    return entry
+
+
 def cost_run(label: str, cmd: list[str]) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -238,6 +293,8 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="planted program names (default: all)")
     parser.add_argument("--skip-extras", action="store_true", help="planted programs only")
     parser.add_argument("--budget-s", type=float, default=250.0, help="skip later extras past this many seconds")
+    parser.add_argument("--set-full", action="store_true",
+                        help="record outside-style `ncu --set full` profiles of SET_FULL_PROGRAMS into set_full/")
     args = parser.parse_args()
     from kb_mcp.harness import profiler
 
@@ -263,8 +320,12 @@ def main() -> int:
     log(f"device {manifest['device']}, {manifest['ncu']}")
 
     sources = sorted(PLANTED.glob("*.cu"))
-    if args.only:
-        sources = [s for s in sources if s.stem in args.only]
+    wanted = args.only or (SET_FULL_PROGRAMS if args.set_full else None)
+    if wanted:
+        sources = [s for s in sources if s.stem in wanted]
+    if args.set_full:
+        out = stage / "set_full"
+        out.mkdir()
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         compiled = list(pool.map(lambda s: compile_one(s, build), sources))
     (full / "compile.log").write_text("\n\n".join(c[2] for c in compiled))
@@ -274,7 +335,8 @@ def main() -> int:
             log(f"compile {name} FAILED:\n{text[-1500:]}")
             manifest["programs"].append({"program": name, "compile_error": text[-1500:]})
             continue
-        entry = record_program(name, build / name, out, full, ncu)
+        record = record_set_full if args.set_full else record_program
+        entry = record(name, build / name, out, full, ncu)
         log(f"{name}: {json.dumps(entry, default=str)[:900]}")
         manifest["programs"].append(entry)
 
@@ -284,7 +346,7 @@ def main() -> int:
             tar.add(stage, arcname="fixtures")
 
     pack()
-    if not args.skip_extras:
+    if not args.skip_extras and not args.set_full:
         for label, fn in (("torch", lambda: torch_end_to_end(out, full)),
                           ("perm_probe", lambda: perm_probe(ncu, build / "stream", full)),
                           ("cost", lambda: {"stream": cost_comparison(ncu, build / "stream")})):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 PLANTED = Path(__file__).resolve().parents[1] / "fixtures" / "planted"
-CHECKED = ("spills", "reg_occupancy", "stream", "bank_conflicts")
+CHECKED = ("spills", "reg_occupancy", "stream", "bank_conflicts", "wmma_global")
 
 
 def _build(source: Path, out: Path) -> tuple[str, int, str]:

@@ -8,7 +8,6 @@ any other agent's. This module adapts those tools' requests and results to the c
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
@@ -62,9 +61,8 @@ class Bench:
         self.ctx = ctx
         self.arch = arch
         self._arch_seen: str | None = None  # the arch the harness reported, once a candidate ran
-        # Profiling and timing share one GPU: two at once would each measure the other's noise, so
-        # parallel trajectories overlap their LLM work but take turns on the GPU.
-        self.gpu_lane = threading.Lock()
+        # Parallel trajectories overlap their LLM work but take turns on the GPU: the GPU tools
+        # hold the ToolContext's GPU lane, shared with every client of this server.
 
     @property
     def arch_hint(self) -> str | None:
@@ -184,11 +182,10 @@ class Bench:
             options=VerifyOptions(compile_only=compile_only),
             detail=True,  # per-set errors and full compiler logs feed the fix loop
         )
-        with self.gpu_lane:
-            try:
-                result = compile_and_verify.run(self.ctx, request)
-            except ToolError as exc:
-                raise BenchError(f"compile_and_verify: {exc}") from exc
+        try:
+            result = compile_and_verify.run(self.ctx, request)
+        except ToolError as exc:
+            raise BenchError(f"compile_and_verify: {exc}") from exc
         if result.arch and result.device:
             self._arch_seen = result.arch
         return attempt_from(result)
@@ -211,10 +208,9 @@ class Bench:
             return self._fallback(fallback_state, "compile-only run: no GPU profile, so no measured state")
         try:
             if profile_id is None:
-                with self.gpu_lane:
-                    profiled = profile_kernel.run(
-                        self.ctx, profile_kernel.Request(problem=problem.path or problem.source, candidate=source)
-                    )
+                profiled = profile_kernel.run(
+                    self.ctx, profile_kernel.Request(problem=problem.path or problem.source, candidate=source)
+                )
                 profile_id, kernels, notes = profiled.profile_id, profiled.kernels, profiled.notes
                 if not profiled.counters_available:
                     notes = [*notes, f"no hardware counters: {profiled.counters_reason}"]

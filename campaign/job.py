@@ -16,7 +16,7 @@ from kb_mcp.clients.llm import LLMConfig, LLMNotConfigured
 from kb_mcp.kb import paths
 from kb_mcp.campaign.runner import CampaignOptions, CampaignSummary, run_campaign
 from kb_mcp.campaign.store import CampaignError
-from kb_mcp.tools.base import Progress, ToolError, no_progress
+from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 
 NAME = "run_campaign"
@@ -28,6 +28,14 @@ steps of profile -> classify -> suggest -> lower -> compile_and_verify -> review
 with textual-gradient KB updates. Start it with start_job; it takes minutes to hours. Rerunning
 with the same `name` resumes a stopped campaign. The result gives the report paths, the best
 kernel files and the headline numbers (valid rate, geomean speedup)."""
+
+META = ToolMeta(
+    title="Run an optimization campaign",
+    # The campaign's own profiles and verifications go through the GPU tools, which hold the GPU
+    # lane call by call; holding it for the whole campaign would stop every client for hours.
+    uses_gpu=False,
+    open_world=True,  # talks to an LLM endpoint
+)
 
 
 class Request(CampaignOptions):

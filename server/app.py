@@ -38,7 +38,7 @@ def package_version() -> str:
         return ""
 
 
-def instructions(tool_names: Sequence[str]) -> str:
+def instructions(tool_names: Sequence[str], gpu_tools: Sequence[str]) -> str:
     """What the client shows its model about this server as a whole."""
     return (
         "kb-mcp: a lab bench and a shared memory for optimizing CUDA kernels (KernelBench problems). "
@@ -46,7 +46,7 @@ def instructions(tool_names: Sequence[str]) -> str:
         "compile_and_verify -> record_outcome; the prompt `optimization_round` explains each step. "
         "Work longer than your tool timeout goes through start_job / job_status. "
         "Resources kb://states, kb://state/{id}, kb://stats read the KB. "
-        f"Tools here: {', '.join(tool_names)}. {gpu_summary()}"
+        f"Tools here: {', '.join(tool_names)}. {gpu_summary(gpu_tools)}"
     )
 
 
@@ -58,6 +58,11 @@ class KbMcpServer(MCPServer[Any]):
         self.specs: dict[str, ToolSpec] = {spec.name: spec for spec in specs}
         self.jobs = jobs
         super().__init__(**kwargs)
+
+    @property
+    def gpu_tools(self) -> list[str]:
+        """The tools that time or profile on the GPU (as their modules declare)."""
+        return [name for name, spec in self.specs.items() if spec.uses_gpu]
 
 
 def _bearer_auth(token: str | None) -> dict[str, Any]:
@@ -114,7 +119,7 @@ def build_server(
         name=SERVER_NAME,
         title="kb-mcp: CUDA kernel optimization with a shared Knowledge Base",
         version=package_version(),
-        instructions=instructions([spec.name for spec in all_specs]),
+        instructions=instructions([spec.name for spec in all_specs], [s.name for s in all_specs if s.uses_gpu]),
         tools=[as_mcp_tool(spec, runner, adopt_client_name=adopt_client_name) for spec in all_specs],
         lifespan=lifespan,
         log_level="INFO",

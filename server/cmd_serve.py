@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc}", file=sys.stderr)
         return 1
     tools = list(server.specs)
+    gpu_tools = server.gpu_tools
     try:
         if options is None:
             if sys.stdin.isatty():
@@ -99,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
                     kb_path=ctx.kb_path,
                     stats_line=stats_line,
                     tools=tools,
+                    gpu_tools=gpu_tools,
                     connect=stdio_connect_lines(args.kb),
                     footer="serving MCP on stdin/stdout: an agent starts this command itself; Ctrl-C quits",
                 )
@@ -115,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
                     kb_path=ctx.kb_path,
                     stats_line=stats_line,
                     tools=tools,
+                    gpu_tools=gpu_tools,
                     connect=http_connect_lines(url, opts.token is not None),
                     footer=f"serving http {url} (bearer token {'required' if opts.token else 'off'}; "
                     f"allowed hosts: {', '.join(opts.allowed_hosts)}); Ctrl-C quits",

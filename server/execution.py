@@ -1,14 +1,13 @@
-"""Running a tool function: in a worker thread, one GPU tool at a time, with failures turned into
-messages an agent can act on.
+"""Running a tool function in a worker thread, with failures turned into messages an agent can
+act on.
 
-Direct MCP calls and background jobs both go through `ToolRunner`, so they share the GPU lane
-and report errors in the same words.
+Direct MCP calls and background jobs both go through `ToolRunner`, so they report errors in the
+same words. GPU tools take turns on the GPU lane of the ToolContext (tools.lane).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -80,23 +79,18 @@ def parse_request(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:
 
 
 class ToolRunner:
-    """Calls tool functions for one server (or CLI) process, sharing its ToolContext."""
+    """Calls tool functions for one server (or CLI) process, sharing its ToolContext.
+
+    GPU tools take turns on the context's GPU lane inside their own `run` (tools.lane), so a
+    campaign calling the tool functions directly takes turns with MCP calls and jobs too.
+    """
 
     def __init__(self, ctx: ToolContext) -> None:
         self.ctx = ctx
-        self._gpu_lane = threading.Lock()
 
     def run(self, spec: ToolSpec, request: BaseModel, progress: Progress) -> BaseModel:
         """Runs `spec` on `request` in the calling (worker) thread; raises ToolFailure on any failure."""
-        if not spec.exclusive:
-            return self._call(spec, request, progress)
-        if not self._gpu_lane.acquire(blocking=False):
-            progress(0, None, "waiting for the GPU: another profile or verification is running in this server")
-            self._gpu_lane.acquire()
-        try:
-            return self._call(spec, request, progress)
-        finally:
-            self._gpu_lane.release()
+        return self._call(spec, request, progress)
 
     def _call(self, spec: ToolSpec, request: BaseModel, progress: Progress) -> BaseModel:
         try:

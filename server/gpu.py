@@ -10,8 +10,7 @@ from __future__ import annotations
 import functools
 import shutil
 import subprocess
-
-GPU_TOOLS = ("profile_kernel", "compile_and_verify")
+from collections.abc import Sequence
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,13 +34,15 @@ def detect_gpus() -> list[str]:
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
-def gpu_summary() -> str:
-    """One line for people and agents: which GPU this server sees, or what works without one."""
+def gpu_summary(gpu_tools: Sequence[str]) -> str:
+    """One line for people and agents: which GPU this server sees, or what works without one.
+
+    `gpu_tools` are the tools that time or profile (those whose `ToolMeta.uses_gpu` is set)."""
     gpus = detect_gpus()
     if gpus:
         return f"GPU: {', '.join(gpus)}"
     return (
         "GPU: none found on this machine. The KB tools work; "
-        f"{' and '.join(GPU_TOOLS)} compile and check what they can and report that timing and "
+        f"{' and '.join(gpu_tools) or 'the GPU tools'} compile and check what they can and report that timing and "
         "profiling need a GPU (verdict needs_gpu)."
     )

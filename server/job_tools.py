@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kb_mcp.kb.models import utcnow
 from kb_mcp.server.jobs import JobManager, JobProgress, JobRecord, JobStatus
 from kb_mcp.server.registry import ToolSpec
-from kb_mcp.tools.base import Progress
+from kb_mcp.tools.base import Progress, ToolMeta
 from kb_mcp.tools.context import ToolContext
 
 MAX_WAIT_S = 120.0
@@ -124,6 +124,7 @@ def job_tool_specs(manager: JobManager) -> list[ToolSpec]:
             request=StartJobRequest,
             result=JobView,
             run=start,
+            meta=ToolMeta(title="Start a background job"),
         ),
         ToolSpec(
             name="job_status",
@@ -135,6 +136,8 @@ def job_tool_specs(manager: JobManager) -> list[ToolSpec]:
             request=JobStatusRequest,
             result=JobView,
             run=status,
+            # it may mark a job whose server died `interrupted`: that records what already happened
+            meta=ToolMeta(title="Job status", read_only=True, idempotent=True),
         ),
         ToolSpec(
             name="cancel_job",
@@ -145,5 +148,7 @@ def job_tool_specs(manager: JobManager) -> list[ToolSpec]:
             request=CancelJobRequest,
             result=JobView,
             run=cancel,
+            # stops work another agent may be waiting on (a campaign resumes, other jobs do not)
+            meta=ToolMeta(title="Cancel a job", destructive=True, idempotent=True),
         ),
     ]

@@ -22,7 +22,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError as SdkToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel
 
 from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
@@ -100,6 +100,18 @@ def input_schema(spec: ToolSpec) -> dict[str, Any]:
     return schema
 
 
+def annotations(spec: ToolSpec) -> ToolAnnotations:
+    """The MCP tool annotations of what the tool module declares (`ToolMeta`)."""
+    meta = spec.meta
+    return ToolAnnotations(
+        title=meta.title,
+        read_only_hint=meta.read_only,
+        destructive_hint=meta.destructive,
+        idempotent_hint=meta.idempotent,
+        open_world_hint=meta.open_world,
+    )
+
+
 def client_name_of(mcp_ctx: Context[Any, Any]) -> str:
     """The calling client's name from its initialize handshake ('' when it gave none)."""
     try:
@@ -116,6 +128,10 @@ def as_mcp_tool(spec: ToolSpec, runner: ToolRunner, *, adopt_client_name: bool =
     With `adopt_client_name` (a stdio server: one client per process), the first caller's
     name becomes the provenance of what this server records in the KB.
     """
+    # Registered as an SDK `Tool` passed to MCPServer(tools=...), with the public `title` and
+    # `annotations`. Not through `MCPServer.add_tool(fn)`: that derives the arguments from a function
+    # signature, which would drop the Request model's own config (unknown arguments refused) and
+    # answer a bad argument with pydantic's full dump instead of one line per field.
     # The SDK wants an ArgModelBase subclass; deriving it from the Request keeps every field,
     # validator and config of the tool's own model (used here for the JSON pre-parse).
     arg_model = type(f"{spec.name}_arguments", (spec.request, ArgModelBase), {"__module__": __name__})
@@ -133,6 +149,8 @@ def as_mcp_tool(spec: ToolSpec, runner: ToolRunner, *, adopt_client_name: bool =
     return Tool(
         fn=call,
         name=spec.name,
+        title=spec.meta.title,
+        annotations=annotations(spec),
         description=spec.description,
         parameters=input_schema(spec),
         fn_metadata=_RawArguments(arg_model=arg_model, output_model=spec.result),

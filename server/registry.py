@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from kb_mcp.tools.base import Progress
+from kb_mcp.tools.base import GPU_LANE_ATTR, Progress, ToolMeta
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,8 @@ the module (tool convention) that implements it. Imported when a job of that kin
 started, not at server start (the campaign pulls in the LLM client, about a second of imports).
 Code can also call `kb_mcp.server.jobs.register_job_kind`."""
 
-EXCLUSIVE_TOOLS: frozenset[str] = frozenset({"profile_kernel", "compile_and_verify"})
-"""Tools that time or profile on the GPU. One server process runs them one at a time (direct calls
-and jobs alike): two timings sharing a GPU would each measure the other's interference."""
-
 REQUIRED_ATTRS = ("NAME", "DESCRIPTION", "Request", "Result", "run")
+"""A module without META gets `ToolMeta(title=NAME)`: no hints, no GPU (the five tools declare theirs)."""
 
 
 class ToolModuleError(TypeError):
@@ -59,8 +56,13 @@ class ToolSpec:
     request: type[BaseModel]
     result: type[BaseModel]
     run: RunFn
-    exclusive: bool = False
+    meta: ToolMeta
     module: str = ""
+
+    @property
+    def uses_gpu(self) -> bool:
+        """Times or profiles on the GPU (its run holds the process's GPU lane)."""
+        return self.meta.uses_gpu
 
     @classmethod
     def from_module(cls, module: ModuleType) -> ToolSpec:
@@ -75,13 +77,24 @@ class ToolSpec:
         if not callable(module.run):
             raise ToolModuleError(f"{module.__name__}.run must be callable")
         name = str(module.NAME)
+        meta = getattr(module, "META", None) or ToolMeta(title=name)
+        if not isinstance(meta, ToolMeta):
+            raise ToolModuleError(f"{module.__name__}.META must be a kb_mcp.tools.base.ToolMeta")
+        on_lane = bool(getattr(module.run, GPU_LANE_ATTR, False))
+        if meta.uses_gpu != on_lane:
+            # The lane is taken inside run (so every caller takes it); the flag tells clients and
+            # the banner. The two must agree, or a GPU tool would time beside another.
+            raise ToolModuleError(
+                f"{module.__name__}: META.uses_gpu is {meta.uses_gpu} but run is "
+                f"{'' if on_lane else 'not '}decorated with kb_mcp.tools.base.on_gpu_lane"
+            )
         return cls(
             name=name,
             description=str(module.DESCRIPTION).strip(),
             request=request,
             result=result,
             run=module.run,
-            exclusive=name in EXCLUSIVE_TOOLS,
+            meta=meta,
             module=module.__name__,
         )
 

@@ -1,8 +1,24 @@
-"""What tool functions share: the error an agent can act on, and the progress callback."""
+"""What tool modules share: the error an agent can act on, the progress callback, and the metadata
+each tool module declares about itself.
+
+A tool module exports NAME, DESCRIPTION, META (a `ToolMeta`), Request, Result and
+`run(ctx, req, progress) -> Result` (docs/architecture.md, Tools).
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.kb.progress import Progress, no_progress
+
+if TYPE_CHECKING:
+    from kb_mcp.tools.context import ToolContext
+
+__all__ = ["GPU_LANE_ATTR", "Progress", "ToolError", "ToolMeta", "no_progress", "on_gpu_lane"]
 
 
 class ToolError(Exception):
@@ -12,11 +28,40 @@ class ToolError(Exception):
     """
 
 
-class Progress(Protocol):
-    """Reports progress of a long tool call (the server forwards it as MCP progress notifications)."""
+class ToolMeta(BaseModel):
+    """What a tool says about itself beyond its schemas; the server publishes the hints as MCP
+    tool annotations (clients use them to decide, e.g., which calls to approve without asking)."""
 
-    def __call__(self, done: float, total: float | None = None, message: str | None = None) -> None: ...
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    title: str = Field(description="human-readable name shown by clients")
+    uses_gpu: bool = Field(False, description="times or profiles on the GPU: `run` holds the GPU lane")
+    read_only: bool = Field(False, description="changes nothing: no KB record, no stored artifact")
+    destructive: bool = Field(False, description="may delete or overwrite what others stored")
+    idempotent: bool = Field(False, description="calling again with the same arguments changes nothing more")
+    open_world: bool = Field(False, description="reaches systems outside this server and its KB (e.g. an LLM)")
 
 
-def no_progress(done: float, total: float | None = None, message: str | None = None) -> None:
-    """Progress sink for callers that do not display progress."""
+GPU_LANE_ATTR = "holds_gpu_lane"
+"""Set on a `run` wrapped by `on_gpu_lane`; the registry checks it against `ToolMeta.uses_gpu`."""
+
+RunT = TypeVar("RunT", bound=Callable[..., Any])
+
+
+def on_gpu_lane(name: str) -> Callable[[RunT], RunT]:
+    """Decorates a tool's `run` so that the whole call holds its context's GPU lane.
+
+    Taking the lane inside `run` (not in one caller) means every way in, MCP call, job, campaign
+    or a direct call, takes turns with every other.
+    """
+
+    def wrap(run: RunT) -> RunT:
+        @functools.wraps(run)
+        def on_lane(ctx: ToolContext, req: Any, progress: Progress = no_progress) -> Any:
+            with ctx.gpu_lane.hold(name, progress):
+                return run(ctx, req, progress)
+
+        setattr(on_lane, GPU_LANE_ATTR, True)
+        return on_lane  # type: ignore[return-value]
+
+    return wrap

@@ -14,7 +14,7 @@ from kb_mcp.policy.classify import (
     assign_states,
     classify_profile,
 )
-from kb_mcp.tools.base import Progress, ToolError, no_progress
+from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 
 NAME = "classify_state"
@@ -30,6 +30,13 @@ state id and name, primary/secondary bottleneck, confidence, and the evidence (m
 threshold) plus the profiler findings that agree. A signature no state has yet becomes a new
 discovered state (kb_grew=true). Next: suggest_optimizations with the state_id of the heaviest
 kernel, or of `overall` when it names a whole-candidate problem (launch overhead, redundant passes)."""
+
+META = ToolMeta(
+    title="Classify a profile into KB states",
+    # Not read-only: a profile that matches no state adds a discovered state to the KB. Calling
+    # again finds that state, so the call is idempotent.
+    idempotent=True,
+)
 
 
 class Request(BaseModel):

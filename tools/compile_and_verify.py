@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kb_mcp.harness.problem import ProblemError, load_problem
 from kb_mcp.harness.verdict import CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
 from kb_mcp.kb.models import Verdict
-from kb_mcp.tools.base import Progress, ToolError, no_progress
+from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.profile_kernel import read_source
 
@@ -32,6 +32,13 @@ summary, compiler messages, integrity findings, timings and speedups. `flagged` 
 is compiled with nvcc and the verdict is needs_gpu. Set detail=true for per-input-set errors, full
 compiler logs and the candidate's output. The first call starts a worker (seconds); a cold
 load_inline build or a first torch.compile baseline of a problem can take tens of seconds."""
+
+META = ToolMeta(
+    title="Compile, verify and time a candidate kernel",
+    uses_gpu=True,
+    # each call measures again and stores the newest verdict under the candidate_id
+    idempotent=False,
+)
 
 OUTPUT_CHARS = 1500  # candidate output shown without detail when it crashed or timed out
 
@@ -107,6 +114,7 @@ _NEXT = {
 }
 
 
+@on_gpu_lane(NAME)
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
     """Verifies the candidate in the worker pool, stores the source and the verdict, returns the summary."""
     problem_text, problem_path = read_source(req.problem, "problem")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kb_mcp.kb import paths
+from kb_mcp.tools.lane import GpuLane
 
 if TYPE_CHECKING:
     from kb_mcp.harness.profile_standby import StandbyPool
@@ -37,6 +38,9 @@ class ToolContext:
         # A one-shot process (kb-mcp call) exits after its call: a driver started for a next
         # profile would be wasted work.
         self.standby_profiler = standby_profiler
+        # Made here, not on first use: two threads racing to create it would get two lanes.
+        self.gpu_lane = GpuLane()
+        """The one GPU lane of this context: every profile and timing holds it (tools.lane)."""
 
     @cached_property
     def store(self) -> KBStore:

@@ -11,7 +11,7 @@ from kb_mcp.harness.problem import ProblemError, load_problem
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
 from kb_mcp.harness.profile_store import ProfileStore, new_profile_id
 from kb_mcp.harness.profiler import NoGpuError, ProfileOptions, ProfilerError, profile
-from kb_mcp.tools.base import Progress, ToolError, no_progress
+from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
 from kb_mcp.tools.context import ToolContext
 
 NAME = "profile_kernel"
@@ -29,6 +29,13 @@ H100 (a server's first profile about 10 s: it starts Python and torch; later one
 process already started), each further kernel launch about 1 s more; a model with hundreds of launches
 takes minutes (run it as a job then, or lower max_kernels). Without counter
 access the result has counters_available=false, the reason, and timings only."""
+
+META = ToolMeta(
+    title="Profile a kernel under Nsight Compute",
+    uses_gpu=True,
+    # each call stores a new profile under a new profile_id
+    idempotent=False,
+)
 
 TOP_STALLS = 3
 TOP_FINDINGS = 3
@@ -166,6 +173,7 @@ def _r(value: float | None) -> float | None:
     return round(value, 2) if value is not None else None
 
 
+@on_gpu_lane(NAME)
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
     """Profiles, stores the profile under a new profile_id, and returns its summary."""
     source, path = read_source(req.problem, "problem")

@@ -13,7 +13,7 @@ from kb_mcp.kb.arch import arch_family
 from kb_mcp.kb.models import ALL_ARCH, DEFAULT_TRACK, CandidateRecord, Lesson, Optimization, Outcome, Score, Track, Verdict
 from kb_mcp.kb.view import KBView, Transaction
 from kb_mcp.policy.update import MAX_CREDITED_SPEEDUP, apply_outcome, counts_toward_score, credited_log_speedup
-from kb_mcp.tools.base import Progress, ToolError, no_progress
+from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 
 NAME = "record_outcome"
@@ -31,6 +31,12 @@ verdict and timings for that candidate - you cannot and need not report a speedu
 `analysis` why it helped or not; add a one-sentence `lesson` for the next agent when you learned
 something reusable. Recording the same candidate and optimization twice changes nothing. Returns
 the updated entry: expected speedup, confidence and counts."""
+
+META = ToolMeta(
+    title="Record a measured outcome in the KB",
+    # one outcome per (candidate, optimization): recording it again changes nothing
+    idempotent=True,
+)
 
 MAX_TEXT = 2000
 

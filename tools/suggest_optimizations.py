@@ -11,7 +11,7 @@ from kb_mcp.kb.arch import ArchError, arch_family
 from kb_mcp.kb.models import DEFAULT_TRACK, Optimization, Score, State, Track
 from kb_mcp.kb.view import KBView
 from kb_mcp.policy.select import DEFAULT_TEMPERATURE, select_top_k
-from kb_mcp.tools.base import Progress, ToolError, no_progress
+from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 
 NAME = "suggest_optimizations"
@@ -25,6 +25,12 @@ sample count (confidence near 0 means the number is a prior, not a measurement),
 agents recorded, and good follow-ups. Pick one, implement it, check it with compile_and_verify, then
 report with record_outcome (pass the optimization id). Use `exclude` for ids you already tried on
 this kernel; raise `temperature` to explore more, 0 for the top-ranked only."""
+
+META = ToolMeta(
+    title="Suggest optimizations for a state",
+    read_only=True,
+    idempotent=True,
+)
 
 MAX_LESSONS = 3
 MAX_LESSON_CHARS = 300

@@ -27,6 +27,22 @@ async def test_real_client_over_stdio(kb_path: Path) -> None:
             assert tools[spec.name].input_schema["properties"] == spec.request.model_json_schema()["properties"]
             assert tools[spec.name].output_schema is not None
             assert tools[spec.name].description == spec.description
+        # titles and annotations arrive as each tool module declares them (ToolMeta)
+        hints = {
+            name: (tool.title, tool.annotations.read_only_hint, tool.annotations.destructive_hint,
+                   tool.annotations.idempotent_hint, tool.annotations.open_world_hint)
+            for name, tool in tools.items()
+            if tool.annotations is not None
+        }
+        assert set(hints) == set(tools)
+        assert hints["suggest_optimizations"] == ("Suggest optimizations for a state", True, False, True, False)
+        assert hints["classify_state"] == ("Classify a profile into KB states", False, False, True, False)
+        assert hints["record_outcome"] == ("Record a measured outcome in the KB", False, False, True, False)
+        assert hints["compile_and_verify"][1:] == (False, False, False, False)
+        assert hints["profile_kernel"][1:] == (False, False, False, False)
+        assert hints["job_status"][1] is True and hints["cancel_job"][2] is True
+        assert all(title for title, *_ in hints.values())
+        assert all(tools[name].annotations.title == hints[name][0] for name in tools)  # type: ignore[union-attr]
         states = json.loads((await client.read_resource("kb://states")).contents[0].text)  # type: ignore[union-attr]
         assert states["count"] >= 16
         one = states["states"][0]["id"]

@@ -16,6 +16,7 @@ from mcp import Client
 from kb_mcp.clients.mcp_client import ToolCallError, call_json
 from kb_mcp.server.app import KbMcpServer, build_server
 from kb_mcp.server.registry import ToolSpec
+from kb_mcp.tools.base import ToolMeta, on_gpu_lane
 from kb_mcp.tools.context import ToolContext
 
 
@@ -157,8 +158,10 @@ async def test_a_cancelled_call_stops_the_tool_at_its_next_progress_report(tmp_p
 
 
 async def test_gpu_tools_take_turns(tmp_path: Path, toy_spec: ToolSpec) -> None:
-    exclusive = dataclasses.replace(toy_spec, exclusive=True)
-    server = build_server(ToolContext(tmp_path / "kb.json"), tools=[exclusive])
+    on_lane = dataclasses.replace(
+        toy_spec, run=on_gpu_lane("toy_count")(toy_tool.run), meta=ToolMeta(title="toy", uses_gpu=True)
+    )
+    server = build_server(ToolContext(tmp_path / "kb.json"), tools=[on_lane])
     messages: list[str] = []
 
     async def on_progress(done: float, total: float | None, message: str | None) -> None:
@@ -214,3 +217,30 @@ async def test_progress_from_a_thread_the_tool_started(tmp_path: Path, toy_spec:
         got = await call_json(client, "toy_count", {"n": 3}, progress=on_progress)
     assert got["label"] == "threads"
     assert seen and seen[-1] == "side 3"
+
+
+def test_tool_modules_declare_their_metadata() -> None:
+    from kb_mcp.server.registry import load_tools
+
+    specs = {spec.name: spec for spec in load_tools(strict=True)}
+    assert all(spec.meta.title and spec.meta.title != name for name, spec in specs.items())
+    assert {name for name, spec in specs.items() if spec.uses_gpu} == {"profile_kernel", "compile_and_verify"}
+    assert {name for name, spec in specs.items() if spec.meta.read_only} == {"suggest_optimizations"}
+    assert not any(spec.meta.destructive for spec in specs.values())
+
+
+def test_a_gpu_flag_without_the_lane_is_refused() -> None:
+    import types
+
+    from kb_mcp.server.registry import ToolModuleError
+
+    module = types.ModuleType("fake_gpu_tool")
+    for attr in ("NAME", "DESCRIPTION", "Request", "Result", "run"):
+        setattr(module, attr, getattr(toy_tool, attr))
+    module.META = ToolMeta(title="fake", uses_gpu=True)  # type: ignore[attr-defined]
+    with pytest.raises(ToolModuleError, match="not decorated with kb_mcp.tools.base.on_gpu_lane"):
+        ToolSpec.from_module(module)
+    module.META = ToolMeta(title="fake")  # type: ignore[attr-defined]
+    module.run = on_gpu_lane("toy_count")(toy_tool.run)  # type: ignore[attr-defined]
+    with pytest.raises(ToolModuleError, match="uses_gpu is False but run is decorated"):
+        ToolSpec.from_module(module)

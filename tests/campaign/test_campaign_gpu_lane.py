@@ -1,0 +1,108 @@
+"""One GPU lane per server: a campaign job and a client's verifications in one real `kb-mcp serve`
+process take turns, never overlapping.
+
+No GPU is needed to see it: compile-only verification holds the lane for a real nvcc build, and
+the server logs each hold of the lane with a monotonic timestamp. The campaign's holds run in its
+job and rollout threads (`kb-mcp-job_*`, `kb-mcp-rollout_*`), the client's in the server's
+request worker threads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from campaign_helpers import ROOT, SWISH
+from fakellm import FakeLLMServer
+from fakellm.campaign_script import campaign_script
+
+from kb_mcp.campaign.store import CampaignStore
+from kb_mcp.clients.mcp_client import call_json, connect_http, serve_command
+
+pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
+
+CANDIDATE = (ROOT / "examples" / "candidates" / "swish_nvrtc.py").read_text()
+LANE = re.compile(
+    r"gpu lane: (?P<who>\w+) (?P<what>entered|left) after (?:waiting )?(?P<secs>[\d.]+) s "
+    r"\[t=(?P<t>[\d.]+) thread=(?P<thread>[^\]]+)\]"
+)
+READY = re.compile(r"serving http (http://\S+/mcp) ")
+
+
+def _start_server(kb: Path, env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen(
+        serve_command(kb, ["--http", "127.0.0.1:0", "--log-level", "INFO"]),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=env, cwd=ROOT,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = READY.search(log.read_text(errors="replace"))
+        if found:
+            return proc, found.group(1)
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"server did not start:\n{log.read_text(errors='replace')}")
+
+
+async def _campaign_beside_client(url: str, arguments: dict[str, object]) -> tuple[dict, int]:
+    """Starts the campaign job, verifies candidates as a client until it ends; returns its status
+    and how many verifications the client made."""
+    async with connect_http(url) as client:
+        job = await call_json(client, "start_job", {"kind": "run_campaign", "arguments": arguments})
+        calls = 0
+        status = job
+        deadline = time.monotonic() + 400
+        while status["status"] in ("queued", "running") and time.monotonic() < deadline:
+            # a new source each time: a real nvcc build, not a cache hit
+            source = CANDIDATE.replace('KERNEL = r"""\n', f'KERNEL = r"""\n// client build {calls}\n', 1)
+            result = await call_json(client, "compile_and_verify", {
+                "problem": str(SWISH), "candidate": source, "options": {"compile_only": True},
+            })
+            assert result["verdict"] == "needs_gpu", result
+            calls += 1
+            status = await call_json(client, "job_status", {"job_id": job["job_id"]})
+        status = await call_json(client, "job_status", {"job_id": job["job_id"], "wait_s": 60})
+    return status, calls
+
+
+def test_campaign_job_and_client_take_turns_on_one_lane(tmp_path: Path) -> None:
+    kb, log = tmp_path / "kb.json", tmp_path / "server.log"
+    with FakeLLMServer(campaign_script()) as llm:
+        env = {
+            **os.environ,
+            "KB_MCP_LLM_BASE_URL": llm.base_url, "KB_MCP_LLM_MODEL": "fake-model", "KB_MCP_LLM_API_KEY": "k",
+            "KB_MCP_CACHE": str(tmp_path / "cache"),  # cold builds: each hold of the lane is real work
+            "PYTHONUNBUFFERED": "1",
+        }
+        proc, url = _start_server(kb, env, log)
+        try:
+            arguments = {"problems": [str(SWISH)], "name": "lane", "compile_only": True,
+                         "iterations": 1, "steps": 2, "gradient_every": 0}
+            status, client_calls = anyio.run(_campaign_beside_client, url, arguments)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    assert status["status"] == "succeeded", status
+    events = [m.groupdict() for m in LANE.finditer(log.read_text(errors="replace"))]
+    # One holder at a time: every entry is followed by that holder's exit before the next entry.
+    assert [e["what"] for e in events] == ["entered", "left"] * (len(events) // 2), events
+    holds = list(zip(events[::2], events[1::2]))
+    assert all(a["who"] == b["who"] and a["thread"] == b["thread"] for a, b in holds)
+    times = [float(e["t"]) for e in events]
+    assert times == sorted(times)
+    # Every verification of both went through the lane.
+    store = CampaignStore(tmp_path / "kb.artifacts" / "campaigns" / "lane")
+    campaign_verifications = sum(len(u.attempts) for u in [*store.initials().values(), *store.steps()])
+    campaign_holds = [a for a, _ in holds if a["thread"].startswith("kb-mcp-")]
+    client_holds = [a for a, _ in holds if not a["thread"].startswith("kb-mcp-")]
+    assert campaign_verifications >= 3 and client_calls >= 1
+    assert len(campaign_holds) == campaign_verifications
+    assert len(client_holds) == client_calls
+    assert {a["who"] for a, _ in holds} == {"compile_and_verify"}
+    # And they did contend: someone waited for the other.
+    assert any(float(a["secs"]) > 0 for a, _ in holds)

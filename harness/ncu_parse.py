@@ -244,6 +244,7 @@ class KernelRecord:
     metrics: dict[str, float] = field(default_factory=dict)  # raw metric name -> base-unit value
     texts: dict[str, str] = field(default_factory=dict)  # non-numeric metric values
     findings: list[RuleFinding] = field(default_factory=list)
+    cc: str = ""  # compute capability as the report prints it, e.g. '9.0'
 
 
 def _strip_section_prefix(column: str) -> str:
@@ -275,6 +276,7 @@ def read_raw_page(text: str) -> list[KernelRecord]:
             full_name=row[col["Kernel Name"]],
             grid=parse_dim3(row[col["Grid Size"]]) if "Grid Size" in col else (1, 1, 1),
             block=parse_dim3(row[col["Block Size"]]) if "Block Size" in col else (1, 1, 1),
+            cc=row[col["CC"]].strip() if "CC" in col else "",
         )
         for i, name in enumerate(header):
             if name in identity:
@@ -314,6 +316,7 @@ def read_details_page(text: str) -> list[KernelRecord]:
                 full_name=cell(row, "Kernel Name"),
                 grid=parse_dim3(cell(row, "Grid Size")),
                 block=parse_dim3(cell(row, "Block Size")),
+                cc=cell(row, "CC").strip(),
             )
         rule = cell(row, "Rule Name").strip()
         if rule:

@@ -95,6 +95,7 @@ class Profile(BaseModel):
     # How it was collected: "ncu" (hardware counters) or "timeline" (per-kernel timings only).
     method: str = "ncu"
     report_file: str | None = None  # the ncu report beside the stored profile, for the Nsight Compute GUI
+    imported_from: list[str] = Field(default_factory=list)  # a user's own report files this profile was read from
     notes: list[str] = Field(default_factory=list)  # e.g. kernels left out by a launch cap
     wall_s: float | None = None  # wall time of the profiling run
     phases_s: dict[str, float] = Field(default_factory=dict)  # where the wall time went (driver phases, ncu, export)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kb_mcp.harness.candidate import CandidateError, parse_candidate
-from kb_mcp.harness.problem import ProblemError, load_problem
+from kb_mcp.harness.ncu_import import ReportImportError, import_report
+from kb_mcp.harness.problem import Problem, ProblemError, load_problem
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
 from kb_mcp.harness.profile_store import ProfileStore, new_profile_id
 from kb_mcp.harness.profiler import NoGpuError, ProfileOptions, ProfilerError, profile
@@ -28,7 +29,9 @@ not as speedups (compile_and_verify times candidates). A one-kernel candidate ta
 H100 (a server's first profile about 10 s: it starts Python and torch; later ones find a profiling
 process already started), each further kernel launch about 1 s more; a model with hundreds of launches
 takes minutes (run it as a job then, or lower max_kernels). Without counter
-access the result has counters_available=false, the reason, and timings only."""
+access the result has counters_available=false, the reason, and timings only. Already have an
+Nsight Compute report? Pass `report` (a .ncu-rep file, or its CSV export: raw page, details page or
+both) instead: it is read as it is, nothing runs, no GPU needed, and the profile_id works the same."""
 
 META = ToolMeta(
     title="Profile a kernel under Nsight Compute",
@@ -47,7 +50,9 @@ class Request(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    problem: str = Field(description="KernelBench problem: a path to a .py file, or its source text")
+    problem: str | None = Field(
+        None, description="KernelBench problem: a path to a .py file, or its source text (with `report`: optional, names it)"
+    )
     candidate: str | None = Field(
         None, description="candidate defining class ModelNew: a path to a .py file, or its source; omit to profile the reference"
     )
@@ -59,6 +64,23 @@ class Request(BaseModel):
     max_kernels: int = Field(200, ge=1, le=5000, description="profile at most this many kernel launches")
     timeout_s: float = Field(300.0, gt=0, le=3600, description="stop profiling after this many seconds")
     keep_report: bool = Field(False, description="keep the Nsight Compute report file beside the profile (for the GUI)")
+    report: list[str] | None = Field(
+        None, description="instead of profiling: your own Nsight Compute report, a .ncu-rep path or the paths of its "
+        "CSV export (`ncu --import R --csv --page raw` and/or `--page details`)"
+    )
+
+    @field_validator("report", mode="before")
+    @classmethod
+    def _one_path(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _something_to_profile(self) -> Request:
+        if self.problem is None and not self.report:
+            raise ValueError("give problem (to profile it) or report (an existing .ncu-rep or its CSV export)")
+        if self.report and self.candidate is not None:
+            raise ValueError("candidate and report exclude each other: a report already says what ran")
+        return self
 
 
 class Finding(BaseModel):
@@ -175,12 +197,11 @@ def _r(value: float | None) -> float | None:
 
 @on_gpu_lane(NAME)
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
-    """Profiles, stores the profile under a new profile_id, and returns its summary."""
-    source, path = read_source(req.problem, "problem")
-    try:
-        problem = load_problem(path or source)
-    except ProblemError as exc:
-        raise ToolError(str(exc)) from exc
+    """Profiles (or reads the given report), stores the profile under a new profile_id, returns its summary."""
+    if req.report:
+        return _imported(ctx, req, progress)
+    assert req.problem is not None  # the request's validator guarantees problem or report
+    problem = _problem(req.problem)
     candidate_source = None
     if req.candidate is not None:
         candidate_source, cand_path = read_source(req.candidate, "candidate")
@@ -203,8 +224,33 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         Path(prof.report_file).unlink(missing_ok=True)  # reports of big models run to tens of MB
         prof.report_file = None
     store.save(prof)
-    kernels, omitted = summarize(prof, detail=req.detail, top=req.top)
     progress(1, 1, f"profiled {len(prof.kernels)} kernel(s)")
+    return _result(prof, req)
+
+
+def _problem(text: str) -> Problem:
+    source, path = read_source(text, "problem")
+    try:
+        return load_problem(path or source)
+    except ProblemError as exc:
+        raise ToolError(str(exc)) from exc
+
+
+def _imported(ctx: ToolContext, req: Request, progress: Progress) -> Result:
+    """A user's own report, read (never run) and stored like a profile of ours."""
+    name = _problem(req.problem).name if req.problem is not None else None
+    progress(0, 1, "reading the report")
+    try:
+        prof = import_report(req.report or [], profile_id=new_profile_id(), problem=name)
+    except ReportImportError as exc:
+        raise ToolError(str(exc)) from exc
+    ProfileStore(ctx.profiles_dir).save(prof)
+    progress(1, 1, f"read {len(prof.kernels)} kernel(s) from the report")
+    return _result(prof, req)
+
+
+def _result(prof: Profile, req: Request) -> Result:
+    kernels, omitted = summarize(prof, detail=req.detail, top=req.top)
     return Result(
         profile_id=prof.profile_id,
         problem=prof.problem,

@@ -1,0 +1,222 @@
+"""A user's own Nsight Compute report -> a `Profile`, without running anything.
+
+Accepted: a `.ncu-rep` report, or CSV exports of one (the raw page, the details page, or both).
+
+* `.ncu-rep`: read with NVIDIA's `ncu_report` Python module (shipped in the Nsight Compute install's
+  `extras/python`) when it can be found: exact values in base units, by raw metric name. The rule
+  findings come from the details page that the `ncu` CLI of the same install exports. Without the
+  module, the `ncu` CLI exports both pages (`--print-units base`). Without either, the error says
+  how to export the pages elsewhere.
+* CSV: the page is recognised by its columns (the details page has 'Metric Name'); values may be
+  auto-scaled (`us`, `Gbyte`) with thousands separators, as `ncu --import` prints them unless
+  `--print-units base`; both are converted to base units (`harness.ncu_parse`).
+
+Plain Python plus, for `.ncu-rep` only, the Nsight Compute install; no torch, no GPU.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+from kb_mcp.harness import ncu_parse
+from kb_mcp.harness.ncu_parse import KernelRecord, NcuParseError
+from kb_mcp.harness.profile_model import Profile
+
+MAX_CSV_BYTES = 512 * 1024 * 1024  # a raw page of ~100k launches; larger is not a profile we can hold
+EXPORT_HINT = (
+    "export its pages on a machine with Nsight Compute and pass the CSV files instead: "
+    "`ncu --import {rep} --page raw --csv --print-units base > {stem}.raw.csv` and "
+    "`ncu --import {rep} --page details --csv --print-units base > {stem}.details.csv`"
+)
+# Where Nsight Compute installs keep the Python report module (besides the ncu executable's own folder).
+MODULE_DIRS = ("/opt/nvidia/nsight-compute/*/extras/python", "/usr/local/cuda*/nsight-compute*/extras/python")
+
+
+class ReportImportError(ValueError):
+    """The files are not an Nsight Compute report this machine can read; the message says what to do."""
+
+
+def import_report(paths: Sequence[str | os.PathLike[str]], *, profile_id: str, problem: str | None = None) -> Profile:
+    """Reads a `.ncu-rep` or its CSV pages (raw, details or both) into a stored-profile record."""
+    files = [Path(p).expanduser() for p in paths]
+    if not files:
+        raise ReportImportError("no report given: pass a .ncu-rep file, or its raw and/or details page as CSV")
+    for f in files:
+        if not f.is_file():
+            raise ReportImportError(f"report file not found: {f}")
+    reps = [f for f in files if f.suffix == ".ncu-rep"]
+    if reps and len(files) > 1:
+        raise ReportImportError("pass a .ncu-rep file alone (it holds every page), or CSV exports without it")
+    notes: list[str] = []
+    if reps:
+        raw, details = read_ncu_rep(reps[0], notes)
+    else:
+        raw, details = read_csv_pages(files)
+    kernels = ncu_parse.to_profiles(raw, details)
+    if not kernels:
+        raise ReportImportError(f"{', '.join(map(str, files))}: the report holds no kernel launches")
+    base = (raw or details or [])[0]
+    notes.append(f"imported from {', '.join(str(f.resolve()) for f in files)}: durations are the profiler's "
+                 "(locked clocks, flushed caches), for comparing kernels, not speedup timings")
+    if details is None:
+        notes.append("no details page: the profiler's rule findings are missing (pass the details page too)")
+    return Profile(
+        profile_id=profile_id,
+        problem=problem or files[0].name.split(".")[0],
+        device=base.texts.get("device__attribute_display_name", ""),
+        arch=_arch(base.cc),
+        counters_available=any(k.metrics.sm_throughput_pct is not None or k.metrics.memory_throughput_pct is not None
+                               for k in kernels),
+        total_gpu_time_ns=sum(k.metrics.duration_ns or 0.0 for k in kernels),
+        total_elapsed_cycles=sum(k.metrics.elapsed_cycles or 0.0 for k in kernels),
+        kernels=kernels,
+        notes=notes,
+        imported_from=[str(f.resolve()) for f in files],
+    )
+
+
+def _arch(cc: str) -> str:
+    """'9.0' -> 'sm_90' ('' when the report does not say)."""
+    parts = cc.strip().split(".")
+    return f"sm_{parts[0]}{parts[1] if len(parts) > 1 else '0'}" if parts[0].isdigit() else ""
+
+
+# --- CSV exports ---------------------------------------------------------------------------------
+
+
+def read_csv_pages(files: Sequence[Path]) -> tuple[list[KernelRecord] | None, list[KernelRecord] | None]:
+    """(raw records, details records) of one or two CSV exports, each page recognised by its columns."""
+    raw = details = None
+    for f in files:
+        if f.stat().st_size > MAX_CSV_BYTES:
+            raise ReportImportError(f"{f}: {f.stat().st_size / 1e6:.0f} MB is more than a profile export holds")
+        text = f.read_text(errors="replace")
+        try:
+            if _is_details(text):
+                if details is not None:
+                    raise ReportImportError(f"{f}: a second details page; pass one raw and/or one details page")
+                details = ncu_parse.read_details_page(text)
+            else:
+                if raw is not None:
+                    raise ReportImportError(f"{f}: a second raw page; pass one raw and/or one details page")
+                raw = ncu_parse.read_raw_page(text)
+        except NcuParseError as exc:
+            raise ReportImportError(f"{f}: {exc} (expected `ncu --csv --page raw` or `--page details` output)") from exc
+    return raw, details
+
+
+def _is_details(text: str) -> bool:
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("=="):
+            return "Metric Name" in line
+    return False
+
+
+# --- .ncu-rep ------------------------------------------------------------------------------------
+
+
+def read_ncu_rep(report: Path, notes: list[str]) -> tuple[list[KernelRecord] | None, list[KernelRecord] | None]:
+    """Metrics through `ncu_report` where it is installed, findings through the CLI; else both pages
+    through the CLI; else a ReportImportError that says how to export the pages."""
+    from kb_mcp.harness import profiler  # the ncu CLI helpers (find_ncu, export_pages)
+
+    hint = EXPORT_HINT.format(rep=report.name, stem=report.name.removesuffix(".ncu-rep"))
+    ncu = profiler.find_ncu()
+    module = find_report_module(ncu)
+    raw = None
+    if module is not None:
+        try:
+            raw = read_with_module(module, report)
+        except Exception as exc:  # noqa: BLE001 - any failure of the vendor module: fall back to the CLI
+            notes.append(f"ncu_report could not read the report ({type(exc).__name__}: {exc}); used the ncu CLI")
+    if ncu is None:
+        if raw is not None:
+            notes.append("no ncu CLI here: the profiler's rule findings (details page) are missing")
+            return raw, None
+        raise ReportImportError(f"{report}: this machine has neither Nsight Compute's ncu_report module nor ncu; {hint}")
+    try:
+        raw_text, details_text = profiler.export_pages(ncu, report)
+    except (profiler.ProfilerError, OSError) as exc:
+        raise ReportImportError(f"{report}: ncu could not read it ({exc}); {hint}") from exc
+    details = ncu_parse.read_details_page(details_text) if details_text.strip() else None
+    if raw is None:
+        raw = ncu_parse.read_raw_page(raw_text)
+    return raw, _aligned(raw, details, notes)
+
+
+def _aligned(raw: list[KernelRecord], details: list[KernelRecord] | None,
+             notes: list[str]) -> list[KernelRecord] | None:
+    """Details records renumbered to the raw records' ids (both list launches in report order)."""
+    if details is None:
+        return None
+    if len(details) != len(raw) or any(d.full_name != r.full_name for d, r in zip(details, raw)):
+        notes.append("the details page lists other launches than the metrics: its rule findings were left out")
+        return None
+    for d, r in zip(details, raw):
+        d.id = r.id
+    return details
+
+
+def find_report_module(ncu: str | None) -> ModuleType | None:
+    """NVIDIA's `ncu_report` module: importable already, or from an Nsight Compute install's extras/python."""
+    try:
+        return importlib.import_module("ncu_report")
+    except ImportError:
+        pass
+    dirs = [str(Path(ncu).resolve().parent / "extras" / "python")] if ncu else []
+    for pattern in MODULE_DIRS:
+        dirs.extend(sorted(glob.glob(pattern), reverse=True))
+    for d in dirs:
+        if Path(d, "ncu_report.py").is_file():
+            if d not in sys.path:
+                sys.path.append(d)  # the module loads its native part from beside it
+            try:
+                return importlib.import_module("ncu_report")
+            except ImportError:
+                continue
+    return None
+
+
+def read_with_module(module: ModuleType, report: Path) -> list[KernelRecord]:
+    """One KernelRecord per profiled launch, in report order, values as the report stores them."""
+    ctx = module.load_report(str(report))
+    records: list[KernelRecord] = []
+    for r in range(ctx.num_ranges()):
+        rng = ctx.range_by_idx(r)
+        for a in range(rng.num_actions()):
+            records.append(_action_record(module, rng.action_by_idx(a), len(records)))
+    return records
+
+
+def _action_record(module: ModuleType, action: object, index: int) -> KernelRecord:
+    metrics: dict[str, float] = {}
+    texts: dict[str, str] = {}
+    for name in action.metric_names():  # type: ignore[attr-defined]
+        metric = action.metric_by_name(name)  # type: ignore[attr-defined]
+        if metric is None:
+            continue
+        if metric.metric_type() == module.IMetric.MetricType_STRING:
+            texts[name] = metric.as_string()
+            continue
+        try:
+            metrics[name] = float(metric.as_double())
+        except (TypeError, ValueError):
+            continue
+    demangled = action.name(module.IAction.NameBase_DEMANGLED)  # type: ignore[attr-defined]
+
+    def dim3(prefix: str) -> tuple[int, int, int]:
+        return (int(metrics.get(f"{prefix}_x", 1)), int(metrics.get(f"{prefix}_y", 1)), int(metrics.get(f"{prefix}_z", 1)))
+
+    cc = ""
+    major, minor = metrics.get("device__attribute_compute_capability_major"), \
+        metrics.get("device__attribute_compute_capability_minor")
+    if major is not None:
+        cc = f"{int(major)}.{int(minor or 0)}"
+    return KernelRecord(id=index, full_name=demangled, grid=dim3("launch__grid_dim"), block=dim3("launch__block_dim"),
+                        metrics=metrics, texts=texts, cc=cc)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TextIO
 
 from kb_mcp.server.gpu import gpu_summary
-from kb_mcp.server.transport import ENV_TOKEN
+from kb_mcp.server.env import ENV_TOKEN
 
 
 def _kb_line(kb_path: Path, stats_line: str) -> str:

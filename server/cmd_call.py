@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kb_mcp.server import logs
-from kb_mcp.server.cmd_serve import ENV_TOKEN
+from kb_mcp.server.env import ENV_TOKEN
 
 if TYPE_CHECKING:  # the MCP SDK is imported when `call` runs (it takes a second to import)
     from mcp import Client

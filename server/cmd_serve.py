@@ -7,10 +7,10 @@ import logging
 import os
 import sys
 from functools import partial
-
 from typing import TYPE_CHECKING
 
 from kb_mcp.server import logs
+from kb_mcp.server.env import ENV_TOKEN
 
 if TYPE_CHECKING:
     from kb_mcp.server.app import KbMcpServer
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 # The MCP SDK takes about a second to import: it is imported when `serve` runs, not when the
 # CLI parses its arguments (so other commands stay quick).
-ENV_TOKEN = "KB_MCP_TOKEN"
 
 log = logging.getLogger(__name__)
 

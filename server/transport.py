@@ -21,9 +21,10 @@ import anyio
 from mcp.server.auth.provider import AccessToken
 from mcp.server.transport_security import TransportSecuritySettings
 
+from kb_mcp.server.env import ENV_TOKEN
+
 log = logging.getLogger(__name__)
 
-from kb_mcp.server.cmd_serve import ENV_TOKEN
 MIN_TOKEN_CHARS = 16
 MCP_PATH = "/mcp"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")

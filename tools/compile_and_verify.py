@@ -6,12 +6,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.harness.problem import ProblemError, load_problem
 from kb_mcp.harness.verdict import CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
 from kb_mcp.kb.models import Verdict
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
 from kb_mcp.tools.context import ToolContext
-from kb_mcp.tools.profile_kernel import read_source
+from kb_mcp.tools.source import Source, read_problem, read_source
 
 NAME = "compile_and_verify"
 DESCRIPTION = """\
@@ -48,8 +47,8 @@ class Request(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    problem: str = Field(description="KernelBench problem: a path to a .py file, or its source text")
-    candidate: str = Field(description="candidate defining class ModelNew: a path to a .py file, or its source text")
+    problem: Source = Field(description="KernelBench problem: a path to a .py file, or its source text")
+    candidate: Source = Field(description="candidate defining class ModelNew: a path to a .py file, or its source text")
     options: VerifyOptions = Field(default_factory=VerifyOptions, description="seeds, tolerance, timing, allow-list, limits")
     detail: bool = Field(False, description="include per-input-set errors, compiler logs and the candidate's output")
 
@@ -117,12 +116,8 @@ _NEXT = {
 @on_gpu_lane(NAME)
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
     """Verifies the candidate in the worker pool, stores the source and the verdict, returns the summary."""
-    problem_text, problem_path = read_source(req.problem, "problem")
-    candidate, _ = read_source(req.candidate, "candidate")
-    try:
-        problem = load_problem(problem_path or problem_text)
-    except ProblemError as exc:
-        raise ToolError(str(exc)) from exc
+    problem = read_problem(req.problem)
+    candidate = read_source(req.candidate, "candidate").text
     ctx.settle_profiler()
     try:
         result = ctx.workers.verify(problem, candidate, req.options, progress)

@@ -8,12 +8,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kb_mcp.harness.candidate import CandidateError, parse_candidate
 from kb_mcp.harness.ncu_import import ReportImportError, import_report
-from kb_mcp.harness.problem import Problem, ProblemError, load_problem
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
 from kb_mcp.harness.profile_store import ProfileStore, new_profile_id
 from kb_mcp.harness.profiler import NoGpuError, ProfileOptions, ProfilerError, profile
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
 from kb_mcp.tools.context import ToolContext
+from kb_mcp.tools.source import Source, read_problem, read_source
 
 NAME = "profile_kernel"
 DESCRIPTION = """\
@@ -50,10 +50,10 @@ class Request(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    problem: str | None = Field(
+    problem: Source | None = Field(
         None, description="KernelBench problem: a path to a .py file, or its source text (with `report`: optional, names it)"
     )
-    candidate: str | None = Field(
+    candidate: Source | None = Field(
         None, description="candidate defining class ModelNew: a path to a .py file, or its source; omit to profile the reference"
     )
     detail: bool = Field(False, description="return every kernel with all metrics (large); default: the heaviest few")
@@ -83,7 +83,7 @@ class Request(BaseModel):
         return self
 
 
-class Finding(BaseModel):
+class RuleSummary(BaseModel):
     """A profiler rule finding, shortened."""
 
     model_config = ConfigDict(extra="forbid")
@@ -112,7 +112,7 @@ class KernelSummary(BaseModel):
     occupancy_limiter: str | None = None
     registers_per_thread: float | None = None
     top_stalls: dict[str, float] = Field(default_factory=dict, description="reason -> cycles per issued instruction")
-    findings: list[Finding] = Field(default_factory=list)
+    findings: list[RuleSummary] = Field(default_factory=list)
     full_name: str | None = Field(None, description="demangled signature (detail only)")
     metrics: KernelMetrics | None = Field(None, description="every metric (detail only)")
 
@@ -139,17 +139,6 @@ class Result(BaseModel):
     report_file: str | None = None
     wall_s: float | None = None
     next_step: str = ""
-
-
-def read_source(text: str, what: str) -> tuple[str, str | None]:
-    """(source, path) from an argument that is either a .py path or source text."""
-    looks_like_path = "\n" not in text and (text.strip().endswith(".py") or Path(text).expanduser().is_file())
-    if not looks_like_path:
-        return text, None
-    path = Path(text.strip()).expanduser()
-    if not path.is_file():
-        raise ToolError(f"{what} file not found: {path}")
-    return path.read_text(), str(path.resolve())
 
 
 def summarize(profile: Profile, *, detail: bool, top: int) -> tuple[list[KernelSummary], int]:
@@ -184,7 +173,7 @@ def _summary(k: KernelProfile, total_ns: float, detail: bool) -> KernelSummary:
         occupancy_limiter=m.occupancy_limiter,
         registers_per_thread=m.registers_per_thread,
         top_stalls=dict(list(m.warp_stalls.items())[:TOP_STALLS]) if not detail else dict(m.warp_stalls),
-        findings=[Finding(rule=f.rule, estimated_speedup_pct=f.estimated_speedup_pct,
+        findings=[RuleSummary(rule=f.rule, estimated_speedup_pct=f.estimated_speedup_pct,
                           message=f.message if detail else f.message[:MESSAGE_CHARS]) for f in findings],
         full_name=k.full_name if detail else None,
         metrics=m if detail else None,
@@ -201,14 +190,15 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     if req.report:
         return _imported(ctx, req, progress)
     assert req.problem is not None  # the request's validator guarantees problem or report
-    problem = _problem(req.problem)
+    problem = read_problem(req.problem)
     candidate_source = None
     if req.candidate is not None:
-        candidate_source, cand_path = read_source(req.candidate, "candidate")
+        candidate = read_source(req.candidate, "candidate")
         try:
-            parse_candidate(candidate_source, cand_path or "<candidate>")
+            parse_candidate(candidate.text, candidate.path or "<candidate>")
         except CandidateError as exc:
             raise ToolError(str(exc)) from exc
+        candidate_source = candidate.text
     store = ProfileStore(ctx.profiles_dir)
     profile_id = new_profile_id()
     options = ProfileOptions(warmup=req.warmup, counters=req.counters, source_counters=req.source_counters,
@@ -228,17 +218,9 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     return _result(prof, req)
 
 
-def _problem(text: str) -> Problem:
-    source, path = read_source(text, "problem")
-    try:
-        return load_problem(path or source)
-    except ProblemError as exc:
-        raise ToolError(str(exc)) from exc
-
-
 def _imported(ctx: ToolContext, req: Request, progress: Progress) -> Result:
     """A user's own report, read (never run) and stored like a profile of ours."""
-    name = _problem(req.problem).name if req.problem is not None else None
+    name = read_problem(req.problem).name if req.problem is not None else None
     progress(0, 1, "reading the report")
     try:
         prof = import_report(req.report or [], profile_id=new_profile_id(), problem=name)

@@ -1,0 +1,79 @@
+"""`problem` and `candidate` arguments: the one decision between a path and source text, and the
+messages that say what to send instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mcp import Client
+
+from kb_mcp.server.app import build_server
+from kb_mcp.tools.base import ToolError
+from kb_mcp.tools.context import ToolContext
+from kb_mcp.tools.source import read_problem, read_source
+
+ROOT = Path(__file__).resolve().parents[2]
+SWISH = ROOT / "examples" / "problems" / "swish.py"
+CUDA = """#include <cuda_runtime.h>
+__global__ void swish(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+"""
+
+
+def test_a_path_is_read_and_text_is_taken_as_is(tmp_path: Path) -> None:
+    got = read_source(str(SWISH), "problem")
+    assert got.path == str(SWISH.resolve()) and got.text == SWISH.read_text() and got.name == "swish"
+    text = SWISH.read_text()
+    assert read_source(text, "problem").path is None and read_source(text, "problem").text == text
+    # an existing file without the .py suffix is still a path
+    plain = tmp_path / "problem_source"
+    plain.write_text(text)
+    assert read_source(str(plain), "problem").path == str(plain.resolve())
+    problem = read_problem(str(SWISH))
+    assert problem.name == "swish" and problem.path == str(SWISH.resolve())
+
+
+def test_a_missing_path_says_the_server_reads_its_own_files() -> None:
+    with pytest.raises(ToolError) as err:
+        read_source("/home/someone/work/relu_new.py", "candidate")
+    message = str(err.value)
+    assert "candidate file not found on the server's machine: /home/someone/work/relu_new.py" in message
+    assert "send the file's text as `candidate` instead" in message
+
+
+def test_a_cuda_file_or_cuda_text_is_named_as_such(tmp_path: Path) -> None:
+    kernel = tmp_path / "swish.cu"
+    kernel.write_text(CUDA)
+    with pytest.raises(ToolError, match=r"swish\.cu is a CUDA/C\+\+ file, but a candidate is a Python module"):
+        read_source(str(kernel), "candidate")
+    with pytest.raises(ToolError, match=r"the candidate text is CUDA/C\+\+ source, not Python"):
+        read_source(CUDA, "candidate")
+    with pytest.raises(ToolError, match="a KernelBench problem is a Python module"):
+        read_source(str(kernel), "problem")
+
+
+def test_python_that_mentions_cuda_keywords_is_left_to_the_harness() -> None:
+    module = 'KERNEL = r"""\n__global__ void k() {}\n"""\nclass ModelNew: pass\n'
+    assert read_source(module, "candidate").text == module
+
+
+async def test_compile_and_verify_refuses_a_cu_file_before_any_work(tmp_path: Path) -> None:
+    kernel = tmp_path / "swish.cu"
+    kernel.write_text(CUDA)
+    ctx = ToolContext(tmp_path / "kb.json")
+    server = build_server(ctx)
+    try:
+        async with Client(server) as client:
+            result = await client.call_tool("compile_and_verify", {"problem": str(SWISH), "candidate": str(kernel)})
+        started_a_worker = "workers" in ctx.__dict__
+    finally:
+        server.jobs.shutdown(wait=True)
+        ctx.close()
+    assert result.is_error
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert "is a CUDA/C++ file, but a candidate is a Python module defining class ModelNew" in text
+    assert "syntax error" not in text.lower()
+    assert not started_a_worker  # refused before any worker started

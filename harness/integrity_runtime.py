@@ -153,11 +153,6 @@ class OpRecorder(TorchDispatchMode):
         return out
 
 
-def dispatch_stack_depth() -> int:
-    """How many dispatch modes are active (a watched call must leave the harness's mode in place)."""
-    return int(torch._C._len_torch_dispatch_stack())
-
-
 # ---------------------------------------------------------------------------------------------
 # Trusted functions and settings
 

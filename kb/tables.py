@@ -25,7 +25,7 @@ records are identified by their natural keys (ids), never by doc id.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -52,11 +52,6 @@ def _record_key(table: str, doc: dict[str, Any]) -> str:
     if table == "transitions":
         return ids.transition_key(doc["state_id"], doc["optimization_id"], doc["next_state_id"])
     return doc["id"]
-
-
-def record_key(table: str, doc: dict[str, Any]) -> str:
-    """The natural key of a record document of `table` (its id; a composite for transitions)."""
-    return _record_key(table, doc)
 
 
 def encode_score(score: Score) -> tuple[list[float], list[Any] | None]:
@@ -122,7 +117,6 @@ class Tables:
         self.score_keys: dict[str, set[tuple[str, str]]] = {}  # state -> {(arch, track)}
         self.lessons_by_pair: dict[tuple[str, str], list[str]] = {}
         self.transitions_by_state: dict[str, list[str]] = {}
-        self.outcomes_by_candidate: dict[str, list[str]] = {}
 
     # ---- loading and saving -------------------------------------------------------------
 
@@ -236,8 +230,6 @@ class Tables:
             self.lessons_by_pair.setdefault((doc["state_id"], doc["optimization_id"]), []).append(key)
         elif table == "transitions":
             self.transitions_by_state.setdefault(doc["state_id"], []).append(key)
-        elif table == "outcomes":
-            self.outcomes_by_candidate.setdefault(doc["candidate_id"], []).append(key)
 
     def _unindex(self, table: str, key: str, doc: dict[str, Any]) -> None:
         index: dict[Any, list[str]] | None = None
@@ -248,8 +240,6 @@ class Tables:
             index, group = self.lessons_by_pair, (doc["state_id"], doc["optimization_id"])
         elif table == "transitions":
             index, group = self.transitions_by_state, doc["state_id"]
-        elif table == "outcomes":
-            index, group = self.outcomes_by_candidate, doc["candidate_id"]
         if index is not None:
             keys = index.get(group, [])
             if key in keys:
@@ -258,13 +248,6 @@ class Tables:
                 index.pop(group, None)
 
     # ---- raw reads --------------------------------------------------------------------------
-
-    def score_docs(self, state_id: str) -> Iterator[ScoreDoc]:
-        """The (state, arch, track) score documents of one state."""
-        for arch, track in sorted(self.score_keys.get(state_id, ())):
-            doc = self.scores.get((state_id, arch, track))
-            if doc is not None:
-                yield doc
 
     def score_doc(self, state_id: str, arch: str = ALL_ARCH, track: str = FP32) -> ScoreDoc | None:
         """The score document of (state, arch, track), if any."""

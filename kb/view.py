@@ -27,7 +27,7 @@ from kb_mcp.kb.models import (
     Transition,
     utcnow,
 )
-from kb_mcp.kb.tables import FP32, Op, Tables, decode_score, score_op, unscore_op
+from kb_mcp.kb.tables import FP32, Op, Tables, decode_score, score_op
 
 
 class KBStats(BaseModel):
@@ -212,11 +212,6 @@ class KBView:
         """Ids of every outcome in the replay buffer."""
         return set(self._t.records["outcomes"])
 
-    def outcomes_for_candidate(self, candidate_id: str) -> list[Outcome]:
-        """Outcomes recorded for one candidate (one per optimization credited with it)."""
-        recs = self._t.records["outcomes"]
-        return [Outcome.model_validate(recs[k]) for k in self._t.outcomes_by_candidate.get(candidate_id, [])]
-
     def list_candidates(self) -> list[CandidateRecord]:
         """Every stored candidate verdict."""
         return [CandidateRecord.model_validate(d) for d in self._t.records["candidates"].values()]
@@ -259,7 +254,7 @@ class KBView:
 class Transaction(KBView):
     """A view that writes. Obtain it from `KBStore.transaction()`; it commits when the block exits.
 
-    Every write is whole-record (put/delete by natural key): read the record, build the new model,
+    Every write is whole-record (put by natural key): read the record, build the new model,
     put it. The store holds the cross-process lock for the whole block, so nothing changes between
     the read and the write.
     """
@@ -284,12 +279,6 @@ class Transaction(KBView):
     def put_score(self, score: Score) -> None:
         """Adds or replaces the score of (state, optimization, arch, track)."""
         self._do(score_op(score, self._now))
-
-    def delete_score(
-        self, state_id: str, optimization_id: str, arch: str = ALL_ARCH, track: Track = DEFAULT_TRACK
-    ) -> None:
-        """Removes one score (the optimization no longer applies there)."""
-        self._do(unscore_op(state_id, optimization_id, arch, track))
 
     def put_lesson(self, lesson: Lesson) -> None:
         """Adds or replaces a lesson."""
@@ -316,10 +305,6 @@ class Transaction(KBView):
     def put_candidate(self, record: CandidateRecord) -> None:
         """Stores the server's verdict on a candidate (compile_and_verify does this)."""
         self._do(["put", "candidates", record.candidate_id, record.model_dump(mode="json")])
-
-    def delete(self, table: str, key: str) -> None:
-        """Removes a record by natural key ('states' also drops that state's scores)."""
-        self._do(["del", table, key])
 
     def set_meta(self, **values: Any) -> None:
         """Updates fields of the meta record (format and sequence fields are the store's own)."""

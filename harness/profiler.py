@@ -35,13 +35,8 @@ from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_driver import EXIT_NO_GPU, NVTX_RANGE, DriverReport, DriverSpec, kernels_from_trace
 from kb_mcp.harness.profile_model import Profile
 from kb_mcp.harness.profile_standby import Standby, StandbyKey, StandbyPool, driver_args
+from kb_mcp.kb.progress import Progress, no_progress
 
-# (done, total, message): the shape of tools.base.Progress, declared here so harness never imports tools.
-Progress = Callable[[float, "float | None", "str | None"], None]
-
-
-def no_progress(done: float, total: float | None = None, message: str | None = None) -> None:
-    """Progress sink for callers that do not display progress."""
 
 # Sections that speak to bottlenecks. WarpStateStats and SchedulerStats are only in `--set full`
 # unless asked for by name; SourceCounters (SASS-level, extra passes) is opt-in.

@@ -46,12 +46,7 @@ from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.verdict import CompileResult, Finding, FindingCode, VerifyOptions, VerifyResult
 from kb_mcp.kb import paths
 from kb_mcp.kb.models import Verdict
-
-Progress = Callable[..., None]  # (done, total, message): the tools' progress callback, structurally
-
-
-def no_progress(done: float, total: float | None = None, message: str | None = None) -> None:
-    """Progress sink for callers that do not display progress."""
+from kb_mcp.kb.progress import Progress, no_progress
 
 
 HEAD_BYTES = 64 << 10  # output kept from the start of a request...

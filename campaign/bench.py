@@ -19,7 +19,7 @@ from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb import ids
 from kb_mcp.kb.arch import arch_family
 from kb_mcp.kb.models import Outcome, Verdict
-from kb_mcp.campaign.models import AttemptRecord, GradientRecord, KBSnapshot, StepRecord, Suggestion
+from kb_mcp.campaign.models import AttemptRecord, GradientRecord, KBSnapshot, StepRecord, SuggestionRecord
 from kb_mcp.campaign.textual_gradient import run_textual_gradient
 from kb_mcp.tools import classify_state, compile_and_verify, profile_kernel, record_outcome, suggest_optimizations
 from kb_mcp.tools.base import ToolError
@@ -33,7 +33,7 @@ class BenchError(RuntimeError):
     """A tool refused or failed; the message is the tool's own (actionable) message."""
 
 
-class Diagnosis(BaseModel):
+class KernelDiagnosis(BaseModel):
     """What profiling and classification said about the current kernel."""
 
     model_config = ConfigDict(extra="forbid")
@@ -50,7 +50,7 @@ class Offer(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    suggestion: Suggestion
+    suggestion: SuggestionRecord
     prompt: str
 
 
@@ -115,7 +115,7 @@ class Bench:
             lines += [f"Lesson: {lesson}" for lesson in s.lessons]
             offers.append(
                 Offer(
-                    suggestion=Suggestion(optimization_id=s.id, expected_speedup=s.expected_speedup, confidence=s.confidence),
+                    suggestion=SuggestionRecord(optimization_id=s.id, expected_speedup=s.expected_speedup, confidence=s.confidence),
                     prompt="\n".join(lines),
                 )
             )
@@ -199,7 +199,7 @@ class Bench:
         compile_only: bool,
         fallback_state: str,
         profile_id: str | None = None,
-    ) -> Diagnosis:
+    ) -> KernelDiagnosis:
         """Profiles the kernel (or reuses `profile_id`), classifies it, and says which state it is in.
 
         Compile-only runs have no profile: the state is `fallback_state`, and the diagnosis says so.
@@ -243,7 +243,7 @@ class Bench:
             lines.append(f"Evidence: {evidence}")
         if target.note:
             lines.append(target.note)
-        return Diagnosis(
+        return KernelDiagnosis(
             state_id=target.state_id,
             state_source="classified",
             profile_id=profile_id,
@@ -251,11 +251,11 @@ class Bench:
             profile_summary=profile_text,
         )
 
-    def _fallback(self, state_id: str, why: str) -> Diagnosis:
+    def _fallback(self, state_id: str, why: str) -> KernelDiagnosis:
         state = self.ctx.store.get_state(state_id)
         if state is None:
             raise BenchError(f"fallback state {state_id!r} is not in the KB")
-        return Diagnosis(
+        return KernelDiagnosis(
             state_id=state_id,
             state_source="fallback",
             state_summary=f"{state.name} (id {state.id}), assumed: {why}.\n{state.description}",

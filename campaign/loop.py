@@ -38,7 +38,7 @@ from kb_mcp.campaign.agent_kernel import (
     review_fix_request,
 )
 from kb_mcp.campaign.agent_review import REVIEW_SYSTEM, parse_review, review_request
-from kb_mcp.campaign.bench import Bench, BenchError, Diagnosis
+from kb_mcp.campaign.bench import Bench, BenchError, KernelDiagnosis
 from kb_mcp.campaign.models import (
     AttemptRecord,
     CampaignConfig,
@@ -535,7 +535,7 @@ class Campaign:
             record.outcome_note += note
         return self._close_step(record, started)
 
-    def _diagnose(self, run: _ProblemRun, source: str, candidate_id: str, profile_id: str | None) -> Diagnosis:
+    def _diagnose(self, run: _ProblemRun, source: str, candidate_id: str, profile_id: str | None) -> KernelDiagnosis:
         return self.bench.diagnose(
             run.problem, source, candidate_id, compile_only=self.config.compile_only,
             fallback_state=self.config.fallback_state, profile_id=profile_id,

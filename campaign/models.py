@@ -101,7 +101,7 @@ class KBSnapshot(BaseModel):
     at: datetime = Field(default_factory=utcnow)
 
 
-class Suggestion(BaseModel):
+class SuggestionRecord(BaseModel):
     """One optimization offered by weighted top-k selection."""
 
     model_config = ConfigDict(extra="forbid")
@@ -153,7 +153,7 @@ class StepRecord(UnitRecord):
     profile_id: str | None = None
     state_id: str | None = None
     state_source: Literal["classified", "fallback"] | None = None
-    suggestions: list[Suggestion] = Field(default_factory=list)
+    suggestions: list[SuggestionRecord] = Field(default_factory=list)
     optimization_id: str | None = None
     predicted_speedup: float | None = None
     speedup_vs_parent: float | None = None

@@ -135,7 +135,8 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         prof = _profile_from_metrics(req)
     result = classify_profile(prof, max_kernels=req.max_kernels)
     todo = list(result.kernels) + ([result.overall] if result.overall else [])
-    assigned = assign_states(ctx.store, [c for c in todo if c.key])
+    with ctx.store.transaction() as tx:  # one transaction: each new key is discovered once
+        assigned = assign_states(tx, [c for c in todo if c.key])
     new_ids = sorted({a.state.id for a in assigned.values() if a.matched_by == "discovered"})
     kernels = [_state(c, assigned) for c in result.kernels]
     overall = _state(result.overall, assigned) if result.overall else None

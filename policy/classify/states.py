@@ -4,16 +4,13 @@ signature the KB lacks)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
 from kb_mcp.kb import matching
 from kb_mcp.kb.models import State
+from kb_mcp.kb.view import Transaction
 from kb_mcp.policy.classify.models import KernelClassification
-
-if TYPE_CHECKING:
-    from kb_mcp.kb.store import KBStore
 
 
 class StateAssignment(BaseModel):
@@ -27,20 +24,19 @@ class StateAssignment(BaseModel):
     distance: float = 0.0  # how far the metrics lie outside the state's ranges (0 = inside)
 
 
-def assign_states(store: KBStore, classifications: Iterable[KernelClassification]) -> dict[str, StateAssignment]:
-    """Maps each distinct signature key to a KB state, creating a discovered state for a key the KB
-    lacks (one per key, inheriting its nearest state's optimizations), in one KB transaction."""
+def assign_states(tx: Transaction, classifications: Iterable[KernelClassification]) -> dict[str, StateAssignment]:
+    """Maps each distinct signature key to a KB state, creating a discovered state in `tx` for a key
+    the KB lacks (one per key, inheriting its nearest state's optimizations)."""
     out: dict[str, StateAssignment] = {}
-    with store.transaction() as tx:
-        for c in classifications:
-            sig = c.signature()
-            if sig is None or c.key in out:
-                continue
-            match = matching.match_state(tx, sig, c.metrics)
-            if match is not None and match.exact:
-                out[sig.key] = StateAssignment(key=sig.key, state=match.state, matched_by="signature",
-                                               distance=round(match.distance, 4))
-                continue
-            state, created = matching.discover_state(tx, sig, metrics=c.metrics)
-            out[sig.key] = StateAssignment(key=sig.key, state=state, matched_by="discovered" if created else "signature")
+    for c in classifications:
+        sig = c.signature()
+        if sig is None or c.key in out:
+            continue
+        match = matching.match_state(tx, sig, c.metrics)
+        if match is not None and match.exact:
+            out[sig.key] = StateAssignment(key=sig.key, state=match.state, matched_by="signature",
+                                           distance=round(match.distance, 4))
+            continue
+        state, created = matching.discover_state(tx, sig, metrics=c.metrics)
+        out[sig.key] = StateAssignment(key=sig.key, state=state, matched_by="discovered" if created else "signature")
     return out

@@ -1,0 +1,187 @@
+"""The import rules of docs/architecture.md, checked: which package may import which (the table
+there is the rule), no cycle between packages or between modules, and no module-level torch
+import outside harness/."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "architecture.md"
+PACKAGES = ("kb", "policy", "harness", "tools", "clients", "campaign", "server")
+
+# Module cycles known and owned elsewhere: the harness's split into a worker side and a server side
+# removes this one. Any other cycle fails.
+KNOWN_CYCLES = [frozenset({"kb_mcp.harness.verify", "kb_mcp.harness.census"})]
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, e.g. kb_mcp.tools.lane
+    target: str  # what it imports, e.g. kb_mcp.kb.progress
+    line: int
+    top_level: bool  # runs when the module is imported (not inside a function or TYPE_CHECKING)
+
+
+def rules() -> dict[str, set[str]]:
+    """The table under '### Import rules': package -> what it may import."""
+    text = DOC.read_text()
+    start = text.index("### Import rules")
+    section = text[start : text.index("\n\n", text.index("| package |", start))]
+    table: dict[str, set[str]] = {}
+    for row in re.finditer(r"^\| `(\w+)` \| (.+) \|$", section, re.M):
+        table[row.group(1)] = set(re.findall(r"`([\w.]+)`", row.group(2)))
+    return table
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found["kb_mcp." + ".".join(parts)] = path
+    return found
+
+
+def imports_of(module: str, path: Path) -> Iterator[Import]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    deferred: set[int] = set()
+    for node in ast.walk(tree):
+        guarded = isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        if guarded or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            deferred |= {id(inner) for inner in ast.walk(node) if inner is not node}
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        top = id(node) not in deferred
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(module, alias.name, node.lineno, top)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the importing module's package
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join([*package, base] if base else package)
+            for alias in node.names:  # `from kb_mcp.kb import matching` imports kb_mcp.kb.matching
+                yield Import(module, f"{base}.{alias.name}", node.lineno, top)
+
+
+def all_imports() -> list[Import]:
+    return [imp for module, path in modules().items() for imp in imports_of(module, path)]
+
+
+def _allowed(package: str, target: str, table: dict[str, set[str]]) -> bool:
+    parts = target.split(".")
+    if parts[0] != "kb_mcp" or len(parts) < 2 or parts[1] == package:
+        return True
+    inner = ".".join(parts[1:])
+    return any(inner == entry or inner.startswith(entry + ".") for entry in table[package])
+
+
+def test_the_table_names_every_package_and_only_packages() -> None:
+    table = rules()
+    assert set(table) == set(PACKAGES), f"docs/architecture.md's import table lists {sorted(table)}"
+    for package, entries in table.items():
+        assert all(entry.split(".")[0] in PACKAGES for entry in entries), (package, entries)
+
+
+def test_every_import_is_one_the_table_allows() -> None:
+    table = rules()
+    bad = [
+        f"{imp.module} (line {imp.line}) imports {imp.target}"
+        for imp in all_imports()
+        if not _allowed(imp.module.split(".")[1], imp.target, table)
+    ]
+    assert not bad, "imports docs/architecture.md (Import rules) does not allow:\n" + "\n".join(sorted(set(bad)))
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_allowed_package_graph_has_no_cycle() -> None:
+    table = rules()
+    graph = {package: {entry.split(".")[0] for entry in entries} for package, entries in table.items()}
+    assert _cycles(graph) == []
+
+
+def _module_of(target: str, known: dict[str, Path]) -> str | None:
+    """The module of ours an import loads (`kb_mcp.kb.models.Score` -> `kb_mcp.kb.models`)."""
+    parts = target.split(".")
+    while parts:
+        name = ".".join(parts)
+        if name in known:
+            return name
+        parts.pop()
+    return None
+
+
+def test_no_import_cycle_between_modules() -> None:
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for imp in all_imports():
+        target = _module_of(imp.target, known)
+        if target is not None and target != imp.module:
+            graph.setdefault(imp.module, set()).add(target)
+    unexpected = [sorted(c) for c in _cycles(graph) if c not in KNOWN_CYCLES]
+    assert not unexpected, f"import cycles (lazy imports count too): {unexpected}"
+
+
+def test_no_module_level_torch_outside_the_harness() -> None:
+    bad = [
+        f"{imp.module} (line {imp.line})"
+        for imp in all_imports()
+        if imp.top_level and imp.target.split(".")[0] == "torch" and not imp.module.startswith("kb_mcp.harness.")
+    ]
+    assert not bad, f"torch imported at module level: {bad}"
+
+
+def test_the_checks_can_fail() -> None:
+    """The rules reject what they should (guards against a parser that finds nothing)."""
+    table = rules()
+    assert not _allowed("kb", "kb_mcp.tools.context", table)
+    assert not _allowed("policy", "kb_mcp.kb.store", table)
+    assert not _allowed("tools", "kb_mcp.campaign.loop", table)
+    assert _allowed("policy", "kb_mcp.harness.profile_model", table)
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [frozenset({"a", "b"})]
+    lane = ROOT / "tools" / "lane.py"
+    found = {(imp.target, imp.top_level) for imp in imports_of("kb_mcp.tools.lane", lane)}
+    assert ("kb_mcp.kb.progress.Progress", True) in found
+    assert len(all_imports()) > 500

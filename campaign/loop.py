@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kb_mcp.clients.llm import LLMClient, LLMError, Role
 from kb_mcp.harness.problem import Problem, ProblemError, load_problem
@@ -39,6 +38,7 @@ from kb_mcp.campaign.agent_kernel import (
 )
 from kb_mcp.campaign.agent_review import REVIEW_SYSTEM, parse_review, review_request
 from kb_mcp.campaign.bench import Bench, BenchError, KernelDiagnosis
+from kb_mcp.campaign.best import write_best_kernels
 from kb_mcp.campaign.models import (
     AttemptRecord,
     CampaignConfig,
@@ -99,27 +99,6 @@ def _usable_now(attempt: AttemptRecord, compile_only: bool) -> bool:
 def _seed(*parts: object) -> int:
     digest = hashlib.sha256("\0".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:4], "little")
-
-
-def resolve_problems(paths: list[str | Path]) -> list[str]:
-    """Problem files from files and folders (a folder contributes its `*.py` files, sorted)."""
-    files: list[Path] = []
-    for entry in paths:
-        p = Path(entry).expanduser()
-        if p.is_dir():
-            files += sorted(q for q in p.glob("*.py") if not q.name.startswith("_"))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise CampaignError(f"problem path not found: {p}")
-    if not files:
-        raise CampaignError("no problem files given (pass .py files in KernelBench format, or folders of them)")
-    resolved = [str(f.resolve()) for f in files]
-    names = [problem_name(f) for f in resolved]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise CampaignError(f"two problems share a file name ({', '.join(dupes)}); names must be unique in a campaign")
-    return resolved
 
 
 class Campaign:
@@ -227,7 +206,7 @@ class Campaign:
                 else:  # KeyboardInterrupt, or a job's cancellation
                     self._set_status(status, "stopped", f"interrupted ({type(exc).__name__})")
                 raise
-            self.write_best_kernels()
+            write_best_kernels(self.store, self.config.problems)
             report = self.report()
             write_report(report, self.store.report_dir)
             if failure is not None or self.stop.is_set():
@@ -319,7 +298,7 @@ class Campaign:
             self.store.write_step(record)
             with self._events_lock:
                 self._done[run.name] += 1
-            self._note(run.name, self._step_message(record))
+            self._note(run.name, record.headline())
             if record.outcome_recorded:
                 self._maybe_gradient()
 
@@ -498,9 +477,16 @@ class Campaign:
             return self._close_step(record, started)
         answer = self._fix_loop(run, record, conv, answer, self.config.fix_attempts, parse_changed)
         self._finish_unit(record)
-        final = record.final
-        if final is None:  # the harness could not check even one candidate (the error says why)
+        if record.final is None:  # the harness could not check even one candidate (the error says why)
             return self._close_step(record, started)
+        self._judge(run, record, current)
+        self._record_outcome(record, answer)
+        return self._close_step(record, started)
+
+    def _judge(self, run: _ProblemRun, record: StepRecord, current: _Kernel) -> None:
+        """Whether the step's final candidate moves the trajectory on, and the state it reaches."""
+        final = record.final
+        assert final is not None
         reviewed_ok = record.review is None or record.review.accepted
         if final.verdict.is_valid and final.time_ms and current.time_ms:
             record.speedup_vs_parent = current.time_ms / final.time_ms
@@ -520,6 +506,9 @@ class Campaign:
             else:
                 if after.state_source == "classified":
                     record.next_state_id, record.next_profile_id = after.state_id, after.profile_id
+
+    def _record_outcome(self, record: StepRecord, answer: KernelAnswer) -> None:
+        """Records the step's outcome in the KB through record_outcome, unless the review rejected it."""
         if record.review is not None and not record.review.accepted:
             # The harness's verdict stands, but a result the review rejects must not earn the
             # optimization credit: it is kept out of the KB's statistics.
@@ -533,7 +522,6 @@ class Campaign:
                 recorded, note = False, f"not recorded: {exc}"
             record.outcome_recorded = recorded
             record.outcome_note += note
-        return self._close_step(record, started)
 
     def _diagnose(self, run: _ProblemRun, source: str, candidate_id: str, profile_id: str | None) -> KernelDiagnosis:
         return self.bench.diagnose(
@@ -560,17 +548,6 @@ class Campaign:
         record.wall_s = round(time.monotonic() - started, 3)
         record.finished_at = utcnow()
         return record
-
-    @staticmethod
-    def _step_message(record: StepRecord) -> str:
-        what = f"i{record.iteration} s{record.step} {record.optimization_id or '-'}"
-        if record.error:
-            return f"{what}: {record.error[:80]}"
-        verdict = record.verdict.value if record.verdict else "-"
-        gain = f" {record.speedup_vs_parent:.2f}x" if record.speedup_vs_parent else ""
-        if record.review is not None and not record.review.accepted:
-            return f"{what}: {verdict}{gain}, review rejected"
-        return f"{what}: {verdict}{gain}{', accepted' if record.accepted else ''}"
 
     # -- textual gradient --------------------------------------------------------------------------
 
@@ -612,23 +589,3 @@ class Campaign:
             self.store.kb_start(),
             [problem_name(p) for p in self.config.problems],
         )
-
-    def write_best_kernels(self) -> list[Path]:
-        """Saves each problem's best kernel as `best/<problem>.py` (from the raw records)."""
-        initials = self.store.initials()
-        steps = self.store.steps()
-        paths = []
-        for path in self.config.problems:
-            name = problem_name(path)
-            best = pick_best(initials.get(name), [s for s in steps if s.problem == name])
-            if best is None:
-                continue
-            source = self.store.kernel_source(name, best.candidate_id)
-            timing = f"{best.time_ms:.4g} ms" if best.time_ms is not None else "not timed"
-            header = (
-                f"kb-mcp campaign best kernel for {name} ({path})\n"
-                f"candidate {best.candidate_id}, from {best.origin}, {timing}"
-                + ("" if best.verified else "\nUNVERIFIED: compile-only run; verify it on a GPU before use")
-            )
-            paths.append(self.store.write_best(name, source, header))
-        return paths

@@ -167,6 +167,17 @@ class StepRecord(UnitRecord):
         """Unique name of the step within its campaign."""
         return f"{self.problem}/i{self.iteration:03d}/s{self.step:03d}"
 
+    def headline(self) -> str:
+        """One line for progress: the step, its optimization, and how it ended."""
+        what = f"i{self.iteration} s{self.step} {self.optimization_id or '-'}"
+        if self.error:
+            return f"{what}: {self.error[:80]}"
+        verdict = self.verdict.value if self.verdict else "-"
+        gain = f" {self.speedup_vs_parent:.2f}x" if self.speedup_vs_parent else ""
+        if self.review is not None and not self.review.accepted:
+            return f"{what}: {verdict}{gain}, review rejected"
+        return f"{what}: {verdict}{gain}{', accepted' if self.accepted else ''}"
+
 
 class GradientRecord(BaseModel):
     """One textual-gradient update over a batch of recorded outcomes."""

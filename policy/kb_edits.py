@@ -13,6 +13,7 @@ counts for), so LLM judgement shifts exploration without overwriting evidence.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
@@ -159,100 +160,121 @@ def _measured(view: KBView, state_id: str, optimization_id: str) -> tuple[int, f
     return (score.samples, score.mean_log_speedup) if score is not None else (0, 0.0)
 
 
+@dataclass
+class _Batch:
+    """What the KB holds, plus what the edits accepted so far in this batch add to it."""
+
+    state_ids: set[str]
+    opt_ids: set[str]
+    opt_names: set[str]
+    deprecated: set[str]
+    new_keys: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, view: KBView) -> _Batch:
+        optimizations = view.list_optimizations()
+        return cls(
+            state_ids=set(view.state_ids()),
+            opt_ids={o.id for o in optimizations},
+            opt_names={o.name.lower() for o in optimizations},
+            deprecated={o.id for o in optimizations if o.deprecated},
+        )
+
+
 def validate_edits(view: KBView, edits: list[KBEdit]) -> tuple[list[KBEdit], list[RejectedEdit]]:
     """Checks each edit against the KB (and the edits accepted before it in the same batch).
 
     Call it inside the transaction that applies the accepted edits, so nothing changes between
     checking and applying.
     """
-    state_ids = set(view.state_ids())
-    optimizations = {o.id: o for o in view.list_optimizations()}
-    opt_ids = set(optimizations)
-    opt_names = {o.name.lower() for o in optimizations.values()}
-    deprecated = {o.id for o in optimizations.values() if o.deprecated}
-    new_keys: set[str] = set()
+    batch = _Batch.of(view)
     accepted: list[KBEdit] = []
     rejected: list[RejectedEdit] = []
-
-    def reject(edit: KBEdit, reason: str) -> None:
-        rejected.append(RejectedEdit(edit=edit.model_dump(mode="json"), reason=reason))
-
     for edit in edits:
-        if isinstance(edit, (AdjustPrior, AddLesson)):
-            if edit.state_id not in state_ids:
-                reject(edit, f"unknown state {edit.state_id!r}")
-                continue
-            if edit.optimization_id not in opt_ids:
-                reject(edit, f"unknown optimization {edit.optimization_id!r}")
-                continue
-            if isinstance(edit, AdjustPrior):
-                samples, mean = _measured(view, edit.state_id, edit.optimization_id)
-                wanted = math.log(edit.expected_speedup)
-                # A prior pointing the other way from three or more measurements contradicts the evidence.
-                if samples >= 3 and wanted * mean < 0 and abs(mean) > 0.05:
-                    reject(edit, f"contradicts {samples} measurements (measured mean {math.exp(mean):.2f}x)")
-                    continue
-        elif isinstance(edit, AddOptimization):
-            new_id = new_optimization_id(edit.name)
-            if new_id in opt_ids or edit.name.lower() in opt_names:
-                reject(edit, f"an optimization named {edit.name!r} (id {new_id!r}) already exists")
-                continue
-            missing = [s for s in edit.applicable_states if s not in state_ids]
-            if missing:
-                reject(edit, f"unknown applicable states: {', '.join(missing)}")
-                continue
-            if edit.category not in CATEGORIES:
-                reject(edit, f"category {edit.category!r} is not one of {', '.join(CATEGORIES)}")
-                continue
-            opt_ids.add(new_id)
-            opt_names.add(edit.name.lower())
-        elif isinstance(edit, DeprecateOptimization):
-            if edit.optimization_id not in opt_ids:
-                reject(edit, f"unknown optimization {edit.optimization_id!r}")
-                continue
-            if edit.optimization_id in deprecated:
-                reject(edit, f"{edit.optimization_id!r} is already deprecated")
-                continue
-            helped = sorted(
-                sid
-                for sid in state_ids
-                if (m := _measured(view, sid, edit.optimization_id))[0] >= 2 and m[1] > 0.05
-            )
-            if helped:
-                reject(edit, f"measured gains in {', '.join(helped)} contradict deprecating it")
-                continue
-            deprecated.add(edit.optimization_id)
-        elif isinstance(edit, ReviseOptimization):
-            if edit.optimization_id not in opt_ids:
-                reject(edit, f"unknown optimization {edit.optimization_id!r}")
-                continue
-            if edit.description is None and edit.when_helps is None and edit.cost is None:
-                reject(edit, "nothing to revise: give description, when_helps or cost")
-                continue
-        elif isinstance(edit, AddState):
-            if edit.secondary is not None and SECONDARY_OF[edit.secondary] != edit.primary:
-                reject(
-                    edit,
-                    f"secondary {edit.secondary.value!r} belongs to primary "
-                    f"{SECONDARY_OF[edit.secondary].value!r}, not {edit.primary.value!r}",
-                )
-                continue
-            unknown = sorted({r.metric for r in edit.ranges} - CANONICAL_METRICS)
-            if unknown:
-                reject(edit, f"unknown metrics in ranges: {', '.join(unknown)}")
-                continue
-            empty = [r.metric for r in edit.ranges if r.min is not None and r.max is not None and r.min > r.max]
-            if empty:
-                reject(edit, f"empty ranges (min > max): {', '.join(empty)}")
-                continue
-            signature = new_state_signature(edit)
-            taken = view.states_with_key(signature.key)
-            if taken or signature.key in new_keys:
-                owner = taken[0].id if taken else "an earlier edit"
-                reject(edit, f"signature {signature.key} is already the state {owner}; add a lesson there instead")
-                continue
-            new_id = ids.discovered_state_id(signature)
-            state_ids.add(new_id)
-            new_keys.add(signature.key)
-        accepted.append(edit)
+        reason = _problem_with(view, batch, edit)
+        if reason is None:
+            accepted.append(edit)
+        else:
+            rejected.append(RejectedEdit(edit=edit.model_dump(mode="json"), reason=reason))
     return accepted, rejected
+
+
+def _problem_with(view: KBView, batch: _Batch, edit: KBEdit) -> str | None:
+    """Why `edit` is refused (None: accepted, and `batch` now includes it)."""
+    if isinstance(edit, (AdjustPrior, AddLesson)):
+        return _check_pair_edit(view, batch, edit)
+    if isinstance(edit, AddOptimization):
+        return _check_add_optimization(batch, edit)
+    if isinstance(edit, DeprecateOptimization):
+        return _check_deprecation(view, batch, edit)
+    if isinstance(edit, ReviseOptimization):
+        if edit.optimization_id not in batch.opt_ids:
+            return f"unknown optimization {edit.optimization_id!r}"
+        if edit.description is None and edit.when_helps is None and edit.cost is None:
+            return "nothing to revise: give description, when_helps or cost"
+        return None
+    return _check_add_state(view, batch, edit)
+
+
+def _check_pair_edit(view: KBView, batch: _Batch, edit: AdjustPrior | AddLesson) -> str | None:
+    if edit.state_id not in batch.state_ids:
+        return f"unknown state {edit.state_id!r}"
+    if edit.optimization_id not in batch.opt_ids:
+        return f"unknown optimization {edit.optimization_id!r}"
+    if isinstance(edit, AdjustPrior):
+        samples, mean = _measured(view, edit.state_id, edit.optimization_id)
+        wanted = math.log(edit.expected_speedup)
+        # A prior pointing the other way from three or more measurements contradicts the evidence.
+        if samples >= 3 and wanted * mean < 0 and abs(mean) > 0.05:
+            return f"contradicts {samples} measurements (measured mean {math.exp(mean):.2f}x)"
+    return None
+
+
+def _check_add_optimization(batch: _Batch, edit: AddOptimization) -> str | None:
+    new_id = new_optimization_id(edit.name)
+    if new_id in batch.opt_ids or edit.name.lower() in batch.opt_names:
+        return f"an optimization named {edit.name!r} (id {new_id!r}) already exists"
+    missing = [s for s in edit.applicable_states if s not in batch.state_ids]
+    if missing:
+        return f"unknown applicable states: {', '.join(missing)}"
+    if edit.category not in CATEGORIES:
+        return f"category {edit.category!r} is not one of {', '.join(CATEGORIES)}"
+    batch.opt_ids.add(new_id)
+    batch.opt_names.add(edit.name.lower())
+    return None
+
+
+def _check_deprecation(view: KBView, batch: _Batch, edit: DeprecateOptimization) -> str | None:
+    if edit.optimization_id not in batch.opt_ids:
+        return f"unknown optimization {edit.optimization_id!r}"
+    if edit.optimization_id in batch.deprecated:
+        return f"{edit.optimization_id!r} is already deprecated"
+    helped = sorted(
+        sid for sid in batch.state_ids if (m := _measured(view, sid, edit.optimization_id))[0] >= 2 and m[1] > 0.05
+    )
+    if helped:
+        return f"measured gains in {', '.join(helped)} contradict deprecating it"
+    batch.deprecated.add(edit.optimization_id)
+    return None
+
+
+def _check_add_state(view: KBView, batch: _Batch, edit: AddState) -> str | None:
+    if edit.secondary is not None and SECONDARY_OF[edit.secondary] != edit.primary:
+        return (
+            f"secondary {edit.secondary.value!r} belongs to primary "
+            f"{SECONDARY_OF[edit.secondary].value!r}, not {edit.primary.value!r}"
+        )
+    unknown = sorted({r.metric for r in edit.ranges} - CANONICAL_METRICS)
+    if unknown:
+        return f"unknown metrics in ranges: {', '.join(unknown)}"
+    empty = [r.metric for r in edit.ranges if r.min is not None and r.max is not None and r.min > r.max]
+    if empty:
+        return f"empty ranges (min > max): {', '.join(empty)}"
+    signature = new_state_signature(edit)
+    taken = view.states_with_key(signature.key)
+    if taken or signature.key in batch.new_keys:
+        owner = taken[0].id if taken else "an earlier edit"
+        return f"signature {signature.key} is already the state {owner}; add a lesson there instead"
+    batch.state_ids.add(ids.discovered_state_id(signature))
+    batch.new_keys.add(signature.key)
+    return None

@@ -17,6 +17,7 @@ from kb_mcp.campaign.loop import Campaign, CampaignAborted, CampaignStopped, Pro
 from kb_mcp.campaign.problems import resolve_problems
 from kb_mcp.campaign.bench import Bench
 from kb_mcp.campaign.models import CampaignConfig
+from kb_mcp.campaign.selection import SelectionError, select_problems
 from kb_mcp.campaign.store import CampaignError, CampaignStore
 from kb_mcp.campaign.report import CampaignReport, report_from_store
 from kb_mcp.campaign.report_render import write_report
@@ -41,12 +42,18 @@ class CampaignOptions(BaseModel):
     compile_only: bool | None = None
     seed: int | None = None
     arch: str | None = None
+    level: int | None = Field(None, ge=1, description="KernelBench level to take from the problem paths.")
+    problem_ids: str | None = Field(None, description="Problem ids and ranges to take, e.g. 1-20,40.")
 
     def config(self, stored: CampaignConfig | None, llm: LLMConfig) -> CampaignConfig:
         """The configuration of this run: stored values, overridden by what was given now."""
-        given = self.model_dump(exclude_none=True, exclude={"problems"})
+        given = self.model_dump(exclude_none=True, exclude={"problems", "level", "problem_ids"})
         if self.problems:
-            given["problems"] = resolve_problems(list(self.problems))
+            try:
+                refs = select_problems(list(self.problems), level=self.level, ids=self.problem_ids)
+            except SelectionError as exc:
+                raise CampaignError(str(exc)) from exc
+            given["problems"] = resolve_problems([r.path for r in refs])
         elif stored is None:
             raise CampaignError("no problems given and no campaign to resume in this folder")
         given["models"] = {role.value: llm.model_for(role) for role in Role}

@@ -47,8 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "with a textual-gradient KB update every U outcomes. Rerunning with the same --name/--out resumes."
         ),
     )
-    p.add_argument("problems", nargs="*", help="problem files (KernelBench format) or folders of them; "
-                   "omit to resume the named campaign")
+    p.add_argument("problems", nargs="*", help="problem files (KernelBench format), folders of them, or a KernelBench "
+                   "checkout; omit to resume the named campaign")
+    p.add_argument("--level", type=int, help="KernelBench level to take from a checkout (default: every level found)")
+    p.add_argument("--problems", dest="problem_ids", metavar="IDS",
+                   help="KernelBench problem ids and ranges to take, e.g. 1-20,40")
     p.add_argument("--name", help=f"campaign name: its folder is <kb artifacts>/campaigns/NAME (default {DEFAULT_NAME})")
     p.add_argument("--out", help="campaign folder (overrides --name)")
     p.add_argument("--iterations", type=int, help="trajectories per problem (default 10)")
@@ -106,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         compile_only=True if args.compile_only else None,
         seed=args.seed,
         arch=args.arch,
+        level=args.level,
+        problem_ids=args.problem_ids,
     )
     try:
         llm = LLMConfig.from_env(

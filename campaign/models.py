@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.clients.llm import TokenLedger
-from kb_mcp.kb.models import Verdict, utcnow
+from kb_mcp.kb.models import DEFAULT_TRACK, Track, Verdict, utcnow
 from kb_mcp.campaign.agent_gradient import ParameterUpdate, PerfGapAnalysis, PolicyEvaluation
 from kb_mcp.policy.kb_edits import RejectedEdit
 from kb_mcp.policy.select import DEFAULT_TEMPERATURE
@@ -53,6 +53,10 @@ class CampaignConfig(BaseModel):
     seed: int = 0
     arch: str | None = Field(None, description="GPU arch for KB scores; None: what the harness reports.")
     models: dict[str, str] = Field(default_factory=dict, description="Model per role, for the record.")
+    kind: Literal["campaign", "eval"] = Field(
+        "campaign", description="An LLM campaign, or an eval of given solution files (`kb-mcp eval`)."
+    )
+    track: Track = Field(DEFAULT_TRACK, description="Precision track the candidates are verified in.")
 
 
 class ReviewRecord(BaseModel):

@@ -87,6 +87,7 @@ class ProblemResult(BaseModel):
     best_vs_eager: float | None = None
     best_vs_compile: float | None = None
     best: KernelPick | None = None
+    initial_verdict: Verdict | None = None  # the harness's verdict on the first kernel (an eval's solution)
     valid: bool = False
     compiled: bool = False
     steps: int = 0
@@ -231,6 +232,7 @@ def problem_result(problem: str, initial: InitialRecord | None, steps: Sequence[
         best_vs_eager=_ratio(eager, best_ms),
         best_vs_compile=_ratio(compiled, best_ms),
         best=best,
+        initial_verdict=initial.verdict if initial is not None else None,
         valid=best_ms is not None,
         compiled=any(a.verdict != Verdict.compile_error for u in units for a in u.attempts),
         steps=len(steps),
@@ -337,10 +339,13 @@ def build_report(
             grad.errors.append(f"batch {g.index}: {g.error}")
     grad.applied_by_kind = dict(sorted(kinds.items()))
     notes: list[str] = []
+    if config.kind == "eval":
+        notes.append("eval: each problem's solution file verified once through compile_and_verify "
+                     f"(track {config.track.value}); no LLM, no KB updates beyond the stored verdicts.")
     if config.compile_only:
         notes.append("compile-only run: candidates were compiled (verdict needs_gpu) but not verified or timed; "
                      "no speedups exist, and best kernels are the last accepted ones, unverified.")
-    if config.gradient_every == 0:
+    if config.gradient_every == 0 and config.kind == "campaign":
         notes.append("textual gradient off: the KB was updated numerically only.")
     states = Counter(s.state_id for s in steps if s.state_id)
     return CampaignReport(

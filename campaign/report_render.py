@@ -26,20 +26,57 @@ def _stats_row(label: str, s: SpeedupStats) -> str:
     return f"| {label} | {s.n} | {_x(s.geomean)} | {_x(s.mean)} | {_x(s.median)} | {_x(s.min)} | {_x(s.max)} |"
 
 
+def _header(report: CampaignReport) -> list[str]:
+    c = report.config
+    if c.kind == "eval":
+        return ["# Evaluation report", "",
+                f"Mode: **{report.mode}** · {len(report.problems)} problems · track **{c.track.value}** · "
+                "one solution file per problem, verified through the harness (no LLM)"]
+    return ["# Campaign report", "",
+            f"Mode: **{report.mode}** · {len(report.problems)} problems × {c.iterations} iterations × {c.steps} steps · "
+            f"track **{c.track.value}** · top-k {c.top_k}, temperature {c.temperature:g}, fix attempts {c.fix_attempts}, "
+            f"textual gradient every {c.gradient_every or '-'} outcomes"]
+
+
+def _summary(report: CampaignReport) -> list[str]:
+    return [
+        "## Summary",
+        "",
+        f"* valid rate (problems with a correct, timed kernel): {_pct(report.valid_rate)}",
+        "* fast_p (share of all problems faster than p × baseline): "
+        + ", ".join(f"p={k}: {_pct(v)}" for k, v in report.fast_p.items()),
+        "",
+        "Speedup (baseline: the faster of eager and torch.compile):",
+        "",
+        "| over | n | geomean | mean | median | min | max |",
+        "|---|---|---|---|---|---|---|",
+        _stats_row("best of eager/compile", report.speedup),
+        _stats_row("eager", report.speedup_vs_eager),
+        _stats_row("torch.compile", report.speedup_vs_compile),
+    ]
+
+
+def _eval_body(report: CampaignReport, lines: list[str]) -> str:
+    """An eval's report: no LLM and no steps, so no optimizations, states, KB growth or tokens."""
+    lines += [*_summary(report), "", "## Problems", "",
+              "| problem | verdict | eager ms | compile ms | solution ms | vs eager | vs torch.compile | vs the better |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in report.problems:
+        verdict = r.initial_verdict.value if r.initial_verdict else "(no solution)"
+        lines.append(f"| {r.problem} | {verdict} | {_ms(r.eager_ms)} | {_ms(r.compile_ms)} | {_ms(r.best_ms)} | "
+                     f"{_x(r.best_vs_eager)} | {_x(r.best_vs_compile)} | {_x(r.best_speedup)} |")
+    lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in PLOTS), ""]
+    return "\n".join(lines)
+
+
 def render_markdown(report: CampaignReport) -> str:
     """The human-readable report."""
-    c = report.config
-    lines = [
-        "# Campaign report",
-        "",
-        f"Mode: **{report.mode}** · {len(report.problems)} problems × {c.iterations} iterations × {c.steps} steps · "
-        f"top-k {c.top_k}, temperature {c.temperature:g}, fix attempts {c.fix_attempts}, "
-        f"textual gradient every {c.gradient_every or '-'} outcomes",
-        "",
-    ]
+    lines = [*_header(report), ""]
     lines += [f"> {note}" for note in report.notes]
     if report.notes:
         lines.append("")
+    if report.config.kind == "eval":
+        return _eval_body(report, lines)
     lines += [
         "## Summary",
         "",

@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kb_mcp.server import cmd_call, cmd_campaign, cmd_kb, cmd_serve
+from kb_mcp.server import cmd_call, cmd_campaign, cmd_eval, cmd_kb, cmd_serve
 
-COMMANDS = (cmd_serve, cmd_call, cmd_kb, cmd_campaign)
+COMMANDS = (cmd_serve, cmd_call, cmd_kb, cmd_campaign, cmd_eval)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,102 @@
+"""`kb-mcp eval`: verify a folder of solutions against a KernelBench tree (or any folder of problems)
+through the harness, without an LLM, and write the campaign report.
+
+    kb-mcp eval ~/KernelBench --level 1 --problems 1-20,40 --solutions runs/mine
+    kb-mcp eval tests/campaign/problems --solutions my_kernels --compile-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kb_mcp.kb import paths
+
+DEFAULT_NAME = "eval"
+TRACKS = ("fp32", "tf32", "bf16", "fp16")  # kb.models.Track's values (kept literal: start-up stays light)
+
+
+def eval_dir(kb_path: Path, name: str | None, out: str | None) -> Path:
+    """The eval's folder: `--out`, else `<kb artifacts>/evals/<name>`."""
+    if out:
+        return Path(out).expanduser().resolve()
+    return paths.artifacts_dir(kb_path) / "evals" / (name or DEFAULT_NAME)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Adds the `eval` command."""
+    p = sub.add_parser(
+        "eval",
+        help="verify solution files against KernelBench problems through the harness (no LLM)",
+        description=(
+            "Match a solution file to each selected problem by name (the problem's file name, or KernelBench's "
+            "level_<L>_problem_<N>_sample_<S>_kernel.py), verify and time each through compile_and_verify, and write "
+            "the campaign report: speedup over eager, over torch.compile and over the better of the two, valid rate, "
+            "geomean, fast_p. Rerunning with the same --name/--out skips solutions already evaluated."
+        ),
+    )
+    p.add_argument("problems", nargs="+", metavar="PROBLEMS",
+                   help="a KernelBench checkout, a level folder, a folder of problem files, or problem files")
+    p.add_argument("--solutions", metavar="DIR", help="folder of solution files (ModelNew), matched by name")
+    p.add_argument("--level", type=int, help="KernelBench level to take (default: every level found)")
+    p.add_argument("--problems", dest="ids", metavar="IDS", help="problem ids and ranges, e.g. 1-20,40")
+    p.add_argument("--track", choices=TRACKS, default="fp32", help="precision track to verify in (default fp32)")
+    p.add_argument("--name", help=f"eval name: its folder is <kb artifacts>/evals/NAME (default {DEFAULT_NAME})")
+    p.add_argument("--out", help="eval folder (overrides --name)")
+    p.add_argument("--compile-only", action="store_true", help="no GPU: compile each solution, time nothing")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the eval; exit code 0 when every matched solution was evaluated, 2 for unusable arguments."""
+    from kb_mcp.campaign.evaluate import EvalError, EvalOptions, evaluate
+    from kb_mcp.campaign.store import CampaignError
+    from kb_mcp.kb.models import Track
+    from kb_mcp.server.campaign_console import ConsoleProgress
+    from kb_mcp.server.gpu import detect_gpus
+    from kb_mcp.tools.context import ToolContext
+
+    kb_path = paths.resolve_kb_path(args.kb)
+    folder = eval_dir(kb_path, args.name, args.out)
+    options = EvalOptions(problems=list(args.problems), solutions=args.solutions, level=args.level, ids=args.ids,
+                          track=Track(args.track), compile_only=args.compile_only)
+    ctx = ToolContext(kb_path, client_name="kb-mcp eval")
+    try:
+        with ConsoleProgress(enabled=not args.no_progress) as console:
+            result = evaluate(folder, ctx, options, have_gpu=bool(detect_gpus()), progress=console.update,
+                              log=console.log)
+    except (EvalError, CampaignError) as exc:
+        print(f"kb-mcp eval: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted; every finished problem is saved. Rerun the same command to continue ({folder}).",
+              file=sys.stderr)
+        return 130
+    finally:
+        ctx.close()
+    print(summary(result))
+    return 0
+
+
+def summary(result: object) -> str:
+    """The per-problem table and the headline numbers, for the terminal."""
+    from kb_mcp.campaign.evaluate import EvalResult
+
+    assert isinstance(result, EvalResult)
+    rows = [f"{'problem':<44} {'verdict':<14} {'speedup':>8}  note"]
+    for line in result.lines:
+        speed = f"{line.speedup:.2f}x" if line.speedup else "-"
+        rows.append(f"{line.problem[:44]:<44} {(line.verdict.value if line.verdict else '-'):<14} {speed:>8}  {line.note}")
+    report = result.report
+    s = report.speedup
+    rows.append("")
+    rows.append(f"{len(report.problems)} problems, track {report.config.track.value}, mode {report.mode}: "
+                f"valid rate {report.valid_rate:.0%}")
+    if s.n:
+        rows.append(f"speedup over the better of eager and torch.compile: geomean {s.geomean:.2f}x, "
+                    f"median {s.median:.2f}x (n={s.n}); fast_1 {report.fast_p.get('1', 0):.0%}")
+    rows += report.notes
+    rows.append(f"report: {result.report_md}")
+    return "\n".join(rows)

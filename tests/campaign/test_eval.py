@@ -1,0 +1,105 @@
+"""`kb-mcp eval` as a real process on a KernelBench-format tree we wrote: solutions matched by name,
+each verified through compile_and_verify (compile-only here: real nvcc, verdicts stored in a real KB),
+the campaign report written, a rerun skipping what was evaluated, tracks the harness cannot verify
+refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kb_mcp.campaign.store import CampaignStore
+from kb_mcp.kb.models import Track
+from kb_mcp.kb.store import KBStore
+from kb_mcp.server import cmd_eval
+
+TREE = Path(__file__).resolve().parent / "kernelbench_tree"
+SOLUTIONS = TREE / "solutions"
+
+
+def _eval(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KB_MCP_HOME": str(tmp / "home")}
+    cmd = [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(tmp / "kb.json"), "eval", *args, "--no-progress"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    tmp = tmp_path_factory.mktemp("eval")
+    proc = _eval(tmp, str(TREE), "--solutions", str(SOLUTIONS), "--compile-only", "--out", str(tmp / "out"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return tmp, proc
+
+
+@pytest.mark.nvcc
+def test_each_solution_goes_through_the_harness(first_run) -> None:
+    tmp, proc = first_run
+    store = CampaignStore(tmp / "out")
+    initials = store.initials()
+    assert {k: v.verdict.value for k, v in initials.items()} == {
+        "1_Scale": "needs_gpu", "2_Add_Bias": "needs_gpu", "1_Scale_Add_ReLU": "compile_error"}
+    assert "3_Square" not in initials  # no solution: nothing verified, and the output says so
+    assert "3_Square" in proc.stdout and "no solution file matched" in proc.stdout
+    assert "timing its baselines needs a GPU" in proc.stdout
+    # the harness's own compiler message reaches the table of the broken solution
+    assert "1_Scale_Add_ReLU" in proc.stdout and "compile_error" in proc.stdout
+    # every verdict is the server's, stored in the KB under the candidate id
+    with KBStore.open(tmp / "kb.json").read() as kb:
+        for record in initials.values():
+            stored = kb.get_candidate(record.candidate_id)
+            assert stored is not None and stored.verdict == record.verdict
+            assert record.problem_path.startswith(str(TREE))
+
+
+@pytest.mark.nvcc
+def test_the_campaign_report_is_written(first_run) -> None:
+    tmp, _ = first_run
+    report = json.loads((tmp / "out" / "report" / "report.json").read_text())
+    assert report["config"]["kind"] == "eval" and report["config"]["track"] == "fp32"
+    assert report["mode"] == "compile-only" and report["valid_rate"] == 0.0
+    assert [p["problem"] for p in report["problems"]] == ["1_Scale", "2_Add_Bias", "3_Square", "1_Scale_Add_ReLU"]
+    assert [p["initial_verdict"] for p in report["problems"]] == ["needs_gpu", "needs_gpu", None, "compile_error"]
+    assert set(report["fast_p"]) >= {"0", "1", "2"}
+    md = (tmp / "out" / "report" / "report.md").read_text()
+    assert md.startswith("# Evaluation report") and "track **fp32**" in md and "| 3_Square | (no solution) |" in md
+    assert "## Tokens" not in md  # no LLM in an eval
+
+
+@pytest.mark.nvcc
+def test_a_rerun_skips_what_was_evaluated_and_a_selection_narrows_it(first_run) -> None:
+    tmp, _ = first_run
+    proc = _eval(tmp, str(TREE), "--solutions", str(SOLUTIONS), "--level", "1", "--problems", "1-2",
+                 "--compile-only", "--out", str(tmp / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("already evaluated in this folder") == 2
+    assert "1_Scale_Add_ReLU" not in proc.stdout.split("\n\n")[0]  # level 2 not selected this time
+    assert CampaignStore(tmp / "out").read_status().runs == 2
+
+
+def test_tracks_the_harness_cannot_verify_are_refused(tmp_path: Path) -> None:
+    proc = _eval(tmp_path, str(TREE), "--solutions", str(SOLUTIONS), "--track", "tf32", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2
+    assert "track tf32 is not yet supported by the harness" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--problems", "7"], "none with ids 7"),
+        (["--solutions", "/no/such/dir"], "solutions folder not found"),
+        (["--level", "5"], "has no level5 folder"),
+    ],
+)
+def test_unusable_arguments_are_the_callers_to_fix(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = _eval(tmp_path, str(TREE), *args, "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_cli_tracks_are_the_models_tracks() -> None:
+    assert cmd_eval.TRACKS == tuple(t.value for t in Track)

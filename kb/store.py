@@ -1,17 +1,24 @@
-"""The KB store: a TinyDB JSON file shared by several server processes, safe against lost updates
-and torn files.
+"""The KB store: a TinyDB JSON file shared by several server processes, safe against lost updates,
+torn files and damaged journals.
 
-* Every read-modify-write runs in ``store.transaction()``: a cross-process file lock is taken, the
-  KB is re-read inside it (other processes may have written), the block edits it, and the change
-  is made durable before the lock is released.
-* Small transactions append one fsynced line to a journal beside the file (see `kb.journal`);
-  when the journal has grown to a quarter of the file (at least `compact_min_bytes`), or a
-  transaction is large, the whole KB is written to a temp file, fsynced, and moved over the
-  TinyDB file with ``os.replace`` (so a reader sees the old file or the new one, never a mix),
-  and the journal starts empty.
+* Every read-modify-write runs in ``store.transaction()``: the cross-process KB lock (`kb.lock`) is
+  taken, the KB is re-read inside it (other processes may have written), the block edits it, and
+  the change is made durable before the lock is released.
+* Small transactions append one checksummed, fsynced line to a journal beside the file (see
+  `kb.journal`); when the journal has grown to a quarter of the file (at least `compact_min_bytes`),
+  or a transaction is large, the whole KB is written to a temp file, fsynced, and moved over the
+  TinyDB file with ``os.replace`` (a reader sees the old file or the new one, never a mix), the
+  journal starts empty, and a copy of the new file is kept as a rotated backup (`kb.backups`).
 * Reads need no lock: they compare the file's and the journal's identity (inode, size, mtime)
   with what is cached, re-read the TinyDB file only when it was replaced, and read only the
   journal lines appended since last time.
+* Nothing committed is dropped quietly. A damaged journal line, a sequence gap or a vanished
+  journal makes the store refuse the KB (KBCorruptError naming the file, line and byte offset, with
+  a copy of the journal kept) until ``kb-mcp kb repair`` salvages it; a missing KB file is never
+  re-created over what is left of it (KBMissingError); a read-only KB is never written
+  (KBReadOnlyError); a writer whose lock file was deleted under it writes nothing (KBConflictError).
+* A record that must not be lost while the lock is busy (a finished verification) is persisted
+  first and committed by the next transaction of any process (`commit_soon`, `kb.pending`).
 """
 
 from __future__ import annotations
@@ -19,34 +26,49 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 import re
+import shutil
 import threading
+import time
 import uuid
+import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import filelock
 from tinydb.storages import Storage
 
-from kb_mcp.kb import journal, paths
+from kb_mcp.kb import backups, journal, paths, pending
+from kb_mcp.kb.errors import (
+    KBConflictError,
+    KBCorruptError,
+    KBFileError,
+    KBLockTimeout,
+    KBMissingError,
+    KBReadOnlyError,
+    KbMcpError,
+    storage_error,
+)
 from kb_mcp.kb.journal import Entry, FileId
+from kb_mcp.kb.lock import KBLock
 from kb_mcp.kb.models import ALL_ARCH, SCHEMA_VERSION, CandidateRecord, Lesson, Optimization, Outcome, Score, State, Track, Transition, utcnow
 from kb_mcp.kb.tables import FORMAT, LayoutError, Tables
 from kb_mcp.kb.view import KBStats, KBView, Transaction
+
+__all__ = ["AtomicJSONStorage", "COMPACT_MIN_BYTES", "KBFileError", "KBStore", "new_meta", "what_remains"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 COMPACT_MIN_BYTES = 1 << 20
 """Journal size below which the store never compacts (a small KB would otherwise be rewritten often)."""
 
-
-class KBFileError(Exception):
-    """The KB file cannot be used (corrupt, foreign, newer schema, unreadable, lock timeout).
-
-    The message names the file. The store never overwrites a file it refused.
-    """
+_FLUSH_RETRY_S = 2.0  # pause between attempts of the thread that commits pending records
 
 
 class AtomicJSONStorage(Storage):
@@ -54,6 +76,7 @@ class AtomicJSONStorage(Storage):
 
     TinyDB's own JSONStorage truncates and rewrites in place, so a crash mid-write would leave
     half a file; this one can be handed to ``TinyDB(path, storage=AtomicJSONStorage)`` as well.
+    A replaced file keeps its mode; a new one is private to its owner.
     """
 
     def __init__(self, path: str | os.PathLike[str], **_: Any) -> None:
@@ -79,10 +102,22 @@ class AtomicJSONStorage(Storage):
 
     def write(self, data: dict[str, dict[str, Any]]) -> None:
         """Replaces the file atomically and durably with `data`."""
+        mode, gid = _mode_of(self.path)
+        tmp = self.write_temp(data, mode, gid)
+        try:
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        journal.fsync_dir(self.path.parent)
+
+    def write_temp(self, data: dict[str, dict[str, Any]], mode: int, gid: int = -1) -> Path:
+        """Writes `data` to a fsynced temp file beside the file (mode and group given); returns it."""
         blob = json.dumps(data, separators=(",", ":")).encode()
         tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         try:
+            journal.set_mode(fd, mode, gid)
             view = memoryview(blob)
             while view:
                 view = view[os.write(fd, view):]
@@ -92,11 +127,18 @@ class AtomicJSONStorage(Storage):
             tmp.unlink(missing_ok=True)
             raise
         os.close(fd)
-        os.replace(tmp, self.path)
-        journal.fsync_dir(self.path.parent)
+        return tmp
 
     def close(self) -> None:
         """Nothing is held open between calls."""
+
+
+@dataclass(frozen=True)
+class _Gap:
+    offset: int
+    seq: int
+    expected: int
+    written_at: int | None = None  # where the line's writer put it, when that is not where it is
 
 
 class KBStore:
@@ -106,17 +148,21 @@ class KBStore:
         self,
         path: str | os.PathLike[str],
         *,
-        lock_timeout: float = 120.0,
+        lock_timeout: float | None = None,
         compact_min_bytes: int = COMPACT_MIN_BYTES,
         compact_fraction: float = 0.25,
+        backups: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.journal_path = self.path.with_name(self.path.name + ".journal")
         self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self.pending_dir = paths.pending_dir(self.path)
         self.compact_min_bytes = compact_min_bytes
         self.compact_fraction = compact_fraction  # compact when the journal reaches this share of the file
+        self.keep_backups = _default_backups() if backups is None else backups
+        self._mode, self._gid = _mode_of(self.path)
         self._storage = AtomicJSONStorage(self.path)
-        self._flock = filelock.FileLock(str(self.lock_path), timeout=lock_timeout)
+        self.lock = KBLock(self.path, lock_timeout, mode=self._mode)
         self._mutex = threading.RLock()  # guards the cached tables between this process's threads
         self._local = threading.local()  # the transaction open on this thread, if any
         self._tables: Tables | None = None
@@ -125,131 +171,214 @@ class KBStore:
         self._last_seq = 0  # last journal entry applied to the cached tables
         self._j_ino: int | None = None
         self._j_offset = 0  # end of the last complete journal entry read
+        self._j_starts: deque[int] = deque(maxlen=64)  # offsets of the last lines read (see _read_journal)
+        self._flusher: threading.Thread | None = None
 
     # ---- opening -------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str] | None = None, *, seed: bool = True, **options: Any) -> KBStore:
-        """Opens the KB at `path` (default: `kb.paths.resolve_kb_path()`), creating and seeding it
-        when missing. Raises KBFileError for a corrupt, foreign or newer file, which stays untouched."""
+    def open(cls, path: str | os.PathLike[str] | None = None, *, create: bool = True, **options: Any) -> KBStore:
+        """Opens the KB at `path` (default: `kb.paths.resolve_kb_path()`).
+
+        A missing KB is created and seeded only when `create` is set and nothing of a KB is at
+        that path (no journal, artifacts or backups); otherwise KBMissingError says what is there
+        and how to get the KB back. A corrupt, foreign or newer file raises KBFileError and stays
+        untouched.
+        """
         p = paths.resolve_kb_path(path)
         if p.is_dir():
-            raise KBFileError(f"{p}: is a directory, not a KB file")
+            raise KBFileError(f"{p}: is a directory, not a KB file", where=p,
+                              action="pass the path of the KB file itself (e.g. .../kb.json)")
         store = cls(p, **options)
-        if not p.exists() or p.stat().st_size == 0:
-            if not seed:
-                raise KBFileError(f"{p}: no KB file here (run `kb-mcp --kb {p} kb init` to create one)")
-            store._create()
+        if not _has_content(p):
+            remains = what_remains(p)
+            if remains or not create:
+                raise missing_error(p, remains)
+            store.create()
         store.refresh()
         return store
 
-    def _create(self) -> None:
+    def create(self, *, mode: int = paths.PRIVATE_FILE_MODE, gid: int = -1) -> bool:
+        """Creates and seeds the KB file with `mode` (and group `gid`); False when another process
+        created it first. Callers decide whether creating is right (see `open`)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise KBFileError(f"{self.path}: cannot create its folder: {exc}") from exc
-        with self._locked():
-            if self.path.exists() and self.path.stat().st_size > 0:
-                return  # another process created it while we waited for the lock
+            raise storage_error(exc, "create the KB's folder", self.path.parent) from exc
+        self._mode, self._gid = mode, gid
+        self.lock = KBLock(self.path, self.lock.timeout, mode=mode)
+        with self._locked(), self._mutex:
+            if _has_content(self.path):
+                return False  # another process created it while we waited for the lock
             from kb_mcp.kb.seed import seed_tables
 
             tables = seed_tables()
             tables.meta = new_meta()
-            self._storage.write(tables.to_tinydb())
-            journal.reset(self.journal_path)
+            try:
+                tmp = self._storage.write_temp(tables.to_tinydb(), mode, gid)
+                os.replace(tmp, self.path)
+                journal.fsync_dir(self.path.parent)
+                journal.reset(self.journal_path, mode, gid)
+            except OSError as exc:
+                raise storage_error(exc, "create the KB file", self.path) from exc
+            self._tables = None
+            return True
 
     # ---- locking and freshness -------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        try:
-            self._flock.acquire()
-        except filelock.Timeout as exc:
-            raise KBFileError(
-                f"{self.path}: timed out after {self._flock.timeout:.0f} s waiting for the lock {self.lock_path} "
-                "(another process holds it; if none is running, the lock file is stale and can be deleted)"
-            ) from exc
-        except OSError as exc:
-            raise KBFileError(f"{self.path}: cannot take the lock {self.lock_path}: {exc}") from exc
-        try:
-            yield
-        finally:
-            self._flock.release()
+    def _locked(self, timeout: float | None = None) -> contextlib.AbstractContextManager[None]:
+        return self.lock.held(timeout)
 
     def _load_base(self, base_id: FileId) -> None:
+        self._tables = None
         try:
             data = self._storage.read()
-        except json.JSONDecodeError as exc:
-            raise KBFileError(f"{self.path}: not valid JSON ({exc}); the file is left as it is") from exc
-        except (OSError, UnicodeDecodeError) as exc:
-            raise KBFileError(f"{self.path}: cannot read the KB file: {exc}") from exc
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise KBCorruptError(f"{self.path}: not valid JSON ({exc}); the file is left as it is", where=self.path,
+                                 action=_restore_hint(self.path)) from exc
+        except OSError as exc:
+            raise storage_error(exc, "read the KB file", self.path) from exc
         if data is None:
-            raise KBFileError(f"{self.path}: the KB file is empty")
+            raise KBCorruptError(f"{self.path}: the KB file is empty", where=self.path, action=_restore_hint(self.path))
         try:
             tables = Tables.from_tinydb(data, str(self.path))
         except LayoutError as exc:
-            raise KBFileError(f"{exc}; not a kb-mcp KB file, left untouched") from exc
+            raise KBFileError(f"{exc}; not a kb-mcp KB file, left untouched", where=self.path,
+                              action="pass the path of a kb-mcp KB with --kb (or $KB_MCP_KB)") from exc
         version = tables.meta.get("schema_version")
         if version != SCHEMA_VERSION:
             newer = isinstance(version, int) and version > SCHEMA_VERSION
             raise KBFileError(
                 f"{self.path}: KB schema version {version!r}, this kb-mcp reads version {SCHEMA_VERSION}"
-                + (" (written by a newer kb-mcp: upgrade kb-mcp)" if newer else "")
+                + (" (written by a newer kb-mcp)" if newer else ""),
+                where=self.path,
+                action="upgrade kb-mcp" if newer else "open it with the kb-mcp version that wrote it and export it",
             )
+        self._mode, self._gid = _mode_of(self.path)
         self._tables = tables
         self._base_id = base_id
         self._base_seq = self._last_seq = int(tables.meta.get("applied_seq", 0))
         self._j_ino = None
         self._j_offset = 0
+        self._j_starts.clear()
 
     def refresh(self) -> Tables:
         """Brings the cached tables up to date with the file and journal (callers hold `_mutex`)."""
         with self._mutex:
+            gap: _Gap | None = None
             for _ in range(20):
                 base_id = FileId.of(self.path)
                 if base_id is None:
-                    raise KBFileError(f"{self.path}: the KB file disappeared")
+                    self._tables = None
+                    raise missing_error(self.path, what_remains(self.path), disappeared=True)
                 if self._tables is None or base_id != self._base_id or self._head_changed():
                     self._load_base(base_id)
-                if self._read_journal() and FileId.of(self.path) == self._base_id:
+                state = self._read_journal()
+                if state is True and FileId.of(self.path) == self._base_id:
                     assert self._tables is not None
                     return self._tables
+                if isinstance(state, _Gap):
+                    if gap is not None and FileId.of(self.path) == self._base_id:
+                        raise self._gap_error(state)  # the same file twice: no compaction explains it
+                    gap = state
                 self._tables = None  # replaced under us (a compaction): start over
-            raise KBFileError(f"{self.path}: the KB file keeps being replaced while reading it; try again")
+            raise KBFileError(
+                f"{self.path}: the KB file was replaced 20 times while this process read it",
+                where=self.path,
+                action="another program may be rewriting the KB file in a loop (a sync tool?): stop it, then call again",
+            )
 
     def _head_changed(self) -> bool:
         head = _head_seq(self.path)
         return head is not None and head != self._base_seq
 
-    def _read_journal(self) -> bool:
-        """Applies new journal entries; False when the cache must be rebuilt from the file."""
+    def _read_journal(self) -> bool | _Gap:
+        """Applies new journal entries. False when the cache must be rebuilt from the file, a _Gap
+        when the journal does not continue the loaded file; raises KBCorruptError for damage."""
         jid = FileId.of(self.journal_path)
         if jid is None:
-            return self._j_ino is None  # a journal we had read vanished: the file was compacted
+            if self._j_ino is None:
+                return True  # no journal yet (a KB from before journals)
+            if FileId.of(self.path) == self._base_id and self._last_seq > self._base_seq:
+                raise KBCorruptError(
+                    f"{self.journal_path}: the KB journal was deleted; it held the transactions "
+                    f"{self._base_seq + 1}..{self._last_seq}, committed after the KB file was last written",
+                    where=self.journal_path, action=_restore_hint(self.path),
+                )
+            return False  # a journal we had read vanished: the file was compacted
         if self._j_ino is not None and jid.ino != self._j_ino:
             return False  # a new journal: the file was compacted since we loaded it
         if jid.size < self._j_offset:
+            log.error("%s: the KB journal shrank from %d to %d bytes: something other than kb-mcp cut it, and the "
+                      "transactions after that point are gone", self.journal_path, self._j_offset, jid.size)
             return False
         if self._j_ino is None or jid.size > self._j_offset:
-            entries, offset = journal.read_entries(self.journal_path, self._j_offset)
+            chunk = journal.read_entries(self.journal_path, self._j_offset)
             assert self._tables is not None
-            for entry in entries:
+            for start, entry in chunk.entries:
+                starts = self._j_starts
+                starts.append(start)
+                if entry.at is not None and entry.at != start:
+                    if entry.at < start and entry.at in starts:
+                        continue  # lost a race with a writer that held no lock; its writer reported it uncommitted
+                    return _Gap(start, entry.seq, self._last_seq + 1, entry.at)  # bytes before it cut or added
                 if entry.seq <= self._last_seq:
                     continue  # already folded into the file (a crash before the journal was emptied)
                 if entry.seq != self._last_seq + 1:
-                    return False  # a gap: this journal does not continue our file version
+                    return _Gap(start, entry.seq, self._last_seq + 1)
                 try:
                     self._tables.apply_all(entry.ops)
                 except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
                     self._tables = None
-                    raise KBFileError(
-                        f"{self.journal_path}: entry {entry.seq} is malformed ({type(exc).__name__}: {exc}); "
-                        "the KB journal was edited or damaged by something other than kb-mcp"
+                    raise self._corrupt_line(
+                        journal.BadLine(start, 0, f"entry {entry.seq} is malformed ({type(exc).__name__}: {exc})")
                     ) from exc
                 self._last_seq = entry.seq
-            self._j_offset = offset
+            self._j_offset = chunk.end
             self._j_ino = jid.ino
+            if chunk.bad is not None:
+                self._tables = None
+                raise self._corrupt_line(chunk.bad)
         return True
+
+    def _corrupt_line(self, bad: journal.BadLine) -> KBCorruptError:
+        line = journal.line_number(self.journal_path, bad.offset)
+        copy, kept = self._keep_copy(self.journal_path)
+        return KBCorruptError(
+            f"{self.journal_path}: line {line} (byte offset {bad.offset}) is damaged: {bad.reason}. The KB is refused "
+            f"rather than read without that line and every line after it; {kept}",
+            where=self.journal_path, line=line, offset=bad.offset, copy=copy,
+            action=f"run `kb-mcp --kb {self.path} kb repair` to salvage every valid transaction into a new KB file",
+        )
+
+    def _gap_error(self, gap: _Gap) -> KBCorruptError:
+        line = journal.line_number(self.journal_path, gap.offset)
+        copy, kept = self._keep_copy(self.journal_path)
+        if gap.written_at is not None:
+            what = (f"was written at byte offset {gap.written_at} but is at {gap.offset}: bytes before it were cut "
+                    "out or added")
+        else:
+            what = (f"holds transaction {gap.seq} where {gap.expected} was expected: the journal does not continue the "
+                    f"KB file {self.path} (transactions are missing, or the file and journal come from different copies)")
+        return KBCorruptError(
+            f"{self.journal_path}: line {line} (byte offset {gap.offset}) {what}; {kept}",
+            where=self.journal_path, line=line, offset=gap.offset, copy=copy,
+            action=f"run `kb-mcp --kb {self.path} kb repair` to salvage what both hold, or restore a backup "
+            f"(`kb-mcp --kb {self.path} kb restore --list`)",
+        )
+
+    def _keep_copy(self, path: Path) -> tuple[Path | None, str]:
+        """Copies a damaged file aside once (named by its checksum); returns it and a phrase saying so."""
+        try:
+            data = path.read_bytes()
+            copy = path.with_name(f"{path.name}.damaged-{zlib.crc32(data):08x}")
+            if not copy.exists():
+                tmp = copy.with_name(copy.name + f".tmp-{os.getpid()}")
+                shutil.copyfile(path, tmp)
+                os.replace(tmp, copy)
+        except OSError as exc:
+            return None, f"no copy of it could be kept ({exc.strerror or exc})"
+        return copy, f"a copy of it is kept at {copy}"
 
     # ---- reading ---------------------------------------------------------------------------------
 
@@ -310,18 +439,23 @@ class KBStore:
     # ---- writing ---------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[Transaction]:
+    def transaction(self, timeout: float | None = None) -> Iterator[Transaction]:
         """Locks the KB across processes, yields an up-to-date Transaction, commits on exit.
 
-        Nested use on one thread joins the open transaction. If the block raises, nothing is
-        written and the cache is rebuilt from disk on the next access.
+        Records waiting in the pending folder are committed with it. Nested use on one thread
+        joins the open transaction. If the block raises, nothing is written and the cache is
+        rebuilt from disk on the next access. `timeout` overrides the lock wait (seconds).
         """
         current: Transaction | None = getattr(self._local, "tx", None)
         if current is not None:
             yield current
             return
-        with self._locked(), self._mutex:
+        with self._locked(timeout), self._mutex:
             tx = Transaction(self.refresh())
+            self._check_writable()
+            waiting = pending.read_all(self.pending_dir)
+            for _, ops in waiting:
+                tx.replay(ops)
             self._local.tx = tx
             try:
                 yield tx
@@ -333,6 +467,72 @@ class KBStore:
                 raise
             finally:
                 self._local.tx = None
+            if waiting:
+                pending.remove([p for p, _ in waiting])  # committed; still under the lock
+
+    def commit_soon(self, key: str, write: Callable[[Transaction], None], *, wait_s: float) -> bool:
+        """Commits whole-record puts that must not be lost while the KB lock is busy.
+
+        `write` makes the puts on a scratch transaction; they are persisted in the pending folder
+        (durable on disk) before the lock is taken, then committed. True when committed now;
+        False when the lock stayed busy for `wait_s`: a thread of this process commits them when
+        it frees, and any transaction of any process commits them before its own work meanwhile.
+        """
+        self._check_writable()
+        scratch = Transaction(Tables())
+        write(scratch)
+        try:
+            pending.write(self.pending_dir, key, scratch.ops, self._mode)
+        except OSError as exc:
+            raise storage_error(exc, "save a record for the KB in", self.pending_dir) from exc
+        try:
+            with self.transaction(timeout=wait_s):
+                pass
+        except KBLockTimeout as exc:
+            log.warning("%s; %s waits in %s and is committed when the lock frees", exc.message, key, self.pending_dir)
+            self._flush_later()
+            return False
+        return True
+
+    def pending_count(self) -> int:
+        """Records persisted but not yet committed (see `commit_soon`)."""
+        return pending.count(self.pending_dir)
+
+    def _flush_later(self) -> None:
+        with self._mutex:
+            if self._flusher is not None and self._flusher.is_alive():
+                return
+            self._flusher = threading.Thread(target=self._flush_pending, name="kb-pending-commit", daemon=True)
+            self._flusher.start()
+
+    def _flush_pending(self) -> None:
+        while pending.count(self.pending_dir):
+            try:
+                with self.transaction():
+                    pass
+            except KBLockTimeout:
+                continue  # still busy: wait again
+            except KbMcpError as exc:
+                log.warning("pending KB records not committed yet: %s", exc)
+                time.sleep(_FLUSH_RETRY_S)
+
+    def _check_writable(self) -> None:
+        """Refuses to write a KB whose file, journal or folder is read-only (the mode counts even for root)."""
+        for what, path in (("KB file", self.path), ("KB journal", self.journal_path), ("KB's folder", self.path.parent)):
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if path == self.path:  # new files follow the KB file's mode as it is now (a chmod counts)
+                self._mode, self._gid = st.st_mode & 0o777, st.st_gid
+            if not st.st_mode & 0o222 or (os.geteuid() != 0 and not os.access(path, os.W_OK)):
+                raise KBReadOnlyError(
+                    f"the {what} {path} is read-only (mode {st.st_mode & 0o7777:04o}); kb-mcp does not write a "
+                    "read-only KB",
+                    where=path,
+                    action=f"to record into this KB, make it writable (`chmod u+w {path}`); "
+                    "read-only, it still answers suggestions",
+                )
 
     def _commit(self, ops: list[Any]) -> None:
         seq = self._last_seq + 1
@@ -341,13 +541,26 @@ class KBStore:
         if len(ops) > 2000 or self._j_offset >= threshold:
             self._write_base(seq)
             return
+        self.lock.assert_held()
         try:
-            self._j_offset = journal.append_entry(self.journal_path, Entry(seq, ops), self._j_offset)
+            end = journal.append_entry(self.journal_path, Entry(seq, ops), self._j_offset,
+                                       expected_ino=self._j_ino, mode=self._mode)
+        except KBConflictError:
+            self._tables = None
+            raise
         except OSError as exc:
             self._tables = None
-            raise KBFileError(f"{self.journal_path}: cannot append to the KB journal: {exc}") from exc
+            raise storage_error(exc, "append to the KB journal", self.journal_path) from exc
+        if FileId.of(self.path) != self._base_id:
+            self._tables = None
+            raise KBConflictError(
+                f"{self.path}: the KB file was replaced while this transaction was written to the journal, by a "
+                "process that did not hold the KB lock (was the lock file deleted?). This transaction was not committed",
+                where=self.path, action="call again; never delete the lock file of a KB in use",
+            )
         jid = FileId.of(self.journal_path)
         self._j_ino = jid.ino if jid else None
+        self._j_offset = end
         self._last_seq = seq
 
     def _write_base(self, seq: int) -> None:
@@ -355,11 +568,27 @@ class KBStore:
         self._tables.meta["applied_seq"] = seq
         self._tables.meta["schema_version"] = SCHEMA_VERSION
         try:
-            self._storage.write(self._tables.to_tinydb())
-            journal.reset(self.journal_path)
+            tmp = self._storage.write_temp(self._tables.to_tinydb(), self._mode, self._gid)
         except OSError as exc:
             self._tables = None
-            raise KBFileError(f"{self.path}: cannot write the KB file: {exc}") from exc
+            raise storage_error(exc, "write the KB file", self.path) from exc
+        try:
+            self.lock.assert_held()
+            self._assert_journal_unchanged()
+            os.replace(tmp, self.path)
+        except BaseException as exc:
+            tmp.unlink(missing_ok=True)
+            self._tables = None
+            if isinstance(exc, OSError):
+                raise storage_error(exc, "replace the KB file", self.path) from exc
+            raise
+        journal.fsync_dir(self.path.parent)
+        try:
+            # The new file holds every entry (their sequences are folded), so failing here loses nothing.
+            journal.reset(self.journal_path, self._mode, self._gid)
+        except OSError as exc:
+            self._tables = None
+            raise storage_error(exc, "empty the KB journal", self.journal_path) from exc
         self._base_id = FileId.of(self.path)
         self._base_seq = self._last_seq = seq
         jid = FileId.of(self.journal_path)
@@ -368,19 +597,136 @@ class KBStore:
         for pattern in (f"{self.path.name}.tmp-*", f"{self.journal_path.name}.tmp-*"):
             for orphan in self.path.parent.glob(pattern):
                 orphan.unlink(missing_ok=True)  # temp files of writers killed mid-write (we hold the lock)
+        try:
+            backups.make_backup(self.path, seq, self.keep_backups, self._mode, self._gid)
+        except OSError as exc:
+            log.warning("%s: compacted, but no backup could be kept in %s: %s", self.path,
+                        paths.backups_dir(self.path), exc)
+
+    def _assert_journal_unchanged(self) -> None:
+        """Before a compaction replaces the file: the journal holds nothing this process has not read."""
+        jid = FileId.of(self.journal_path)
+        if jid is None:
+            if self._j_ino is None:
+                return
+            what = "was deleted"
+        elif self._j_ino is not None and jid.ino != self._j_ino:
+            what = "was replaced"
+        elif jid.size < self._j_offset:
+            what = "shrank"
+        elif jid.size > self._j_offset and b"\n" in _read_from(self.journal_path, self._j_offset):
+            what = "holds entries this process did not read"
+        else:
+            return
+        raise KBConflictError(
+            f"{self.journal_path}: the KB journal {what} while this process held the KB lock: another process wrote "
+            "without it (was the lock file deleted?). The KB was not compacted and this transaction was not committed",
+            where=self.journal_path, action="call again; never delete the lock file of a KB in use",
+        )
 
     def compact(self) -> None:
-        """Folds the journal into the TinyDB file now (export and `kb init` do this)."""
+        """Folds the journal into the TinyDB file now (export, `kb backup` and `kb init` do this)."""
         with self._locked(), self._mutex:
             self.refresh()
+            self._check_writable()
             if self._last_seq != self._base_seq or FileId.of(self.journal_path) is None:
                 self._write_base(self._last_seq + 1)
+
+    def backup(self) -> Path:
+        """Compacts when the journal holds anything and keeps a backup of the file; returns it."""
+        with self._locked(), self._mutex:
+            self.refresh()
+            self._check_writable()
+            if self._last_seq != self._base_seq or FileId.of(self.journal_path) is None:
+                self._write_base(self._last_seq + 1)
+            else:
+                try:
+                    backups.make_backup(self.path, self._base_seq, max(1, self.keep_backups), self._mode, self._gid)
+                except OSError as exc:
+                    raise storage_error(exc, "keep a backup in", paths.backups_dir(self.path)) from exc
+        newest = backups.list_backups(self.path)
+        assert newest, "a backup was just written"
+        return newest[0].path
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """The whole KB in TinyDB layout (the journal folded in), e.g. for export."""
         with self._mutex:
             data = self.refresh().to_tinydb()
             return json.loads(json.dumps(data))  # a deep copy the caller may keep or edit
+
+
+def _default_backups() -> int:
+    return backups.default_keep()
+
+
+def _mode_of(path: Path) -> tuple[int, int]:
+    """The permission bits and group new KB files take: the KB file's own, else private."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return paths.PRIVATE_FILE_MODE, -1
+    return st.st_mode & 0o777, st.st_gid
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read()
+
+
+def _has_content(path: Path) -> bool:
+    try:
+        return os.stat(path).st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def what_remains(kb_path: Path) -> list[str]:
+    """What is left of a KB at `kb_path` besides its file: a journal, artifacts, backups (in words)."""
+    out = []
+    try:
+        size = os.stat(kb_path.with_name(kb_path.name + ".journal")).st_size
+        if size:
+            out.append(f"its journal ({size} bytes)")
+    except FileNotFoundError:
+        pass
+    # Candidate sources and profiles are what KB records and agents refer to; job records, campaign
+    # folders and pending records alone do not make a KB.
+    art = paths.artifacts_dir(kb_path)
+    files = 0
+    for sub in ("candidates", "profiles"):
+        for _, _, names in os.walk(art / sub):
+            files += len(names)
+    if files:
+        out.append(f"{files} candidate and profile files in its artifacts folder {art}")
+    found = backups.list_backups(kb_path)
+    if found:
+        out.append(f"{len(found)} backup(s) in {paths.backups_dir(kb_path)}, the newest from "
+                   f"{found[0].created:%Y-%m-%d %H:%M} UTC")
+    return out
+
+
+def missing_error(kb_path: Path, remains: list[str], *, disappeared: bool = False) -> KBMissingError:
+    """The error for a KB file that is not there, saying what is."""
+    if not remains:
+        return KBMissingError(f"no KB file at {kb_path}", where=kb_path,
+                              action=f"create one with `kb-mcp --kb {kb_path} kb init` (or pass --kb PATH)")
+    what = "disappeared while in use" if disappeared else "is missing"
+    return KBMissingError(
+        f"the KB file {kb_path} {what}, but {'; '.join(remains)} remain: it was deleted or moved, and kb-mcp does "
+        "not start an empty KB in its place",
+        where=kb_path,
+        action=_restore_hint(kb_path) if backups.list_backups(kb_path) else
+        f"if the file was moved, pass its new path with --kb; to start a new, empty KB here anyway, run "
+        f"`kb-mcp --kb {kb_path} kb init`",
+    )
+
+
+def _restore_hint(kb_path: Path) -> str:
+    if backups.list_backups(kb_path):
+        return (f"restore the newest backup with `kb-mcp --kb {kb_path} kb restore` (with its journal it is the "
+                f"whole KB), or pick one from `kb-mcp --kb {kb_path} kb restore --list`")
+    return f"no backup of it exists yet (one is kept at each compaction); `kb-mcp --kb {kb_path} kb repair` salvages what it can"
 
 
 _SEQ_RE = re.compile(rb'"applied_seq":\s*(-?\d+)')

@@ -268,6 +268,11 @@ class Transaction(KBView):
         self._t.apply(op)
         self.ops.append(op)
 
+    def replay(self, ops: list[Op]) -> None:
+        """Applies ops made elsewhere (records persisted while waiting for the lock) as part of this one."""
+        for op in ops:
+            self._do(op)
+
     def put_state(self, state: State) -> None:
         """Adds or replaces a state."""
         self._do(["put", "states", state.id, state.model_dump(mode="json")])

@@ -20,12 +20,9 @@ if TYPE_CHECKING:
 
 __all__ = ["GPU_LANE_ATTR", "Progress", "ToolError", "ToolMeta", "no_progress", "on_gpu_lane"]
 
+from kb_mcp.kb.errors import ToolError
 
-class ToolError(Exception):
-    """A failure the calling agent can act on; the message says what was wrong and what to do.
-
-    The MCP server turns it into an `isError` result; the CLI prints it and exits non-zero.
-    """
+__all__ = ["Progress", "ToolError", "no_progress"]
 
 
 class ToolMeta(BaseModel):

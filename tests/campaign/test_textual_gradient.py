@@ -91,7 +91,7 @@ def _script(edits: list[dict]) -> Script:
 
 
 def _files(kb: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in kb.parent.iterdir() if p.name.startswith(kb.name) and not p.name.endswith(".lock")}
+    return {p.name: p.read_bytes() for p in kb.parent.iterdir() if p.name.startswith(kb.name) and not p.name.endswith((".lock", ".lock.holder"))}
 
 
 def test_valid_edits_applied_in_one_transaction_invalid_rejected(tmp_path: Path, fake_llm, client_for) -> None:

@@ -2,12 +2,19 @@
 
     python kb_worker.py record KB PREFIX N      record N outcomes through the record_outcome tool
     python kb_worker.py churn KB START          write transactions forever, printing each committed index
+    python kb_worker.py hold KB                 take the KB lock, print "held", then hang (a hung holder)
+    python kb_worker.py stall KB                take the lock, put c_stalled, print "held", commit after a
+                                                line on stdin; print "committed" or "refused"
+    python kb_worker.py chaos KB PREFIX         like churn, with its own ids, printing "conflict" when a
+                                                transaction is refused (it is then tried again)
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
+from kb_mcp.kb.errors import KBConflictError
 from kb_mcp.kb.models import CandidateRecord, Score, Verdict
 from kb_mcp.kb.store import KBStore
 from kb_mcp.tools import record_outcome
@@ -51,8 +58,50 @@ def churn(kb: str, start: int) -> None:
         i += 1
 
 
+def hold(kb: str) -> None:
+    store = KBStore.open(kb)
+    with store.transaction():
+        print("held", flush=True)
+        time.sleep(3600)
+
+
+def stall(kb: str) -> None:
+    store = KBStore.open(kb)
+    try:
+        with store.transaction() as tx:
+            tx.put_candidate(CandidateRecord(candidate_id="c_stalled", problem="p", problem_hash="h",
+                                             verdict=Verdict.slower))
+            print("held", flush=True)
+            sys.stdin.readline()  # hangs here while the test deletes the lock file and others write
+    except KBConflictError:
+        print("refused", flush=True)
+    else:
+        print("committed", flush=True)
+
+
+def chaos(kb: str, prefix: str) -> None:
+    store = KBStore.open(kb, compact_min_bytes=20_000, compact_fraction=0.0)
+    i = 0
+    while True:
+        try:
+            with store.transaction() as tx:
+                tx.put_candidate(CandidateRecord(candidate_id=f"c_{prefix}_{i}", problem="p", problem_hash="h",
+                                                 verdict=Verdict.slower))
+        except KBConflictError:
+            print("conflict", flush=True)
+            continue
+        print(i, flush=True)  # acknowledged: it must survive
+        i += 1
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "record":
+    if sys.argv[1] == "stall":
+        stall(sys.argv[2])
+    elif sys.argv[1] == "chaos":
+        chaos(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "record":
         record(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif sys.argv[1] == "hold":
+        hold(sys.argv[2])
     else:
         churn(sys.argv[2], int(sys.argv[3]))

@@ -81,3 +81,60 @@ def test_sigkill_mid_write_never_breaks_the_file(kb_path: Path) -> None:
     with KBStore.open(kb_path).transaction() as tx:
         tx.bump_transition(kb_worker.STATE, kb_worker.OPT, "compute_throughput_saturated")
     assert KBStore.open(kb_path).transitions(kb_worker.STATE)[0].count == 1
+
+
+def test_deleting_a_live_lock_lets_the_stalled_holder_write_nothing(kb_path: Path) -> None:
+    """The old advice ("delete the lock file") followed while the holder lives: another writer gets in,
+    and when the holder resumes it refuses to write instead of clobbering what was acknowledged."""
+    KBStore.open(kb_path)
+    stalled = subprocess.Popen([sys.executable, str(WORKER), "stall", str(kb_path)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert stalled.stdout is not None and stalled.stdin is not None
+    assert stalled.stdout.readline().strip() == "held"
+    lock = Path(str(kb_path) + ".lock")
+    lock.unlink()  # the holder is alive and mid-transaction
+    other = _spawn("record", str(kb_path), "w", "20")  # takes a new lock file at once and commits 20 outcomes
+    _, err = other.communicate(timeout=120)
+    assert other.returncode == 0, err[-2000:]
+    journal_before = Path(str(kb_path) + ".journal").read_bytes()
+    out, err = stalled.communicate("go\n", timeout=60)
+    assert out.strip() == "refused", err[-2000:]
+    assert Path(str(kb_path) + ".journal").read_bytes() == journal_before, "nothing may be cut or appended"
+    store = KBStore.open(kb_path)
+    assert store.stats().outcomes == {"faster": 20} and store.get_candidate("c_stalled") is None
+
+
+@pytest.mark.slow
+def test_deleting_the_lock_file_again_and_again_loses_no_acknowledged_write(kb_path: Path) -> None:
+    """Four writers (journal appends and compactions) while the lock file is deleted every few
+    milliseconds: writers may refuse, but every transaction they acknowledged is in the KB."""
+    KBStore.open(kb_path)
+    writers = [_spawn("chaos", str(kb_path), f"p{w}") for w in range(4)]
+    first = [w.stdout.readline() if w.stdout else "" for w in writers]  # every writer is up and committing
+    lock = Path(str(kb_path) + ".lock")
+    rng = random.Random(7)
+    deletions = 0
+    deadline = time.monotonic() + 6.0
+    while time.monotonic() < deadline:
+        time.sleep(rng.random() * 0.02)
+        try:
+            lock.unlink()
+            deletions += 1
+        except FileNotFoundError:
+            pass
+    for w in writers:
+        w.send_signal(signal.SIGKILL)
+    acknowledged: dict[str, set[int]] = {}
+    conflicts = 0
+    for n, w in enumerate(writers):
+        out, err = w.communicate(timeout=60)
+        lines = (first[n] + out).split()
+        conflicts += lines.count("conflict")
+        acknowledged[f"p{n}"] = {int(x) for x in lines if x != "conflict"}
+        assert "Traceback" not in err or "KeyboardInterrupt" in err, err[-2000:]
+    store = KBStore.open(kb_path)
+    with store.read() as view:
+        have = {c.candidate_id for c in view.list_candidates()}
+    missing = [f"c_{p}_{i}" for p, ids in acknowledged.items() for i in ids if f"c_{p}_{i}" not in have]
+    assert not missing, f"acknowledged writes lost: {missing[:5]} ({len(missing)} in all)"
+    assert deletions > 50 and sum(map(len, acknowledged.values())) > 50, (deletions, conflicts)

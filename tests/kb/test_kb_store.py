@@ -74,7 +74,7 @@ def test_directory_and_missing_without_seed(tmp_path: Path) -> None:
     with pytest.raises(KBFileError, match="directory"):
         KBStore.open(tmp_path)
     with pytest.raises(KBFileError, match="no KB file"):
-        KBStore.open(tmp_path / "absent.json", seed=False)
+        KBStore.open(tmp_path / "absent.json", create=False)
 
 
 def test_writes_of_one_store_are_seen_by_another(kb_path: Path) -> None:

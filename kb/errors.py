@@ -1,0 +1,200 @@
+"""Every error kb-mcp raises on purpose, grouped by whose it is to fix.
+
+    KbMcpError                      base; `whose`, `where` (a path, when there is one), `action`
+    ├── CallerError                 the caller's mistake (bad arguments): fix them and call again
+    │   └── ToolError               a tool refused its request (`kb_mcp.tools.base` re-exports it)
+    ├── EnvironmentFault            the environment's: says what and where, and what the operator can do;
+    │   │                           calling again with other arguments does not help
+    │   ├── KBFileError             the KB cannot be used as it is (file, journal, lock)
+    │   │   ├── KBMissingError      no KB file at the path, though something of a KB is there
+    │   │   ├── KBCorruptError      a damaged file or journal line (file, line, byte offset; a copy is kept)
+    │   │   ├── KBReadOnlyError     the KB file or its folder is read-only: kb-mcp will not write it
+    │   │   ├── KBLockTimeout       another process held the KB lock too long (its pid, host, since when)
+    │   │   └── KBConflictError     the KB changed under a writer that held the lock (a deleted lock file)
+    │   ├── StorageError            a file kb-mcp writes or reads failed: disk full, I/O error, permissions
+    │   └── InputEncodingError      a file given as input is not UTF-8 text
+    └── InternalError               ours: a kb-mcp bug; the traceback is in the log
+
+The server answers each group in its own words and with its own MCP error shape (`ErrorInfo` as the
+result's structured content, see `kb_mcp.server.execution`); the CLI prints the message and exits
+non-zero. This module is the lowest layer: every other one may import it, it imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "CallerError",
+    "EnvironmentFault",
+    "ErrorInfo",
+    "InputEncodingError",
+    "InternalError",
+    "KBConflictError",
+    "KBCorruptError",
+    "KBFileError",
+    "KBLockTimeout",
+    "KBMissingError",
+    "KBReadOnlyError",
+    "KbMcpError",
+    "StorageError",
+    "ToolError",
+    "Whose",
+    "storage_error",
+    "decode_utf8",
+]
+
+Whose = Literal["caller", "environment", "kb-mcp"]
+
+
+class ErrorInfo(BaseModel):
+    """An error as an MCP client receives it (structured content of an `isError` tool result)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    whose: Whose
+    type: str
+    message: str
+    where: str | None = None
+    action: str | None = None
+    incident: str | None = None  # for bugs: the id the server log shows beside the traceback
+
+
+class KbMcpError(Exception):
+    """Base of the errors kb-mcp raises on purpose.
+
+    `message` says what went wrong, `where` names the file or folder concerned (if any), and
+    `action` says what the one who can fix it should do. `str()` gives message and action.
+    """
+
+    whose: ClassVar[Whose] = "kb-mcp"
+
+    def __init__(self, message: str, *, where: str | os.PathLike[str] | None = None, action: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.where = os.fspath(where) if where is not None else None
+        self.action = action
+
+    def __str__(self) -> str:
+        if not self.action:
+            return self.message
+        return f"{self.message.rstrip('. ')}. {self.action}"
+
+    def info(self) -> ErrorInfo:
+        """The structured form sent to MCP clients."""
+        return ErrorInfo(whose=self.whose, type=type(self).__name__, message=self.message, where=self.where,
+                         action=self.action)
+
+
+class CallerError(KbMcpError):
+    """The caller's mistake: an argument that is wrong. The message says which and how to fix it."""
+
+    whose = "caller"
+
+
+class ToolError(CallerError):
+    """A failure the calling agent can act on; the message says what was wrong and what to do.
+
+    The MCP server turns it into an `isError` result; the CLI prints it and exits non-zero.
+    """
+
+
+class EnvironmentFault(KbMcpError):
+    """The environment's fault (files, disk, lock, permissions, input encoding), not the caller's
+    arguments and not a bug. The message says what and where; `action` what the operator can do."""
+
+    whose = "environment"
+
+
+class KBFileError(EnvironmentFault):
+    """The KB cannot be used as it is (corrupt, foreign, newer schema, unreadable, missing, locked).
+
+    The message names the file. The store never overwrites a file it refused.
+    """
+
+
+class KBMissingError(KBFileError):
+    """No KB file at the path while something of a KB is there (journal, artifacts, backups):
+    it was deleted or moved, and kb-mcp will not silently start an empty KB in its place."""
+
+
+class KBCorruptError(KBFileError):
+    """A damaged KB file or journal. `line` and `offset` locate the first bad journal line;
+    `copy` is where a copy of the damaged file was kept."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        where: str | os.PathLike[str] | None = None,
+        action: str | None = None,
+        line: int | None = None,
+        offset: int | None = None,
+        copy: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(message, where=where, action=action)
+        self.line = line
+        self.offset = offset
+        self.copy = os.fspath(copy) if copy is not None else None
+
+
+class KBReadOnlyError(KBFileError):
+    """The KB file (or its folder) is read-only; kb-mcp refuses to write rather than replace it."""
+
+
+class KBLockTimeout(KBFileError):
+    """Another process held the KB lock longer than this one would wait; the message names it."""
+
+
+class KBConflictError(KBFileError):
+    """The journal or file changed under a writer that held the lock: another process wrote without
+    it (the lock file was deleted while held). Nothing was written by the refusing transaction."""
+
+
+class StorageError(EnvironmentFault):
+    """Reading or writing a file failed for a reason of the machine: disk full, quota, I/O error,
+    permissions, a read-only file system."""
+
+
+class InputEncodingError(EnvironmentFault):
+    """A file given as input is not UTF-8 text; the message names it and the first bad byte."""
+
+
+class InternalError(KbMcpError):
+    """A kb-mcp bug: the message says what failed; the traceback is in the log."""
+
+    whose = "kb-mcp"
+
+
+_STORAGE_ACTIONS = {
+    errno.ENOSPC: "free disk space on that file system, then try again",
+    errno.EDQUOT: "free space within the disk quota of this account, then try again",
+    errno.EACCES: "give this account permission on that path (or run kb-mcp as its owner)",
+    errno.EPERM: "give this account permission on that path (or run kb-mcp as its owner)",
+    errno.EROFS: "the file system is mounted read-only: remount it read-write or move the KB",
+    errno.EIO: "the device reported an I/O error: check the disk (dmesg) before writing again",
+}
+
+
+def storage_error(exc: OSError, doing: str, path: str | os.PathLike[str] | None = None) -> EnvironmentFault:
+    """Words an OSError met while `doing` something to `path` as the environment's fault."""
+    where = os.fspath(path) if path is not None else (exc.filename if isinstance(exc.filename, str) else None)
+    reason = exc.strerror or str(exc)
+    action = _STORAGE_ACTIONS.get(exc.errno or 0, "check that path and the file system it is on, then try again")
+    return StorageError(f"cannot {doing} {where or ''}: {reason}".replace("  ", " "), where=where, action=action)
+
+
+def decode_utf8(data: bytes, where: str | os.PathLike[str]) -> str:
+    """`data` as text, or InputEncodingError naming `where` and the first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputEncodingError(
+            f"{os.fspath(where)} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+            where=where,
+            action="save the file as UTF-8 (e.g. `iconv -t UTF-8`), or pass its text instead of the path",
+        ) from exc

@@ -1,0 +1,178 @@
+"""The KB's cross-process lock: an OS file lock (`filelock`) that names its holder and notices when
+its file was deleted.
+
+With an OS lock (flock) a lock is never stale: the kernel releases it when its holder exits, however
+it exits. So a timeout means a live process holds it, and the message names that process (pid,
+host, command, since when, from the holder file written beside the lock) and says to stop it, never
+to delete the lock file: deleting it lets the next writer lock a new file while the holder still
+writes. The holder checks before every write that the lock file it locked is still the one at the
+path (`assert_held`), and refuses to write when it is not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from kb_mcp.kb.errors import KBConflictError, KBLockTimeout, storage_error
+
+ENV_LOCK_TIMEOUT = "KB_MCP_LOCK_TIMEOUT"
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def default_timeout() -> float:
+    """Seconds a writer waits for the KB lock (``KB_MCP_LOCK_TIMEOUT``, default 60)."""
+    try:
+        return float(os.environ.get(ENV_LOCK_TIMEOUT) or DEFAULT_TIMEOUT_S)
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+
+
+class KBLock:
+    """One process's handle on the lock of one KB file (re-entrant within the process's threads is
+    the store's job: it holds its own mutex around every use)."""
+
+    def __init__(self, kb_path: Path, timeout: float | None = None, mode: int = 0o600) -> None:
+        self.kb_path = kb_path
+        self.path = kb_path.with_name(kb_path.name + ".lock")
+        self.holder_path = kb_path.with_name(kb_path.name + ".lock.holder")
+        self.timeout = default_timeout() if timeout is None else timeout
+        self._lock = filelock.FileLock(str(self.path), timeout=self.timeout, mode=(mode & 0o666) | 0o600)
+        self._identity: tuple[int, int] | None = None
+        self._command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv[:3]))[:120]
+
+    @contextlib.contextmanager
+    def held(self, timeout: float | None = None) -> Iterator[None]:
+        """Holds the lock for the block; KBLockTimeout names the holder when it stays busy."""
+        wait = self.timeout if timeout is None else timeout
+        started = time.monotonic()
+        try:
+            self._lock.acquire(timeout=wait)
+        except filelock.Timeout:
+            raise self.timeout_error(time.monotonic() - started) from None
+        except OSError as exc:
+            raise storage_error(exc, "take the KB lock", self.path) from exc
+        try:
+            self._identity = self._fd_identity()
+            self._record_holder()
+            yield
+        finally:
+            self._identity = None
+            self._lock.release()
+
+    def assert_held(self) -> None:
+        """Raises KBConflictError unless the lock file at the path is still the one this process locked."""
+        try:
+            st = os.stat(self.path)
+            same = (st.st_dev, st.st_ino) == self._identity
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise KBConflictError(
+                f"{self.kb_path}: the lock file {self.path} was deleted or replaced while this process held it, "
+                "so another process may be writing the KB at the same time. Nothing was written by this transaction",
+                where=self.path,
+                action="call again (the lock is taken anew); never delete the lock file of a KB in use",
+            )
+
+    def _fd_identity(self) -> tuple[int, int] | None:
+        fd = getattr(getattr(self._lock, "_context", None), "lock_file_fd", None)
+        try:
+            st = os.fstat(fd) if isinstance(fd, int) else os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def _record_holder(self) -> None:
+        """Writes who holds the lock (best effort: a holder that cannot record itself still holds it)."""
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "command": self._command}
+        tmp = self.holder_path.with_name(f"{self.holder_path.name}.tmp-{os.getpid()}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, json.dumps(info).encode())
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.holder_path)
+        except OSError:
+            pass
+
+    def probe(self) -> str:
+        """'free', or who holds the lock now (it is taken for an instant to tell, never recorded)."""
+        probe = filelock.FileLock(str(self.path), timeout=0)
+        try:
+            probe.acquire(timeout=0)
+        except filelock.Timeout:
+            return f"held by {self.describe_holder()}"
+        except OSError as exc:
+            return f"cannot be checked: {exc.strerror or exc}"
+        probe.release()
+        return "free"
+
+    def holder(self) -> dict[str, Any] | None:
+        """What the current (or last) holder recorded about itself, or None."""
+        try:
+            info = json.loads(self.holder_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return info if isinstance(info, dict) else None
+
+    def describe_holder(self) -> str:
+        """The holder in words: pid, host, command, since when, and whether it still runs."""
+        info = self.holder()
+        if info is None:
+            return "the holder did not record itself (a kb-mcp older than this one, or another program)"
+        pid, host = info.get("pid"), info.get("host")
+        since = info.get("since")
+        when = ""
+        if isinstance(since, (int, float)):
+            stamp = datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+            when = f" since {stamp} ({_ago(time.time() - since)} ago)"
+        who = f"pid {pid} on host {host}" + (f" (`{info.get('command')}`)" if info.get("command") else "") + when
+        if host == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
+            return f"{who} recorded itself last but has exited; the holder now is unknown"
+        return who
+
+    def timeout_error(self, waited_s: float) -> KBLockTimeout:
+        """The error for a writer that waited `waited_s` in vain."""
+        info = self.holder()
+        pid = info.get("pid") if info else None
+        here = info is not None and info.get("host") == socket.gethostname()
+        stop = f"If that process is hung, stop it (e.g. `kill {pid}`)" if here and isinstance(pid, int) else \
+            "If the holding process is hung, stop it"
+        return KBLockTimeout(
+            f"{self.kb_path}: waited {waited_s:.0f} s for the KB lock {self.path}, held by {self.describe_holder()}",
+            where=self.path,
+            action=f"{stop}: the operating system releases its lock when it exits, and nothing it committed is lost. "
+            f"Do not delete the lock file: that lets two writers in at once. Waiting longer: set {ENV_LOCK_TIMEOUT} "
+            "(seconds)",
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"

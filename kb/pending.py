@@ -1,0 +1,99 @@
+"""Transactions persisted before the KB lock is taken, committed by whichever transaction comes next.
+
+A finished verification must not be lost because another process holds the KB lock (a hung or
+slow holder): its record is written here first, atomically and fsynced, one file per key, then
+committed. Every transaction of every process folds in what it finds here (`KBStore.transaction`)
+and removes the files once its commit is durable, so a pending record survives the process that
+wrote it. Only whole-record puts are accepted: applying one twice (a crash between the commit and
+the removal) changes nothing.
+
+Files: ``<artifacts>/pending/<key>.json`` holding ``{"key": ..., "ops": [...], "crc": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import zlib
+from pathlib import Path
+from typing import Any
+
+from kb_mcp.kb import journal
+
+log = logging.getLogger(__name__)
+
+_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,160}$")
+
+
+def check_ops(ops: list[Any]) -> None:
+    """Raises ValueError unless every op is a whole-record put (safe to apply late, and twice)."""
+    for op in ops:
+        if not (isinstance(op, list) and len(op) == 4 and op[0] == "put" and op[1] != "meta"):
+            raise ValueError(f"only whole-record puts can wait for the lock, not {str(op)[:80]}")
+
+
+def write(folder: Path, key: str, ops: list[Any], mode: int) -> Path:
+    """Persists `ops` under `key` (replacing an earlier file of that key); durable on return."""
+    if not _KEY.match(key):
+        raise ValueError(f"pending key {key!r}: letters, digits, '_', '.', '-' only")
+    check_ops(ops)
+    folder.mkdir(parents=True, exist_ok=True)
+    body = json.dumps(ops, separators=(",", ":"))
+    blob = json.dumps({"key": key, "crc": zlib.crc32(body.encode()), "ops": ops}, separators=(",", ":")).encode()
+    path = folder / f"{key}.json"
+    tmp = folder / f".{key}.json.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    journal.fsync_dir(folder)
+    return path
+
+
+def read_all(folder: Path) -> list[tuple[Path, list[Any]]]:
+    """Every readable pending file with its ops, oldest first. A damaged one is moved to
+    ``pending/damaged/`` with a warning (it can be inspected; it is never applied)."""
+    try:
+        entries = [e for e in os.scandir(folder) if e.name.endswith(".json") and not e.name.startswith(".")]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for entry in sorted(entries, key=lambda e: e.stat().st_mtime_ns):
+        path = Path(entry.path)
+        try:
+            doc = json.loads(path.read_bytes())
+            ops = doc["ops"]
+            if zlib.crc32(json.dumps(ops, separators=(",", ":")).encode()) != doc["crc"]:
+                raise ValueError("checksum mismatch")
+            check_ops(ops)
+        except FileNotFoundError:
+            continue  # committed and removed by another process meanwhile
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            damaged = folder / "damaged"
+            damaged.mkdir(exist_ok=True)
+            log.warning("pending KB record %s is damaged (%s); moved to %s, not applied", path, exc, damaged)
+            os.replace(path, damaged / path.name)
+            continue
+        out.append((path, ops))
+    return out
+
+
+def remove(paths: list[Path]) -> None:
+    """Removes pending files whose ops are now committed."""
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def count(folder: Path) -> int:
+    """How many records are waiting."""
+    try:
+        return sum(1 for e in os.scandir(folder) if e.name.endswith(".json") and not e.name.startswith("."))
+    except (FileNotFoundError, NotADirectoryError):
+        return 0

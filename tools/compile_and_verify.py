@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -129,9 +130,23 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
             f"{result.problem_error}. Fix the problem; the candidate was not judged and nothing was recorded."
         )
     path = save_candidate(ctx, result, candidate)
-    with ctx.store.transaction() as tx:
-        tx.put_candidate(result.record())
-    return summarize(result, str(path), req.detail)
+    out = summarize(result, str(path), req.detail)
+    if not store_verdict(ctx, result):
+        out.next_step = f"{VERDICT_PENDING} {out.next_step}"
+    return out
+
+
+VERDICT_LOCK_WAIT_S = 10.0  # then the verdict waits on disk for the lock instead of the agent
+VERDICT_PENDING = ("The KB is busy (another process holds its lock), so this verdict is saved on disk and committed "
+                   "when the lock frees; record_outcome can use it already.")
+
+
+def store_verdict(ctx: ToolContext, result: VerifyResult) -> bool:
+    """Stores the verdict in the KB: persisted first, so a busy or hung lock holder cannot lose it.
+    False when it still waits for the lock (committed by the next transaction of any process)."""
+    record = result.record()
+    return ctx.store.commit_soon(f"candidate-{record.candidate_id}", lambda tx: tx.put_candidate(record),
+                                 wait_s=VERDICT_LOCK_WAIT_S)
 
 
 def save_candidate(ctx: ToolContext, result: VerifyResult, source: str) -> Path:
@@ -141,7 +156,10 @@ def save_candidate(ctx: ToolContext, result: VerifyResult, source: str) -> Path:
     path = folder / f"{result.candidate_id}.py"
     if not path.exists():
         path.write_text(source)
-    (folder / f"{result.candidate_id}.json").write_text(result.model_dump_json(indent=1))
+    report = folder / f"{result.candidate_id}.json"
+    tmp = report.with_name(f".{report.name}.tmp-{os.getpid()}")
+    tmp.write_text(result.model_dump_json(indent=1))
+    os.replace(tmp, report)  # a reader (or kb gc) never sees half a verdict
     return path
 
 

@@ -7,6 +7,7 @@ torch or starts a worker.
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,10 +45,15 @@ class ToolContext:
 
     @cached_property
     def store(self) -> KBStore:
-        """The KB store (opened, and seeded if the file does not exist yet)."""
+        """The KB store (created and seeded on first use when nothing of a KB is at its path; see
+        `KBStore.open`)."""
         from kb_mcp.kb.store import KBStore
 
-        return KBStore.open(self.kb_path)
+        store = KBStore.open(self.kb_path)
+        # Artifacts, job records and worker scratch get no more access than the KB file grants
+        # (private by default; group-writable for a KB shared with `kb init --group`).
+        os.umask(paths.umask_for(os.stat(store.path).st_mode))
+        return store
 
     @cached_property
     def workers(self) -> WorkerPool:
@@ -76,13 +82,19 @@ class ToolContext:
 
     @property
     def profiles_dir(self) -> Path:
-        """Stored profiles, one JSON file per profile_id."""
-        return self.artifacts_dir / "profiles"
+        """Stored profiles, one JSON file per profile_id (the KB is opened first: see `_kb_first`)."""
+        return self._kb_first() / "profiles"
 
     @property
     def candidates_dir(self) -> Path:
         """Candidate sources by candidate_id, so a verdict can always be traced to its code."""
-        return self.artifacts_dir / "candidates"
+        return self._kb_first() / "candidates"
+
+    def _kb_first(self) -> Path:
+        """The artifacts folder, once the KB exists: artifacts written beside no KB would read as the
+        remains of a deleted one, and the KB would then (rightly) not be created over them."""
+        self.store
+        return self.artifacts_dir
 
     def close(self) -> None:
         """Stops worker processes and a waiting profiling driver, if any were started."""

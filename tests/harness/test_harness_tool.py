@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from harness_helpers import FIXTURES, fixture_source
@@ -102,3 +106,30 @@ def test_on_the_gpu_a_model_that_fails_to_construct_is_the_problems_error(tmp_pa
             assert view.list_candidates() == []
     finally:
         gpu_ctx.close()
+
+
+@pytest.mark.nvcc
+def test_a_hung_kb_lock_holder_does_not_lose_the_verdict(ctx, monkeypatch) -> None:
+    """Another process holds the KB lock and hangs: the verdict comes back at once, waits on disk,
+    and is in the KB as soon as the holder is gone."""
+    monkeypatch.setattr(tool, "VERDICT_LOCK_WAIT_S", 0.5)
+    ctx.store  # the KB exists before the holder takes its lock
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from kb_mcp.kb.store import KBStore\n"
+         "with KBStore.open(sys.argv[1]).transaction():\n print('held', flush=True); time.sleep(3600)",
+         str(ctx.kb_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        req = tool.Request(problem=str(FIXTURES / "relu_problem.py"), candidate=fixture_source("relu_nvrtc.py"))
+        res = tool.run(ctx, req)
+        assert res.verdict == Verdict.needs_gpu and res.next_step.startswith(tool.VERDICT_PENDING)
+        assert ctx.store.get_candidate(res.candidate_id) is None  # not in the KB yet: the lock is still held
+        assert ctx.store.pending_count() == 1
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.communicate(timeout=30)
+    deadline = time.monotonic() + 30
+    while ctx.store.get_candidate(res.candidate_id) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    record = ctx.store.get_candidate(res.candidate_id)
+    assert record is not None and record.verdict == Verdict.needs_gpu

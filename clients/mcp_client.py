@@ -25,12 +25,19 @@ ProgressCallback = Callable[[float, float | None, str | None], Awaitable[None]]
 
 
 class ToolCallError(RuntimeError):
-    """A tool answered with `isError`; the message is the server's text."""
+    """A tool answered with `isError`; the message is the server's text, `error` its structured
+    form when the server sent one (kb-mcp does: whose the failure is, where, what to do)."""
 
-    def __init__(self, tool: str, message: str) -> None:
+    def __init__(self, tool: str, message: str, error: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.tool = tool
         self.message = message
+        self.error = error or {}
+
+    @property
+    def whose(self) -> str:
+        """'caller', 'environment' or 'kb-mcp' ('' when the server did not say)."""
+        return str(self.error.get("whose", ""))
 
 
 def serve_command(kb_path: str | os.PathLike[str] | None = None, extra_args: Sequence[str] = ()) -> list[str]:
@@ -117,7 +124,9 @@ def result_text(result: CallToolResult) -> str:
 def result_json(name: str, result: CallToolResult) -> dict[str, Any]:
     """The structured result of a successful call; raises ToolCallError for an `isError` result."""
     if result.is_error:
-        raise ToolCallError(name, result_text(result))
+        structured = result.structured_content or {}
+        error = structured.get("error") if isinstance(structured.get("error"), dict) else None
+        raise ToolCallError(name, result_text(result), error)
     if result.structured_content is not None:
         return dict(result.structured_content)
     text = result_text(result)

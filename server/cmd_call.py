@@ -6,7 +6,9 @@ an agent gets, without spawning anything. `--url` calls a running `kb-mcp serve 
 (a team's shared server, or one that should keep a job running after this command exits).
 
 The result (structured content) goes to stdout as JSON; errors and progress go to stderr.
-Exit status: 0 success, 1 the tool reported an error, 2 bad command line or unknown tool.
+Exit status: 0 success, 1 the tool refused the arguments (the caller's mistake), 2 bad command
+line or unknown tool, 3 the environment's fault (KB file, disk, lock, permissions: the message
+says what to do), 4 a kb-mcp bug (the traceback is in the log).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kb_mcp.kb.errors import KbMcpError
 from kb_mcp.server import logs
 from kb_mcp.server.env import ENV_TOKEN
 
@@ -29,6 +32,9 @@ if TYPE_CHECKING:  # the MCP SDK is imported when `call` runs (it takes a second
     from mcp_types import Tool
 
 log = logging.getLogger(__name__)
+
+
+EXIT_CODES = {"caller": 1, "environment": 3, "kb-mcp": 4}
 
 
 class UsageError(ValueError):
@@ -160,7 +166,7 @@ async def _call(args: argparse.Namespace, arguments: dict[str, Any]) -> tuple[in
             # the SDK prefixes every tool error with this; the command line already names the tool
             message = exc.message.removeprefix(f"Error executing tool {args.tool}: ")
             print(f"kb-mcp call {args.tool}: {message}", file=sys.stderr)
-            return 1, server
+            return EXIT_CODES.get(exc.whose, 1), server
         print(json.dumps(payload, indent=2))
         return 0, server
 
@@ -181,6 +187,9 @@ def run(args: argparse.Namespace) -> int:
     server = None
     try:
         code, server = anyio.run(_call, args, arguments)
+    except KbMcpError as exc:  # e.g. the KB could not be opened while building the server
+        print(f"kb-mcp call: {exc}", file=sys.stderr)
+        return EXIT_CODES.get(exc.whose, 1)
     except Exception as exc:  # the SDK's client raises task-group errors that say little
         if not args.url:
             raise

@@ -9,6 +9,7 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING
 
+from kb_mcp.kb.errors import KbMcpError
 from kb_mcp.server import logs
 from kb_mcp.server.env import ENV_TOKEN
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 # The MCP SDK takes about a second to import: it is imported when `serve` runs, not when the
 # CLI parses its arguments (so other commands stay quick).
+EXIT_CODES = {"caller": 2, "environment": 3, "kb-mcp": 4}
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +83,20 @@ def run(args: argparse.Namespace) -> int:
             return 2
     ctx = ToolContext(args.kb, client_name="mcp-http" if options else "mcp")
     try:
-        # Open the KB now: a missing file is created and seeded, a corrupt one is refused here,
-        # with its name, instead of failing the first tool call.
+        # Open the KB now: a KB is created where nothing of one is yet; a missing one beside its
+        # remains, a damaged or a foreign one is refused here, with its name and what to do,
+        # instead of failing the first tool call.
         stats_line = ""
         server = build_server(ctx, http_token=options.token if options else None, adopt_client_name=options is None)
         stats_line = _stats_line(server)
-    except Exception as exc:
+    except KbMcpError as exc:
         print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_CODES[exc.whose]
+    except Exception as exc:
+        log.exception("cannot open the KB %s", ctx.kb_path)
+        print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc} (a kb-mcp bug: the traceback is above)",
+              file=sys.stderr)
+        return 4
     tools = list(server.specs)
     gpu_tools = server.gpu_tools
     try:

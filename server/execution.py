@@ -1,20 +1,36 @@
-"""Running a tool function in a worker thread, with failures turned into messages an agent can
-act on.
+"""Running a tool function in a worker thread, with failures turned into messages that say whose
+they are (see `kb_mcp.kb.errors`).
+
+* the caller's mistake (bad arguments, a malformed problem): the message says what to fix;
+* the environment's (KB file, disk, lock, permissions, input encoding): what and where, and what
+  the operator can do; calling again with other arguments does not help;
+* ours (a bug): said plainly, with an incident id that the traceback in the server log carries.
 
 Direct MCP calls and background jobs both go through `ToolRunner`, so they report errors in the
-same words. GPU tools take turns on the GPU lane of the ToolContext (tools.lane).
+same words; `ToolFailure.info` is the structured form MCP clients get. GPU tools take turns on the
+GPU lane of the ToolContext (tools.lane).
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from kb_mcp.harness.problem import ProblemError
+from kb_mcp.kb.errors import (
+    EnvironmentFault,
+    ErrorInfo,
+    InputEncodingError,
+    InternalError,
+    KbMcpError,
+    Whose,
+    storage_error,
+)
 from kb_mcp.server.registry import ToolSpec
-from kb_mcp.tools.base import Progress, ToolError
+from kb_mcp.tools.base import Progress
 from kb_mcp.tools.context import ToolContext
 
 log = logging.getLogger(__name__)
@@ -23,12 +39,20 @@ _MAX_SHOWN_INPUT = 60  # characters of a rejected value echoed back (sources can
 
 
 class ToolFailure(Exception):
-    """A tool call that failed; `message` is what the agent reads, `expected` is False for bugs."""
+    """A tool call that failed: `message` is what the agent reads, `info` the structured error
+    (whose it is, the error type, where, what to do); `expected` is False only for bugs."""
 
-    def __init__(self, message: str, *, expected: bool) -> None:
+    def __init__(self, message: str, *, expected: bool, info: ErrorInfo | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.expected = expected
+        whose: Whose = "caller" if expected else "kb-mcp"
+        self.info = info or ErrorInfo(whose=whose, type="ToolError" if expected else "InternalError", message=message)
+
+    @property
+    def whose(self) -> Whose:
+        """Who can fix it: the caller, the environment (its operator), or kb-mcp (a bug)."""
+        return self.info.whose
 
 
 def _short(value: Any) -> str:
@@ -55,19 +79,56 @@ def format_validation_error(tool: str, exc: ValidationError, model: type[BaseMod
 
 
 def describe_failure(spec: ToolSpec, exc: BaseException) -> ToolFailure:
-    """Maps an exception raised by a tool to the message the caller sees."""
+    """Maps an exception raised by a tool to the failure the caller sees, worded by whose it is."""
     if isinstance(exc, ToolFailure):
         return exc
-    if isinstance(exc, (ToolError, ProblemError)):
-        return ToolFailure(str(exc), expected=True)
     if isinstance(exc, ValidationError):
-        # Raised inside the tool (not by argument parsing): a model built from bad data.
+        # Raised inside the tool (not by argument parsing): a model built from bad input data.
         return ToolFailure(format_validation_error(spec.name, exc), expected=True)
-    return ToolFailure(
-        f"{spec.name} failed unexpectedly: {type(exc).__name__}: {exc}. "
-        "This is a kb-mcp bug, not a problem with your arguments; the server log (stderr) has the traceback.",
-        expected=False,
-    )
+    if isinstance(exc, ProblemError):
+        return ToolFailure(str(exc), expected=True, info=ErrorInfo(whose="caller", type="ProblemError", message=str(exc)))
+    error = _as_kb_mcp_error(exc)
+    if isinstance(error, EnvironmentFault):
+        return environment_failure(spec.name, error)
+    if not isinstance(error, InternalError):
+        return ToolFailure(str(error), expected=True, info=error.info())
+    return internal_failure(spec.name, exc)
+
+
+def _as_kb_mcp_error(exc: BaseException) -> KbMcpError | None:
+    """The taxonomy's view of `exc`: file-system faults are the environment's, anything unknown ours."""
+    if isinstance(exc, KbMcpError):
+        return exc
+    if isinstance(exc, UnicodeDecodeError):
+        return InputEncodingError(
+            f"an input is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})",
+            action="save the file as UTF-8, or pass its text instead of its path",
+        )
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return storage_error(exc, "use", exc.filename if isinstance(exc.filename, str) else None)
+    return InternalError(f"{type(exc).__name__}: {exc}")
+
+
+def environment_failure(tool: str, error: EnvironmentFault) -> ToolFailure:
+    """The environment's fault, for the agent: not its arguments; what the operator should do."""
+    text = (f"{tool} could not run because of a problem on the server's machine, not in your arguments: "
+            f"{error.message.rstrip('. ')}.")
+    if error.action:
+        text += f" The operator can fix it: {error.action}."
+    text += " Calling again with other arguments will not help; tell the user what this says."
+    return ToolFailure(text, expected=True, info=error.info())
+
+
+def internal_failure(tool: str, exc: BaseException) -> ToolFailure:
+    """A kb-mcp bug: logged with its traceback under an incident id that the agent also gets."""
+    incident = secrets.token_hex(4)
+    log.error("%s failed unexpectedly (incident %s)", tool, incident, exc_info=exc)
+    text = (f"{tool} failed because of a bug in kb-mcp, not because of your arguments or the machine: "
+            f"{type(exc).__name__}: {exc}. The server log (stderr) has the traceback under incident {incident}; "
+            "please report it. You may call again: a bug in one call does not harm the KB.")
+    info = ErrorInfo(whose="kb-mcp", type=type(exc).__name__, message=str(exc), incident=incident,
+                     action="report it with the traceback from the server log")
+    return ToolFailure(text, expected=False, info=info)
 
 
 def parse_request(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:
@@ -96,17 +157,13 @@ class ToolRunner:
         try:
             result = spec.run(self.ctx, request, progress)
         except Exception as exc:
-            failure = describe_failure(spec, exc)
-            if not failure.expected:  # expected failures are the caller's to fix; callers log them
-                log.exception("%s raised an unexpected exception", spec.name)
+            failure = describe_failure(spec, exc)  # a bug is logged there, with its traceback
+            if failure.whose == "environment":
+                log.warning("%s: %s", spec.name, failure.info.message)
             raise failure from exc
         if isinstance(result, spec.result):
             return result
         try:  # a tool returning a dict or a compatible model still gets checked against its schema
             return spec.result.model_validate(result, from_attributes=True)
         except ValidationError as exc:
-            log.error("%s returned a result that does not match %s: %s", spec.name, spec.result.__name__, exc)
-            raise ToolFailure(
-                f"{spec.name} produced a malformed result (a kb-mcp bug); the server log has the details.",
-                expected=False,
-            ) from exc
+            raise internal_failure(spec.name, exc) from exc

@@ -3,7 +3,7 @@
 The input schema is the tool's Request model (its fields are the tool's top-level arguments),
 the output schema its Result model. The tool function runs in a worker thread; its progress
 reports become MCP progress notifications, and its failures become `isError` results whose text
-tells the agent what to fix.
+says whose the failure is and what to do, with the same as structured content (`error_result`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ToolError as SdkToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
@@ -93,6 +92,17 @@ def tool_result(result: BaseModel) -> CallToolResult:
     )
 
 
+def error_result(failure: ToolFailure) -> CallToolResult:
+    """An `isError` result: the message as text, and as structured content `{"error": ErrorInfo}`,
+    so a client can tell the caller's mistakes, the environment's faults and kb-mcp's bugs apart
+    (clients do not check error results against the output schema)."""
+    return CallToolResult(
+        content=[TextContent(type="text", text=failure.message)],
+        structured_content={"error": failure.info.model_dump(mode="json", exclude_none=True)},
+        is_error=True,
+    )
+
+
 def input_schema(spec: ToolSpec) -> dict[str, Any]:
     """The Request model's JSON schema, titled after the tool."""
     schema = spec.request.model_json_schema()
@@ -143,7 +153,7 @@ def as_mcp_tool(spec: ToolSpec, runner: ToolRunner, *, adopt_client_name: bool =
             request = parse_request(spec, arguments)
             result = await anyio.to_thread.run_sync(runner.run, spec, request, ProgressRelay(mcp_ctx))
         except ToolFailure as failure:
-            raise SdkToolError(failure.message) from failure
+            return error_result(failure)
         return tool_result(result)
 
     return Tool(

@@ -6,16 +6,32 @@ resource always shows what every server sharing the KB has recorded.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
 
+from kb_mcp.kb.errors import KbMcpError
 from kb_mcp.server import kb_views
 from kb_mcp.server.jobs import JobManager
 from kb_mcp.tools.context import ToolContext
 
 JSON = "application/json"
+
+
+def _worded(fn: Callable[..., str]) -> Callable[..., str]:
+    """KB errors (a damaged, missing or locked KB) reach the client in words, not as a crash."""
+
+    @functools.wraps(fn)
+    def read(*args: Any, **kwargs: Any) -> str:
+        try:
+            return fn(*args, **kwargs)
+        except KbMcpError as exc:
+            raise ResourceError(f"the KB cannot be read ({exc.whose}'s to fix): {exc}") from exc
+
+    return read
 
 
 def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None:
@@ -29,6 +45,7 @@ def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None
         "optimizations have scores there and how many outcomes were recorded in it.",
         mime_type=JSON,
     )
+    @_worded
     def states() -> str:
         return kb_views.states_overview(ctx.store).model_dump_json(exclude_none=True)
 
@@ -40,6 +57,7 @@ def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None
         "ranked by expected speedup with confidence, counts and lessons.",
         mime_type=JSON,
     )
+    @_worded
     def state(state_id: str) -> str:
         view = kb_views.state_detail(ctx.store, state_id)
         if view is None:
@@ -54,6 +72,7 @@ def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None
         "lessons and verified candidates, verdict tallies, and the KB file in use.",
         mime_type=JSON,
     )
+    @_worded
     def stats() -> str:
         return kb_views.kb_stats(ctx.store, ctx.kb_path).model_dump_json(exclude_none=True)
 

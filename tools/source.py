@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict
 
 from kb_mcp.harness.problem import Problem, ProblemError, parse_problem
+from kb_mcp.kb.errors import decode_utf8, storage_error
 from kb_mcp.tools.base import ToolError
 
 __all__ = ["CUDA_SUFFIXES", "Source", "SourceText", "read_problem", "read_source"]
@@ -95,10 +96,10 @@ def _read_file(path: Path, what: Kind) -> SourceText:
             f"file system; a client elsewhere (e.g. over HTTP) should send the file's text as `{what}` instead."
         )
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ToolError(f"cannot read {what} file {path}: {exc}") from exc
-    return SourceText(text=text, path=str(path.resolve()))
+        data = path.read_bytes()
+    except OSError as exc:  # permissions, an I/O error: the machine's, not the caller's
+        raise storage_error(exc, f"read the {what} file", path) from exc
+    return SourceText(text=decode_utf8(data, path), path=str(path.resolve()))
 
 
 def _refuse_cuda_text(text: str, what: Kind) -> None:

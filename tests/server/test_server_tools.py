@@ -102,8 +102,9 @@ async def test_a_crash_is_an_error_result_and_the_server_lives(toy_server: KbMcp
     async with Client(toy_server) as client:
         with pytest.raises(ToolCallError) as err:
             await call_json(client, "toy_count", {"n": 4, "fail": "crash"})
-        assert "toy_count failed unexpectedly: ZeroDivisionError" in err.value.message
-        assert "server log" in err.value.message
+        assert "toy_count failed because of a bug in kb-mcp" in err.value.message
+        assert "ZeroDivisionError" in err.value.message and "server log" in err.value.message
+        assert err.value.whose == "kb-mcp" and err.value.error["incident"] in err.value.message
         assert (await call_json(client, "toy_count", {"n": 4}))["counted"] == 4
 
 

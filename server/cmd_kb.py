@@ -1,4 +1,9 @@
-"""`kb-mcp kb`: create, inspect, export, import and merge Knowledge Base files."""
+"""`kb-mcp kb`: create, inspect, back up, restore, repair, export, import, merge and clean up
+Knowledge Base files.
+
+Exit status: 0 success, 1 the command line is wrong (the caller's mistake), 3 the environment's
+fault (KB file, disk, lock, permissions; the message says what to do), 4 a kb-mcp bug.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +17,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kb_mcp.kb import paths
+from kb_mcp.kb import backups, lifecycle, paths
 from kb_mcp.kb.arch import ArchError, arch_family
+from kb_mcp.kb.errors import CallerError, KbMcpError
 from kb_mcp.kb.interchange import (
     InterchangeError,
     TransferReport,
@@ -25,12 +31,15 @@ from kb_mcp.kb.interchange import (
     read_json,
 )
 from kb_mcp.kb.models import ALL_ARCH
-from kb_mcp.kb.store import KBFileError, KBStore
+from kb_mcp.kb.store import KBStore
 from kb_mcp.policy import update as score_rule
+from kb_mcp.server import gc
+
+EXIT_CODES = {"caller": 1, "environment": 3, "kb-mcp": 4}
 
 
-class CommandError(Exception):
-    """A user error: printed as one line, exit status 1."""
+class CommandError(CallerError):
+    """A mistake on the command line: printed as one line, exit status 1."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,8 +47,48 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("kb", help="create, inspect, export, import and merge KB files")
     kb_sub = p.add_subparsers(dest="kb_command", metavar="ACTION", required=True)
 
-    s = kb_sub.add_parser("init", help="create and seed the KB file if it does not exist")
+    s = kb_sub.add_parser("init", help="create and seed the KB file if it does not exist",
+                          description="Creates and seeds the KB (private to you: files 0600, folders 0700). "
+                          "Serving or calling a tool creates it too, but only where nothing of a KB is yet.")
+    s.add_argument("--group", metavar="NAME", help="share the KB with this group: files 0660, folders 2770 "
+                   "(also applies to an existing KB)")
     s.set_defaults(func=_wrap(cmd_init))
+
+    s = kb_sub.add_parser("backup", help="fold the journal into the KB file and keep a backup of it now")
+    s.set_defaults(func=_wrap(cmd_backup))
+
+    s = kb_sub.add_parser("restore", help="put a backup in place of the KB file (default: the newest)",
+                          description="Restores a backup made at a compaction or by `kb backup`. The newest backup "
+                          "plus the journal is the whole KB: restoring it after the KB file was deleted or damaged "
+                          "loses nothing. The replaced file (and a journal that does not continue the backup) is "
+                          "kept beside the KB.")
+    s.add_argument("backup", nargs="?", help="backup file or name (see --list); default: the newest")
+    s.add_argument("--list", action="store_true", help="list the backups and exit")
+    s.set_defaults(func=_wrap(cmd_restore))
+
+    s = kb_sub.add_parser("repair", help="salvage every valid transaction of a damaged journal into a new KB file",
+                          description="Reads the KB file and every journal line that passes its checks, applies "
+                          "them in order and writes the result in place of the KB file (the old file and journal "
+                          "are kept beside it) or to --output.")
+    s.add_argument("--output", metavar="PATH", help="write the repaired KB here and leave the KB untouched")
+    s.add_argument("--dry-run", action="store_true", help="report what would be salvaged; write nothing")
+    s.set_defaults(func=_wrap(cmd_repair))
+
+    s = kb_sub.add_parser("gc", help="remove old job records, unrecorded candidates' files and worker scratch",
+                          description="Removes leftovers by age and size; never anything a KB record points to "
+                          "(candidates an outcome or lesson names), unfinished jobs, or a running worker's folder.")
+    d = gc.Limits()
+    s.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
+    s.add_argument("--job-days", type=float, default=d.job_days, help=f"finished job records older than this (default {d.job_days:g})")
+    s.add_argument("--jobs-kept", type=int, default=d.jobs_kept, help=f"newest finished job records kept (default {d.jobs_kept})")
+    s.add_argument("--candidate-days", type=float, default=d.candidate_days,
+                   help=f"files of candidates no outcome or lesson names, older than this (default {d.candidate_days:g})")
+    s.add_argument("--scratch-hours", type=float, default=d.scratch_hours,
+                   help=f"files in a running worker's scratch folder older than this (default {d.scratch_hours:g})")
+    s.add_argument("--cache-days", type=float, default=d.cache_days,
+                   help=f"build-cache entries unused for this long (default {d.cache_days:g})")
+    s.add_argument("--cache-max-mb", type=float, default=None, help="then the oldest cache entries beyond this total")
+    s.set_defaults(func=_wrap(cmd_gc))
 
     s = kb_sub.add_parser("stats", help="counts of states, optimizations, scores and outcomes")
     s.set_defaults(func=_wrap(cmd_stats))
@@ -72,7 +121,10 @@ def _wrap(fn: Callable[[argparse.Namespace, Console], int]) -> Callable[[argpars
         console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 150)
         try:
             return fn(args, console)
-        except (CommandError, KBFileError, InterchangeError, ArchError) as exc:
+        except KbMcpError as exc:
+            print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
+            return EXIT_CODES[exc.whose]
+        except (InterchangeError, ArchError) as exc:  # a file or argument given on the command line
             print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
             return 1
 
@@ -80,24 +132,97 @@ def _wrap(fn: Callable[[argparse.Namespace, Console], int]) -> Callable[[argpars
 
 
 def _open(args: argparse.Namespace, *, create: bool = False) -> KBStore:
-    path = paths.resolve_kb_path(args.kb)
-    if not create and not path.exists():
-        raise CommandError(f"no KB at {path}; create one with `kb-mcp --kb {path} kb init` (or pass --kb)")
-    return KBStore.open(path)
+    return KBStore.open(paths.resolve_kb_path(args.kb), create=create)
 
 
 def cmd_init(args: argparse.Namespace, console: Console) -> int:
-    """Creates and seeds the KB if missing; reports what is there."""
+    """Creates and seeds the KB if missing (optionally shared with a group); reports what is there."""
     path = paths.resolve_kb_path(args.kb)
-    existed = path.exists() and path.stat().st_size > 0
-    store = KBStore.open(path)
-    stats = store.stats()
-    verb = "already exists" if existed else "created and seeded"
+    report = lifecycle.init_kb(path, group=args.group)
+    stats = report.store.stats()
+    verb = "created and seeded" if report.created else "already exists"
     console.print(
         f"KB {path} {verb}: {sum(stats.states.values())} states, {sum(stats.optimizations.values())} optimizations, "
         f"{stats.scores} scores, {sum(stats.outcomes.values())} outcomes."
     )
+    for note in report.notes:
+        console.print(note)
     return 0
+
+
+def cmd_backup(args: argparse.Namespace, console: Console) -> int:
+    """Compacts and keeps a backup now."""
+    store = _open(args)
+    dest = store.backup()
+    console.print(f"backup of {store.path} kept at {dest} ({len(backups.list_backups(store.path))} kept; "
+                  f"${backups.ENV_BACKUPS} sets how many, default {backups.DEFAULT_KEEP})")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace, console: Console) -> int:
+    """Lists backups, or restores one."""
+    path = paths.resolve_kb_path(args.kb)
+    if args.list:
+        found = backups.list_backups(path)
+        if not found:
+            console.print(f"no backups of {path} in {paths.backups_dir(path)}")
+        for b in found:
+            console.print(lifecycle.describe_backup(b))
+        return 0
+    report = lifecycle.restore_kb(path, Path(args.backup).expanduser() if args.backup else None)
+    console.print(f"restored {path} from {report.backup} (transaction {report.applied_seq})"
+                  + ("; its journal continues that backup and was kept: nothing was lost" if report.journal_kept
+                     else "; the journal did not continue that backup: the KB is now what the backup holds"))
+    for kept in report.set_aside:
+        console.print(f"  kept the replaced file as {kept}")
+    return 0
+
+
+def cmd_repair(args: argparse.Namespace, console: Console) -> int:
+    """Salvages a damaged journal."""
+    path = paths.resolve_kb_path(args.kb)
+    output = Path(args.output).expanduser().resolve() if args.output else None
+    r = lifecycle.repair_kb(path, output=output, dry_run=args.dry_run)
+    span = f" ({r.first_seq}..{r.last_seq})" if r.first_seq is not None else ""
+    verb = "would salvage" if r.dry_run else "salvaged"
+    console.print(f"{path}: {verb} {r.transactions} journal transaction(s){span}; "
+                  f"{r.skipped_duplicates} already in the file or written twice")
+    for line in r.bad_lines:
+        console.print(f"  left out damaged {line}")
+    for gap in r.gaps:
+        console.print(f"  {gap}")
+    if r.torn_tail_bytes:
+        console.print(f"  an incomplete last line ({r.torn_tail_bytes} bytes, a write cut short) was dropped")
+    if not r.dry_run:
+        console.print(f"wrote {r.output}" + ("" if output else "; the KB now reads it, with an empty journal"))
+        for kept in r.set_aside:
+            console.print(f"  kept the old file as {kept}")
+    if not r.damaged:
+        console.print("no damage found")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace, console: Console) -> int:
+    """Removes leftovers past retention."""
+    store = _open(args)
+    limits = gc.Limits(job_days=args.job_days, jobs_kept=args.jobs_kept, candidate_days=args.candidate_days,
+                       scratch_hours=args.scratch_hours, cache_days=args.cache_days, cache_max_mb=args.cache_max_mb)
+    ctx = gc.Context(store=store, artifacts=paths.artifacts_dir(store.path), cache=paths.cache_dir(), limits=limits)
+    report = gc.collect(ctx, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for name, items in report.removed.items():
+        size = sum(i.size for i in items)
+        console.print(f"{name}: {verb} {len(items)} ({size / 1e6:.1f} MB)")
+        for item in items[:5] if args.dry_run else []:
+            console.print(f"  {item.path}  ({item.why})")
+        if args.dry_run and len(items) > 5:
+            console.print(f"  ... and {len(items) - 5} more")
+    n, size = report.total()
+    console.print(f"total: {verb} {n} ({size / 1e6:.1f} MB); kept {report.kept_referenced} candidate files a KB "
+                  "record points to")
+    for err in report.errors:
+        console.print(f"  could not remove {err}")
+    return 3 if report.errors else 0
 
 
 def cmd_stats(args: argparse.Namespace, console: Console) -> int:
@@ -120,6 +245,12 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
     table.add_row("transitions", str(stats.transitions), "counted state-to-state moves")
     table.add_row("candidates", str(stats.candidates), "verdicts stored by compile_and_verify")
     table.add_row("schema version", str(stats.schema_version), "")
+    waiting = store.pending_count()
+    if waiting:
+        table.add_row("pending", str(waiting), f"verdicts persisted in {store.pending_dir}, committed with the next write")
+    kept = backups.list_backups(store.path)
+    table.add_row("backups", str(len(kept)), f"newest {kept[0].path.name}" if kept else "kept at each compaction")
+    table.add_row("lock", "", store.lock.probe())
     console.print(table)
     return 0
 

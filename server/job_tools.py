@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.kb.errors import ErrorInfo
 from kb_mcp.kb.models import utcnow
 from kb_mcp.server.jobs import JobManager, JobProgress, JobRecord, JobStatus
 from kb_mcp.server.registry import ToolSpec
@@ -69,6 +70,8 @@ class JobView(BaseModel):
         None, description="The tool's own result (same fields as calling the tool directly), once succeeded."
     )
     error: str | None = None
+    error_info: ErrorInfo | None = Field(None, description="The failure, structured: whose it is (caller, "
+                                         "environment or kb-mcp), where, and what to do.")
     next: str = Field(description="What to do next.")
 
     @classmethod
@@ -92,6 +95,7 @@ class JobView(BaseModel):
             elapsed_s=round((end - started).total_seconds(), 1),
             result=record.result,
             error=record.error,
+            error_info=record.error_info,
             next=hints[record.status],
         )
 

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.kb.errors import ErrorInfo
 from kb_mcp.kb.models import utcnow
 from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
 from kb_mcp.server.registry import ToolSpec
@@ -46,6 +47,8 @@ FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "inter
 _JOB_ID = re.compile(r"^j_\d{14}_[0-9a-f]{6}$")
 _PROGRESS_WRITE_INTERVAL_S = 0.5  # progress hits the disk at most this often (cancel checks too)
 MAX_CONCURRENT_JOBS = 4
+JOB_RETENTION_DAYS = 14.0  # finished job records older than this go at server start and in `kb-mcp kb gc`
+JOBS_KEPT = 500  # and the oldest finished ones beyond this many
 
 _KINDS: dict[str, ToolSpec] = {}
 
@@ -96,6 +99,7 @@ class JobRecord(BaseModel):
     progress: JobProgress = Field(default_factory=JobProgress)
     result: dict[str, Any] | None = None
     error: str | None = None
+    error_info: ErrorInfo | None = None  # whose the failure is (see kb_mcp.kb.errors)
     owner: str = ""  # host:pid of the server process running it
     cancel_requested: bool = False
     created_at: datetime = Field(default_factory=utcnow)
@@ -188,6 +192,46 @@ class JobStore:
             except (OSError, ValueError) as exc:  # one bad file must not hide the others
                 log.warning("skipping unreadable job record %s: %s", path, exc)
         return records
+
+
+    def expired(self, max_age_s: float, keep: int, now: float | None = None) -> list[tuple[str, str]]:
+        """Finished jobs past retention, with why: older than `max_age_s`, or beyond the newest
+        `keep` finished ones. A job still queued or running (its server alive) never expires."""
+        now = time.time() if now is None else now
+        finished: list[tuple[str, float]] = []
+        for path in sorted(self.root.glob("j_*.json"), reverse=True) if self.root.is_dir() else []:
+            try:
+                record = JobRecord.model_validate_json(path.read_text())
+            except (OSError, ValueError):
+                continue  # unreadable: list() warns about it; an operator should look at it
+            if not record.finished and _owner_alive(record.owner):
+                continue
+            ended = (record.finished_at or record.created_at).timestamp()
+            finished.append((record.job_id, ended))
+        out = []
+        for rank, (job_id, ended) in enumerate(finished):
+            if now - ended > max_age_s:
+                out.append((job_id, f"finished {(now - ended) / 86400:.0f} days ago"))
+            elif rank >= keep:
+                out.append((job_id, f"beyond the newest {keep} finished jobs"))
+        return out
+
+    def files_of(self, job_id: str) -> list[Path]:
+        """The record of a job and its lock file (those that exist)."""
+        path = self.path(job_id)
+        return [p for p in (path, path.with_name(path.name + ".lock")) if p.exists()]
+
+    def prune(self, max_age_s: float = JOB_RETENTION_DAYS * 86400, keep: int = JOBS_KEPT) -> int:
+        """Removes expired job records (see `expired`); returns how many went."""
+        gone = 0
+        for job_id, _ in self.expired(max_age_s, keep):
+            for path in self.files_of(job_id):
+                path.unlink(missing_ok=True)
+            gone += 1
+        for tmp in self.root.glob(".j_*.tmp") if self.root.is_dir() else []:  # writers killed mid-write
+            if time.time() - tmp.stat().st_mtime > 3600:
+                tmp.unlink(missing_ok=True)
+        return gone
 
 
 class JobManager:
@@ -295,12 +339,20 @@ class JobManager:
         return record
 
     def recover(self) -> list[str]:
-        """Marks unfinished jobs of dead server processes `interrupted`; returns their ids."""
+        """Marks unfinished jobs of dead server processes `interrupted` and removes finished records
+        past retention (`JobStore.prune`); returns the ids marked."""
         marked = []
         for record in self.store.list(limit=1000):
             if not record.finished and not _owner_alive(record.owner):
                 self.store.update(record.job_id, _mark_interrupted)
                 marked.append(record.job_id)
+        try:
+            pruned = self.store.prune()
+        except OSError as exc:
+            log.warning("could not remove old job records in %s: %s", self.store.root, exc)
+        else:
+            if pruned:
+                log.info("removed %d finished job record(s) past retention", pruned)
         return marked
 
     def shutdown(self, wait: bool = True) -> None:
@@ -324,7 +376,7 @@ class JobManager:
                 self.store.update(job_id, lambda r: _finish(r, "cancelled", error="cancelled on request"))
                 log.info("job %s cancelled", job_id)
             except ToolFailure as failure:
-                self.store.update(job_id, lambda r: _finish(r, "failed", error=failure.message))
+                self.store.update(job_id, lambda r: _finish(r, "failed", error=failure.message, info=failure.info))
                 log.info("job %s failed: %s", job_id, failure.message.splitlines()[0])
             else:
                 payload = result.model_dump(mode="json")
@@ -384,8 +436,10 @@ def _finish(
     *,
     result: dict[str, Any] | None = None,
     error: str | None = None,
+    info: ErrorInfo | None = None,
 ) -> None:
     record.status = status
     record.result = result
     record.error = error
+    record.error_info = info
     record.finished_at = utcnow()

@@ -36,7 +36,7 @@ def test_export_is_a_standalone_kb_with_the_journal_folded_in(tmp_path: Path) ->
     _record(kb, "c_1", 1.0)
     out = export_kb(KBStore.open(kb), tmp_path / "copy.json")
     assert not Path(str(out) + ".journal").exists()
-    copy = KBStore.open(out, seed=False)
+    copy = KBStore.open(out, create=False)
     assert copy.get_score(STATE, OPT, "hopper").samples == 1  # type: ignore[union-attr]
     with pytest.raises(InterchangeError, match="exists"):
         export_kb(KBStore.open(kb), out)
@@ -145,7 +145,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_end_to_end(tmp_path: Path) -> None:
     kb = tmp_path / "k.json"
     r = _cli("--kb", str(kb), "kb", "stats")
-    assert r.returncode == 1 and "kb init" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 3 and "kb init" in r.stderr and "Traceback" not in r.stderr  # 3: the environment's
+    assert not kb.exists()
     r = _cli("--kb", str(kb), "kb", "init")
     assert r.returncode == 0 and "created and seeded" in r.stdout and "23 states" in r.stdout
     r = _cli("--kb", str(kb), "kb", "stats")
@@ -170,4 +171,4 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text("not a kb")
     r = _cli("--kb", str(corrupt), "kb", "stats")
-    assert r.returncode == 1 and str(corrupt) in r.stderr and corrupt.read_text() == "not a kb"
+    assert r.returncode == 3 and str(corrupt) in r.stderr and corrupt.read_text() == "not a kb"

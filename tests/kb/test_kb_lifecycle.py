@@ -1,0 +1,226 @@
+"""The KB file's life (kb.lifecycle, KBStore.open): created only where nothing of a KB is, refused
+when missing beside its remains, backed up at compaction and restored with one call, repaired by
+salvaging every valid journal line, kept read-only when read-only, private (or group-shared) modes."""
+
+from __future__ import annotations
+
+import grp
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kb_mcp.kb import backups, lifecycle, paths
+from kb_mcp.kb.errors import KBCorruptError, KBMissingError, KBReadOnlyError, StorageError
+from kb_mcp.kb.models import CandidateRecord, Verdict
+from kb_mcp.kb.store import KBStore
+
+
+def _candidate(cid: str) -> CandidateRecord:
+    return CandidateRecord(candidate_id=cid, problem="p", problem_hash="h", verdict=Verdict.faster, arch="sm_90",
+                           time_ms=1.0, eager_ms=2.0)
+
+
+def _write(store: KBStore, *cids: str) -> None:
+    for cid in cids:
+        with store.transaction() as tx:
+            tx.put_candidate(_candidate(cid))
+
+
+def _ids(kb_path: Path) -> set[str]:
+    with KBStore.open(kb_path, create=False).read() as view:
+        return {c.candidate_id for c in view.list_candidates()}
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+# ---- creation and the missing KB --------------------------------------------------------------------
+
+
+def test_first_use_creates_a_private_kb_where_nothing_of_one_is(kb_path: Path) -> None:
+    KBStore.open(kb_path)
+    assert _mode(kb_path) == 0o600 and _mode(Path(str(kb_path) + ".journal")) == 0o600
+
+
+def test_a_deleted_kb_file_is_refused_saying_what_is_left_and_nothing_is_created(kb_path: Path) -> None:
+    store = KBStore.open(kb_path)
+    _write(store, "c_1")
+    candidates = paths.artifacts_dir(kb_path) / "candidates"
+    candidates.mkdir(parents=True)
+    (candidates / "c_1.py").write_text("class ModelNew: pass\n")
+    kb_path.unlink()  # an accidental rm
+    with pytest.raises(KBMissingError) as err:
+        KBStore.open(kb_path)
+    text = str(err.value)
+    assert str(kb_path) in text and "journal" in text and "candidate and profile files" in text
+    assert "kb init" in text and err.value.whose == "environment"
+    assert not kb_path.exists(), "no empty KB may be created over the remains of the old one"
+    with pytest.raises(KBMissingError, match="disappeared while in use"):
+        store.get_candidate("c_1")  # a running server notices too
+
+
+def test_an_explicit_init_creates_beside_remains_and_sets_a_stray_journal_aside(kb_path: Path) -> None:
+    _write(KBStore.open(kb_path), "c_old")
+    kb_path.unlink()
+    report = lifecycle.init_kb(kb_path)
+    assert report.created and "set aside" in report.notes[0]
+    assert _ids(kb_path) == set()
+    aside = [p for p in kb_path.parent.iterdir() if ".journal.orphaned-" in p.name]
+    assert len(aside) == 1 and b"c_old" in aside[0].read_bytes()
+
+
+# ---- backups and restore ------------------------------------------------------------------------------
+
+
+def test_compaction_keeps_rotated_backups_and_restore_brings_back_a_deleted_kb_whole(kb_path: Path) -> None:
+    store = KBStore.open(kb_path, compact_min_bytes=3000, compact_fraction=0.0, backups=3)
+    cids = [f"c_{i}" for i in range(60)]
+    _write(store, *cids)  # several compactions, then journal entries after the last one
+    kept = backups.list_backups(kb_path)
+    assert len(kept) == 3 and kept[0].applied_seq > kept[1].applied_seq > kept[2].applied_seq
+    assert all(_mode(b.path) == 0o600 for b in kept)
+    assert Path(str(kb_path) + ".journal").stat().st_size > 0
+    kb_path.unlink()
+    with pytest.raises(KBMissingError, match="kb restore"):
+        KBStore.open(kb_path)
+    report = lifecycle.restore_kb(kb_path)
+    assert report.journal_kept and report.backup == kept[0].path
+    assert _ids(kb_path) == set(cids), "the newest backup plus the journal is the whole KB"
+
+
+def test_restoring_an_older_backup_goes_back_in_time_and_keeps_what_it_replaces(kb_path: Path) -> None:
+    store = KBStore.open(kb_path, compact_min_bytes=3000, compact_fraction=0.0, backups=5)
+    _write(store, *[f"c_{i}" for i in range(60)])
+    oldest = backups.list_backups(kb_path)[-1]
+    before = kb_path.read_bytes()
+    report = lifecycle.restore_kb(kb_path, oldest.path)
+    assert not report.journal_kept
+    restored = _ids(kb_path)
+    assert restored and len(restored) < 60
+    kept = {p.name.split(".before-restore-")[0]: p for p in report.set_aside}
+    assert kept["kb.json"].read_bytes() == before and "kb.json.journal" in kept
+
+
+# ---- repair -------------------------------------------------------------------------------------------
+
+
+def test_repair_salvages_every_valid_transaction_of_a_journal_with_a_flipped_byte(kb_path: Path) -> None:
+    store = KBStore.open(kb_path)
+    _write(store, *[f"c_{i}" for i in range(10)])
+    j = Path(str(kb_path) + ".journal")
+    lines = j.read_bytes().splitlines(keepends=True)
+    damaged = bytearray(j.read_bytes())
+    damaged[sum(map(len, lines[:2])) + 40] ^= 0x04  # line 3
+    j.write_bytes(bytes(damaged))
+    with pytest.raises(KBCorruptError):
+        KBStore.open(kb_path)
+
+    dry = lifecycle.repair_kb(kb_path, dry_run=True)
+    assert dry.transactions == 9 and j.read_bytes() == bytes(damaged)
+    report = lifecycle.repair_kb(kb_path)
+    assert report.transactions == 9 and len(report.bad_lines) == 1 and "line 3" in report.bad_lines[0]
+    assert report.gaps == ["transaction 3 is missing before line 4 (not in the file or any good line)"]
+    assert _ids(kb_path) == {f"c_{i}" for i in range(10)} - {"c_2"}
+    kept_journal = next(p for p in report.set_aside if ".journal.before-repair-" in p.name)
+    assert kept_journal.read_bytes() == bytes(damaged)
+    with KBStore.open(kb_path).transaction() as tx:  # and the KB takes writes again
+        tx.put_candidate(_candidate("c_new"))
+    assert "c_new" in _ids(kb_path)
+
+
+def test_repair_finds_an_entry_hidden_in_a_line_whose_newline_was_lost(kb_path: Path) -> None:
+    store = KBStore.open(kb_path)
+    _write(store, "c_a", "c_b", "c_c")
+    j = Path(str(kb_path) + ".journal")
+    lines = j.read_bytes().splitlines(keepends=True)
+    j.write_bytes(lines[0] + lines[1][:30] + lines[2])  # line 2 torn mid-way, line 3 appended after it
+    report = lifecycle.repair_kb(kb_path, output=kb_path.with_name("repaired.json"))
+    assert report.transactions == 2 and len(report.bad_lines) == 1
+    assert _ids(kb_path.with_name("repaired.json")) == {"c_a", "c_c"}
+
+
+# ---- read-only and modes ------------------------------------------------------------------------------
+
+
+def test_a_read_only_kb_is_never_written_and_still_answers_reads(kb_path: Path) -> None:
+    store = KBStore.open(kb_path, compact_min_bytes=0, compact_fraction=0.0)
+    _write(store, "c_1")
+    os.chmod(kb_path, 0o444)
+    before = (kb_path.read_bytes(), Path(str(kb_path) + ".journal").read_bytes(), os.stat(kb_path).st_ino)
+    for s in (store, KBStore.open(kb_path)):
+        with pytest.raises(KBReadOnlyError) as err:
+            with s.transaction() as tx:
+                tx.put_candidate(_candidate("c_2"))
+        assert "read-only" in str(err.value) and "0444" in str(err.value) and "chmod u+w" in str(err.value)
+        with pytest.raises(KBReadOnlyError):
+            s.compact()
+        assert s.get_candidate("c_1") is not None
+    after = (kb_path.read_bytes(), Path(str(kb_path) + ".journal").read_bytes(), os.stat(kb_path).st_ino)
+    assert after == before and _mode(kb_path) == 0o444
+
+
+def test_compaction_keeps_the_kb_files_mode(kb_path: Path) -> None:
+    store = KBStore.open(kb_path, compact_min_bytes=0, compact_fraction=0.0)
+    os.chmod(kb_path, 0o640)
+    _write(store, "c_1", "c_2")  # each commit rewrites the file
+    assert _mode(kb_path) == 0o640 and _mode(Path(str(kb_path) + ".journal")) == 0o640
+
+
+def test_init_with_a_group_shares_the_kb_and_its_folders(kb_path: Path) -> None:
+    group = grp.getgrgid(os.getgid()).gr_name
+    report = lifecycle.init_kb(kb_path, group=group)
+    assert report.created
+    for path in (kb_path, Path(str(kb_path) + ".journal")):
+        assert _mode(path) == 0o660 and os.stat(path).st_gid == os.getgid()
+    for folder in (paths.artifacts_dir(kb_path), paths.backups_dir(kb_path)):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o2770
+    assert paths.umask_for(_mode(kb_path)) == 0o007
+    _write(KBStore.open(kb_path, compact_min_bytes=0, compact_fraction=0.0), "c_1")
+    assert _mode(kb_path) == 0o660  # a compaction keeps it shared
+
+
+def test_an_existing_kb_can_be_shared_later(kb_path: Path) -> None:
+    KBStore.open(kb_path)
+    assert _mode(kb_path) == 0o600
+    lifecycle.init_kb(kb_path, group=grp.getgrgid(os.getgid()).gr_name)
+    assert _mode(kb_path) == 0o660
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    """A real 4 MB file system (a tmpfs), so that a full disk is a full disk."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"needs permission to mount a small tmpfs for a real full disk: {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_is_the_environments_fault_and_loses_nothing_acknowledged(tiny_disk: Path) -> None:
+    kb = tiny_disk / "kb.json"
+    store = KBStore.open(kb)
+    with open(tiny_disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    acknowledged = []
+    with pytest.raises(StorageError) as err:
+        for i in range(1000):
+            with store.transaction() as tx:
+                tx.put_candidate(_candidate(f"c_{i}"))
+            acknowledged.append(f"c_{i}")
+    assert err.value.whose == "environment" and "No space left" in str(err.value)
+    assert err.value.action and "free disk space" in err.value.action and err.value.where
+    (tiny_disk / "filler").unlink()
+    assert _ids(kb) == set(acknowledged)  # the journal has no half line, nothing committed is missing
+    _write(KBStore.open(kb), "c_after")
+    assert "c_after" in _ids(kb)

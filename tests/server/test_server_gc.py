@@ -1,0 +1,122 @@
+"""Retention (server.gc, `kb-mcp kb gc`, job records at server start) on real files: old leftovers
+go, and nothing a KB record points to, no unfinished job and no running worker's folder is touched."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from kb_mcp.kb import paths
+from kb_mcp.kb.models import CandidateRecord, Outcome, Verdict, utcnow
+from kb_mcp.kb.store import KBStore
+from kb_mcp.server import gc
+from kb_mcp.server.jobs import JobRecord, JobStore
+
+DAY = 86400
+
+
+def _age(path: Path, days: float) -> None:
+    t = time.time() - days * DAY
+    os.utime(path, (t, t))
+
+
+def _job(store: JobStore, job_id: str, status: str, days_ago: float, owner: str = "elsewhere:1") -> None:
+    when = utcnow() - timedelta(days=days_ago)
+    store.write(JobRecord(job_id=job_id, kind="toy_count", status=status, owner=owner, created_at=when,
+                          finished_at=when if status in ("succeeded", "failed") else None))
+    Path(str(store.path(job_id)) + ".lock").write_text("")
+
+
+def _setup(kb_path: Path, cache: Path) -> gc.Context:
+    store = KBStore.open(kb_path)
+    art = paths.artifacts_dir(kb_path)
+    cands = art / "candidates"
+    cands.mkdir(parents=True)
+    with store.transaction() as tx:
+        for cid in ("c_recorded", "c_parent", "c_lonely", "c_young"):
+            tx.put_candidate(CandidateRecord(candidate_id=cid, problem="p", problem_hash="h", verdict=Verdict.faster))
+        tx.put_outcome(Outcome(id="o1", problem="p", candidate_id="c_recorded", parent_candidate_id="c_parent",
+                               state_id="s", optimization_id="o", arch="hopper", verdict=Verdict.faster))
+    for cid in ("c_recorded", "c_parent", "c_lonely", "c_young", "c_pending"):
+        for ext in (".py", ".json"):
+            (cands / f"{cid}{ext}").write_text("x" * 1000)
+            _age(cands / f"{cid}{ext}", 1 if cid == "c_young" else 90)
+    store.pending_dir.mkdir(parents=True)
+    (store.pending_dir / "candidate-c_pending.json").write_text("{}")
+    return gc.Context(store=store, artifacts=art, cache=cache, limits=gc.Limits())
+
+
+def test_unrecorded_candidates_go_and_what_a_record_points_to_stays(kb_path: Path, tmp_path: Path) -> None:
+    ctx = _setup(kb_path, tmp_path / "cache")
+    report = gc.collect(ctx, [("unrecorded candidates", gc.unrecorded_candidates)])
+    gone = sorted(i.path.name for i in report.removed["unrecorded candidates"])
+    assert gone == ["c_lonely.json", "c_lonely.py"]
+    left = sorted(p.name for p in (ctx.artifacts / "candidates").iterdir())
+    assert left == sorted(f"{c}{e}" for c in ("c_recorded", "c_parent", "c_young", "c_pending") for e in (".json", ".py"))
+    assert ctx.store.get_candidate("c_lonely") is not None  # the verdict itself stays in the KB
+
+
+def test_job_records_past_retention_go_unfinished_ones_stay(tmp_path: Path) -> None:
+    jobs = JobStore(tmp_path / "jobs")
+    _job(jobs, "j_20200101000000_aaaaaa", "succeeded", 30)
+    _job(jobs, "j_20200101000001_bbbbbb", "failed", 1)
+    _job(jobs, "j_20200101000002_cccccc", "running", 30, owner=f"{os.uname().nodename}:{os.getpid()}")  # alive
+    for i in range(5):
+        _job(jobs, f"j_2021010100000{i}_dddddd", "succeeded", 0.1)
+    assert jobs.prune(max_age_s=14 * DAY, keep=5) == 2  # one too old, one beyond the newest 5 finished
+    left = sorted(p.name for p in (tmp_path / "jobs").iterdir())
+    assert "j_20200101000000_aaaaaa.json" not in left and "j_20200101000000_aaaaaa.json.lock" not in left
+    assert "j_20200101000001_bbbbbb.json" not in left
+    assert "j_20200101000002_cccccc.json" in left  # still running: never expires
+    assert len([n for n in left if n.endswith(".json")]) == 6
+
+
+def test_worker_scratch_of_exited_workers_goes_and_running_ones_keep_their_fresh_files(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_dir = cache / "work" / dead.stdout.strip()
+    live_dir = cache / "work" / str(os.getpid())
+    for folder in (dead_dir, live_dir):
+        folder.mkdir(parents=True)
+        (folder / "kbmcp_candidate.py").write_bytes(b"x" * 20_000_000)  # a 20 MB candidate
+        (folder / "fresh.py").write_text("y")
+    _age(live_dir / "kbmcp_candidate.py", 2)
+    ctx = gc.Context(store=None, artifacts=tmp_path, cache=cache, limits=gc.Limits())  # type: ignore[arg-type]
+    report = gc.collect(ctx, [("worker scratch", gc.worker_scratch)])
+    assert not dead_dir.exists()
+    assert sorted(p.name for p in live_dir.iterdir()) == ["fresh.py"]
+    assert report.total()[1] >= 40_000_000
+
+
+def test_build_cache_goes_by_age_then_by_size_oldest_first(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    for i, days in enumerate((60, 10, 5, 0.001)):
+        entry = cache / "torch_extensions" / f"ext{i}"
+        entry.mkdir(parents=True)
+        (entry / "lib.so").write_bytes(b"z" * 1_000_000)
+        _age(entry, days)
+    ctx = gc.Context(store=None, artifacts=tmp_path, cache=cache,  # type: ignore[arg-type]
+                     limits=gc.Limits(cache_days=30, cache_max_mb=2.5))
+    gc.collect(ctx, [("build cache", gc.build_cache)])
+    # ext0 is too old; then the total (3 MB) is over 2.5 MB: the oldest, ext1, goes
+    assert sorted(p.name for p in (cache / "torch_extensions").iterdir()) == ["ext2", "ext3"]
+    tight = gc.Context(store=None, artifacts=tmp_path, cache=cache,  # type: ignore[arg-type]
+                       limits=gc.Limits(cache_days=30, cache_max_mb=0.1))
+    gc.collect(tight, [("build cache", gc.build_cache)])
+    assert sorted(p.name for p in (cache / "torch_extensions").iterdir()) == ["ext3"]  # in use in the last hour
+
+
+def test_kb_gc_command_lists_then_removes(kb_path: Path, tmp_path: Path) -> None:
+    _setup(kb_path, tmp_path / "cache")
+    cli = [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(kb_path), "kb", "gc"]
+    env = {**os.environ, paths.ENV_CACHE: str(tmp_path / "cache")}
+    dry = subprocess.run([*cli, "--dry-run"], capture_output=True, text=True, timeout=120, env=env)
+    assert dry.returncode == 0 and "unrecorded candidates: would remove 2" in dry.stdout, dry.stderr
+    assert (paths.artifacts_dir(kb_path) / "candidates" / "c_lonely.py").exists()
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and "unrecorded candidates: removed 2" in done.stdout, done.stderr
+    assert not (paths.artifacts_dir(kb_path) / "candidates" / "c_lonely.py").exists()

@@ -8,6 +8,7 @@ import grp
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,31 @@ def test_a_full_disk_is_the_environments_fault_and_loses_nothing_acknowledged(ti
     assert _ids(kb) == set(acknowledged)  # the journal has no half line, nothing committed is missing
     _write(KBStore.open(kb), "c_after")
     assert "c_after" in _ids(kb)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_one_command_restores_a_deleted_kb_and_one_repairs_a_damaged_journal(kb_path: Path) -> None:
+    kb = str(kb_path)
+    _write(KBStore.open(kb_path), "c_1", "c_2")
+    assert _cli("--kb", kb, "kb", "backup").returncode == 0
+    _write(KBStore.open(kb_path), "c_3")
+    kb_path.unlink()
+    listed = _cli("--kb", kb, "kb", "restore", "--list")
+    assert listed.returncode == 0 and "seq" in listed.stdout
+    done = _cli("--kb", kb, "kb", "restore")
+    assert done.returncode == 0 and "nothing was lost" in done.stdout, done.stderr
+    assert _ids(kb_path) == {"c_1", "c_2", "c_3"}
+
+    j = Path(kb + ".journal")
+    data = bytearray(j.read_bytes())
+    data[20] ^= 0x10
+    j.write_bytes(bytes(data))
+    stats = _cli("--kb", kb, "kb", "stats")
+    assert stats.returncode == 3 and "line 1" in stats.stderr and "kb repair" in stats.stderr
+    fixed = _cli("--kb", kb, "kb", "repair")
+    assert fixed.returncode == 0 and "left out damaged line 1" in fixed.stdout, fixed.stderr
+    assert _cli("--kb", kb, "kb", "stats").returncode == 0 and _ids(kb_path) == {"c_1", "c_2"}

@@ -130,3 +130,19 @@ def test_kb_mcp_call_exits_by_whose_the_failure_is(kb_path: Path, whose: str, co
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == code, done.stderr
     assert ("read-only" if whose == "environment" else "unknown candidate_id") in done.stderr
+
+
+def test_a_deleted_kb_is_refused_by_serve_and_call_and_not_recreated(kb_path: Path) -> None:
+    with KBStore.open(kb_path).transaction() as tx:
+        tx.put_candidate(CandidateRecord(candidate_id="c_1", problem="p", problem_hash="h", verdict=Verdict.faster))
+    kb_path.unlink()  # an accidental rm: the journal is still there
+    serve = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(kb_path), "serve"], input="",
+                           capture_output=True, text=True, timeout=120)
+    call = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(kb_path), "call",
+                           "suggest_optimizations", "--arg", "state_id=memory_bandwidth_saturated"],
+                          capture_output=True, text=True, timeout=120)
+    for done in (serve, call):
+        assert done.returncode == 3, done.stderr
+        assert "is missing" in done.stderr and "journal" in done.stderr and "kb init" in done.stderr
+        assert "Traceback" not in done.stderr
+    assert not kb_path.exists()

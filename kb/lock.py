@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -48,7 +49,7 @@ class KBLock:
         self.holder_path = kb_path.with_name(kb_path.name + ".lock.holder")
         self.timeout = default_timeout() if timeout is None else timeout
         self._lock = filelock.FileLock(str(self.path), timeout=self.timeout, mode=(mode & 0o666) | 0o600)
-        self._identity: tuple[int, int] | None = None
+        self._held = threading.local()  # the (dev, inode) this thread locked, per thread like filelock's own state
         self._command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv[:3]))[:120]
 
     @contextlib.contextmanager
@@ -63,18 +64,18 @@ class KBLock:
         except OSError as exc:
             raise storage_error(exc, "take the KB lock", self.path) from exc
         try:
-            self._identity = self._fd_identity()
+            self._held.identity = self._fd_identity()
             self._record_holder()
             yield
         finally:
-            self._identity = None
+            self._held.identity = None
             self._lock.release()
 
     def assert_held(self) -> None:
         """Raises KBConflictError unless the lock file at the path is still the one this process locked."""
         try:
             st = os.stat(self.path)
-            same = (st.st_dev, st.st_ino) == self._identity
+            same = (st.st_dev, st.st_ino) == getattr(self._held, "identity", None)
         except FileNotFoundError:
             same = False
         if not same:

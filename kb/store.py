@@ -506,15 +506,18 @@ class KBStore:
             self._flusher.start()
 
     def _flush_pending(self) -> None:
+        pause = _FLUSH_RETRY_S
         while pending.count(self.pending_dir):
             try:
                 with self.transaction():
                     pass
             except KBLockTimeout:
                 continue  # still busy: wait again
-            except KbMcpError as exc:
-                log.warning("pending KB records not committed yet: %s", exc)
-                time.sleep(_FLUSH_RETRY_S)
+            except KbMcpError as exc:  # e.g. a read-only or damaged KB: the records wait on disk meanwhile
+                log.warning("%d pending KB record(s) in %s not committed yet: %s", pending.count(self.pending_dir),
+                            self.pending_dir, exc)
+                time.sleep(pause)
+                pause = min(pause * 2, 300.0)
 
     def _check_writable(self) -> None:
         """Refuses to write a KB whose file, journal or folder is read-only (the mode counts even for root)."""

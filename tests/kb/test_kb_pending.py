@@ -14,7 +14,7 @@ import pytest
 
 from kb_mcp.kb import pending
 from kb_mcp.kb.errors import KBLockTimeout
-from kb_mcp.kb.models import CandidateRecord, Verdict
+from kb_mcp.kb.models import CandidateRecord, Score, Verdict
 from kb_mcp.kb.store import KBStore
 
 WORKER = Path(__file__).with_name("kb_worker.py")
@@ -74,7 +74,7 @@ def test_a_pending_record_outlives_its_process_and_the_next_transaction_anywhere
     KBStore.open(kb_path)
     holder = _hung_holder(kb_path)
     script = (
-        "import sys; from kb_mcp.kb.store import KBStore; from kb_mcp.kb.models import CandidateRecord, Verdict\n"
+        "import sys; from kb_mcp.kb.store import KBStore; from kb_mcp.kb.models import CandidateRecord, Score, Verdict\n"
         "s = KBStore.open(sys.argv[1], lock_timeout=0.5)\n"
         "r = CandidateRecord(candidate_id='c_orphan', problem='p', problem_hash='h', verdict=Verdict.slower)\n"
         "print(s.commit_soon('candidate-c_orphan', lambda tx: tx.put_candidate(r), wait_s=0.3), flush=True)\n"
@@ -111,7 +111,7 @@ def test_a_failed_transaction_keeps_the_pending_records(kb_path: Path) -> None:
 def test_only_whole_record_puts_may_wait_and_a_damaged_file_is_set_aside(kb_path: Path) -> None:
     store = KBStore.open(kb_path)
     with pytest.raises(ValueError, match="whole-record puts"):
-        store.commit_soon("drop", lambda tx: tx.delete("states", "memory_bandwidth_saturated"), wait_s=1)
+        store.commit_soon("score", lambda tx: tx.put_score(Score(state_id="s", optimization_id="o")), wait_s=1)
     store.pending_dir.mkdir(parents=True, exist_ok=True)
     (store.pending_dir / "candidate-c_bad.json").write_text('{"key": "x", "crc": 1, "ops": []}')
     with store.transaction():

@@ -1,6 +1,6 @@
 """Benchmark of the harness's verdict latency on a GPU (run it on a CUDA machine):
 
-    python bench/harness_bench.py [--out results.json] [--repeats 3]
+    python bench/harness_bench.py [--out results.json] [--repeats 3] [--sandbox on|off|both] [--no-inline]
 
 Measures, each as full `WorkerPool.verify` wall time (build, all input sets, checks, the kernel
 census in the census worker, timing):
@@ -15,6 +15,11 @@ census in the census worker, timing):
 Each new verdict uses a candidate source with a unique comment, so only builds and baselines are
 reused, never a verdict. Prints a table and writes JSON. In-worker against bare-process timing is
 `bench/timing_fidelity.py`.
+
+`--sandbox both` measures everything with the workers in the sandbox (`on`, the default) and
+unconfined (`off`, as `KB_MCP_SANDBOX=unconfined` runs them), one pool and cache per mode, the
+warm verdicts alternating between the two, and prints the ratio on/off per measurement: what the
+sandbox costs a verdict.
 """
 
 from __future__ import annotations
@@ -82,74 +87,110 @@ class _Rows(list):
         print(f"  [{row[1]:8.2f} s] {row[0]}: {row[2]}", flush=True)
 
 
+def _sandbox(mode: str) -> object:
+    from kb_mcp.harness.sandbox import Sandbox, detect
+
+    return detect() if mode == "on" else Sandbox("unconfined", reason="benchmark: sandbox off")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark and prints the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sandbox", choices=("on", "off", "both"), default="on",
+                        help="workers sandboxed (on, the default), unconfined (off), or both side by side")
+    parser.add_argument("--no-inline", action="store_true", help="skip the load_inline builds (the slow part)")
     args = parser.parse_args(argv)
 
+    from kb_mcp.harness.pool import WorkerPool
     from kb_mcp.harness.problem import load_problem
-    from kb_mcp.harness.worker import WorkerPool
 
     swish = load_problem(ROOT / "examples/problems/swish.py")
     swish_src = (ROOT / "examples/candidates/swish_nvrtc.py").read_text()
     row_sum = load_problem(ROOT / "examples/problems/row_sum.py")
     light_src = (ROOT / "examples/candidates/row_sum_load_inline.py").read_text()
+    modes = ["on", "off"] if args.sandbox == "both" else [args.sandbox]
 
-    figures: dict[str, object] = {}
+    figures: dict[str, object] = {"modes": modes}
     rows = _Rows()
-    with tempfile.TemporaryDirectory(prefix="kbmcp-bench-") as cache:
-        pool = WorkerPool(cache)
-        t0 = time.perf_counter()
-        info = pool.info()
-        rows.append(("worker start (torch, CUDA)", time.perf_counter() - t0, ""))
-        figures["device"] = info.get("device")
-        figures["torch"] = info.get("torch_version")
+    table: dict[str, dict[str, float]] = {}  # measurement -> mode -> seconds
 
-        t0 = time.perf_counter()
-        first = pool.verify(swish, _tag(swish_src, "first"))
-        rows.append(("NVRTC, first verdict of the problem (measures baselines)", time.perf_counter() - t0,
-                     f"{first.verdict.value}, baseline cached={first.timings.baseline_cached if first.timings else None}"))
-        warm = []
-        last = first
-        phases: list[list[tuple[str, float]]] = []
-        for i in range(args.repeats):
-            marks: list[tuple[str, float]] = []
+    def record(name: str, mode: str, secs: float, note: str) -> None:
+        rows.append((f"[sandbox {mode}] {name}", secs, note))
+        table.setdefault(name, {})[mode] = secs
+
+    with tempfile.TemporaryDirectory(prefix="kbmcp-bench-") as tmp:
+        pools = {}
+        for mode in modes:  # one pool (own cache: own builds, own baselines) per mode
+            pool = pools[mode] = WorkerPool(Path(tmp) / mode, sandbox=_sandbox(mode))  # type: ignore[arg-type]
             t0 = time.perf_counter()
-            last = pool.verify(swish, _tag(swish_src, f"warm{i}"),
-                               progress=lambda d, t=None, m=None, _marks=marks: _marks.append((str(m), time.perf_counter())))
-            end = time.perf_counter()
-            warm.append(end - t0)
-            phases.append([(m.split(" (")[0], round(b - a, 3)) for (m, a), (_, b) in zip(marks, marks[1:] + [("", end)])])
-        rows.append(("NVRTC, warm worker, baselines cached (median)", statistics.median(warm),
-                     f"{last.verdict.value}, build {last.compile.seconds:.3f} s, speedup {last.timings.speedup_vs_baseline if last.timings else None}"))
-        rows.append(("  phases of the last one", warm[-1], ", ".join(f"{m} {t}" for m, t in phases[-1] if m)))
+            info = pool.info()
+            record("worker start (torch, CUDA)", mode, time.perf_counter() - t0, "")
+            figures["device"] = info.device
+            figures["torch"] = info.torch_version
+        for mode in modes:
+            t0 = time.perf_counter()
+            first = pools[mode].verify(swish, _tag(swish_src, "first"))
+            record("NVRTC, first verdict of the problem (measures baselines)", mode, time.perf_counter() - t0,
+                   f"{first.verdict.value}, baseline cached={first.timings.baseline_cached if first.timings else None}")
+        warm: dict[str, list[float]] = {m: [] for m in modes}
+        phases: dict[str, list[list[tuple[str, float]]]] = {m: [] for m in modes}
+        last = {}
+        for i in range(args.repeats):  # the modes alternate, so both see the same machine state
+            for mode in modes:
+                marks: list[tuple[str, float]] = []
+                t0 = time.perf_counter()
+                last[mode] = pools[mode].verify(
+                    swish, _tag(swish_src, f"warm{i}"),
+                    progress=lambda d, t=None, m=None, _marks=marks: _marks.append((str(m), time.perf_counter())))
+                end = time.perf_counter()
+                warm[mode].append(end - t0)
+                phases[mode].append([(m.split(" (")[0], round(b - a, 3))
+                                     for (m, a), (_, b) in zip(marks, marks[1:] + [("", end)])])
+        for mode in modes:
+            res = last[mode]
+            record("NVRTC, warm worker, baselines cached (median)", mode, statistics.median(warm[mode]),
+                   f"{res.verdict.value}, build {res.compile.seconds:.3f} s, speedup "
+                   f"{res.timings.speedup_vs_baseline if res.timings else None}")
+            rows.append((f"[sandbox {mode}]   phases of the last one", warm[mode][-1],
+                         ", ".join(f"{m} {t}" for m, t in phases[mode][-1] if m)))
         figures["nvrtc_warm_s"] = warm
         figures["nvrtc_warm_phases"] = phases
-        figures["nvrtc_result"] = last.model_dump(mode="json", include={"verdict", "timings", "compile"})
+        figures["nvrtc_result"] = {m: last[m].model_dump(mode="json", include={"verdict", "timings", "compile"})
+                                   for m in modes}
 
-        for label, problem, src in (("light headers", row_sum, light_src), ("torch API in .cu", row_sum, TORCH_API_INLINE)):
-            t0 = time.perf_counter()
-            cold = pool.verify(problem, _tag(src, "cold"))
-            wall = time.perf_counter() - t0
-            rows.append((f"load_inline cold, {label}: full verdict", wall,
-                         f"{cold.verdict.value}, build {cold.compile.seconds:.1f} s ({cold.summary[:80]})"))
-            t0 = time.perf_counter()
-            hot = pool.verify(problem, _tag(src, "cached"))
-            wall2 = time.perf_counter() - t0
-            rows.append((f"load_inline cached, {label}: full verdict", wall2,
-                         f"{hot.verdict.value}, build {hot.compile.seconds:.3f} s, cached={hot.compile.cached}"))
-            figures[f"inline_{label}"] = {"cold_wall_s": wall, "cold_build_s": cold.compile.seconds,
-                                          "cached_wall_s": wall2, "cached_build_s": hot.compile.seconds,
-                                          "verdicts": [cold.verdict.value, hot.verdict.value]}
-        pool.close()
+        cases = () if args.no_inline else (("light headers", row_sum, light_src), ("torch API in .cu", row_sum, TORCH_API_INLINE))
+        for label, problem, src in cases:
+            for mode in modes:
+                pool = pools[mode]
+                t0 = time.perf_counter()
+                cold = pool.verify(problem, _tag(src, "cold"))
+                wall = time.perf_counter() - t0
+                record(f"load_inline cold, {label}: full verdict", mode, wall,
+                       f"{cold.verdict.value}, build {cold.compile.seconds:.1f} s ({cold.summary[:80]})")
+                t0 = time.perf_counter()
+                hot = pool.verify(problem, _tag(src, "cached"))
+                wall2 = time.perf_counter() - t0
+                record(f"load_inline cached, {label}: full verdict", mode, wall2,
+                       f"{hot.verdict.value}, build {hot.compile.seconds:.3f} s, cached={hot.compile.cached}")
+                figures[f"inline_{label}_{mode}"] = {
+                    "cold_wall_s": wall, "cold_build_s": cold.compile.seconds, "cached_wall_s": wall2,
+                    "cached_build_s": hot.compile.seconds, "verdicts": [cold.verdict.value, hot.verdict.value]}
+        for pool in pools.values():
+            pool.close()
 
     width = max(len(r[0]) for r in rows)
     print(f"{'measurement':<{width}}  {'seconds':>8}  notes")
     for name, secs, note in rows:
         print(f"{name:<{width}}  {secs:8.2f}  {note}")
+    if len(modes) == 2:
+        width = max(len(n) for n in table)
+        print(f"\n{'seconds':<{width}}  {'sandbox on':>10}  {'off':>8}  {'on/off':>7}")
+        for name, by in table.items():
+            print(f"{name:<{width}}  {by['on']:10.3f}  {by['off']:8.3f}  {by['on'] / by['off']:7.3f}")
     figures["rows"] = [{"what": n, "seconds": round(s, 3), "notes": note} for n, s, note in rows]
+    figures["by_sandbox"] = table
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1, default=str))
     return 0

@@ -34,10 +34,10 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from kb_mcp.harness.compile import Builders
-    from kb_mcp.harness.integrity_runtime import TrustedSnapshot
-    from kb_mcp.harness.loading import load_module
-    from kb_mcp.harness.timing import L2Flusher, Series, Timer
+    from kb_mcp.harness.worker.compile import Builders
+    from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
+    from kb_mcp.harness.worker.loading import load_module
+    from kb_mcp.harness.worker.timing import L2Flusher, Series, Timer
 
     props = torch.cuda.get_device_properties(0)
     cache = Path(tempfile.mkdtemp(prefix="kbmcp-interleave-"))

@@ -42,7 +42,7 @@ PAIRS = [  # candidates first: the target is per candidate
 
 def _driver_spec(problem_path: Path, candidate_path: Path | None, work: Path) -> Path:
     from kb_mcp.harness.problem import candidate_id, load_problem
-    from kb_mcp.harness.profile_driver import DriverSpec
+    from kb_mcp.harness.worker.profile_driver import DriverSpec
 
     problem = load_problem(str(problem_path))
     cand = candidate_path.read_text() if candidate_path else None
@@ -75,7 +75,7 @@ def bench_pair(problem: str, candidate: str | None, repeat: int, ncu: str) -> di
     cold_ctx = ToolContext(work / "kb.json", cache_dir=work / "cache", standby_profiler=False)
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / "cache" / "torch_extensions"), PYTHONUNBUFFERED="1")
     spec = _driver_spec(problem_path, candidate_path, work)
-    driver = [sys.executable, "-m", "kb_mcp.harness.profile_driver", str(spec)]
+    driver = [sys.executable, "-m", "kb_mcp.harness.worker.profile_driver", str(spec)]
     row: dict = {"pair": label}
 
     def tool(context: ToolContext = ctx, **kw: object) -> tuple[float, profile_kernel.Result]:

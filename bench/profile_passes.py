@@ -30,7 +30,7 @@ PASSES = re.compile(r"-\s*(\d+)\s+pass(?:es)?")
 
 def _spec(work: Path) -> Path:
     from kb_mcp.harness.problem import candidate_id, load_problem
-    from kb_mcp.harness.profile_driver import DriverSpec
+    from kb_mcp.harness.worker.profile_driver import DriverSpec
 
     problem = load_problem(str(PROBLEM))
     cand = CANDIDATE.read_text()
@@ -63,7 +63,7 @@ def main() -> int:
         print("no ncu on this machine", file=sys.stderr)
         return 1
     work = Path(tempfile.mkdtemp(prefix="kbmcp-passes-"))
-    target = [sys.executable, "-m", "kb_mcp.harness.profile_driver", str(_spec(work))]
+    target = [sys.executable, "-m", "kb_mcp.harness.worker.profile_driver", str(_spec(work))]
     sections = [a for s in profiler.SECTIONS for a in ("--section", s)]
     wanted = ncu_parse.requested_metrics()
     stalls = [ncu_parse.STALL_METRIC.format(r) for r in ncu_parse.STALL_REASONS]

@@ -48,20 +48,21 @@ def _condition(name: str, cache: str) -> dict[str, Any]:
 
     import torch
 
-    from kb_mcp.harness.compile import Builders
-    from kb_mcp.harness.integrity_runtime import TrustedSnapshot
-    from kb_mcp.harness.loading import load_module
-    from kb_mcp.harness.timing import L2Flusher, Timer, guards_active, paused_gc
+    from kb_mcp.harness.worker.compile import Builders
+    from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
+    from kb_mcp.harness.worker.loading import load_module
+    from kb_mcp.harness.worker.timing import L2Flusher, Timer, guards_active, paused_gc
 
     props = torch.cuda.get_device_properties(0)
     if name == "worker setup":
-        from kb_mcp.harness import worker_main
+        from kb_mcp.harness.worker import main as worker_main
 
-        env, _ = worker_main._setup(Path(cache), no_cuda=False, role="verify")
+        env, _ = worker_main._setup(Path(cache), Path(tempfile.mkdtemp(prefix="kbmcp-probe-")), False, "verify")
         timer = env.timer
     else:
         torch.backends.cuda.matmul.allow_tf32 = False
-        Builders(Path(cache), f"sm_{props.major}{props.minor}").install()
+        Builders(Path(cache), f"sm_{props.major}{props.minor}",
+                 local_dir=Path(tempfile.mkdtemp(prefix="kbmcp-probe-ext-"))).install()
         if name in ("+dynamo", "+gc.freeze"):
             import torch._dynamo  # noqa: F401
             import torch._inductor.config  # noqa: F401
@@ -137,7 +138,7 @@ def _with_standby(name: str, cache: str) -> dict[str, Any]:
 def _pool(cache: str, spare: bool) -> dict[str, Any]:
     from kb_mcp.harness.problem import load_problem
     from kb_mcp.harness.verdict import VerifyOptions
-    from kb_mcp.harness.worker import WorkerPool
+    from kb_mcp.harness.pool import WorkerPool
 
     problem = load_problem(PROBLEM)
     out: dict[str, Any] = {}

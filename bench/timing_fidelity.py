@@ -1,6 +1,6 @@
 """Timing fidelity: does the harness time a call in its worker as a bare PyTorch process would?
 
-    python bench/timing_fidelity.py [--out results.json] [--cache DIR]
+    python bench/timing_fidelity.py [--out results.json] [--cache DIR] [--sandbox on|off|both]
 
 One run, on a GPU:
   (b) through `WorkerPool.verify` (verify worker, census worker beside it, default options except
@@ -16,6 +16,12 @@ speedups over eager both ways, and where a one-kernel candidate's time goes in a
 
 `--cache DIR` reuses a build cache (e.g. the adversarial suite's) so the load_inline candidate is
 not built again; the baselines cached there are removed first, so eager is measured afresh.
+
+`--sandbox both` runs (b) twice, with the workers in the sandbox (`on`, the default) and unconfined
+(`off`, as `KB_MCP_SANDBOX=unconfined` would), one after the other on the same build cache (the
+baselines removed before each), and prints both worker columns beside the bare one: what the
+sandbox costs in timed calls. The bare process (a) is the reference and runs unconfined (the
+example candidates are the project's own).
 """
 
 from __future__ import annotations
@@ -55,16 +61,17 @@ def _bare(spec: dict[str, Any]) -> dict[str, Any]:
     """Runs in a fresh interpreter: times eager and the candidates of one problem with the Timer."""
     import torch
 
-    from kb_mcp.harness.compile import Builders
-    from kb_mcp.harness.integrity_runtime import TrustedSnapshot
-    from kb_mcp.harness.loading import load_module
-    from kb_mcp.harness.timing import L2Flusher, Timer, guards_active
+    from kb_mcp.harness.worker.compile import Builders
+    from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
+    from kb_mcp.harness.worker.loading import load_module
+    from kb_mcp.harness.worker.timing import L2Flusher, Timer, guards_active
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
-    Builders(Path(spec["cache"]), f"sm_{props.major}{props.minor}").install()  # same build cache as the pool
     work = Path(tempfile.mkdtemp(prefix="kbmcp-bare-"))
+    # The builds the pool published (a miss is built here, for this process only).
+    Builders(Path(spec["cache"]), f"sm_{props.major}{props.minor}", local_dir=work / "ext").install()
     problem = load_module((PROBLEMS / f"{spec['problem']}.py").read_text(), "bare_problem", work)
     torch.manual_seed(0)
     init = [x.cuda() if isinstance(x, torch.Tensor) else x for x in problem.get_init_inputs()]
@@ -118,15 +125,22 @@ def _breakdown(mod: Any, init: list[Any], make: Any, series: Any) -> dict[str, d
 # (b) the worker, and the comparison
 
 
-def _through_pool(cache: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def _sandbox(mode: str) -> Any:
+    from kb_mcp.harness.sandbox import Sandbox, detect
+
+    return detect() if mode == "on" else Sandbox("unconfined", reason="benchmark: sandbox off")
+
+
+def _through_pool(cache: Path, mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    from kb_mcp.harness.pool import WorkerPool
     from kb_mcp.harness.problem import load_problem
     from kb_mcp.harness.verdict import VerifyOptions
-    from kb_mcp.harness.worker import WorkerPool
 
     opts = VerifyOptions(compile_baseline=False)
     results: dict[str, Any] = {}
-    with WorkerPool(cache) as pool:
-        info = pool.info()
+    shutil.rmtree(cache / "baselines", ignore_errors=True)  # each mode measures eager afresh
+    with WorkerPool(cache, sandbox=_sandbox(mode)) as pool:
+        info = pool.info().model_dump()
         for problem_name, candidates in CASES:
             problem = load_problem(PROBLEMS / f"{problem_name}.py")
             for label, file in candidates:
@@ -137,14 +151,14 @@ def _through_pool(cache: Path) -> tuple[dict[str, Any], dict[str, Any]]:
                 wall = time.perf_counter() - t0
                 steps = [(m, round(b - a, 3)) for (m, a), (_, b) in zip(phases, phases[1:] + [("end", t0 + wall)])]
                 t = res.timings
-                print(f"  worker: {label}: {res.summary[:160]} ({wall:.2f} s)", flush=True)
+                print(f"  worker (sandbox {mode}): {label}: {res.summary[:160]} ({wall:.2f} s)", flush=True)
                 results[label] = {
                     "problem": problem_name, "verdict": res.verdict.value, "summary": res.summary[:200],
                     "findings": [f.code.value for f in res.findings], "wall_s": round(wall, 3), "phases": steps,
                     "candidate_ms": t.candidate_ms if t else None, "eager_ms": t.eager_ms if t else None,
                     "runs": t.runs if t else None, "speedup_vs_eager": t.speedup_vs_eager if t else None,
                 }
-        state = pool.state()
+        state = {role: reply.model_dump() for role, reply in pool.state().items()}
     return results, {"info": info, "state": state}
 
 
@@ -166,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     parser.add_argument("--cache", default=None, help="build cache to reuse (its cached baselines are removed)")
+    parser.add_argument("--sandbox", choices=("on", "off", "both"), default="on",
+                        help="workers sandboxed (on, the default), unconfined (off), or both side by side")
     parser.add_argument("--bare", default=None, help=argparse.SUPPRESS)  # internal: one bare process
     args = parser.parse_args(argv)
     if args.bare:
@@ -180,7 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="kbmcp-fidelity-")
         cache = Path(tmp.name)
     t0 = time.perf_counter()
-    worker, pool_state = _through_pool(cache)
+    modes = ["on", "off"] if args.sandbox == "both" else [args.sandbox]
+    by_mode: dict[str, dict[str, Any]] = {}
+    states: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        by_mode[mode], states[mode] = _through_pool(cache, mode)
+    worker, pool_state = by_mode[modes[0]], states[modes[0]]
     bare: dict[str, Any] = {}
     for problem, candidates in CASES:
         # As many runs as the worker took (eager: the harness's cap, which these problems reach).
@@ -192,18 +213,25 @@ def main(argv: list[str] | None = None) -> int:
         tmp.cleanup()
 
     rows: list[tuple[str, float | None, float | None]] = []
+    by_mode_rows: list[tuple[str, float | None, dict[str, float | None]]] = []
     for problem, candidates in CASES:
         b = bare[problem]
-        first = worker[candidates[0][0]]
-        rows.append((f"eager {problem}", b["eager"]["median_ms"], first["eager_ms"]))
+        first = candidates[0][0]
+        rows.append((f"eager {problem}", b["eager"]["median_ms"], worker[first]["eager_ms"]))
+        by_mode_rows.append((f"eager {problem}", b["eager"]["median_ms"],
+                             {m: by_mode[m][first]["eager_ms"] for m in modes}))
         for label, _ in candidates:
             rows.append((label, b[label]["median_ms"], worker[label]["candidate_ms"]))
+            by_mode_rows.append((label, b[label]["median_ms"], {m: by_mode[m][label]["candidate_ms"] for m in modes}))
     width = max(len(r[0]) for r in rows) + 2
     device = pool_state["info"].get("device")
     print(f"device: {device}  torch {pool_state['info'].get('torch_version')}")
-    print(f"{'median ms':<{width}} {'bare':>9} {'worker':>9} {'worker/bare':>12}")
-    for name, b_ms, w_ms in rows:
-        print(f"{name:<{width}} {b_ms:9.4f} {w_ms if w_ms is not None else float('nan'):9.4f} {_ratio(w_ms, b_ms):>12}")
+    heads = "".join(f" {'sandbox ' + m:>12} {m + '/bare':>9}" for m in modes)
+    print(f"{'median ms':<{width}} {'bare':>9}{heads}" + (f" {'on/off':>8}" if len(modes) == 2 else ""))
+    for name, b_ms, w in by_mode_rows:
+        cells = "".join(f" {w[m] if w[m] is not None else float('nan'):12.4f} {_ratio(w[m], b_ms):>9}" for m in modes)
+        both = f" {_ratio(w['on'], w['off']):>8}" if len(modes) == 2 else ""
+        print(f"{name:<{width}} {b_ms:9.4f}{cells}{both}")
     print(f"\n{'speedup over eager':<{width}} {'bare':>9} {'worker':>9} {'worker/bare':>12}")
     speedups: dict[str, dict[str, float | None]] = {}
     for problem, candidates in CASES:
@@ -227,9 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     for label, v in worker.items():
         print(f"  {label}: {v['wall_s']:.2f}  " + ", ".join(f"{m.split(' (')[0]} {s}" for m, s in v["phases"]))
     print(f"total {time.perf_counter() - t0:.1f} s")
+    if len(modes) == 2:
+        print("verdict wall time, sandbox on / off (s): " + ", ".join(
+            f"{label} {by_mode['on'][label]['wall_s']:.2f}/{by_mode['off'][label]['wall_s']:.2f}" for label in worker))
     if args.out:
         Path(args.out).write_text(json.dumps({
-            "device": device, "pool": pool_state, "worker": worker, "bare": bare, "speedups": speedups,
+            "device": device, "pool": pool_state, "worker": worker, "by_sandbox": by_mode, "bare": bare,
+            "speedups": speedups,
             "rows": [{"what": n, "bare_ms": b_ms, "worker_ms": w_ms} for n, b_ms, w_ms in rows],
         }, indent=1, default=str))
     return 0

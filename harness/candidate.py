@@ -30,6 +30,12 @@ _INLINE_PARAMS = (
     "name", "cpp_sources", "cuda_sources", "functions", "extra_cflags", "extra_cuda_cflags",
     "extra_ldflags", "extra_include_paths",
 )
+_INLINE_FLAGS = {  # keyword -> (SourceUnit field, whether the field is the keyword negated)
+    "with_cuda": ("with_cuda", False),
+    "is_python_module": ("python_module", False),
+    "no_implicit_headers": ("implicit_headers", True),
+    "with_pytorch_error_handling": ("error_handling", False),
+}
 
 
 class CandidateError(ValueError):
@@ -49,6 +55,11 @@ class SourceUnit(BaseModel):
     nvcc_options: list[str] = Field(default_factory=list)  # NVRTC options or extra_cuda_cflags
     cflags: list[str] = Field(default_factory=list)  # load_inline extra_cflags
     include_dirs: list[str] = Field(default_factory=list)
+    ldflags: list[str] = Field(default_factory=list)  # load_inline extra_ldflags
+    with_cuda: bool | None = None  # load_inline: None = when there is CUDA source
+    python_module: bool = True  # load_inline is_python_module (False: a plain library loaded into torch.ops)
+    implicit_headers: bool = True  # load_inline prepends torch/extension.h (False: no_implicit_headers=True)
+    error_handling: bool = True  # load_inline with_pytorch_error_handling
     line: int | None = None  # where the call is, when found statically
 
     @property
@@ -190,6 +201,11 @@ def static_units(source: str) -> list[SourceUnit]:
             if cuda is None and cpp is None:
                 continue
             ext = resolver.value(args.get("name"))
+            switches: dict[str, Any] = {}
+            for keyword, (fld, negated) in _INLINE_FLAGS.items():
+                value = resolver.value(args.get(keyword))
+                if isinstance(value, bool):
+                    switches[fld] = (not value) if negated else value
             units.append(
                 SourceUnit(
                     kind="load_inline",
@@ -200,7 +216,9 @@ def static_units(source: str) -> list[SourceUnit]:
                     nvcc_options=_strings(resolver.value(args.get("extra_cuda_cflags"))),
                     cflags=_strings(resolver.value(args.get("extra_cflags"))),
                     include_dirs=_strings(resolver.value(args.get("extra_include_paths"))),
+                    ldflags=_strings(resolver.value(args.get("extra_ldflags"))),
                     line=node.lineno,
+                    **switches,
                 )
             )
     return units

@@ -1,5 +1,5 @@
 """The private channel between the worker pool and a worker process: length-prefixed JSON frames,
-each authenticated with HMAC-SHA256.
+each authenticated with HMAC-SHA256, each one message of `harness.protocol`.
 
 The channel is a socket pair, never stdout (which the candidate may flood or print fake results
 to). Frames from the worker carry the request id and a sequence number and are signed with a key
@@ -19,6 +19,8 @@ import socket
 import struct
 import time
 from typing import Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 HEADER = struct.Struct(">I")
 MAC_LEN = 32
@@ -45,17 +47,18 @@ def new_key() -> bytes:
     return os.urandom(32)
 
 
-def encode(obj: dict[str, Any], key: bytes) -> bytes:
+def encode(msg: BaseModel, key: bytes) -> bytes:
     """One frame: 4-byte big-endian length, JSON body, HMAC-SHA256 of the body."""
-    body = json.dumps(obj, separators=(",", ":"), allow_nan=True).encode()
+    # model_dump keeps NaN and infinities as floats; json writes them as NaN/Infinity and reads them back.
+    body = json.dumps(msg.model_dump(mode="json"), separators=(",", ":"), allow_nan=True).encode()
     if len(body) > MAX_FRAME:
         raise ValueError(f"frame of {len(body)} bytes exceeds the channel's limit of {MAX_FRAME}")
     return HEADER.pack(len(body)) + body + hmac.new(key, body, hashlib.sha256).digest()
 
 
-def send(sock: socket.socket, obj: dict[str, Any], key: bytes) -> None:
-    """Writes one frame (blocking until all of it is written)."""
-    sock.sendall(encode(obj, key))
+def send(sock: socket.socket, msg: BaseModel, key: bytes) -> None:
+    """Writes one message as one frame (blocking until all of it is written)."""
+    sock.sendall(encode(msg, key))
 
 
 class FrameReader:
@@ -104,6 +107,15 @@ class FrameReader:
             raise ForgedFrame("an authenticated frame is not a JSON object")
         return obj
 
+    def read_message(self, adapter: TypeAdapter[Any], key: bytes, deadline: float | None = None) -> Any:
+        """The next frame as one of the messages `adapter` accepts (`protocol.FROM_WORKER` or
+        `protocol.TO_WORKER`); an authentic frame that is no such message is ForgedFrame too."""
+        obj = self.read(key, deadline)
+        try:
+            return adapter.validate_python(obj)
+        except ValidationError as exc:
+            raise ForgedFrame(f"an authenticated frame is not a message of the harness: {_first_error(exc)}") from exc
+
     def _wait(self, timeout: float | None) -> bool:
         # poll, not select: the worker keeps its channel on a high descriptor number
         p = select.poll()
@@ -113,3 +125,8 @@ class FrameReader:
     def pending(self) -> bool:
         """True when bytes are waiting (buffered or on the socket) that no one has read yet."""
         return bool(self._buf) or self._wait(0)
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg', '')}"

@@ -9,7 +9,9 @@ and only pays for loading, warm-up, the profiled forward and the report.
 
 The pool keeps at most one standby, for one `StandbyKey` (the ncu command line it was started
 with); a request with other options drains it and runs cold, so two ncu sessions of one pool
-never overlap. A standby exits by itself when its owner process is gone or after `idle_s`.
+never overlap. A standby exits by itself after `idle_s`, and dies with the server (its sandbox
+does; unconfined, it watches its owner process). Its rendezvous folder is its sandbox's scratch:
+the only place it can write.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from kb_mcp.harness.profile_driver import CLAIMED_FILE, READY_FILE, SPEC_FILE, DriverSpec, process_alive
+from kb_mcp.harness.protocol import CLAIMED_FILE, READY_FILE, SPEC_FILE, DriverSpec
+from kb_mcp.harness.sandbox import process_alive
 
 ENV_STANDBY = "KB_MCP_PROFILE_STANDBY"  # "0" turns standby drivers off (every profile starts cold)
 DEFAULT_IDLE_S = 900.0
@@ -99,9 +102,12 @@ def standby_enabled() -> bool:
     return os.environ.get(ENV_STANDBY, "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
-def driver_args(folder: Path, idle_s: float) -> list[str]:
-    """The driver's arguments for standby in `folder`, owned by this process."""
-    return ["--standby", str(folder), "--owner", str(os.getpid()), "--idle-s", str(idle_s)]
+def driver_args(folder: Path, idle_s: float, owner: int | None = None) -> list[str]:
+    """The driver's arguments for standby in `folder`. `owner`: a process whose end ends the driver
+    (needed only unconfined: a sandboxed driver dies with the process that started its sandbox, and
+    cannot see other processes anyway)."""
+    args = ["--standby", str(folder), "--idle-s", str(idle_s)]
+    return args + (["--owner", str(owner)] if owner is not None else [])
 
 
 def sweep(root: Path) -> None:

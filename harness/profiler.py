@@ -8,6 +8,12 @@ rule findings), parsed into `KernelProfile`s and returned as a `Profile`.
 Where counters cannot be read (ncu absent, or `ERR_NVGPUCTRPERM`), the driver runs again without
 ncu under torch.profiler and the profile carries per-kernel timings only, with
 `counters_available=False` and the reason.
+
+The driver runs the problem's and the candidate's code, so ncu and the driver run together in the
+sandbox (`harness.sandbox`, role `driver`: the GPU, the published builds read-only, a scratch
+folder of their own for the spec, the driver's report, the trace and ncu's report); so does the
+export of ncu's report (`ncu --import`, which reads a file the sandbox wrote). This side only
+reads what they leave, and moves ncu's report to where the caller wants it.
 """
 
 from __future__ import annotations
@@ -17,24 +23,23 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.harness import ncu_parse
 from kb_mcp.harness.problem import Problem, candidate_id
-from kb_mcp.harness.profile_driver import EXIT_NO_GPU, NVTX_RANGE, DriverReport, DriverSpec, kernels_from_trace
-from kb_mcp.harness.profile_model import Profile
+from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
 from kb_mcp.harness.profile_standby import Standby, StandbyKey, StandbyPool, driver_args
+from kb_mcp.harness.protocol import EXIT_NO_GPU, NVTX_RANGE, DriverReport, DriverSpec
+from kb_mcp.harness.sandbox import Grant, Sandbox, detect, kill_group, new_scratch
 from kb_mcp.kb.progress import Progress, no_progress
 
 
@@ -140,16 +145,33 @@ _PROFILING = re.compile(r'==PROF== Profiling "([^"]*)"')
 _PASSES = re.compile(r"-\s*(\d+)\s+pass(?:es)?")
 
 
+class Spawner:
+    """Starts ncu and the driver (and ncu's report export) in the sandbox, role `driver`."""
+
+    def __init__(self, sandbox: Sandbox, cache_dir: Path, ncu: str | None) -> None:
+        self.sandbox = sandbox
+        self.cache_dir = cache_dir
+        self.ncu = ncu
+
+    def grant(self, scratch: Path, role: str = "driver", ro: Sequence[Path] = ()) -> Grant:
+        """What a process of this profile gets: its scratch, the GPU, published builds and ncu's install."""
+        extra = [self.cache_dir / "torch_extensions", *ro]
+        if self.ncu:
+            extra.append(Path(os.path.realpath(self.ncu)).parent)
+        return Grant(role=role, scratch=scratch, gpu=role == "driver", ro=tuple(extra))  # type: ignore[arg-type]
+
+    def process(self, cmd: Sequence[str], scratch: Path) -> NcuProcess:
+        """ncu (or the driver alone) started in the sandbox, its output read as it comes."""
+        return NcuProcess(cmd, self.sandbox, self.grant(scratch))
+
+
 class NcuProcess:
     """A started ncu (or driver) process whose output is read as it comes, for progress and the log."""
 
-    def __init__(self, cmd: Sequence[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, cmd: Sequence[str], sandbox: Sandbox, grant: Grant) -> None:
         self.start = time.perf_counter()
         # Its own session: a timeout kills ncu and the driver under it together.
-        self.proc = subprocess.Popen(
-            list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-            errors="replace", start_new_session=True,
-        )
+        self.proc = sandbox.popen(list(cmd), grant, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.passes: list[int] = []
         self.progress: Progress = no_progress  # replaced by whoever waits for the result
@@ -174,10 +196,7 @@ class NcuProcess:
 
     def kill(self) -> None:
         """Kills the process group (ncu and the driver under it)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_group(self.proc)
         self.proc.wait()
 
     def finish(self, timeout_s: float, log_path: Path | None = None, progress: Progress = no_progress,
@@ -203,27 +222,41 @@ class NcuProcess:
 
 def run_ncu(
     cmd: Sequence[str],
+    spawner: Spawner,
+    scratch: Path,
     *,
-    env: dict[str, str] | None = None,
     timeout_s: float = 300.0,
     log_path: Path | None = None,
     progress: Progress = no_progress,
 ) -> NcuRun:
-    """Runs `cmd` (an ncu command), streaming its output to `progress`; kills the group on timeout."""
-    return NcuProcess(cmd, env).finish(timeout_s, log_path, progress)
+    """Runs `cmd` (an ncu command) in the sandbox, streaming its output to `progress`; kills the
+    group on timeout."""
+    return spawner.process(cmd, scratch).finish(timeout_s, log_path, progress)
 
 
-def export_pages(ncu: str, report: Path, timeout_s: float = 120.0) -> tuple[str, str]:
-    """Raw and details CSV pages of a report (both imports run at once: each costs ncu's start-up)."""
+def export_pages(ncu: str, report: Path, spawner: Spawner, timeout_s: float = 120.0) -> tuple[str, str]:
+    """Raw and details CSV pages of a report (both imports run at once: each costs ncu's start-up).
+    The report was written inside the sandbox, so it is read there too."""
     raw_cmd, details_cmd = export_commands(ncu, report)
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
-             for c in (raw_cmd, details_cmd)]
+    scratches = [new_scratch("ncu-export") for _ in range(2)]
+    procs = [spawner.sandbox.popen(c, spawner.grant(scratch, role="tool", ro=(report,)), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+             for c, scratch in zip((raw_cmd, details_cmd), scratches)]
     outputs = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout_s)
-        if proc.returncode != 0:
-            raise ProfilerError(f"ncu could not read its own report {report}: {err.strip()[-500:]}")
-        outputs.append(out)
+    try:
+        for proc in procs:
+            try:
+                out, err = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise ProfilerError(f"ncu did not export its report {report} within {timeout_s:.0f} s") from None
+            if proc.returncode != 0:
+                raise ProfilerError(f"ncu could not read its own report {report}: {err.strip()[-500:]}")
+            outputs.append(out)
+    finally:
+        for proc in procs:
+            kill_group(proc)
+        for scratch in scratches:
+            shutil.rmtree(scratch, ignore_errors=True)
     return outputs[0], outputs[1]
 
 
@@ -249,7 +282,8 @@ def profile_target(
     target: Sequence[str],
     report_base: Path,
     *,
-    env: dict[str, str] | None,
+    spawner: Spawner,
+    scratch: Path,
     options: ProfileOptions,
     log_path: Path | None = None,
     progress: Progress = no_progress,
@@ -270,7 +304,7 @@ def profile_target(
         else:
             cmd = ncu_command(ncu, report_base, target, metrics=metrics,
                               source_counters=options.source_counters, max_kernels=options.max_kernels)
-            run = run_ncu(cmd, env=env, timeout_s=options.timeout_s, log_path=log_path, progress=progress)
+            run = run_ncu(cmd, spawner, scratch, timeout_s=options.timeout_s, log_path=log_path, progress=progress)
         if "Failed to find metric" not in run.output or run.timed_out:
             return run, dropped
         bad = unknown_metrics(run.output, metrics)
@@ -283,41 +317,42 @@ def profile_target(
     return run, dropped
 
 
-def _driver_env(cache_dir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    # Reuse builds that compile_and_verify already made (same convention as the worker pool).
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir / "torch_extensions"))
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def _run_on_standby(
-    standby: Standby, spec: DriverSpec, report: Path, options: ProfileOptions, log_path: Path, progress: Progress
+    standby: Standby, spec: DriverSpec, made: Path, options: ProfileOptions, log_path: Path, progress: Progress
 ) -> NcuRun | None:
-    """Hands `spec` to a waiting driver and waits for ncu; None if the driver had gone meanwhile."""
+    """Hands `spec` to a waiting driver and waits for ncu; None if the driver had gone meanwhile.
+
+    The driver sees only its own folder: the spec is rewritten to use it, and what the driver and
+    ncu leave there (the driver's report, ncu's report) is moved to where `spec` and `made` say."""
     progress(0, None, "handing the model to the waiting profiler")
     handed = time.perf_counter()
+    folder = standby.folder
     try:
-        standby.hand_over(spec)
+        standby.hand_over(spec.model_copy(update={
+            "workdir": str(folder / "src"), "report_path": str(folder / "driver.json"),
+            "trace_path": str(folder / "trace.json")}))
         process = cast(NcuProcess, standby.process)  # the pool holds what `standby_launcher` started
         run = process.finish(options.timeout_s, log_path, progress, since=handed)
         if not standby.claimed():
             return None  # it exited (idle or owner check) just before the spec arrived: run cold
-        made = Path(str(standby.report_base) + ".ncu-rep")
-        if made.is_file():
-            shutil.move(str(made), report)
+        for left, wanted in ((folder / "driver.json", Path(spec.report_path)),
+                             (Path(str(standby.report_base) + ".ncu-rep"), made)):
+            if left.is_file() and not left.is_symlink():
+                shutil.move(str(left), wanted)
         return run
     finally:
         standby.close()
 
 
-def standby_launcher(ncu: str, key: StandbyKey, pool: StandbyPool, env: dict[str, str]) -> Callable[[Path], NcuProcess]:
-    """How the pool starts the next standby: the same ncu command line, the driver waiting in `folder`."""
+def standby_launcher(ncu: str, key: StandbyKey, pool: StandbyPool, spawner: Spawner) -> Callable[[Path], NcuProcess]:
+    """How the pool starts the next standby: the same ncu command line, the driver waiting in `folder`
+    (its scratch: the only place it writes)."""
     def launch(folder: Path) -> NcuProcess:
-        target = [sys.executable, "-m", "kb_mcp.harness.profile_driver", *driver_args(folder, pool.idle_s)]
+        owner = None if spawner.sandbox.confined else os.getpid()  # confined: it dies with this process
+        target = [sys.executable, "-m", "kb_mcp.harness.worker.profile_driver", *driver_args(folder, pool.idle_s, owner)]
         cmd = ncu_command(ncu, folder / "report", target, metrics=list(key.metrics),
                           source_counters=key.source_counters, max_kernels=key.max_kernels)
-        return NcuProcess(cmd, env)
+        return spawner.process(cmd, folder)
 
     return launch
 
@@ -349,19 +384,22 @@ def profile(
     options: ProfileOptions | None = None,
     progress: Progress = no_progress,
     standby: StandbyPool | None = None,
+    sandbox: Sandbox | None = None,
 ) -> Profile:
     """Profiles one forward of `problem` (or of the candidate's ModelNew) and returns the Profile.
 
     The ncu report, if one is made, is kept at `<report_base>.ncu-rep`. With a `standby` pool the
     forward runs on a driver started after the previous profile (see `harness.profile_standby`),
-    and a new one is started for the next profile.
+    and a new one is started for the next profile. Everything that runs the model runs in
+    `sandbox` (default: `harness.sandbox.detect()`).
     Raises NoGpuError without a GPU and ProfilerError when the model or candidate fails.
     """
     options = options or ProfileOptions()
+    sandbox = sandbox or detect()
     start = time.perf_counter()
     cand_id = candidate_id(problem, candidate_source) if candidate_source is not None else None
-    with tempfile.TemporaryDirectory(prefix="kbmcp-profile-") as tmp:
-        work = Path(tmp)
+    work = new_scratch("profile")
+    try:
         spec = DriverSpec(
             problem_source=problem.source,
             problem_module=f"kbmcp_problem_{problem.hash}",
@@ -371,93 +409,150 @@ def profile(
             workdir=str(work / "src"),
             report_path=str(work / "driver.json"),
             trace_path=str(work / "trace.json"),
+            cache_dir=str(cache_dir),
         )
-        env = _driver_env(cache_dir)
-        driver = [sys.executable, "-m", "kb_mcp.harness.profile_driver"]
-        notes: list[str] = []
-        reason: str | None = None
         ncu = find_ncu() if options.counters else None
+        spawner = Spawner(sandbox, cache_dir, ncu)
+        notes = [] if sandbox.confined else [sandbox.describe()]
+        reason: str | None = None
         if not options.counters:
             reason = "counters not requested (counters=false): per-kernel timings only"
         elif ncu is None:
             reason = "ncu (Nsight Compute) was not found: per-kernel timings only; install Nsight Compute or set KB_MCP_NCU"
-
         if ncu is not None:
-            spec_ncu = spec.model_copy(update={"mode": "ncu"})
-            spec_path = work / "spec_ncu.json"
-            spec_path.write_text(spec_ncu.model_dump_json())
-            report = Path(str(report_base) + ".ncu-rep")
-            report.parent.mkdir(parents=True, exist_ok=True)
-            wanted = ncu_parse.requested_metrics()
-            metrics = standby.metrics(wanted) if standby is not None else wanted
-            key = StandbyKey(ncu, options.source_counters, options.max_kernels, tuple(metrics),
-                             env.get("TORCH_EXTENSIONS_DIR", ""))
-            waiting = standby.take(key) if standby is not None else None
-            first = (_run_on_standby(waiting, spec_ncu, report, options, work / "ncu.log", progress)
-                     if waiting is not None else None)
-            if first is None:
-                progress(0, None, "starting the model under Nsight Compute")
-            run, dropped = profile_target(ncu, driver + [str(spec_path)], report_base, env=env, options=options,
-                                          log_path=work / "ncu.log", progress=progress, metrics=metrics, first=first)
-            if standby is not None:
-                _prepare_next(standby, ncu, key, dropped, run, env)
-            if run.timed_out:
-                raise ProfilerError(f"profiling took longer than {options.timeout_s:.0f} s and was stopped; "
-                                    "lower max_kernels or the problem size, or raise timeout_s")
-            if dropped:
-                notes.append(f"metrics unknown to this ncu/GPU were left out: {', '.join(dropped)}")
-            reason = counters_blocked_reason(run.output)
-            if reason is None:
-                driver_report = _read_driver_report(Path(spec.report_path), run.returncode, run.output)
-                _raise_for_driver(driver_report, run.returncode, candidate_source is not None)
-                kernels = []
-                phases = dict(driver_report.phases_s)
-                phases["ncu_run"] = round(run.wall_s, 3)
-                if report.is_file():
-                    progress(len(run.passes), None, "reading the report")
-                    t0 = time.perf_counter()
-                    raw, details = export_pages(ncu, report)
-                    kernels = ncu_parse.parse_ncu_csv(raw, details)
-                    phases["export_and_parse"] = round(time.perf_counter() - t0, 3)
-                elif run.returncode != 0:
-                    raise ProfilerError(f"ncu failed (exit {run.returncode}): {run.output.strip()[-1500:]}")
-                if not kernels:
-                    notes.append("no CUDA kernel ran inside the profiled forward")
-                if len(kernels) >= options.max_kernels:
-                    notes.append(f"stopped after {options.max_kernels} kernel launches (max_kernels)")
-                if run.passes:
-                    notes.append(f"ncu replayed each kernel {max(run.passes)} times (passes); its clocks are "
-                                 "locked to base and caches flushed, so durations are not speedup timings")
-                result = _assemble(profile_id, problem, cand_id, driver_report, kernels, notes,
-                                   report_file=str(report) if report.is_file() else None,
-                                   wall_s=time.perf_counter() - start)
-                result.phases_s = phases
+            result = _profile_ncu(ncu, spec, spawner, work, report_base, problem, cand_id, profile_id, options,
+                                  standby, progress, notes, start)
+            if isinstance(result, Profile):
                 return result
+            reason = result
+        return _profile_timeline(spec, spawner, work, problem, cand_id, profile_id, options, progress, notes,
+                                 reason, start)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
-        # Fallback: per-kernel timings from torch.profiler, no counters.
-        spec_path = work / "spec_timeline.json"
-        spec_path.write_text(spec.model_copy(update={"mode": "timeline"}).model_dump_json())
-        progress(0, None, "timing kernels without counters")
-        try:
-            proc = subprocess.run(driver + [str(spec_path)], env=env, capture_output=True, text=True,
-                                  errors="replace", timeout=options.timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise ProfilerError(f"the timing run took longer than {options.timeout_s:.0f} s and was stopped") from exc
-        driver_report = _read_driver_report(Path(spec.report_path), proc.returncode, proc.stdout + proc.stderr)
-        _raise_for_driver(driver_report, proc.returncode, candidate_source is not None)
-        trace = json.loads(Path(driver_report.trace_path or spec.trace_path or "").read_text())
-        kernels = kernels_from_trace(trace)
-        result = _assemble(profile_id, problem, cand_id, driver_report, kernels, notes,
-                           report_file=None, wall_s=time.perf_counter() - start)
-        result.counters_available = False
-        result.counters_reason = reason
-        result.method = "timeline"
-        result.phases_s = dict(driver_report.phases_s)
-        return result
+
+def _profile_ncu(ncu: str, spec: DriverSpec, spawner: Spawner, work: Path, report_base: Path, problem: Problem,
+                 cand_id: str | None, profile_id: str, options: ProfileOptions, standby: StandbyPool | None,
+                 progress: Progress, notes: list[str], start: float) -> Profile | str:
+    """The profile under ncu, or the reason counters are unavailable (then the timeline runs)."""
+    driver = [sys.executable, "-m", "kb_mcp.harness.worker.profile_driver"]
+    spec_ncu = spec.model_copy(update={"mode": "ncu"})
+    spec_path = work / "spec_ncu.json"
+    spec_path.write_text(spec_ncu.model_dump_json())
+    report = Path(str(report_base) + ".ncu-rep")  # where the caller keeps it
+    made = Path(str(work / "report") + ".ncu-rep")  # where ncu writes it, inside the sandbox's scratch
+    report.parent.mkdir(parents=True, exist_ok=True)
+    wanted = ncu_parse.requested_metrics()
+    metrics = standby.metrics(wanted) if standby is not None else wanted
+    key = StandbyKey(ncu, options.source_counters, options.max_kernels, tuple(metrics), str(spawner.cache_dir))
+    waiting = standby.take(key) if standby is not None else None
+    first = (_run_on_standby(waiting, spec_ncu, made, options, work / "ncu.log", progress)
+             if waiting is not None else None)
+    if first is None:
+        progress(0, None, "starting the model under Nsight Compute")
+    run, dropped = profile_target(ncu, driver + [str(spec_path)], work / "report", spawner=spawner, scratch=work,
+                                  options=options, log_path=work / "ncu.log", progress=progress, metrics=metrics,
+                                  first=first)
+    if standby is not None:
+        _prepare_next(standby, ncu, key, dropped, run, spawner)
+    if run.timed_out:
+        raise ProfilerError(f"profiling took longer than {options.timeout_s:.0f} s and was stopped; "
+                            "lower max_kernels or the problem size, or raise timeout_s")
+    if dropped:
+        notes.append(f"metrics unknown to this ncu/GPU were left out: {', '.join(dropped)}")
+    reason = counters_blocked_reason(run.output)
+    if reason is not None:
+        return reason
+    driver_report = _read_driver_report(Path(spec.report_path), run.returncode, run.output)
+    _raise_for_driver(driver_report, run.returncode, spec.candidate_source is not None)
+    kernels: list[KernelProfile] = []
+    phases = dict(driver_report.phases_s)
+    phases["ncu_run"] = round(run.wall_s, 3)
+    if made.is_file() and not made.is_symlink():
+        progress(len(run.passes), None, "reading the report")
+        t0 = time.perf_counter()
+        raw, details = export_pages(ncu, made, spawner)
+        kernels = ncu_parse.parse_ncu_csv(raw, details)
+        phases["export_and_parse"] = round(time.perf_counter() - t0, 3)
+        shutil.move(str(made), report)
+    elif run.returncode != 0:
+        raise ProfilerError(f"ncu failed (exit {run.returncode}): {run.output.strip()[-1500:]}")
+    if not kernels:
+        notes.append("no CUDA kernel ran inside the profiled forward")
+    if len(kernels) >= options.max_kernels:
+        notes.append(f"stopped after {options.max_kernels} kernel launches (max_kernels)")
+    if run.passes:
+        notes.append(f"ncu replayed each kernel {max(run.passes)} times (passes); its clocks are "
+                     "locked to base and caches flushed, so durations are not speedup timings")
+    result = _assemble(profile_id, problem, cand_id, driver_report, kernels, notes,
+                       report_file=str(report) if report.is_file() else None, wall_s=time.perf_counter() - start)
+    result.phases_s = phases
+    return result
+
+
+def _profile_timeline(spec: DriverSpec, spawner: Spawner, work: Path, problem: Problem, cand_id: str | None,
+                      profile_id: str, options: ProfileOptions, progress: Progress, notes: list[str],
+                      reason: str | None, start: float) -> Profile:
+    """Per-kernel timings from torch.profiler, no counters (ncu absent, refused, or not asked for)."""
+    driver = [sys.executable, "-m", "kb_mcp.harness.worker.profile_driver"]
+    spec_path = work / "spec_timeline.json"
+    spec_path.write_text(spec.model_copy(update={"mode": "timeline"}).model_dump_json())
+    progress(0, None, "timing kernels without counters")
+    code, output = spawner.sandbox.run(driver + [str(spec_path)], spawner.grant(work), timeout_s=options.timeout_s)
+    if code == -9:
+        raise ProfilerError(f"the timing run took longer than {options.timeout_s:.0f} s and was stopped")
+    driver_report = _read_driver_report(Path(spec.report_path), code, output)
+    _raise_for_driver(driver_report, code, spec.candidate_source is not None)
+    trace_path = Path(spec.trace_path or "")
+    if trace_path.is_symlink() or not trace_path.is_file() or trace_path.stat().st_size > TRACE_LIMIT:
+        raise ProfilerError("the profiling driver left no usable trace")
+    kernels = kernels_from_trace(json.loads(trace_path.read_text()))
+    result = _assemble(profile_id, problem, cand_id, driver_report, kernels, notes,
+                       report_file=None, wall_s=time.perf_counter() - start)
+    result.counters_available = False
+    result.counters_reason = reason
+    result.method = "timeline"
+    result.phases_s = dict(driver_report.phases_s)
+    return result
+
+
+TRACE_LIMIT = 512 << 20  # a Chrome trace of one forward; anything larger is not the driver's
+
+
+def kernels_from_trace(trace: dict[str, Any]) -> list[KernelProfile]:
+    """Kernel events of a torch.profiler Chrome trace -> KernelProfiles (timings only), in launch order."""
+    events = [
+        e for e in trace.get("traceEvents", [])
+        if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"
+    ]
+    events.sort(key=lambda e: float(e.get("ts", 0.0)))
+    kernels = []
+    for index, event in enumerate(events):
+        args = event.get("args", {}) or {}
+        grid = tuple((list(args.get("grid", [1, 1, 1])) + [1, 1, 1])[:3])
+        block = tuple((list(args.get("block", [1, 1, 1])) + [1, 1, 1])[:3])
+        regs = args.get("registers per thread")
+        smem = args.get("shared memory")
+        full = str(event.get("name", "?"))
+        kernels.append(
+            KernelProfile(
+                index=index,
+                name=ncu_parse.short_name(full),
+                full_name=full,
+                grid=(int(grid[0]), int(grid[1]), int(grid[2])),
+                block=(int(block[0]), int(block[1]), int(block[2])),
+                metrics=KernelMetrics(
+                    duration_ns=float(event.get("dur", 0.0)) * 1e3,  # trace durations are in us
+                    registers_per_thread=float(regs) if regs is not None else None,
+                    shared_mem_per_block_bytes=float(smem) if smem is not None else None,
+                ),
+            )
+        )
+    return kernels
 
 
 def _prepare_next(pool: StandbyPool, ncu: str, key: StandbyKey, dropped: list[str], run: NcuRun,
-                  env: dict[str, str]) -> None:
+                  spawner: Spawner) -> None:
     """Starts the standby for the next profile (the GPU is free again: this run's ncu has exited)."""
     pool.dropped_metrics.update(dropped)
     blocked = counters_blocked_reason(run.output)
@@ -468,7 +563,7 @@ def _prepare_next(pool: StandbyPool, ncu: str, key: StandbyKey, dropped: list[st
         return
     key = StandbyKey(key.ncu, key.source_counters, key.max_kernels,
                      tuple(m for m in key.metrics if m not in pool.dropped_metrics), key.env_key)
-    pool.launch(key, standby_launcher(ncu, key, pool, env))
+    pool.launch(key, standby_launcher(ncu, key, pool, spawner))
 
 
 def _assemble(

@@ -128,11 +128,18 @@ def trim_details(text: str, max_kernels: int = 4) -> str:
 
 
 def record_program(name: str, exe: Path, out: Path, full: Path, ncu: str) -> dict:
+    import shutil
+
     from kb_mcp.harness import ncu_parse, profiler
+    from kb_mcp.harness.sandbox import detect
 
     options = profiler.ProfileOptions()
-    base = Path(tempfile.mkdtemp()) / name
-    run, dropped = profiler.profile_target(ncu, [str(exe)], base, env=None, options=options)
+    scratch = Path(tempfile.mkdtemp())
+    base = scratch / name
+    local = scratch / exe.name  # the sandbox sees its scratch folder, not where the program was built
+    shutil.copy2(exe, local)
+    spawner = profiler.Spawner(detect(), scratch / "cache", ncu)
+    run, dropped = profiler.profile_target(ncu, [str(local)], base, spawner=spawner, scratch=scratch, options=options)
     entry = {"program": name, "returncode": run.returncode, "passes": run.passes, "wall_s": round(run.wall_s, 2),
              "dropped_metrics": dropped,
              "ncu_command": " ".join(profiler.ncu_command(ncu, base, [str(exe)]))}
@@ -142,7 +149,7 @@ def record_program(name: str, exe: Path, out: Path, full: Path, ncu: str) -> dic
         entry["error"] = run.output[-2000:]
         return entry
     t0 = time.perf_counter()
-    raw, details = profiler.export_pages(ncu, report)
+    raw, details = profiler.export_pages(ncu, report, spawner)
     entry["export_s"] = round(time.perf_counter() - t0, 2)
     (full / f"{name}.raw.csv").write_text(raw)
     (full / f"{name}.details.csv").write_text(details)
@@ -250,7 +257,8 @@ def torch_end_to_end(out: Path, full: Path) -> dict:
     """Profiles the small torch problem (reference, candidate; counters and timeline) and keeps a trace."""
     from kb_mcp.harness import profiler
     from kb_mcp.harness.problem import load_problem
-    from kb_mcp.harness.profile_driver import DriverSpec
+    from kb_mcp.harness.protocol import DriverSpec
+    from kb_mcp.harness.sandbox import Grant, detect
 
     problem = load_problem(str(PROBLEMS / "relu_mul_add.py"))
     candidate = (PROBLEMS / "relu_mul_add_fused.py").read_text()
@@ -273,9 +281,9 @@ def torch_end_to_end(out: Path, full: Path) -> dict:
                       workdir=str(work / "src"), report_path=str(work / "driver.json"),
                       trace_path=str(work / "trace.json"))
     (work / "spec.json").write_text(spec.model_dump_json())
-    proc = subprocess.run([sys.executable, "-m", "kb_mcp.harness.profile_driver", str(work / "spec.json")],
-                          capture_output=True, text=True)
-    results["trace_driver_rc"] = proc.returncode
+    rc, output = detect().run([sys.executable, "-m", "kb_mcp.harness.worker.profile_driver", str(work / "spec.json")],
+                              Grant(role="driver", scratch=work, gpu=True), timeout_s=300)
+    results["trace_driver_rc"] = rc
     if (work / "trace.json").is_file():
         trace = json.loads((work / "trace.json").read_text())
         (full / "torch_trace_full.json").write_text(json.dumps(trace))
@@ -283,7 +291,7 @@ def torch_end_to_end(out: Path, full: Path) -> dict:
                 if isinstance(e, dict) and str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset")]
         (out / "timeline_relu_mul_add.trace.json").write_text(json.dumps({"traceEvents": keep}, indent=1))
     else:
-        results["trace_error"] = (proc.stdout + proc.stderr)[-2000:]
+        results["trace_error"] = output[-2000:]
     return results
 
 

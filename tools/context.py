@@ -16,8 +16,9 @@ from kb_mcp.kb import paths
 from kb_mcp.tools.lane import GpuLane
 
 if TYPE_CHECKING:
+    from kb_mcp.harness.pool import WorkerPool
     from kb_mcp.harness.profile_standby import StandbyPool
-    from kb_mcp.harness.worker import WorkerPool
+    from kb_mcp.harness.sandbox import Sandbox
     from kb_mcp.kb.store import KBStore
 
 
@@ -56,11 +57,19 @@ class ToolContext:
         return store
 
     @cached_property
-    def workers(self) -> WorkerPool:
-        """The pool of harness worker processes that compile, verify and time candidates."""
-        from kb_mcp.harness.worker import WorkerPool
+    def sandbox(self) -> Sandbox:
+        """How untrusted code is confined on this machine (raises SandboxUnavailable, with what to
+        do, where it cannot be); this KB and its artifacts are among what it hides."""
+        from kb_mcp.harness.sandbox import detect
 
-        return WorkerPool(cache_dir=self.cache_dir)
+        return detect().with_private([self.kb_path.parent, self.artifacts_dir])
+
+    @cached_property
+    def workers(self) -> WorkerPool:
+        """The pool of sandboxed worker processes that compile, verify and time candidates."""
+        from kb_mcp.harness.pool import WorkerPool
+
+        return WorkerPool(cache_dir=self.cache_dir, sandbox=self.sandbox)
 
     @cached_property
     def profilers(self) -> StandbyPool | None:

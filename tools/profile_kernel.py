@@ -204,8 +204,13 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     options = ProfileOptions(warmup=req.warmup, counters=req.counters, source_counters=req.source_counters,
                              max_kernels=req.max_kernels, timeout_s=req.timeout_s)
     try:
+        sandbox = ctx.sandbox
+    except RuntimeError as exc:  # SandboxUnavailable: says what to do
+        raise ToolError(str(exc)) from exc
+    try:
         prof = profile(problem, candidate_source, profile_id=profile_id, report_base=store.report_base(profile_id),
-                       cache_dir=ctx.cache_dir, options=options, progress=progress, standby=ctx.profilers)
+                       cache_dir=ctx.cache_dir, options=options, progress=progress, standby=ctx.profilers,
+                       sandbox=sandbox)
     except NoGpuError as exc:
         raise ToolError(f"{exc}. Run profile_kernel on a machine with an NVIDIA GPU; the KB tools work here.") from exc
     except ProfilerError as exc:

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from kb_mcp.harness.worker import WorkerPool
+    from kb_mcp.harness.pool import WorkerPool
 
     with WorkerPool(cache_dir=tmp_path_factory.mktemp("adversarial_cache"), prestart=True) as p:
         yield p

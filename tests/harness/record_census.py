@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kb_mcp.harness.integrity_runtime import classify_launches, launches_from_events, profile_events
+from kb_mcp.harness.worker.integrity_runtime import classify_launches, launches_from_events, profile_events
 
 OWN = r"""
 extern "C" __global__ void twice(const float* x, float* y, int n) {
@@ -54,7 +54,7 @@ def main(out_dir: Path) -> None:
         ("torch_conv_cudnn", lambda: F.conv2d(img, conv_w, padding=1), False, True, []),
         ("own_plus_torch", lambda: own() + torch.tanh(x), True, True, []),
     ]
-    from kb_mcp.harness.integrity_runtime import expand_runtime_allow
+    from kb_mcp.harness.worker.integrity_runtime import expand_runtime_allow
 
     recorded = []
     for name, fn, expect_own, expect_library, allow in cases:

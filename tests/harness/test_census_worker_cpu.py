@@ -5,7 +5,8 @@ machine: the census worker is a process of its own (`--role census`), the candid
 constructed and run there, faults and timeouts there cost the census worker only (the verify
 worker keeps its pid), tampering there is reported and retires it, and the verify worker never
 starts a profiler session. The verify worker's side of the exchange (`await_census`) runs here
-on a real socket pair.
+on a real socket pair. Each worker runs in its own sandbox (own pid namespace: pids are compared as
+the pool sees them).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.harness.census import CensusReply
-from kb_mcp.harness.channel import POOL_KEY, FrameReader, send
+from kb_mcp.harness.channel import POOL_KEY, send
+from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.protocol import BuildAnswer, BuildReply, CensusAnswer, CensusReply
 from kb_mcp.harness.verdict import FindingCode, VerifyOptions
-from kb_mcp.harness.worker import WorkerPool
-from kb_mcp.harness.worker_main import await_census
+from kb_mcp.harness.worker.main import Channel
 from kb_mcp.kb.models import Verdict
 
 # Runs on CPU tensors (the census worker has no GPU here); FORWARD is replaced per test.
@@ -53,18 +54,20 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerPool]:
         yield p
 
 
-def test_the_census_runs_the_forward_in_a_process_of_its_own(pool: WorkerPool, relu_problem, tmp_path: Path) -> None:
-    marker = tmp_path / "forward-ran-in"
-    reply = pool.census(relu_problem, _candidate(f"open({str(marker)!r}, 'a').write(str(os.getpid()) + ' ')"))
+def test_the_census_runs_the_forward_in_a_process_of_its_own(pool: WorkerPool, relu_problem) -> None:
+    # The sandbox's home is its scratch folder, which the pool can look into.
+    forward = "open(os.path.expanduser('~/forward-ran-in'), 'a').write(str(os.getpid()) + ' ')"
+    reply = pool.census(relu_problem, _candidate(forward))
     assert reply.clean, reply
     assert reply.census is not None and reply.census["available"] is False and "no CUDA" in reply.census["note"]
     state = pool.state()
-    census_pid, verify_pid = state["census"]["info"]["pid"], state["verify"]["info"]["pid"]
-    assert state["census"]["info"]["role"] == "census" and state["verify"]["info"]["role"] == "verify"
-    assert reply.pid == census_pid and len({census_pid, verify_pid, os.getpid()}) == 3
+    census, verify = state["census"].info, state["verify"].info
+    assert census.role == "census" and verify.role == "verify"
+    assert reply.pid == census.sandbox_pid and len({census.pid, verify.pid, os.getpid()}) == 3
     # forward ran twice there (a first call, then the censused one), and nowhere else
-    assert marker.read_text().split() == [str(census_pid)] * 2
-    assert state["verify"]["profiler_sessions"] == 0
+    assert pool._census is not None
+    assert (pool._census.scratch / "forward-ran-in").read_text().split() == [str(census.sandbox_pid)] * 2
+    assert state["verify"].profiler_sessions == 0
 
 
 @pytest.mark.parametrize(
@@ -78,7 +81,7 @@ def test_the_census_runs_the_forward_in_a_process_of_its_own(pool: WorkerPool, r
 def test_a_fault_in_the_census_costs_the_census_worker_only(
     pool: WorkerPool, relu_problem, forward: str, verdict: Verdict, words: str
 ) -> None:
-    verify_pid = pool.state()["verify"]["info"]["pid"]
+    verify_pid = pool.state()["verify"].info.pid
     restarts = pool.census_restarts
     t0 = time.monotonic()
     reply = pool.census(relu_problem, _candidate(forward), VerifyOptions(timeout_s=3))
@@ -86,7 +89,7 @@ def test_a_fault_in_the_census_costs_the_census_worker_only(
     assert "census" in reply.summary and time.monotonic() - t0 < 60
     assert pool.census_restarts == restarts + 1
     assert pool.census(relu_problem, _candidate()).clean
-    assert pool.state()["verify"]["info"]["pid"] == verify_pid
+    assert pool.state()["verify"].info.pid == verify_pid
 
 
 def test_tampering_and_threads_in_the_census_worker_are_findings_and_retire_it(pool: WorkerPool, relu_problem) -> None:
@@ -105,19 +108,20 @@ def test_tampering_and_threads_in_the_census_worker_are_findings_and_retire_it(p
     assert pool.census(relu_problem, _candidate()).clean
 
 
-def test_the_verify_worker_reads_the_census_answer_of_its_own_request() -> None:
+def test_the_worker_reads_the_answers_of_its_own_request() -> None:
     pool_end, worker_end = socket.socketpair()
     try:
-        reader = FrameReader(worker_end)
+        channel = Channel(worker_end)
+        channel.begin("r1", b"k" * 32)
         reply = CensusReply(census={"available": True, "own": ["k"]}, pid=7)
-        send(pool_end, {"op": "census", "rid": "r1", "reply": reply.model_dump(mode="json")}, POOL_KEY)
-        assert CensusReply.model_validate(await_census(reader, "r1")) == reply
-        send(pool_end, {"op": "census", "rid": "another", "reply": reply.model_dump(mode="json")}, POOL_KEY)
+        send(pool_end, CensusAnswer(rid="r1", reply=reply), POOL_KEY)
+        assert channel.ask_census() == reply
+        send(pool_end, CensusAnswer(rid="another", reply=reply), POOL_KEY)
         with pytest.raises(RuntimeError, match="census"):
-            await_census(reader, "r1")
-        send(pool_end, {"op": "verify", "rid": "r1"}, POOL_KEY)
-        with pytest.raises(RuntimeError, match="'verify'"):
-            await_census(reader, "r1")
+            channel.ask_census()
+        send(pool_end, BuildAnswer(rid="r1", reply=BuildReply(ok=True)), POOL_KEY)
+        with pytest.raises(RuntimeError, match="'build_answer'"):
+            channel.ask_census()
     finally:
         pool_end.close()
         worker_end.close()
@@ -131,5 +135,5 @@ def test_before_a_timed_series_the_pool_waits_for_workers_still_starting(tmp_pat
         spare = p._spare
         assert spare is not None and spare.starting()
         p._settle_starts()
-        assert not spare.starting() and spare.alive() and spare.info and spare.info["role"] == "verify"
-        assert spare.info["pid"] != p.info()["pid"]
+        assert not spare.starting() and spare.alive() and spare.info and spare.info.role == "verify"
+        assert spare.info.pid != p.info().pid

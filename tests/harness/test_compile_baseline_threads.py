@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 SCRIPT = textwrap.dedent(
     """
     import threading, time, torch
-    from kb_mcp.harness.worker_main import compile_baseline_in_process
+    from kb_mcp.harness.worker.main import compile_baseline_in_process
     if {pin}:
         compile_baseline_in_process()
     before = set(threading.enumerate())

@@ -1,7 +1,9 @@
-"""The worker channel: authenticated frames over a real socket pair."""
+"""The worker channel: authenticated frames of protocol messages over a real socket pair."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import socket
 import struct
 import time
@@ -9,6 +11,7 @@ import time
 import pytest
 
 from kb_mcp.harness.channel import HEADER, MAX_FRAME, ChannelClosed, ForgedFrame, FrameReader, encode, new_key, send
+from kb_mcp.harness.protocol import FROM_WORKER, Phase
 
 
 @pytest.fixture
@@ -22,17 +25,29 @@ def pair():
 def test_round_trip_keeps_order_and_content(pair) -> None:
     a, b = pair
     key = new_key()
-    send(a, {"type": "phase", "seq": 0, "text": "é" * 10}, key)
-    send(a, {"type": "result", "seq": 1, "value": 1.5}, key)
+    send(a, Phase(rid="r", seq=0, phase="é" * 10), key)
+    send(a, Phase(rid="r", seq=1, phase="nan"), key)
     reader = FrameReader(b)
-    assert reader.read(key, time.monotonic() + 5) == {"type": "phase", "seq": 0, "text": "é" * 10}
-    assert reader.read(key, time.monotonic() + 5)["value"] == 1.5
+    assert reader.read_message(FROM_WORKER, key, time.monotonic() + 5) == Phase(rid="r", seq=0, phase="é" * 10)
+    assert reader.read(key, time.monotonic() + 5) == {"kind": "phase", "rid": "r", "seq": 1, "phase": "nan"}
     assert not reader.pending()
+
+
+def test_an_authentic_frame_that_is_no_message_is_forged(pair) -> None:
+    a, b = pair
+    key = new_key()
+    send(a, Phase(rid="r", seq=0, phase="import"), key)
+    body = b'{"kind":"result","rid":"r","seq":1,"body":{"kind":"verify","verdict":"faster"}}'
+    a.sendall(HEADER.pack(len(body)) + body + hmac.new(key, body, hashlib.sha256).digest())
+    reader = FrameReader(b)
+    assert isinstance(reader.read_message(FROM_WORKER, key, time.monotonic() + 5), Phase)
+    with pytest.raises(ForgedFrame, match="not a message of the harness"):
+        reader.read_message(FROM_WORKER, key, time.monotonic() + 5)
 
 
 def test_frame_signed_with_another_key_is_forged(pair) -> None:
     a, b = pair
-    a.sendall(encode({"type": "result", "verdict": "faster"}, new_key()))
+    a.sendall(encode(Phase(rid="r", seq=0, phase="x"), new_key()))
     with pytest.raises(ForgedFrame, match="authentication"):
         FrameReader(b).read(new_key(), time.monotonic() + 5)
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from kb_mcp.harness.baselines import PROTOCOL, Baseline, BaselineCache
-from kb_mcp.harness.timing import dram_bandwidth, peak_flops, roofline_ms
+from kb_mcp.harness.worker.timing import dram_bandwidth, peak_flops, roofline_ms
 from kb_mcp.harness.verdict import VerifyOptions
-from kb_mcp.harness.verify import DEFAULT_TOLERANCES, POISON_BYTE, compare, leaves, tolerance_for
+from kb_mcp.harness.worker.values import DEFAULT_TOLERANCES, POISON_BYTE, compare, leaves, tolerance_for
 
 
 def test_float32_tolerance_is_relative_to_the_outputs_scale() -> None:

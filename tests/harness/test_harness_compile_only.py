@@ -1,4 +1,5 @@
-"""The compile-only path with the real nvcc and host compiler: load_inline sources found and checked."""
+"""The compile-only path with the real nvcc and host compiler, in the sandbox: load_inline sources
+found statically and checked, without running the candidate."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import pytest
 from harness_helpers import fixture_source
 
 from kb_mcp.harness.candidate import SourceUnit
-from kb_mcp.harness.compile import compile_only, diagnostics, inline_sources, missing_declarations, needs_torch_headers
-from kb_mcp.harness.worker import WorkerPool
+from kb_mcp.harness.compile_only import CompileOnly
+from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.sandbox import detect
+from kb_mcp.harness.toolchain import diagnostics, inline_sources, missing_declarations, needs_torch_headers
 from kb_mcp.kb.models import Verdict
 
 
@@ -45,9 +48,10 @@ def test_diagnostics_put_errors_first() -> None:
 def test_nvrtc_units_compile_and_cache(tmp_path) -> None:
     ok = SourceUnit(kind="nvrtc", name="k", cuda_source='extern "C" __global__ void k(float* x) { x[0] = 1.f; }',
                     nvcc_options=["--use_fast_math", "-arch=compute_80"])  # arch options are nvcc's business here
-    first = compile_only([ok], "sm_90", tmp_path)
+    compiler = CompileOnly(tmp_path, detect())
+    first = compiler.compile([ok], "sm_90")
     assert first.ok and not first.cached and first.units[0].kernels == ["k"]
-    again = compile_only([ok], "90", tmp_path)
+    again = compiler.compile([ok], "90")
     assert again.ok and again.cached and again.arch == "sm_90"
 
 

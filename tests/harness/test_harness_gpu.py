@@ -14,7 +14,7 @@ from harness_helpers import fixture_source, with_fault
 
 from kb_mcp.harness.problem import load_problem
 from kb_mcp.harness.verdict import FindingCode, VerifyOptions
-from kb_mcp.harness.worker import WorkerPool
+from kb_mcp.harness.pool import WorkerPool
 from kb_mcp.kb.models import Verdict
 
 pytestmark = pytest.mark.gpu
@@ -58,9 +58,9 @@ def test_the_timing_worker_never_profiles_and_the_census_runs_beside_it(pool: Wo
     result = pool.verify(relu_problem, fixture_source("relu_nvrtc.py") + "\n# census in its own process\n", QUICK)
     assert result.verdict in VALID and result.findings == [], result.summary
     state = pool.state()
-    assert state["verify"]["profiler_sessions"] == 0
-    assert state["census"]["profiler_sessions"] >= 2  # its warm-up, then this candidate's census
-    assert state["census"]["info"]["pid"] != state["verify"]["info"]["pid"]
+    assert state["verify"].profiler_sessions == 0
+    assert state["census"].profiler_sessions >= 2  # its warm-up, then this candidate's census
+    assert state["census"].info.pid != state["verify"].info.pid
 
 
 # Crashes only where the census runs: under the profiler, in the census worker.

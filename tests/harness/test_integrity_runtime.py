@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kb_mcp.harness.integrity import IntegrityGuard, RETIRE_WORKER, dedupe
-from kb_mcp.harness.integrity_runtime import (
+from kb_mcp.harness.worker.integrity import IntegrityGuard, RETIRE_WORKER, dedupe
+from kb_mcp.harness.worker.integrity_runtime import (
     KernelCensus,
     KernelLaunch,
     OpRecorder,
@@ -28,7 +28,7 @@ from kb_mcp.harness.integrity_runtime import (
     launches_from_events,
     reset_l2_persistence,
 )
-from kb_mcp.harness.loading import load_module
+from kb_mcp.harness.worker.loading import load_module
 from kb_mcp.harness.verdict import Finding, FindingCode
 
 C = FindingCode

@@ -22,8 +22,8 @@ from kb_mcp.harness.baselines import (
     BaselineCache,
     launch_bound,
 )
-from kb_mcp.harness.loading import load_module
-from kb_mcp.harness.timing import (
+from kb_mcp.harness.worker.loading import load_module
+from kb_mcp.harness.worker.timing import (
     MAX_RUNS,
     MIN_RUNS,
     QUICK_RUNS,
@@ -36,7 +36,7 @@ from kb_mcp.harness.timing import (
     time_with_reference,
     timings_against,
 )
-from kb_mcp.harness.verify import ReferenceSeal
+from kb_mcp.harness.worker.seal import ReferenceSeal
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "problems"
 _names = itertools.count()

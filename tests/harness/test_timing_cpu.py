@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kb_mcp.harness import integrity_runtime as rt
-from kb_mcp.harness.timing import guards_active, paused_gc
+from kb_mcp.harness.worker import integrity_runtime as rt
+from kb_mcp.harness.worker.timing import guards_active, paused_gc
 
 
 class _Passthrough(TorchDispatchMode):

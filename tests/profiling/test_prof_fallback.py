@@ -3,7 +3,8 @@
 The lent H100 lets every user read counters (scripts/record_fixtures.py probes it as an unprivileged
 user and ncu succeeds there), so the refusal is simulated: a stand-in `ncu` prints ncu's documented
 ERR_NVGPUCTRPERM message (tests/fixtures/ncu/err_nvgpuctrperm.txt). Everything else is real: the
-profiler spawns it, reads its output, and runs the real driver process for the fallback.
+profiler spawns it in the sandbox, reads its output, and runs the real driver process for the
+fallback. A stand-in writes only where the sandbox lets it: its home, the scratch folder.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from prof_fixtures import OWN, PROBLEMS
 
 from kb_mcp.harness import profiler
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.profile_driver import kernels_from_trace
 from kb_mcp.harness.profile_model import Profile
+from kb_mcp.harness.profiler import kernels_from_trace
+from kb_mcp.harness.sandbox import detect
 from kb_mcp.policy.classify import classify_profile
 
 ERR_TEXT = (OWN / "err_nvgpuctrperm.txt").read_text()
@@ -49,14 +51,25 @@ def test_permission_error_text_gives_the_reason() -> None:
     assert profiler.counters_blocked_reason("==PROF== Disconnected from process 1\n") is None
 
 
+def _spawner(tmp_path: Path, ncu: Path | None = None) -> profiler.Spawner:
+    return profiler.Spawner(detect(), tmp_path / "cache", str(ncu) if ncu else None)
+
+
 def test_refused_counters_fall_back_to_timings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    marker = tmp_path / "ncu_ran"
-    fake = _stand_in_ncu(tmp_path, f"import pathlib, sys\npathlib.Path({str(marker)!r}).write_text(' '.join(sys.argv))\n"
-                                   f"sys.stdout.write({ERR_TEXT!r})\nsys.exit(1)\n")
+    fake = _stand_in_ncu(tmp_path, f"import sys\nsys.stdout.write({ERR_TEXT!r})\nsys.exit(1)\n")
     monkeypatch.setenv(profiler.ENV_NCU, str(fake))
+    started: list[list[str]] = []
+    real = profiler.NcuProcess
+
+    class Recorded(real):  # the real process, its command line noted
+        def __init__(self, cmd, *args, **kwargs) -> None:
+            started.append(list(cmd))
+            super().__init__(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(profiler, "NcuProcess", Recorded)
     result = _profile_or_no_gpu(tmp_path)
-    args = marker.read_text()  # ncu was asked, with the NVTX filter, before falling back
-    assert "--nvtx-include kbmcp/" in args and "kb_mcp.harness.profile_driver" in args
+    args = " ".join(started[0])  # ncu was asked, with the NVTX filter, before falling back
+    assert "--nvtx-include kbmcp/" in args and "kb_mcp.harness.worker.profile_driver" in args
     if result is not None:  # on a GPU the timing run succeeds
         assert not result.counters_available and result.method == "timeline"
         assert "ERR_NVGPUCTRPERM" in (result.counters_reason or "")
@@ -87,9 +100,9 @@ def test_timeline_trace_parses_into_kernels() -> None:
 
 
 def test_unknown_metric_is_dropped_and_the_run_repeated(tmp_path: Path) -> None:
-    calls = tmp_path / "calls"
-    fake = _stand_in_ncu(tmp_path, f"""import pathlib, sys
-log = pathlib.Path({str(calls)!r})
+    scratch = tmp_path / "scratch"
+    fake = _stand_in_ncu(tmp_path, """import os, pathlib, sys
+log = pathlib.Path(os.path.expanduser("~/calls"))
 log.write_text(log.read_text() + ' '.join(sys.argv) + '\\n' if log.exists() else ' '.join(sys.argv) + '\\n')
 args = sys.argv[1:]
 metrics = args[args.index('--metrics') + 1] if '--metrics' in args else ''
@@ -98,17 +111,18 @@ if 'sm__pipe_tensor_op_gmma_cycles_active' in metrics:
     sys.exit(1)
 print('==PROF== Profiling "k" - 0: 0%....50%....100% - 7 passes')
 """)
-    run, dropped = profiler.profile_target(str(fake), ["true"], tmp_path / "r", env=None,
-                                           options=profiler.ProfileOptions())
+    run, dropped = profiler.profile_target(str(fake), ["true"], scratch / "r", spawner=_spawner(tmp_path, fake),
+                                           scratch=scratch, options=profiler.ProfileOptions())
     assert dropped == ["sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"]
     assert run.returncode == 0 and run.passes == [7]
-    lines = calls.read_text().splitlines()
+    lines = (scratch / "calls").read_text().splitlines()
     assert len(lines) == 2 and "sm__pipe_tensor_op_gmma" not in lines[1] and "gpu__time_duration.sum" in lines[1]
 
 
 def test_hung_profile_is_killed(tmp_path: Path) -> None:
     start = time.perf_counter()
-    run = profiler.run_ncu([sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=0.5)
+    run = profiler.run_ncu([sys.executable, "-c", "import time; time.sleep(60)"], _spawner(tmp_path),
+                           tmp_path / "s", timeout_s=0.5)
     assert run.timed_out and time.perf_counter() - start < 10
 
 
@@ -117,7 +131,8 @@ def test_progress_reports_each_profiled_kernel(tmp_path: Path) -> None:
     script = ('print("==PROF== Connected to process 1"); '
               'print(\'==PROF== Profiling "void foo<int>(int)" - 0 (1/200): 0%....50%....100% - 33 passes\'); '
               'print(\'==PROF== Profiling "bar" - 1 (2/200): 0%....50%....100% - 33 passes\')')
-    run = profiler.run_ncu([sys.executable, "-c", script], progress=lambda d, t=None, m=None: seen.append((d, m)))
+    run = profiler.run_ncu([sys.executable, "-c", script], _spawner(tmp_path), tmp_path / "s",
+                           progress=lambda d, t=None, m=None: seen.append((d, m)))
     assert run.passes == [33, 33]
     assert seen == [(1, "profiling kernel: foo"), (2, "profiling kernel: bar")]
 

@@ -19,17 +19,19 @@ from prof_fixtures import PROBLEMS
 
 from kb_mcp.harness import profiler
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.profile_driver import CLAIMED_FILE, EXIT_UNCLAIMED, DriverReport, DriverSpec
 from kb_mcp.harness.profile_standby import StandbyKey, StandbyPool, driver_args
+from kb_mcp.harness.protocol import CLAIMED_FILE, EXIT_UNCLAIMED, DriverReport, DriverSpec
+from kb_mcp.harness.sandbox import detect
 
-DRIVER = [sys.executable, "-m", "kb_mcp.harness.profile_driver"]
+DRIVER = [sys.executable, "-m", "kb_mcp.harness.worker.profile_driver"]
 KEY = StandbyKey("ncu", False, 200, ("a", "b"), "/cache")
 
 
-def _spec(tmp_path: Path) -> DriverSpec:
+def _spec(folder: Path) -> DriverSpec:
+    """A spec for a driver waiting in `folder` (the only place it can write)."""
     problem = load_problem(str(PROBLEMS / "relu_mul_add.py"))
     return DriverSpec(problem_source=problem.source, problem_module=f"kbmcp_problem_{problem.hash}",
-                      workdir=str(tmp_path / "src"), report_path=str(tmp_path / "driver.json"))
+                      workdir=str(folder / "src"), report_path=str(folder / "driver.json"))
 
 
 def _wait_until(condition, timeout_s: float = 120.0) -> None:
@@ -39,12 +41,14 @@ def _wait_until(condition, timeout_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def _spawner(tmp_path: Path) -> profiler.Spawner:
+    return profiler.Spawner(detect(), tmp_path / "cache", None)
+
+
 def _driver(folder: Path, *, owner: int | None = None, idle_s: float = 120.0) -> profiler.NcuProcess:
+    """The real driver in standby, in its sandbox (its folder is its scratch)."""
     folder.mkdir(parents=True, exist_ok=True)
-    args = driver_args(folder, idle_s)
-    if owner is not None:
-        args[args.index("--owner") + 1] = str(owner)
-    return profiler.NcuProcess(DRIVER + args)
+    return _spawner(folder).process(DRIVER + driver_args(folder, idle_s, owner), folder)
 
 
 def test_standby_driver_runs_the_spec_handed_over(tmp_path: Path) -> None:
@@ -53,7 +57,7 @@ def test_standby_driver_runs_the_spec_handed_over(tmp_path: Path) -> None:
     assert standby is not None and standby.process.alive()
     _wait_until(standby.ready)  # torch imported (and CUDA up, on a GPU) before any request
     assert standby.process.alive() and not standby.claimed()
-    spec = _spec(tmp_path)
+    spec = _spec(standby.folder)
     assert pool.take(KEY) is standby
     standby.hand_over(spec)
     run = standby.process.finish(60.0)  # type: ignore[attr-defined]
@@ -77,16 +81,22 @@ def test_idle_standby_exits_and_a_late_spec_is_not_claimed(tmp_path: Path) -> No
     assert (tmp_path / "s" / "ready").is_file() and not (tmp_path / "s" / CLAIMED_FILE).exists()
 
 
-def test_standby_exits_when_its_owner_is_gone(tmp_path: Path) -> None:
+def test_unconfined_standby_exits_when_its_owner_is_gone(tmp_path: Path) -> None:
+    """Unconfined (no pid namespace) a standby watches its owner; a sandboxed one dies with its sandbox."""
+    from kb_mcp.harness.sandbox import Sandbox
+
     owner = subprocess.Popen([sys.executable, "-c", "pass"])
     owner.wait()  # a pid that no longer runs
-    proc = _driver(tmp_path / "s", owner=owner.pid, idle_s=600)
+    folder = tmp_path / "s"
+    folder.mkdir()
+    spawner = profiler.Spawner(Sandbox("unconfined", reason="test"), tmp_path / "cache", None)
+    proc = spawner.process(DRIVER + driver_args(folder, 600, owner.pid), folder)
     run = proc.finish(120.0)
     assert run.returncode == EXIT_UNCLAIMED and not run.timed_out
 
 
 def _sleeper(folder: Path) -> profiler.NcuProcess:
-    return profiler.NcuProcess([sys.executable, "-c", "import time; time.sleep(120)"])
+    return _spawner(folder).process([sys.executable, "-c", "import time; time.sleep(120)"], folder)
 
 
 def test_pool_keeps_one_standby_and_drains_on_other_options(tmp_path: Path) -> None:

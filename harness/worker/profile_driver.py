@@ -14,8 +14,12 @@ In standby mode the driver is started ahead of the request (under ncu, by
 spec to appear in a rendezvous folder. Starting Python and torch is most of a fresh profile's
 wall time, and that way it is paid while the agent is thinking rather than while it waits.
 
-Usage: python -m kb_mcp.harness.profile_driver SPEC.json  (writes the DriverReport to spec.report_path)
-       python -m kb_mcp.harness.profile_driver --standby DIR --owner PID [--idle-s S]
+Usage: python -m kb_mcp.harness.worker.profile_driver SPEC.json  (writes the DriverReport to spec.report_path)
+       python -m kb_mcp.harness.worker.profile_driver --standby DIR [--owner PID] [--idle-s S]
+
+It runs inside the sandbox (`harness.sandbox`, role `driver`), writing only into its scratch
+folder. A `load_inline` candidate's extension comes from the shared cache of published builds
+(read-only); one not there is built in the driver's scratch, for this run only.
 """
 
 from __future__ import annotations
@@ -27,89 +31,24 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from kb_mcp.harness.protocol import (
+    CLAIMED_FILE,
+    EXIT_BAD_SPEC,
+    EXIT_NO_GPU,
+    EXIT_OK,
+    EXIT_UNCLAIMED,
+    EXIT_USER_CODE,
+    NVTX_RANGE,
+    READY_FILE,
+    SPEC_FILE,
+    DriverReport,
+    DriverSpec,
+)
+from kb_mcp.harness.sandbox import process_alive
 
-from kb_mcp.harness.ncu_parse import short_name
-from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile
-
-NVTX_RANGE = "kbmcp"
-
-# Exit codes the profiler reads (besides the report file).
-EXIT_OK, EXIT_USER_CODE, EXIT_NO_GPU, EXIT_BAD_SPEC, EXIT_UNCLAIMED = 0, 2, 3, 4, 5
-
-# Standby rendezvous: the profiler writes SPEC_FILE atomically; the driver claims it by renaming
-# it to CLAIMED_FILE, so the profiler can tell "the standby ran my spec" from "it had already gone".
-SPEC_FILE, CLAIMED_FILE = "spec.json", "claimed.json"
-READY_FILE = "ready"  # written by a standby driver once torch and CUDA are up
 POLL_S = 0.005  # how often a standby driver looks for its spec (a stat call: cheap)
-
-
-class DriverSpec(BaseModel):
-    """What the driver runs: written by the profiler as JSON, read by the driver."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    problem_source: str
-    problem_module: str  # unique module name for the problem file
-    candidate_source: str | None = None
-    candidate_module: str | None = None
-    mode: Literal["ncu", "timeline"] = "ncu"
-    warmup: int = 2
-    seed: int = 0
-    workdir: str  # where sources are written and imported from
-    report_path: str  # where the DriverReport JSON goes
-    trace_path: str | None = None  # timeline mode: the Chrome trace
-
-
-class DriverReport(BaseModel):
-    """What the driver tells the profiler: the device, and what went wrong if anything did."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    ok: bool
-    stage: str = ""  # where it failed: load_problem, load_candidate, build, inputs, warmup, forward
-    error: str | None = None  # message plus the traceback's tail, for the agent
-    device: str = ""
-    arch: str = ""
-    torch_version: str = ""
-    warmup_s: float | None = None  # wall time of the warm-up (includes lazy compiles)
-    forward_s: float | None = None  # wall time of the profiled forward (inflated under ncu)
-    trace_path: str | None = None
-    phases_s: dict[str, float] = {}  # seconds per phase: import_torch, cuda_init, load, build, warmup, forward
-
-
-def kernels_from_trace(trace: dict[str, Any]) -> list[KernelProfile]:
-    """Kernel events of a torch.profiler Chrome trace -> KernelProfiles (timings only), in launch order."""
-    events = [
-        e for e in trace.get("traceEvents", [])
-        if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"
-    ]
-    events.sort(key=lambda e: float(e.get("ts", 0.0)))
-    kernels = []
-    for index, event in enumerate(events):
-        args = event.get("args", {}) or {}
-        grid = tuple((list(args.get("grid", [1, 1, 1])) + [1, 1, 1])[:3])
-        block = tuple((list(args.get("block", [1, 1, 1])) + [1, 1, 1])[:3])
-        regs = args.get("registers per thread")
-        smem = args.get("shared memory")
-        full = str(event.get("name", "?"))
-        kernels.append(
-            KernelProfile(
-                index=index,
-                name=short_name(full),
-                full_name=full,
-                grid=(int(grid[0]), int(grid[1]), int(grid[2])),
-                block=(int(block[0]), int(block[1]), int(block[2])),
-                metrics=KernelMetrics(
-                    duration_ns=float(event.get("dur", 0.0)) * 1e3,  # trace durations are in us
-                    registers_per_thread=float(regs) if regs is not None else None,
-                    shared_mem_per_block_bytes=float(smem) if smem is not None else None,
-                ),
-            )
-        )
-    return kernels
 
 
 def _fail(spec: DriverSpec, stage: str, exc: BaseException | str, code: int, **info: Any) -> int:
@@ -140,7 +79,7 @@ def prepare(clock: _Clock) -> dict[str, Any] | None:
     """Imports torch and creates the CUDA context; the device info, or None without a GPU."""
     import torch
 
-    import kb_mcp.harness.loading  # noqa: F401 - imported here so that its cost lands in this phase
+    import kb_mcp.harness.worker.loading  # noqa: F401 - imported here so that its cost lands in this phase
 
     clock.lap("import_torch")
     if not torch.cuda.is_available():
@@ -161,9 +100,13 @@ def run(spec: DriverSpec, clock: _Clock | None = None, device: dict[str, Any] | 
         device = prepare(clock)
     import torch
 
-    from kb_mcp.harness.loading import load_module
+    from kb_mcp.harness.worker.loading import load_module
 
     phases, lap = clock.phases, clock.lap
+    if device is not None and spec.cache_dir:
+        from kb_mcp.harness.worker.compile import Builders
+
+        Builders(Path(spec.cache_dir), device["arch"], local_dir=Path(spec.workdir) / "extensions").install()
     if device is None:
         return _fail(spec, "device", "no CUDA device is visible to the profiling driver", EXIT_NO_GPU,
                      torch_version=torch.__version__, phases_s=phases)
@@ -234,18 +177,7 @@ def run(spec: DriverSpec, clock: _Clock | None = None, device: dict[str, Any] | 
     return EXIT_OK
 
 
-def process_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this machine."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, but another user's: cannot be ours, yet not gone either
-        return True
-    return True
-
-
-def wait_for_spec(rendezvous: Path, owner: int, idle_s: float) -> DriverSpec | None:
+def wait_for_spec(rendezvous: Path, owner: int | None, idle_s: float) -> DriverSpec | None:
     """Blocks until the profiler hands over a spec (claimed, then returned), or None when the
     owner process is gone or nobody asked within `idle_s` seconds."""
     spec_path, claimed = rendezvous / SPEC_FILE, rendezvous / CLAIMED_FILE
@@ -260,14 +192,14 @@ def wait_for_spec(rendezvous: Path, owner: int, idle_s: float) -> DriverSpec | N
         now = time.monotonic()
         if now >= deadline:
             return None
-        if now >= next_owner_check:
+        if owner is not None and now >= next_owner_check:
             if not process_alive(owner):
                 return None
             next_owner_check = now + 1.0
         time.sleep(POLL_S)
 
 
-def standby(rendezvous: Path, owner: int, idle_s: float) -> int:
+def standby(rendezvous: Path, owner: int | None, idle_s: float) -> int:
     """Prepares torch and CUDA, then runs the first spec that arrives (see module docstring)."""
     clock = _Clock()
     device = prepare(clock)
@@ -283,10 +215,11 @@ def standby(rendezvous: Path, owner: int, idle_s: float) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the spec file named on the command line, or waits for one (--standby)."""
-    parser = argparse.ArgumentParser(prog="python -m kb_mcp.harness.profile_driver")
+    parser = argparse.ArgumentParser(prog="python -m kb_mcp.harness.worker.profile_driver")
     parser.add_argument("spec", nargs="?", help="the DriverSpec JSON file to run")
     parser.add_argument("--standby", metavar="DIR", help="wait for DIR/spec.json instead")
-    parser.add_argument("--owner", type=int, default=os.getppid(), help="exit when this process is gone")
+    parser.add_argument("--owner", type=int, default=None,
+                        help="exit when this process is gone (unconfined; a sandboxed driver dies with its sandbox)")
     parser.add_argument("--idle-s", type=float, default=600.0, help="exit when no spec came within this time")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.standby:

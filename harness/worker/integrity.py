@@ -52,7 +52,7 @@ from kb_mcp.harness.integrity_static import ALLOW_GROUPS, check_source, expand_a
 from kb_mcp.harness.verdict import Finding, FindingCode
 
 if TYPE_CHECKING:  # torch-side types; this module imports torch only when a guard is built
-    from kb_mcp.harness.integrity_runtime import KernelCensus, Trusted, TrustedSnapshot
+    from kb_mcp.harness.worker.integrity_runtime import KernelCensus, Trusted, TrustedSnapshot
 
 __all__ = [
     "ALLOW_GROUPS",
@@ -87,7 +87,7 @@ class IntegrityGuard:
     """Runtime integrity checks for one candidate in one worker process (see the module docstring)."""
 
     def __init__(self, allow: Collection[str] = (), trusted: TrustedSnapshot | None = None) -> None:
-        from kb_mcp.harness import integrity_runtime as rt
+        from kb_mcp.harness.worker import integrity_runtime as rt
 
         self._rt = rt
         self.allow_raw = tuple(allow)

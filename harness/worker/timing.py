@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from kb_mcp.harness.baselines import MAX_EAGER_DRIFT, Baseline, launch_bound
-from kb_mcp.harness.integrity_runtime import Trusted
+from kb_mcp.harness.worker.integrity_runtime import Trusted
 from kb_mcp.harness.verdict import Timings
 
 TARGET_TIMED_S = 0.4  # timed runs per candidate: as many as fit this budget, within [MIN_RUNS, MAX_RUNS]

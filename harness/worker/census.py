@@ -17,64 +17,37 @@ worker retires after any of them or after the candidate raised. The kernel findi
 (`library_call`, `no_custom_kernel`) are drawn from the census by the timing worker, with the
 candidate's allow-list, as `IntegrityGuard.findings` always did.
 
-`CensusReply` is plain pydantic (no torch): the pool reads it and passes it on.
+`protocol.CensusReply` is plain pydantic (no torch): the pool reads it and passes it on.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+import torch
 
 from kb_mcp.harness.problem import Problem
+from kb_mcp.harness.protocol import CensusReply, ProblemFailed
 from kb_mcp.harness.verdict import Finding, VerifyOptions
+from kb_mcp.harness.worker import integrity_runtime as rt
+from kb_mcp.harness.worker.loading import load_module, short_traceback
+from kb_mcp.harness.worker.values import clone_inputs, secret_seed
 from kb_mcp.kb.models import Verdict
-
-CENSUS_WORDS = {
-    "queued": "waiting for the census worker",
-    "import": "importing the candidate for the kernel census",
-    "construct": "constructing ModelNew for the kernel census",
-    "census": "running forward for the kernel census",
-}
-
-
-class CensusReply(BaseModel):
-    """The census worker's answer on one candidate, as the pool hands it to the timing worker."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    census: dict[str, Any] | None = None  # an `integrity_runtime.KernelCensus`, as JSON
-    findings: list[Finding] = Field(default_factory=list)  # the census worker's own integrity findings
-    verdict: Verdict | None = None  # set when no census could be taken: crashed, timeout or invalid
-    summary: str = ""  # what happened, when `verdict` is set
-    pid: int | None = None  # the census worker that answered
-    elapsed_s: float = 0.0
-
-    @property
-    def clean(self) -> bool:
-        """True when the census ran and the census worker saw nothing wrong."""
-        return self.verdict is None and not self.findings
 
 
 def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions,
-               report: Callable[[str], None]) -> tuple[CensusReply, bool]:
+               report: Callable[[str], None]) -> tuple[CensusReply | ProblemFailed, bool]:
     """Census of one candidate's forward (census worker side); returns (reply, retire_worker).
 
     `env` is the census worker's `verify.WorkerEnv`. Without CUDA the forward still runs (on CPU
-    tensors), and the census says it saw no GPU.
+    tensors), and the census says it saw no GPU. A problem that fails to import is the problem's
+    failure (ProblemFailed), not the candidate's.
     """
-    import os
-
-    import torch
-
-    from kb_mcp.harness import integrity_runtime as rt
-    from kb_mcp.harness.loading import load_module
-    from kb_mcp.harness.verify import clone_inputs, secret_seed, short_traceback
-
     t0 = time.perf_counter()
     device = "cuda" if env.cuda else "cpu"
     if env.builders is not None:
@@ -102,9 +75,13 @@ def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions,
         # census worker that never reset it reported a persisting set-aside of 9830400 bytes on an
         # H100 (driver 580) before any candidate could have set one.
         rt.reset_l2_persistence()
+    report("import")
     try:
-        report("import")
         pmod = load(problem.source, "kbmcp_census_problem")
+    except Exception as exc:  # the problem's own failure: no candidate code has run yet
+        sys.modules.pop(names[-1], None)
+        return ProblemFailed(stage="import", error=short_traceback(exc, (str(env.workdir / f"{names[-1]}.py"),))), True
+    try:
         cmod = load(source, "kbmcp_census_candidate")
         files = (str(getattr(cmod, "__file__", "")),)
         report("construct")

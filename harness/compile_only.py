@@ -1,0 +1,192 @@
+"""The compile-only path (server side): a candidate checked without a GPU, and without running it.
+
+Nothing of the candidate runs, not even its import: its CUDA sources are read from the syntax
+tree (`candidate.static_units`: string literals and module-level constants passed to
+`load_inline` or `torch.cuda._compile_kernel`), its flags and `#include`s are checked against the
+allow-lists (`toolchain.flag_refusals`), and the compilers check what is allowed, each run in a
+sandbox of its own (`harness.sandbox`, role `compiler`): nvcc for the target arch (default
+sm_90), and the host compiler for `load_inline`'s C++ part. Sources built at run time (computed
+strings) cannot be read this way; the result says so.
+
+Each compiler run's result is cached under `<cache>/compile_only`, keyed by its source, command
+line and toolchain, all computed here: fixing the CUDA part of an extension does not redo the check
+of its C++ part. The verdict is `needs_gpu` (it compiles) or `compile_error` with the compilers'
+messages, lines pointing into the candidate's strings (`cuda_sources(12)`, `kernel.cu(4)`).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kb_mcp.harness.builds import ToolchainError, toolchain
+from kb_mcp.harness.candidate import INLINE_BUILDERS, NVRTC_BUILDERS, SourceUnit, kernel_names, static_units, style_of
+from kb_mcp.harness.integrity_static import check_source
+from kb_mcp.harness.problem import Problem
+from kb_mcp.harness.sandbox import Grant, Sandbox, kill_group, new_scratch
+from kb_mcp.harness.toolchain import (
+    DEFAULT_ARCH,
+    MESSAGE_LIMIT,
+    CompilerRun,
+    ToolchainInfo,
+    arch_flag,
+    compile_runs,
+    diagnostics,
+    flag_refusals,
+    light_variants,
+    missing_declarations,
+    truncate,
+)
+from kb_mcp.harness.verdict import CompileResult, CompileUnit, VerifyOptions, VerifyResult, decide
+
+Progress = Callable[..., None]
+
+
+def computed_builds(source: str, found: list[SourceUnit]) -> list[int]:
+    """Lines of builder calls whose sources could not be read statically (computed at run time)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    seen = {u.line for u in found}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in NVRTC_BUILDERS | INLINE_BUILDERS and node.lineno not in seen:
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+class CompileOnly:
+    """Statically read sources, compiled in the sandbox; results cached by what was compiled."""
+
+    def __init__(self, cache_dir: Path, sandbox: Sandbox) -> None:
+        self.store = cache_dir / "compile_only"
+        self.sandbox = sandbox
+
+    def verify(self, problem: Problem, source: str, options: VerifyOptions, candidate_id: str,
+               progress: Progress) -> VerifyResult:
+        """The compile-only verdict on `source` (needs_gpu or compile_error)."""
+        t0 = time.monotonic()
+        progress(0, 8, "running static checks")
+        findings = check_source(source, options.allow)
+        units = static_units(source)
+        progress(7, 8, "compiling the candidate's CUDA sources")
+        comp = self.compile(units, arch_flag(options.arch or DEFAULT_ARCH), options.compile_timeout_s)
+        computed = computed_builds(source, units)
+        if computed:
+            comp = comp.model_copy(update={"messages": comp.messages + [
+                f"builder call at line {n} builds sources computed at run time: not compiled here (compile-only "
+                "reads the candidate without running it); a GPU machine builds them" for n in computed[:4]]})
+        verdict, flagged, summary = decide(comp, [], findings, None, gpu=False)
+        try:
+            torch_version = toolchain(self.sandbox).torch_version
+        except ToolchainError:
+            torch_version = ""
+        progress(8, 8, verdict.value)
+        return VerifyResult(
+            candidate_id=candidate_id, problem=problem.name, problem_hash=problem.hash, verdict=verdict,
+            summary=summary, flagged=flagged, compile=comp, findings=findings, arch=comp.arch,
+            torch_version=torch_version, phase="compile", elapsed_s=round(time.monotonic() - t0, 3),
+        )
+
+    def compile(self, units: list[SourceUnit], arch: str, timeout_s: float = 600.0) -> CompileResult:
+        """Compiles each unit for `arch` (load_inline C++ with the host compiler), light headers first."""
+        arch = arch_flag(arch)
+        if not units:
+            return CompileResult(ok=True, style="none", arch=arch, messages=["no CUDA source found to compile"])
+        try:
+            tc = toolchain(self.sandbox)
+        except ToolchainError as exc:
+            return CompileResult(ok=False, style=style_of(units), arch=arch, messages=[str(exc)[:500]])
+        if tc.nvcc is None:
+            return CompileResult(ok=True, style=style_of(units), arch=arch,
+                                 messages=["nvcc not found: the CUDA sources were found but not compiled"])
+        t0 = time.perf_counter()
+        compiled = [self._unit(u, arch, tc, timeout_s) for u in units]
+        messages: list[str] = []
+        for u in compiled:
+            if not u.ok:
+                messages += [f"{u.name}: {m}" for m in diagnostics(u.log)] or [f"{u.name}: compilation failed (see log)"]
+        if all(u.ok for u in compiled):
+            messages += [f"{u.name}: {m}" for u in compiled for m in diagnostics(u.log)]
+        return CompileResult(
+            ok=all(u.ok for u in compiled), style=style_of(units), arch=arch,
+            seconds=round(time.perf_counter() - t0, 3), cached=all(u.cached for u in compiled),
+            units=compiled, messages=messages[:MESSAGE_LIMIT],
+        )
+
+    def _unit(self, unit: SourceUnit, arch: str, tc: ToolchainInfo, timeout_s: float) -> CompileUnit:
+        t0 = time.perf_counter()
+        refused = flag_refusals(unit, tc.include_roots)
+        if refused:
+            # Not compiled at all: the refusal is the diagnostic.
+            return CompileUnit(kind=unit.kind, name=unit.name, ok=False, kernels=kernel_names(unit.cuda_source),
+                               log="\n".join(f"error: refused: {r}" for r in refused))
+        variants = light_variants(unit) if unit.kind == "load_inline" else [False]
+        for light in variants:
+            runs = compile_runs(unit, arch, tc, light)
+            outs, cached = self._results(runs, tc.ident, timeout_s)
+            ok = all(rc == 0 for rc, _ in outs)
+            if not ok and light and len(variants) > 1 and missing_declarations("\n".join(t for _, t in outs)):
+                continue
+            return CompileUnit(kind=unit.kind, name=unit.name, ok=ok, cached=cached,
+                               seconds=round(time.perf_counter() - t0, 3), kernels=kernel_names(unit.cuda_source),
+                               log="\n".join(text for _, text in outs if text.strip()))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _results(self, runs: list[CompilerRun], ident: str, timeout_s: float) -> tuple[list[tuple[int, str]], bool]:
+        """Results of `runs`, from the cache where present; (results, all cached)."""
+        results: dict[int, tuple[int, str]] = {}
+        todo: list[int] = []
+        for i, run in enumerate(runs):
+            hit = self.store / f"{run.key(ident)}.json"
+            try:
+                data = json.loads(hit.read_text())
+                results[i] = (int(data["rc"]), str(data["log"]))
+            except (OSError, ValueError, KeyError):
+                todo.append(i)
+        if todo:
+            self.store.mkdir(parents=True, exist_ok=True)
+            for i, (rc, log) in zip(todo, self._run_all([runs[i] for i in todo], timeout_s)):
+                results[i] = (rc, truncate(log))
+                if rc != -9:  # a killed compiler says nothing about the source: never cache it
+                    path = self.store / f"{runs[i].key(ident)}.json"
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_text(json.dumps({"rc": rc, "log": results[i][1]}))
+                    tmp.replace(path)
+        return [results[i] for i in range(len(runs))], not todo
+
+    def _run_all(self, runs: list[CompilerRun], timeout_s: float) -> list[tuple[int, str]]:
+        """Runs the compilers concurrently, each in a sandbox (and scratch folder) of its own."""
+        started: list[tuple[Path, subprocess.Popen[str]]] = []
+        try:
+            for run in runs:
+                scratch = new_scratch("compile")
+                (scratch / run.filename).write_text(run.text)
+                proc = self.sandbox.popen(list(run.argv), Grant(role="compiler", scratch=scratch),
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                started.append((scratch, proc))
+            deadline = time.monotonic() + timeout_s
+            out: list[tuple[int, str]] = []
+            for scratch, proc in started:
+                try:
+                    text, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                    out.append((proc.returncode, re.sub(re.escape(str(scratch)) + "/", "", text or "")))
+                except subprocess.TimeoutExpired:
+                    kill_group(proc)
+                    text, _ = proc.communicate()
+                    out.append((-9, (text or "") + f"\n[compiler killed after {timeout_s:.0f} s]"))
+            return out
+        finally:
+            for scratch, proc in started:
+                kill_group(proc)
+                shutil.rmtree(scratch, ignore_errors=True)

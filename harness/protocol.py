@@ -1,0 +1,312 @@
+"""Every message between the server side of the harness and the processes that run untrusted code.
+
+The server side (the worker pool, the build service, the profiler) never imports torch or a
+candidate; the worker side (`harness.worker`: verify and census workers, the build process, the
+profiling driver) runs inside the sandbox (`harness.sandbox`) and only answers. These models are
+the whole vocabulary between the two, so each side validates what it reads and nothing travels
+as an untyped dict.
+
+Over the worker channel (`harness.channel`: length-prefixed JSON frames, HMAC-signed, numbered):
+
+* pool -> worker, signed with `channel.POOL_KEY`: `Init` (the session key), then one request at
+  a time (`VerifyRequest`, `CensusRequest`, `PingRequest`, `ExitRequest`) and
+  the answers to what the worker asks mid-request (`CensusAnswer`, `BuildAnswer`).
+* worker -> pool, signed with the request's own key and numbered from 0: `Phase` (progress),
+  `CensusAsk` and `BuildAsk` (the worker waits for the answer), then one `Result` whose body is
+  the reply to the request, or `ProblemFailed` when the problem itself would not load.
+  `Hello` (signed with the session key) opens the conversation.
+
+Through files in the sandbox's scratch folder (written whole, then renamed):
+
+* the build process: `BuildSpec` in, `BuildReport` out;
+* the profiling driver: `DriverSpec` in, `DriverReport` out (plus ncu's own report).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from kb_mcp.harness.baselines import Baseline
+from kb_mcp.harness.candidate import SourceUnit
+from kb_mcp.harness.problem import Problem
+from kb_mcp.harness.verdict import Finding, VerifyOptions, VerifyResult
+from kb_mcp.kb.models import Verdict
+
+__all__ = [
+    "BuildAnswer", "BuildAsk", "BuildReply", "BuildReport", "BuildSpec", "CensusAnswer", "CensusAsk",
+    "CensusReply", "CensusRequest", "DriverReport", "DriverSpec", "ExitRequest",
+    "FROM_WORKER", "Hello", "Init", "PingReply", "PingRequest", "Phase", "ProblemFailed", "Result", "TO_WORKER",
+    "VerifyReply", "VerifyRequest", "WorkerInfo",
+]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker start
+
+
+class WorkerInfo(_Message):
+    """What a worker says of itself once torch (and CUDA, where present) is up."""
+
+    pid: int  # as the pool sees it (the sandbox's outer process); the pool fills it in
+    sandbox_pid: int = 0  # the worker's own pid inside its sandbox
+    role: Literal["verify", "census"] = "verify"
+    cuda: bool = False
+    device: str = ""
+    arch: str = ""
+    torch_version: str = ""
+    python: str = ""
+
+
+class Init(_Message):
+    """The first frame to a worker: the key its `Hello` is signed with."""
+
+    kind: Literal["init"] = "init"
+    key: str
+
+
+class Hello(_Message):
+    """The worker is ready."""
+
+    kind: Literal["hello"] = "hello"
+    info: WorkerInfo
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests (pool -> worker)
+
+
+class _Request(_Message):
+    rid: str  # request id: every frame of the answer carries it
+    key: str  # hex key the answer's frames are signed with (fresh per request)
+
+
+class VerifyRequest(_Request):
+    """Check and time one candidate (GPU workers)."""
+
+    kind: Literal["verify"] = "verify"
+    problem: Problem
+    source: str
+    options: VerifyOptions
+    candidate_id: str
+
+
+class CensusRequest(_Request):
+    """One forward of a candidate under the profiler (census workers)."""
+
+    kind: Literal["census"] = "census"
+    problem: Problem
+    source: str
+    options: VerifyOptions
+    candidate_id: str
+
+
+class PingRequest(_Request):
+    """What the worker says of itself now."""
+
+    kind: Literal["ping"] = "ping"
+
+
+class ExitRequest(_Message):
+    """Exit now."""
+
+    kind: Literal["exit"] = "exit"
+
+
+# ---------------------------------------------------------------------------------------------
+# What a worker asks mid-request, and the answers
+
+
+class CensusReply(_Message):
+    """The census worker's answer on one candidate, as the pool hands it to the verify worker."""
+
+    kind: Literal["census"] = "census"
+    census: dict[str, Any] | None = None  # an `integrity_runtime.KernelCensus`, as JSON
+    findings: list[Finding] = Field(default_factory=list)  # the census worker's own integrity findings
+    verdict: Verdict | None = None  # set when no census could be taken: crashed, timeout or invalid
+    summary: str = ""  # what happened, when `verdict` is set
+    pid: int | None = None  # the census worker that answered (its pid inside its sandbox)
+    elapsed_s: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        """True when the census ran and the census worker saw nothing wrong."""
+        return self.verdict is None and not self.findings
+
+
+class BuildReply(_Message):
+    """The build service's answer: the extension is in the shared cache, or why not."""
+
+    ok: bool
+    ext: str = ""  # the extension's name in the cache (`toolchain.extension_name`)
+    light: bool = False  # built without torch/types.h
+    log: str = ""  # compiler output (truncated) on failure, a note on success
+    seconds: float = 0.0
+    cached: bool = False  # someone had built it already
+    refused: str = ""  # why the server refused to build it (a flag or include outside the allow-list)
+
+
+class _Ask(_Message):
+    rid: str
+    seq: int
+
+
+class Phase(_Ask):
+    """The worker moved on to `phase` (progress, and the pool's limit for it)."""
+
+    kind: Literal["phase"] = "phase"
+    phase: str
+
+
+class CensusAsk(_Ask):
+    """The candidate passed the checks: the worker waits for its kernel census."""
+
+    kind: Literal["census_ask"] = "census_ask"
+
+
+class BuildAsk(_Ask):
+    """The candidate called `load_inline` with sources not in the shared cache: please build them."""
+
+    kind: Literal["build_ask"] = "build_ask"
+    unit: SourceUnit
+    arch: str
+
+
+class CensusAnswer(_Message):
+    """The census for request `rid`."""
+
+    kind: Literal["census_answer"] = "census_answer"
+    rid: str
+    reply: CensusReply
+
+
+class BuildAnswer(_Message):
+    """The build for request `rid`."""
+
+    kind: Literal["build_answer"] = "build_answer"
+    rid: str
+    reply: BuildReply
+
+
+# ---------------------------------------------------------------------------------------------
+# Results (worker -> pool)
+
+
+class VerifyReply(_Message):
+    """The verdict, and a baseline measured for the shared cache (the server decides whether to keep it)."""
+
+    kind: Literal["verify"] = "verify"
+    result: VerifyResult
+    baseline: Baseline | None = None
+
+
+class PingReply(_Message):
+    """The worker's start-up info and how many profiler sessions the harness started in it."""
+
+    kind: Literal["ping"] = "ping"
+    info: WorkerInfo
+    profiler_sessions: int = 0
+
+
+class ProblemFailed(_Message):
+    """The problem's own code failed (import, `Model` construction, its inputs): no candidate is to blame."""
+
+    kind: Literal["problem_failed"] = "problem_failed"
+    stage: Literal["import", "construct", "inputs"]
+    error: str
+
+
+ResultBody = Annotated[
+    Union[VerifyReply, CensusReply, PingReply, ProblemFailed], Field(discriminator="kind")
+]
+
+
+class Result(_Ask):
+    """The last frame of a request's answer."""
+
+    kind: Literal["result"] = "result"
+    retire: bool = False  # the worker exits after this (it may have been left unfit)
+    body: ResultBody
+
+
+FROM_WORKER: TypeAdapter[Any] = TypeAdapter(
+    Annotated[Union[Hello, Phase, CensusAsk, BuildAsk, Result], Field(discriminator="kind")]
+)
+TO_WORKER: TypeAdapter[Any] = TypeAdapter(
+    Annotated[
+        Union[Init, VerifyRequest, CensusRequest, PingRequest, ExitRequest, CensusAnswer, BuildAnswer],
+        Field(discriminator="kind"),
+    ]
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The build process (files in its scratch folder)
+
+
+class BuildSpec(_Message):
+    """What the build process compiles: one `load_inline` unit, already checked against the allow-lists."""
+
+    unit: SourceUnit
+    arch: str  # e.g. sm_90: the only arch built
+    out_dir: str  # where the build happens and the `.so` is left
+    report_path: str  # where the BuildReport goes
+
+
+class BuildReport(_Message):
+    """What the build process did."""
+
+    ok: bool
+    ext: str = ""
+    light: bool = False
+    so_path: str = ""  # the built library, inside out_dir
+    log: str = ""
+    seconds: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The profiling driver (files in its scratch folder)
+
+NVTX_RANGE = "kbmcp"  # the one profiled forward runs inside this NVTX range
+# Exit codes the profiler reads (besides the report file).
+EXIT_OK, EXIT_USER_CODE, EXIT_NO_GPU, EXIT_BAD_SPEC, EXIT_UNCLAIMED = 0, 2, 3, 4, 5
+# Standby rendezvous: the profiler writes SPEC_FILE atomically; the driver claims it by renaming
+# it to CLAIMED_FILE, so the profiler can tell "the standby ran my spec" from "it had already gone".
+SPEC_FILE, CLAIMED_FILE = "spec.json", "claimed.json"
+READY_FILE = "ready"  # written by a standby driver once torch and CUDA are up
+
+
+class DriverSpec(_Message):
+    """What the driver runs: written by the profiler as JSON, read by the driver."""
+
+    problem_source: str
+    problem_module: str  # unique module name for the problem file
+    candidate_source: str | None = None
+    candidate_module: str | None = None
+    mode: Literal["ncu", "timeline"] = "ncu"
+    warmup: int = 2
+    seed: int = 0
+    workdir: str  # where sources are written and imported from
+    report_path: str  # where the DriverReport JSON goes
+    trace_path: str | None = None  # timeline mode: the Chrome trace
+    cache_dir: str | None = None  # the shared cache: published builds are loaded from it (read-only)
+
+
+class DriverReport(_Message):
+    """What the driver tells the profiler: the device, and what went wrong if anything did."""
+
+    ok: bool
+    stage: str = ""  # where it failed: load_problem, load_candidate, build, inputs, warmup, forward
+    error: str | None = None  # message plus the traceback's tail, for the agent
+    device: str = ""
+    arch: str = ""
+    torch_version: str = ""
+    warmup_s: float | None = None  # wall time of the warm-up (includes lazy compiles)
+    forward_s: float | None = None  # wall time of the profiled forward (inflated under ncu)
+    trace_path: str | None = None
+    phases_s: dict[str, float] = {}  # seconds per phase: import_torch, cuda_init, load, build, warmup, forward

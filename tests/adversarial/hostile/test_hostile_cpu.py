@@ -1,0 +1,122 @@
+"""Hostile candidates on the CPU paths: each is stopped, and the server's world stays byte-identical.
+
+Two paths run without a GPU. The compile-only path (`WorkerPool.verify` here) never runs the
+candidate: it reads the sources statically and compiles them in the sandbox, refusing flags and
+includes outside the allow-lists. The census worker does run it (import, constructor, forward,
+on CPU tensors) in its sandbox: every attack that runs at import is run there for real. The GPU
+path (the verify worker, the profiling driver) is tests/adversarial/hostile/test_hostile_gpu.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hostile_world import CASES, RUNS_AT_IMPORT, ServerWorld, protection
+
+from kb_mcp.harness.candidate import SourceUnit
+from kb_mcp.harness.compile_only import CompileOnly
+from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.problem import load_problem
+from kb_mcp.harness.sandbox import Sandbox
+from kb_mcp.harness.toolchain import CompilerRun
+from kb_mcp.kb.models import Verdict
+
+ROOT = Path(__file__).resolve().parents[3]
+SWISH = load_problem(ROOT / "examples" / "problems" / "swish.py")
+
+
+@pytest.fixture(scope="module")
+def pool(world: ServerWorld, world_sandbox: Sandbox) -> Iterator[WorkerPool]:
+    with WorkerPool(world.cache, no_cuda=True, spare=False, sandbox=world_sandbox) as p:
+        yield p
+
+
+def test_every_hostile_file_names_what_stops_it() -> None:
+    assert len(CASES) >= 10
+    for name in CASES:
+        assert len(protection(name)) > 40, name
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", CASES)
+def test_compile_only_never_runs_it(pool: WorkerPool, world: ServerWorld, name: str) -> None:
+    before = world.snapshot()
+    result = pool.verify(SWISH, world.render(name))
+    assert result.verdict in (Verdict.needs_gpu, Verdict.compile_error, Verdict.invalid), result.summary
+    assert result.output == "" and result.phase == "compile"  # nothing of it ran
+    world.assert_untouched(before, result.model_dump_json())
+
+
+@pytest.mark.parametrize("name", RUNS_AT_IMPORT)
+def test_run_in_the_sandbox_it_changes_nothing(pool: WorkerPool, world: ServerWorld, name: str) -> None:
+    """The census worker imports, constructs and runs the candidate: the attack runs, confined."""
+    before = world.snapshot()
+    reply = pool.census(SWISH, world.render(name))
+    census = pool._census
+    output = census.output.take(200_000) if census is not None else ""
+    world.assert_untouched(before, reply.model_dump_json(), output)
+    if name == "read_secrets.py":
+        assert reply.verdict == Verdict.crashed and "LOOT" in reply.summary  # it ran, and found nothing
+    else:  # import, constructor and forward all ran (the attack with them)
+        assert reply.verdict is None, reply.summary
+    if name == "cpp_static_constructor.py":
+        # The constructor ran, inside the census worker's sandbox (its home is the scratch folder).
+        assert census is not None and (census.scratch / "ctor-ran").read_text() == "ran"
+    if name == "subprocess_spellings.py":
+        assert census is not None and (census.scratch / "spelled").is_file()  # the commands did run
+
+
+@pytest.mark.nvcc
+def test_flag_and_include_tricks_are_refused_by_name(pool: WorkerPool, world: ServerWorld) -> None:
+    flags = pool.verify(SWISH, world.render("compiler_flag_tricks.py"))
+    assert flags.verdict == Verdict.compile_error
+    text = "\n".join(u.log for u in flags.compile.units)
+    for flag in ("-wrapper", "-include", "-fplugin=/tmp/evil.so"):
+        assert flag in text, text
+    includes = pool.verify(SWISH, world.render("include_tricks.py"))
+    assert includes.verdict == Verdict.compile_error
+    text = "\n".join(u.log for u in includes.compile.units)
+    assert "an absolute path" in text and "(..)" in text and "computed" in text and ".incbin" in text, text
+
+
+def test_a_refused_build_asked_at_run_time_is_refused_too(pool: WorkerPool, world: ServerWorld) -> None:
+    """load_inline called from running code (the census worker) goes to the build service, which
+    applies the same allow-lists."""
+    before = world.snapshot()
+    reply = pool.census(SWISH, world.render("compiler_flag_tricks.py"))
+    assert reply.verdict == Verdict.crashed and "not allowed" in reply.summary, reply.summary
+    world.assert_untouched(before, reply.model_dump_json())
+
+
+@pytest.mark.nvcc
+def test_the_sandbox_stops_what_the_allow_list_would_miss(world: ServerWorld, world_sandbox: Sandbox,
+                                                          tmp_path: Path) -> None:
+    """Beneath the allow-lists: nvcc given `-wrapper` and an absolute `#include` directly, in the
+    sandbox. The wrapper's shell runs, as nobody, and cannot reach the marker; the file is absent."""
+    before = world.snapshot()
+    compiler = CompileOnly(tmp_path, world_sandbox)
+    runs = [
+        CompilerRun(label="nvcc", filename="k.cu", text="__global__ void k() {}\n",
+                    argv=("nvcc", "-wrapper", f"/bin/sh,-c,touch {world.marker}; touch $HOME/wrapped",
+                          "-c", "k.cu", "-o", "k.o")),
+        CompilerRun(label="nvcc", filename="i.cu", text=f'#include "{world.home}/.ssh/id_rsa"\n',
+                    argv=("nvcc", "-c", "i.cu", "-o", "i.o")),
+    ]
+    (rc_wrap, log_wrap), (rc_inc, log_inc) = compiler._run_all(runs, 300)
+    assert rc_inc != 0 and "No such file" in log_inc, log_inc
+    world.assert_untouched(before, log_wrap, log_inc)
+
+
+def test_the_build_process_never_loads_what_it_builds(tmp_path: Path) -> None:
+    """A static constructor is compiled and linked by the build process, never run by it."""
+    from kb_mcp.harness.worker.build import build_unit
+
+    marker = tmp_path / "constructor-ran"
+    cpp = ('#include <fstream>\nstatic int ran = [] { std::ofstream("' + str(marker) + '") << "ran"; return 0; }();\n'
+           'extern "C" int kbmcp_ran() { return ran; }\n')
+    unit = SourceUnit(kind="load_inline", name="ctor_check", cpp_source=cpp, implicit_headers=False, python_module=False)
+    report = build_unit(unit, "sm_90", tmp_path / "out")
+    assert report.ok, report.log
+    assert Path(report.so_path).is_file() and not marker.exists()

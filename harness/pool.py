@@ -42,7 +42,7 @@ from kb_mcp.harness.builds import BuildService
 from kb_mcp.harness.candidate import CandidateError, parse_candidate, static_units, style_of
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
 from kb_mcp.harness.compile_only import CompileOnly
-from kb_mcp.harness.problem import Problem, ProblemLoadError, candidate_id
+from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.process import WorkerError, WorkerProcess, describe_exit
 from kb_mcp.harness.protocol import (
     FROM_WORKER,
@@ -55,7 +55,9 @@ from kb_mcp.harness.protocol import (
     Phase,
     PingReply,
     PingRequest,
+    ProblemChecked,
     ProblemFailed,
+    ProblemRequest,
     Result,
     VerifyReply,
     VerifyRequest,
@@ -300,9 +302,9 @@ class WorkerPool:
         progress: Progress = no_progress,
     ) -> VerifyResult:
         """Compiles, checks and times `source` against `problem` in a sandboxed worker; never raises
-        for a misbehaving candidate (its verdict says what happened). Raises ProblemLoadError when
-        the problem's own code fails (nothing is the candidate's fault then), WorkerError when no
-        worker can be started at all."""
+        for a misbehaving candidate (its verdict says what happened). A problem whose own code fails
+        gives a result with `problem_error` set (no verdict on the candidate). Raises WorkerError
+        when no worker can be started at all."""
         opts = options or VerifyOptions()
         cid = candidate_id(problem, source)
         t0 = time.monotonic()
@@ -314,12 +316,11 @@ class WorkerPool:
                 summary=f"compile error: {exc}", compile=CompileResult(ok=False, messages=[str(exc)]), phase="static",
             )
         with self._lock:
-            gpu = False
-            if not (self.no_cuda or opts.compile_only):
-                w = self._ready()
-                gpu = bool(w.info and w.info.cuda)
-            if not gpu:
-                result = self.compile_only.verify(problem, source, opts, cid, progress)
+            w = self._ready()
+            if self.no_cuda or opts.compile_only or not (w.info and w.info.cuda):
+                failed = self._check_problem(w, problem, opts)
+                result = (self._problem_result(problem, cid, failed, t0) if failed is not None
+                          else self.compile_only.verify(problem, source, opts, cid, progress))
             else:
                 if w.reader.pending():
                     # Bytes nobody asked for: a previous candidate left something writing to the channel.
@@ -367,7 +368,7 @@ class WorkerPool:
             body = frame.body
             if isinstance(body, ProblemFailed):
                 self._replace(w)  # the problem's code ran there
-                raise ProblemLoadError(problem.name, body.stage, body.error)
+                return self._problem_result(problem, cid, body, t0)
             if not isinstance(body, VerifyReply):
                 raise ForgedFrame(f"a {body.kind!r} result arrived for a verify request")
             result, retire = body.result, frame.retire
@@ -404,6 +405,43 @@ class WorkerPool:
         progress(steps, steps, result.verdict.value)
         return result
 
+    def _check_problem(self, w: WorkerProcess, problem: Problem, opts: VerifyOptions) -> ProblemFailed | None:
+        """Whether the problem imports and makes its init inputs, in the worker (compile-only runs
+        nothing of the candidate, but a broken problem is still named as such)."""
+        rid, key = uuid.uuid4().hex, new_key()
+        send(w.sock, ProblemRequest(rid=rid, key=key.hex(), problem=problem), POOL_KEY)
+        reply = _Reply(w, rid, key, lambda phase: opts.compile_timeout_s, "problem check")
+        try:
+            frame = reply.read(lambda phase: None, lambda ask: None)
+            body = frame.body
+            if frame.retire:
+                self._replace(w)
+        except TimeoutError:
+            self._replace(w)
+            return ProblemFailed(stage="import", error=f"no answer within {opts.compile_timeout_s:.0f} s")
+        except ChannelClosed:
+            code = w.proc.wait(timeout=30)
+            self._replace(w)
+            return ProblemFailed(stage="import", error=f"the worker importing it died ({describe_exit(code)})")
+        except (ForgedFrame, ValidationError) as exc:
+            self._replace(w)
+            return ProblemFailed(stage="import", error=f"its import wrote to the harness's channel ({exc})")
+        if isinstance(body, ProblemFailed):
+            return body
+        if not isinstance(body, ProblemChecked):
+            self._replace(w)
+            return ProblemFailed(stage="import", error=f"the worker answered {body.kind!r}")
+        return None
+
+    @staticmethod
+    def _problem_result(problem: Problem, cid: str, failed: ProblemFailed, t0: float) -> VerifyResult:
+        """The result when the problem's own code failed: no verdict on the candidate (the tool stores none)."""
+        return VerifyResult(
+            candidate_id=cid, problem=problem.name, problem_hash=problem.hash, verdict=Verdict.crashed,
+            summary=f"the problem failed: {failed.text}", compile=CompileResult(ok=True), phase="import",
+            problem_error=failed.text, elapsed_s=round(time.monotonic() - t0, 3),
+        )
+
     def _keep_baseline(self, body: VerifyReply, w: WorkerProcess, problem: Problem) -> None:
         """Stores a baseline the worker measured, under the key the server knows (this problem,
         the worker's GPU and torch as it said at start), never under one the worker names."""
@@ -428,14 +466,14 @@ class WorkerPool:
     def census(self, problem: Problem, source: str, options: VerifyOptions | None = None) -> CensusReply:
         """The kernel census of one forward of `source`, taken in the census worker (started if
         needed). `verify` takes it itself, between the checks and the timing; this entry point
-        serves callers that want the census alone. Never raises for a misbehaving candidate (the
-        reply's verdict says what happened); raises ProblemLoadError when the problem fails to
-        import, WorkerError when no census worker starts."""
+        serves callers that want the census alone. Never raises for a misbehaving candidate or
+        problem (the reply's verdict says what happened); raises WorkerError when no census worker
+        starts."""
         opts = options or VerifyOptions()
         with self._lock:
             reply = self._take_census(problem, source, opts, candidate_id(problem, source))
         if isinstance(reply, ProblemFailed):
-            raise ProblemLoadError(problem.name, reply.stage, reply.error)
+            return CensusReply(verdict=Verdict.crashed, summary=f"crashed: the problem failed: {reply.text}")
         return reply
 
     def _census_worker(self) -> WorkerProcess:
@@ -539,7 +577,7 @@ class WorkerPool:
             raise
         if isinstance(reply, ProblemFailed):  # it loaded in the verify worker: not deterministic
             reply = CensusReply(verdict=Verdict.crashed,
-                                summary=f"crashed: the problem failed to import in the census worker ({reply.error})")
+                                summary=f"crashed: the problem failed in the census worker ({reply.text})")
         if reply.clean:
             self._settle_starts()
         try:

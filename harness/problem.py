@@ -2,7 +2,7 @@
 
 Loading here is static (parse, never execute): the server validates a problem without importing
 torch or running user code; execution happens only in sandboxed worker processes, which report a
-problem that fails there as such (`ProblemLoadError`).
+problem that fails there as such (`VerifyResult.problem_error`).
 """
 
 from __future__ import annotations
@@ -18,19 +18,6 @@ REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 
 class ProblemError(ValueError):
     """A problem file or source that is not in the KernelBench format; the message says what is missing."""
-
-
-class ProblemLoadError(ProblemError):
-    """The problem's own code failed when run in the sandbox (import, `Model` construction, its
-    inputs), before any candidate code ran: the problem's fault, never a candidate's outcome."""
-
-    def __init__(self, name: str, stage: str, error: str) -> None:
-        what = {"import": "importing it", "construct": "constructing its Model",
-                "inputs": "making its inputs"}.get(stage, stage)
-        super().__init__(f"problem {name!r} failed while {what}: {error}. Fix the problem file; "
-                         "no candidate was judged or recorded")
-        self.stage = stage
-        self.error = error
 
 
 class Problem(BaseModel):

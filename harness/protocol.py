@@ -9,7 +9,7 @@ as an untyped dict.
 Over the worker channel (`harness.channel`: length-prefixed JSON frames, HMAC-signed, numbered):
 
 * pool -> worker, signed with `channel.POOL_KEY`: `Init` (the session key), then one request at
-  a time (`VerifyRequest`, `CensusRequest`, `PingRequest`, `ExitRequest`) and
+  a time (`VerifyRequest`, `CensusRequest`, `ProblemRequest`, `PingRequest`, `ExitRequest`) and
   the answers to what the worker asks mid-request (`CensusAnswer`, `BuildAnswer`).
 * worker -> pool, signed with the request's own key and numbered from 0: `Phase` (progress),
   `CensusAsk` and `BuildAsk` (the worker waits for the answer), then one `Result` whose body is
@@ -37,7 +37,7 @@ from kb_mcp.kb.models import Verdict
 __all__ = [
     "BuildAnswer", "BuildAsk", "BuildReply", "BuildReport", "BuildSpec", "CensusAnswer", "CensusAsk",
     "CensusReply", "CensusRequest", "DriverReport", "DriverSpec", "ExitRequest",
-    "FROM_WORKER", "Hello", "Init", "PingReply", "PingRequest", "Phase", "ProblemFailed", "Result", "TO_WORKER",
+    "FROM_WORKER", "Hello", "Init", "PingReply", "PingRequest", "Phase", "ProblemChecked", "ProblemFailed", "ProblemRequest", "Result", "TO_WORKER",
     "VerifyReply", "VerifyRequest", "WorkerInfo",
 ]
 
@@ -104,6 +104,13 @@ class CensusRequest(_Request):
     source: str
     options: VerifyOptions
     candidate_id: str
+
+
+class ProblemRequest(_Request):
+    """Import the problem and make its init inputs (the compile-only path runs nothing else)."""
+
+    kind: Literal["problem"] = "problem"
+    problem: Problem
 
 
 class PingRequest(_Request):
@@ -213,6 +220,12 @@ class PingReply(_Message):
     profiler_sessions: int = 0
 
 
+class ProblemChecked(_Message):
+    """The problem imports and makes its init inputs."""
+
+    kind: Literal["problem_ok"] = "problem_ok"
+
+
 class ProblemFailed(_Message):
     """The problem's own code failed (import, `Model` construction, its inputs): no candidate is to blame."""
 
@@ -220,9 +233,16 @@ class ProblemFailed(_Message):
     stage: Literal["import", "construct", "inputs"]
     error: str
 
+    @property
+    def text(self) -> str:
+        """What failed, as `VerifyResult.problem_error` says it."""
+        what = {"import": "its module failed to import", "construct": "its Model failed to construct",
+                "inputs": "its inputs failed"}[self.stage]
+        return f"{what}: {self.error}"
+
 
 ResultBody = Annotated[
-    Union[VerifyReply, CensusReply, PingReply, ProblemFailed], Field(discriminator="kind")
+    Union[VerifyReply, CensusReply, PingReply, ProblemChecked, ProblemFailed], Field(discriminator="kind")
 ]
 
 
@@ -239,7 +259,7 @@ FROM_WORKER: TypeAdapter[Any] = TypeAdapter(
 )
 TO_WORKER: TypeAdapter[Any] = TypeAdapter(
     Annotated[
-        Union[Init, VerifyRequest, CensusRequest, PingRequest, ExitRequest, CensusAnswer, BuildAnswer],
+        Union[Init, VerifyRequest, CensusRequest, ProblemRequest, PingRequest, ExitRequest, CensusAnswer, BuildAnswer],
         Field(discriminator="kind"),
     ]
 )

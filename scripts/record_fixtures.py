@@ -198,7 +198,9 @@ def record_set_full(name: str, exe: Path, out: Path, full: Path, ncu: str) -> di
     if not report.is_file():
         entry["error"] = (proc.stdout + proc.stderr)[-2000:]
         return entry
-    raw, details = profiler.export_pages(ncu, report)
+    from kb_mcp.harness.sandbox import detect
+
+    raw, details = profiler.export_pages(ncu, report, profiler.Spawner(detect(), base.parent / "cache", ncu))
     (full / f"{name}.set_full.raw.csv").write_text(raw)
     (full / f"{name}.set_full.details.csv").write_text(details)
     keep = set(ncu_parse.requested_metrics())

@@ -51,7 +51,9 @@ from kb_mcp.harness.protocol import (
     Phase,
     PingReply,
     PingRequest,
+    ProblemChecked,
     ProblemFailed,
+    ProblemRequest,
     Result,
     VerifyReply,
     VerifyRequest,
@@ -216,6 +218,8 @@ def _handle(env: Any, req: Any, channel: Channel) -> tuple[Any, bool]:
 
     if isinstance(req, CensusRequest):
         return census.run_census(env, req.problem, req.source, req.options, channel.phase)
+    if isinstance(req, ProblemRequest):
+        return _check_problem(env, req.problem), False
     assert isinstance(req, VerifyRequest)
     if not env.cuda:
         raise RuntimeError("this worker has no GPU: the pool checks candidates without one itself (compile-only)")
@@ -225,6 +229,26 @@ def _handle(env: Any, req: Any, channel: Channel) -> tuple[Any, bool]:
     if isinstance(outcome, ProblemFailed):
         return outcome, retire
     return VerifyReply(result=outcome, baseline=run.new_baseline), retire
+
+
+def _check_problem(env: Any, problem: Any) -> ProblemChecked | ProblemFailed:
+    """Imports the problem and makes its init inputs (the compile-only path's check of the problem)."""
+    from kb_mcp.harness.worker.loading import load_module, short_traceback
+
+    name = f"kbmcp_problem_check_{next(env.counter)}"
+    files = (str(env.workdir / f"{name}.py"),)
+    try:
+        try:
+            module = load_module(problem.source, name, env.workdir)
+        except Exception as exc:  # the problem's code: anything may go wrong
+            return ProblemFailed(stage="import", error=short_traceback(exc, files))
+        try:
+            list(module.get_init_inputs())
+        except Exception as exc:
+            return ProblemFailed(stage="inputs", error=short_traceback(exc, files))
+        return ProblemChecked()
+    finally:
+        sys.modules.pop(name, None)
 
 
 def _internal_error(req: Any, exc: BaseException) -> Any:
@@ -276,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if isinstance(req, ExitRequest):
             return 0
-        if not isinstance(req, (VerifyRequest, CensusRequest, PingRequest)):
+        if not isinstance(req, (VerifyRequest, CensusRequest, ProblemRequest, PingRequest)):
             return 2  # an answer nobody asked for: the pool is confused, start afresh
         channel.begin(req.rid, bytes.fromhex(req.key))
         if isinstance(req, PingRequest):

@@ -152,7 +152,7 @@ class GpuVerification:
             candidate_id=self.candidate_id, problem=self.problem.name, problem_hash=self.problem.hash,
             verdict=verdict, summary=summary, flagged=flagged, compile=compile, input_sets=self.sets,
             findings=dedupe(self.findings), timings=timings, tolerance=self.tolerance, device=env.device,
-            arch=env.arch, torch_version=env.torch_version, phase=self.phase,
+            arch=env.arch, torch_version=env.torch_version, phase=self.phase, loosened=self.loosened,
             elapsed_s=round(time.perf_counter() - self.t0, 3),
         )
 

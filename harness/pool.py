@@ -360,7 +360,7 @@ class WorkerPool:
                 self._answer_census(w, rid, problem, source, opts, cid)
             else:
                 progress(PHASES.index("import"), steps, f"building {ask.unit.name} (load_inline) in the build sandbox")
-                self._answer_build(w, rid, ask)
+                self._answer_build(w, rid, ask, opts.compile_timeout_s)
 
         reply = _Reply(w, rid, key, lambda phase: self._limit(phase, opts), "request")
         try:
@@ -451,11 +451,11 @@ class WorkerPool:
         BaselineCache(self.cache_dir).put(base.model_copy(update={
             "problem_hash": problem.hash, "device": info.device, "torch_version": info.torch_version}))
 
-    def _answer_build(self, w: WorkerProcess, rid: str, ask: BuildAsk) -> None:
+    def _answer_build(self, w: WorkerProcess, rid: str, ask: BuildAsk, timeout_s: float) -> None:
         """Builds what a worker's `load_inline` asked for (in a sandbox of its own) and answers."""
         info = w.info
         reply = self.builds.build(ask.unit, (info.arch if info else "") or ask.arch,
-                                  info.torch_version if info else "")
+                                  info.torch_version if info else "", timeout_s)
         try:
             send(w.sock, BuildAnswer(rid=rid, reply=reply), POOL_KEY)
         except OSError:
@@ -527,7 +527,7 @@ class WorkerPool:
         def on_ask(ask: Any) -> None:
             if not isinstance(ask, BuildAsk):
                 raise ForgedFrame("the census worker asked for a census")
-            self._answer_build(w, rid, ask)
+            self._answer_build(w, rid, ask, opts.compile_timeout_s)
 
         try:
             frame = exchange.read(lambda phase: None, on_ask)

@@ -125,6 +125,7 @@ def read_ncu_rep(report: Path, notes: list[str]) -> tuple[list[KernelRecord] | N
     """Metrics through `ncu_report` where it is installed, findings through the CLI; else both pages
     through the CLI; else a ReportImportError that says how to export the pages."""
     from kb_mcp.harness import profiler  # the ncu CLI helpers (find_ncu, export_pages)
+    from kb_mcp.harness.sandbox import detect
 
     hint = EXPORT_HINT.format(rep=report.name, stem=report.name.removesuffix(".ncu-rep"))
     ncu = profiler.find_ncu()
@@ -140,9 +141,9 @@ def read_ncu_rep(report: Path, notes: list[str]) -> tuple[list[KernelRecord] | N
             notes.append("no ncu CLI here: the profiler's rule findings (details page) are missing")
             return raw, None
         raise ReportImportError(f"{report}: this machine has neither Nsight Compute's ncu_report module nor ncu; {hint}")
-    try:
-        raw_text, details_text = profiler.export_pages(ncu, report)
-    except (profiler.ProfilerError, OSError) as exc:
+    try:  # the report is the caller's file: ncu reads it in the sandbox
+        raw_text, details_text = profiler.export_pages(ncu, report, profiler.Spawner(detect(), None, ncu))
+    except (profiler.ProfilerError, OSError, RuntimeError) as exc:
         raise ReportImportError(f"{report}: ncu could not read it ({exc}); {hint}") from exc
     details = ncu_parse.read_details_page(details_text) if details_text.strip() else None
     if raw is None:

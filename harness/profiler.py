@@ -148,14 +148,14 @@ _PASSES = re.compile(r"-\s*(\d+)\s+pass(?:es)?")
 class Spawner:
     """Starts ncu and the driver (and ncu's report export) in the sandbox, role `driver`."""
 
-    def __init__(self, sandbox: Sandbox, cache_dir: Path, ncu: str | None) -> None:
+    def __init__(self, sandbox: Sandbox, cache_dir: Path | None, ncu: str | None) -> None:
         self.sandbox = sandbox
-        self.cache_dir = cache_dir
+        self.cache_dir = cache_dir  # None: no published builds to read (a report export)
         self.ncu = ncu
 
     def grant(self, scratch: Path, role: str = "driver", ro: Sequence[Path] = ()) -> Grant:
         """What a process of this profile gets: its scratch, the GPU, published builds and ncu's install."""
-        extra = [self.cache_dir / "torch_extensions", *ro]
+        extra = [*([self.cache_dir / "torch_extensions"] if self.cache_dir else []), *ro]
         if self.ncu:
             extra.append(Path(os.path.realpath(self.ncu)).parent)
         return Grant(role=role, scratch=scratch, gpu=role == "driver", ro=tuple(extra))  # type: ignore[arg-type]

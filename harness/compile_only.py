@@ -22,7 +22,6 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from kb_mcp.harness.builds import ToolchainError, toolchain
@@ -44,8 +43,7 @@ from kb_mcp.harness.toolchain import (
     truncate,
 )
 from kb_mcp.harness.verdict import CompileResult, CompileUnit, VerifyOptions, VerifyResult, decide
-
-Progress = Callable[..., None]
+from kb_mcp.kb.progress import Progress
 
 
 def computed_builds(source: str, found: list[SourceUnit]) -> list[int]:

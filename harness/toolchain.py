@@ -242,6 +242,14 @@ def safe_name(name: str) -> str:
     return cleaned if not cleaned[0].isdigit() else f"x{cleaned}"
 
 
+def cuda_arch_list(arch: str) -> str:
+    """`sm_90` -> `9.0`, `sm_90a` -> `9.0a` (TORCH_CUDA_ARCH_LIST's spelling)."""
+    m = re.match(r"^(?:sm_|compute_)?(\d+)(\d)([af]?)$", arch.strip().lower())
+    if not m:
+        raise ValueError(f"not a CUDA arch: {arch!r}")
+    return f"{m.group(1)}.{m.group(2)}{m.group(3)}"
+
+
 def arch_flag(arch: str) -> str:
     """`sm_90` / `90` / `9.0` -> `sm_90`."""
     a = arch.strip().lower().replace("sm_", "").replace("compute_", "").replace(".", "")

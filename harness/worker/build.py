@@ -29,6 +29,7 @@ from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.protocol import BuildReport, BuildSpec
 from kb_mcp.harness.toolchain import (
     ToolchainInfo,
+    cuda_arch_list,
     extension_name,
     inline_sources,
     light_variants,
@@ -37,18 +38,12 @@ from kb_mcp.harness.toolchain import (
 )
 
 
-def _cuda_arch_list(arch: str) -> str:
-    from kb_mcp.harness.worker.compile import cuda_arch_list
-
-    return cuda_arch_list(arch)
-
-
 def build_unit(unit: SourceUnit, arch: str, out_dir: Path) -> BuildReport:
     """Builds `unit` under `out_dir/<ext>/` (light headers first where they may do); never imports it."""
     import torch
     from torch.utils import cpp_extension
 
-    os.environ["TORCH_CUDA_ARCH_LIST"] = _cuda_arch_list(arch)
+    os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list(arch)
     build = cpp_extension._write_ninja_file_and_build_library
     accepted = set(inspect.signature(build).parameters)
     t0 = time.perf_counter()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -52,10 +52,6 @@ from kb_mcp.harness.worker.values import (
 )
 from kb_mcp.kb.models import Verdict
 
-if TYPE_CHECKING:
-    from kb_mcp.harness.worker.verify import GpuVerification
-
-
 class Stop(Exception):
     """Ends a verification early with a verdict (the candidate failed to build or crashed)."""
 
@@ -68,8 +64,10 @@ class Stop(Exception):
 class Checker:
     """Input sets, checks and timing of one candidate against its reference."""
 
-    def __init__(self, v: GpuVerification, pmod: Any, ref: torch.nn.Module, cand: torch.nn.Module,
+    def __init__(self, v: Any, pmod: Any, ref: torch.nn.Module, cand: torch.nn.Module,
                  guard: IntegrityGuard) -> None:
+        """`v` is the `verify.GpuVerification` this checker records into (its options, findings,
+        sets, tolerance and the baseline it measures)."""
         self.v = v
         self.pmod = pmod
         self.ref = ref

@@ -22,7 +22,6 @@ import importlib.machinery
 import importlib.util
 import inspect
 import os
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from kb_mcp.harness.protocol import BuildReply
 from kb_mcp.harness.toolchain import (
     DEFAULT_ARCH,
     MESSAGE_LIMIT,
+    cuda_arch_list,
     diagnostics,
     extension_name,
     light_variants,
@@ -41,17 +41,9 @@ from kb_mcp.harness.toolchain import (
 )
 from kb_mcp.harness.verdict import CompileResult, CompileUnit
 
-__all__ = ["DEFAULT_ARCH", "Builders", "cuda_arch_list", "unit_from_inline_args"]
+__all__ = ["DEFAULT_ARCH", "Builders", "load_built", "unit_from_inline_args"]
 
 AskBuild = Callable[[SourceUnit, str], BuildReply]
-
-
-def cuda_arch_list(arch: str) -> str:
-    """`sm_90` -> `9.0`, `sm_90a` -> `9.0a` (TORCH_CUDA_ARCH_LIST's spelling)."""
-    m = re.match(r"^(?:sm_|compute_)?(\d+)(\d)([af]?)$", arch.strip().lower())
-    if not m:
-        raise ValueError(f"not a CUDA arch: {arch!r}")
-    return f"{m.group(1)}.{m.group(2)}{m.group(3)}"
 
 
 def unit_from_inline_args(a: dict[str, Any]) -> SourceUnit:

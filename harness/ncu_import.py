@@ -146,8 +146,11 @@ def read_ncu_rep(report: Path, notes: list[str]) -> tuple[list[KernelRecord] | N
     except (profiler.ProfilerError, OSError, RuntimeError) as exc:
         raise ReportImportError(f"{report}: ncu could not read it ({exc}); {hint}") from exc
     details = ncu_parse.read_details_page(details_text) if details_text.strip() else None
+    cli_raw = ncu_parse.read_raw_page(raw_text)
     if raw is None:
-        raw = ncu_parse.read_raw_page(raw_text)
+        raw = cli_raw
+    for mine, theirs in zip(raw, cli_raw):  # the module may not expose the device's compute capability
+        mine.cc = mine.cc or theirs.cc
     return raw, _aligned(raw, details, notes)
 
 
@@ -156,7 +159,9 @@ def _aligned(raw: list[KernelRecord], details: list[KernelRecord] | None,
     """Details records renumbered to the raw records' ids (both list launches in report order)."""
     if details is None:
         return None
-    if len(details) != len(raw) or any(d.full_name != r.full_name for d, r in zip(details, raw)):
+    same = len(details) == len(raw) and all(
+        ncu_parse.short_name(d.full_name) == ncu_parse.short_name(r.full_name) for d, r in zip(details, raw))
+    if not same:
         notes.append("the details page lists other launches than the metrics: its rule findings were left out")
         return None
     for d, r in zip(details, raw):
@@ -199,25 +204,32 @@ def _action_record(module: ModuleType, action: object, index: int) -> KernelReco
     metrics: dict[str, float] = {}
     texts: dict[str, str] = {}
     for name in action.metric_names():  # type: ignore[attr-defined]
-        metric = action.metric_by_name(name)  # type: ignore[attr-defined]
-        if metric is None:
-            continue
-        if metric.metric_type() == module.IMetric.MetricType_STRING:
-            texts[name] = metric.as_string()
-            continue
-        try:
-            metrics[name] = float(metric.as_double())
-        except (TypeError, ValueError):
-            continue
-    demangled = action.name(module.IAction.NameBase_DEMANGLED)  # type: ignore[attr-defined]
+        value = _metric_value(action, name)
+        if isinstance(value, str):
+            texts[name] = value
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            metrics[name] = float(value)
+    try:
+        full_name = action.name(module.IAction.NameBase_DEMANGLED)  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        full_name = action.name()  # type: ignore[attr-defined]
 
     def dim3(prefix: str) -> tuple[int, int, int]:
         return (int(metrics.get(f"{prefix}_x", 1)), int(metrics.get(f"{prefix}_y", 1)), int(metrics.get(f"{prefix}_z", 1)))
 
-    cc = ""
-    major, minor = metrics.get("device__attribute_compute_capability_major"), \
-        metrics.get("device__attribute_compute_capability_minor")
-    if major is not None:
-        cc = f"{int(major)}.{int(minor or 0)}"
-    return KernelRecord(id=index, full_name=demangled, grid=dim3("launch__grid_dim"), block=dim3("launch__block_dim"),
-                        metrics=metrics, texts=texts, cc=cc)
+    major = metrics.get("device__attribute_compute_capability_major")
+    minor = metrics.get("device__attribute_compute_capability_minor")
+    cc = f"{int(major)}.{int(minor or 0)}" if major is not None else ""
+    return KernelRecord(id=index, full_name=str(full_name), grid=dim3("launch__grid_dim"),
+                        block=dim3("launch__block_dim"), metrics=metrics, texts=texts, cc=cc)
+
+
+def _metric_value(action: object, name: str) -> object:
+    """A metric's value as the report stores it (number or text); None when it has none."""
+    metric = action.metric_by_name(name)  # type: ignore[attr-defined]
+    if metric is None or (hasattr(metric, "has_value") and not metric.has_value()):
+        return None
+    try:
+        return metric.value()
+    except Exception:  # noqa: BLE001 - an instanced or otherwise unreadable metric: not one we read
+        return None

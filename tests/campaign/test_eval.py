@@ -103,3 +103,29 @@ def test_unusable_arguments_are_the_callers_to_fix(tmp_path: Path, args: list[st
 
 def test_cli_tracks_are_the_models_tracks() -> None:
     assert cmd_eval.TRACKS == tuple(t.value for t in Track)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_solutions_are_timed_against_both_baselines(tmp_path: Path) -> None:
+    """The same tree on a GPU: valid solutions get times and speedups over eager, torch.compile and the better."""
+    from kb_mcp.campaign.evaluate import EvalOptions, evaluate
+    from kb_mcp.kb.models import Verdict
+    from kb_mcp.tools.context import ToolContext
+
+    ctx = ToolContext(tmp_path / "kb.json")
+    try:
+        result = evaluate(tmp_path / "out", ctx, EvalOptions(problems=[str(TREE)], solutions=str(SOLUTIONS)),
+                          have_gpu=True)
+    finally:
+        ctx.close()
+    lines = {line.problem: line for line in result.lines}
+    assert lines["1_Scale_Add_ReLU"].verdict is Verdict.compile_error
+    assert "baselines are timed only beside a solution" in lines["3_Square"].note
+    problems = {p.problem: p for p in result.report.problems}
+    for name in ("1_Scale", "2_Add_Bias"):
+        assert lines[name].verdict in (Verdict.faster, Verdict.slower), lines[name]
+        p = problems[name]
+        assert p.eager_ms and p.best_ms and p.best_vs_eager == pytest.approx(p.eager_ms / p.best_ms)
+        baseline = min(t for t in (p.eager_ms, p.compile_ms) if t is not None)
+        assert p.best_speedup == pytest.approx(baseline / p.best_ms)
+    assert result.report.valid_rate == 0.5 and result.report.speedup.n == 2

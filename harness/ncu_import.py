@@ -17,16 +17,22 @@ Plain Python plus, for `.ncu-rep` only, the Nsight Compute install; no torch, no
 from __future__ import annotations
 
 import glob
-import importlib
+import importlib.util
+import json
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
+from typing import TYPE_CHECKING
 
 from kb_mcp.harness import ncu_parse
 from kb_mcp.harness.ncu_parse import KernelRecord, NcuParseError
 from kb_mcp.harness.profile_model import Profile
+
+if TYPE_CHECKING:
+    from kb_mcp.harness.profiler import Spawner
 
 MAX_CSV_BYTES = 512 * 1024 * 1024  # a raw page of ~100k launches; larger is not a profile we can hold
 EXPORT_HINT = (
@@ -123,24 +129,28 @@ def _is_details(text: str) -> bool:
 
 def read_ncu_rep(report: Path, notes: list[str]) -> tuple[list[KernelRecord] | None, list[KernelRecord] | None]:
     """Metrics through `ncu_report` where it is installed, findings through the CLI; else both pages
-    through the CLI; else a ReportImportError that says how to export the pages."""
+    through the CLI; else a ReportImportError that says how to export the pages. The report is the
+    caller's file: both the module and ncu read it in the sandbox, never in this process."""
     from kb_mcp.harness import profiler  # the ncu CLI helpers (find_ncu, export_pages)
     from kb_mcp.harness.sandbox import detect
 
     hint = EXPORT_HINT.format(rep=report.name, stem=report.name.removesuffix(".ncu-rep"))
     ncu = profiler.find_ncu()
-    module = find_report_module(ncu)
+    module_dir = find_report_module_dir(ncu)
     raw = None
-    if module is not None:
+    if module_dir is not None:
         try:
-            raw = read_with_module(module, report)
-        except Exception as exc:  # noqa: BLE001 - any failure of the vendor module: fall back to the CLI
-            notes.append(f"ncu_report could not read the report ({type(exc).__name__}: {exc}); used the ncu CLI")
+            raw = read_in_sandbox(profiler.Spawner(detect(), None, ncu), module_dir, report)
+        except (profiler.ProfilerError, OSError, RuntimeError, ValueError) as exc:
+            notes.append(f"ncu_report could not read the report ({type(exc).__name__}: {str(exc)[:300]}); "
+                         "used the ncu CLI")
     if ncu is None:
         if raw is not None:
             notes.append("no ncu CLI here: the profiler's rule findings (details page) are missing")
             return raw, None
-        raise ReportImportError(f"{report}: this machine has neither Nsight Compute's ncu_report module nor ncu; {hint}")
+        what = "ncu_report could not read it and there is no ncu" if module_dir else \
+            "this machine has neither Nsight Compute's ncu_report module nor ncu"
+        raise ReportImportError(f"{report}: {what}; {hint}")
     try:  # the report is the caller's file: ncu reads it in the sandbox
         raw_text, details_text = profiler.export_pages(ncu, report, profiler.Spawner(detect(), None, ncu))
     except (profiler.ProfilerError, OSError, RuntimeError) as exc:
@@ -169,67 +179,46 @@ def _aligned(raw: list[KernelRecord], details: list[KernelRecord] | None,
     return details
 
 
-def find_report_module(ncu: str | None) -> ModuleType | None:
-    """NVIDIA's `ncu_report` module: importable already, or from an Nsight Compute install's extras/python."""
-    try:
-        return importlib.import_module("ncu_report")
-    except ImportError:
-        pass
+def find_report_module_dir(ncu: str | None) -> Path | None:
+    """The folder holding NVIDIA's `ncu_report` module (an Nsight Compute install's extras/python), or None.
+    Found by path only: the module is imported in the sandboxed reader, never here."""
+    spec = importlib.util.find_spec("ncu_report")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).parent
     dirs = [str(Path(ncu).resolve().parent / "extras" / "python")] if ncu else []
     for pattern in MODULE_DIRS:
         dirs.extend(sorted(glob.glob(pattern), reverse=True))
-    for d in dirs:
-        if Path(d, "ncu_report.py").is_file():
-            if d not in sys.path:
-                sys.path.append(d)  # the module loads its native part from beside it
-            try:
-                return importlib.import_module("ncu_report")
-            except ImportError:
-                continue
-    return None
+    return next((Path(d) for d in dirs if Path(d, "ncu_report.py").is_file()), None)
 
 
-def read_with_module(module: ModuleType, report: Path) -> list[KernelRecord]:
-    """One KernelRecord per profiled launch, in report order, values as the report stores them."""
-    ctx = module.load_report(str(report))
-    records: list[KernelRecord] = []
-    for r in range(ctx.num_ranges()):
-        rng = ctx.range_by_idx(r)
-        for a in range(rng.num_actions()):
-            records.append(_action_record(module, rng.action_by_idx(a), len(records)))
-    return records
+def read_in_sandbox(spawner: Spawner, module_dir: Path, report: Path, timeout_s: float = 120.0) -> list[KernelRecord]:
+    """The report's launches, read by `ncu_report` in a sandboxed process (`harness.worker.ncu_report_reader`)."""
+    from kb_mcp.harness import profiler
+    from kb_mcp.harness.sandbox import kill_group, new_scratch
 
-
-def _action_record(module: ModuleType, action: object, index: int) -> KernelRecord:
-    metrics: dict[str, float] = {}
-    texts: dict[str, str] = {}
-    for name in action.metric_names():  # type: ignore[attr-defined]
-        value = _metric_value(action, name)
-        if isinstance(value, str):
-            texts[name] = value
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            metrics[name] = float(value)
+    scratch = new_scratch("ncu-report")
+    cmd = [sys.executable, "-m", "kb_mcp.harness.worker.ncu_report_reader", str(module_dir), str(report)]
+    proc = spawner.sandbox.popen(cmd, spawner.grant(scratch, role="tool", ro=(report, module_dir)),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        full_name = action.name(module.IAction.NameBase_DEMANGLED)  # type: ignore[attr-defined]
-    except (AttributeError, TypeError):
-        full_name = action.name()  # type: ignore[attr-defined]
-
-    def dim3(prefix: str) -> tuple[int, int, int]:
-        return (int(metrics.get(f"{prefix}_x", 1)), int(metrics.get(f"{prefix}_y", 1)), int(metrics.get(f"{prefix}_z", 1)))
-
-    major = metrics.get("device__attribute_compute_capability_major")
-    minor = metrics.get("device__attribute_compute_capability_minor")
-    cc = f"{int(major)}.{int(minor or 0)}" if major is not None else ""
-    return KernelRecord(id=index, full_name=str(full_name), grid=dim3("launch__grid_dim"),
-                        block=dim3("launch__block_dim"), metrics=metrics, texts=texts, cc=cc)
-
-
-def _metric_value(action: object, name: str) -> object:
-    """A metric's value as the report stores it (number or text); None when it has none."""
-    metric = action.metric_by_name(name)  # type: ignore[attr-defined]
-    if metric is None or (hasattr(metric, "has_value") and not metric.has_value()):
-        return None
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise profiler.ProfilerError(f"ncu_report did not read {report} within {timeout_s:.0f} s") from None
+        if proc.returncode != 0:
+            raise profiler.ProfilerError(err.strip()[-500:] or f"exit status {proc.returncode}")
+    finally:
+        kill_group(proc)
+        shutil.rmtree(scratch, ignore_errors=True)
     try:
-        return metric.value()
-    except Exception:  # noqa: BLE001 - an instanced or otherwise unreadable metric: not one we read
-        return None
+        return [KernelRecord(id=int(r["id"]), full_name=str(r["full_name"]), grid=_dim3(r["grid"]),
+                             block=_dim3(r["block"]), metrics={str(k): float(v) for k, v in r["metrics"].items()},
+                             texts={str(k): str(v) for k, v in r["texts"].items()}, cc=str(r["cc"]))
+                for r in json.loads(out)]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise profiler.ProfilerError(f"the report reader's output is not a list of launches ({exc})") from exc
+
+
+def _dim3(value: object) -> tuple[int, int, int]:
+    x, y, z = (int(v) for v in value)  # type: ignore[union-attr]
+    return x, y, z

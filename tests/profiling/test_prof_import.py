@@ -3,6 +3,7 @@ base units or auto-scaled) become a stored profile that classify_state reads lik
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,103 @@ def test_request_needs_a_problem_or_a_report() -> None:
     with pytest.raises(ValidationError, match="exclude each other"):
         profile_kernel.Request(report="r.ncu-rep", candidate="c.py")
     assert profile_kernel.Request(report="r.ncu-rep").report == ["r.ncu-rep"]  # one path as a plain string
+
+
+# A stand-in for NVIDIA's `ncu_report` (not installable here; the GPU test reads a real report with the
+# real module), implementing the part of its documented interface the reader uses, over a real
+# recording's values. It exercises the sandboxed reader process and its JSON protocol.
+STAND_IN = '''
+import json
+
+
+class IAction:
+    NameBase_DEMANGLED = 1
+
+
+class _Metric:
+    def __init__(self, value):
+        self._value = value
+
+    def has_value(self):
+        return self._value is not None
+
+    def value(self):
+        return self._value
+
+
+class _Action:
+    def __init__(self, data):
+        self._data = data
+
+    def name(self, base=None):
+        return self._data["name"]
+
+    def metric_names(self):
+        return list(self._data["metrics"])
+
+    def metric_by_name(self, name):
+        return _Metric(self._data["metrics"].get(name))
+
+
+class _Range:
+    def __init__(self, actions):
+        self._actions = actions
+
+    def num_actions(self):
+        return len(self._actions)
+
+    def action_by_idx(self, i):
+        return _Action(self._actions[i])
+
+
+class _Context:
+    def __init__(self, ranges):
+        self._ranges = ranges
+
+    def num_ranges(self):
+        return len(self._ranges)
+
+    def range_by_idx(self, i):
+        return _Range(self._ranges[i])
+
+
+def load_report(path):
+    with open(path) as fh:
+        return _Context(json.load(fh)["ranges"])
+'''
+
+
+def test_an_ncu_rep_is_read_by_the_report_module_in_the_sandbox(ctx: ToolContext, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from kb_mcp.harness.ncu_parse import read_raw_page
+
+    (rec,) = read_raw_page((OWN / "bank_conflicts.raw.csv").read_text())
+    metrics: dict[str, object] = dict(rec.metrics)
+    metrics.update({"launch__grid_dim_x": 1056, "launch__block_dim_x": 256, "device__attribute_display_name": "H100",
+                    "device__attribute_compute_capability_major": 9, "device__attribute_compute_capability_minor": 0})
+    module_dir = tmp_path / "extras"
+    module_dir.mkdir()
+    (module_dir / "ncu_report.py").write_text(STAND_IN)
+    report = tmp_path / "mine.ncu-rep"
+    report.write_text(json.dumps({"ranges": [[{"name": rec.full_name, "metrics": metrics}]]}))
+    monkeypatch.syspath_prepend(str(module_dir))
+    monkeypatch.setenv("KB_MCP_NCU", "")  # no ncu CLI: metrics from the module alone
+    result = _import(ctx, report)
+    (k,) = result.kernels
+    assert k.name == "conflicted_reads" and k.grid == (1056, 1, 1) and result.arch == "sm_90" and result.device == "H100"
+    assert any("rule findings (details page) are missing" in n for n in result.notes)
+    state = classify_state.run(ctx, classify_state.Request(profile_id=result.profile_id))
+    assert state.overall is not None and state.overall.state_id == "memory_bank_conflicts"
+
+
+def test_a_report_the_module_cannot_read_is_refused_with_the_export_hint(ctx: ToolContext, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    module_dir = tmp_path / "extras"
+    module_dir.mkdir()
+    (module_dir / "ncu_report.py").write_text(STAND_IN)
+    report = tmp_path / "broken.ncu-rep"
+    report.write_bytes(b"\x00\x01 not json")
+    monkeypatch.syspath_prepend(str(module_dir))
+    monkeypatch.setenv("KB_MCP_NCU", "")
+    with pytest.raises(ToolError, match="ncu_report could not read it and there is no ncu.*--print-units base"):
+        _import(ctx, report)

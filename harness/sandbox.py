@@ -178,13 +178,36 @@ def _code_roots() -> list[Path]:
     return [Path(os.path.abspath(r)) for r in roots if r and os.path.isdir(r)]
 
 
+# Where Nsight Compute's launcher looks for its real install besides the toolkit's own folder.
+NSIGHT_COMPUTE_HOMES = (Path("/opt/nvidia/nsight-compute"),)
+
+
+def _linked_outside(root: Path) -> list[Path]:
+    """Folders that entries directly inside `root` link to outside it: a toolkit's
+    `nsight-compute-<version>` is often a link into `/opt/nvidia`, and ncu's launcher script
+    fails ("Nsight Compute is not installed") when the link's target is not in the view."""
+    found = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.is_symlink():
+            target = _real(entry)
+            if target.is_dir() and not target.is_relative_to(root):
+                found.append(target)
+    return found
+
+
 def _tool_roots() -> list[Path]:
     """Install folders of the CUDA toolkit, ncu and the libraries on LD_LIBRARY_PATH."""
     roots: list[Path] = []
     for tool in ("nvcc", "ncu", os.environ.get("KB_MCP_NCU") or ""):
         found = shutil.which(tool) if tool else None
         if found:
-            roots.append(_real(found).parent.parent)
+            root = _real(found).parent.parent
+            roots += [root, *_linked_outside(root)]
+    roots += list(NSIGHT_COMPUTE_HOMES)
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
             roots.append(Path(os.environ[var]))

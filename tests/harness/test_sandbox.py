@@ -215,3 +215,26 @@ def test_unconfined_by_choice_says_so_in_every_verdict(tmp_path: Path, relu_prob
     with WorkerPool(tmp_path, no_cuda=True, spare=False, sandbox=Sandbox("unconfined", reason="KB_MCP_SANDBOX=unconfined")) as pool:
         result = pool.verify(relu_problem, fixture_source("relu_nvrtc.py"))
     assert result.flagged and "UNCONFINED" in result.summary and "KB_MCP_SANDBOX=unconfined" in result.summary
+
+
+def test_a_toolkits_linked_nsight_compute_install_is_in_the_view(tmp_path: Path, monkeypatch) -> None:
+    """As on the GPU machine: `<toolkit>/bin/ncu` is a launcher script that runs the real ncu from
+    `<toolkit>/nsight-compute-<version>`, a link to an install elsewhere. Without the link's target
+    in the view the launcher fails inside the sandbox ("Nsight Compute is not installed")."""
+    real = tmp_path / "opt" / "nsight-compute" / "2099.1"
+    real.mkdir(parents=True)
+    (real / "ncu-real").write_text("#!/bin/sh\necho real-ncu-ran\n")
+    (real / "ncu-real").chmod(0o755)
+    toolkit = tmp_path / "cuda-99.0"
+    (toolkit / "bin").mkdir(parents=True)
+    (toolkit / "nsight-compute-2099.1").symlink_to(real)
+    launcher = toolkit / "bin" / "ncu"
+    launcher.write_text('#!/bin/sh\nd="$(dirname "$0")/../nsight-compute-2099.1"\n'
+                        '[ -x "$d/ncu-real" ] || { echo "ERROR : nsight-compute directory is not found"; exit 1; }\n'
+                        'exec "$d/ncu-real"\n')
+    launcher.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{toolkit / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    assert real in sb._tool_roots()
+    sandbox = Sandbox(mode="bwrap", bwrap=detect().bwrap, reason="")  # a fresh view, made with this PATH
+    code, out = sandbox.run([str(launcher)], Grant(role="driver", scratch=new_scratch("test")), timeout_s=60)
+    assert (code, out.strip()) == (0, "real-ncu-ran"), out

@@ -186,8 +186,8 @@ class Bench:
             result = compile_and_verify.run(self.ctx, request)
         except ToolError as exc:
             raise BenchError(f"compile_and_verify: {exc}") from exc
-        if result.arch and result.device:
-            self._arch_seen = result.arch
+        if result.record.arch and result.record.device:
+            self._arch_seen = result.record.arch
         return attempt_from(result)
 
     def diagnose(
@@ -281,27 +281,16 @@ def feedback(result: compile_and_verify.Result) -> str:
                 + (f", {errs}" if errs else "") + (f": {check.message}" if check.message else "")
             )
     lines += [f"integrity {f.code.value}: {f.message}" for f in result.findings]
-    if result.output.strip() and not result.verdict.is_valid and result.verdict != Verdict.needs_gpu:
+    verdict = result.record.verdict
+    if result.output.strip() and not verdict.is_valid and verdict != Verdict.needs_gpu:
         lines.append("candidate output (tail):\n" + result.output.strip()[-800:])
     text = "\n".join(lines)
     return text if len(text) <= MAX_FEEDBACK else text[: MAX_FEEDBACK - 20] + "\n... (truncated)"
 
 
 def attempt_from(result: compile_and_verify.Result) -> AttemptRecord:
-    """The campaign's record of one verification."""
-    t = result.timings
-    return AttemptRecord(
-        candidate_id=result.candidate_id,
-        verdict=result.verdict,
-        time_ms=t.candidate_ms if t and result.verdict.is_valid else None,
-        eager_ms=t.eager_ms if t else None,
-        compile_ms=t.compile_ms if t else None,
-        speedup_vs_baseline=t.speedup_vs_baseline if t else None,
-        flagged=result.flagged,
-        findings=[f.code.value for f in result.findings],
-        arch=result.arch,
-        feedback=feedback(result),
-    )
+    """The campaign's record of one verification: the stored record itself, and the feedback."""
+    return AttemptRecord(record=result.record, feedback=feedback(result))
 
 
 def _profile_text(kernels: Sequence[KernelSummary], notes: Sequence[str]) -> str:

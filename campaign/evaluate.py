@@ -210,8 +210,9 @@ def _verify(ctx: ToolContext, problem: object, ref: ProblemRef, solution: Path, 
     except ToolError as exc:
         return InitialRecord(**base, error=f"compile_and_verify refused it: {exc}")
     attempt = attempt_from(result)
-    return InitialRecord(**base, attempts=[attempt], candidate_id=result.candidate_id, verdict=result.verdict,
-                         accepted=result.verdict.is_valid and not result.flagged)
+    stored = result.record
+    return InitialRecord(**base, attempts=[attempt], candidate_id=stored.candidate_id, verdict=stored.verdict,
+                         accepted=stored.verdict.is_valid and not stored.flagged)
 
 
 def _line(name: str, solution: Path, record: InitialRecord, note: str) -> EvalLine:
@@ -219,4 +220,4 @@ def _line(name: str, solution: Path, record: InitialRecord, note: str) -> EvalLi
     if not note and final is not None and not final.verdict.is_valid and final.verdict is not Verdict.needs_gpu:
         note = final.feedback.splitlines()[0][:160] if final.feedback else ""  # what the harness said, briefly
     return EvalLine(problem=name, solution=str(solution), verdict=record.verdict,
-                    speedup=final.speedup_vs_baseline if final is not None else None, note=note)
+                    speedup=final.record.speedup_vs_baseline if final is not None else None, note=note)

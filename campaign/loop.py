@@ -92,8 +92,8 @@ class _ProblemRun:
 def _usable_now(attempt: AttemptRecord, compile_only: bool) -> bool:
     """Whether a candidate may go on (review, acceptance): correct and timed, or compiled when no GPU."""
     if compile_only:
-        return attempt.verdict == Verdict.needs_gpu or (attempt.verdict.is_valid and not attempt.flagged)
-    return attempt.verdict.is_valid and not attempt.flagged and attempt.time_ms is not None
+        return attempt.verdict == Verdict.needs_gpu or (attempt.verdict.is_valid and not attempt.record.flagged)
+    return attempt.verdict.is_valid and not attempt.record.flagged and attempt.record.time_ms is not None
 
 
 def _seed(*parts: object) -> int:
@@ -313,7 +313,7 @@ class Campaign:
         if mine:
             last = mine[-1]
             if last.accepted and last.candidate_id and last.final is not None:
-                cid, time_ms = last.candidate_id, last.final.time_ms
+                cid, time_ms = last.candidate_id, last.final.record.time_ms
             else:
                 cid, time_ms = last.parent_candidate_id, last.parent_time_ms
             return _Kernel(cid, self.store.kernel_source(run.name, cid), time_ms)
@@ -362,7 +362,7 @@ class Campaign:
                 if attempt.review.accepted or attempt.review.error or n == attempts:
                     return answer
                 message = review_fix_request(attempt.review.issues, n, attempts)
-            elif attempt.flagged or n == attempts:
+            elif attempt.record.flagged or n == attempts:
                 return answer
             else:
                 message = fix_request(attempt.verdict.value, attempt.feedback, n, attempts)
@@ -488,8 +488,8 @@ class Campaign:
         final = record.final
         assert final is not None
         reviewed_ok = record.review is None or record.review.accepted
-        if final.verdict.is_valid and final.time_ms and current.time_ms:
-            record.speedup_vs_parent = current.time_ms / final.time_ms
+        if final.verdict.is_valid and final.record.time_ms and current.time_ms:
+            record.speedup_vs_parent = current.time_ms / final.record.time_ms
         if self.config.compile_only:
             record.accepted = _usable_now(final, True) and reviewed_ok
         else:

@@ -11,10 +11,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kb_mcp.clients.llm import TokenLedger
-from kb_mcp.kb.models import DEFAULT_TRACK, Track, Verdict, utcnow
+from kb_mcp.kb.models import DEFAULT_TRACK, CandidateRecord, Track, Verdict, utcnow
 from kb_mcp.campaign.agent_gradient import ParameterUpdate, PerfGapAnalysis, PolicyEvaluation
 from kb_mcp.policy.kb_edits import RejectedEdit
 from kb_mcp.policy.select import DEFAULT_TEMPERATURE
@@ -70,23 +70,40 @@ class ReviewRecord(BaseModel):
     error: str | None = None  # the reviewer gave no usable answer (the candidate is then not accepted)
 
 
+_FLAT_ATTEMPT = ("candidate_id", "verdict", "time_ms", "eager_ms", "compile_ms", "speedup_vs_baseline", "flagged",
+                 "findings", "arch")
+
+
 class AttemptRecord(BaseModel):
-    """One candidate through compile_and_verify."""
+    """One candidate through compile_and_verify: the server's stored record of its verdict, and what
+    the campaign made of it."""
 
     model_config = ConfigDict(extra="forbid")
 
-    candidate_id: str
-    verdict: Verdict
-    time_ms: float | None = None
-    eager_ms: float | None = None
-    compile_ms: float | None = None
-    speedup_vs_baseline: float | None = None
-    flagged: bool = False  # implausible speedup held for review
-    findings: list[str] = Field(default_factory=list)
-    arch: str = ""
+    record: CandidateRecord  # as compile_and_verify stored and returned it
     feedback: str = ""  # what the harness said, as sent back to the model
     review: ReviewRecord | None = None  # soft verification of this candidate, when it was usable
     wall_s: float = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        # Campaigns recorded before the record was embedded kept its fields flat: read them as one.
+        if isinstance(data, dict) and "record" not in data and "candidate_id" in data:
+            flat = {k: data[k] for k in _FLAT_ATTEMPT if k in data}
+            rest = {k: v for k, v in data.items() if k not in _FLAT_ATTEMPT}
+            return {**rest, "record": {"problem": "", "problem_hash": "", **flat}}
+        return data
+
+    @property
+    def candidate_id(self) -> str:
+        """The candidate's id (its record's)."""
+        return self.record.candidate_id
+
+    @property
+    def verdict(self) -> Verdict:
+        """The stored verdict."""
+        return self.record.verdict
 
 
 class KBSnapshot(BaseModel):

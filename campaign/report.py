@@ -165,9 +165,9 @@ class CampaignReport(BaseModel):
 def usable(unit: UnitRecord) -> bool:
     """A final candidate that may count as a result: correct and timed, not rejected or flagged."""
     final = unit.final
-    if final is None or unit.verdict is None or not unit.verdict.is_valid or final.time_ms is None:
+    if final is None or unit.verdict is None or not unit.verdict.is_valid or final.record.time_ms is None:
         return False
-    if final.flagged:
+    if final.record.flagged:
         return False
     return unit.review is None or unit.review.accepted
 
@@ -185,8 +185,8 @@ def pick_best(initial: InitialRecord | None, steps: Sequence[StepRecord]) -> Ker
     units: list[InitialRecord | StepRecord] = ([initial] if initial else []) + list(steps)
     timed = [u for u in units if usable(u)]
     if timed:
-        best = min(timed, key=lambda u: u.final.time_ms)  # type: ignore[union-attr]
-        return KernelPick(candidate_id=best.candidate_id or "", time_ms=best.final.time_ms, origin=_origin(best), verified=True)  # type: ignore[union-attr]
+        best = min(timed, key=lambda u: u.final.record.time_ms)  # type: ignore[union-attr]
+        return KernelPick(candidate_id=best.candidate_id or "", time_ms=best.final.record.time_ms, origin=_origin(best), verified=True)  # type: ignore[union-attr]
     accepted = [u for u in units if u.accepted and u.candidate_id]
     if not accepted:
         return None
@@ -203,8 +203,8 @@ def _baselines(units: Iterable[UnitRecord]) -> tuple[float | None, float | None]
     eager = compiled = None
     for unit in units:
         for attempt in unit.attempts:
-            eager = attempt.eager_ms if attempt.eager_ms is not None else eager
-            compiled = attempt.compile_ms if attempt.compile_ms is not None else compiled
+            eager = attempt.record.eager_ms if attempt.record.eager_ms is not None else eager
+            compiled = attempt.record.compile_ms if attempt.record.compile_ms is not None else compiled
     return eager, compiled
 
 
@@ -215,7 +215,7 @@ def problem_result(problem: str, initial: InitialRecord | None, steps: Sequence[
     present = [t for t in (eager, compiled) if t is not None]
     baseline = min(present) if present else None
     best = pick_best(initial, steps)
-    initial_ms = initial.final.time_ms if initial is not None and usable(initial) else None  # type: ignore[union-attr]
+    initial_ms = initial.final.record.time_ms if initial is not None and usable(initial) else None  # type: ignore[union-attr]
     best_ms = best.time_ms if best is not None and best.verified else None
     tokens = TokenLedger()
     for unit in units:

@@ -6,12 +6,15 @@ each names, in docs/architecture.md.
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from kb_mcp.kb.models import CandidateRecord, Verdict
+from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 
 
 class FindingCode(str, Enum):
@@ -203,9 +206,11 @@ class VerifyResult(BaseModel):
     elapsed_s: float = 0.0
     worker_replaced: bool = False
 
-    def record(self) -> CandidateRecord:
-        """The KB's record of this verdict (what `record_outcome` reads)."""
+    def record(self, options: VerifyOptions) -> CandidateRecord:
+        """The KB's record of this verdict (what `record_outcome` reads), keyed by the options it
+        was checked with: what they let it claim is decided by `assess_options`."""
         t = self.timings
+        assessed = assess_options(options, gpu=bool(self.device), tolerance_loosened=self.loosened)
         return CandidateRecord(
             candidate_id=self.candidate_id,
             problem=self.problem,
@@ -217,9 +222,142 @@ class VerifyResult(BaseModel):
             eager_ms=t.eager_ms if t else None,
             compile_ms=t.compile_ms if t else None,
             speedup_vs_baseline=t.speedup_vs_baseline if t else None,
-            flagged=self.flagged,
+            flagged=self.flagged or bool(assessed.loosened),
             findings=[f.code.value for f in self.findings],
+            options=assessed.options,
+            strength=assessed.strength,
+            loosened=assessed.loosened,
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# What the caller's options let a verdict claim (docs/architecture.md, "Verdict keys").
+
+
+class Effect(str, Enum):
+    """How one option at a non-default value bears on the verdict."""
+
+    none = "none"  # not part of the verdict (e.g. how much output is kept): left out of the key
+    neutral = "neutral"  # part of the key, as strong as the default (e.g. more timed runs)
+    quick = "quick"  # a shortened measurement
+    custom = "custom"  # stricter or other checks than the defaults
+    loosened = "loosened"  # a relaxed check: flags the verdict
+
+
+@functools.cache
+def _defaults() -> VerifyOptions:
+    return VerifyOptions()
+
+
+def _more_is_looser(value: float, default: float) -> Effect:
+    return Effect.loosened if value > default else Effect.custom
+
+
+# One entry per VerifyOptions field (a test keeps it complete): the effect of a non-default value.
+_EFFECTS: dict[str, Callable[[Any, Any], Effect]] = {
+    "input_sets": lambda v, d: Effect.custom,  # more sets: stricter
+    "seeds": lambda v, d: Effect.custom,  # extra fixed seeds: stricter
+    "atol": lambda v, d: Effect.custom,  # looser than the problem's: see `tolerance_loosened`
+    "rtol": lambda v, d: Effect.custom,
+    "timing": lambda v, d: Effect.quick,
+    "timed_runs": lambda v, d: Effect.neutral if v >= 100 else Effect.quick,  # the automatic count is 10 to 100
+    "warmup_runs": lambda v, d: Effect.neutral if v >= d else Effect.quick,
+    "compile_baseline": lambda v, d: Effect.quick,  # judged against eager alone
+    "allow": lambda v, d: Effect.loosened,
+    "implausible_speedup": _more_is_looser,
+    "timeout_s": _more_is_looser,
+    "compile_timeout_s": _more_is_looser,
+    "compile_only": lambda v, d: Effect.none,  # the mode: a verdict without a device is compile-only
+    "arch": lambda v, d: Effect.custom,  # another compile target than the default
+    "max_output_chars": lambda v, d: Effect.none,
+}
+_GPU_IGNORES = frozenset({"arch"})  # a GPU run builds for its own GPU
+
+
+class OptionsAssessment(BaseModel):
+    """What a verdict checked with some options can claim."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    options: dict[str, JsonValue] = Field(default_factory=dict)  # non-default options in the key
+    strength: Strength
+    loosened: list[str] = Field(default_factory=list)
+
+
+def assess_options(options: VerifyOptions, *, gpu: bool, tolerance_loosened: str = "") -> OptionsAssessment:
+    """The options that bear on a verdict, and its strength.
+
+    `gpu`: the verdict comes from a GPU run (else compile-only). `tolerance_loosened`: the worker's
+    note when the caller's atol/rtol were looser than the problem's (only the worker knows the
+    output's dtype, so only it can tell a loosened tolerance from a tightened one).
+    Strength: any loosening makes it `loosened`; else any stricter or other setting `custom`;
+    else a compile-only verdict `compile_only`; else a shortened measurement `quick`; else `standard`.
+    """
+    defaults, given = _defaults(), options.model_dump(mode="json")
+    kept: dict[str, JsonValue] = {}
+    effects: set[Effect] = set()
+    loosened: list[str] = []
+    for name in type(options).model_fields:
+        value, default = getattr(options, name), getattr(defaults, name)
+        if value == default or (gpu and name in _GPU_IGNORES):
+            continue
+        effect = _EFFECTS.get(name, lambda v, d: Effect.custom)(value, default)  # unknown: never credited
+        if name in ("atol", "rtol") and tolerance_loosened:
+            effect = Effect.loosened
+        if effect == Effect.none:
+            continue
+        kept[name] = given[name]
+        effects.add(effect)
+        if effect == Effect.loosened:
+            loosened.append(tolerance_loosened if name in ("atol", "rtol") else f"{name}={kept[name]} (default {default})")
+    if Effect.loosened in effects:
+        strength = Strength.loosened
+    elif Effect.custom in effects:
+        strength = Strength.custom
+    elif not gpu:
+        strength = Strength.compile_only
+    elif Effect.quick in effects:
+        strength = Strength.quick
+    else:
+        strength = Strength.standard
+    return OptionsAssessment(options=kept, strength=strength, loosened=list(dict.fromkeys(loosened)))
+
+
+class Caps(BaseModel):
+    """Server-side bounds on the limits a caller may ask for (beyond them a request is refused).
+
+    Set by the server's operator through `KB_MCP_MAX_TIMEOUT_S` and `KB_MCP_MAX_COMPILE_TIMEOUT_S`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = 600.0
+    compile_timeout_s: float = 1200.0
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Caps:
+        """The caps this server runs with (defaults where the variables are unset)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, float] = {}
+        for field, var in (("timeout_s", "KB_MCP_MAX_TIMEOUT_S"), ("compile_timeout_s", "KB_MCP_MAX_COMPILE_TIMEOUT_S")):
+            if env.get(var):
+                try:
+                    values[field] = float(env[var])
+                except ValueError as exc:
+                    raise ValueError(f"${var} must be a number of seconds, got {env[var]!r}") from exc
+        return cls(**values)
+
+    def refusal(self, options: VerifyOptions) -> str | None:
+        """Why `options` ask for more than this server allows, or None when they do not."""
+        over = [
+            f"options.{name}={getattr(options, name):g} is above this server's cap of {cap:g} s"
+            for name, cap in (("timeout_s", self.timeout_s), ("compile_timeout_s", self.compile_timeout_s))
+            if getattr(options, name) > cap
+        ]
+        if not over:
+            return None
+        return ("; ".join(over) + ". Ask for at most the cap (limits above the defaults also flag the verdict "
+                "and keep it out of scores); the server's operator sets the caps")
 
 
 def plausibility_findings(timings: Timings, factor: float) -> list[Finding]:

@@ -200,7 +200,7 @@ def _merge_into(tx: Transaction, other: KBView, rule: ScoreRule, report: Transfe
             tx.put_lesson(lesson)
             report.lessons_added += 1
     for rec in other.list_candidates():
-        if tx.get_candidate(rec.candidate_id) is None:
+        if tx.get_verdict(rec.key) is None:
             tx.put_candidate(rec)
             report.candidates_added += 1
 

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 SCHEMA_VERSION = 1
 """Version of the KB file layout; bumped on any incompatible change of these records."""
@@ -290,6 +290,32 @@ class Transition(BaseModel):
     count: int = 0
 
 
+class Strength(str, Enum):
+    """What a stored verdict can claim, given the options it was checked with (weakest first).
+
+    Only `standard` verdicts (and `compile_only` ones reached before anything ran) move scores;
+    every other strength is kept under its own verdict key and shown, never credited. The
+    options that lead to each strength are decided in `kb_mcp.harness.verdict.assess_options`.
+    """
+
+    loosened = "loosened"  # the caller relaxed a check (tolerance, allow-list, review threshold, limits)
+    custom = "custom"  # stricter or other settings than the defaults (tighter limits, extra seeds, another arch)
+    compile_only = "compile_only"  # default options, built but never run on a GPU
+    quick = "quick"  # on a GPU with default checks but a shortened measurement (quick timing, no torch.compile baseline)
+    standard = "standard"  # on a GPU, full timing, every option at its default: what scores compare
+
+    @property
+    def rank(self) -> int:
+        """Position in the order above (higher is stronger)."""
+        return _STRENGTH_ORDER.index(self)
+
+
+_STRENGTH_ORDER = (Strength.loosened, Strength.custom, Strength.compile_only, Strength.quick, Strength.standard)
+
+PRE_RUN_VERDICTS = frozenset({Verdict.compile_error, Verdict.invalid, Verdict.needs_gpu})
+"""Verdicts a compile-only check reaches as surely as a GPU run: the build, and the static checks."""
+
+
 class CandidateRecord(BaseModel):
     """The server's own verdict on one candidate, as `compile_and_verify` measured it.
 
@@ -310,6 +336,49 @@ class CandidateRecord(BaseModel):
     eager_ms: float | None = None
     compile_ms: float | None = None  # torch.compile baseline, when measured
     speedup_vs_baseline: float | None = None  # over the better of eager and torch.compile
-    flagged: bool = False  # implausible speedup held for review: never moves a score
+    flagged: bool = False  # held for review (implausible speedup, loosened options): never moves a score
     findings: list[str] = Field(default_factory=list)  # integrity finding codes
+    # The verdict key (docs/architecture.md): the options that bear on the verdict and differ from
+    # their defaults ({} = all defaults), what that lets the verdict claim, and their digest.
+    options: dict[str, JsonValue] = Field(default_factory=dict)
+    strength: Strength = Strength.standard
+    loosened: list[str] = Field(default_factory=list)  # what the caller loosened, one note each
+    options_digest: str = ""  # recomputed on every load from options, device and arch
     created_at: datetime = Field(default_factory=utcnow)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_strength(cls, data: object) -> object:
+        # Records written before verdict keys carry no options: they were checked with the
+        # defaults, on a GPU when a device is named, else compile-only.
+        if isinstance(data, dict) and "strength" not in data:
+            data = {**data, "strength": Strength.standard if data.get("device") else Strength.compile_only}
+        return data
+
+    @model_validator(mode="after")
+    def _digest(self) -> CandidateRecord:
+        from kb_mcp.kb.ids import options_digest
+
+        self.options_digest = options_digest(self.options, self.device, self.arch)
+        return self
+
+    @property
+    def key(self) -> str:
+        """Where this verdict is stored: `<candidate_id>/<options_digest>`."""
+        return f"{self.candidate_id}/{self.options_digest}"
+
+    @property
+    def creditable(self) -> bool:
+        """Whether `record_outcome` may move a score with this verdict: checked with the default
+        options and not held for review, on a GPU, or compile-only for a verdict reached before
+        anything ran."""
+        if self.flagged or self.loosened:
+            return False
+        return self.strength == Strength.standard or (
+            self.strength == Strength.compile_only and self.verdict in PRE_RUN_VERDICTS
+        )
+
+    @property
+    def order(self) -> tuple[int, datetime]:
+        """Sort key: the strongest verdict last, the newest among equals."""
+        return (self.strength.rank, self.created_at)

@@ -47,8 +47,9 @@ class LayoutError(ValueError):
 
 
 def _record_key(table: str, doc: dict[str, Any]) -> str:
-    if table == "candidates":
-        return doc["candidate_id"]
+    if table == "candidates":  # one verdict per (candidate, options digest): docs/architecture.md
+        digest = ids.options_digest(doc.get("options") or {}, doc.get("device", ""), doc.get("arch", ""))
+        return f"{doc['candidate_id']}/{digest}"
     if table == "transitions":
         return ids.transition_key(doc["state_id"], doc["optimization_id"], doc["next_state_id"])
     return doc["id"]
@@ -117,6 +118,7 @@ class Tables:
         self.score_keys: dict[str, set[tuple[str, str]]] = {}  # state -> {(arch, track)}
         self.lessons_by_pair: dict[tuple[str, str], list[str]] = {}
         self.transitions_by_state: dict[str, list[str]] = {}
+        self.verdicts_by_candidate: dict[str, list[str]] = {}
 
     # ---- loading and saving -------------------------------------------------------------
 
@@ -230,6 +232,8 @@ class Tables:
             self.lessons_by_pair.setdefault((doc["state_id"], doc["optimization_id"]), []).append(key)
         elif table == "transitions":
             self.transitions_by_state.setdefault(doc["state_id"], []).append(key)
+        elif table == "candidates":
+            self.verdicts_by_candidate.setdefault(doc["candidate_id"], []).append(key)
 
     def _unindex(self, table: str, key: str, doc: dict[str, Any]) -> None:
         index: dict[Any, list[str]] | None = None
@@ -240,6 +244,8 @@ class Tables:
             index, group = self.lessons_by_pair, (doc["state_id"], doc["optimization_id"])
         elif table == "transitions":
             index, group = self.transitions_by_state, doc["state_id"]
+        elif table == "candidates":
+            index, group = self.verdicts_by_candidate, doc["candidate_id"]
         if index is not None:
             keys = index.get(group, [])
             if key in keys:

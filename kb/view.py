@@ -213,12 +213,23 @@ class KBView:
         return set(self._t.records["outcomes"])
 
     def list_candidates(self) -> list[CandidateRecord]:
-        """Every stored candidate verdict."""
+        """Every stored candidate verdict (one per candidate and options digest)."""
         return [CandidateRecord.model_validate(d) for d in self._t.records["candidates"].values()]
 
+    def candidate_verdicts(self, candidate_id: str) -> list[CandidateRecord]:
+        """Every stored verdict on a candidate, strongest first (see `CandidateRecord.order`)."""
+        recs = self._t.records["candidates"]
+        found = [CandidateRecord.model_validate(recs[k]) for k in self._t.verdicts_by_candidate.get(candidate_id, [])]
+        return sorted(found, key=lambda r: r.order, reverse=True)
+
     def get_candidate(self, candidate_id: str) -> CandidateRecord | None:
-        """The server's stored verdict on a candidate, or None."""
-        doc = self._t.records["candidates"].get(candidate_id)
+        """The server's strongest stored verdict on a candidate, or None (weaker ones never shadow it)."""
+        found = self.candidate_verdicts(candidate_id)
+        return found[0] if found else None
+
+    def get_verdict(self, key: str) -> CandidateRecord | None:
+        """The verdict stored under one verdict key (`CandidateRecord.key`), or None."""
+        doc = self._t.records["candidates"].get(key)
         return CandidateRecord.model_validate(doc) if doc is not None else None
 
     # ---- summary ----------------------------------------------------------------------------------
@@ -247,7 +258,7 @@ class KBView:
             flagged_outcomes=sum(1 for d in recs["outcomes"].values() if d.get("flagged")),
             lessons=len(recs["lessons"]),
             transitions=sum(int(d.get("count", 0)) for d in recs["transitions"].values()),
-            candidates=len(recs["candidates"]),
+            candidates=len(self._t.verdicts_by_candidate),
         )
 
 
@@ -308,8 +319,9 @@ class Transaction(KBView):
         return tr
 
     def put_candidate(self, record: CandidateRecord) -> None:
-        """Stores the server's verdict on a candidate (compile_and_verify does this)."""
-        self._do(["put", "candidates", record.candidate_id, record.model_dump(mode="json")])
+        """Stores the server's verdict on a candidate under its verdict key (compile_and_verify does
+        this): it replaces only a verdict checked with the same options on the same device."""
+        self._do(["put", "candidates", record.key, record.model_dump(mode="json")])
 
     def set_meta(self, **values: Any) -> None:
         """Updates fields of the meta record (format and sequence fields are the store's own)."""

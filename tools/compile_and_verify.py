@@ -7,10 +7,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.harness.verdict import CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
-from kb_mcp.kb.models import Verdict
+from kb_mcp.harness.verdict import Caps, CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
+from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
 from kb_mcp.tools.context import ToolContext
+from kb_mcp.tools.disclosure import private, redact, redact_model
 from kb_mcp.tools.source import Source, read_problem, read_source
 
 NAME = "compile_and_verify"
@@ -25,13 +26,16 @@ keep torch headers out of cuda_sources for fast builds). PyTorch compute ops, cu
 not allowed inside forward unless `options.allow` names them (e.g. ["gemm"]).
 It runs in an isolated worker: secret-seed input sets plus one of a different distribution, exact
 output type/shape/dtype, tolerances by dtype, poisoned memory, a second-run agreement check, and
-integrity checks that catch cheats. Returns candidate_id (pass it to record_outcome), the verdict
-(faster / slower / incorrect / invalid / compile_error / timeout / crashed / needs_gpu), a one-line
-summary, compiler messages, integrity findings, timings and speedups. `flagged` means held for review
-(implausible speedup or loosened tolerance): it will not move KB scores. Without a GPU the candidate
-is compiled with nvcc and the verdict is needs_gpu. Set detail=true for per-input-set errors, full
-compiler logs and the candidate's output. The first call starts a worker (seconds); a cold
-load_inline build or a first torch.compile baseline of a problem can take tens of seconds."""
+integrity checks that catch cheats. Returns `record`, the verdict as stored in the KB: its
+candidate_id (pass it to record_outcome), verdict (faster / slower / incorrect / invalid /
+compile_error / timeout / crashed / needs_gpu), timings, and `strength`. Keep the default options
+for a verdict that counts: only a `standard` one (GPU, full timing, default checks) moves KB scores;
+quick timing, stricter or other settings are kept under their own key and never credited, and
+loosened ones (allow-list, looser tolerance, higher review threshold or limits) are `flagged`. Also
+a one-line summary, compiler messages, integrity findings, timings and speedups. Without a GPU the
+candidate is compiled with nvcc and the verdict is needs_gpu. Set detail=true for per-input-set
+errors, full compiler logs and the candidate's output. The first call starts a worker (seconds); a
+cold load_inline build or a first torch.compile baseline of a problem can take tens of seconds."""
 
 META = ToolMeta(
     title="Compile, verify and time a candidate kernel",
@@ -50,7 +54,10 @@ class Request(BaseModel):
 
     problem: Source = Field(description="KernelBench problem: a path to a .py file, or its source text")
     candidate: Source = Field(description="candidate defining class ModelNew: a path to a .py file, or its source text")
-    options: VerifyOptions = Field(default_factory=VerifyOptions, description="seeds, tolerance, timing, allow-list, limits")
+    options: VerifyOptions = Field(
+        default_factory=VerifyOptions,
+        description="seeds, tolerance, timing, allow-list, limits; anything but the defaults keeps the verdict out of scores",
+    )
     detail: bool = Field(False, description="include per-input-set errors, compiler logs and the candidate's output")
 
 
@@ -64,7 +71,7 @@ class CompileSummary(BaseModel):
     seconds: float
     cached: bool
     kernels: list[str] = Field(default_factory=list)
-    messages: list[str] = Field(default_factory=list, description="compiler errors first, then warnings")
+    messages: list[str] = private(default_factory=list, description="compiler errors first, then warnings")
 
 
 class Correctness(BaseModel):
@@ -76,29 +83,37 @@ class Correctness(BaseModel):
     sets_total: int
     worst_abs_err: float | None = None
     worst_rel_err: float | None = None
-    first_failure: str | None = None
+    first_failure: str | None = private(None)
 
 
 class Result(BaseModel):
-    """The server's verdict on the candidate (also stored in the KB under candidate_id)."""
+    """The server's verdict on the candidate: the stored record, and what this run saw.
+
+    Fields marked private (summary, messages, findings' text, output) carry the candidate's own
+    output and exception text: only the caller who submitted the candidate sees them.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    candidate_id: str
-    verdict: Verdict
-    summary: str
-    flagged: bool = False
+    record: CandidateRecord = Field(
+        description="the verdict as stored in the KB under record.key (candidate_id + options digest): "
+        "candidate_id, verdict, timings, options, strength, flagged"
+    )
+    standing: CandidateRecord | None = Field(
+        None,
+        description="the candidate's strongest stored verdict when it is not this run's (checked with stronger "
+        "options): it is the one record_outcome reads",
+    )
+    summary: str = private("")
     compile: CompileSummary
     correctness: Correctness
-    findings: list[Finding] = Field(default_factory=list)
+    findings: list[Finding] = private(default_factory=list)
     timings: Timings | None = None
     tolerance: dict[str, float] = Field(default_factory=dict)
-    device: str = ""
-    arch: str = ""
     candidate_path: str = Field(description="where the server keeps this candidate's source")
-    output: str = Field("", description="the candidate's stdout/stderr (detail, or when it crashed / timed out)")
-    input_sets: list[InputSetCheck] | None = Field(None, description="per input set (detail only)")
-    compile_detail: CompileResult | None = Field(None, description="build units with full logs (detail only)")
+    output: str = private("", description="the candidate's stdout/stderr (detail, or when it crashed / timed out)")
+    input_sets: list[InputSetCheck] | None = private(None, description="per input set (detail only)")
+    compile_detail: CompileResult | None = private(None, description="build units with full logs (detail only)")
     next_step: str = ""
 
 
@@ -116,7 +131,11 @@ _NEXT = {
 
 @on_gpu_lane(NAME)
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
-    """Verifies the candidate in the worker pool, stores the source and the verdict, returns the summary."""
+    """Verifies the candidate in the worker pool, stores the source and the verdict under its
+    verdict key, returns the summary."""
+    refusal = Caps.from_env().refusal(req.options)
+    if refusal:
+        raise ToolError(refusal)
     problem = read_problem(req.problem)
     candidate = read_source(req.candidate, "candidate").text
     ctx.settle_profiler()
@@ -124,14 +143,20 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         result = ctx.workers.verify(problem, candidate, req.options, progress)
     except RuntimeError as exc:  # WorkerError: no worker could start at all
         raise ToolError(f"the harness worker is unavailable: {exc}") from exc
+    # Nothing the worker said leaves this process, or reaches the KB or the artifacts, unredacted.
+    result = redact_model(result)
     if result.problem_error:  # the problem's fault: no verdict on the candidate exists to store
         raise ToolError(
             f"the problem {problem.path or '(given as source text)'} failed before the candidate ran: "
             f"{result.problem_error}. Fix the problem; the candidate was not judged and nothing was recorded."
         )
-    path = save_candidate(ctx, result, candidate)
-    out = summarize(result, str(path), req.detail)
-    if not store_verdict(ctx, result):
+    record = result.record(req.options)
+    path = save_candidate(ctx, result, record, candidate)
+    committed = store_verdict(ctx, record)
+    strongest = ctx.store.get_candidate(record.candidate_id) if committed else None
+    standing = strongest if strongest is not None and strongest.key != record.key else None
+    out = summarize(result, record, standing, str(path), req.detail)
+    if not committed:
         out.next_step = f"{VERDICT_PENDING} {out.next_step}"
     return out
 
@@ -141,29 +166,31 @@ VERDICT_PENDING = ("The KB is busy (another process holds its lock), so this ver
                    "when the lock frees; record_outcome can use it already.")
 
 
-def store_verdict(ctx: ToolContext, result: VerifyResult) -> bool:
-    """Stores the verdict in the KB: persisted first, so a busy or hung lock holder cannot lose it.
-    False when it still waits for the lock (committed by the next transaction of any process)."""
-    record = result.record()
-    return ctx.store.commit_soon(f"candidate-{record.candidate_id}", lambda tx: tx.put_candidate(record),
-                                 wait_s=VERDICT_LOCK_WAIT_S)
+def store_verdict(ctx: ToolContext, record: CandidateRecord) -> bool:
+    """Stores the verdict in the KB under its verdict key: persisted first, so a busy or hung lock
+    holder cannot lose it. False when it still waits for the lock (committed by the next
+    transaction of any process)."""
+    return ctx.store.commit_soon(f"candidate-{record.candidate_id}.{record.options_digest}",
+                                 lambda tx: tx.put_candidate(record), wait_s=VERDICT_LOCK_WAIT_S)
 
 
-def save_candidate(ctx: ToolContext, result: VerifyResult, source: str) -> Path:
-    """Keeps the candidate source and the full result beside the KB, named by candidate_id."""
+def save_candidate(ctx: ToolContext, result: VerifyResult, record: CandidateRecord, source: str) -> Path:
+    """Keeps the candidate source (by candidate_id) and the full result of this run (by verdict key)
+    beside the KB."""
     folder = ctx.candidates_dir
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{result.candidate_id}.py"
     if not path.exists():
         path.write_text(source)
-    report = folder / f"{result.candidate_id}.json"
+    report = folder / f"{result.candidate_id}.{record.options_digest}.json"
     tmp = report.with_name(f".{report.name}.tmp-{os.getpid()}")
     tmp.write_text(result.model_dump_json(indent=1))
     os.replace(tmp, report)  # a reader (or kb gc) never sees half a verdict
     return path
 
 
-def summarize(result: VerifyResult, path: str, detail: bool) -> Result:
+def summarize(result: VerifyResult, record: CandidateRecord, standing: CandidateRecord | None, path: str,
+              detail: bool) -> Result:
     """The compact tool result (details only when asked)."""
     sets = result.input_sets
     failed = [s for s in sets if not s.passed]
@@ -172,11 +199,21 @@ def summarize(result: VerifyResult, path: str, detail: bool) -> Result:
     comp = result.compile
     show_output = detail or result.verdict in (Verdict.crashed, Verdict.timeout)
     output = result.output if detail else result.output[-OUTPUT_CHARS:]
+    summary = result.summary
+    if record.loosened and "loosened" not in summary:
+        summary += f" [flagged: options loosened by the caller: {'; '.join(record.loosened)}]"
+    next_step = _NEXT[result.verdict]
+    if standing is not None:
+        next_step = (f"a stronger verdict ({standing.verdict.value}, {standing.strength.value}) is stored for this "
+                     f"candidate and stands; this run ({record.strength.value}) is kept beside it. " + next_step)
+    elif record.strength in (Strength.loosened, Strength.custom, Strength.quick):
+        next_step = (f"checked with non-default options ({record.strength.value}: "
+                     f"{', '.join(f'{k}={v}' for k, v in record.options.items())}): kept under its own key and never "
+                     "credited by record_outcome; verify with the default options for a verdict that counts. " + next_step)
     return Result(
-        candidate_id=result.candidate_id,
-        verdict=result.verdict,
-        summary=result.summary,
-        flagged=result.flagged,
+        record=record,
+        standing=standing,
+        summary=redact(summary),
         compile=CompileSummary(ok=comp.ok, style=comp.style, seconds=comp.seconds, cached=comp.cached,
                                kernels=comp.kernels, messages=comp.messages),
         correctness=Correctness(
@@ -187,11 +224,9 @@ def summarize(result: VerifyResult, path: str, detail: bool) -> Result:
         findings=result.findings,
         timings=result.timings,
         tolerance=result.tolerance,
-        device=result.device,
-        arch=result.arch,
         candidate_path=path,
         output=output if show_output else "",
         input_sets=sets if detail else None,
         compile_detail=comp if detail else None,
-        next_step=_NEXT[result.verdict],
+        next_step=next_step,
     )

@@ -10,7 +10,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kb_mcp.kb import ids
 from kb_mcp.kb.arch import arch_family
-from kb_mcp.kb.models import ALL_ARCH, DEFAULT_TRACK, CandidateRecord, Lesson, Optimization, Outcome, Score, Track, Verdict
+from kb_mcp.kb.models import (
+    ALL_ARCH,
+    DEFAULT_TRACK,
+    CandidateRecord,
+    Lesson,
+    Optimization,
+    Outcome,
+    Score,
+    Strength,
+    Track,
+    Verdict,
+)
 from kb_mcp.kb.view import KBView, Transaction
 from kb_mcp.policy.update import MAX_CREDITED_SPEEDUP, apply_outcome, counts_toward_score, credited_log_speedup
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
@@ -22,12 +33,13 @@ Record what an optimization did, so the shared Knowledge Base learns from it. Ca
 compile_and_verify, once per candidate, with: the state id the kernel was in (from classify_state),
 the optimization you applied (its id from suggest_optimizations, or - for an idea of your own - a
 new_optimization with a name and a specific description of the code change), the candidate_id
-that compile_and_verify returned, and ideally the parent_candidate_id you started from (the
+that compile_and_verify returned (record.candidate_id), and ideally the parent_candidate_id you started from (the
 speedup is then measured against it - it must be verified before, on the same GPU; otherwise against
 eager PyTorch; one outcome moves a score by at most {MAX_CREDITED_SPEEDUP:g}x either way) and the next state id if you
 profiled the new kernel. Record failures too (compile errors, wrong results): they lower the
 optimization's score where it does not work. The score moves only on the server's own stored
-verdict and timings for that candidate - you cannot and need not report a speedup. Explain in
+verdict and timings for that candidate - you cannot and need not report a speedup - and only on a
+verdict checked with compile_and_verify's default options (others are refused). Explain in
 `analysis` why it helped or not; add a one-sentence `lesson` for the next agent when you learned
 something reusable. Recording the same candidate and optimization twice changes nothing. Returns
 the updated entry: expected speedup, confidence and counts."""
@@ -96,6 +108,28 @@ class Result(BaseModel):
     pooled_expected_speedup: float = Field(description="expected speedup pooled over all GPU families (same track)")
 
 
+def ineligible(cand: CandidateRecord) -> str | None:
+    """Why the candidate's strongest verdict cannot be recorded at all, or None when it can.
+
+    Verdicts checked with anything but the default options (loosened, stricter, quick) are never
+    credited: recording one would spend the (candidate, optimization) outcome on a verdict that
+    cannot count, so the caller is told to verify with the defaults first.
+    """
+    if cand.strength not in (Strength.loosened, Strength.custom, Strength.quick):
+        return None
+    why = {
+        Strength.loosened: f"it was checked with loosened options ({'; '.join(cand.loosened) or 'see options'}) and is flagged",
+        Strength.custom: "it was checked with other settings than the defaults",
+        Strength.quick: "its measurement was shortened",
+    }[cand.strength]
+    opts = ", ".join(f"{k}={v}" for k, v in cand.options.items())
+    return (
+        f"candidate {cand.candidate_id} has no verdict record_outcome can credit: its strongest stored verdict "
+        f"({cand.verdict.value}, {cand.strength.value}: {opts}) cannot move a score because {why}. Verify it with "
+        "compile_and_verify's default options (leave `options` out), then record the outcome."
+    )
+
+
 def _measured_speedup(
     view: KBView, cand: CandidateRecord, parent_id: str | None
 ) -> tuple[float | None, Literal["parent", "eager"] | None, str]:
@@ -103,7 +137,8 @@ def _measured_speedup(
         return None, None, ""
     note = ""
     if parent_id:
-        parent = view.get_candidate(parent_id)
+        # the parent's own creditable verdict on this candidate's GPU, whatever else is stored for it
+        parent = next((p for p in view.candidate_verdicts(parent_id) if p.creditable and p.device == cand.device), None)
         if (parent is None or parent.problem_hash != cand.problem_hash or not parent.verdict.is_valid
                 or not parent.time_ms or parent.device != cand.device):
             note = f"parent {parent_id} is not a verified candidate of the same problem timed on the same GPU; "
@@ -167,6 +202,9 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
                 f"unknown candidate_id {req.candidate_id!r}: only candidates checked by compile_and_verify on this KB "
                 "can be recorded. Call compile_and_verify with the candidate source and use the candidate_id it returns."
             )
+        refusal = ineligible(cand)
+        if refusal:
+            raise ToolError(refusal)
         if tx.get_state(req.state_id) is None:
             close = difflib.get_close_matches(req.state_id, tx.state_ids(), n=3)
             raise ToolError(
@@ -186,7 +224,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
                            note="already recorded: this candidate was credited to this optimization before; nothing changed")
 
         speedup, basis, note = _measured_speedup(tx, cand, req.parent_candidate_id)
-        moved = counts_toward_score(cand.verdict) and not cand.flagged
+        moved = counts_toward_score(cand.verdict) and cand.creditable
         if moved and speedup is not None and not 1 / MAX_CREDITED_SPEEDUP <= speedup <= MAX_CREDITED_SPEEDUP:
             note += (f"one outcome moves a score by at most {MAX_CREDITED_SPEEDUP:g}x either way: the score counts "
                      f"{math.exp(credited_log_speedup(speedup)):.3g}x, the outcome keeps {speedup:.3g}x. ")
@@ -201,6 +239,9 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
                 tx.bump_transition(req.state_id, opt.id, req.next_state_id)
         if cand.flagged:
             note += "the candidate's speedup is flagged for review (implausible): kept in the replay buffer, no score moved. "
+        elif not moved and counts_toward_score(cand.verdict):
+            note += (f"verdict {cand.verdict.value} comes from a compile-only check, which reaches it less surely "
+                     "than a GPU run; no score moved. ")
         elif not moved:
             note += f"verdict {cand.verdict.value} says nothing about the optimization (the kernel never ran); no score moved. "
         outcome = Outcome(

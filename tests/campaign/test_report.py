@@ -121,7 +121,7 @@ def test_editing_a_raw_record_changes_the_report(tmp_path: Path) -> None:
     before = report_from_store(store)
     path = tmp_path / "camp" / "raw" / "steps" / "pa" / "i000_s000.json"
     data = json.loads(path.read_text())
-    data["attempts"][0]["time_ms"] = 0.25
+    data["attempts"][0]["record"]["time_ms"] = 0.25
     path.write_text(json.dumps(data))
     after = report_from_store(store)
     assert math.isclose(after.problems[0].best_speedup, 4.0)

@@ -30,13 +30,13 @@ def ctx(tmp_path):
 def test_verdict_is_stored_with_the_source_and_the_result_stays_small(ctx) -> None:
     req = tool.Request(problem=str(FIXTURES / "relu_problem.py"), candidate=fixture_source("relu_nvrtc.py"))
     res = tool.run(ctx, req)
-    assert res.verdict == Verdict.needs_gpu and res.compile.ok and res.compile.kernels == ["relu_k"]
+    assert res.record.verdict == Verdict.needs_gpu and res.compile.ok and res.compile.kernels == ["relu_k"]
     assert res.input_sets is None and res.compile_detail is None and res.output == ""
-    record = ctx.store.get_candidate(res.candidate_id)
-    assert record is not None and record.verdict == Verdict.needs_gpu and record.problem == "relu_problem"
-    saved = ctx.candidates_dir / f"{res.candidate_id}.py"
+    record = ctx.store.get_candidate(res.record.candidate_id)
+    assert record == res.record and record.verdict == Verdict.needs_gpu and record.problem == "relu_problem"
+    saved = ctx.candidates_dir / f"{res.record.candidate_id}.py"
     assert res.candidate_path == str(saved) and saved.read_text() == fixture_source("relu_nvrtc.py")
-    full = json.loads((ctx.candidates_dir / f"{res.candidate_id}.json").read_text())
+    full = json.loads((ctx.candidates_dir / f"{res.record.candidate_id}.{res.record.options_digest}.json").read_text())
     assert full["verdict"] == "needs_gpu" and full["compile"]["units"][0]["name"] == "relu_k"
     assert len(res.model_dump_json()) < 3000
 
@@ -46,9 +46,9 @@ def test_detail_and_compile_errors(ctx) -> None:
     req = tool.Request(problem=str(FIXTURES / "relu_problem.py"), candidate=str(FIXTURES / "relu_nvrtc_cuda_error.py"),
                        detail=True)
     res = tool.run(ctx, req)
-    assert res.verdict == Verdict.compile_error and res.compile_detail is not None
+    assert res.record.verdict == Verdict.compile_error and res.compile_detail is not None
     assert "undeclared_value" in res.compile_detail.units[0].log and "fix the compiler errors" in res.next_step
-    assert ctx.store.get_candidate(res.candidate_id).verdict == Verdict.compile_error
+    assert ctx.store.get_candidate(res.record.candidate_id).verdict == Verdict.compile_error
 
 
 def test_a_malformed_problem_is_an_error_the_agent_can_act_on(ctx) -> None:

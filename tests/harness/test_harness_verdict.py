@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from kb_mcp.harness import verdict as verdict_module
 from kb_mcp.harness.verdict import (
+    Caps,
     CompileResult,
     Finding,
     FindingCode,
@@ -13,10 +15,11 @@ from kb_mcp.harness.verdict import (
     Timings,
     VerifyOptions,
     VerifyResult,
+    assess_options,
     decide,
     plausibility_findings,
 )
-from kb_mcp.kb.models import Verdict
+from kb_mcp.kb.models import Strength, Verdict
 
 OK = CompileResult(ok=True, style="nvrtc", arch="sm_90")
 GOOD_SETS = [InputSetCheck(index=i, kind="secret", passed=True, numel=10) for i in range(6)]
@@ -94,9 +97,80 @@ def test_record_carries_the_servers_numbers() -> None:
     result = VerifyResult(candidate_id="c_1", problem="p", problem_hash="h", verdict=Verdict.faster, summary="s",
                           compile=OK, timings=t, device="NVIDIA H100", arch="sm_90",
                           findings=[Finding(code=FindingCode.implausible_speedup, message="m")], flagged=True)
-    rec = result.record()
+    rec = result.record(VerifyOptions())
     assert (rec.candidate_id, rec.verdict, rec.time_ms, rec.eager_ms, rec.compile_ms) == ("c_1", Verdict.faster, 0.5, 1.0, 0.8)
     assert rec.speedup_vs_baseline == pytest.approx(1.6) and rec.flagged and rec.findings == ["implausible_speedup"]
     assert rec.arch == "sm_90"
-    cpu = result.model_copy(update={"device": "", "timings": None, "verdict": Verdict.needs_gpu}).record()
+    cpu = result.model_copy(update={"device": "", "timings": None, "verdict": Verdict.needs_gpu}).record(VerifyOptions())
     assert cpu.arch == "" and cpu.time_ms is None
+
+
+# ---- what the caller's options let a verdict claim ------------------------------------------
+
+
+def test_every_option_is_classified() -> None:
+    # A new option must be decided here, not fall through to the conservative default unnoticed.
+    assert set(VerifyOptions.model_fields) == set(verdict_module._EFFECTS)
+
+
+@pytest.mark.parametrize(
+    ("options", "gpu", "strength", "kept"),
+    [
+        ({}, True, Strength.standard, {}),
+        ({}, False, Strength.compile_only, {}),
+        ({"compile_only": True}, False, Strength.compile_only, {}),
+        ({"max_output_chars": 100}, True, Strength.standard, {}),
+        ({"timed_runs": 200}, True, Strength.standard, {"timed_runs": 200}),
+        ({"timing": False}, True, Strength.quick, {"timing": False}),
+        ({"timed_runs": 5}, True, Strength.quick, {"timed_runs": 5}),
+        ({"compile_baseline": False}, True, Strength.quick, {"compile_baseline": False}),
+        ({"timeout_s": 0.01}, True, Strength.custom, {"timeout_s": 0.01}),
+        ({"arch": "sm_10"}, False, Strength.custom, {"arch": "sm_10"}),
+        ({"arch": "sm_10"}, True, Strength.standard, {}),  # a GPU run builds for its own GPU
+        ({"seeds": [1, 2]}, True, Strength.custom, {"seeds": [1, 2]}),
+        ({"input_sets": 8}, True, Strength.custom, {"input_sets": 8}),
+        ({"implausible_speedup": 10.0}, True, Strength.custom, {"implausible_speedup": 10.0}),
+        ({"atol": 1e-9}, True, Strength.custom, {"atol": 1e-9}),
+        ({"allow": ["gemm"]}, True, Strength.loosened, {"allow": ["gemm"]}),
+        ({"implausible_speedup": 1000.0}, True, Strength.loosened, {"implausible_speedup": 1000.0}),
+        ({"timeout_s": 500.0}, True, Strength.loosened, {"timeout_s": 500.0}),
+        ({"compile_timeout_s": 900.0, "timing": False}, False, Strength.loosened, {"compile_timeout_s": 900.0, "timing": False}),
+    ],
+)
+def test_options_decide_the_strength_and_the_key(options, gpu, strength, kept) -> None:
+    got = assess_options(VerifyOptions(**options), gpu=gpu)
+    assert got.strength == strength and got.options == kept
+    assert bool(got.loosened) == (strength == Strength.loosened)
+
+
+def test_only_the_worker_can_tell_a_loosened_tolerance() -> None:
+    tightened = assess_options(VerifyOptions(atol=0.5), gpu=True)
+    loosened = assess_options(VerifyOptions(atol=0.5), gpu=True, tolerance_loosened="tolerance loosened to atol=0.5")
+    assert tightened.strength == Strength.custom and loosened.strength == Strength.loosened
+    assert loosened.loosened == ["tolerance loosened to atol=0.5"]
+
+
+def test_records_of_other_options_have_other_keys_and_a_loosened_one_is_flagged() -> None:
+    result = VerifyResult(candidate_id="c_1", problem="p", problem_hash="h", verdict=Verdict.faster, summary="s",
+                          compile=OK, timings=timings(0.5, 1.0), device="NVIDIA H100", arch="sm_90")
+    standard = result.record(VerifyOptions())
+    weak = result.record(VerifyOptions(timeout_s=0.01))
+    loose = result.record(VerifyOptions(allow=["gemm"]))
+    assert len({standard.key, weak.key, loose.key}) == 3
+    assert all(r.key.startswith("c_1/v_") for r in (standard, weak, loose))
+    assert standard.creditable and not weak.creditable and not loose.creditable
+    assert loose.flagged and loose.loosened and not standard.flagged
+    assert result.record(VerifyOptions(max_output_chars=10)).key == standard.key  # output size is not a condition
+    elsewhere = result.model_copy(update={"device": "NVIDIA A100", "arch": "sm_80"}).record(VerifyOptions())
+    assert elsewhere.key != standard.key  # another GPU's measurement does not replace this one
+    assert sorted([weak, loose, standard], key=lambda r: r.order)[-1] is standard
+
+
+def test_caps_bound_the_limits_a_caller_may_ask_for() -> None:
+    caps = Caps.from_env({"KB_MCP_MAX_TIMEOUT_S": "300"})
+    assert caps.refusal(VerifyOptions(timeout_s=300)) is None
+    refusal = caps.refusal(VerifyOptions(timeout_s=3600))
+    assert refusal is not None and "timeout_s=3600" in refusal and "cap of 300" in refusal
+    assert Caps().refusal(VerifyOptions(compile_timeout_s=3000)) is not None
+    with pytest.raises(ValueError, match="KB_MCP_MAX_TIMEOUT_S"):
+        Caps.from_env({"KB_MCP_MAX_TIMEOUT_S": "lots"})

@@ -80,7 +80,7 @@ async def test_a_client_drives_one_round_on_the_gpu(kb_path: Path) -> None:
             progress=on_progress,
         )
         timed("compile_and_verify", t)
-        assert verified["verdict"] == "faster", verified
+        assert verified["record"]["verdict"] == "faster", verified
         assert verified["timings"]["speedup_vs_baseline"] > 1.0
 
         # 5. record: the score moves on the server's own measurement
@@ -88,7 +88,7 @@ async def test_a_client_drives_one_round_on_the_gpu(kb_path: Path) -> None:
         recorded = await call_json(
             client,
             "record_outcome",
-            {"state_id": state, "optimization_id": optimization, "candidate_id": verified["candidate_id"],
+            {"state_id": state, "optimization_id": optimization, "candidate_id": verified["record"]["candidate_id"],
              "analysis": "one kernel for the whole chain instead of 40 launches",
              "lesson": "a chain of tiny elementwise ops is launch-bound: fuse it into one kernel"},
         )
@@ -107,7 +107,7 @@ async def test_a_client_drives_one_round_on_the_gpu(kb_path: Path) -> None:
     # and the KB file itself, read by a fresh store as any other server would
     outcome = KBStore.open(kb_path).get_outcome(recorded["outcome_id"])
     assert outcome is not None and outcome.verdict.value == "faster" and outcome.state_id == state
-    assert outcome.candidate_id == verified["candidate_id"] and outcome.optimization_id == optimization
+    assert outcome.candidate_id == verified["record"]["candidate_id"] and outcome.optimization_id == optimization
 
     if os.environ.get("OUT"):
         report = {

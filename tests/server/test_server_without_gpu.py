@@ -50,9 +50,9 @@ async def test_a_round_without_a_gpu(server: KbMcpServer) -> None:
         assert state == "memory_bandwidth_saturated"
         opt = (await call_json(client, "suggest_optimizations", {"state_id": state, "k": 1}))["suggestions"][0]["id"]
         verified = await call_json(client, "compile_and_verify", {"problem": str(PROBLEM), "candidate": str(CANDIDATE)})
-        assert verified["verdict"] == "needs_gpu" and verified["compile"]["ok"]
+        assert verified["record"]["verdict"] == "needs_gpu" and verified["compile"]["ok"]
         assert "need a GPU" in verified["summary"] or "needs a GPU" in verified["summary"]
         recorded = await call_json(
-            client, "record_outcome", {"state_id": state, "optimization_id": opt, "candidate_id": verified["candidate_id"]}
+            client, "record_outcome", {"state_id": state, "optimization_id": opt, "candidate_id": verified["record"]["candidate_id"]}
         )
     assert recorded["verdict"] == "needs_gpu" and recorded["score_moved"] is False

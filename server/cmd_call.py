@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from kb_mcp.kb.errors import KbMcpError
 from kb_mcp.server import logs
-from kb_mcp.server.env import ENV_TOKEN
+from kb_mcp.server.token import add_token_arguments, read_token
 
 if TYPE_CHECKING:  # the MCP SDK is imported when `call` runs (it takes a second to import)
     from mcp import Client
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", metavar="JSON", help="arguments as a JSON object; @FILE reads it from a file, - from stdin")
     p.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="one argument; repeatable")
     p.add_argument("--url", help="call a running `kb-mcp serve --http` server at this URL (…/mcp)")
-    p.add_argument("--token", help=f"bearer token for --url (default: ${ENV_TOKEN})")
+    add_token_arguments(p, "the bearer token for --url")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="give up after S seconds")
     p.add_argument("--log-level", default="WARNING", choices=logs.LEVELS, help="stderr log level (default WARNING)")
     p.set_defaults(func=run)
@@ -130,7 +130,7 @@ async def _connect(args: argparse.Namespace) -> AsyncIterator[tuple[Client, Any]
     from kb_mcp.clients.mcp_client import connect_http
 
     if args.url:
-        async with connect_http(args.url, args.token or os.environ.get(ENV_TOKEN), timeout_s=args.timeout) as c:
+        async with connect_http(args.url, read_token(args), timeout_s=args.timeout) as c:
             yield c, None
         return
     from kb_mcp.server.app import build_server
@@ -179,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         arguments = build_arguments(args.json, args.arg)
-    except UsageError as exc:
+        read_token(args)  # refuses --token, an unreadable token file, before anything starts
+    except (UsageError, ValueError) as exc:
         print(f"kb-mcp call: {exc}", file=sys.stderr)
         return 2
     import anyio
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
             raise
         from kb_mcp.clients.mcp_client import explain_http_failure
 
-        reason = explain_http_failure(args.url, args.token or os.environ.get(ENV_TOKEN))
+        reason = explain_http_failure(args.url, read_token(args))
         print(f"kb-mcp call: {reason}", file=sys.stderr)
         log.debug("connection failure", exc_info=exc)
         return 2

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from kb_mcp.kb.errors import KbMcpError
 from kb_mcp.server import logs
-from kb_mcp.server.env import ENV_TOKEN
+from kb_mcp.server.token import add_token_arguments, read_token
 
 if TYPE_CHECKING:
     from kb_mcp.server.app import KbMcpServer
@@ -38,10 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="HOST:PORT",
         help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (port 0 picks a free port)",
     )
-    p.add_argument(
-        "--token",
-        help=f"bearer token clients must send over HTTP (default: ${ENV_TOKEN}); required unless bound to loopback",
-    )
+    add_token_arguments(p, "the bearer token clients must send over HTTP; required unless bound to loopback")
     p.add_argument(
         "--allow-host",
         action="append",
@@ -75,12 +72,13 @@ def run(args: argparse.Namespace) -> int:
 
     logs.configure(args.log_level)
     options: HttpOptions | None = None
-    if args.http:
-        try:
-            options = http_options(args.http, args.token or os.environ.get(ENV_TOKEN), args.allow_host)
-        except ServeError as exc:
-            print(f"kb-mcp serve: {exc}", file=sys.stderr)
-            return 2
+    try:
+        token = read_token(args)
+        if args.http:
+            options = http_options(args.http, token, args.allow_host)
+    except (ServeError, ValueError) as exc:
+        print(f"kb-mcp serve: {exc}", file=sys.stderr)
+        return 2
     ctx = ToolContext(args.kb, client_name="mcp-http" if options else "mcp")
     try:
         # Open the KB now: a KB is created where nothing of one is yet; a missing one beside its

@@ -6,6 +6,7 @@ come from the pydantic models below and their errors read the same way.
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 from typing import Any
 
@@ -39,6 +40,11 @@ class JobStatusRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     job_id: str = Field(description="The id start_job returned.")
+    job_key: str | None = Field(
+        None,
+        description="The job_key start_job returned: without it the job's result comes without the "
+        "candidate's output, summary and messages, and a failed job without its error text.",
+    )
     wait_s: float = Field(
         0.0,
         ge=0.0,
@@ -72,16 +78,21 @@ class JobView(BaseModel):
     error: str | None = None
     error_info: ErrorInfo | None = Field(None, description="The failure, structured: whose it is (caller, "
                                          "environment or kb-mcp), where, and what to do.")
+    job_key: str | None = Field(
+        None,
+        description="Only in start_job's answer: pass it to job_status to see this job's private text "
+        "(candidate output, exception text, errors). Keep it to yourself.",
+    )
     next: str = Field(description="What to do next.")
 
     @classmethod
-    def of(cls, record: JobRecord) -> JobView:
+    def of(cls, record: JobRecord, job_key: str | None = None) -> JobView:
         """The view of a stored record, with a next-step hint."""
         started = record.started_at or record.created_at
         end: datetime = record.finished_at or utcnow()
         hints = {
-            "queued": f"waiting for a free job slot; call job_status(job_id={record.job_id!r}, wait_s=30) later",
-            "running": f"call job_status(job_id={record.job_id!r}, wait_s=30) to wait for it",
+            "queued": f"waiting for a free job slot; call job_status(job_id={record.job_id!r}, job_key, wait_s=30) later",
+            "running": f"call job_status(job_id={record.job_id!r}, job_key, wait_s=30) to wait for it",
             "succeeded": f"the result holds {record.kind}'s output; continue as after a direct {record.kind} call",
             "failed": "read the error, fix the cause and start a new job",
             "cancelled": "cancelled; start a new job if you still need it",
@@ -96,6 +107,7 @@ class JobView(BaseModel):
             result=record.result,
             error=record.error,
             error_info=record.error_info,
+            job_key=job_key,
             next=hints[record.status],
         )
 
@@ -104,14 +116,18 @@ def job_tool_specs(manager: JobManager) -> list[ToolSpec]:
     """The three job tools, bound to `manager`; descriptions list the kinds it can run."""
     kinds = ", ".join(manager.kind_names)
 
+    def shown(record: JobRecord, key: str | None = None) -> JobView:
+        return JobView.of(record if manager.is_submitter(record, key) else manager.public(record))
+
     def start(ctx: ToolContext, req: StartJobRequest, progress: Progress) -> JobView:
-        return JobView.of(manager.start(req.kind, req.arguments))
+        key = secrets.token_hex(16)
+        return JobView.of(manager.start(req.kind, req.arguments, key), job_key=key)
 
     def status(ctx: ToolContext, req: JobStatusRequest, progress: Progress) -> JobView:
-        return JobView.of(manager.wait(req.job_id, req.wait_s, progress))
+        return shown(manager.wait(req.job_id, req.wait_s, progress), req.job_key)
 
     def cancel(ctx: ToolContext, req: CancelJobRequest, progress: Progress) -> JobView:
-        return JobView.of(manager.cancel(req.job_id))
+        return shown(manager.cancel(req.job_id))
 
     return [
         ToolSpec(
@@ -121,7 +137,8 @@ def job_tool_specs(manager: JobManager) -> list[ToolSpec]:
                 "call that may outlast your client's timeout. Use it for full profiles (profile_kernel), "
                 "slow builds/verifications (compile_and_verify) and campaigns. `kind` is the tool to run, "
                 "`arguments` its usual arguments (checked now: bad ones fail this call). "
-                f"Kinds: {kinds}. Next: job_status(job_id, wait_s=30) until status is succeeded/failed; "
+                f"Kinds: {kinds}. Next: job_status(job_id, job_key, wait_s=30) until status is succeeded/failed "
+                "(the job_key shows the job's output and error text: only its holder sees them); "
                 "the finished job's `result` is what the tool itself would have returned. Jobs are stored "
                 "beside the KB, so every server on the same KB can report them."
             ),

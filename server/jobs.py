@@ -15,6 +15,8 @@ Every tool is a job kind. Work that only makes sense as a job (a campaign) is li
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import importlib
 import logging
 import os
@@ -38,6 +40,7 @@ from kb_mcp.kb.models import utcnow
 from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
 from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.base import Progress
+from kb_mcp.tools.disclosure import public_copy, redact, redact_data, redact_model
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,9 @@ class JobRecord(BaseModel):
     error: str | None = None
     error_info: ErrorInfo | None = None  # whose the failure is (see kb_mcp.kb.errors)
     owner: str = ""  # host:pid of the server process running it
+    # sha256 of the job's key (start_job returns the key once): its holder is the job's submitter
+    # and sees its private text (candidate output, exception text, errors); nobody else does.
+    key_digest: str = ""
     cancel_requested: bool = False
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
@@ -128,6 +134,10 @@ def _owner_alive(owner: str) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest() if key else ""
 
 
 def new_job_id() -> str:
@@ -278,8 +288,10 @@ class JobManager:
         self.kinds[kind] = spec
         return spec
 
-    def start(self, kind: str, arguments: dict[str, Any]) -> JobRecord:
-        """Validates the arguments now (bad ones fail the call, not the job), then queues the job."""
+    def start(self, kind: str, arguments: dict[str, Any], key: str = "") -> JobRecord:
+        """Validates the arguments now (bad ones fail the call, not the job), then queues the job.
+        `key` (shown once, to the submitter) reveals the job's private text to whoever holds it.
+        MCP has no session that outlives a request to tell the submitter by, so the key is how."""
         spec = self.spec(kind)
         request = parse_request(spec, arguments)
         record = JobRecord(
@@ -287,12 +299,35 @@ class JobManager:
             kind=kind,
             arguments=request.model_dump(mode="json"),
             owner=self._owner,
+            key_digest=_digest(key),
         )
         self.store.write(record)
         self._cancel_events[record.job_id] = threading.Event()
         self._pool.submit(self._work, record.job_id, spec, request)
         log.info("job %s (%s) queued", record.job_id, kind)
         return record
+
+    @staticmethod
+    def is_submitter(record: JobRecord, key: str | None) -> bool:
+        """Whether `key` is the job's key (compared in constant time)."""
+        return bool(key and record.key_digest) and hmac.compare_digest(_digest(key or ""), record.key_digest)
+
+    def public(self, record: JobRecord) -> JobRecord:
+        """`record` as anyone but its submitter may see it: the result's private fields blanked
+        (`tools.disclosure.private`), the error text of a failed job withheld."""
+        update: dict[str, Any] = {}
+        if record.status == "failed" and record.error:
+            update["error"] = "the job failed; its error is shown only with the job_key start_job returned"
+            if record.error_info is not None:  # whose fault it was stays visible, not the text
+                update["error_info"] = record.error_info.model_copy(
+                    update={"message": update["error"], "where": None, "action": None})
+        if record.result is not None:
+            try:
+                model = self.spec(record.kind).result.model_validate(record.result)
+                update["result"] = public_copy(model).model_dump(mode="json")
+            except Exception:  # a kind this server cannot load, or an old result: show nothing of it
+                update["result"] = None
+        return record.model_copy(update=update)
 
     def status(self, job_id: str) -> JobRecord:
         """The job's record; a job whose server died is marked `interrupted` on the way."""
@@ -376,10 +411,12 @@ class JobManager:
                 self.store.update(job_id, lambda r: _finish(r, "cancelled", error="cancelled on request"))
                 log.info("job %s cancelled", job_id)
             except ToolFailure as failure:
-                self.store.update(job_id, lambda r: _finish(r, "failed", error=failure.message, info=failure.info))
-                log.info("job %s failed: %s", job_id, failure.message.splitlines()[0])
+                message = redact(failure.message)
+                info = redact_model(failure.info) if failure.info is not None else None
+                self.store.update(job_id, lambda r: _finish(r, "failed", error=message, info=info))
+                log.info("job %s failed: %s", job_id, message.splitlines()[0])
             else:
-                payload = result.model_dump(mode="json")
+                payload = redact_data(result.model_dump(mode="json"))
                 self.store.update(job_id, lambda r: _finish(r, "succeeded", result=payload))
                 log.info("job %s succeeded", job_id)
         except Exception:  # the record must not stay "running" because bookkeeping failed

@@ -156,7 +156,7 @@ def jobs_overview(jobs: JobManager, limit: int = 50) -> JobsOverview:
                 status=r.status,
                 progress=None if r.finished else r.progress,
                 created_at=r.created_at,
-                error=r.error,
+                error=jobs.public(r).error,
             )
             for r in jobs.store.list(limit)
         ]

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
 from kb_mcp.server.registry import ToolSpec
+from kb_mcp.tools.disclosure import redact, redact_data
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +86,11 @@ def compact_text(result: BaseModel) -> str:
 
 
 def tool_result(result: BaseModel) -> CallToolResult:
-    """Structured content (the full Result, matching the output schema) plus its compact text."""
+    """Structured content (the full Result, matching the output schema) plus its compact text, with
+    secret values redacted (`tools.disclosure`): nothing leaves the server unredacted."""
     return CallToolResult(
-        content=[TextContent(type="text", text=compact_text(result))],
-        structured_content=result.model_dump(mode="json"),
+        content=[TextContent(type="text", text=redact(compact_text(result)))],
+        structured_content=redact_data(result.model_dump(mode="json")),
     )
 
 
@@ -97,8 +99,8 @@ def error_result(failure: ToolFailure) -> CallToolResult:
     so a client can tell the caller's mistakes, the environment's faults and kb-mcp's bugs apart
     (clients do not check error results against the output schema)."""
     return CallToolResult(
-        content=[TextContent(type="text", text=failure.message)],
-        structured_content={"error": failure.info.model_dump(mode="json", exclude_none=True)},
+        content=[TextContent(type="text", text=redact(failure.message))],
+        structured_content={"error": redact_data(failure.info.model_dump(mode="json", exclude_none=True))},
         is_error=True,
     )
 

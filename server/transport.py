@@ -116,7 +116,7 @@ def http_options(bind: str, token: str | None, allow_hosts: Sequence[str] = ()) 
         if token is None:
             raise ServeError(
                 f"refusing to serve on {host} without a bearer token: anyone who can reach this port could "
-                f"run code on its GPU and write to the KB. Set {ENV_TOKEN} (or pass --token), e.g.\n"
+                f"run code on its GPU and write to the KB. Set {ENV_TOKEN} (or pass --token-file PATH), e.g.\n"
                 f"  export {ENV_TOKEN}=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
             )
         if len(token) < MIN_TOKEN_CHARS:

@@ -29,7 +29,8 @@ async def _run_job(kb: Path, arguments: dict, timeout_s: float = 400) -> dict:
             status = started
             deadline = time.monotonic() + timeout_s
             while status["status"] in ("queued", "running") and time.monotonic() < deadline:
-                status = await call_json(client, "job_status", {"job_id": started["job_id"], "wait_s": 10})
+                status = await call_json(client, "job_status",
+                                         {"job_id": started["job_id"], "job_key": started["job_key"], "wait_s": 10})
             return status
     finally:
         server.jobs.shutdown(wait=True)

@@ -85,7 +85,7 @@ async def test_stdio_configs_start_a_server_a_client_can_talk_to(tmp_path: Path)
 
 
 async def test_http_configs_reach_a_token_server(kb_path: Path) -> None:
-    with http_server(kb_path, ["--http", "127.0.0.1:0", "--token", TOKEN]) as server:
+    with http_server(kb_path, ["--http", "127.0.0.1:0"], env={"KB_MCP_TOKEN": TOKEN}) as server:
         for name, (key, placeholder) in sorted(HTTP.items()):
             config = json.loads((CONFIGS / name).read_text())
             entry = config[key]["kb-mcp"]

@@ -79,16 +79,24 @@ def test_a_job_started_from_the_shell_is_read_back_by_another_command(kb_path: P
     assert got["status"] == "succeeded" and got["result"]["state_id"] == STATE
 
 
-def test_call_a_running_http_server(kb_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_call_a_running_http_server(kb_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     token = "call-token-0123456789abcdef"
-    with http_server(kb_path, ["--http", "127.0.0.1:0", "--token", token]) as server:
+    with http_server(kb_path, ["--http", "127.0.0.1:0"], env={"KB_MCP_TOKEN": token}) as server:
         ok = run_cli(["call", "--url", server.url, "suggest_optimizations", "--arg", f"state_id={STATE}"],
                      env={"KB_MCP_TOKEN": token})
         assert ok.returncode == 0, ok.stderr
         assert json.loads(ok.stdout)["state_id"] == STATE
         refused = run_cli(["call", "--url", server.url, "--list"], env={"KB_MCP_TOKEN": ""})
         assert refused.returncode == 2 and "wants a bearer token (401)" in refused.stderr
-        assert main(["call", "--url", server.url, "--token", "x" * 20, "--list"]) == 2
+        wrong = tmp_path / "wrong-token"
+        wrong.write_text("x" * 20 + "\n")
+        assert main(["call", "--url", server.url, "--token-file", str(wrong), "--list"]) == 2
         assert "refused the bearer token" in capsys.readouterr().err
+        right = tmp_path / "token"
+        right.write_text(token + "\n")
+        ok = run_cli(["call", "--url", server.url, "--token-file", str(right), "--list"], env={"KB_MCP_TOKEN": ""})
+        assert ok.returncode == 0, ok.stderr
+        assert main(["call", "--url", server.url, "--token", token, "--list"]) == 2  # never on the command line
+        assert "--token is not accepted" in capsys.readouterr().err
     assert main(["call", "--url", server.url, "--list"]) == 2
     assert "nothing answers at" in capsys.readouterr().err

@@ -29,7 +29,7 @@ def _post(url: str, headers: dict[str, str]) -> httpx2.Response:
 
 
 async def test_token_server_serves_a_real_client_and_refuses_others(kb_path: Path) -> None:
-    with http_server(kb_path, ["--http", "127.0.0.1:0", "--token", TOKEN]) as server:
+    with http_server(kb_path, ["--http", "127.0.0.1:0"], env={"KB_MCP_TOKEN": TOKEN}) as server:
         async with connect_http(server.url, TOKEN) as client:
             tools = {t.name: t for t in (await client.list_tools()).tools}
             expected = {spec.name for spec in load_tools()} | {"start_job", "job_status", "cancel_job"}
@@ -81,8 +81,10 @@ async def test_loopback_without_token_is_open_to_local_clients(kb_path: Path) ->
     ("args", "message"),
     [
         (["--http", "10.11.12.13:0"], "refusing to serve on 10.11.12.13 without a bearer token"),
-        (["--http", "10.11.12.13:0", "--token", "short"], "too short"),
-        (["--http", "0.0.0.0:0", "--token", TOKEN], "--allow-host"),
+        (["--http", "10.11.12.13:0", "--token-file", "{short}"], "too short"),
+        (["--http", "0.0.0.0:0", "--token-file", "{token}"], "--allow-host"),
+        (["--http", "10.11.12.13:0", "--token-file", "{missing}"], "cannot read the token file"),
+        (["--http", "10.11.12.13:0", "--token", TOKEN], "--token is not accepted"),
         (["--http", "nonsense"], "HOST:PORT"),
     ],
 )
@@ -90,6 +92,10 @@ def test_unsafe_or_broken_http_configs_refuse_to_start(
     kb_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("KB_MCP_TOKEN", raising=False)
+    files = {"short": kb_path.parent / "short", "token": kb_path.parent / "token", "missing": kb_path.parent / "missing"}
+    files["short"].write_text("short\n")
+    files["token"].write_text(TOKEN + "\n")
+    args = [a.format(**files) for a in args]
     # the console entry point's own function, in this process: it must return before serving anything
     assert main(["--kb", str(kb_path), "serve", *args]) == 2
     out, err = capsys.readouterr()

@@ -51,7 +51,9 @@ async def test_an_outcome_recorded_through_one_server_is_suggested_by_the_other(
 
 async def test_a_team_shares_one_http_server(kb_path: Path) -> None:
     token = "team-token-0123456789abcdef"
-    with http_server(kb_path, ["--http", "127.0.0.1:0", "--token", token]) as server:
+    token_file = kb_path.parent / "token"
+    token_file.write_text(token)
+    with http_server(kb_path, ["--http", "127.0.0.1:0", "--token-file", str(token_file)]) as server:
         async with connect_http(server.url, token) as alice, connect_http(server.url, token) as bob:
             cid = verified_candidate(kb_path, "class ModelNew: pass  # team\n", time_ms=0.4, eager_ms=1.0)
             opt = (await call_json(bob, "suggest_optimizations", {"state_id": STATE, "temperature": 0}))["suggestions"][0]["id"]

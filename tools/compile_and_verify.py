@@ -40,7 +40,7 @@ cold load_inline build or a first torch.compile baseline of a problem can take t
 META = ToolMeta(
     title="Compile, verify and time a candidate kernel",
     uses_gpu=True,
-    # each call measures again and stores the newest verdict under the candidate_id
+    # each call measures again and stores the newest verdict under its verdict key (candidate + options)
     idempotent=False,
 )
 

@@ -63,10 +63,10 @@ async def _campaign_beside_client(url: str, arguments: dict[str, object]) -> tup
             result = await call_json(client, "compile_and_verify", {
                 "problem": str(SWISH), "candidate": source, "options": {"compile_only": True},
             })
-            assert result["verdict"] == "needs_gpu", result
+            assert result["record"]["verdict"] == "needs_gpu", result
             calls += 1
-            status = await call_json(client, "job_status", {"job_id": job["job_id"]})
-        status = await call_json(client, "job_status", {"job_id": job["job_id"], "wait_s": 60})
+            status = await call_json(client, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"]})
+        status = await call_json(client, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"], "wait_s": 60})
     return status, calls
 
 

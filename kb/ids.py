@@ -4,9 +4,7 @@ what makes recording idempotent and merging free of duplicates."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-from typing import Any
 
 from kb_mcp.kb.models import Signature
 
@@ -17,13 +15,6 @@ def _digest(*parts: str, n: int = 16) -> str:
         h.update(part.encode())
         h.update(b"\0")  # ('ab', 'c') and ('a', 'bc') must differ
     return h.hexdigest()[:n]
-
-
-def options_digest(options: dict[str, Any], device: str, arch: str) -> str:
-    """Digest of what a verdict was checked with: the non-default options that bear on it, the GPU
-    (or none, compile-only) and its arch. Verdicts of one candidate are stored under it."""
-    canonical = json.dumps({"options": options, "device": device, "arch": arch}, sort_keys=True, separators=(",", ":"))
-    return "v_" + _digest(canonical, n=12)
 
 
 def slug(text: str, max_len: int = 48) -> str:

@@ -7,10 +7,12 @@ plus metric ranges over the canonical metric names of `kb_mcp.harness.profile_mo
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
@@ -290,6 +292,13 @@ class Transition(BaseModel):
     count: int = 0
 
 
+def options_digest(options: dict[str, Any], device: str, arch: str) -> str:
+    """Digest of what a verdict was checked with: the non-default options that bear on it, the GPU
+    (or none, compile-only) and its arch. The verdicts of one candidate are stored under it."""
+    canonical = json.dumps({"options": options, "device": device, "arch": arch}, sort_keys=True, separators=(",", ":"))
+    return "v_" + hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
 class Strength(str, Enum):
     """What a stored verdict can claim, given the options it was checked with (weakest first).
 
@@ -350,15 +359,14 @@ class CandidateRecord(BaseModel):
     @classmethod
     def _legacy_strength(cls, data: object) -> object:
         # Records written before verdict keys carry no options: they were checked with the
-        # defaults, on a GPU when a device is named, else compile-only.
+        # defaults, on a GPU when they name one (a device or its arch), else compile-only.
         if isinstance(data, dict) and "strength" not in data:
-            data = {**data, "strength": Strength.standard if data.get("device") else Strength.compile_only}
+            gpu = data.get("device") or data.get("arch")
+            data = {**data, "strength": Strength.standard if gpu else Strength.compile_only}
         return data
 
     @model_validator(mode="after")
     def _digest(self) -> CandidateRecord:
-        from kb_mcp.kb.ids import options_digest
-
         self.options_digest = options_digest(self.options, self.device, self.arch)
         return self
 

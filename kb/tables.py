@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from kb_mcp.kb import ids
-from kb_mcp.kb.models import ALL_ARCH, DEFAULT_TRACK, Score, Track
+from kb_mcp.kb.models import ALL_ARCH, DEFAULT_TRACK, Score, Track, options_digest
 
 FORMAT = "kb-mcp"
 RECORD_TABLES = ("states", "optimizations", "lessons", "outcomes", "transitions", "candidates")
@@ -48,7 +48,7 @@ class LayoutError(ValueError):
 
 def _record_key(table: str, doc: dict[str, Any]) -> str:
     if table == "candidates":  # one verdict per (candidate, options digest): docs/architecture.md
-        digest = ids.options_digest(doc.get("options") or {}, doc.get("device", ""), doc.get("arch", ""))
+        digest = options_digest(doc.get("options") or {}, doc.get("device", ""), doc.get("arch", ""))
         return f"{doc['candidate_id']}/{digest}"
     if table == "transitions":
         return ids.transition_key(doc["state_id"], doc["optimization_id"], doc["next_state_id"])

@@ -596,8 +596,12 @@ class WorkerPool:
             style=style_of(static_units(source)),
             messages=[] if built else [f"the build did not finish: the worker ended while {_PHASE_WORDS.get(phase, phase)}"],
         )
+        # The GPU it ran on: a timeout or crash there is a GPU verdict, stored as one (its verdict key
+        # and strength depend on it), not a compile-only one.
+        gpu = w.info is not None and w.info.cuda and not self.no_cuda and not opts.compile_only
         return VerifyResult(
             candidate_id=cid, problem=problem.name, problem_hash=problem.hash, verdict=verdict, summary=summary,
             compile=compile, findings=findings or [], phase=phase, output=w.output.take(opts.max_output_chars),
             elapsed_s=round(time.monotonic() - t0, 3), worker_replaced=True,
+            device=w.info.device if gpu and w.info else "", arch=w.info.arch if gpu and w.info else "",
         )

@@ -22,7 +22,6 @@ import threading
 from collections.abc import Mapping, Sequence
 from enum import Enum
 
-import openai
 from pydantic import BaseModel, ConfigDict, Field
 
 ENV_BASE_URL = "KB_MCP_LLM_BASE_URL"
@@ -223,6 +222,9 @@ class LLMClient:
     def __init__(self, config: LLMConfig, ledger: TokenLedger | None = None) -> None:
         self.config = config.require()
         self.ledger = ledger if ledger is not None else TokenLedger()
+        import openai  # a second to import: only when a client is made, not when the CLI starts
+
+        self._openai_error = openai.OpenAIError
         self._client = openai.OpenAI(
             base_url=config.base_url,
             api_key=config.api_key or _PLACEHOLDER_KEY,
@@ -254,7 +256,7 @@ class LLMClient:
                 messages=[m.model_dump() for m in messages],  # type: ignore[misc]
                 **extra,  # type: ignore[arg-type]
             )
-        except openai.OpenAIError as exc:
+        except self._openai_error as exc:
             where = self.config.base_url or "api.openai.com"
             raise LLMError(f"LLM call for role {role.value!r} to {where} (model {model}) failed: {exc}") from exc
         if not response.choices:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 
 from kb_mcp.server import prompts, resources
+from kb_mcp.server.about import package_version
 from kb_mcp.server.execution import ToolRunner
 from kb_mcp.server.gpu import gpu_summary
 from kb_mcp.server.job_tools import job_tool_specs
@@ -28,14 +28,6 @@ from kb_mcp.tools.context import ToolContext
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "kb-mcp"
-
-
-def package_version() -> str:
-    """The installed kb-mcp version ('' when running from an uninstalled tree)."""
-    try:
-        return version("kb-mcp")
-    except PackageNotFoundError:
-        return ""
 
 
 def instructions(tool_names: Sequence[str], gpu_tools: Sequence[str]) -> str:

@@ -1,36 +1,85 @@
-"""The `kb-mcp` command line: one entry point, one module per command group."""
+"""The `kb-mcp` command line: one entry point, one module per command.
+
+Start-up is kept short by importing only the chosen command's module: `kb-mcp --help` and
+`kb-mcp kb ...` never import the MCP SDK, the LLM client, torch or matplotlib (see
+`bench/startup_bench.py` and docs/benchmarks.md). The one-line help of every command lives in
+`COMMANDS`, so the top-level help needs none of the modules.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from kb_mcp.server import cmd_call, cmd_campaign, cmd_eval, cmd_kb, cmd_serve
+from kb_mcp.server.about import COMMAND, DIST_NAME
 
-COMMANDS = (cmd_serve, cmd_call, cmd_kb, cmd_campaign, cmd_eval)
+# command -> (module that registers it, its one-line help). The module's `register(sub)` adds the
+# full parser with the same help (tests/server/test_cli.py checks they agree).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("kb_mcp.server.cmd_serve", "run the MCP server (stdio by default, --http for a shared server)"),
+    "call": ("kb_mcp.server.cmd_call", "call one tool and print its JSON result"),
+    "kb": ("kb_mcp.server.cmd_kb", "create, inspect, browse, export, import and merge KB files"),
+    "run-campaign": ("kb_mcp.server.cmd_campaign", "optimize a set of problems autonomously with an LLM (resumable)"),
+    "eval": ("kb_mcp.server.cmd_eval", "verify solution files against KernelBench problems through the harness (no LLM)"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser, with every command group registered."""
+class _VersionAction(argparse.Action):
+    """`--version`, looked up only when asked for (reading package metadata costs time)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        from kb_mcp.server.about import package_version
+
+        print(f"{COMMAND} {package_version() or '(not installed)'} ({DIST_NAME}, Python {sys.version.split()[0]})")
+        parser.exit()
+
+
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The command named on the command line (the first word that is not a global option)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--kb":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser: the command chosen in `argv` fully registered, the others by name and help.
+
+    With `argv=None` every command is registered in full (for tools that inspect the whole CLI).
+    """
     parser = argparse.ArgumentParser(
-        prog="kb-mcp",
+        prog=COMMAND,
         description="Optimize CUDA kernels with a shared, persistent Knowledge Base (MCP server and CLI).",
     )
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     parser.add_argument(
         "--kb",
         metavar="PATH",
-        help="KB file (default: $KB_MCP_KB, else ~/.kb-mcp/kb.json)",
+        help="KB file (default: $KB_MCP_KB, else $KB_MCP_HOME/kb.json, else ~/.kb-mcp/kb.json)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMANDS:
-        module.register(sub)
+    chosen = None if argv is None else chosen_command(argv)
+    for name, (module, help_text) in COMMANDS.items():
+        if argv is None or name == chosen:
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=help_text)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` and run the chosen command; returns the process exit code."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -44,7 +44,7 @@ class CommandError(CallerError):
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Adds the `kb` command group."""
-    p = sub.add_parser("kb", help="create, inspect, export, import and merge KB files")
+    p = sub.add_parser("kb", help="create, inspect, browse, export, import and merge KB files")
     kb_sub = p.add_subparsers(dest="kb_command", metavar="ACTION", required=True)
 
     s = kb_sub.add_parser("init", help="create and seed the KB file if it does not exist",
@@ -91,6 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.set_defaults(func=_wrap(cmd_gc))
 
     s = kb_sub.add_parser("stats", help="counts of states, optimizations, scores and outcomes")
+    s.add_argument("--json", action="store_true", help="print the statistics as JSON (as kb://stats)")
     s.set_defaults(func=_wrap(cmd_stats))
 
     s = kb_sub.add_parser("show", help="one state and its optimizations, best expected speedup first")
@@ -229,6 +230,9 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
     """Prints the KB's counts as a table."""
     store = _open(args)
     stats = store.stats()
+    if args.json:
+        print(json.dumps({"kb_path": str(store.path), "stats": stats.model_dump(mode="json")}, indent=2))
+        return 0
     table = Table(title=f"KB {store.path}", show_header=True)
     table.add_column("what")
     table.add_column("count", justify="right")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kb_mcp.harness.candidate import CandidateError, parse_candidate
+from kb_mcp.harness.gpu_probe import no_gpu_reason
 from kb_mcp.harness.ncu_import import ReportImportError, import_report
+from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
 from kb_mcp.harness.profile_store import ProfileStore, new_profile_id
 from kb_mcp.harness.profiler import NoGpuError, ProfileOptions, ProfilerError, profile
@@ -31,7 +34,9 @@ process already started), each further kernel launch about 1 s more; a model wit
 takes minutes (run it as a job then, or lower max_kernels). Without counter
 access the result has counters_available=false, the reason, and timings only. Already have an
 Nsight Compute report? Pass `report` (a .ncu-rep file, or its CSV export: raw page, details page or
-both) instead: it is read as it is, nothing runs, no GPU needed, and the profile_id works the same."""
+both) instead: it is read as it is, nothing runs, no GPU needed, and the profile_id works the same.
+Without a GPU (and without `report`) it answers at once with status needs_gpu, after checking the
+problem and candidate files."""
 
 META = ToolMeta(
     title="Profile a kernel under Nsight Compute",
@@ -118,22 +123,26 @@ class KernelSummary(BaseModel):
 
 
 class Result(BaseModel):
-    """The stored profile's id and a summary of it."""
+    """The stored profile's id and a summary of it (or, without a GPU, why there is none)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    profile_id: str
+    status: Literal["profiled", "needs_gpu"] = Field(
+        "profiled", description="needs_gpu: no GPU here, nothing was profiled (the summary says why)"
+    )
+    summary: str = ""
+    profile_id: str | None = Field(None, description="pass to classify_state (None when status is needs_gpu)")
     problem: str
     candidate_id: str | None
-    device: str
-    arch: str
-    method: str = Field(description="'ncu' (hardware counters) or 'timeline' (timings only)")
-    counters_available: bool
+    device: str = ""
+    arch: str = ""
+    method: str = Field("", description="'ncu' (hardware counters) or 'timeline' (timings only)")
+    counters_available: bool = False
     counters_reason: str | None = None
-    total_gpu_time_us: float
-    total_elapsed_cycles: float
-    kernel_count: int
-    kernels: list[KernelSummary]
+    total_gpu_time_us: float = 0.0
+    total_elapsed_cycles: float = 0.0
+    kernel_count: int = 0
+    kernels: list[KernelSummary] = Field(default_factory=list)
     omitted_kernels: int = Field(0, description="kernels not listed (lighter ones); detail=true lists all")
     notes: list[str] = Field(default_factory=list)
     report_file: str | None = None
@@ -199,6 +208,9 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         except CandidateError as exc:
             raise ToolError(str(exc)) from exc
         candidate_source = candidate.text
+    missing_gpu = no_gpu_reason()
+    if missing_gpu is not None:
+        return needs_gpu(problem, candidate_source, missing_gpu)
     store = ProfileStore(ctx.profiles_dir)
     profile_id = new_profile_id()
     options = ProfileOptions(warmup=req.warmup, counters=req.counters, source_counters=req.source_counters,
@@ -212,7 +224,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
                        cache_dir=ctx.cache_dir, options=options, progress=progress, standby=ctx.profilers,
                        sandbox=sandbox)
     except NoGpuError as exc:
-        raise ToolError(f"{exc}. Run profile_kernel on a machine with an NVIDIA GPU; the KB tools work here.") from exc
+        return needs_gpu(problem, candidate_source, str(exc))
     except ProfilerError as exc:
         raise ToolError(str(exc)) from exc
     if prof.report_file and not req.keep_report:
@@ -239,6 +251,7 @@ def _imported(ctx: ToolContext, req: Request, progress: Progress) -> Result:
 def _result(prof: Profile, req: Request) -> Result:
     kernels, omitted = summarize(prof, detail=req.detail, top=req.top)
     return Result(
+        summary=f"profiled {len(prof.kernels)} kernel(s) on {prof.device}",
         profile_id=prof.profile_id,
         problem=prof.problem,
         candidate_id=prof.candidate_id,
@@ -256,4 +269,19 @@ def _result(prof: Profile, req: Request) -> Result:
         report_file=prof.report_file,
         wall_s=round(prof.wall_s, 2) if prof.wall_s is not None else None,
         next_step=f"call classify_state with profile_id={prof.profile_id} to map the kernels to KB states",
+    )
+
+
+def needs_gpu(problem: Problem, candidate_source: str | None, reason: str) -> Result:
+    """The answer without a GPU: nothing profiled, and what to do instead."""
+    return Result(
+        status="needs_gpu",
+        summary=f"not profiled: {reason}",
+        problem=problem.name,
+        candidate_id=candidate_id(problem, candidate_source) if candidate_source is not None else None,
+        method="none",
+        counters_reason="no GPU",
+        next_step="profile on a machine with an NVIDIA GPU, or pass `report` with an Nsight Compute report "
+        "made there; here, classify_state accepts metrics you already have, and suggest_optimizations "
+        "works from a state id",
     )

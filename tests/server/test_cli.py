@@ -1,0 +1,75 @@
+"""The `kb-mcp` entry point: lazy command modules, `--version`, and what start-up imports.
+
+Start-up time itself is measured by bench/startup_bench.py; here we check its cause: `--help` and
+the `kb` commands import none of the heavy packages.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kb_mcp.server import cli
+from kb_mcp.server.about import DIST_NAME
+
+HEAVY = ("openai", "torch", "mcp", "matplotlib", "uvicorn", "starlette")
+
+_PROBE = """
+import json, sys
+from kb_mcp.server.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)), file=sys.stderr)
+"""
+
+
+def _heavy_imports(args: list[str], kb: Path) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(heavy=HEAVY), "--kb", str(kb), *args],
+        capture_output=True, text=True, timeout=120,
+    )
+    return json.loads(out.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["kb", "--help"], ["kb", "stats"], ["kb", "stats", "--json"]])
+def test_start_up_imports_nothing_heavy(args: list[str], tmp_path: Path) -> None:
+    assert _heavy_imports(args, tmp_path / "kb.json") == []
+
+
+def test_serve_is_the_command_that_imports_the_sdk(tmp_path: Path) -> None:
+    # the probe itself can fail: the SDK is imported once the server is built
+    assert "mcp" in _heavy_imports(["call", "--list"], tmp_path / "kb.json")
+
+
+def test_version_names_the_distribution() -> None:
+    out = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    assert out.stdout.startswith("kb-mcp ") and DIST_NAME in out.stdout and "not installed" not in out.stdout
+
+
+def test_each_commands_listed_help_is_its_own() -> None:
+    full = cli.build_parser()
+    sub = next(a for a in full._actions if a.dest == "command")
+    registered = {c.dest: c.help for c in sub._choices_actions}
+    assert registered == {name: help_text for name, (_module, help_text) in cli.COMMANDS.items()}
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [(["serve"], "serve"), (["--kb", "serve", "kb", "stats"], "kb"), (["--kb=x", "call"], "call"), (["--help"], None), (["nope"], None)],
+)
+def test_the_chosen_command_is_found_past_global_options(argv: list[str], expected: str | None) -> None:
+    assert cli.chosen_command(argv) == expected
+
+
+def test_an_unknown_command_is_refused_with_the_list(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["frobnicate"])
+    assert exc.value.code == 2
+    assert "run-campaign" in capsys.readouterr().err

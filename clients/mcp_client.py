@@ -103,9 +103,13 @@ def explain_http_failure(url: str, token: str | None) -> str:
     except httpx2.HTTPError as exc:
         return f"nothing answers at {url} ({type(exc).__name__}: {exc}); is `kb-mcp serve --http` running there?"
     if response.status_code == 401:
+        try:
+            reason = str(response.json().get("error_description") or "")
+        except ValueError:
+            reason = ""
         if token:
-            return f"{url} refused the bearer token (401): check --token-file / $KB_MCP_TOKEN against the server's"
-        return f"{url} wants a bearer token (401): pass --token-file PATH or set KB_MCP_TOKEN"
+            return f"{url} refused the bearer token (401): {reason or 'check --token-file / $KB_MCP_TOKEN against the server'}"
+        return f"{url} wants a bearer token (401): pass --token-file PATH or set KB_MCP_TOKEN" + (f" ({reason})" if reason else "")
     if response.status_code == 421:
         return (
             f"{url} refused the Host name (421, DNS-rebinding protection): start the server with "

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 
 from kb_mcp.server import prompts, resources
@@ -22,7 +21,6 @@ from kb_mcp.server.job_tools import job_tool_specs
 from kb_mcp.server.jobs import JobManager, JobStore, registered_job_kinds
 from kb_mcp.server.mcp_tools import as_mcp_tool
 from kb_mcp.server.registry import JOB_ONLY_MODULES, ToolSpec, load_tools
-from kb_mcp.server.transport import StaticTokenVerifier
 from kb_mcp.tools.context import ToolContext
 
 log = logging.getLogger(__name__)
@@ -57,32 +55,19 @@ class KbMcpServer(MCPServer[Any]):
         return [name for name, spec in self.specs.items() if spec.uses_gpu]
 
 
-def _bearer_auth(token: str | None) -> dict[str, Any]:
-    """MCPServer arguments that make its HTTP app require `token` (nothing for stdio or no token)."""
-    if not token:
-        return {}
-    # The SDK's bearer check needs AuthSettings; with no resource_server_url and no authorization
-    # server provider, nothing OAuth-related is advertised and issuer_url is never published.
-    return {
-        "auth": AuthSettings(issuer_url="http://localhost", resource_server_url=None),
-        "token_verifier": StaticTokenVerifier(token),
-    }
-
-
 def build_server(
     ctx: ToolContext | None = None,
     *,
     tools: Sequence[ToolSpec] | None = None,
     job_kinds: Sequence[ToolSpec] | None = None,
-    http_token: str | None = None,
     adopt_client_name: bool = False,
 ) -> KbMcpServer:
     """Assembles the server over `ctx` (default: the KB from $KB_MCP_KB / ~/.kb-mcp).
 
     `tools` defaults to the product tools whose modules import; `job_kinds` (extra, job-only
     kinds) defaults to those registered with `kb_mcp.server.jobs.register_job_kind` plus the
-    lazily imported `registry.JOB_ONLY_MODULES`. With
-    `http_token`, the HTTP app answers 401 to any request without `Authorization: Bearer <token>`.
+    lazily imported `registry.JOB_ONLY_MODULES`. An HTTP server's bearer token is checked in
+    front of the app (`transport.BearerGate`).
     `adopt_client_name` (stdio: one client per process) records the client's name as provenance.
     """
     ctx = ctx or ToolContext()
@@ -115,7 +100,6 @@ def build_server(
         tools=[as_mcp_tool(spec, runner, adopt_client_name=adopt_client_name) for spec in all_specs],
         lifespan=lifespan,
         log_level="INFO",
-        **_bearer_auth(http_token),
     )
     resources.register(server, ctx, jobs)
     server.prompt(name=prompts.ROUND_PROMPT_NAME, description=prompts.ROUND_PROMPT_DESCRIPTION)(

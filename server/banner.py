@@ -5,6 +5,7 @@ Printed to stderr only (stdout is the MCP wire on stdio).
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -41,6 +42,22 @@ def http_connect_lines(url: str, with_token: bool) -> list[str]:
         f'  Cursor (.cursor/mcp.json): {{"mcpServers": {{"kb-mcp": {{"url": "{url}"{headers_json}}}}}}}',
         f'  VS Code (.vscode/mcp.json): {{"servers": {{"kb-mcp": {{"type": "http", "url": "{url}"{headers_json}}}}}}}',
     ]
+
+
+def token_hint_lines(server_token: str | None) -> list[str]:
+    """A warning when the connect lines above would send an empty token from this shell."""
+    if server_token is None:
+        return []
+    value = os.environ.get(ENV_TOKEN)
+    if not value:
+        state = "is empty" if value == "" else "is not set"
+        return [
+            f"  note: {ENV_TOKEN} {state} in this shell, so the lines above would send an empty token "
+            f"(401 'the bearer token is empty'): export {ENV_TOKEN}=<this server's token> where the agent runs"
+        ]
+    if value != server_token:
+        return [f"  note: {ENV_TOKEN} in this shell is not this server's token; agents started from here would get 401"]
+    return []
 
 
 def print_banner(

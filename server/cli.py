@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kb": ("kb_mcp.server.cmd_kb", "create, inspect, browse, export, import and merge KB files"),
     "run-campaign": ("kb_mcp.server.cmd_campaign", "optimize a set of problems autonomously with an LLM (resumable)"),
     "eval": ("kb_mcp.server.cmd_eval", "verify solution files against KernelBench problems through the harness (no LLM)"),
+    "doctor": ("kb_mcp.server.cmd_doctor", "check this machine (GPU, driver, torch, nvcc, ncu, sandbox, KB) and say how to fix what fails"),
 }
 
 
@@ -59,6 +60,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=COMMAND,
         description="Optimize CUDA kernels with a shared, persistent Knowledge Base (MCP server and CLI).",
+        epilog=f"First time here? `{COMMAND} doctor` checks this machine; docs/agents.md connects an agent.",
     )
     parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     parser.add_argument(

@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
     import anyio
 
     from kb_mcp.server.app import build_server, package_version
-    from kb_mcp.server.banner import http_connect_lines, print_banner, stdio_connect_lines
-    from kb_mcp.server.transport import HttpOptions, ServeError, http_options, serve_http
+    from kb_mcp.server.banner import http_connect_lines, print_banner, stdio_connect_lines, token_hint_lines
+    from kb_mcp.server.transport import BearerGate, HttpOptions, ServeError, http_options, serve_http
     from kb_mcp.tools.context import ToolContext
 
     logs.configure(args.log_level)
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         # remains, a damaged or a foreign one is refused here, with its name and what to do,
         # instead of failing the first tool call.
         stats_line = ""
-        server = build_server(ctx, http_token=options.token if options else None, adopt_client_name=options is None)
+        server = build_server(ctx, adopt_client_name=options is None)
         stats_line = _stats_line(server)
     except KbMcpError as exc:
         print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc}", file=sys.stderr)
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                 log.info("kb-mcp %s serving %s over stdio (%s)", package_version(), ctx.kb_path, stats_line)
             anyio.run(server.run_stdio_async)
         else:
-            app = server.streamable_http_app(transport_security=options.security(), host=options.host)
+            app = BearerGate(server.streamable_http_app(transport_security=options.security(), host=options.host), options.token)
 
             def ready(port: int, opts: HttpOptions) -> None:
                 url = opts.url(port)
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
                     stats_line=stats_line,
                     tools=tools,
                     gpu_tools=gpu_tools,
-                    connect=http_connect_lines(url, opts.token is not None),
+                    connect=http_connect_lines(url, opts.token is not None) + token_hint_lines(opts.token),
                     footer=f"serving http {url} (bearer token {'required' if opts.token else 'off'}; "
                     f"allowed hosts: {', '.join(opts.allowed_hosts)}); Ctrl-C quits",
                 )

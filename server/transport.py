@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import logging
+import re
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
-from mcp.server.auth.provider import AccessToken
 from mcp.server.transport_security import TransportSecuritySettings
 
 from kb_mcp.server.env import ENV_TOKEN
@@ -111,6 +113,11 @@ def http_options(bind: str, token: str | None, allow_hosts: Sequence[str] = ()) 
     """Validates a serve configuration; raises ServeError with the fix when it must not start."""
     host, port = parse_bind(bind)
     token = token or None
+    if token is not None and _PLACEHOLDER.match(token):
+        raise ServeError(
+            f"the bearer token is the unexpanded text {token!r}: the variable it names is not set where this "
+            f"server starts; set it (e.g. export {ENV_TOKEN}=...) or put the token in a file and pass --token-file PATH"
+        )
     loopback = is_loopback(host)
     if not loopback:
         if token is None:
@@ -138,19 +145,6 @@ def http_options(bind: str, token: str | None, allow_hosts: Sequence[str] = ()) 
         allowed_hosts += [h for h in hosts if h not in allowed_hosts]
         allowed_origins += [o for o in origins if o not in allowed_origins]
     return HttpOptions(host, port, token, allowed_hosts, allowed_origins)
-
-
-class StaticTokenVerifier:
-    """The SDK's TokenVerifier for one shared secret (compared in constant time)."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
-
-    async def verify_token(self, token: str) -> AccessToken | None:
-        """An AccessToken for the right secret, None (so: 401) for anything else."""
-        if hmac.compare_digest(token.encode(), self._token):
-            return AccessToken(token=token, client_id="kb-mcp-bearer", scopes=[])
-        return None
 
 
 def check_bindable(host: str, port: int) -> None:
@@ -189,3 +183,130 @@ async def serve_http(app: object, options: HttpOptions, on_ready: Callable[[int]
         tg.start_soon(announce)
         await server.serve()
         tg.cancel_scope.cancel()
+
+
+# -- bearer token check ------------------------------------------------------------------------------
+#
+# kb-mcp's HTTP server takes one static bearer token; it is not an OAuth resource server. MCP
+# clients start OAuth discovery from a 401 whose WWW-Authenticate names `resource_metadata`, or by
+# fetching /.well-known/oauth-protected-resource and /.well-known/oauth-authorization-server. So a
+# 401 here never names resource metadata, every /.well-known/ path answers 404 saying there is no
+# OAuth, and the 401 says in words whether the token was missing, empty, unexpanded or wrong.
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+REALM = "kb-mcp"
+# `${KB_MCP_TOKEN}`, `$KB_MCP_TOKEN`, `${env:KB_MCP_TOKEN}`, `${input:kb-mcp-token}`: what a client
+# config holds before its variables are substituted.
+_PLACEHOLDER = re.compile(r"^\$(\{[A-Za-z_][\w:.-]*\}|[A-Za-z_]\w*)$")
+
+
+@dataclass(frozen=True)
+class AuthProblem:
+    """Why a request's credentials were refused: an RFC 6750 error code and a sentence for people."""
+
+    error: str  # invalid_request (nothing usable sent) or invalid_token (the wrong token)
+    description: str
+    placeholder: str | None = None  # the unexpanded variable the client sent, if that is what it sent
+
+    def www_authenticate(self) -> str:
+        """The WWW-Authenticate value: the scheme, realm and error, and no OAuth resource metadata."""
+        text = self.description.replace("\\", "\\\\").replace('"', "'")
+        return f'Bearer realm="{REALM}", error="{self.error}", error_description="{text}"'
+
+    def body(self) -> bytes:
+        """The JSON body of the 401."""
+        return json.dumps({"error": self.error, "error_description": self.description}).encode()
+
+
+def auth_problem(authorization: str | None, token: str) -> AuthProblem | None:
+    """What is wrong with an `Authorization` header for a server whose token is `token` (None: nothing)."""
+    if authorization is None or not authorization.strip():
+        return AuthProblem(
+            "invalid_request",
+            f"no bearer token: this kb-mcp server requires the header 'Authorization: Bearer <token>' "
+            f"with the token the server was started with (its {ENV_TOKEN})",
+        )
+    scheme, _, credentials = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return AuthProblem(
+            "invalid_request",
+            f"the Authorization header uses the scheme {scheme[:20]!r}; send 'Authorization: Bearer <token>'",
+        )
+    credentials = credentials.strip()
+    if not credentials:
+        return AuthProblem(
+            "invalid_request",
+            "the bearer token is empty: the variable your client configuration takes it from is empty or unset "
+            f"where the client runs (export {ENV_TOKEN}=... before starting the client)",
+        )
+    if _PLACEHOLDER.match(credentials):
+        return AuthProblem(
+            "invalid_token",
+            f"the bearer token is the unexpanded text {credentials!r}: your client did not substitute that variable "
+            "(it is unset where the client runs, or this client does not expand variables in headers); "
+            "set it, or write the token into the configuration",
+            placeholder=credentials,
+        )
+    if not hmac.compare_digest(credentials.encode(), token.encode()):
+        return AuthProblem("invalid_token", "the bearer token is not this server's token: check the token your client sends")
+    return None
+
+
+class BearerGate:
+    """ASGI middleware in front of the MCP app: the bearer-token check, and no OAuth endpoints.
+
+    With `token=None` (a loopback server without a token) only the /.well-known/ answers apply.
+    """
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+        self._warned: set[str] = set()
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if str(scope.get("path", "")).startswith("/.well-known/"):
+            await _send_json(send, 404, {
+                "error": "not_found",
+                "error_description": "kb-mcp does not use OAuth: it takes a static bearer token "
+                "('Authorization: Bearer <token>'), or none on a loopback server started without one",
+            })
+            return
+        if self.token is not None:
+            problem = auth_problem(_header(scope, b"authorization"), self.token)
+            if problem is not None:
+                self._log(problem)
+                await _send_json(send, 401, problem.body(), [(b"www-authenticate", problem.www_authenticate().encode())])
+                return
+        await self.app(scope, receive, send)
+
+    def _log(self, problem: AuthProblem) -> None:
+        if problem.placeholder is not None and problem.placeholder not in self._warned:
+            self._warned.add(problem.placeholder)
+            log.warning(
+                "a client sent the unexpanded text %r as its bearer token: the variable in that client's "
+                "configuration is not set where the client runs", problem.placeholder,
+            )
+        else:
+            log.info("refused a request (401): %s", problem.description)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def _send_json(
+    send: Callable[[Message], Awaitable[None]], status: int, body: bytes | dict[str, Any], extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *(extra or [])]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})

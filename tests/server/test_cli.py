@@ -37,7 +37,9 @@ def _heavy_imports(args: list[str], kb: Path) -> list[str]:
     return json.loads(out.stderr.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["kb", "--help"], ["kb", "stats"], ["kb", "stats", "--json"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["--version"], ["kb", "--help"], ["kb", "stats"], ["kb", "stats", "--json"], ["doctor", "--json"]]
+)
 def test_start_up_imports_nothing_heavy(args: list[str], tmp_path: Path) -> None:
     assert _heavy_imports(args, tmp_path / "kb.json") == []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kb_mcp.server.transport import ServeError, StaticTokenVerifier, http_options, is_loopback, parse_bind
+from kb_mcp.server.transport import ServeError, auth_problem, http_options, is_loopback, parse_bind
 
 TOKEN = "t" * 32
 
@@ -71,8 +71,34 @@ def test_wildcard_bind_needs_an_allow_list() -> None:
     assert opts.url(8765) == "http://127.0.0.1:8765/mcp"
 
 
-async def test_static_token_verifier() -> None:
-    verifier = StaticTokenVerifier(TOKEN)
-    assert await verifier.verify_token(TOKEN) is not None
-    assert await verifier.verify_token(TOKEN[:-1]) is None
-    assert await verifier.verify_token("") is None
+@pytest.mark.parametrize(
+    ("header", "error", "words"),
+    [
+        (None, "invalid_request", "no bearer token"),
+        ("", "invalid_request", "no bearer token"),
+        ("Basic dXNlcjpwYXNz", "invalid_request", "scheme 'Basic'"),
+        ("Bearer ", "invalid_request", "token is empty"),
+        ("Bearer ${KB_MCP_TOKEN}", "invalid_token", "unexpanded text '${KB_MCP_TOKEN}'"),
+        ("Bearer $KB_MCP_TOKEN", "invalid_token", "unexpanded"),
+        ("Bearer ${env:KB_MCP_TOKEN}", "invalid_token", "unexpanded"),
+        ("Bearer ${input:kb-mcp-token}", "invalid_token", "unexpanded"),
+        (f"Bearer {TOKEN[:-1]}", "invalid_token", "not this server's token"),
+    ],
+)
+def test_each_refusal_says_what_is_wrong(header: str | None, error: str, words: str) -> None:
+    problem = auth_problem(header, TOKEN)
+    assert problem is not None and problem.error == error and words in problem.description
+    challenge = problem.www_authenticate()
+    assert challenge.startswith('Bearer realm="kb-mcp", error="' + error + '"')
+    assert "resource_metadata" not in challenge  # what makes MCP clients start OAuth discovery
+    assert challenge.count('"') == 6  # the description cannot break out of its quotes
+
+
+def test_the_right_token_passes_in_any_scheme_case() -> None:
+    assert auth_problem(f"Bearer {TOKEN}", TOKEN) is None
+    assert auth_problem(f"bearer {TOKEN}", TOKEN) is None
+
+
+def test_an_unexpanded_server_token_is_refused_at_start() -> None:
+    with pytest.raises(ServeError, match="unexpanded"):
+        http_options("0.0.0.0:8765", "${KB_MCP_TOKEN}", ["gpu-box"])

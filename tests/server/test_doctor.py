@@ -1,0 +1,103 @@
+"""`kb-mcp doctor`: the real checks of this machine through the command line, each failure with a
+fix and an exit status scripts can use; the parsers on recorded driver output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from kb_mcp.server.doctor import Status, counters_restricted, parse_smi, torch_cuda_build
+
+NAMES = ["kb-mcp", "GPU", "PyTorch", "nvcc", "ncu", "sandbox", "KB", "cache"]
+
+# nvidia-smi on an H100 machine (driver 580), as `--query-gpu=name,driver_version --format=csv,noheader`
+# and the header of plain `nvidia-smi`
+SMI_LISTING = "NVIDIA H100 80GB HBM3, 580.95.05\n"
+SMI_HEADER = "| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |\n"
+
+
+def _doctor(args: list[str], kb: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(kb), "doctor", *args],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})},
+    )
+
+
+def test_json_lists_every_check_and_the_exit_status_follows_them(tmp_path: Path) -> None:
+    done = _doctor(["--json"], tmp_path / "kb.json")
+    report = json.loads(done.stdout)
+    assert [c["name"] for c in report["checks"]] == NAMES
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    assert done.returncode == (1 if failed else 0)
+    for check in report["checks"]:
+        if check["status"] in ("warn", "fail"):
+            assert check["fix"], check  # every problem comes with what to do
+    kb = next(c for c in report["checks"] if c["name"] == "KB")
+    assert kb["status"] == "ok" and "from --kb" in kb["summary"] and "created and seeded on first use" in kb["summary"]
+    assert not (tmp_path / "kb.json").exists()  # the doctor looks, it does not create
+
+
+def test_a_damaged_kb_fails_with_a_fix_on_one_screen(tmp_path: Path) -> None:
+    kb = tmp_path / "kb.json"
+    kb.write_text('{"not": "a kb"')
+    done = _doctor([], kb, env={"COLUMNS": "120"})
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert len(lines) <= 40  # one screen
+    row = next(i for i, line in enumerate(lines) if line.split()[1:2] == ["KB"])
+    assert "FAIL" in lines[row] and "cannot be opened" in lines[row]
+    assert any("fix:" in line and "kb init" in line for line in lines[row:row + 4])
+    assert "check(s) failed: KB" in done.stdout
+    assert kb.read_text() == '{"not": "a kb"'  # left as it was
+
+
+def test_without_nvcc_the_fix_says_where_to_find_it_and_gpu_mode_fails(tmp_path: Path) -> None:
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    env = {"PATH": str(bare), "KB_MCP_NCU": ""}
+    report = json.loads(_doctor(["--json"], tmp_path / "kb.json", env).stdout)
+    nvcc = next(c for c in report["checks"] if c["name"] == "nvcc")
+    assert nvcc["status"] == "warn" and "PATH" in nvcc["fix"]
+    strict = _doctor(["--json", "--gpu"], tmp_path / "kb.json", env)
+    assert strict.returncode == 1
+    statuses = {c["name"]: c["status"] for c in json.loads(strict.stdout)["checks"]}
+    assert statuses["nvcc"] == "fail" and statuses["ncu"] == "fail"
+
+
+def test_nvcc_on_path_is_found_with_its_release(tmp_path: Path) -> None:
+    if shutil.which("nvcc") is None:
+        import pytest
+
+        pytest.skip("nvcc is not installed here")
+    report = json.loads(_doctor(["--json"], tmp_path / "kb.json").stdout)
+    nvcc = next(c for c in report["checks"] if c["name"] == "nvcc")
+    assert nvcc["status"] in ("ok", "warn") and "CUDA " in nvcc["summary"]
+
+
+def test_nvidia_smi_output_is_read() -> None:
+    machine = parse_smi(SMI_LISTING, SMI_HEADER)
+    assert machine.gpus == ["NVIDIA H100 80GB HBM3"] and machine.driver == "580.95.05" and machine.driver_cuda == "13.0"
+
+
+def test_counter_permission_is_read_from_the_driver_params(tmp_path: Path) -> None:
+    params = tmp_path / "params"
+    params.write_text("ResmanDebugLevel: 4294967295\nRmProfilingAdminOnly: 1\n")
+    assert counters_restricted(params) is True
+    params.write_text("RmProfilingAdminOnly: 0\n")
+    assert counters_restricted(params) is False
+    assert counters_restricted(tmp_path / "missing") is None
+
+
+def test_torch_build_is_read_without_importing_it() -> None:
+    version, cuda = torch_cuda_build()
+    import torch
+
+    assert version == torch.__version__ and cuda == torch.version.cuda
+
+
+def test_statuses_are_ordered_words() -> None:
+    assert [s.value for s in Status] == ["ok", "info", "warn", "fail"]

@@ -11,7 +11,10 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from kb_mcp.server import prompts, resources
 from kb_mcp.server.about import package_version
@@ -35,9 +38,15 @@ def instructions(tool_names: Sequence[str], gpu_tools: Sequence[str]) -> str:
         "Loop: profile_kernel -> classify_state -> suggest_optimizations -> write a candidate -> "
         "compile_and_verify -> record_outcome; the prompt `optimization_round` explains each step. "
         "Work longer than your tool timeout goes through start_job / job_status. "
-        "Resources kb://states, kb://state/{id}, kb://stats read the KB. "
+        "Resources read the KB: kb://states, kb://state/{id}, kb://candidates, kb://candidate/{id} "
+        "(verdict, source, lineage), kb://outcomes, kb://stats, kb://campaigns. "
         f"Tools here: {', '.join(tool_names)}. {gpu_summary(gpu_tools)}"
     )
+
+
+# "Resource not found" up to protocol 2025-11-25; 2026-07-28 retired the code for -32602 (SEP-2164),
+# which the SDK sends for ResourceNotFoundError.
+RESOURCE_NOT_FOUND = -32002
 
 
 class KbMcpServer(MCPServer[Any]):
@@ -53,6 +62,16 @@ class KbMcpServer(MCPServer[Any]):
     def gpu_tools(self) -> list[str]:
         """The tools that time or profile on the GPU (as their modules declare)."""
         return [name for name, spec in self.specs.items() if spec.uses_gpu]
+
+    async def read_resource(self, uri: Any, context: Context | None = None) -> Any:
+        """Reads a resource; a missing one gets the error code of the client's protocol version."""
+        try:
+            return await super().read_resource(uri, context)
+        except ResourceNotFoundError as exc:
+            version = context.request_context.protocol_version if context is not None and context._request_context else None
+            if version in HANDSHAKE_PROTOCOL_VERSIONS:
+                raise MCPError(code=RESOURCE_NOT_FOUND, message=str(exc), data={"uri": str(uri)}) from exc
+            raise
 
 
 def build_server(

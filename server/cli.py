@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run-campaign": ("kb_mcp.server.cmd_campaign", "optimize a set of problems autonomously with an LLM (resumable)"),
     "eval": ("kb_mcp.server.cmd_eval", "verify solution files against KernelBench problems through the harness (no LLM)"),
     "doctor": ("kb_mcp.server.cmd_doctor", "check this machine (GPU, driver, torch, nvcc, ncu, sandbox, KB) and say how to fix what fails"),
+    "install-skill": ("kb_mcp.server.cmd_skill", "install the kb-mcp Skill for Claude Code (the optimization round with these tools)"),
 }
 
 

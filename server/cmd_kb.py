@@ -115,6 +115,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("paths", nargs="+", metavar="PATH")
     s.set_defaults(func=_wrap(cmd_merge))
 
+    from kb_mcp.server import cmd_browse  # states, candidates, candidate, outcomes, campaigns
+
+    cmd_browse.register(kb_sub)
+
 
 def _wrap(fn: Callable[[argparse.Namespace, Console], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,13 @@
-"""Read-only MCP resources: the KB's states and statistics, and recent jobs.
+"""Read-only MCP resources: the KB's states, candidates, outcomes and statistics, campaigns and jobs.
 
 Each read goes to the store, which re-reads the KB file when another process changed it, so a
-resource always shows what every server sharing the KB has recorded.
+resource always shows what every server sharing the KB has recorded. The documents are the ones
+`kb-mcp kb states|candidates|candidate|outcomes|campaigns|stats --json` print (`server/kb_views.py`).
+
+A templated resource whose id the KB does not hold raises `ResourceNotFoundError`; the server
+answers it with the error code of the protocol version in use (`app.KbMcpServer.read_resource`).
+Completions for the ids in `kb://state/{state_id}` and `kb://candidate/{candidate_id}` come from
+`complete`.
 """
 
 from __future__ import annotations
@@ -11,7 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError
+from mcp_types import Completion, CompletionArgument, CompletionContext, PromptReference, ResourceTemplateReference
 
 from kb_mcp.kb.errors import KbMcpError
 from kb_mcp.server import kb_views
@@ -19,6 +26,9 @@ from kb_mcp.server.jobs import JobManager
 from kb_mcp.tools.context import ToolContext
 
 JSON = "application/json"
+STATE_TEMPLATE = "kb://state/{state_id}"
+CANDIDATE_TEMPLATE = "kb://candidate/{candidate_id}"
+MAX_COMPLETIONS = 100  # the protocol's limit per completion response
 
 
 def _worded(fn: Callable[..., str]) -> Callable[..., str]:
@@ -35,7 +45,7 @@ def _worded(fn: Callable[..., str]) -> Callable[..., str]:
 
 
 def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None:
-    """Adds kb://states, kb://state/{state_id}, kb://stats and kb://jobs to `server`."""
+    """Adds the kb:// resources and the completion handler to `server`."""
 
     @server.resource(
         "kb://states",
@@ -50,7 +60,7 @@ def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None
         return kb_views.states_overview(ctx.store).model_dump_json(exclude_none=True)
 
     @server.resource(
-        "kb://state/{state_id}",
+        STATE_TEMPLATE,
         name="state",
         title="One KB state",
         description="One state in full: description, signature (metric ranges), and its optimizations "
@@ -61,8 +71,45 @@ def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None
     def state(state_id: str) -> str:
         view = kb_views.state_detail(ctx.store, state_id)
         if view is None:
-            raise ResourceError(f"no state {state_id!r} in the KB; kb://states lists the ids")
+            raise ResourceNotFoundError(f"no state {state_id!r} in the KB; kb://states lists the ids")
         return view.model_dump_json(exclude_none=True)
+
+    @server.resource(
+        "kb://candidates",
+        name="candidates",
+        title="Verified candidates",
+        description="The 50 newest candidates compile_and_verify has judged (any agent on this KB): "
+        "candidate_id, problem, verdict, speedup over the better baseline, device, outcomes recorded.",
+        mime_type=JSON,
+    )
+    def candidates() -> str:
+        return kb_views.candidates_overview(ctx.store).model_dump_json(exclude_none=True)
+
+    @server.resource(
+        CANDIDATE_TEMPLATE,
+        name="candidate",
+        title="One candidate",
+        description="One candidate by candidate_id: the server's verdict and timings, its source as "
+        "verified, its lineage (the candidates and optimizations that led to it, and those made from "
+        "it) and the outcomes recorded with it.",
+        mime_type=JSON,
+    )
+    def candidate(candidate_id: str) -> str:
+        detail = kb_views.candidate_detail(ctx.store, ctx.candidates_dir, candidate_id)
+        if detail is None:
+            raise ResourceNotFoundError(f"no candidate {candidate_id!r} in the KB; kb://candidates lists the newest")
+        return detail.model_dump_json(exclude_none=True)
+
+    @server.resource(
+        "kb://outcomes",
+        name="outcomes",
+        title="Recorded outcomes",
+        description="The 50 newest outcomes (the KB's replay buffer): problem, state, optimization, "
+        "verdict, speedup, candidate, agent, analysis.",
+        mime_type=JSON,
+    )
+    def outcomes() -> str:
+        return kb_views.outcomes_overview(ctx.store).model_dump_json(exclude_none=True)
 
     @server.resource(
         "kb://stats",
@@ -77,6 +124,16 @@ def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None
         return kb_views.kb_stats(ctx.store, ctx.kb_path).model_dump_json(exclude_none=True)
 
     @server.resource(
+        "kb://campaigns",
+        name="campaigns",
+        title="Campaigns",
+        description="Campaigns run on this KB (kb-mcp run-campaign): name, state, problems, runs, report file.",
+        mime_type=JSON,
+    )
+    def campaigns() -> str:
+        return kb_views.campaigns_overview(ctx.artifacts_dir).model_dump_json(exclude_none=True)
+
+    @server.resource(
         "kb://jobs",
         name="jobs",
         title="Recent jobs",
@@ -85,3 +142,25 @@ def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None
     )
     def recent_jobs() -> str:
         return kb_views.jobs_overview(jobs).model_dump_json(exclude_none=True)
+
+    @server.completion()
+    async def complete(
+        ref: PromptReference | ResourceTemplateReference, argument: CompletionArgument, context: CompletionContext | None
+    ) -> Completion | None:
+        return completions(ctx, ref, argument)
+
+
+def completions(ctx: ToolContext, ref: PromptReference | ResourceTemplateReference, argument: CompletionArgument) -> Completion | None:
+    """Ids that start with what was typed, for the templates' id arguments (None: nothing to offer)."""
+    if not isinstance(ref, ResourceTemplateReference):
+        return None
+    typed = argument.value or ""
+    if ref.uri == STATE_TEMPLATE and argument.name == "state_id":
+        with ctx.store.read() as view:
+            ids = view.state_ids()
+    elif ref.uri == CANDIDATE_TEMPLATE and argument.name == "candidate_id":
+        ids = [c.candidate_id for c in kb_views.candidates_overview(ctx.store, limit=kb_views.MAX_ROWS).candidates]
+    else:
+        return None
+    found = sorted(i for i in ids if i.startswith(typed)) if ref.uri == STATE_TEMPLATE else [i for i in ids if i.startswith(typed)]
+    return Completion(values=found[:MAX_COMPLETIONS], total=len(found), has_more=len(found) > MAX_COMPLETIONS)

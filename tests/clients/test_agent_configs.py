@@ -1,4 +1,4 @@
-"""The shipped agent configs (Claude Code, Cursor, VS Code; stdio and HTTP) parse, and what they
+"""The shipped agent configs (Claude Code, Claude Desktop, Cursor, VS Code, Codex; stdio and HTTP) parse, and what they
 tell the agent to run or reach is a server a real MCP client can talk to. The one-line setup
 commands in docs/agents.md are checked the same way."""
 
@@ -18,13 +18,24 @@ from mcp.client.stdio import StdioServerParameters
 
 from kb_mcp.clients.mcp_client import call_json, connect_http
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "clients" / "configs"
 DOCS = ROOT / "docs" / "agents.md"
 sys.path.insert(0, str(ROOT / "tests" / "server"))
 from serverproc import http_server  # noqa: E402
 
-STDIO = {"claude-code.mcp.json": "mcpServers", "cursor.mcp.json": "mcpServers", "vscode.mcp.json": "servers"}
+STDIO = {
+    "claude-code.mcp.json": "mcpServers",
+    "claude-desktop.json": "mcpServers",
+    "cursor.mcp.json": "mcpServers",
+    "vscode.mcp.json": "servers",
+}
+CODEX = ("codex.config.toml", "codex-http.config.toml")
 HTTP = {
     "claude-code-http.mcp.json": ("mcpServers", "${KB_MCP_TOKEN}"),
     "cursor-http.mcp.json": ("mcpServers", "${env:KB_MCP_TOKEN}"),
@@ -56,7 +67,7 @@ async def _talk(params: StdioServerParameters) -> None:
 
 
 def test_every_shipped_config_is_listed_here() -> None:
-    assert {p.name for p in CONFIGS.glob("*.json")} == set(STDIO) | set(HTTP)
+    assert {p.name for p in CONFIGS.iterdir()} == set(STDIO) | set(HTTP) | set(CODEX)
 
 
 def _stdio_commands() -> dict[str, tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]]:
@@ -106,3 +117,40 @@ def test_the_documented_http_command_matches_the_shipped_config() -> None:
     assert documented == [("http://gpu-box.lan:8765/mcp", "Authorization: Bearer $KB_MCP_TOKEN")]
     shipped = _server_entry("claude-code-http.mcp.json", "mcpServers")
     assert shipped["headers"]["Authorization"].replace("${KB_MCP_TOKEN}", "$KB_MCP_TOKEN") == documented[0][1].split(": ", 1)[1]
+
+
+def _codex(name: str) -> dict[str, Any]:
+    servers = tomllib.loads((CONFIGS / name).read_text())["mcp_servers"]
+    assert set(servers) == {"kb-mcp"}
+    return servers["kb-mcp"]
+
+
+async def test_codex_starts_a_server_with_only_the_variables_it_forwards(tmp_path: Path) -> None:
+    entry = _codex("codex.config.toml")
+    assert entry["tool_timeout_sec"] >= 600 and entry["startup_timeout_sec"] >= 30
+    assert {"KB_MCP_KB", "KB_MCP_HOME", "KB_MCP_CACHE"} <= set(entry["env_vars"])
+    kb = tmp_path / "codex-kb.json"
+    mine = {"KB_MCP_KB": str(kb), "KB_MCP_CACHE": str(tmp_path / "cache"), "UNRELATED": "x"}
+    # Codex hands the server a few basics plus the variables named in env_vars, nothing else
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **{k: v for k, v in mine.items() if k in entry["env_vars"]}}
+    await _talk(StdioServerParameters(command=_executable(entry["command"]), args=list(entry["args"]), env=env))
+    assert kb.exists()
+
+
+async def test_codex_http_reaches_a_token_server_with_its_token_variable(kb_path: Path) -> None:
+    entry = _codex("codex-http.config.toml")
+    assert entry["url"] == "http://127.0.0.1:8765/mcp" and entry["bearer_token_env_var"] == "KB_MCP_TOKEN"
+    with http_server(kb_path, ["--http", "127.0.0.1:0", "--token", TOKEN]) as server:
+        url = entry["url"].replace("127.0.0.1:8765", server.url.split("//")[1].split("/")[0])
+        env = {entry["bearer_token_env_var"]: TOKEN}  # Codex sends "Bearer <that variable>"
+        async with connect_http(url, env[entry["bearer_token_env_var"]]) as client:
+            got = await call_json(client, "suggest_optimizations", {"state_id": STATE, "k": 1})
+    assert got["state_id"] == STATE
+
+
+def test_docs_show_every_host() -> None:
+    text = DOCS.read_text()
+    for host in ("Claude Code", "Claude Desktop", "Cursor", "VS Code", "Codex"):
+        assert f"**{host}**" in text, host
+    for name in [*STDIO, *HTTP, *CODEX]:
+        assert f"(../clients/configs/{name})" in text, name

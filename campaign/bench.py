@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.clients.llm import LLMClient
 from kb_mcp.harness.problem import Problem
@@ -21,6 +21,7 @@ from kb_mcp.kb.arch import arch_family
 from kb_mcp.kb.models import Outcome, Verdict
 from kb_mcp.campaign.models import AttemptRecord, GradientRecord, KBSnapshot, StepRecord, SuggestionRecord
 from kb_mcp.campaign.textual_gradient import run_textual_gradient
+from kb_mcp.policy.structure import reference_structure
 from kb_mcp.tools import classify_state, compile_and_verify, profile_kernel, record_outcome, suggest_optimizations
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext
@@ -43,6 +44,7 @@ class KernelDiagnosis(BaseModel):
     profile_id: str | None = None
     state_summary: str
     profile_summary: str = ""
+    ruled_out: list[str] = Field(default_factory=list)  # optimizations the reference's structure excludes (fallback)
 
 
 class Offer(BaseModel):
@@ -197,20 +199,23 @@ class Bench:
         candidate_id: str,
         *,
         compile_only: bool,
-        fallback_state: str,
+        fallback_state: str | None,
         profile_id: str | None = None,
     ) -> KernelDiagnosis:
         """Profiles the kernel (or reuses `profile_id`), classifies it, and says which state it is in.
 
-        Compile-only runs have no profile: the state is `fallback_state`, and the diagnosis says so.
+        Without a profile (compile-only runs, no GPU) the state is `fallback_state`, or where that is
+        None the one the reference's operations point to, and the diagnosis says so.
         """
         if compile_only:
-            return self._fallback(fallback_state, "compile-only run: no GPU profile, so no measured state")
+            return self._fallback(problem, fallback_state, "compile-only run: no GPU profile, so no measured state")
         try:
             if profile_id is None:
                 profiled = profile_kernel.run(
                     self.ctx, profile_kernel.Request(problem=problem.path or problem.source, candidate=source)
                 )
+                if profiled.profile_id is None:  # needs_gpu: no GPU to profile on
+                    return self._fallback(problem, fallback_state, profiled.summary)
                 profile_id, kernels, notes = profiled.profile_id, profiled.kernels, profiled.notes
                 if not profiled.counters_available:
                     notes = [*notes, f"no hardware counters: {profiled.counters_reason}"]
@@ -226,7 +231,7 @@ class Bench:
         if target is None:
             target = next((k for k in classified.kernels if k.state_id), None)
         if target is None or target.state_id is None:
-            diagnosis = self._fallback(fallback_state, "the profile matched no state (" + classified.basis + ")")
+            diagnosis = self._fallback(problem, fallback_state, "the profile matched no state (" + classified.basis + ")")
             return diagnosis.model_copy(update={"profile_id": profile_id, "profile_summary": profile_text})
         evidence = "; ".join(
             f"{e.metric}={e.value:.4g}" + (f" {e.relation} {e.threshold:.4g}" if e.threshold is not None else "")
@@ -251,14 +256,20 @@ class Bench:
             profile_summary=profile_text,
         )
 
-    def _fallback(self, state_id: str, why: str) -> KernelDiagnosis:
+    def _fallback(self, problem: Problem, configured: str | None, why: str) -> KernelDiagnosis:
+        """The state to work in without a measured one: the configured state, else the one the
+        reference's operations point to; optimizations its structure rules out are set aside."""
+        structure = reference_structure(problem.source)
+        state_id = configured or structure.state_id
         state = self.ctx.store.get_state(state_id)
         if state is None:
             raise BenchError(f"fallback state {state_id!r} is not in the KB")
+        basis = "configured fallback state" if configured else f"{structure.describe()}, so it most likely sits here"
         return KernelDiagnosis(
             state_id=state_id,
             state_source="fallback",
-            state_summary=f"{state.name} (id {state.id}), assumed: {why}.\n{state.description}",
+            state_summary=f"{state.name} (id {state.id}), assumed: {why}; {basis}.\n{state.description}",
+            ruled_out=structure.ruled_out(),
         )
 
 

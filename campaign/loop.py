@@ -440,7 +440,8 @@ class Campaign:
             record.state_id = diagnosis.state_id
             record.state_source = diagnosis.state_source
             offers = self.bench.suggest(
-                diagnosis.state_id, k=self.config.top_k, temperature=self.config.temperature, exclude=tried,
+                diagnosis.state_id, k=self.config.top_k, temperature=self.config.temperature,
+                exclude=[*tried, *diagnosis.ruled_out],
                 seed=_seed(self.config.seed, run.name, iteration, step),
             )
         except BenchError as exc:

@@ -47,8 +47,10 @@ class CampaignConfig(BaseModel):
     gradient_every: int = Field(8, ge=0, description="Textual-gradient KB update every U recorded outcomes; 0 = off.")
     review: bool = Field(True, description="Soft verification (LLM review) before a result is accepted.")
     compile_only: bool = Field(False, description="No GPU: compile with error feedback, record, no timing.")
-    fallback_state: str = Field(
-        "high_level_inefficiency", description="State used when no profile is available (compile-only runs)."
+    fallback_state: str | None = Field(
+        None,
+        description="State used when no profile is available (compile-only runs); None: the state the "
+        "reference's own operations point to (kb_mcp.policy.structure).",
     )
     seed: int = 0
     arch: str | None = Field(None, description="GPU arch for KB scores; None: what the harness reports.")

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from kb_mcp.campaign.store import atomic_write_text
-from kb_mcp.campaign.report import CampaignReport, SpeedupStats, fast_p
+from kb_mcp.campaign.report import CampaignReport, SpeedupStats
+from kb_mcp.campaign.report_plots import PLOTS, write_plots
 
-PLOTS = ("fast_p.png", "speedups.png", "kb_growth.png", "optimizations.png")
+__all__ = ["PLOTS", "render_markdown", "write_plots", "write_report"]
 
 
 def _x(value: float | None, digits: int = 2) -> str:
@@ -156,91 +157,6 @@ def render_markdown(report: CampaignReport) -> str:
     lines += [f"| {k} | {v.calls} | {v.total} |" for k, v in sorted(t.by_problem.items())]
     lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in PLOTS), ""]
     return "\n".join(lines)
-
-
-def _empty(ax: object, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)  # type: ignore[attr-defined]
-
-
-def write_plots(report: CampaignReport, folder: Path) -> list[Path]:
-    """Draws the four plots into `folder` (an empty plot says why it is empty)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers and CI
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-
-    def save(fig: object, name: str) -> None:
-        path = folder / name
-        tmp = folder / f".{name}.tmp.png"
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")  # type: ignore[attr-defined]
-        plt.close(fig)  # type: ignore[arg-type]
-        tmp.replace(path)
-        paths.append(path)
-
-    # fast_p curve
-    fig, ax = plt.subplots(figsize=(6, 4))
-    speedups = [r.best_speedup for r in report.problems if r.best_speedup is not None]
-    if speedups:
-        top = max(3.0, max(speedups) * 1.1)
-        grid = [top * i / 200 for i in range(201)]
-        ax.plot(grid, [fast_p(report.problems, p) for p in grid])
-        ax.axvline(1.0, color="grey", linestyle=":")
-        ax.set_ylim(0, 1.05)
-    else:
-        _empty(ax, "no timed results" + (" (compile-only run)" if report.mode == "compile-only" else ""))
-    ax.set_xlabel("p (speedup over the better of eager and torch.compile)")
-    ax.set_ylabel("fast_p: share of problems")
-    ax.set_title("fast_p")
-    save(fig, "fast_p.png")
-
-    # per-problem speedups
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(report.problems) + 2), 4))
-    names = [r.problem for r in report.problems]
-    if speedups:
-        xs = range(len(names))
-        ax.bar([x - 0.2 for x in xs], [r.initial_speedup or 0 for r in report.problems], width=0.4, label="initial")
-        ax.bar([x + 0.2 for x in xs], [r.best_speedup or 0 for r in report.problems], width=0.4, label="best")
-        ax.axhline(1.0, color="grey", linestyle=":")
-        ax.set_xticks(list(xs), names, rotation=45, ha="right")
-        ax.legend()
-    else:
-        _empty(ax, "no timed results")
-    ax.set_ylabel("speedup over baseline")
-    ax.set_title("Per-problem speedup")
-    save(fig, "speedups.png")
-
-    # KB growth
-    fig, ax = plt.subplots(figsize=(6, 4))
-    if report.kb_growth:
-        xs = list(range(len(report.kb_growth)))
-        for field in ("states", "optimizations", "lessons", "outcomes", "measured_scores"):
-            ax.plot(xs, [getattr(p, field) for p in report.kb_growth], label=field)
-        ax.legend()
-        ax.set_xlabel("snapshot (start, then after each step / gradient batch)")
-    else:
-        _empty(ax, "no KB snapshots")
-    ax.set_title("KB growth")
-    save(fig, "kb_growth.png")
-
-    # optimization usage
-    opts = report.optimizations[:20]
-    fig, ax = plt.subplots(figsize=(7, max(3, 0.35 * len(opts) + 1)))
-    if opts:
-        ys = list(range(len(opts)))
-        ax.barh(ys, [o.selected for o in opts], label="selected")
-        ax.barh(ys, [o.valid for o in opts], label="valid")
-        ax.barh(ys, [o.improved for o in opts], label="improved")
-        ax.set_yticks(ys, [o.optimization_id for o in opts])
-        ax.invert_yaxis()
-        ax.legend()
-    else:
-        _empty(ax, "no optimization selected yet")
-    ax.set_title("Optimization usage")
-    save(fig, "optimizations.png")
-    return paths
 
 
 def write_report(report: CampaignReport, folder: Path) -> list[Path]:

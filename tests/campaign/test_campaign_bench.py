@@ -56,5 +56,11 @@ def test_compile_only_diagnosis_falls_back_and_says_so(kb_path: Path) -> None:
     assert "compile-only" in diagnosis.state_summary
     with pytest.raises(BenchError, match="not in the KB"):
         bench.diagnose(load_problem(SWISH), "", "c_0", compile_only=True, fallback_state="no_such_state")
+    # without a configured state, the reference's structure decides and rules optimizations out
+    derived = bench.diagnose(load_problem(SWISH), "", "c_0", compile_only=True, fallback_state=None)
+    assert derived.state_id == "memory_bandwidth_saturated" and "elementwise" in derived.state_summary
+    assert "flash_attention_tiling" in derived.ruled_out and "fuse_elementwise_chain" not in derived.ruled_out
+    offers = bench.suggest(derived.state_id, k=10, temperature=5.0, exclude=derived.ruled_out, seed=1)
+    assert offers and not {o.suggestion.optimization_id for o in offers} & set(derived.ruled_out)
     with pytest.raises(BenchError, match="unknown state_id"):
         bench.suggest("no_such_state", k=2, temperature=0.3, exclude=[], seed=0)

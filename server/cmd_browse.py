@@ -10,19 +10,18 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-
-from pydantic import BaseModel
-from rich.console import Console
-from rich.markup import escape
-from rich.syntax import Syntax
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from kb_mcp.kb import paths
 from kb_mcp.kb.models import Verdict
-from kb_mcp.kb.store import KBFileError, KBStore
-from kb_mcp.server import kb_views
 
-Printer = Callable[[Console, BaseModel], None]
+if TYPE_CHECKING:  # the views and rich are imported when a browsing command runs, not when `kb` parses
+    from pydantic import BaseModel
+    from rich.console import Console
+
+    from kb_mcp.kb.store import KBStore
+
+Printer = Callable[["Console", "BaseModel"], None]
 
 
 class BrowseError(Exception):
@@ -66,6 +65,10 @@ def _json(parser: argparse.ArgumentParser) -> None:
 
 def _run(fn: Callable[[argparse.Namespace, KBStore], tuple[BaseModel, Printer]]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
+        from rich.console import Console
+
+        from kb_mcp.kb.store import KBFileError, KBStore
+
         path = paths.resolve_kb_path(args.kb)
         try:
             if not path.exists():
@@ -88,6 +91,10 @@ def _x(value: float | None) -> str:
 
 
 def _states(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Printer]:
+    from rich.table import Table
+
+    from kb_mcp.server import kb_views
+
     def show(console: Console, doc: BaseModel) -> None:
         assert isinstance(doc, kb_views.StatesOverview)
         table = Table(title=f"{doc.count} states in {store.path}")
@@ -102,6 +109,10 @@ def _states(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Printe
 
 
 def _candidates(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Printer]:
+    from rich.table import Table
+
+    from kb_mcp.server import kb_views
+
     def show(console: Console, doc: BaseModel) -> None:
         assert isinstance(doc, kb_views.CandidatesOverview)
         table = Table(title=f"{doc.count} candidate(s) in {store.path}" + (f", newest {len(doc.candidates)}" if doc.count > len(doc.candidates) else ""))
@@ -120,6 +131,11 @@ def _candidates(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pr
 
 
 def _candidate(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Printer]:
+    from rich.syntax import Syntax
+    from rich.markup import escape
+
+    from kb_mcp.server import kb_views
+
     matches = kb_views.resolve_candidate_id(store, args.candidate_id)
     if not matches:
         raise BrowseError(f"no candidate {args.candidate_id!r} in {store.path}; `kb-mcp kb candidates` lists them")
@@ -166,6 +182,11 @@ def _candidate(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pri
 
 
 def _outcomes(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Printer]:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kb_mcp.server import kb_views
+
     def show(console: Console, doc: BaseModel) -> None:
         assert isinstance(doc, kb_views.OutcomesOverview)
         table = Table(title=f"{doc.count} outcome(s) in {store.path}" + (f", newest {len(doc.outcomes)}" if doc.count > len(doc.outcomes) else ""))
@@ -182,6 +203,11 @@ def _outcomes(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Prin
 
 
 def _campaigns(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Printer]:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kb_mcp.server import kb_views
+
     def show(console: Console, doc: BaseModel) -> None:
         assert isinstance(doc, kb_views.CampaignsOverview)
         if not doc.campaigns:

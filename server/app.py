@@ -16,7 +16,7 @@ from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from kb_mcp.server import prompts, resources
+from kb_mcp.server import prompts, resources, tasks
 from kb_mcp.server.about import package_version
 from kb_mcp.server.execution import ToolRunner
 from kb_mcp.server.gpu import gpu_summary
@@ -37,7 +37,8 @@ def instructions(tool_names: Sequence[str], gpu_tools: Sequence[str]) -> str:
         "kb-mcp: a lab bench and a shared memory for optimizing CUDA kernels (KernelBench problems). "
         "Loop: profile_kernel -> classify_state -> suggest_optimizations -> write a candidate -> "
         "compile_and_verify -> record_outcome; the prompt `optimization_round` explains each step. "
-        "Work longer than your tool timeout goes through start_job / job_status. "
+        "Work longer than your tool timeout goes through start_job / job_status (or, for clients with "
+        "MCP Tasks, a task-augmented tools/call). "
         "Resources read the KB: kb://states, kb://state/{id}, kb://candidates, kb://candidate/{id} "
         "(verdict, source, lineage), kb://outcomes, kb://stats, kb://campaigns. "
         f"Tools here: {', '.join(tool_names)}. {gpu_summary(gpu_tools)}"
@@ -56,12 +57,17 @@ class KbMcpServer(MCPServer[Any]):
         self.kb_ctx = ctx
         self.specs: dict[str, ToolSpec] = {spec.name: spec for spec in specs}
         self.jobs = jobs
+        self.task_tools: frozenset[str] = frozenset()  # set by tasks.install
         super().__init__(**kwargs)
 
     @property
     def gpu_tools(self) -> list[str]:
         """The tools that time or profile on the GPU (as their modules declare)."""
         return [name for name, spec in self.specs.items() if spec.uses_gpu]
+
+    async def list_tools(self) -> list[Any]:
+        """The tools, those that can run as MCP Tasks marked `execution.taskSupport = optional`."""
+        return tasks.mark_task_tools(await super().list_tools(), self.task_tools)
 
     async def read_resource(self, uri: Any, context: Context | None = None) -> Any:
         """Reads a resource; a missing one gets the error code of the client's protocol version."""
@@ -121,6 +127,7 @@ def build_server(
         log_level="INFO",
     )
     resources.register(server, ctx, jobs)
+    server.task_tools = tasks.install(server).tools
     server.prompt(name=prompts.ROUND_PROMPT_NAME, description=prompts.ROUND_PROMPT_DESCRIPTION)(
         prompts.optimization_round
     )

@@ -1,0 +1,195 @@
+"""MCP Tasks (protocol 2025-11-25): a task-augmented `tools/call` runs as a kb-mcp job.
+
+A client that sees `capabilities.tasks` and a tool whose `execution.taskSupport` is `optional` may
+send `tools/call` with a `task` field; the call then returns a task at once, and `tasks/get`,
+`tasks/result` (waits for the end), `tasks/list` and `tasks/cancel` follow it. Tasks were added in
+2025-11-25 and left the core protocol in 2026-07-28; mcp 2.3 defines their types but does not serve
+them, so this module serves the four methods, on handshake-era sessions only. A task is a job
+(`server/jobs.py`): the task id is the job id, every server on the KB can answer for it, and
+`start_job` / `job_status` (the way for clients without Tasks) see the same work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INVALID_PARAMS,
+    CallToolRequestParams,
+    CallToolResult,
+    CancelTaskRequestParams,
+    CancelTaskResult,
+    CreateTaskResult,
+    GetTaskPayloadRequestParams,
+    GetTaskRequestParams,
+    GetTaskResult,
+    ListTasksResult,
+    PaginatedRequestParams,
+    ServerTasksCapability,
+    ServerTasksRequestsCapability,
+    Task,
+    TasksCallCapability,
+    TasksCancelCapability,
+    TasksListCapability,
+    TasksToolsCapability,
+    TextContent,
+    ToolExecution,
+)
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from kb_mcp.server.execution import ToolFailure
+from kb_mcp.server.jobs import JobRecord
+
+if TYPE_CHECKING:
+    from kb_mcp.server.app import KbMcpServer
+
+log = logging.getLogger(__name__)
+
+# job status -> task status (an interrupted job's server died: for the client, the task failed)
+TASK_STATUS = {"queued": "working", "running": "working", "succeeded": "completed", "failed": "failed",
+               "cancelled": "cancelled", "interrupted": "failed"}
+DEFAULT_TTL_MS = 24 * 3600 * 1000  # job records are kept at least this long (they are never pruned today)
+POLL_INTERVAL_MS = 2000
+RESULT_POLL_S = 0.5
+LIST_LIMIT = 100
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+
+
+def _iso(moment: datetime | None) -> str:
+    return (moment or datetime.now()).isoformat()
+
+
+def task_of(record: JobRecord, ttl_ms: int | None = None) -> dict[str, Any]:
+    """The Task fields of a job."""
+    progress = record.progress
+    message = record.error.splitlines()[0] if record.error else progress.message
+    return {
+        "task_id": record.job_id,
+        "status": TASK_STATUS[record.status],
+        "status_message": message,
+        "created_at": _iso(record.created_at),
+        "last_updated_at": _iso(record.finished_at or progress.updated_at or record.created_at),
+        "ttl": ttl_ms if ttl_ms is not None else DEFAULT_TTL_MS,
+        "poll_interval": POLL_INTERVAL_MS,
+    }
+
+
+class TaskService:
+    """The task methods of one server, backed by its job manager."""
+
+    def __init__(self, server: KbMcpServer) -> None:
+        self.server = server
+        self.jobs = server.jobs
+        # every product tool can run as a job; the job tools themselves cannot
+        self.tools = frozenset(name for name in server.specs if name in self.jobs.kind_names)
+
+    def supports(self, protocol_version: str | None) -> bool:
+        """Tasks exist on the handshake-era protocol versions only."""
+        return protocol_version is None or protocol_version in HANDSHAKE_PROTOCOL_VERSIONS
+
+    async def middleware(self, ctx: Any, call_next: Any) -> Any:
+        """Server middleware: a `tools/call` with a `task` field (on a protocol with Tasks) starts a
+        job and answers with its task; everything else goes on unchanged.
+
+        It answers before the SDK's `tools/call` handler because the SDK's per-version result check
+        knows only CallToolResult for `tools/call`, not the CreateTaskResult a task-augmented call returns.
+        """
+        raw = ctx.params if isinstance(ctx.params, dict) else None
+        if ctx.method != "tools/call" or not raw or raw.get("task") is None or not self.supports(ctx.protocol_version):
+            return await call_next(ctx)
+        try:
+            params = CallToolRequestParams.model_validate(raw, by_name=False)
+        except ValueError as exc:
+            raise MCPError(code=INVALID_PARAMS, message=f"invalid tools/call parameters: {exc}") from exc
+        result = await self.call_tool(params)
+        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    async def call_tool(self, params: CallToolRequestParams) -> CreateTaskResult | CallToolResult:
+        """Starts the tool as a job and returns its task (or the argument error, as without a task)."""
+        assert params.task is not None
+        if params.name not in self.tools:
+            raise MCPError(code=INVALID_PARAMS, message=f"{params.name} does not run as a task; call it without `task`")
+        try:
+            record = await anyio.to_thread.run_sync(self.jobs.start, params.name, dict(params.arguments or {}))
+        except ToolFailure as failure:  # arguments that fail validation fail the call, as without a task
+            return CallToolResult(content=[TextContent(type="text", text=failure.message)], is_error=True)
+        log.info("task %s: %s runs as a job", record.job_id, params.name)
+        return CreateTaskResult(task=Task(**task_of(record, params.task.ttl)))
+
+    async def _record(self, task_id: str) -> JobRecord:
+        try:
+            return await anyio.to_thread.run_sync(self.jobs.status, task_id)
+        except ToolFailure as failure:
+            raise MCPError(code=INVALID_PARAMS, message=f"no task {task_id!r}: {failure.message}") from failure
+
+    async def get(self, ctx: Any, params: GetTaskRequestParams) -> GetTaskResult:
+        """`tasks/get`: where the task stands."""
+        return GetTaskResult(**task_of(await self._record(params.task_id)))
+
+    async def result(self, ctx: Any, params: GetTaskPayloadRequestParams) -> CallToolResult:
+        """`tasks/result`: waits for the task to end, then returns the tool's result (or its error)."""
+        record = await self._record(params.task_id)
+        while not record.finished:
+            await anyio.sleep(RESULT_POLL_S)
+            record = await self._record(params.task_id)
+        meta = {RELATED_TASK: {"taskId": record.job_id}}
+        if record.status == "succeeded" and record.result is not None:
+            text = json.dumps({k: v for k, v in record.result.items() if v is not None}, separators=(",", ":"))
+            return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=record.result,
+                                  _meta=meta)
+        reason = record.error or f"the task ended {record.status}"
+        return CallToolResult(content=[TextContent(type="text", text=reason)], is_error=True, _meta=meta)
+
+    async def list(self, ctx: Any, params: PaginatedRequestParams) -> ListTasksResult:
+        """`tasks/list`: the most recent jobs, newest first (one page)."""
+        records = await anyio.to_thread.run_sync(self.jobs.store.list, LIST_LIMIT)
+        return ListTasksResult(tasks=[Task(**task_of(r)) for r in records])
+
+    async def cancel(self, ctx: Any, params: CancelTaskRequestParams) -> CancelTaskResult:
+        """`tasks/cancel`: asks the job to stop (at its next progress report); a finished task is an error."""
+        before = await self._record(params.task_id)
+        if before.finished:
+            raise MCPError(code=INVALID_PARAMS, message=f"task {params.task_id} already ended ({TASK_STATUS[before.status]})")
+        record = await anyio.to_thread.run_sync(self.jobs.cancel, params.task_id)
+        fields = task_of(record)
+        if not record.finished:  # stops at its next progress report: report it as on its way out
+            fields["status"], fields["status_message"] = "cancelled", "cancel requested"
+        return CancelTaskResult(**fields)
+
+
+def install(server: KbMcpServer) -> TaskService:
+    """Serves Tasks on `server`: the four methods, task-aware `tools/call`, the capability, and
+    `execution.taskSupport` on the tools that can run as tasks."""
+    service = TaskService(server)
+    low = server._lowlevel_server
+    low.middleware.append(service.middleware)
+    low.add_request_handler("tasks/get", GetTaskRequestParams, service.get)
+    low.add_request_handler("tasks/result", GetTaskPayloadRequestParams, service.result)
+    low.add_request_handler("tasks/list", PaginatedRequestParams, service.list)
+    low.add_request_handler("tasks/cancel", CancelTaskRequestParams, service.cancel)
+    derive = low.get_capabilities
+
+    def capabilities(*args: Any, protocol_version: str | None = None, **kwargs: Any) -> Any:
+        caps = derive(*args, protocol_version=protocol_version, **kwargs)
+        if service.supports(protocol_version):
+            caps.tasks = ServerTasksCapability(
+                list=TasksListCapability(), cancel=TasksCancelCapability(),
+                requests=ServerTasksRequestsCapability(tools=TasksToolsCapability(call=TasksCallCapability())),
+            )
+        return caps
+
+    low.get_capabilities = capabilities  # type: ignore[method-assign]
+    return service
+
+
+def mark_task_tools(tools: list[Any], names: frozenset[str]) -> list[Any]:
+    """Sets `execution.taskSupport = optional` on the listed tools that can run as tasks."""
+    for tool in tools:
+        if tool.name in names:
+            tool.execution = ToolExecution(task_support="optional")
+    return tools

@@ -1,5 +1,6 @@
 """Start-up time of the `kb-mcp` command: wall time of each command, median of several runs,
-beside a bare `python -c pass` measured in the same run.
+beside a bare `python -c pass` measured in the same run, and the CPU time (user + system) the
+command's process used, which other work on a shared machine inflates much less than wall time.
 
     python bench/startup_bench.py [--runs 9]
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -33,13 +35,19 @@ COMMANDS = (
 )
 
 
-def _time(argv: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _time(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run of `argv`."""
+    cpu, start = _cpu(), time.perf_counter()
     done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, check=False)
-    took = time.perf_counter() - start
+    took, used = time.perf_counter() - start, _cpu() - cpu
     if done.returncode not in (0, 1):  # doctor exits 1 where a check fails: still a fair timing
         raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.decode()[-500:]}")
-    return took
+    return took, used
 
 
 def main() -> int:
@@ -60,14 +68,15 @@ def main() -> int:
             _time(argv, env)
         results = []
         for name, argv in rows:
-            times = [_time(argv, env) for _ in range(args.runs)]
-            results.append((name, statistics.median(times), min(times), max(times)))
+            runs = [_time(argv, env) for _ in range(args.runs)]
+            walls, cpus = [w for w, _ in runs], [c for _, c in runs]
+            results.append((name, statistics.median(walls), min(walls), max(walls), statistics.median(cpus)))
     base = results[0][1]
-    print(f"{platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}; median of {args.runs} runs")
-    print(f"{'command':32} {'median s':>9} {'min s':>7} {'max s':>7} {'x python':>9}")
-    for name, median, low, high in results:
-        print(f"{name:32} {median:9.3f} {low:7.3f} {high:7.3f} {median / base:9.1f}")
+    print(f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f}; median of {args.runs} runs")
+    print(f"{'command':32} {'wall s':>7} {'min s':>7} {'max s':>7} {'x python':>9} {'CPU s':>7}")
+    for name, median, low, high, cpu in results:
+        print(f"{name:32} {median:7.3f} {low:7.3f} {high:7.3f} {median / base:9.1f} {cpu:7.3f}")
     return 0
 
 

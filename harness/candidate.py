@@ -92,13 +92,6 @@ def parse_candidate(source: str, where: str = "<candidate>") -> ast.Module:
     try:
         tree = ast.parse(source, filename=where)
     except SyntaxError as exc:
-        if _GLOBAL.search(source):
-            raise CandidateError(
-                f"{where}: this is CUDA source, not a candidate. A candidate is a Python module defining "
-                "class ModelNew(nn.Module) whose forward launches your kernels, built from this CUDA text with "
-                "torch.utils.cpp_extension.load_inline or torch.cuda._compile_kernel (NVRTC); "
-                "see docs/candidates.md and examples/candidates/"
-            ) from exc
         raise CandidateError(f"{where}: Python syntax error at line {exc.lineno}: {exc.msg}") from exc
     if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body) and not any(
         isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "ModelNew" for t in n.targets)

@@ -127,7 +127,7 @@ def build_server(
         log_level="INFO",
     )
     resources.register(server, ctx, jobs)
-    server.task_tools = tasks.install(server).tools
+    server.task_tools = tasks.install(server, jobs, server.specs).tools
     server.prompt(name=prompts.ROUND_PROMPT_NAME, description=prompts.ROUND_PROMPT_DESCRIPTION)(
         prompts.optimization_round
     )

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
 import anyio
 from mcp.shared.exceptions import MCPError
@@ -42,11 +43,10 @@ from mcp_types import (
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from kb_mcp.server.execution import ToolFailure
-from kb_mcp.server.jobs import JobRecord
+from mcp.server.mcpserver import MCPServer
 
-if TYPE_CHECKING:
-    from kb_mcp.server.app import KbMcpServer
+from kb_mcp.server.execution import ToolFailure
+from kb_mcp.server.jobs import JobManager, JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +82,10 @@ def task_of(record: JobRecord, ttl_ms: int | None = None) -> dict[str, Any]:
 class TaskService:
     """The task methods of one server, backed by its job manager."""
 
-    def __init__(self, server: KbMcpServer) -> None:
-        self.server = server
-        self.jobs = server.jobs
+    def __init__(self, jobs: JobManager, tool_names: Iterable[str]) -> None:
+        self.jobs = jobs
         # every product tool can run as a job; the job tools themselves cannot
-        self.tools = frozenset(name for name in server.specs if name in self.jobs.kind_names)
+        self.tools = frozenset(name for name in tool_names if name in jobs.kind_names)
 
     def supports(self, protocol_version: str | None) -> bool:
         """Tasks exist on the handshake-era protocol versions only."""
@@ -162,10 +161,10 @@ class TaskService:
         return CancelTaskResult(**fields)
 
 
-def install(server: KbMcpServer) -> TaskService:
-    """Serves Tasks on `server`: the four methods, task-aware `tools/call`, the capability, and
-    `execution.taskSupport` on the tools that can run as tasks."""
-    service = TaskService(server)
+def install(server: MCPServer[Any], jobs: JobManager, tool_names: Iterable[str]) -> TaskService:
+    """Serves Tasks on `server` with `jobs`: the four methods, task-aware `tools/call` and the
+    capability; `mark_task_tools` sets `execution.taskSupport` on the tools that can run as tasks."""
+    service = TaskService(jobs, tool_names)
     low = server._lowlevel_server
     low.middleware.append(service.middleware)
     low.add_request_handler("tasks/get", GetTaskRequestParams, service.get)

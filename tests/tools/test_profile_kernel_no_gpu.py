@@ -47,10 +47,10 @@ def test_inputs_are_still_checked_without_a_gpu(hidden_gpus: None, ctx: ToolCont
         profile_kernel.run(ctx, profile_kernel.Request(problem="import torch\nx = 1\n"))
     cuda = tmp_path / "kernel.cu"
     cuda.write_text("__global__ void swish(float* x, int n) { }\n")
-    with pytest.raises(ToolError, match="CUDA source, not a candidate"):
+    with pytest.raises(ToolError, match=r"is a CUDA/C\+\+ file"):
         profile_kernel.run(ctx, profile_kernel.Request(problem=str(PROBLEM), candidate=str(cuda)))
 
 
 def test_a_missing_path_says_to_send_the_text(ctx: ToolContext, tmp_path: Path) -> None:
-    with pytest.raises(ToolError, match="pass the problem's source text"):
+    with pytest.raises(ToolError, match="send the file's text as `problem`"):
         profile_kernel.run(ctx, profile_kernel.Request(problem=str(tmp_path / "elsewhere.py")))

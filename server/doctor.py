@@ -319,8 +319,8 @@ def check_kb(kb_arg: str | None) -> Check:
         stats = KBStore.open(path).stats()
     except (KBFileError, OSError, ValueError) as exc:
         return Check(name="KB", status=Status.fail, summary=f"{where}: cannot be opened: {exc}",
-                     fix="move the file aside and start a new KB (kb-mcp kb init), or restore a copy "
-                     "(kb-mcp kb import COPY)")
+                     fix=f"`kb-mcp --kb {path} kb repair` salvages what it can, `kb restore --list` shows its "
+                     "backups; or move the file aside and start a new KB (kb-mcp kb init)")
     return Check(
         name="KB", status=Status.ok,
         summary=f"{where}: {sum(stats.states.values())} states, {sum(stats.optimizations.values())} optimizations, "

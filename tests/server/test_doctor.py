@@ -102,3 +102,14 @@ def test_torch_build_is_read_without_importing_it() -> None:
 
 def test_statuses_are_ordered_words() -> None:
     assert [s.value for s in Status] == ["ok", "info", "warn", "fail"]
+
+
+def test_the_sandbox_check_is_the_harness_own(tmp_path: Path) -> None:
+    def sandbox(setting: str) -> dict[str, str]:
+        done = _doctor(["--json"], tmp_path / "kb.json", {"KB_MCP_SANDBOX": setting})
+        return next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "sandbox") | {"rc": str(done.returncode)}
+
+    bogus = sandbox("bogus")
+    assert bogus["status"] == "fail" and "not a sandbox setting" in bogus["summary"] and bogus["rc"] == "1"
+    unconfined = sandbox("unconfined")
+    assert unconfined["status"] == "warn" and "UNCONFINED" in unconfined["summary"]

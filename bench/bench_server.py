@@ -59,8 +59,8 @@ async def _bench(kb: Path, n: int) -> dict[str, float]:
     async with Client(stdio_params(kb, extra_args=["--log-level", "WARNING"])) as client:
         results["stdio"] = await _median_ms(lambda: call_json(client, "suggest_optimizations", ARGS), n)
     proc = subprocess.Popen(
-        serve_command(kb, ["--http", "127.0.0.1:0", "--token", TOKEN]),
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        serve_command(kb, ["--http", "127.0.0.1:0"]),
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env={**os.environ, "KB_MCP_TOKEN": TOKEN},
     )
     try:
         assert proc.stderr is not None

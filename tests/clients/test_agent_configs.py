@@ -140,7 +140,7 @@ async def test_codex_starts_a_server_with_only_the_variables_it_forwards(tmp_pat
 async def test_codex_http_reaches_a_token_server_with_its_token_variable(kb_path: Path) -> None:
     entry = _codex("codex-http.config.toml")
     assert entry["url"] == "http://127.0.0.1:8765/mcp" and entry["bearer_token_env_var"] == "KB_MCP_TOKEN"
-    with http_server(kb_path, ["--http", "127.0.0.1:0", "--token", TOKEN]) as server:
+    with http_server(kb_path, ["--http", "127.0.0.1:0"], env={"KB_MCP_TOKEN": TOKEN}) as server:
         url = entry["url"].replace("127.0.0.1:8765", server.url.split("//")[1].split("/")[0])
         env = {entry["bearer_token_env_var"]: TOKEN}  # Codex sends "Bearer <that variable>"
         async with connect_http(url, env[entry["bearer_token_env_var"]]) as client:

@@ -5,6 +5,7 @@ discovery: no resource metadata in the challenge, and every /.well-known/ path a
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +32,10 @@ WELL_KNOWN = (
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    kb = tmp_path_factory.mktemp("auth") / "kb.json"
-    with http_server(kb, ["--http", "127.0.0.1:0", "--token", TOKEN], env={"KB_MCP_TOKEN": ""}) as running:
+    home = tmp_path_factory.mktemp("auth")
+    kb, token_file = home / "kb.json", home / "token"
+    token_file.write_text(TOKEN)
+    with http_server(kb, ["--http", "127.0.0.1:0", "--token-file", str(token_file)], env={"KB_MCP_TOKEN": ""}) as running:
         yield running
 
 
@@ -86,8 +89,9 @@ async def test_the_sdk_client_connects_with_the_token(server) -> None:  # type: 
 def test_call_url_prints_the_servers_reason(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     refused = subprocess.run(
         [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(tmp_path / "kb.json"), "call", "--list",
-         "--url", server.url, "--token", "${KB_MCP_TOKEN}"],
+         "--url", server.url],
         capture_output=True, text=True, timeout=120,
+        env={**os.environ, "KB_MCP_TOKEN": "${KB_MCP_TOKEN}"},  # a configuration that sent the variable's name
     )
     assert refused.returncode == 2
     assert "unexpanded text '${KB_MCP_TOKEN}'" in refused.stderr

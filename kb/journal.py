@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kb_mcp.kb.errors import KBConflictError
+from kb_mcp.kb.errors import KBConflictError, KBReadOnlyError
 
 _CRC_PREFIX = b'{"crc":"'
 _CRC_HEAD = len(_CRC_PREFIX) + 8 + 2  # '{"crc":"' + 8 hex digits + '",'
@@ -148,8 +148,8 @@ def read_entries(path: Path, offset: int) -> Chunk:
     return Chunk(entries, offset + pos)
 
 
-def append_entry(path: Path, entry: Entry, expected_size: int, *, expected_ino: int | None, mode: int) -> int:
-    """Appends `entry` (the caller holds the KB lock) and returns the journal's new size.
+def append_entry(path: Path, entry: Entry, expected_size: int, *, expected_ino: int | None, mode: int) -> tuple[int, int]:
+    """Appends `entry` (the caller holds the KB lock); returns the journal's new size and inode.
 
     `expected_size` and `expected_ino` describe the journal as the caller last read it. Bytes
     beyond `expected_size` without a newline are a torn write of a killed writer and are cut off;
@@ -162,6 +162,10 @@ def append_entry(path: Path, entry: Entry, expected_size: int, *, expected_ino: 
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, mode)
     try:
         st = os.fstat(fd)
+        if not st.st_mode & 0o222:  # root may write anyway; a read-only journal means a read-only KB
+            raise KBReadOnlyError(
+                f"the KB journal {path} is read-only (mode {st.st_mode & 0o7777:04o}); kb-mcp does not write a "
+                "read-only KB", where=path, action=f"to record into this KB, make it writable (`chmod u+w {path}`)")
         if expected_ino is not None and st.st_ino != expected_ino:
             raise _conflict(path, "was replaced since this process read it")
         if st.st_size < expected_size:
@@ -183,7 +187,7 @@ def append_entry(path: Path, entry: Entry, expected_size: int, *, expected_ino: 
             raise _conflict(path, "was cut or overwritten while this entry was written")
     finally:
         os.close(fd)
-    return expected_size + len(line)
+    return expected_size + len(line), st.st_ino
 
 
 def _write_all(fd: int, data: bytes, path: Path, start: int) -> None:

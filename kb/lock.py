@@ -29,6 +29,7 @@ from kb_mcp.kb.errors import KBConflictError, KBLockTimeout, storage_error
 
 ENV_LOCK_TIMEOUT = "KB_MCP_LOCK_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
+_HOLDER_BYTES = 512  # the holder record, padded: every write covers the last one whole
 
 
 def default_timeout() -> float:
@@ -49,6 +50,10 @@ class KBLock:
         self.holder_path = kb_path.with_name(kb_path.name + ".lock.holder")
         self.timeout = default_timeout() if timeout is None else timeout
         self._lock = filelock.FileLock(str(self.path), timeout=self.timeout, mode=(mode & 0o666) | 0o600)
+        self._mode = (mode & 0o666) | 0o600
+        self._holder_fd: int | None = None
+        self._holder_pid = 0
+        self._holder_head = b""  # the holder record up to its time (set per process: see _record_holder)
         self._held = threading.local()  # the (dev, inode) this thread locked, per thread like filelock's own state
         self._command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv[:3]))[:120]
 
@@ -95,16 +100,23 @@ class KBLock:
         return (st.st_dev, st.st_ino)
 
     def _record_holder(self) -> None:
-        """Writes who holds the lock (best effort: a holder that cannot record itself still holds it)."""
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "command": self._command}
-        tmp = self.holder_path.with_name(f"{self.holder_path.name}.tmp-{os.getpid()}")
+        """Writes who holds the lock (best effort: a holder that cannot record itself still holds it).
+
+        One fixed-size `pwrite` into a file kept open: a rename per transaction would cost a
+        directory update on every commit.
+        """
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, json.dumps(info).encode())
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.holder_path)
+            fd = self._holder_fd
+            if fd is None or self._holder_pid != os.getpid() or os.fstat(fd).st_nlink == 0:  # first, forked, deleted
+                if fd is not None:
+                    os.close(fd)
+                self._holder_fd = None
+                fd = self._holder_fd = os.open(self.holder_path, os.O_RDWR | os.O_CREAT, self._mode)
+                self._holder_pid = os.getpid()
+                who = {"pid": self._holder_pid, "host": socket.gethostname(), "command": self._command}
+                self._holder_head = json.dumps(who).encode()[:-1] + b", "
+            record = self._holder_head + b'"since": %.3f}' % time.time()
+            os.pwrite(fd, record[:_HOLDER_BYTES].ljust(_HOLDER_BYTES), 0)  # JSON ignores the padding
         except OSError:
             pass
 
@@ -123,7 +135,7 @@ class KBLock:
     def holder(self) -> dict[str, Any] | None:
         """What the current (or last) holder recorded about itself, or None."""
         try:
-            info = json.loads(self.holder_path.read_text())
+            info = json.loads(self.holder_path.read_bytes())
         except (OSError, ValueError):
             return None
         return info if isinstance(info, dict) else None

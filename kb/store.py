@@ -519,9 +519,14 @@ class KBStore:
                 time.sleep(pause)
                 pause = min(pause * 2, 300.0)
 
-    def _check_writable(self) -> None:
-        """Refuses to write a KB whose file, journal or folder is read-only (the mode counts even for root)."""
-        for what, path in (("KB file", self.path), ("KB journal", self.journal_path), ("KB's folder", self.path.parent)):
+    def _check_writable(self, *, folder: bool = False) -> None:
+        """Refuses to write a read-only KB (the mode counts even for root). The journal is checked
+        where it is opened for an append; it and the folder (`folder`) before a compaction replaces
+        the file and the journal."""
+        paths_ = (("KB file", self.path),)
+        if folder:
+            paths_ += (("KB journal", self.journal_path), ("KB's folder", self.path.parent))
+        for what, path in paths_:
             try:
                 st = os.stat(path)
             except FileNotFoundError:
@@ -546,9 +551,9 @@ class KBStore:
             return
         self.lock.assert_held()
         try:
-            end = journal.append_entry(self.journal_path, Entry(seq, ops), self._j_offset,
-                                       expected_ino=self._j_ino, mode=self._mode)
-        except KBConflictError:
+            end, ino = journal.append_entry(self.journal_path, Entry(seq, ops), self._j_offset,
+                                            expected_ino=self._j_ino, mode=self._mode)
+        except (KBConflictError, KBReadOnlyError):
             self._tables = None
             raise
         except OSError as exc:
@@ -561,13 +566,13 @@ class KBStore:
                 "process that did not hold the KB lock (was the lock file deleted?). This transaction was not committed",
                 where=self.path, action="call again; never delete the lock file of a KB in use",
             )
-        jid = FileId.of(self.journal_path)
-        self._j_ino = jid.ino if jid else None
+        self._j_ino = ino
         self._j_offset = end
         self._last_seq = seq
 
     def _write_base(self, seq: int) -> None:
         assert self._tables is not None
+        self._check_writable(folder=True)
         self._tables.meta["applied_seq"] = seq
         self._tables.meta["schema_version"] = SCHEMA_VERSION
         try:

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 __all__ = [
     "CallerError",
     "EnvironmentFault",
+    "EXIT_STATUS",
     "ErrorInfo",
     "InputEncodingError",
     "InternalError",
@@ -49,6 +50,9 @@ __all__ = [
 ]
 
 Whose = Literal["caller", "environment", "kb-mcp"]
+
+EXIT_STATUS: dict[str, int] = {"caller": 1, "environment": 3, "kb-mcp": 4}
+"""The exit status of a kb-mcp command that failed with an error of each kind."""
 
 
 class ErrorInfo(BaseModel):
@@ -82,7 +86,7 @@ class KbMcpError(Exception):
     def __str__(self) -> str:
         if not self.action:
             return self.message
-        return f"{self.message.rstrip('. ')}. {self.action}"
+        return f"{self.message.rstrip('. ')}. {self.action[:1].upper()}{self.action[1:]}"
 
     def info(self) -> ErrorInfo:
         """The structured form sent to MCP clients."""

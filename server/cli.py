@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kb_mcp.server.about import COMMAND, DIST_NAME
+from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError
 
 # command -> (module that registers it, its one-line help). The module's `register(sub)` adds the
 # full parser with the same help (tests/server/test_cli.py checks they agree).
@@ -86,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except KbMcpError as exc:  # a command that did not word it itself (a campaign meeting a damaged KB)
+        print(f"{COMMAND} {args.command}: {exc}", file=sys.stderr)
+        return EXIT_STATUS[exc.whose]
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kb_mcp.kb.errors import KbMcpError
+from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError
 from kb_mcp.server import logs
 from kb_mcp.server.token import add_token_arguments, read_token
 
@@ -32,9 +32,6 @@ if TYPE_CHECKING:  # the MCP SDK is imported when `call` runs (it takes a second
     from mcp_types import Tool
 
 log = logging.getLogger(__name__)
-
-
-EXIT_CODES = {"caller": 1, "environment": 3, "kb-mcp": 4}
 
 
 class UsageError(ValueError):
@@ -166,7 +163,7 @@ async def _call(args: argparse.Namespace, arguments: dict[str, Any]) -> tuple[in
             # the SDK prefixes every tool error with this; the command line already names the tool
             message = exc.message.removeprefix(f"Error executing tool {args.tool}: ")
             print(f"kb-mcp call {args.tool}: {message}", file=sys.stderr)
-            return EXIT_CODES.get(exc.whose, 1), server
+            return EXIT_STATUS.get(exc.whose, 1), server
         print(json.dumps(payload, indent=2))
         return 0, server
 
@@ -190,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         code, server = anyio.run(_call, args, arguments)
     except KbMcpError as exc:  # e.g. the KB could not be opened while building the server
         print(f"kb-mcp call: {exc}", file=sys.stderr)
-        return EXIT_CODES.get(exc.whose, 1)
+        return EXIT_STATUS.get(exc.whose, 1)
     except Exception as exc:  # the SDK's client raises task-group errors that say little
         if not args.url:
             raise

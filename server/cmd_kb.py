@@ -19,7 +19,7 @@ from rich.table import Table
 
 from kb_mcp.kb import backups, lifecycle, paths
 from kb_mcp.kb.arch import ArchError, arch_family
-from kb_mcp.kb.errors import CallerError, KbMcpError
+from kb_mcp.kb.errors import EXIT_STATUS, CallerError, KbMcpError
 from kb_mcp.kb.interchange import (
     InterchangeError,
     TransferReport,
@@ -34,8 +34,6 @@ from kb_mcp.kb.models import ALL_ARCH
 from kb_mcp.kb.store import KBStore
 from kb_mcp.policy import update as score_rule
 from kb_mcp.server import gc
-
-EXIT_CODES = {"caller": 1, "environment": 3, "kb-mcp": 4}
 
 
 class CommandError(CallerError):
@@ -128,7 +126,7 @@ def _wrap(fn: Callable[[argparse.Namespace, Console], int]) -> Callable[[argpars
             return fn(args, console)
         except KbMcpError as exc:
             print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
-            return EXIT_CODES[exc.whose]
+            return EXIT_STATUS[exc.whose]
         except (InterchangeError, ArchError) as exc:  # a file or argument given on the command line
             print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
             return 1

@@ -146,3 +146,15 @@ def test_a_deleted_kb_is_refused_by_serve_and_call_and_not_recreated(kb_path: Pa
         assert "is missing" in done.stderr and "journal" in done.stderr and "kb init" in done.stderr
         assert "Traceback" not in done.stderr
     assert not kb_path.exists()
+
+
+def test_any_command_meeting_a_kb_error_it_does_not_word_itself_exits_by_whose(monkeypatch, capsys) -> None:
+    from kb_mcp.kb.errors import KBMissingError
+    from kb_mcp.server import cli, cmd_serve
+
+    def fails(args: object) -> int:
+        raise KBMissingError("no KB file at /x/kb.json", where="/x/kb.json", action="create one with `kb init`")
+
+    monkeypatch.setattr(cmd_serve, "run", fails)
+    assert cli.main(["serve"]) == 3
+    assert capsys.readouterr().err.strip() == "kb-mcp serve: no KB file at /x/kb.json. Create one with `kb init`"

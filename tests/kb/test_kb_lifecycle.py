@@ -259,3 +259,17 @@ def test_one_command_restores_a_deleted_kb_and_one_repairs_a_damaged_journal(kb_
     fixed = _cli("--kb", kb, "kb", "repair")
     assert fixed.returncode == 0 and "left out damaged line 1" in fixed.stdout, fixed.stderr
     assert _cli("--kb", kb, "kb", "stats").returncode == 0 and _ids(kb_path) == {"c_1", "c_2"}
+
+
+def test_artifacts_written_after_the_kb_is_opened_are_private_like_the_kb(kb_path: Path) -> None:
+    from kb_mcp.tools.context import ToolContext
+
+    before = os.umask(0o022)
+    try:
+        ctx = ToolContext(kb_path)
+        ctx.candidates_dir.mkdir(parents=True)  # opens (creates) the KB first, then follows its mode
+        (ctx.candidates_dir / "c_1.py").write_text("class ModelNew: pass\n")
+        assert _mode(kb_path) == 0o600
+        assert _mode(ctx.candidates_dir) == 0o700 and _mode(ctx.candidates_dir / "c_1.py") == 0o600
+    finally:
+        os.umask(before)

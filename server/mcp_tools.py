@@ -112,7 +112,7 @@ def input_schema(spec: ToolSpec) -> dict[str, Any]:
     return schema
 
 
-def annotations(spec: ToolSpec) -> ToolAnnotations:
+def tool_annotations(spec: ToolSpec) -> ToolAnnotations:
     """The MCP tool annotations of what the tool module declares (`ToolMeta`)."""
     meta = spec.meta
     return ToolAnnotations(
@@ -162,7 +162,7 @@ def as_mcp_tool(spec: ToolSpec, runner: ToolRunner, *, adopt_client_name: bool =
         fn=call,
         name=spec.name,
         title=spec.meta.title,
-        annotations=annotations(spec),
+        annotations=tool_annotations(spec),
         description=spec.description,
         parameters=input_schema(spec),
         fn_metadata=_RawArguments(arg_model=arg_model, output_model=spec.result),

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Lesson, Optimization, Score, Signature, State, Verdict, utcnow
+from kb_mcp.kb.ops import PutRecord
 from kb_mcp.kb.seed import seed_states
 from kb_mcp.kb.store import AtomicJSONStorage, KBStore, new_meta
 from kb_mcp.kb.tables import Tables, score_op
@@ -53,13 +54,13 @@ def build_kb(path: Path, n_states: int, n_opts: int, seed: int = 0) -> None:
         opt = Optimization(id=f"opt_{o:03d}", name=f"Optimization {o}", description=text, category="memory_access",
                            when_helps="When the profile says so. " * 3, cost="Moderate.",
                            follow_ups=[f"opt_{(o + 1) % n_opts:03d}"])
-        t.apply(["put", "optimizations", opt.id, opt.model_dump(mode="json")])
+        t.apply(PutRecord("optimizations", opt.id, opt.model_dump(mode="json")))
     for s in range(n_states):
         sig = keys[s % len(keys)]
         state = State(id=f"state_{s:05d}", name=f"State {s}", description="A synthetic state. " * 4,
                       signature=Signature(primary=sig.primary, secondary=sig.secondary, ranges=sig.ranges),
                       origin="seed" if s < len(keys) else "discovered")
-        t.apply(["put", "states", state.id, state.model_dump(mode="json")])
+        t.apply(PutRecord("states", state.id, state.model_dump(mode="json")))
         for o in range(n_opts):
             measured = rng.random() < 0.05
             n = rng.randint(1, 20) if measured else 0
@@ -71,7 +72,7 @@ def build_kb(path: Path, n_states: int, n_opts: int, seed: int = 0) -> None:
             if measured and rng.random() < 0.2:
                 lesson = Lesson(id=f"l_{s}_{o}", state_id=state.id, optimization_id=score.optimization_id,
                                 text="Worked when rows were long; no gain below 1K elements.", source="campaign")
-                t.apply(["put", "lessons", lesson.id, lesson.model_dump(mode="json")])
+                t.apply(PutRecord("lessons", lesson.id, lesson.model_dump(mode="json")))
     AtomicJSONStorage(path).write(t.to_tinydb())
 
 

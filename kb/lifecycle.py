@@ -287,7 +287,7 @@ def repair_kb(kb_path: Path, *, output: Path | None = None, dry_run: bool = Fals
                 lost = f"transaction {last + 1} is" if entry.seq == last + 2 else f"transactions {last + 1}..{entry.seq - 1} are"
                 report.gaps.append(f"{lost} missing before line {line} (not in the file or any good line)")
             try:
-                tables.apply_all(entry.ops)
+                tables.replay(entry.ops)
             except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
                 report.bad_lines.append(f"line {line} (byte offset {offset}): transaction {entry.seq} does not apply "
                                         f"({type(exc).__name__}: {exc})")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kb_mcp.kb.models import ALL_ARCH, Optimization, Score, State, utcnow
+from kb_mcp.kb.ops import PutRecord
 from kb_mcp.kb.tables import Tables, score_op
 
 SEED_DIR = Path(__file__).resolve().parent / "seed"
@@ -90,9 +91,9 @@ def seed_tables() -> Tables:
     tables = Tables()
     now = utcnow()
     for state in seed_states():
-        tables.apply(["put", "states", state.id, state.model_copy(update={"created_at": now}).model_dump(mode="json")])
+        tables.apply(PutRecord("states", state.id, state.model_copy(update={"created_at": now}).model_dump(mode="json")))
     for opt in seed_optimizations():
-        tables.apply(["put", "optimizations", opt.id, opt.model_copy(update={"created_at": now}).model_dump(mode="json")])
+        tables.apply(PutRecord("optimizations", opt.id, opt.model_copy(update={"created_at": now}).model_dump(mode="json")))
     stamp = now.isoformat()
     for score in seed_scores():
         tables.apply(score_op(score.model_copy(update={"updated_at": now}), stamp))

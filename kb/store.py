@@ -55,6 +55,7 @@ from kb_mcp.kb.errors import (
 )
 from kb_mcp.kb.journal import Entry, FileId
 from kb_mcp.kb.lock import KBLock
+from kb_mcp.kb.ops import KBOp
 from kb_mcp.kb.models import ALL_ARCH, SCHEMA_VERSION, CandidateRecord, Lesson, Optimization, Outcome, Score, State, Track, Transition, utcnow
 from kb_mcp.kb.tables import FORMAT, LayoutError, Tables
 from kb_mcp.kb.view import KBStats, KBView, Transaction
@@ -327,7 +328,7 @@ class KBStore:
                 if entry.seq != self._last_seq + 1:
                     return _Gap(start, entry.seq, self._last_seq + 1)
                 try:
-                    self._tables.apply_all(entry.ops)
+                    self._tables.replay(entry.ops)
                 except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
                     self._tables = None
                     raise self._corrupt_line(
@@ -482,7 +483,7 @@ class KBStore:
         scratch = Transaction(Tables())
         write(scratch)
         try:
-            pending.write(self.pending_dir, key, scratch.ops, self._mode)
+            pending.write(self.pending_dir, key, [op.wire() for op in scratch.ops], self._mode)
         except OSError as exc:
             raise storage_error(exc, "save a record for the KB in", self.pending_dir) from exc
         try:
@@ -542,7 +543,7 @@ class KBStore:
                     "read-only, it still answers suggestions",
                 )
 
-    def _commit(self, ops: list[Any]) -> None:
+    def _commit(self, ops: list[KBOp]) -> None:
         seq = self._last_seq + 1
         base_size = self._base_id.size if self._base_id else 0
         threshold = max(self.compact_min_bytes, int(base_size * self.compact_fraction))
@@ -551,7 +552,7 @@ class KBStore:
             return
         self.lock.assert_held()
         try:
-            end, ino = journal.append_entry(self.journal_path, Entry(seq, ops), self._j_offset,
+            end, ino = journal.append_entry(self.journal_path, Entry(seq, [op.wire() for op in ops]), self._j_offset,
                                             expected_ino=self._j_ino, mode=self._mode)
         except (KBConflictError, KBReadOnlyError):
             self._tables = None

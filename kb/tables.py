@@ -1,4 +1,4 @@
-"""The KB's tables in memory, the changes ("ops") that edit them, and their TinyDB file layout.
+"""The KB's tables in memory, how a change (`kb.ops`) edits them, and their TinyDB file layout.
 
 One code path applies a change, whether it comes from a live transaction or from replaying the
 journal, so a process that replays sees exactly what the writer saw. Indexes are kept up to date
@@ -30,16 +30,14 @@ from datetime import datetime
 from typing import Any
 
 from kb_mcp.kb import ids
-from kb_mcp.kb.models import ALL_ARCH, DEFAULT_TRACK, Score, Track, options_digest
+from kb_mcp.kb.models import ALL_ARCH, Score, Track, options_digest
+from kb_mcp.kb.ops import FP32, RECORD_TABLES, KBOp, PutMeta, PutRecord, PutScore, from_wire
 
 FORMAT = "kb-mcp"
-RECORD_TABLES = ("states", "optimizations", "lessons", "outcomes", "transitions", "candidates")
 TABLES = ("meta", *RECORD_TABLES, "scores")
 
-Op = list[Any]
 ScoreDoc = dict[str, Any]
 ScoreKey = tuple[str, str, str]  # (state_id, arch, track)
-FP32 = DEFAULT_TRACK.value
 
 
 class LayoutError(ValueError):
@@ -165,50 +163,35 @@ class Tables:
 
     # ---- the one way to change anything ---------------------------------------------------
 
-    def apply(self, op: Op) -> None:
-        """Applies one change: ["put", table, key, doc], ["del", table, key],
-        ["score", state, arch, opt, prior_pair, stats_row_or_null, time(, track)] or
-        ["unscore", state, arch, opt(, track)]. A score change without a track is on fp32 (journals
-        written before tracks existed replay unchanged)."""
-        kind = op[0]
-        if kind == "put":
-            if op[1] == "meta":
-                self.meta = dict(op[3])
-            else:
-                self._put(op[1], op[2], op[3])
-        elif kind == "del":
-            self._del(op[1], op[2])
-        elif kind == "score":
-            _, state, arch, opt, prior, row, when = op[:7]
-            track = op[7] if len(op) > 7 else FP32
-            doc = self.scores.get((state, arch, track))
-            if doc is None:
-                doc = {"state_id": state, "arch": arch, "updated_at": when, "priors": {}, "stats": {}}
-                if track != FP32:
-                    doc["track"] = track
-                self.scores[(state, arch, track)] = doc
-                self.score_keys.setdefault(state, set()).add((arch, track))
-            doc["priors"][opt] = prior
-            if row is None:
-                doc["stats"].pop(opt, None)
-            else:
-                doc["stats"][opt] = row
-            if row is None:
-                doc["updated_at"] = when
-        elif kind == "unscore":
-            _, state, arch, opt = op[:4]
-            track = op[4] if len(op) > 4 else FP32
-            doc = self.scores.get((state, arch, track))
-            if doc is not None:
-                doc["priors"].pop(opt, None)
-                doc["stats"].pop(opt, None)
+    def apply(self, op: KBOp) -> None:
+        """Applies one change (kb.ops)."""
+        if isinstance(op, PutRecord):
+            self._put(op.table, op.key, op.doc)
+        elif isinstance(op, PutMeta):
+            self.meta = dict(op.meta)
         else:
-            raise ValueError(f"unknown KB change {kind!r}")
+            self._put_score(op)
 
-    def apply_all(self, ops: Iterable[Op]) -> None:
-        """Applies changes in order."""
-        for op in ops:
-            self.apply(op)
+    def replay(self, wire_ops: Iterable[list[Any]]) -> None:
+        """Applies changes read from the journal, in order (a malformed one raises)."""
+        for wire in wire_ops:
+            self.apply(from_wire(wire))
+
+    def _put_score(self, op: PutScore) -> None:
+        key = (op.state_id, op.arch, op.track)
+        doc = self.scores.get(key)
+        if doc is None:
+            doc = {"state_id": op.state_id, "arch": op.arch, "updated_at": op.when, "priors": {}, "stats": {}}
+            if op.track != FP32:
+                doc["track"] = op.track
+            self.scores[key] = doc
+            self.score_keys.setdefault(op.state_id, set()).add((op.arch, op.track))
+        doc["priors"][op.optimization_id] = op.prior
+        if op.row is None:
+            doc["stats"].pop(op.optimization_id, None)
+            doc["updated_at"] = op.when
+        else:
+            doc["stats"][op.optimization_id] = op.row
 
     def _put(self, table: str, key: str, doc: dict[str, Any]) -> None:
         recs = self.records[table]
@@ -216,14 +199,6 @@ class Tables:
             self._unindex(table, key, recs[key])
         recs[key] = doc
         self._index(table, key, doc)
-
-    def _del(self, table: str, key: str) -> None:
-        doc = self.records[table].pop(key, None)
-        if doc is not None:
-            self._unindex(table, key, doc)
-            if table == "states":  # a state's scores go with it
-                for arch, track in self.score_keys.pop(key, set()):
-                    self.scores.pop((key, arch, track), None)
 
     def _index(self, table: str, key: str, doc: dict[str, Any]) -> None:
         if table == "states":
@@ -266,16 +241,7 @@ def signature_key(state_doc: dict[str, Any]) -> str:
     return f"{sig['primary']}/{sig.get('secondary') or '-'}"
 
 
-def score_op(score: Score, when: str) -> Op:
+def score_op(score: Score, when: str) -> PutScore:
     """The change that stores `score` (time `when` stamps a pure prior's document)."""
     prior, row = encode_score(score)
-    op: Op = ["score", score.state_id, score.arch, score.optimization_id, prior, row, when]
-    track = Track(score.track).value
-    return op if track == FP32 else [*op, track]
-
-
-def unscore_op(state_id: str, optimization_id: str, arch: str, track: Track | str = DEFAULT_TRACK) -> Op:
-    """The change that removes one score."""
-    op: Op = ["unscore", state_id, arch, optimization_id]
-    value = Track(track).value
-    return op if value == FP32 else [*op, value]
+    return PutScore(score.state_id, score.arch, score.optimization_id, prior, row, when, Track(score.track).value)

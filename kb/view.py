@@ -27,7 +27,8 @@ from kb_mcp.kb.models import (
     Transition,
     utcnow,
 )
-from kb_mcp.kb.tables import FP32, Op, Tables, decode_score, score_op
+from kb_mcp.kb.ops import FP32, KBOp, PutMeta, PutRecord, from_wire
+from kb_mcp.kb.tables import Tables, decode_score, score_op
 
 
 class KBStats(BaseModel):
@@ -272,25 +273,26 @@ class Transaction(KBView):
 
     def __init__(self, tables: Tables) -> None:
         super().__init__(tables)
-        self.ops: list[Op] = []
+        self.ops: list[KBOp] = []
         self._now = utcnow().isoformat()
 
-    def _do(self, op: Op) -> None:
+    def _do(self, op: KBOp) -> None:
         self._t.apply(op)
         self.ops.append(op)
 
-    def replay(self, ops: list[Op]) -> None:
-        """Applies ops made elsewhere (records persisted while waiting for the lock) as part of this one."""
-        for op in ops:
-            self._do(op)
+    def replay(self, wire_ops: list[list[Any]]) -> None:
+        """Applies ops made elsewhere (records persisted while waiting for the lock, in their wire
+        form) as part of this one."""
+        for wire in wire_ops:
+            self._do(from_wire(wire))
 
     def put_state(self, state: State) -> None:
         """Adds or replaces a state."""
-        self._do(["put", "states", state.id, state.model_dump(mode="json")])
+        self._do(PutRecord("states", state.id, state.model_dump(mode="json")))
 
     def put_optimization(self, optimization: Optimization) -> None:
         """Adds or replaces an optimization."""
-        self._do(["put", "optimizations", optimization.id, optimization.model_dump(mode="json")])
+        self._do(PutRecord("optimizations", optimization.id, optimization.model_dump(mode="json")))
 
     def put_score(self, score: Score) -> None:
         """Adds or replaces the score of (state, optimization, arch, track)."""
@@ -298,16 +300,16 @@ class Transaction(KBView):
 
     def put_lesson(self, lesson: Lesson) -> None:
         """Adds or replaces a lesson."""
-        self._do(["put", "lessons", lesson.id, lesson.model_dump(mode="json")])
+        self._do(PutRecord("lessons", lesson.id, lesson.model_dump(mode="json")))
 
     def put_outcome(self, outcome: Outcome) -> None:
         """Adds or replaces a replay-buffer entry."""
-        self._do(["put", "outcomes", outcome.id, outcome.model_dump(mode="json")])
+        self._do(PutRecord("outcomes", outcome.id, outcome.model_dump(mode="json")))
 
     def put_transition(self, transition: Transition) -> None:
         """Adds or replaces a transition count."""
         key = ids.transition_key(transition.state_id, transition.optimization_id, transition.next_state_id)
-        self._do(["put", "transitions", key, transition.model_dump(mode="json")])
+        self._do(PutRecord("transitions", key, transition.model_dump(mode="json")))
 
     def bump_transition(self, state_id: str, optimization_id: str, next_state_id: str, n: int = 1) -> Transition:
         """Counts `n` more moves from `state_id` to `next_state_id` by `optimization_id`."""
@@ -321,7 +323,7 @@ class Transaction(KBView):
     def put_candidate(self, record: CandidateRecord) -> None:
         """Stores the server's verdict on a candidate under its verdict key (compile_and_verify does
         this): it replaces only a verdict checked with the same options on the same device."""
-        self._do(["put", "candidates", record.key, record.model_dump(mode="json")])
+        self._do(PutRecord("candidates", record.key, record.model_dump(mode="json")))
 
     def set_meta(self, **values: Any) -> None:
         """Updates fields of the meta record (format and sequence fields are the store's own)."""
@@ -329,4 +331,4 @@ class Transaction(KBView):
         if reserved:
             raise ValueError(f"meta fields {sorted(reserved)} are managed by the store")
         meta = {**self._t.meta, **values}
-        self._do(["put", "meta", "meta", meta])
+        self._do(PutMeta(meta))

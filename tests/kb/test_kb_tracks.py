@@ -62,13 +62,14 @@ def test_a_file_without_tracks_reads_as_fp32_and_keeps_working(kb_path: Path) ->
 
 def test_a_journal_line_without_a_track_replays_as_fp32() -> None:
     t = Tables()
-    t.apply(["score", STATE, "hopper", OPT, [0.1, 1.0], [0.5, 0.0, 1, 1, 1, 0, 0, "2024-01-01T00:00:00+00:00"],
-             "2024-01-01T00:00:00+00:00"])
-    t.apply(["score", STATE, "hopper", OPT, [0.1, 1.0], None, "2024-01-01T00:00:00+00:00", "bf16"])
+    t.replay([
+        ["score", STATE, "hopper", OPT, [0.1, 1.0], [0.5, 0.0, 1, 1, 1, 0, 0, "2024-01-01T00:00:00+00:00"],
+         "2024-01-01T00:00:00+00:00"],
+        ["score", STATE, "hopper", OPT, [0.1, 1.0], None, "2024-01-01T00:00:00+00:00", "bf16"],
+    ])
     assert set(t.scores) == {(STATE, "hopper", "fp32"), (STATE, "hopper", "bf16")}
-    t.apply(["unscore", STATE, "hopper", OPT, "bf16"])
-    assert OPT not in t.scores[(STATE, "hopper", "bf16")]["priors"]
     assert OPT in t.scores[(STATE, "hopper", "fp32")]["stats"]
+    assert OPT not in t.scores[(STATE, "hopper", "bf16")]["stats"]  # a pure prior on bf16
 
 
 def test_an_unknown_track_in_a_file_is_refused_by_name(kb_path: Path) -> None:

@@ -1,0 +1,50 @@
+"""Typed KB changes and their journal form: each op survives the round trip, the wire form stays
+what earlier versions wrote, and what is not an op is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from kb_mcp.kb.ops import PutMeta, PutRecord, PutScore, from_wire
+from kb_mcp.kb.tables import Tables
+
+ROW = [0.4, 0.01, 2, 3, 2, 1, 0, "2026-01-01T00:00:00+00:00"]
+
+
+@pytest.mark.parametrize("op", [
+    PutRecord("states", "s1", {"id": "s1"}),
+    PutMeta({"format": "kb-mcp", "schema_version": 1}),
+    PutScore("s1", "hopper", "o1", [0.1, 1.0], ROW, "2026-01-01T00:00:00+00:00"),
+    PutScore("s1", "*", "o1", [0.0, 1.0], None, "2026-01-01T00:00:00+00:00", "bf16"),
+])
+def test_ops_round_trip_through_the_wire(op: PutRecord | PutMeta | PutScore) -> None:
+    assert from_wire(op.wire()) == op
+
+
+def test_the_wire_form_is_the_journal_format() -> None:
+    assert PutRecord("lessons", "l1", {"id": "l1"}).wire() == ["put", "lessons", "l1", {"id": "l1"}]
+    assert PutMeta({"a": 1}).wire() == ["put", "meta", "meta", {"a": 1}]
+    # fp32 is written without a track, as before tracks existed; other tracks name theirs
+    assert PutScore("s", "*", "o", [0.0, 1.0], None, "t").wire() == ["score", "s", "*", "o", [0.0, 1.0], None, "t"]
+    assert PutScore("s", "*", "o", [0.0, 1.0], None, "t", "tf32").wire()[-1] == "tf32"
+
+
+@pytest.mark.parametrize(("wire", "error"), [
+    (["del", "states", "s1"], "unknown KB change 'del'"),
+    (["put", "no_such_table", "k", {}], "unknown KB table 'no_such_table'"),
+    (["score", "s", "*", "o", [0.0, 1.0], None, "t", "fp8"], "fp8"),
+])
+def test_what_is_not_an_op_is_refused(wire: list, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        from_wire(wire)
+
+
+def test_tables_apply_typed_ops_and_replay_wire_ones() -> None:
+    typed, replayed = Tables(), Tables()
+    ops = [PutRecord("states", "s1", {"id": "s1", "signature": {"primary": "memory", "secondary": None}}),
+           PutScore("s1", "*", "o1", [0.1, 1.0], ROW, "2026-01-01T00:00:00+00:00")]
+    for op in ops:
+        typed.apply(op)
+    replayed.replay([op.wire() for op in ops])
+    assert typed.records == replayed.records and typed.scores == replayed.scores
+    assert typed.states_by_key == {"memory/-": ["s1"]}

@@ -48,7 +48,9 @@ class InterchangeError(ValueError):
 class ScoreRule(Protocol):
     """The numeric update rule (`kb_mcp.policy.update` satisfies it)."""
 
-    def apply_outcome(self, score: Score, verdict: Verdict, speedup: float | None, when: datetime | None = None) -> Score: ...
+    def apply_outcome(
+        self, score: Score, verdict: Verdict, speedup: float | None, when: datetime | None = None, *, client: str = ""
+    ) -> Score: ...
 
     def merge_scores(self, a: Score, b: Score) -> Score: ...
 
@@ -168,7 +170,7 @@ def _merge_into(tx: Transaction, other: KBView, rule: ScoreRule, report: Transfe
                 part = rule.empty_like(theirs_score)
                 for o in shared_by_pair.get((state_id, theirs_score.optimization_id), []):
                     if (arch == ALL_ARCH or o.arch == arch) and o.track == track:
-                        part = rule.apply_outcome(part, o.verdict, o.speedup, o.created_at)
+                        part = rule.apply_outcome(part, o.verdict, o.speedup, o.created_at, client=o.agent)
                 mine = tx.get_score(state_id, theirs_score.optimization_id, arch, track)
                 if mine is None:
                     tx.put_score(theirs_score)

@@ -180,7 +180,11 @@ class State(BaseModel):
 
 
 class Optimization(BaseModel):
-    """A code transformation an agent can apply, with what it costs and when it helps."""
+    """A code transformation an agent can apply, with what it costs and when it helps.
+
+    The text of an agent-made optimization (origin `agent` or `campaign`) is untrusted: other
+    agents are shown it only once a verified outcome backs it, marked as KB content.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -193,16 +197,35 @@ class Optimization(BaseModel):
     applicable_states: list[str] = Field(default_factory=list)
     follow_ups: list[str] = Field(default_factory=list)  # optimization ids that often pay off next
     origin: Literal["seed", "agent", "campaign", "imported"] = "seed"
+    author: str = ""  # for an agent's or campaign's optimization: the client that described it
+    outcome_id: str | None = None  # the outcome that introduced it (agent-made optimizations)
     deprecated: bool = False
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class ChangeRun(BaseModel):
+    """Consecutive outcomes of one client that all landed on one side of a score's estimate.
+
+    `cusum` is the one-sided cumulative sum of their standardized distances from the estimate (less
+    an allowance per outcome); when it crosses a threshold the truth has likely changed, and that
+    client's older samples give way to the run (`kb_mcp.policy.update`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    client: str
+    cusum: float  # signed: above (> 0) or below (< 0) the estimate
+    n: int  # outcomes in the run
+    mean: float  # their mean log-speedup, as measured (not clipped)
 
 
 class Score(BaseModel):
     """Statistics of one optimization in one state on one GPU arch family (or ALL_ARCH, pooled) and
     one precision track.
 
-    Speedups are tracked in log space (Welford mean and M2), so pooling two scores is exact and a
-    2x gain and a 0.5x loss cancel.
+    Speedups are tracked in log space (weighted Welford mean and M2), so pooling two scores is exact
+    and a 2x gain and a 0.5x loss cancel. The plain counters (`samples`, `attempts`, ...) count every
+    outcome ever recorded; the weights behind the mean are bounded (per client and in total, see
+    `kb_mcp.policy.update`), so the KB follows drift and no single client dominates a score.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -212,37 +235,67 @@ class Score(BaseModel):
     arch: str = ALL_ARCH
     track: Track = DEFAULT_TRACK
     mean_log_speedup: float = 0.0
-    m2_log_speedup: float = 0.0  # sum of squared deviations (Welford), for the variance
-    samples: int = 0  # valid timed outcomes feeding the mean
+    m2_log_speedup: float = 0.0  # weighted sum of squared deviations (Welford), for the variance
+    samples: int = 0  # valid timed outcomes ever recorded
     attempts: int = 0  # every recorded outcome, failures included
     successes: int = 0  # outcomes faster than the kernel they started from
     compile_failures: int = 0
     verify_failures: int = 0  # incorrect or invalid
+    weight: float = 0.0  # effective number of samples behind the mean and M2 (bounded; = samples in old files)
+    ok_weight: float = 0.0  # effective number of attempts that compiled and verified (bounded like `weight`)
+    fail_weight: float = 0.0  # effective number of attempts that did not
+    clients: dict[str, list[float]] = Field(default_factory=dict)  # client name -> [weight, mean, m2]
+    run: ChangeRun | None = None  # the latest outcomes that lie on one side of the estimate (change detection)
     prior: bool = True  # True while the numbers are the seed's priors, not measurements
     prior_mean_log_speedup: float = 0.0
     prior_weight: float = 1.0  # how many pseudo-samples the prior counts for
     updated_at: datetime = Field(default_factory=utcnow)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _weights_of_counts(cls, data: object) -> object:
+        """A score written before weights existed: every sample and failure counts once."""
+        if isinstance(data, dict) and "weight" not in data:
+            samples = int(data.get("samples") or 0)
+            failures = int(data.get("compile_failures") or 0) + int(data.get("verify_failures") or 0)
+            data = {**data, "weight": float(samples), "ok_weight": float(samples), "fail_weight": float(failures)}
+            if samples and "clients" not in data:
+                data["clients"] = {
+                    "": [float(samples), float(data.get("mean_log_speedup") or 0.0), float(data.get("m2_log_speedup") or 0.0)]
+                }
+        return data
+
     @property
     def variance(self) -> float:
-        """Sample variance of the log-speedup (0 with fewer than two samples)."""
-        return self.m2_log_speedup / (self.samples - 1) if self.samples > 1 else 0.0
+        """Sample variance of the log-speedup (0 with less than two samples' weight)."""
+        return self.m2_log_speedup / (self.weight - 1.0) if self.weight > 1.0 else 0.0
+
+    @property
+    def posterior_mean_log_speedup(self) -> float:
+        """Measured mean shrunk toward the prior mean by the prior's weight (log space)."""
+        total = self.weight + self.prior_weight
+        if total <= 0:
+            return 0.0
+        return (self.mean_log_speedup * self.weight + self.prior_mean_log_speedup * self.prior_weight) / total
 
     @property
     def expected_speedup(self) -> float:
         """Posterior expected speedup: measured mean shrunk toward the prior by its weight."""
-        total = self.samples + self.prior_weight
-        mean = (self.mean_log_speedup * self.samples + self.prior_mean_log_speedup * self.prior_weight) / total
-        return math.exp(mean)
+        return math.exp(self.posterior_mean_log_speedup)
 
     @property
     def confidence(self) -> float:
         """0..1: how much the expected speedup rests on measurements rather than the prior."""
-        return self.samples / (self.samples + self.prior_weight + 1.0)
+        return self.weight / (self.weight + self.prior_weight + 1.0)
 
 
 class Lesson(BaseModel):
-    """Free text learned about an optimization in a state, with where it came from."""
+    """Free text learned about an optimization in a state, with who wrote it and from what.
+
+    Lesson text is written by agents, so it is data, never instructions: other agents see it only
+    when `outcome_id` names a verified outcome of the same state and optimization (a valid,
+    unflagged verdict the server measured), and always marked as untrusted KB content.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -254,6 +307,7 @@ class Lesson(BaseModel):
     source: Literal["seed", "agent", "campaign", "textual_gradient", "import"] = "agent"
     author: str = ""  # agent or client name
     candidate_id: str | None = None
+    outcome_id: str | None = None  # the outcome it was learned from: what makes it verifiable
     created_at: datetime = Field(default_factory=utcnow)
 
 

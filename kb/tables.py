@@ -12,11 +12,15 @@ File layout (a TinyDB JSON database: ``TinyDB(path).table("states").all()`` read
      "scores": {"1": {"state_id": S, "arch": A, "track": K, "updated_at": T,
                       "priors": {opt_id: [prior_mean_log_speedup, prior_weight]},
                       "stats":  {opt_id: [mean, m2, samples, attempts, successes,
-                                          compile_failures, verify_failures, updated_at]}}}}
+                                          compile_failures, verify_failures, updated_at,
+                                          weight, ok_weight, fail_weight,
+                                          {client: [weight, mean, m2]},
+                                          [run client, cusum, n, mean] or null]}}}}
 
 Scores are stored one document per (state, arch, track) with a compact row per optimization. A
 document without "track" is on the strict fp32 track (files written before tracks existed), and
-fp32 documents are written without it. A KB of
+fp32 documents are written without it. A stats row of the first eight fields only (written before
+weights existed) counts every sample and failure once (`Score`'s weights from its counters). A KB of
 10,000 states x 100 optimizations holds a million scores, which as one JSON object each would be a
 third of a gigabyte to parse; as rows it is ~25 MB. A Score whose optimization has no "stats" row
 is still a pure prior (``Score.prior``). TinyDB doc ids are renumbered on every full write;
@@ -30,7 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from kb_mcp.kb import ids
-from kb_mcp.kb.models import ALL_ARCH, Score, Track, options_digest
+from kb_mcp.kb.models import ALL_ARCH, ChangeRun, Score, Track, options_digest
 from kb_mcp.kb.ops import FP32, RECORD_TABLES, KBOp, PutMeta, PutRecord, PutScore, from_wire
 
 FORMAT = "kb-mcp"
@@ -38,6 +42,38 @@ TABLES = ("meta", *RECORD_TABLES, "scores")
 
 ScoreDoc = dict[str, Any]
 ScoreKey = tuple[str, str, str]  # (state_id, arch, track)
+
+
+CALIBRATION_FIELDS = ("weight", "prior", "measured", "prior2", "cross", "measured2", "noise", "m2", "dof")
+"""Sums kept per track over the measured pooled scores: v, v*p, v*m, v*p^2, v*p*m, v*m^2, v/W, M2 and
+W-1 (p the prior mean, m the measured mean, W the weight behind it, v = W / (W + 1) times a robust
+weight, `calibration_terms`). They are what
+the selection needs to judge how well priors predict measurements (`policy.select.Calibration`)."""
+
+
+CALIBRATION_ROBUST_SCALE = 0.6
+"""Distance (log units) between a score's measured and prior means beyond which its say in the
+track's calibration fades (Student-t weight, 3 degrees of freedom): a few optimizations whose prior
+was plain wrong, or whose truth changed, do not discredit every other prior."""
+
+
+def calibration_terms(prior_mean: float, mean: float, m2: float, weight: float) -> tuple[float, ...]:
+    """One score's contribution to the calibration sums (all zero without measurements)."""
+    if weight <= 0:
+        return (0.0,) * len(CALIBRATION_FIELDS)
+    v = weight / (weight + 1.0) * 3.0 / (3.0 + ((mean - prior_mean) / CALIBRATION_ROBUST_SCALE) ** 2)
+    p = prior_mean
+    return (v, v * p, v * mean, v * p * p, v * p * mean, v * mean * mean, v / weight, max(m2, 0.0), max(weight - 1.0, 0.0))
+
+
+def _row_terms(prior: list[float] | None, row: list[Any] | None) -> tuple[float, ...] | None:
+    """The calibration terms of one stored (prior, stats row) pair, None when unmeasured."""
+    if row is None:
+        return None
+    weight = float(row[8]) if len(row) >= 12 else float(row[2])
+    if weight <= 0:
+        return None
+    return calibration_terms(prior[0] if prior is not None else 0.0, row[0], row[1], weight)
 
 
 class LayoutError(ValueError):
@@ -53,12 +89,17 @@ def _record_key(table: str, doc: dict[str, Any]) -> str:
     return doc["id"]
 
 
+def doc_track(doc: ScoreDoc) -> str:
+    """The track of a score document (fp32 when it names none)."""
+    return doc.get("track", FP32)
+
+
 def encode_score(score: Score) -> tuple[list[float], list[Any] | None]:
-    """(prior pair, stats row or None): the compact form of a Score in its (state, arch) document."""
+    """(prior pair, stats row or None): the compact form of a Score in its (state, arch, track) document."""
     prior = [score.prior_mean_log_speedup, score.prior_weight]
     measured = (
         score.samples or score.attempts or score.successes or score.compile_failures or score.verify_failures
-        or score.mean_log_speedup or score.m2_log_speedup
+        or score.mean_log_speedup or score.m2_log_speedup or score.weight or score.ok_weight or score.fail_weight
     )
     if score.prior and not measured:
         return prior, None
@@ -71,13 +112,13 @@ def encode_score(score: Score) -> tuple[list[float], list[Any] | None]:
         score.compile_failures,
         score.verify_failures,
         score.updated_at.isoformat(),
+        score.weight,
+        score.ok_weight,
+        score.fail_weight,
+        {name: list(stats) for name, stats in score.clients.items()},
+        None if score.run is None else [score.run.client, score.run.cusum, score.run.n, score.run.mean],
     ]
     return prior, row
-
-
-def doc_track(doc: ScoreDoc) -> str:
-    """The track of a score document (fp32 when it names none)."""
-    return doc.get("track", FP32)
 
 
 def decode_score(state_id: str, arch: str, opt_id: str, doc: ScoreDoc) -> Score | None:
@@ -93,14 +134,23 @@ def decode_score(state_id: str, arch: str, opt_id: str, doc: ScoreDoc) -> Score 
         # over every optimization of a state, so validation would dominate the latency.
         return Score.model_construct(
             state_id=state_id, optimization_id=opt_id, arch=arch, track=track, mean_log_speedup=0.0,
-            m2_log_speedup=0.0, samples=0, attempts=0, successes=0, compile_failures=0, verify_failures=0, prior=True,
+            m2_log_speedup=0.0, samples=0, attempts=0, successes=0, compile_failures=0, verify_failures=0,
+            weight=0.0, ok_weight=0.0, fail_weight=0.0, clients={}, run=None, prior=True,
             prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(doc["updated_at"]),
         )
-    mean, m2, samples, attempts, successes, cf, vf, updated = row
+    mean, m2, samples, attempts, successes, cf, vf, updated = row[:8]
+    run = ChangeRun.model_construct(client=row[12][0], cusum=row[12][1], n=row[12][2], mean=row[12][3]) \
+        if len(row) >= 13 and row[12] else None
+    if len(row) >= 12:
+        weight, ok_weight, fail_weight, clients = row[8], row[9], row[10], row[11]
+    else:  # written before weights existed: every outcome counts once, from one unnamed client
+        weight, ok_weight, fail_weight = float(samples), float(samples), float(cf + vf)
+        clients = {"": [float(samples), mean, m2]} if samples else {}
     return Score.model_construct(
         state_id=state_id, optimization_id=opt_id, arch=arch, track=track, mean_log_speedup=mean, m2_log_speedup=m2,
         samples=samples, attempts=attempts, successes=successes, compile_failures=cf, verify_failures=vf,
-        prior=False, prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(updated),
+        weight=weight, ok_weight=ok_weight, fail_weight=fail_weight, clients=clients, run=run, prior=False,
+        prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(updated),
     )
 
 
@@ -114,9 +164,11 @@ class Tables:
         # indexes
         self.states_by_key: dict[str, list[str]] = {}
         self.score_keys: dict[str, set[tuple[str, str]]] = {}  # state -> {(arch, track)}
+        self.calibration: dict[str, list[float]] = {}  # track -> CALIBRATION_FIELDS sums over pooled scores
         self.lessons_by_pair: dict[tuple[str, str], list[str]] = {}
         self.transitions_by_state: dict[str, list[str]] = {}
         self.verdicts_by_candidate: dict[str, list[str]] = {}
+        self.outcomes_by_candidate: dict[str, list[str]] = {}  # a kernel's lineage (policy.lineage)
 
     # ---- loading and saving -------------------------------------------------------------
 
@@ -149,6 +201,9 @@ class Tables:
                 doc.setdefault("updated_at", t.meta.get("created_at", "1970-01-01T00:00:00+00:00"))
                 t.scores[key] = doc
                 t.score_keys.setdefault(key[0], set()).add((key[1], key[2]))
+                if key[1] == ALL_ARCH:
+                    for opt, row in doc["stats"].items():
+                        t._calibrate(track, _row_terms(doc["priors"].get(opt), row), +1)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise LayoutError(f"{where}: malformed record ({type(exc).__name__}: {exc})") from exc
         return t
@@ -186,12 +241,22 @@ class Tables:
                 doc["track"] = op.track
             self.scores[key] = doc
             self.score_keys.setdefault(op.state_id, set()).add((op.arch, op.track))
+        if op.arch == ALL_ARCH:  # the track's calibration follows its pooled scores
+            self._calibrate(op.track, _row_terms(doc["priors"].get(op.optimization_id), doc["stats"].get(op.optimization_id)), -1)
+            self._calibrate(op.track, _row_terms(op.prior, op.row), +1)
         doc["priors"][op.optimization_id] = op.prior
         if op.row is None:
             doc["stats"].pop(op.optimization_id, None)
             doc["updated_at"] = op.when
         else:
             doc["stats"][op.optimization_id] = op.row
+
+    def _calibrate(self, track: str, terms: tuple[float, ...] | None, sign: int) -> None:
+        if terms is None:
+            return
+        sums = self.calibration.setdefault(track, [0.0] * len(CALIBRATION_FIELDS))
+        for i, x in enumerate(terms):
+            sums[i] += sign * x
 
     def _put(self, table: str, key: str, doc: dict[str, Any]) -> None:
         recs = self.records[table]
@@ -209,6 +274,8 @@ class Tables:
             self.transitions_by_state.setdefault(doc["state_id"], []).append(key)
         elif table == "candidates":
             self.verdicts_by_candidate.setdefault(doc["candidate_id"], []).append(key)
+        elif table == "outcomes":
+            self.outcomes_by_candidate.setdefault(doc["candidate_id"], []).append(key)
 
     def _unindex(self, table: str, key: str, doc: dict[str, Any]) -> None:
         index: dict[Any, list[str]] | None = None
@@ -221,6 +288,8 @@ class Tables:
             index, group = self.transitions_by_state, doc["state_id"]
         elif table == "candidates":
             index, group = self.verdicts_by_candidate, doc["candidate_id"]
+        elif table == "outcomes":
+            index, group = self.outcomes_by_candidate, doc["candidate_id"]
         if index is not None:
             keys = index.get(group, [])
             if key in keys:

@@ -28,7 +28,7 @@ from kb_mcp.kb.models import (
     utcnow,
 )
 from kb_mcp.kb.ops import FP32, KBOp, PutMeta, PutRecord, from_wire
-from kb_mcp.kb.tables import Tables, decode_score, score_op
+from kb_mcp.kb.tables import CALIBRATION_FIELDS, Tables, decode_score, score_op
 
 
 class KBStats(BaseModel):
@@ -119,6 +119,12 @@ class KBView:
                 out.append(s)
         out.sort(key=lambda s: s.optimization_id)
         return out
+
+    def calibration_sums(self, track: Track = DEFAULT_TRACK) -> tuple[float, ...]:
+        """The track's sums of measured means against prior means over its pooled scores
+        (`kb.tables.CALIBRATION_FIELDS`), kept up to date with every change."""
+        sums = self._t.calibration.get(Track(track).value)
+        return tuple(sums) if sums is not None else (0.0,) * len(CALIBRATION_FIELDS)
 
     def score_keys(self, state_id: str) -> list[tuple[str, Track]]:
         """(arch family or ALL_ARCH, track) pairs that hold scores for a state."""
@@ -212,6 +218,11 @@ class KBView:
     def outcome_ids(self) -> set[str]:
         """Ids of every outcome in the replay buffer."""
         return set(self._t.records["outcomes"])
+
+    def outcomes_for_candidate(self, candidate_id: str) -> list[Outcome]:
+        """Outcomes recorded for one candidate (one per optimization credited with it)."""
+        recs = self._t.records["outcomes"]
+        return [Outcome.model_validate(recs[k]) for k in self._t.outcomes_by_candidate.get(candidate_id, [])]
 
     def list_candidates(self) -> list[CandidateRecord]:
         """Every stored candidate verdict (one per candidate and options digest)."""

@@ -1,35 +1,74 @@
 """The numeric update: how one measured outcome moves a Score, and how two Scores pool.
 
-Speedups are tracked as log-speedups with Welford's running mean and sum of squared deviations
-(M2), so a 2x gain and a 0.5x loss cancel, and pooling two scores (Chan et al.'s parallel
-combination) gives exactly the statistics of the union of their samples. Counters:
+Speedups are tracked as log-speedups with a weighted Welford mean and sum of squared deviations
+(M2), kept per client and pooled exactly over clients (Chan et al.'s parallel combination), so a
+2x gain and a 0.5x loss cancel and merging two KB files pools their statistics. Counters:
 
 * `attempts`: every recorded outcome except `needs_gpu` (the candidate was never run, so it says
   nothing about the optimization);
-* `samples`: outcomes with a valid timed verdict (faster/slower) and a speedup - these feed the mean;
+* `samples`: outcomes with a valid timed verdict (faster/slower) and a speedup;
 * `successes`: samples with speedup > 1 (faster than the kernel the optimization started from);
 * `compile_failures`: compile_error; `verify_failures`: incorrect, invalid, timeout, crashed.
 
-One outcome moves the mean by at most a bounded amount: its log-speedup is clipped to
-±log(MAX_CREDITED_SPEEDUP). The speedup itself is the server's measurement, but its basis can be
-a parent the agent names, and a deliberately slow (yet verified) parent would otherwise buy an
-optimization any credit it liked. The outcome keeps the unclipped figure.
+What one outcome may do to the statistics is bounded, because the speedup's basis and the
+optimization it is credited to are the caller's claims:
+
+* **Bounded influence.** The credited log-speedup is clipped to ±log(MAX_CREDITED_SPEEDUP), then to
+  a band around the score's current estimate, INFLUENCE_SDS predictive standard deviations wide
+  (never less than MIN_SD; `record_outcome` passes the band of the selection's calibrated posterior,
+  `policy.select.influence_band`). One record moves a score of weight W by at most the band's
+  half-width / (W + 1), however extreme it is.
+* **Changes are detected.** Consecutive outcomes of one client on one side of the estimate are
+  summed (a one-sided CUSUM, `Score.run`); past CHANGE_THRESHOLD the truth has likely changed, and
+  that client's older samples give way to the run: two outliers in a row, or a few outcomes well
+  off on one side, and the estimate follows. A lone outlier stays bounded.
+* **No client dominates.** Each client's samples carry at most CLIENT_MAX_WEIGHT of weight in a
+  score: beyond it, the client's own older samples are discounted, never other clients'.
+* **Drift is followed.** The whole score carries at most MAX_WEIGHT: beyond it every sample is
+  discounted, so the estimate follows the latest ~MAX_WEIGHT outcomes (a new GPU, a new compiler).
+  The same cap applies to the compile/verify failure rate (`ok_weight`, `fail_weight`).
+
+The plain counters are never discounted: they say how much was ever measured. The outcome itself
+(the replay buffer) always keeps the unclipped measurement.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import datetime
 
-from kb_mcp.kb.models import Score, Verdict, utcnow
+from kb_mcp.kb.models import ChangeRun, Score, Verdict, utcnow
 
 # Honest single steps beyond this exist (fusing a long elementwise chain), but they are rare enough
 # that clipping them costs little, while one unbounded sample can dominate a mean of few samples.
 MAX_CREDITED_SPEEDUP = 8.0
+INFLUENCE_SDS = 3.0
+"""A credited log-speedup lies within this many standard deviations of the score's estimate."""
+MIN_SD = 0.2
+"""Floor of the spread used for that band (log units): a score with one sample, or with identical
+samples, still lets a new measurement differ by 3 x 0.2 = 0.6 (x1.8) from its estimate."""
+MAX_WEIGHT = 16.0
+"""Effective samples a score holds at most: older ones are discounted beyond it (drift)."""
+CLIENT_MAX_WEIGHT = 8.0
+"""Effective samples one client holds at most in one score."""
+CHANGE_ALLOWANCE = 0.5
+"""Standard deviations of each outcome's distance from the estimate that change detection ignores."""
+CHANGE_THRESHOLD = 4.0
+"""Accumulated standard deviations beyond the allowance that signal a change: two outliers of 2.5 sd
+or more in a row, or four outcomes 1.5 sd off on one side."""
+CHANGE_STEP = 3.0
+"""The most one outcome adds to that sum (below the threshold: a lone outlier never signals a change)."""
+MAX_CLIENTS = 16
+"""Clients tracked per score; the lightest are pooled under UNNAMED_CLIENT beyond it."""
+UNNAMED_CLIENT = ""
+"""Client key of outcomes whose client gave no name (and of scores written before clients were kept)."""
 
 COMPILE_FAILURES = frozenset({Verdict.compile_error})
 VERIFY_FAILURES = frozenset({Verdict.incorrect, Verdict.invalid, Verdict.timeout, Verdict.crashed})
 UNINFORMATIVE = frozenset({Verdict.needs_gpu})
+
+Stats = tuple[float, float, float]  # (weight, mean, m2)
 
 
 def counts_toward_score(verdict: Verdict) -> bool:
@@ -37,72 +76,208 @@ def counts_toward_score(verdict: Verdict) -> bool:
     return verdict not in UNINFORMATIVE
 
 
-def credited_log_speedup(speedup: float) -> float:
-    """log(speedup), clipped to ±log(MAX_CREDITED_SPEEDUP): what one outcome may contribute."""
+def clip_log_speedup(speedup: float) -> float:
+    """log(speedup), clipped to ±log(MAX_CREDITED_SPEEDUP)."""
     bound = math.log(MAX_CREDITED_SPEEDUP)
     return max(-bound, min(bound, math.log(speedup)))
 
 
-def apply_outcome(score: Score, verdict: Verdict, speedup: float | None, when: datetime | None = None) -> Score:
-    """`score` after one outcome with this verdict and (for valid verdicts) measured speedup."""
-    if not counts_toward_score(verdict):
-        return score
-    n, mean, m2 = score.samples, score.mean_log_speedup, score.m2_log_speedup
-    successes, cf, vf = score.successes, score.compile_failures, score.verify_failures
-    if verdict.is_valid and speedup is not None and speedup > 0 and math.isfinite(speedup):
-        x = credited_log_speedup(speedup)
-        n += 1
-        delta = x - mean
-        mean += delta / n
-        m2 += delta * (x - mean)  # Welford: uses the mean before and after this sample
-        successes += speedup > 1.0
-    elif verdict in COMPILE_FAILURES:
-        cf += 1
-    elif verdict in VERIFY_FAILURES:
-        vf += 1
-    # a valid verdict without a speedup (no baseline timing) counts as an attempt only
+def influence_band(score: Score) -> tuple[float, float]:
+    """The interval one new outcome's log-speedup is clipped to when the caller gives none: the
+    score's own estimate ± INFLUENCE_SDS x max(MIN_SD, sd). (`record_outcome` passes the band of the
+    selection's calibrated posterior, `policy.select.influence_band`.)"""
+    centre = posterior_mean_log_speedup(score)
+    half = INFLUENCE_SDS * max(MIN_SD, math.sqrt(max(score.variance, 0.0)))
+    return centre - half, centre + half
+
+
+def credited_log_speedup(speedup: float, score: Score | None = None, band: tuple[float, float] | None = None) -> float:
+    """What one outcome with this measured speedup contributes to `score` (log space, clipped)."""
+    x = clip_log_speedup(speedup)
+    if score is None and band is None:
+        return x
+    lo, hi = band if band is not None else influence_band(score)  # type: ignore[arg-type]
+    return max(lo, min(hi, x))
+
+
+# ---- weighted statistics -------------------------------------------------------------------------
+
+
+def _pool(a: Stats, b: Stats) -> Stats:
+    wa, ma, m2a = a
+    wb, mb, m2b = b
+    w = wa + wb
+    if w <= 0:
+        return 0.0, 0.0, 0.0
+    delta = mb - ma
+    return w, ma + delta * wb / w, m2a + m2b + delta * delta * wa * wb / w
+
+
+def _unpool(total: Stats, part: Stats) -> Stats:
+    """`total` without `part` (the inverse of `_pool`); empty when nothing remains."""
+    wt, mt, m2t = total
+    wp, mp, m2p = part
+    w = wt - wp
+    if w <= 1e-9:
+        return 0.0, 0.0, 0.0
+    mean = (mt * wt - mp * wp) / w
+    delta = mp - mean
+    return w, mean, max(0.0, m2t - m2p - delta * delta * w * wp / wt)
+
+
+def _scaled(stats: Stats, factor: float) -> Stats:
+    w, mean, m2 = stats
+    return w * factor, mean, m2 * factor
+
+
+def _client_stats(score: Score) -> dict[str, Stats]:
+    if score.clients:
+        return {name: (float(v[0]), float(v[1]), float(v[2])) for name, v in score.clients.items()}
+    if score.weight > 0:  # built by hand without clients: one unnamed client holds it all
+        return {UNNAMED_CLIENT: (score.weight, score.mean_log_speedup, score.m2_log_speedup)}
+    return {}
+
+
+def _bounded(clients: Mapping[str, Stats]) -> dict[str, Stats]:
+    """Clients capped at CLIENT_MAX_WEIGHT each and MAX_WEIGHT together; at most MAX_CLIENTS kept."""
+    out = {n: (_scaled(s, CLIENT_MAX_WEIGHT / s[0]) if s[0] > CLIENT_MAX_WEIGHT else s) for n, s in clients.items() if s[0] > 0}
+    if len(out) > MAX_CLIENTS:
+        named = sorted((n for n in out if n != UNNAMED_CLIENT), key=lambda n: (-out[n][0], n))
+        rest = out.get(UNNAMED_CLIENT, (0.0, 0.0, 0.0))
+        for name in named[MAX_CLIENTS - 1:]:
+            rest = _pool(rest, out.pop(name))
+        out[UNNAMED_CLIENT] = rest
+    total = sum(s[0] for s in out.values())
+    if total > MAX_WEIGHT:
+        out = {n: _scaled(s, MAX_WEIGHT / total) for n, s in out.items()}
+    return out
+
+
+def _with_clients(score: Score, clients: Mapping[str, Stats], update: dict[str, object]) -> Score:
+    pooled: Stats = (0.0, 0.0, 0.0)
+    for name in sorted(clients):
+        pooled = _pool(pooled, clients[name])
     return score.model_copy(
         update={
-            "samples": n,
-            "mean_log_speedup": mean,
-            "m2_log_speedup": m2,
-            "attempts": score.attempts + 1,
-            "successes": successes,
-            "compile_failures": cf,
-            "verify_failures": vf,
-            "prior": False,
-            "updated_at": when or utcnow(),
+            **update,
+            "weight": pooled[0],
+            "mean_log_speedup": pooled[1],
+            "m2_log_speedup": pooled[2],
+            "clients": {n: [s[0], s[1], s[2]] for n, s in sorted(clients.items())},
         }
     )
 
 
-def _pooled(na: int, ma: float, m2a: float, nb: int, mb: float, m2b: float) -> tuple[int, float, float]:
-    n = na + nb
-    if n == 0:
-        return 0, 0.0, 0.0
-    delta = mb - ma
-    return n, ma + delta * nb / n, m2a + m2b + delta * delta * na * nb / n
+def _run_after(run: ChangeRun | None, client: str, raw: float, lo: float, hi: float) -> ChangeRun | None:
+    """The change-detection run after one more outcome (a one-sided CUSUM in band units); None when
+    the outcomes show nothing (the last one within the allowance and no run going on)."""
+    centre, sd = (lo + hi) / 2.0, max((hi - lo) / (2.0 * INFLUENCE_SDS), 1e-9)
+    z = (raw - centre) / sd
+    step = min(CHANGE_STEP, max(0.0, abs(z) - CHANGE_ALLOWANCE))  # one outcome alone never signals a change
+    if run is None or run.client != client or (run.cusum > 0) != (z > 0):
+        if step == 0.0:
+            return None
+        cusum, n, mean = 0.0, 0, 0.0  # a new run: another client, or the other side of the estimate
+    else:
+        cusum, n, mean = run.cusum, run.n, run.mean
+    return ChangeRun(client=client, cusum=cusum + (step if z > 0 else -step), n=n + 1, mean=mean + (raw - mean) / (n + 1))
+
+
+def _bounded_rates(ok: float, fail: float) -> tuple[float, float]:
+    total = ok + fail
+    if total > MAX_WEIGHT:
+        return ok * MAX_WEIGHT / total, fail * MAX_WEIGHT / total
+    return ok, fail
+
+
+# ---- the update -----------------------------------------------------------------------------------
+
+
+def apply_outcome(
+    score: Score, verdict: Verdict, speedup: float | None, when: datetime | None = None, *,
+    client: str = UNNAMED_CLIENT, band: tuple[float, float] | None = None,
+) -> Score:
+    """`score` after one outcome with this verdict and (for valid verdicts) measured speedup,
+    recorded by `client`; `band` bounds the credited log-speedup (default: `influence_band`)."""
+    if not counts_toward_score(verdict):
+        return score
+    clients = _client_stats(score)
+    ok, fail = score.ok_weight, score.fail_weight
+    run = score.run
+    samples, successes = score.samples, score.successes
+    cf, vf = score.compile_failures, score.verify_failures
+    if verdict.is_valid and speedup is not None and speedup > 0 and math.isfinite(speedup):
+        raw = clip_log_speedup(speedup)
+        lo, hi = band if band is not None else influence_band(score)
+        x = max(lo, min(hi, raw))
+        own = clients.get(client, (0.0, 0.0, 0.0))
+        run = _run_after(score.run, client, raw, lo, hi)
+        if run is not None and abs(run.cusum) > CHANGE_THRESHOLD:
+            # The truth has likely changed (a new compiler, a new driver): this client's older samples
+            # give way to the run that showed it, so the estimate follows at once. No client can
+            # discount another's samples, and a lone outlier stays bounded.
+            own, run = (float(run.n), run.mean, 0.0), None
+        else:
+            if own[0] + 1.0 > CLIENT_MAX_WEIGHT:  # make room by discounting this client's own past
+                own = _scaled(own, max(0.0, CLIENT_MAX_WEIGHT - 1.0) / own[0])
+            own = _pool(own, (1.0, x, 0.0))
+        clients[client] = own
+        clients = _bounded(clients)
+        samples += 1
+        successes += speedup > 1.0
+        ok += 1.0
+    elif verdict in COMPILE_FAILURES:
+        cf += 1
+        fail += 1.0
+    elif verdict in VERIFY_FAILURES:
+        vf += 1
+        fail += 1.0
+    else:  # a valid verdict without a speedup (no baseline timing): it compiled and verified
+        ok += 1.0
+    ok, fail = _bounded_rates(ok, fail)
+    return _with_clients(
+        score,
+        clients,
+        {
+            "samples": samples,
+            "attempts": score.attempts + 1,
+            "successes": successes,
+            "compile_failures": cf,
+            "verify_failures": vf,
+            "ok_weight": ok,
+            "fail_weight": fail,
+            "run": run,
+            "prior": False,
+            "updated_at": when or utcnow(),
+        },
+    )
 
 
 def merge_scores(a: Score, b: Score) -> Score:
-    """`a` with `b`'s measurements pooled in (sample statistics of the union of both sample sets).
+    """`a` with `b`'s measurements pooled in (per client, then bounded as every update is).
 
-    The prior stays `a`'s: a prior is a belief about the optimization, not evidence, so two
-    copies of the same seed prior must not count twice. Identity fields are `a`'s.
+    Below the bounds this is exactly the statistics of the union of both sample sets. The prior
+    stays `a`'s: a prior is a belief about the optimization, not evidence, so two copies of the same
+    seed prior must not count twice. Identity fields are `a`'s.
     """
-    n, mean, m2 = _pooled(a.samples, a.mean_log_speedup, a.m2_log_speedup, b.samples, b.mean_log_speedup, b.m2_log_speedup)
-    return a.model_copy(
-        update={
-            "samples": n,
-            "mean_log_speedup": mean,
-            "m2_log_speedup": m2,
+    clients = _client_stats(a)
+    for name, stats in _client_stats(b).items():
+        clients[name] = _pool(clients.get(name, (0.0, 0.0, 0.0)), stats)
+    ok, fail = _bounded_rates(a.ok_weight + b.ok_weight, a.fail_weight + b.fail_weight)
+    return _with_clients(
+        a,
+        _bounded(clients),
+        {
+            "samples": a.samples + b.samples,
             "attempts": a.attempts + b.attempts,
             "successes": a.successes + b.successes,
             "compile_failures": a.compile_failures + b.compile_failures,
             "verify_failures": a.verify_failures + b.verify_failures,
+            "ok_weight": ok,
+            "fail_weight": fail,
             "prior": a.prior and b.prior,
             "updated_at": max(a.updated_at, b.updated_at),
-        }
+        },
     )
 
 
@@ -110,28 +285,27 @@ def subtract_scores(total: Score, part: Score) -> Score:
     """`total` without the measurements of `part` (the inverse of `merge_scores`).
 
     Used when merging KB files that share history: the outcomes both files hold are taken out of
-    one side before pooling, so they are counted once. Counts are clamped at zero should `part`
-    not actually be contained in `total`.
+    one side before pooling, so they are counted once. Exact while no bound was reached; counts are
+    clamped at zero should `part` not actually be contained in `total`.
     """
-    n = total.samples - part.samples
-    if n <= 0:
-        n, mean, m2 = 0, 0.0, 0.0
-    else:
-        mean = (total.mean_log_speedup * total.samples - part.mean_log_speedup * part.samples) / n
-        delta = part.mean_log_speedup - mean
-        m2 = max(0.0, total.m2_log_speedup - part.m2_log_speedup - delta * delta * n * part.samples / total.samples)
+    clients = _client_stats(total)
+    for name, stats in _client_stats(part).items():
+        if name in clients:
+            clients[name] = _unpool(clients[name], stats)
     attempts = max(0, total.attempts - part.attempts)
-    return total.model_copy(
-        update={
-            "samples": n,
-            "mean_log_speedup": mean,
-            "m2_log_speedup": m2,
+    return _with_clients(
+        total,
+        {n: s for n, s in clients.items() if s[0] > 0},
+        {
+            "samples": max(0, total.samples - part.samples),
             "attempts": attempts,
             "successes": max(0, total.successes - part.successes),
             "compile_failures": max(0, total.compile_failures - part.compile_failures),
             "verify_failures": max(0, total.verify_failures - part.verify_failures),
+            "ok_weight": max(0.0, total.ok_weight - part.ok_weight),
+            "fail_weight": max(0.0, total.fail_weight - part.fail_weight),
             "prior": total.prior or attempts == 0,
-        }
+        },
     )
 
 
@@ -140,13 +314,12 @@ def empty_like(score: Score) -> Score:
     return score.model_copy(
         update={
             "samples": 0, "mean_log_speedup": 0.0, "m2_log_speedup": 0.0, "attempts": 0, "successes": 0,
-            "compile_failures": 0, "verify_failures": 0, "prior": True,
+            "compile_failures": 0, "verify_failures": 0, "weight": 0.0, "ok_weight": 0.0, "fail_weight": 0.0,
+            "clients": {}, "run": None, "prior": True,
         }
     )
 
 
 def posterior_mean_log_speedup(score: Score) -> float:
     """Measured mean shrunk toward the prior mean by the prior's weight (log space)."""
-    if score.samples + score.prior_weight <= 0:
-        return 0.0
-    return math.log(score.expected_speedup)
+    return score.posterior_mean_log_speedup

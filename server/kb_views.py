@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Optimization, Outcome, Score, State, Verdict
+from kb_mcp.kb.provenance import UNTRUSTED_NOTICE, optimization_is_verified, quote, shown_lessons
 from kb_mcp.kb.view import KBStats
 from kb_mcp.server.jobs import JobManager, JobProgress, JobStatus
 
@@ -47,7 +48,8 @@ class StatesOverview(BaseModel):
 
 class RankedOptimization(BaseModel):
     """An optimization as seen from one state: the record, its score there (pooled over GPU
-    families) with the two numbers derived from it, and the newest lessons."""
+    families) with the two numbers derived from it, and the newest verified lessons (quoted as untrusted
+    KB content with their provenance)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -66,6 +68,7 @@ class StateDetail(BaseModel):
     state: State
     outcomes: int
     optimizations: list[RankedOptimization]
+    kb_text_notice: str = UNTRUSTED_NOTICE
 
 
 class KbStatsView(BaseModel):
@@ -125,7 +128,7 @@ def state_detail(store: KBStore, state_id: str) -> StateDetail | None:
         ranked: list[RankedOptimization] = []
         for score in view.candidates(state_id, ALL_ARCH):
             opt = view.get_optimization(score.optimization_id)
-            if opt is None:
+            if opt is None or not optimization_is_verified(view, opt):  # unverified agent text is not shown
                 continue
             ranked.append(
                 RankedOptimization(
@@ -133,7 +136,10 @@ def state_detail(store: KBStore, state_id: str) -> StateDetail | None:
                     score=score,
                     expected_speedup=round(score.expected_speedup, 4),
                     confidence=round(score.confidence, 4),
-                    lessons=[x.text for x in view.lessons(state_id, opt.id, MAX_LESSONS_SHOWN)],
+                    lessons=[
+                        quote(x.text, author=x.author, source=x.source, outcome_id=x.outcome_id)
+                        for x in shown_lessons(view, state_id, opt.id, MAX_LESSONS_SHOWN)
+                    ],
                 )
             )
         outcomes = sum(1 for o in view.outcomes() if o.state_id == state_id)

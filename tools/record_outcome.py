@@ -22,27 +22,36 @@ from kb_mcp.kb.models import (
     Track,
     Verdict,
 )
+from kb_mcp.kb.provenance import optimization_is_verified, outcome_is_verified
 from kb_mcp.kb.view import KBView, Transaction
+from kb_mcp.policy.select import CalibrationSums, calibrate, influence_band
 from kb_mcp.policy.update import MAX_CREDITED_SPEEDUP, apply_outcome, counts_toward_score, credited_log_speedup
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 
 NAME = "record_outcome"
+PARENT_SLACK = 1.0
+"""A parent counts as at most this many times slower than the problem's reference (eager, as timed
+beside the candidate): a deliberately slow but verified parent would otherwise buy an optimization
+whatever credit it liked. First kernels a little slower than eager are still credited in full."""
+SpeedupBasis = Literal["parent", "parent_capped", "eager"]
 DESCRIPTION = f"""\
 Record what an optimization did, so the shared Knowledge Base learns from it. Call it after
 compile_and_verify, once per candidate, with: the state id the kernel was in (from classify_state),
 the optimization you applied (its id from suggest_optimizations, or - for an idea of your own - a
 new_optimization with a name and a specific description of the code change), the candidate_id
-that compile_and_verify returned (record.candidate_id), and ideally the parent_candidate_id you started from (the
-speedup is then measured against it - it must be verified before, on the same GPU; otherwise against
-eager PyTorch; one outcome moves a score by at most {MAX_CREDITED_SPEEDUP:g}x either way) and the next state id if you
-profiled the new kernel. Record failures too (compile errors, wrong results): they lower the
+that compile_and_verify returned (record.candidate_id), and ideally the parent_candidate_id you
+started from (the speedup is then measured against it - it must be verified before, on the same GPU,
+and counts as at most {PARENT_SLACK:g}x slower than the problem's reference; otherwise against eager
+PyTorch) and the next state id if you profiled the new kernel (the KB learns what each optimization
+turns a kernel into). Record failures too (compile errors, wrong results): they lower the
 optimization's score where it does not work. The score moves only on the server's own stored
-verdict and timings for that candidate - you cannot and need not report a speedup - and only on a
-verdict checked with compile_and_verify's default options (others are refused). Explain in
-`analysis` why it helped or not; add a one-sentence `lesson` for the next agent when you learned
-something reusable. Recording the same candidate and optimization twice changes nothing. Returns
-the updated entry: expected speedup, confidence and counts."""
+verdict and timings for that candidate - you cannot and need not report a speedup - only on a
+verdict checked with compile_and_verify's default options (others are refused), and how far one
+outcome moves it is bounded. Explain in `analysis` why it helped or not; add a one-sentence `lesson`
+for the next agent when you learned something reusable (other agents see it, marked as untrusted KB
+content, only if this candidate verified). Recording the same candidate and optimization twice
+changes nothing. Returns the updated entry: expected speedup, confidence and counts."""
 
 META = ToolMeta(
     title="Record a measured outcome in the KB",
@@ -99,7 +108,9 @@ class Result(BaseModel):
     verdict: Verdict
     track: Track = Field(DEFAULT_TRACK, description="precision track of the candidate's verdict: the scores this outcome moved")
     speedup: float | None = Field(description="server-measured speedup credited to the optimization")
-    speedup_basis: Literal["parent", "eager"] | None = None
+    speedup_basis: SpeedupBasis | None = Field(
+        None, description=f"parent, parent_capped (the parent counted as {PARENT_SLACK:g}x slower than the reference at most) or eager"
+    )
     score_moved: bool
     note: str
     entry: Score = Field(description="the score on this GPU family and track after the update")
@@ -132,7 +143,7 @@ def ineligible(cand: CandidateRecord) -> str | None:
 
 def _measured_speedup(
     view: KBView, cand: CandidateRecord, parent_id: str | None
-) -> tuple[float | None, Literal["parent", "eager"] | None, str]:
+) -> tuple[float | None, SpeedupBasis | None, str]:
     if not cand.verdict.is_valid or not cand.time_ms or cand.time_ms <= 0:
         return None, None, ""
     note = ""
@@ -145,6 +156,12 @@ def _measured_speedup(
         elif parent.created_at > cand.created_at:
             note = f"parent {parent_id} was verified after this candidate, so it cannot be where it started; "
         else:
+            cap = PARENT_SLACK * cand.eager_ms if cand.eager_ms else None
+            if cap is not None and parent.time_ms > cap:
+                return cap / cand.time_ms, "parent_capped", (
+                    f"parent {parent_id} is {parent.time_ms / cand.eager_ms:.3g}x slower than the problem's reference "
+                    f"(eager PyTorch); it counts as {PARENT_SLACK:g}x slower at most. "  # type: ignore[operator]
+                )
             return parent.time_ms / cand.time_ms, "parent", ""
         note += "speedup is over eager PyTorch. "
     if cand.eager_ms:
@@ -152,7 +169,7 @@ def _measured_speedup(
     return None, None, note + "no baseline timing stored for this candidate; counted as an attempt only. "
 
 
-def _resolve_optimization(tx: Transaction, req: Request) -> tuple[Optimization, bool]:
+def _resolve_optimization(tx: Transaction, req: Request, client: str) -> tuple[Optimization, bool]:
     if req.optimization_id is not None:
         opt = tx.get_optimization(req.optimization_id)
         if opt is None:
@@ -173,6 +190,7 @@ def _resolve_optimization(tx: Transaction, req: Request) -> tuple[Optimization, 
         Optimization(
             id=oid, name=new.name, description=new.description, category=new.category,
             when_helps=new.when_helps, cost=new.cost, applicable_states=[req.state_id], origin="agent",
+            author=client, outcome_id=ids.outcome_id(req.candidate_id, oid),
         ),
         True,
     )
@@ -213,7 +231,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
             )
         if req.next_state_id is not None and tx.get_state(req.next_state_id) is None:
             raise ToolError(f"unknown next_state_id {req.next_state_id!r}: use the id classify_state returned, or omit it")
-        opt, created = _resolve_optimization(tx, req)
+        opt, created = _resolve_optimization(tx, req, ctx.client_name)
         family = arch_family(cand.arch)
         track = cand.track  # the verdict's own track: an outcome moves only that track's scores
         oid = ids.outcome_id(cand.candidate_id, opt.id)
@@ -233,8 +251,19 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         if tx.get_score(req.state_id, opt.id, ALL_ARCH) is None:
             tx.put_score(Score(state_id=req.state_id, optimization_id=opt.id))  # known here, even if unmeasured
         if moved:
+            # the band one outcome may move a score within comes from the same calibrated posterior
+            # the selection draws from (the state's scores on this family and track)
+            cal = calibrate(tx.candidates(req.state_id, family, track), CalibrationSums(*tx.calibration_sums(track)))
             for arch in dict.fromkeys((family, ALL_ARCH)):
-                tx.put_score(apply_outcome(_base_score(tx, req.state_id, opt.id, arch, track), cand.verdict, speedup))
+                base = _base_score(tx, req.state_id, opt.id, arch, track)
+                band = influence_band(base, cal)
+                if arch == ALL_ARCH and speedup is not None and speedup > 0:
+                    credited = math.exp(credited_log_speedup(speedup, base, band))
+                    if abs(math.log(credited / speedup)) > 1e-9:
+                        note += (f"one outcome moves a score only so far (at most {MAX_CREDITED_SPEEDUP:g}x, and within "
+                                 f"a band around its estimate): the pooled score counts {credited:.3g}x, the outcome "
+                                 f"keeps {speedup:.3g}x. ")
+                tx.put_score(apply_outcome(base, cand.verdict, speedup, client=ctx.client_name, band=band))
             if req.next_state_id and cand.verdict.is_valid:
                 tx.bump_transition(req.state_id, opt.id, req.next_state_id)
         if cand.flagged:
@@ -257,13 +286,17 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
                 Lesson(
                     id=ids.lesson_id(req.state_id, opt.id, text), state_id=req.state_id, optimization_id=opt.id,
                     arch=family, text=text, source="agent", author=ctx.client_name, candidate_id=cand.candidate_id,
+                    outcome_id=oid,
                 )
             )
+        if not created and opt.origin == "agent" and not optimization_is_verified(tx, opt) and outcome_is_verified(outcome):
+            # an agent-made optimization first recorded with a failure is vouched for by this verified outcome
+            tx.put_optimization(opt.model_copy(update={"outcome_id": oid}))
         return _result(tx, outcome, basis, recorded=True, created=created, moved=moved, note=note.strip() or "recorded")
 
 
 def _result(
-    view: KBView, outcome: Outcome, basis: Literal["parent", "eager"] | None, *, recorded: bool, created: bool,
+    view: KBView, outcome: Outcome, basis: SpeedupBasis | None, *, recorded: bool, created: bool,
     moved: bool, note: str,
 ) -> Result:
     state_id, opt_id, track = outcome.state_id, outcome.optimization_id, outcome.track

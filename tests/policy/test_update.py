@@ -1,4 +1,5 @@
-"""The numeric update and the pooling of Scores, checked against statistics computed directly."""
+"""The numeric update: exact statistics below the bounds, and the bounds themselves (influence per
+outcome, weight per client and in total, change detection), checked against direct computation."""
 
 from __future__ import annotations
 
@@ -9,85 +10,144 @@ import statistics
 import pytest
 
 from kb_mcp.kb.models import Score, Verdict
-from kb_mcp.policy.update import MAX_CREDITED_SPEEDUP, apply_outcome, empty_like, merge_scores, subtract_scores
+from kb_mcp.policy.update import (
+    CLIENT_MAX_WEIGHT,
+    MAX_CREDITED_SPEEDUP,
+    MAX_WEIGHT,
+    apply_outcome,
+    empty_like,
+    merge_scores,
+    subtract_scores,
+)
+
+WIDE = (-50.0, 50.0)  # a band that clips nothing
 
 
-def _fresh() -> Score:
-    return Score(state_id="s", optimization_id="o", arch="hopper", prior_mean_log_speedup=0.2, prior_weight=1.0)
+def _fresh(prior: float = 0.2) -> Score:
+    return Score(state_id="s", optimization_id="o", arch="hopper", prior_mean_log_speedup=prior, prior_weight=1.0)
 
 
-def _run(score: Score, events: list[tuple[Verdict, float | None]]) -> Score:
+def _run(score: Score, events: list[tuple[Verdict, float | None]], client: str = "a", band: tuple[float, float] | None = WIDE) -> Score:
     for verdict, speedup in events:
-        score = apply_outcome(score, verdict, speedup)
+        score = apply_outcome(score, verdict, speedup, client=client, band=band)
     return score
 
 
-def test_welford_matches_direct_statistics_and_counts_by_verdict() -> None:
+def test_statistics_match_direct_computation_below_the_bounds_and_counts_by_verdict() -> None:
     rng = random.Random(5)
-    speedups = [math.exp(rng.gauss(0.1, 0.4)) for _ in range(50)]
-    events: list[tuple[Verdict, float | None]] = [(Verdict.faster if s > 1 else Verdict.slower, s) for s in speedups]
-    events += [(Verdict.compile_error, None)] * 3 + [(Verdict.incorrect, None)] * 2 + [(Verdict.invalid, None)]
-    events += [(Verdict.timeout, None), (Verdict.crashed, None), (Verdict.needs_gpu, None)]
-    rng.shuffle(events)
-    s = _run(_fresh(), events)
-    logs = [math.log(x) for x in speedups]
-    assert s.samples == 50
-    assert s.attempts == 50 + 3 + 3 + 2  # needs_gpu is no attempt
-    assert s.successes == sum(1 for x in speedups if x > 1)
-    assert (s.compile_failures, s.verify_failures) == (3, 5)
+    speedups = {c: [math.exp(rng.gauss(0.1, 0.4)) for _ in range(4)] for c in ("a", "b", "c")}
+    s = _fresh()
+    for i in range(4):
+        for c, xs in speedups.items():
+            s = apply_outcome(s, Verdict.faster if xs[i] > 1 else Verdict.slower, xs[i], client=c, band=WIDE)
+    s = _run(s, [(Verdict.compile_error, None)] * 3 + [(Verdict.incorrect, None), (Verdict.invalid, None),
+                                                       (Verdict.timeout, None), (Verdict.crashed, None), (Verdict.needs_gpu, None)])
+    logs = [math.log(x) for xs in speedups.values() for x in xs]
+    assert (s.samples, s.attempts) == (12, 12 + 3 + 4)  # needs_gpu is no attempt
+    assert s.successes == sum(1 for xs in speedups.values() for x in xs if x > 1)
+    assert (s.compile_failures, s.verify_failures) == (3, 4)
+    assert s.weight == 12.0
+    # the failure rate's evidence is bounded like the mean's: 12 valid and 7 failed, scaled to the cap
+    assert s.ok_weight + s.fail_weight == pytest.approx(MAX_WEIGHT) and s.ok_weight > s.fail_weight > 7 * MAX_WEIGHT / 19
     assert s.mean_log_speedup == pytest.approx(statistics.fmean(logs), rel=1e-12)
     assert s.variance == pytest.approx(statistics.variance(logs), rel=1e-9)
-    assert not s.prior
-    # the posterior shrinks toward the prior by one pseudo-sample
-    assert s.expected_speedup == pytest.approx(math.exp((sum(logs) + 0.2) / 51), rel=1e-12)
+    assert set(s.clients) == {"a", "b", "c"} and not s.prior
+    # the posterior shrinks toward the prior by its weight
+    assert s.expected_speedup == pytest.approx(math.exp((sum(logs) + 0.2) / 13), rel=1e-12)
 
 
 def test_needs_gpu_moves_nothing_and_valid_without_speedup_is_attempt_only() -> None:
     s = _fresh()
     assert apply_outcome(s, Verdict.needs_gpu, None) == s
     t = apply_outcome(s, Verdict.faster, None)
-    assert (t.attempts, t.samples, t.successes) == (1, 0, 0)
+    assert (t.attempts, t.samples, t.successes, t.ok_weight) == (1, 0, 0, 1.0)
 
 
 def test_one_outcome_moves_the_mean_a_bounded_amount() -> None:
     bound = math.log(MAX_CREDITED_SPEEDUP)
-    up = apply_outcome(_fresh(), Verdict.faster, 1000.0)
-    down = apply_outcome(_fresh(), Verdict.slower, 1 / 1000.0)
-    assert up.mean_log_speedup == pytest.approx(bound) and down.mean_log_speedup == pytest.approx(-bound)
-    inside = apply_outcome(_fresh(), Verdict.faster, MAX_CREDITED_SPEEDUP * 0.99)
-    assert inside.mean_log_speedup == pytest.approx(math.log(MAX_CREDITED_SPEEDUP * 0.99))
-    assert (up.samples, up.successes, down.successes) == (1, 1, 0)
+    up = apply_outcome(_fresh(), Verdict.faster, 1000.0, band=WIDE)
+    assert up.mean_log_speedup == pytest.approx(bound), "the 8x cap holds whatever the band"
+    # the default band: the score's estimate +- 3 x max(0.2, sd)
+    clipped = apply_outcome(_fresh(0.2), Verdict.faster, 1000.0)
+    assert clipped.mean_log_speedup == pytest.approx(0.2 + 0.6)
+    settled = _run(_fresh(0.0), [(Verdict.faster, math.exp(0.1 * (-1) ** i)) for i in range(6)], band=None)
+    before = settled.mean_log_speedup
+    hit = apply_outcome(settled, Verdict.faster, 1000.0)
+    # sd 0.1 < 0.2: the floor sets the band, +-0.6 around the estimate (about 0)
+    assert hit.mean_log_speedup - before <= (0.6 + 0.1) / (settled.weight + 1) + 1e-9
+    # the outcome is counted (samples, successes) even when its value is bounded
+    assert (hit.samples, hit.successes) == (7, 4)
 
 
-def test_merge_equals_statistics_of_the_union() -> None:
+def test_no_client_holds_more_than_its_share_and_the_total_is_capped() -> None:
+    s = _run(_fresh(), [(Verdict.faster, 2.0)] * 30, client="flood")
+    assert s.samples == 30 and s.clients["flood"][0] == pytest.approx(CLIENT_MAX_WEIGHT)
+    assert s.weight == pytest.approx(CLIENT_MAX_WEIGHT)
+    # a second client's samples are not discounted by the first one's flood
+    s = _run(s, [(Verdict.faster, 1.5)] * 3, client="other")
+    assert s.clients["other"][0] == pytest.approx(3.0) and s.clients["other"][1] == pytest.approx(math.log(1.5))
+    assert s.mean_log_speedup == pytest.approx((CLIENT_MAX_WEIGHT * math.log(2) + 3 * math.log(1.5)) / (CLIENT_MAX_WEIGHT + 3))
+    for c in "bcde":
+        s = _run(s, [(Verdict.faster, 1.2)] * 8, client=c)
+    assert s.weight == pytest.approx(MAX_WEIGHT)
+    assert sum(v[0] for v in s.clients.values()) == pytest.approx(MAX_WEIGHT)
+
+
+def test_a_change_is_followed_within_a_few_outcomes_while_a_lone_outlier_stays_bounded() -> None:
+    settled = _run(_fresh(0.5), [(Verdict.faster, math.exp(0.5 + 0.05 * (-1) ** i)) for i in range(8)], band=None)
+    assert settled.mean_log_speedup == pytest.approx(0.5, abs=0.01)
+    lone = apply_outcome(settled, Verdict.slower, math.exp(-2.0))
+    assert lone.mean_log_speedup > 0.3, "one outlier moves the estimate a bounded amount"
+    back = _run(lone, [(Verdict.faster, math.exp(0.5))] * 3, band=None)
+    assert back.mean_log_speedup > 0.3 and back.clients["a"][0] == pytest.approx(CLIENT_MAX_WEIGHT)
+    changed = _run(settled, [(Verdict.slower, math.exp(-1.0))] * 3, band=None)
+    assert changed.mean_log_speedup < -0.5, "the truth changed: the estimate follows within three outcomes"
+    assert changed.samples == 11
+
+
+def test_another_clients_outliers_never_discount_a_clients_samples() -> None:
+    settled = _run(_fresh(0.5), [(Verdict.faster, math.exp(0.5 + 0.05 * (-1) ** i)) for i in range(8)], band=None)
+    hit = _run(settled, [(Verdict.slower, math.exp(-2.0))] * 4, client="mallory", band=None)
+    assert hit.clients["a"] == settled.clients["a"]
+    assert hit.clients["mallory"][0] <= 4.0
+
+
+def test_merge_equals_statistics_of_the_union_below_the_bounds() -> None:
     rng = random.Random(11)
-    xs = [math.exp(rng.gauss(0.3, 0.5)) for _ in range(17)]
-    ys = [math.exp(rng.gauss(-0.1, 0.2)) for _ in range(9)]
-    a = _run(_fresh(), [(Verdict.faster, x) for x in xs] + [(Verdict.compile_error, None)])
-    b = _run(_fresh().model_copy(update={"prior_mean_log_speedup": 0.9}), [(Verdict.slower, y) for y in ys] + [(Verdict.incorrect, None)] * 2)
-    both = _run(_fresh(), [(Verdict.faster, x) for x in xs + ys] + [(Verdict.compile_error, None)] + [(Verdict.incorrect, None)] * 2)
+    xs = [math.exp(rng.gauss(0.3, 0.5)) for _ in range(6)]
+    ys = [math.exp(rng.gauss(-0.1, 0.2)) for _ in range(5)]
+    a = _run(_fresh(), [(Verdict.faster, x) for x in xs] + [(Verdict.compile_error, None)], client="a")
+    b = _run(_fresh(0.9), [(Verdict.slower, y) for y in ys] + [(Verdict.incorrect, None)] * 2, client="b")
     m = merge_scores(a, b)
-    assert (m.samples, m.attempts, m.successes, m.compile_failures, m.verify_failures) == (
-        both.samples, both.attempts, both.successes, both.compile_failures, both.verify_failures)
-    assert m.mean_log_speedup == pytest.approx(both.mean_log_speedup, rel=1e-12)
-    assert m.m2_log_speedup == pytest.approx(both.m2_log_speedup, rel=1e-9)
+    logs = [math.log(v) for v in xs + ys]
+    assert (m.samples, m.attempts, m.compile_failures, m.verify_failures) == (11, 14, 1, 2)
+    assert m.mean_log_speedup == pytest.approx(statistics.fmean(logs), rel=1e-12)
+    assert m.variance == pytest.approx(statistics.variance(logs), rel=1e-9)
     assert m.prior_mean_log_speedup == 0.2, "the prior stays the receiving side's, never pooled"
-    # merging is symmetric in the statistics
     m2 = merge_scores(b, a)
     assert m2.mean_log_speedup == pytest.approx(m.mean_log_speedup) and m2.m2_log_speedup == pytest.approx(m.m2_log_speedup)
-    # pooling with an empty score changes nothing
     e = merge_scores(a, empty_like(b))
     assert (e.samples, e.mean_log_speedup, e.m2_log_speedup) == (a.samples, a.mean_log_speedup, a.m2_log_speedup)
 
 
 def test_subtract_inverts_merge() -> None:
     rng = random.Random(2)
-    a = _run(_fresh(), [(Verdict.faster, math.exp(rng.gauss(0.2, 0.3))) for _ in range(12)] + [(Verdict.crashed, None)])
-    b = _run(_fresh(), [(Verdict.slower, math.exp(rng.gauss(-0.2, 0.3))) for _ in range(5)])
+    a = _run(_fresh(), [(Verdict.faster, math.exp(rng.gauss(0.2, 0.3))) for _ in range(6)] + [(Verdict.crashed, None)], client="a")
+    b = _run(_fresh(), [(Verdict.slower, math.exp(rng.gauss(-0.2, 0.3))) for _ in range(5)], client="b")
     back = subtract_scores(merge_scores(a, b), b)
     assert (back.samples, back.attempts, back.verify_failures) == (a.samples, a.attempts, a.verify_failures)
     assert back.mean_log_speedup == pytest.approx(a.mean_log_speedup, rel=1e-9)
     assert back.m2_log_speedup == pytest.approx(a.m2_log_speedup, rel=1e-7)
     gone = subtract_scores(a, a)
-    assert (gone.samples, gone.attempts, gone.mean_log_speedup, gone.m2_log_speedup) == (0, 0, 0.0, 0.0)
+    assert (gone.samples, gone.attempts, gone.mean_log_speedup, gone.m2_log_speedup, gone.weight) == (0, 0, 0.0, 0.0, 0.0)
     assert gone.prior
+
+
+def test_a_score_written_before_weights_existed_counts_every_outcome_once() -> None:
+    old = Score.model_validate({"state_id": "s", "optimization_id": "o", "mean_log_speedup": 0.4, "m2_log_speedup": 0.9,
+                                "samples": 10, "attempts": 13, "compile_failures": 2, "verify_failures": 1, "prior": False})
+    assert (old.weight, old.ok_weight, old.fail_weight) == (10.0, 10.0, 3.0)
+    assert old.clients == {"": [10.0, 0.4, 0.9]} and old.variance == pytest.approx(0.1)
+    new = apply_outcome(old, Verdict.faster, math.exp(0.4), client="a", band=WIDE)
+    assert new.clients[""][0] == pytest.approx(CLIENT_MAX_WEIGHT), "the unnamed history is bounded like any client's"
+    assert new.samples == 11

@@ -53,6 +53,7 @@ from typing import Any
 from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Score, Verdict
 from kb_mcp.kb.seed import seed_scores, seed_states
 from kb_mcp.kb.store import KBStore
+from kb_mcp.policy import phase
 from kb_mcp.policy.select import CalibrationSums, first_draw_probabilities
 from kb_mcp.tools import record_outcome, suggest_optimizations
 from kb_mcp.tools.context import ToolContext
@@ -202,18 +203,25 @@ class ToolRule:
 
     name = "new rule"
 
-    def __init__(self, kb: Path, client: str = HONEST, *, lineage: bool = True, arch_aware: bool = True) -> None:
+    def __init__(self, kb: Path, client: str = HONEST, *, lineage: bool = True, arch_aware: bool = True,
+                 phase_ordering: bool = True) -> None:
         self.ctx = ToolContext(kb, client_name=client, standby_profiler=False)
         self.lineage = lineage
         self.arch_aware = arch_aware
-        self.stamp = 0
+        self.phase_ordering = phase_ordering
 
     def choose(self, step: Step) -> str | None:
         req = suggest_optimizations.Request(
             state_id=step.state, arch=ARCHES[step.arch][0] if self.arch_aware else None,
             candidate_id=step.parent if self.lineage else None, exclude=sorted(step.tried), seed=_seed_of(step.key),
         )
-        res = suggest_optimizations.run(self.ctx, req)
+        saved = phase.LOOKAHEAD
+        if not self.phase_ordering:  # an ablation: the same tool, blind to where optimizations led
+            phase.LOOKAHEAD = 0.0
+        try:
+            res = suggest_optimizations.run(self.ctx, req)
+        finally:
+            phase.LOOKAHEAD = saved
         return res.suggestions[0].id if res.suggestions else None
 
     def learn(self, step: Step, a: str, verdict: Verdict, x: float | None, *, next_state: str | None = None,
@@ -501,12 +509,11 @@ def run_multistep(world: World, seed: int, folder: Path, problems: int, horizon:
     """Trajectories: each problem starts at the reference and takes `horizon` steps; an improvement
     is kept (and the kernel moves to a new state), anything else is dropped."""
     priors = make_priors(world, "aligned", seed)
-    kb_new = new_kb(folder, "multi-new", priors)
-    kb_nolin = new_kb(folder, "multi-nolineage", priors)
     rules: dict[str, Any] = {
         "old rule": LegacyRule(priors),
-        "new rule": ToolRule(kb_new),
-        "new rule, no lineage": ToolRule(kb_nolin, lineage=False),
+        "new rule": ToolRule(new_kb(folder, "multi-new", priors)),
+        "new rule, no lineage": ToolRule(new_kb(folder, "multi-nolineage", priors), lineage=False),
+        "new rule, no phase ordering": ToolRule(new_kb(folder, "multi-nophase", priors), phase_ordering=False),
         "uniform": None,
         "oracle": None,
     }
@@ -606,6 +613,19 @@ def run_arch(world: World, seed: int, folder: Path, rollouts: int) -> dict[str, 
         res[family] = {name: share([out[name][t] for t in idx], [out["oracle"][t] for t in idx])
                        for name in ("uniform", *rules)}
     return res
+
+
+def quick_comparison(seed: int, rollouts: int, n_states: int, folder: Path) -> dict[str, float]:
+    """Share of the oracle's gain over the last half of a short aligned-prior stream restricted to the
+    `n_states` most visited states, old rule and new rule on the same world and the same stream
+    (the CPU test's check that the shipped rule beats the old one)."""
+    world = make_world(seed)
+    states = sorted(world.states, key=lambda s: -world.weights[world.states.index(s)])[:n_states]
+    priors = make_priors(world, "aligned", seed)
+    rules = {"old rule": LegacyRule(priors), "new rule": ToolRule(new_kb(folder, f"quick-{seed}", priors))}
+    out = bandit_stream(world, seed, rules, rollouts, tag="quick", states=states)
+    half = rollouts // 2
+    return {name: share(out[name][half:], out["oracle"][half:]) for name in (*rules, "uniform")}
 
 
 # ---- one seed, all regimes ------------------------------------------------------------------------------
@@ -708,16 +728,18 @@ def report(results: list[dict[str, Any]], cfg: Config, out_dir: Path, wall: floa
         for name in ("old rule", "new rule"):
             lines.append(f"{name:<10}" + "".join(f"{fmt([row[name][i] for row in rows], 3):>18}" for i in range(3)))
         lines.append("")
-    if any("drift" in r for r in results):
-        rows = [r["drift"] for r in results if "drift" in r]
-        lines.append(f"Drift (aligned priors, truth shuffled after {cfg.drift_rollouts // 2} of {cfg.drift_rollouts} rollouts): "
-                     "share by problems of a state since the change")
-        ks = [-5, -1, 1, 3, 5, 10, 15, 20, 30]
-        lines.append(f"{'rule':<10}{'before':>16}" + "".join(f"{'+' + str(k):>16}" for k in ks if k > 0)
-                     + f"{'recovered by':>14}")
+    for key, what in (("drift", "each state's best optimization stops paying (its effect drops to the state's worst)"),
+                      ("drift_shuffle", "each state's effects are dealt out again (nothing learnt stays true)")):
+        rows = [r[key] for r in results if key in r]
+        if not rows:
+            continue
+        lines.append(f"Drift ({key}: aligned priors; after {cfg.drift_rollouts // 2} of {cfg.drift_rollouts} rollouts {what}):")
+        lines.append("share of the oracle's gain by problems of a state since the change")
+        ks = [1, 3, 5, 10, 15, 20, 30]
+        lines.append(f"{'rule':<10}{'before':>16}" + "".join(f"{'+' + str(k):>16}" for k in ks) + f"{'recovered by':>14}")
         for name in ("uniform", "old rule", "new rule"):
             pre = [statistics.fmean([row[name][k] for k in range(-10, 0) if k in row[name]]) for row in rows]
-            cells = [fmt(pre)] + [fmt([row[name].get(k, math.nan) for row in rows]) for k in ks if k > 0]
+            cells = [fmt(pre)] + [fmt([row[name].get(k, math.nan) for row in rows]) for k in ks]
             lines.append(f"{name:<10}" + "".join(f"{c:>16}" for c in cells) + f"{recovery(rows, name):>14}")
         lines.append("")
     if any("multistep" in r for r in results):
@@ -725,9 +747,9 @@ def report(results: list[dict[str, Any]], cfg: Config, out_dir: Path, wall: floa
         names = list(rows[0]["final"])
         lines.append(f"Multi-step ({cfg.problems} problems of {cfg.horizon} steps, aligned priors; the later half): "
                      "final log-speedup per problem, steps to 90 % of it, share of steps re-applying the lineage")
-        lines.append(f"{'rule':<22}{'final log-speedup':>20}{'steps to 90 %':>18}{'re-applied':>16}")
+        lines.append(f"{'rule':<30}{'final log-speedup':>20}{'steps to 90 %':>18}{'re-applied':>16}")
         for name in names:
-            lines.append(f"{name:<22}{fmt([row['final'][name] for row in rows]):>20}{fmt([row['to90'][name] for row in rows]):>18}"
+            lines.append(f"{name:<30}{fmt([row['final'][name] for row in rows]):>20}{fmt([row['to90'][name] for row in rows]):>18}"
                          f"{fmt([row['reapplied'][name] for row in rows]):>16}")
         lines.append("")
     if any("transfer" in r for r in results):

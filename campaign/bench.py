@@ -19,6 +19,7 @@ from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb import ids
 from kb_mcp.kb.arch import arch_family
 from kb_mcp.kb.models import Outcome, Verdict
+from kb_mcp.kb.provenance import quote
 from kb_mcp.campaign.models import AttemptRecord, GradientRecord, KBSnapshot, StepRecord, SuggestionRecord
 from kb_mcp.campaign.textual_gradient import run_textual_gradient
 from kb_mcp.policy.structure import reference_structure
@@ -91,11 +92,16 @@ class Bench:
             bytes=size,
         )
 
-    def suggest(self, state_id: str, *, k: int, temperature: float, exclude: Sequence[str], seed: int) -> list[Offer]:
-        """Weighted top-k draw from the KB for `state_id` (best draw first)."""
+    def suggest(
+        self, state_id: str, *, k: int, temperature: float, exclude: Sequence[str], seed: int, candidate_id: str | None = None
+    ) -> list[Offer]:
+        """The KB's k best suggestions for `state_id` (best first), leaving out what the lineage of
+        `candidate_id` already applied."""
+        if candidate_id is not None and self.ctx.store.get_candidate(candidate_id) is None:
+            candidate_id = None  # a kernel the KB has no verdict on has no lineage there either
         request = suggest_optimizations.Request(
             state_id=state_id, k=min(k, 10), temperature=min(temperature, 5.0), arch=self.arch_hint,
-            exclude=list(exclude), seed=seed,
+            exclude=list(exclude), seed=seed, candidate_id=candidate_id,
         )
         try:
             result = suggest_optimizations.run(self.ctx, request)
@@ -103,18 +109,24 @@ class Bench:
             raise BenchError(f"suggest_optimizations: {exc}") from exc
         offers = []
         for s in result.suggestions:
-            lines = [
-                f"{s.name} (id {s.id}, category {s.category})",
-                f"What to do: {s.what_to_do}",
-                f"Why it fits: {s.why_it_fits}",
-            ]
-            if s.cost:
-                lines.append(f"Cost and risks: {s.cost}")
+            agent_made = s.recorded_by is not None
+            text = [("What to do", s.what_to_do), ("Why it fits", s.why_it_fits), ("Cost and risks", s.cost)]
+            lines = [f"{s.name} (id {s.id}, category {s.category})"]
+            for label, value in text:
+                if not value:
+                    continue
+                if agent_made:  # another agent's words: quoted as data, with where they came from
+                    value = quote(value, author=s.recorded_by or "", source=s.origin, outcome_id=s.from_outcome)
+                lines.append(f"{label}: {value}")
             lines.append(
                 f"Expected speedup x{s.expected_speedup:.2f} (confidence {s.confidence:.2f}, {s.samples} measured, "
                 f"{s.failures} failed of {s.attempts} attempts)"
             )
-            lines += [f"Lesson: {lesson}" for lesson in s.lessons]
+            lines += [
+                "Lesson: " + quote(x.text, author=x.author, source=x.source, outcome_id=x.outcome_id) for x in s.lessons
+            ]
+            if agent_made or s.lessons:
+                lines.append(f"({result.kb_text_notice})")
             offers.append(
                 Offer(
                     suggestion=SuggestionRecord(optimization_id=s.id, expected_speedup=s.expected_speedup, confidence=s.confidence),

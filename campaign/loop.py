@@ -442,7 +442,7 @@ class Campaign:
             offers = self.bench.suggest(
                 diagnosis.state_id, k=self.config.top_k, temperature=self.config.temperature,
                 exclude=[*tried, *diagnosis.ruled_out],
-                seed=_seed(self.config.seed, run.name, iteration, step),
+                seed=_seed(self.config.seed, run.name, iteration, step), candidate_id=current.candidate_id,
             )
         except BenchError as exc:
             record.error = str(exc)

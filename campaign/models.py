@@ -37,9 +37,10 @@ class CampaignConfig(BaseModel):
     iterations: int = Field(10, ge=1, description="Rollout trajectories per problem.")
     steps: int = Field(10, ge=1, description="Optimization steps per trajectory.")
     parallel: int = Field(1, ge=1, description="Trajectories run at once (one per GPU is sensible).")
-    top_k: int = Field(4, ge=1, le=10, description="Optimizations sampled from the KB per step (weighted top-k).")
+    top_k: int = Field(4, ge=1, le=10, description="Suggestions asked of the KB per step (the first is applied).")
     temperature: float = Field(
-        DEFAULT_TEMPERATURE, ge=0.0, le=5.0, description="Selection temperature (log-speedup units); 0 is greedy."
+        DEFAULT_TEMPERATURE, ge=0.0, le=5.0,
+        description="Spread of the draw from the KB's posterior: 1 = plain posterior sampling, 0 = greedy.",
     )
     fix_attempts: int = Field(3, ge=1, description="Candidates per lowering step (first try plus fixes).")
     generate_attempts: int = Field(4, ge=1, description="Candidates for the initial kernel (first try plus fixes).")

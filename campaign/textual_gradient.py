@@ -18,6 +18,7 @@ from kb_mcp.clients.llm import LLMClient, Role
 from kb_mcp.kb import ids
 from kb_mcp.kb.matching import discover_state
 from kb_mcp.kb.models import ALL_ARCH, Lesson, Optimization, Outcome, Score, Verdict
+from kb_mcp.kb.provenance import outcome_is_verified, quote, shown_lessons
 from kb_mcp.kb.store import KBStore
 from kb_mcp.kb.view import KBView, Transaction
 from kb_mcp.campaign.agent_base import AgentFailed, Conversation
@@ -81,13 +82,16 @@ def outcome_details(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     """What the analysis reads about each outcome (kept short: verdict, speedup, the recorded analysis)."""
     return [
         {
+            "outcome_id": o.id,
             "problem": o.problem,
             "state_id": o.state_id,
             "optimization_id": o.optimization_id,
             "verdict": o.verdict.value,
+            "verified": outcome_is_verified(o),
             "speedup_over_parent": o.speedup,
             "next_state_id": o.next_state_id,
-            "notes": o.analysis[:800],
+            # what the recording agent wrote: data about the kernel, quoted with its provenance
+            "notes": quote(o.analysis[:800], author=o.agent, source="agent", outcome_id=o.id) if o.analysis else "",
         }
         for o in outcomes
     ]
@@ -111,7 +115,10 @@ def kb_excerpt(view: KBView, outcomes: Sequence[Outcome], arch: str = ALL_ARCH) 
                 "confidence": None if score is None else round(score.confidence, 3),
                 "samples": 0 if score is None else score.samples,
                 "attempts": 0 if score is None else score.attempts,
-                "lessons": [lesson.text for lesson in view.lessons(state_id, opt_id, _LESSONS_SHOWN)],
+                "lessons": [
+                    quote(x.text, author=x.author, source=x.source, outcome_id=x.outcome_id)
+                    for x in shown_lessons(view, state_id, opt_id, _LESSONS_SHOWN)
+                ],
             }
         )
     return {
@@ -147,6 +154,7 @@ def _add_lesson(tx: Transaction, edit: AddLesson, author: str) -> None:
             text=edit.text,
             source="textual_gradient",
             author=author,
+            outcome_id=edit.outcome_id,
         )
     )
 
@@ -163,6 +171,8 @@ def _add_optimization(tx: Transaction, edit: AddOptimization, author: str) -> No
             cost=edit.cost,
             applicable_states=list(edit.applicable_states),
             origin="campaign",
+            author=author,
+            outcome_id=edit.outcome_id,
         )
     )
     for state_id in edit.applicable_states:
@@ -184,7 +194,11 @@ def _deprecate(tx: Transaction, edit: DeprecateOptimization, author: str) -> Non
 def _revise(tx: Transaction, edit: ReviseOptimization, author: str) -> None:
     opt = tx.get_optimization(edit.optimization_id)
     assert opt is not None
-    changes = {k: v for k, v in (("description", edit.description), ("when_helps", edit.when_helps), ("cost", edit.cost)) if v is not None}
+    changes: dict[str, Any] = {
+        k: v for k, v in (("description", edit.description), ("when_helps", edit.when_helps), ("cost", edit.cost)) if v is not None
+    }
+    # the text is now the campaign's: shown to other agents only with a verified outcome behind it
+    changes.update(author=author, outcome_id=edit.outcome_id)
     tx.put_optimization(opt.model_copy(update=changes))
 
 

@@ -12,7 +12,7 @@ import json
 import math
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
@@ -287,6 +287,38 @@ class Score(BaseModel):
     def confidence(self) -> float:
         """0..1: how much the expected speedup rests on measurements rather than the prior."""
         return self.weight / (self.weight + self.prior_weight + 1.0)
+
+
+class ScoreStats(NamedTuple):
+    """The numbers of a Score that calibrating priors needs (`KBView.candidate_stats`); the field
+    names are Score's own, so a Score serves wherever these do."""
+
+    prior_mean_log_speedup: float
+    mean_log_speedup: float
+    m2_log_speedup: float
+    weight: float
+
+
+CALIBRATION_FIELDS = ("weight", "prior", "measured", "prior2", "cross", "measured2", "noise", "m2", "dof")
+"""Sums the KB keeps per track over its measured pooled scores: v, v*p, v*m, v*p^2, v*p*m, v*m^2, v/W,
+M2 and W-1 (p the prior mean, m the measured mean, W the weight behind it, v = W / (W + 1) times a
+robust weight, `calibration_terms`): what the selection needs to judge how well priors predict
+measurements (`kb_mcp.policy.select.Calibration`)."""
+
+
+CALIBRATION_ROBUST_SCALE = 0.6
+"""Distance (log units) between a score's measured and prior means beyond which its say in the
+track's calibration fades (Student-t weight, 3 degrees of freedom): a few optimizations whose prior
+was plain wrong, or whose truth changed, do not discredit every other prior."""
+
+
+def calibration_terms(prior_mean: float, mean: float, m2: float, weight: float) -> tuple[float, ...]:
+    """One score's contribution to the calibration sums (all zero without measurements)."""
+    if weight <= 0:
+        return (0.0,) * len(CALIBRATION_FIELDS)
+    v = weight / (weight + 1.0) * 3.0 / (3.0 + ((mean - prior_mean) / CALIBRATION_ROBUST_SCALE) ** 2)
+    p = prior_mean
+    return (v, v * p, v * mean, v * p * p, v * p * mean, v * mean * mean, v / weight, max(m2, 0.0), max(weight - 1.0, 0.0))
 
 
 class Lesson(BaseModel):

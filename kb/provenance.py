@@ -54,13 +54,18 @@ def lesson_is_verified(view: KBView, lesson: Lesson) -> bool:
 
 def optimization_is_verified(view: KBView, opt: Optimization) -> bool:
     """True when `opt`'s text may be shown to other agents: shipped or operator-imported and never
-    rewritten by an agent, or written by an agent from a verified outcome of that optimization."""
+    rewritten by an agent, or written from a verified outcome (of this optimization, or - for one a
+    textual-gradient update introduced - one in a state it applies to)."""
     if opt.origin in TRUSTED_ORIGINS and not opt.author:
         return True
     if opt.outcome_id is None:
         return False
     outcome = view.get_outcome(opt.outcome_id)
-    return outcome_is_verified(outcome) and outcome is not None and outcome.optimization_id == opt.id
+    return (
+        outcome_is_verified(outcome)
+        and outcome is not None
+        and (outcome.optimization_id == opt.id or outcome.state_id in opt.applicable_states)
+    )
 
 
 def shown_lessons(view: KBView, state_id: str, optimization_id: str, limit: int) -> list[Lesson]:

@@ -34,7 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from kb_mcp.kb import ids
-from kb_mcp.kb.models import ALL_ARCH, ChangeRun, Score, Track, options_digest
+from kb_mcp.kb.models import ALL_ARCH, CALIBRATION_FIELDS, ChangeRun, Score, Track, calibration_terms, options_digest
 from kb_mcp.kb.ops import FP32, RECORD_TABLES, KBOp, PutMeta, PutRecord, PutScore, from_wire
 
 FORMAT = "kb-mcp"
@@ -42,28 +42,6 @@ TABLES = ("meta", *RECORD_TABLES, "scores")
 
 ScoreDoc = dict[str, Any]
 ScoreKey = tuple[str, str, str]  # (state_id, arch, track)
-
-
-CALIBRATION_FIELDS = ("weight", "prior", "measured", "prior2", "cross", "measured2", "noise", "m2", "dof")
-"""Sums kept per track over the measured pooled scores: v, v*p, v*m, v*p^2, v*p*m, v*m^2, v/W, M2 and
-W-1 (p the prior mean, m the measured mean, W the weight behind it, v = W / (W + 1) times a robust
-weight, `calibration_terms`). They are what
-the selection needs to judge how well priors predict measurements (`policy.select.Calibration`)."""
-
-
-CALIBRATION_ROBUST_SCALE = 0.6
-"""Distance (log units) between a score's measured and prior means beyond which its say in the
-track's calibration fades (Student-t weight, 3 degrees of freedom): a few optimizations whose prior
-was plain wrong, or whose truth changed, do not discredit every other prior."""
-
-
-def calibration_terms(prior_mean: float, mean: float, m2: float, weight: float) -> tuple[float, ...]:
-    """One score's contribution to the calibration sums (all zero without measurements)."""
-    if weight <= 0:
-        return (0.0,) * len(CALIBRATION_FIELDS)
-    v = weight / (weight + 1.0) * 3.0 / (3.0 + ((mean - prior_mean) / CALIBRATION_ROBUST_SCALE) ** 2)
-    p = prior_mean
-    return (v, v * p, v * mean, v * p * p, v * p * mean, v * mean * mean, v / weight, max(m2, 0.0), max(weight - 1.0, 0.0))
 
 
 def _row_terms(prior: list[float] | None, row: list[Any] | None) -> tuple[float, ...] | None:

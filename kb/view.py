@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kb_mcp.kb import ids
 from kb_mcp.kb.models import (
     ALL_ARCH,
+    CALIBRATION_FIELDS,
     DEFAULT_TRACK,
     SCHEMA_VERSION,
     CandidateRecord,
@@ -22,13 +23,14 @@ from kb_mcp.kb.models import (
     Optimization,
     Outcome,
     Score,
+    ScoreStats,
     State,
     Track,
     Transition,
     utcnow,
 )
 from kb_mcp.kb.ops import FP32, KBOp, PutMeta, PutRecord, from_wire
-from kb_mcp.kb.tables import CALIBRATION_FIELDS, Tables, decode_score, score_op
+from kb_mcp.kb.tables import Tables, decode_score, score_op
 
 
 class KBStats(BaseModel):
@@ -94,6 +96,14 @@ class KBView:
         doc = self._t.records["optimizations"].get(optimization_id)
         return Optimization.model_validate(doc) if doc is not None else None
 
+    def agent_written_optimization_ids(self) -> set[str]:
+        """Ids of optimizations whose text an agent wrote (origin agent or campaign, or revised by one):
+        the only ones `kb.provenance` has to check before their text is shown."""
+        return {
+            oid for oid, d in self._t.records["optimizations"].items()
+            if d.get("origin") in ("agent", "campaign") or d.get("author")
+        }
+
     def list_optimizations(self) -> list[Optimization]:
         """Every optimization."""
         return [Optimization.model_validate(d) for d in self._t.records["optimizations"].values()]
@@ -145,37 +155,56 @@ class KBView:
         on every track; a speedup measured on one track says nothing certain about another).
         Deprecated optimizations are left out.
         """
-        value = Track(track).value
-        pooled = self._t.score_doc(state_id, ALL_ARCH, value)
-        per_arch = self._t.score_doc(state_id, arch, value) if arch != ALL_ARCH else None
-        strict = self._t.score_doc(state_id, ALL_ARCH, FP32) if value != FP32 else None
+        out: list[Score] = []
+        for opt, doc, doc_arch, prior_only in self._sources(state_id, arch, Track(track).value):
+            chosen = decode_score(state_id, doc_arch, opt, doc)
+            if chosen is not None and prior_only:  # another track's prior, none of its measurements
+                chosen = Score(
+                    state_id=state_id, optimization_id=opt, arch=ALL_ARCH, track=Track(track),
+                    prior_mean_log_speedup=chosen.prior_mean_log_speedup, prior_weight=chosen.prior_weight,
+                    updated_at=chosen.updated_at,
+                )
+            if chosen is not None:
+                out.append(chosen)
+        return out
+
+    def candidate_stats(self, state_id: str, arch: str = ALL_ARCH, track: Track = DEFAULT_TRACK) -> list[ScoreStats]:
+        """The numbers of `candidates(...)` that calibrating a state's priors needs, read without
+        building Score records (`record_outcome` needs them for every outcome)."""
+        out = []
+        for opt, doc, _, prior_only in self._sources(state_id, arch, Track(track).value):
+            prior = doc["priors"].get(opt)
+            row = None if prior_only else doc["stats"].get(opt)
+            pm = prior[0] if prior is not None else 0.0
+            if row is None:
+                out.append(ScoreStats(pm, 0.0, 0.0, 0.0))
+            else:
+                out.append(ScoreStats(pm, row[0], row[1], float(row[8] if len(row) >= 12 else row[2])))
+        return out
+
+    def _sources(self, state_id: str, arch: str, track: str) -> list[tuple[str, dict[str, Any], str, bool]]:
+        """(optimization, score document, its arch, prior only) for each candidate (see `candidates`)."""
+        pooled = self._t.score_doc(state_id, ALL_ARCH, track)
+        per_arch = self._t.score_doc(state_id, arch, track) if arch != ALL_ARCH else None
+        strict = self._t.score_doc(state_id, ALL_ARCH, FP32) if track != FP32 else None
         opts: set[str] = set()
         for doc in (pooled, per_arch, strict):
             if doc is not None:
                 opts |= doc["priors"].keys() | doc["stats"].keys()
         records = self._t.records["optimizations"]
-        out: list[Score] = []
+        out = []
         for opt in sorted(opts):
             rec = records.get(opt)
             if rec is None or rec.get("deprecated"):
                 continue
-            chosen = None
             if per_arch is not None and opt in per_arch["stats"]:
-                chosen = decode_score(state_id, arch, opt, per_arch)
-            if chosen is None and pooled is not None:
-                chosen = decode_score(state_id, ALL_ARCH, opt, pooled)
-            if chosen is None and per_arch is not None:
-                chosen = decode_score(state_id, arch, opt, per_arch)
-            if chosen is None and strict is not None:
-                base = decode_score(state_id, ALL_ARCH, opt, strict)
-                if base is not None:
-                    chosen = Score(
-                        state_id=state_id, optimization_id=opt, arch=ALL_ARCH, track=Track(value),
-                        prior_mean_log_speedup=base.prior_mean_log_speedup, prior_weight=base.prior_weight,
-                        updated_at=base.updated_at,
-                    )
-            if chosen is not None:
-                out.append(chosen)
+                out.append((opt, per_arch, arch, False))
+            elif pooled is not None and (opt in pooled["priors"] or opt in pooled["stats"]):
+                out.append((opt, pooled, ALL_ARCH, False))
+            elif per_arch is not None and (opt in per_arch["priors"] or opt in per_arch["stats"]):
+                out.append((opt, per_arch, arch, False))
+            elif strict is not None:
+                out.append((opt, strict, ALL_ARCH, True))
         return out
 
     # ---- lessons, transitions, outcomes, candidates ---------------------------------------------

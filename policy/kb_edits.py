@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -26,7 +26,11 @@ from kb_mcp.kb.view import KBView
 
 MIN_PRIOR_SPEEDUP = 0.25
 MAX_PRIOR_SPEEDUP = 4.0
-MAX_PRIOR_WEIGHT = 8.0
+MAX_PRIOR_WEIGHT = 2.0
+"""The most pseudo-samples an edited prior may count for (before the selection's calibration): the
+measurements of a few outcomes always outweigh what an LLM believes."""
+MAX_PRIOR_MOVE = math.log(2.0)
+"""How far (log units) one edit may move a prior mean: x2 either way per textual-gradient update."""
 MAX_EDITS_PER_UPDATE = 24
 CATEGORIES = ("memory_access", "parallelism", "fusion", "compute", "occupancy", "launch", "algorithm", "precision")
 
@@ -52,13 +56,17 @@ class AdjustPrior(_Edit):
 
 
 class AddLesson(_Edit):
-    """A lesson learned about an optimization in a state."""
+    """A lesson learned about an optimization in a state.
+
+    `outcome_id` names the verified outcome (of the same state and optimization) it was learned
+    from; without one the lesson is kept, but never shown to other agents (`kb.provenance`)."""
 
     kind: Literal["add_lesson"] = "add_lesson"
     state_id: str
     optimization_id: str
     arch: str = ALL_ARCH
     text: Annotated[str, Field(min_length=20, max_length=1200)]
+    outcome_id: str | None = None
 
 
 class AddOptimization(_Edit):
@@ -72,6 +80,7 @@ class AddOptimization(_Edit):
     cost: str = ""
     applicable_states: list[str] = Field(min_length=1)
     expected_speedup: float = Field(default=1.1, ge=MIN_PRIOR_SPEEDUP, le=MAX_PRIOR_SPEEDUP)
+    outcome_id: str | None = None  # the verified outcome (in one of those states) that shows it; else never shown
 
 
 class DeprecateOptimization(_Edit):
@@ -89,6 +98,7 @@ class ReviseOptimization(_Edit):
     description: Annotated[str, Field(min_length=40, max_length=2000)] | None = None
     when_helps: _Text | None = None
     cost: _Text | None = None
+    outcome_id: str | None = None  # the verified outcome of this optimization behind the new text; else never shown
 
 
 class AddState(_Edit):
@@ -204,7 +214,7 @@ def _problem_with(view: KBView, batch: _Batch, edit: KBEdit) -> str | None:
     if isinstance(edit, (AdjustPrior, AddLesson)):
         return _check_pair_edit(view, batch, edit)
     if isinstance(edit, AddOptimization):
-        return _check_add_optimization(batch, edit)
+        return _check_add_optimization(view, batch, edit)
     if isinstance(edit, DeprecateOptimization):
         return _check_deprecation(view, batch, edit)
     if isinstance(edit, ReviseOptimization):
@@ -212,8 +222,24 @@ def _problem_with(view: KBView, batch: _Batch, edit: KBEdit) -> str | None:
             return f"unknown optimization {edit.optimization_id!r}"
         if edit.description is None and edit.when_helps is None and edit.cost is None:
             return "nothing to revise: give description, when_helps or cost"
-        return None
+        return _check_outcome(view, edit.outcome_id, optimization_id=edit.optimization_id)
     return _check_add_state(view, batch, edit)
+
+
+def _check_outcome(
+    view: KBView, outcome_id: str | None, *, optimization_id: str | None = None, state_ids: Sequence[str] = ()
+) -> str | None:
+    """Why the outcome an edit cites cannot back it (None: it can, or none is cited)."""
+    if outcome_id is None:
+        return None
+    outcome = view.get_outcome(outcome_id)
+    if outcome is None:
+        return f"unknown outcome {outcome_id!r}: cite an outcome_id of the batch"
+    if optimization_id is not None and outcome.optimization_id != optimization_id:
+        return f"outcome {outcome_id} applied {outcome.optimization_id!r}, not {optimization_id!r}"
+    if state_ids and outcome.state_id not in state_ids:
+        return f"outcome {outcome_id} is in state {outcome.state_id!r}, not one of {', '.join(state_ids)}"
+    return None
 
 
 def _check_pair_edit(view: KBView, batch: _Batch, edit: AdjustPrior | AddLesson) -> str | None:
@@ -221,16 +247,25 @@ def _check_pair_edit(view: KBView, batch: _Batch, edit: AdjustPrior | AddLesson)
         return f"unknown state {edit.state_id!r}"
     if edit.optimization_id not in batch.opt_ids:
         return f"unknown optimization {edit.optimization_id!r}"
-    if isinstance(edit, AdjustPrior):
-        samples, mean = _measured(view, edit.state_id, edit.optimization_id)
-        wanted = math.log(edit.expected_speedup)
-        # A prior pointing the other way from three or more measurements contradicts the evidence.
-        if samples >= 3 and wanted * mean < 0 and abs(mean) > 0.05:
-            return f"contradicts {samples} measurements (measured mean {math.exp(mean):.2f}x)"
+    if isinstance(edit, AddLesson):
+        return _check_outcome(view, edit.outcome_id, optimization_id=edit.optimization_id, state_ids=[edit.state_id])
+    samples, mean = _measured(view, edit.state_id, edit.optimization_id)
+    wanted = math.log(edit.expected_speedup)
+    # A prior pointing the other way from three or more measurements contradicts the evidence.
+    if samples >= 3 and wanted * mean < 0 and abs(mean) > 0.05:
+        return f"contradicts {samples} measurements (measured mean {math.exp(mean):.2f}x)"
+    score = view.get_score(edit.state_id, edit.optimization_id, edit.arch) or view.get_score(
+        edit.state_id, edit.optimization_id, ALL_ARCH
+    )
+    current = score.prior_mean_log_speedup if score is not None else 0.0
+    if abs(wanted - current) > MAX_PRIOR_MOVE + 1e-9:
+        lo, hi = math.exp(current - MAX_PRIOR_MOVE), math.exp(current + MAX_PRIOR_MOVE)
+        return (f"moves the prior from {math.exp(current):.2f}x to {edit.expected_speedup:.2f}x; one update may move it "
+                f"within {lo:.2f}x..{hi:.2f}x (measurements, not edits, move a score further)")
     return None
 
 
-def _check_add_optimization(batch: _Batch, edit: AddOptimization) -> str | None:
+def _check_add_optimization(view: KBView, batch: _Batch, edit: AddOptimization) -> str | None:
     new_id = new_optimization_id(edit.name)
     if new_id in batch.opt_ids or edit.name.lower() in batch.opt_names:
         return f"an optimization named {edit.name!r} (id {new_id!r}) already exists"
@@ -239,6 +274,11 @@ def _check_add_optimization(batch: _Batch, edit: AddOptimization) -> str | None:
         return f"unknown applicable states: {', '.join(missing)}"
     if edit.category not in CATEGORIES:
         return f"category {edit.category!r} is not one of {', '.join(CATEGORIES)}"
+    if abs(math.log(edit.expected_speedup)) > MAX_PRIOR_MOVE + 1e-9:
+        return f"a new optimization's prior must lie within {math.exp(-MAX_PRIOR_MOVE):.2f}x..{math.exp(MAX_PRIOR_MOVE):.2f}x"
+    cited = _check_outcome(view, edit.outcome_id, state_ids=edit.applicable_states)
+    if cited is not None:
+        return cited
     batch.opt_ids.add(new_id)
     batch.opt_names.add(edit.name.lower())
     return None

@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kb_mcp.kb.models import Score
-from kb_mcp.kb.tables import CALIBRATION_FIELDS, calibration_terms
+from kb_mcp.kb.models import CALIBRATION_FIELDS, Score, ScoreStats, calibration_terms
 from kb_mcp.policy.update import INFLUENCE_SDS, MIN_SD
 
 DEFAULT_TEMPERATURE = 0.5
@@ -144,14 +142,15 @@ def track_calibration(sums: CalibrationSums | None) -> tuple[float, float, float
     return intercept, slope, math.sqrt(max(MIN_PRIOR_SD**2, prior2)), math.sqrt(noise2)
 
 
-def calibrate(scores: Sequence[Score], base: CalibrationSums | None = None) -> Calibration:
-    """The calibration of one state's priors from its scores, shrunk toward the track's (`base`)."""
+def calibrate(scores: Sequence[Score | ScoreStats], base: CalibrationSums | None = None) -> Calibration:
+    """The calibration of one state's priors from its scores (or their `ScoreStats`), shrunk toward
+    the track's (`base`)."""
     if not scores:
         return Calibration()
     intercept0, slope0, prior_sd0, noise_sd0 = track_calibration(base)
     priors = [s.prior_mean_log_speedup for s in scores]
-    centre = statistics.fmean(priors)
-    spread = statistics.pvariance(priors, centre)
+    centre = sum(priors) / len(priors)
+    spread = sum((p - centre) ** 2 for p in priors) / len(priors)
     shift0 = intercept0 - centre * (1.0 - slope0)
     m2 = dof = 0.0
     rows = []
@@ -289,11 +288,12 @@ def select_top_k(
     exclude: Iterable[str] = (),
     follow_on: Mapping[str, float] | None = None,
     base: CalibrationSums | None = None,
+    calibration: Calibration | None = None,
 ) -> list[Score]:
     """The k best entries under one posterior draw each, best first (k distinct ones).
 
     `scores` are one state's candidates (their measurements calibrate its priors, excluded ones
-    too); `base` the track's calibration sums. `exclude` drops optimization ids (already in this
+    too); `base` the track's calibration sums (or `calibration`, already computed from both). `exclude` drops optimization ids (already in this
     kernel's lineage, say). `rng` is a Random, a seed, or None (fresh entropy). `follow_on` adds,
     per optimization id, the worth of where it is likely to lead (`policy.phase.follow_on`).
     Returns fewer than k when fewer remain.

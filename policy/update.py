@@ -55,8 +55,8 @@ CLIENT_MAX_WEIGHT = 8.0
 CHANGE_ALLOWANCE = 0.5
 """Standard deviations of each outcome's distance from the estimate that change detection ignores."""
 CHANGE_THRESHOLD = 4.0
-"""Accumulated standard deviations beyond the allowance that signal a change: two outliers of 2.5 sd
-or more in a row, or four outcomes 1.5 sd off on one side."""
+"""Accumulated standard deviations beyond the allowance that signal a change: two outliers beyond 2.5 sd
+in a row, or four outcomes 1.5 sd off on one side."""
 CHANGE_STEP = 3.0
 """The most one outcome adds to that sum (below the threshold: a lone outlier never signals a change)."""
 MAX_CLIENTS = 16

@@ -58,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--steps", type=int, help="rollout steps per trajectory (default 10)")
     p.add_argument("--parallel", type=int, help="trajectories at once (default: 1, or the GPUs visible)")
     p.add_argument("--top-k", type=int, help="optimizations sampled per step (default 4)")
-    p.add_argument("--temperature", type=float, help="selection temperature, 0 = greedy (default 0.3)")
+    p.add_argument("--temperature", type=float,
+                   help="spread of the draw from the KB's posterior: 1 = posterior sampling, 0 = greedy (default 0.5)")
     p.add_argument("--fix-attempts", type=int, help="candidates per lowering step, fixes included (default 3)")
     p.add_argument("--generate-attempts", type=int, help="candidates for the first kernel (default 4)")
     p.add_argument("--gradient-every", type=int, help="textual-gradient KB update every U outcomes; 0 = off (default 8)")

@@ -253,7 +253,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         if moved:
             # the band one outcome may move a score within comes from the same calibrated posterior
             # the selection draws from (the state's scores on this family and track)
-            cal = calibrate(tx.candidates(req.state_id, family, track), CalibrationSums(*tx.calibration_sums(track)))
+            cal = calibrate(tx.candidate_stats(req.state_id, family, track), CalibrationSums(*tx.calibration_sums(track)))
             for arch in dict.fromkeys((family, ALL_ARCH)):
                 base = _base_score(tx, req.state_id, opt.id, arch, track)
                 band = influence_band(base, cal)

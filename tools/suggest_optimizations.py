@@ -206,11 +206,14 @@ def _unknown_state(view: KBView, state_id: str) -> ToolError:
 
 def _shown_pool(view: KBView, pool: list[Score]) -> list[Score]:
     """The candidates whose text may be shown (an agent-made optimization without a verified outcome is not)."""
+    agent_written = view.agent_written_optimization_ids()
     out = []
     for score in pool:
-        opt = view.get_optimization(score.optimization_id)
-        if opt is not None and optimization_is_verified(view, opt):
-            out.append(score)
+        if score.optimization_id in agent_written:
+            opt = view.get_optimization(score.optimization_id)
+            if opt is None or not optimization_is_verified(view, opt):
+                continue
+        out.append(score)
     return out
 
 
@@ -237,10 +240,10 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         base = CalibrationSums(*view.calibration_sums(req.track))
         next_states = leads(view, state.id)
         bonus = follow_on(view, state.id, family, req.track, lookahead=phase.LOOKAHEAD, known=next_states, base=base)
-        picked = select_top_k(
-            shown, req.k, req.temperature, req.seed, exclude=[*req.exclude, *lineage], follow_on=bonus, base=base
-        )
         cal = calibrate(shown, base)
+        picked = select_top_k(
+            shown, req.k, req.temperature, req.seed, exclude=[*req.exclude, *lineage], follow_on=bonus, calibration=cal
+        )
         suggestions = [
             s for s in (_suggestion(view, state, score, next_states.get(score.optimization_id, []), cal) for score in picked)
             if s is not None

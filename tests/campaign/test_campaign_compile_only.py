@@ -114,7 +114,7 @@ def test_textual_gradient_edited_the_kb(campaign) -> None:
     recorded = [s for s in store.steps() if s.outcome_recorded]
     assert len(gradients) == len(recorded) // 3 >= 1
     for g in gradients:
-        assert [e["kind"] for e in g.applied] == ["add_lesson", "adjust_prior"]
+        assert [e["kind"] for e in g.applied] == ["add_lesson", "adjust_prior"], [r.reason for r in g.rejected]
         assert len(g.rejected) == 2 and any("unknown state" in r.reason for r in g.rejected)
         assert g.kb_after.lessons >= g.kb_before.lessons
     fresh = KBStore.open(kb)

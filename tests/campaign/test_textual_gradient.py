@@ -75,6 +75,13 @@ INVALID = [
      "already the state memory_bandwidth_saturated"),
     ({"kind": "add_lesson", "state_id": HLI, "optimization_id": FUSE, "text": "short", "reason": "too short lesson"},
      "at least 20 characters"),
+    # what an LLM may do to priors is bounded: a x2 move per update, a weight of 2 pseudo-samples
+    ({"kind": "adjust_prior", "state_id": MBS, "optimization_id": FUSE, "expected_speedup": 3.0, "reason": "much better"},
+     "one update may move it within 0.65x..2.60x"),
+    ({"kind": "adjust_prior", "state_id": MBS, "optimization_id": FUSE, "expected_speedup": 1.2, "weight": 8,
+      "reason": "very sure about it"}, "less than or equal to 2"),
+    ({"kind": "add_lesson", "state_id": HLI, "optimization_id": FUSE, "outcome_id": "out_missing",
+      "text": "A lesson citing an outcome the KB does not hold.", "reason": "forged provenance"}, "unknown outcome"),
 ]
 
 

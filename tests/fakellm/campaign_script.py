@@ -84,7 +84,8 @@ def update(messages: list[dict[str, Any]]) -> str:
          "text": f"In {state_id}, {opt_id} failed to compile on the first try in {pair['attempts']} recorded "
                  "attempts: ask for the complete kernel and check every statement ends with a semicolon.",
          "reason": "compile errors in this batch"},
-        {"kind": "adjust_prior", "state_id": state_id, "optimization_id": opt_id, "expected_speedup": 1.15,
+        {"kind": "adjust_prior", "state_id": state_id, "optimization_id": opt_id,
+         "expected_speedup": round(max(0.3, 0.7 * (pair["expected_speedup"] or 1.0)), 3),
          "weight": 1.5, "reason": "prediction was too optimistic for this batch"},
         {"kind": "add_lesson", "state_id": "state_that_does_not_exist", "optimization_id": opt_id,
          "text": "This lesson names a state the KB does not have and must be rejected.", "reason": "invalid on purpose"},

@@ -132,7 +132,9 @@ async def test_resources_show_what_was_recorded(server: KbMcpServer, kb_path: Pa
     assert row["outcomes"] == 1 and row["bottleneck"] == "memory/dram_bandwidth"
     entry = next(o for o in detail["optimizations"] if o["optimization"]["id"] == opt)
     assert entry["score"]["samples"] == 1 and entry["expected_speedup"] > 1.0
-    assert entry["lessons"] == ["fusing saved a pass"]
+    (lesson,) = entry["lessons"]  # quoted as untrusted KB content, with its author and outcome
+    assert lesson.startswith("[untrusted KB content from agent") and lesson.endswith('"fusing saved a pass"')
+    assert "untrusted KB content" in detail["kb_text_notice"]
     assert detail["outcomes"] == 1
     assert stats["stats"]["outcomes"] == {"faster": 1} and stats["kb_path"] == str(kb_path)
 

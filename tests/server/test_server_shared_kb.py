@@ -40,7 +40,8 @@ async def test_an_outcome_recorded_through_one_server_is_suggested_by_the_other(
         entry = _entry(after, opt)
         assert entry["attempts"] == 1 and entry["samples"] == 1
         assert entry["confidence"] > _entry(before, opt)["confidence"]  # now it rests on a measurement
-        assert "one pass instead of three" in entry["lessons"]
+        (lesson,) = entry["lessons"]  # with who recorded it and from which verified outcome
+        assert lesson["text"] == "one pass instead of three" and lesson["outcome_id"] == recorded["outcome_id"]
         stats = json.loads((await second.read_resource("kb://stats")).contents[0].text)  # type: ignore[union-attr]
         assert stats["stats"]["outcomes"] == {"faster": 1}
         # recording it again through the other server changes nothing (idempotent per candidate)

@@ -28,7 +28,14 @@ from filelock import FileLock
 from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.protocol import BuildReply, BuildReport, BuildSpec
 from kb_mcp.harness.sandbox import Grant, Sandbox, new_scratch
-from kb_mcp.harness.toolchain import ToolchainInfo, extension_name, flag_refusals, light_variants, truncate
+from kb_mcp.harness.toolchain import (
+    ToolchainInfo,
+    build_target,
+    extension_name,
+    flag_refusals,
+    light_variants,
+    truncate,
+)
 
 REPORT_LIMIT = 4 << 20  # a build report is small; a larger file is not the build process's
 
@@ -88,8 +95,11 @@ class BuildService:
         return self.ext_dir / ext / f"{ext}.so"
 
     def build(self, unit: SourceUnit, arch: str, torch_version: str, timeout_s: float = 600.0) -> BuildReply:
-        """The unit built and published (or found published), or why not. Never raises for the unit."""
+        """The unit built for `arch` (the GPU's; built for its arch-specific target,
+        `toolchain.build_target`) and published (or found published), or why not. Never raises for
+        the unit."""
         t0 = time.monotonic()
+        arch = build_target(arch)
         try:
             tc = toolchain(self.sandbox)
         except ToolchainError as exc:

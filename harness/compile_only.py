@@ -4,8 +4,8 @@ Nothing of the candidate runs, not even its import: its CUDA sources are read fr
 tree (`candidate.static_units`: string literals and module-level constants passed to
 `load_inline` or `torch.cuda._compile_kernel`), its flags and `#include`s are checked against the
 allow-lists (`toolchain.flag_refusals`), and the compilers check what is allowed, each run in a
-sandbox of its own (`harness.sandbox`, role `compiler`): nvcc for the target arch (default
-sm_90), and the host compiler for `load_inline`'s C++ part. Sources built at run time (computed
+sandbox of its own (`harness.sandbox`, role `compiler`): nvcc for the target arch (the GPU's
+arch-specific target, `toolchain.build_target`: default sm_90 builds for sm_90a), and the host compiler for `load_inline`'s C++ part. Sources built at run time (computed
 strings) cannot be read this way; the result says so.
 
 Each compiler run's result is cached under `<cache>/compile_only`, keyed by its source, command
@@ -35,6 +35,7 @@ from kb_mcp.harness.toolchain import (
     CompilerRun,
     ToolchainInfo,
     arch_flag,
+    build_target,
     compile_runs,
     diagnostics,
     flag_refusals,
@@ -78,7 +79,8 @@ class CompileOnly:
         findings = check_source(source, options.allow)
         units = static_units(source)
         progress(7, 8, "compiling the candidate's CUDA sources")
-        comp = self.compile(units, arch_flag(options.arch or DEFAULT_ARCH), options.compile_timeout_s)
+        gpu_arch = arch_flag(options.arch or DEFAULT_ARCH)
+        comp = self.compile(units, build_target(gpu_arch), options.compile_timeout_s)
         computed = computed_builds(source, units)
         if computed:
             comp = comp.model_copy(update={"messages": comp.messages + [
@@ -92,7 +94,7 @@ class CompileOnly:
         progress(8, 8, verdict.value)
         return VerifyResult(
             candidate_id=candidate_id, problem=problem.name, problem_hash=problem.hash, verdict=verdict,
-            summary=summary, flagged=flagged, compile=comp, findings=findings, arch=comp.arch,
+            summary=summary, flagged=flagged, compile=comp, findings=findings, arch=gpu_arch,
             torch_version=torch_version, phase="compile", elapsed_s=round(time.monotonic() - t0, 3),
         )
 

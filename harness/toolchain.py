@@ -251,9 +251,30 @@ def cuda_arch_list(arch: str) -> str:
 
 
 def arch_flag(arch: str) -> str:
-    """`sm_90` / `90` / `9.0` -> `sm_90`."""
+    """`sm_90` / `90` / `9.0` -> `sm_90` (`sm_90a` stays `sm_90a`)."""
     a = arch.strip().lower().replace("sm_", "").replace("compute_", "").replace(".", "")
     return f"sm_{a}"
+
+
+# GPUs with an arch-specific target (the `a` suffix): code built for it may use the features of
+# that one GPU generation that are not carried forward, such as Hopper's `wgmma` and TMA
+# instructions (sm_90a) or Blackwell's `tcgen05` (sm_100a). CUDA C++ Programming Guide,
+# "Feature Availability" (architecture-specific features); sm_101 was renamed sm_110 in CUDA 13.
+ARCH_SPECIFIC = frozenset({"sm_90", "sm_100", "sm_101", "sm_103", "sm_110", "sm_120", "sm_121"})
+
+
+def build_target(arch: str) -> str:
+    """What the harness builds for a GPU of `arch`: its arch-specific target where it has one
+    (`sm_90` -> `sm_90a`), else `arch` itself. Builds run only on the GPU they were built for, so
+    nothing is lost, and `wgmma`/TMA code compiles."""
+    flag = arch_flag(arch)
+    return f"{flag}a" if flag in ARCH_SPECIFIC else flag
+
+
+def nvrtc_capability(arch: str) -> str:
+    """The `compute_capability` NVRTC is given for a GPU of `arch` (`sm_90` -> `90a`): torch's
+    `_compile_kernel` turns it into `--gpu-architecture=sm_<it>`."""
+    return build_target(arch).removeprefix("sm_")
 
 
 # The CUDA source needs PyTorch's C++ headers when it names any of these.

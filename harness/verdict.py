@@ -99,7 +99,7 @@ class VerifyOptions(BaseModel):
     timeout_s: float = Field(120.0, gt=0, le=3600, description="limit for each run phase (checks, timing) of the candidate")
     compile_timeout_s: float = Field(600.0, gt=0, le=3600, description="limit for importing and building the candidate")
     compile_only: bool = Field(False, description="only compile (nvcc/NVRTC diagnostics), even where a GPU is present")
-    arch: str | None = Field(None, description="target arch for compile-only checks, e.g. sm_90 (default: the GPU's, else sm_90)")
+    arch: str | None = Field(None, description="GPU arch for compile-only checks, e.g. sm_90 (default sm_90); built for its arch-specific target (sm_90a) where it has one")
     max_output_chars: int = Field(4000, ge=0, le=200_000, description="captured stdout/stderr of the candidate kept in the result")
 
 

@@ -33,10 +33,12 @@ from kb_mcp.harness.protocol import BuildReply
 from kb_mcp.harness.toolchain import (
     DEFAULT_ARCH,
     MESSAGE_LIMIT,
+    build_target,
     cuda_arch_list,
     diagnostics,
     extension_name,
     light_variants,
+    nvrtc_capability,
     truncate,
 )
 from kb_mcp.harness.verdict import CompileResult, CompileUnit
@@ -105,11 +107,13 @@ class Builders:
     """
 
     def __init__(self, cache_dir: Path, arch: str, ask: AskBuild | None = None, local_dir: Path | None = None) -> None:
+        """`arch` is the GPU's (`sm_90`); builds target its arch-specific variant (`toolchain.build_target`)."""
         import torch
         from torch.utils import cpp_extension
 
         self.ext_dir = cache_dir / "torch_extensions"
-        self.arch = arch or DEFAULT_ARCH  # e.g. sm_90
+        self.arch = build_target(arch or DEFAULT_ARCH)  # e.g. sm_90a: wgmma and TMA code compiles
+        self.nvrtc_capability = nvrtc_capability(self.arch)
         self.ask = ask
         self.local_dir = local_dir
         self.units: list[CompileUnit] = []
@@ -140,7 +144,10 @@ class Builders:
         self.units.append(unit)
 
     def compile_kernel(self, kernel_source: str, kernel_name: str, *args: Any, **kwargs: Any) -> Any:
-        """`torch.cuda._compile_kernel`, recording the build (and its log when it fails)."""
+        """`torch.cuda._compile_kernel`, recording the build (and its log when it fails). Without a
+        compute capability of the caller's it builds for the GPU's arch-specific target (`90a`)."""
+        if not args and kwargs.get("compute_capability") is None:
+            kwargs["compute_capability"] = self.nvrtc_capability
         t0 = time.perf_counter()
         try:
             kernel = self._real_compile_kernel(kernel_source, kernel_name, *args, **kwargs)
@@ -195,8 +202,8 @@ class Builders:
         report = build_unit(unit, self.arch, self.local_dir)
         return BuildReply(ok=report.ok, ext=report.ext, light=report.light, log=report.log, seconds=report.seconds)
 
-    def result(self, arch: str) -> CompileResult:
-        """The CompileResult of the builds recorded since the last reset."""
+    def result(self) -> CompileResult:
+        """The CompileResult of the builds recorded since the last reset (`arch`: the build target)."""
         units = list(self.units)
         ok = all(u.ok for u in units)
         messages: list[str] = []
@@ -208,7 +215,7 @@ class Builders:
         return CompileResult(
             ok=ok,
             style=style,  # type: ignore[arg-type]
-            arch=arch,
+            arch=self.arch,
             seconds=round(sum(u.seconds for u in units), 4),
             cached=bool(units) and all(u.cached for u in units if u.kind == "load_inline") and "load_inline" in kinds,
             units=units,

@@ -158,7 +158,7 @@ class GpuVerification:
 
     def _compile_result(self) -> CompileResult:
         assert self.env.builders is not None
-        return self.env.builders.result(self.env.arch)
+        return self.env.builders.result()
 
     def _failure(self, exc: BaseException, what: str) -> Stop:
         """Turns an exception from candidate code into a Stop with the right verdict."""

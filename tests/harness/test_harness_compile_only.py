@@ -10,7 +10,15 @@ from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.compile_only import CompileOnly
 from kb_mcp.harness.pool import WorkerPool
 from kb_mcp.harness.sandbox import detect
-from kb_mcp.harness.toolchain import diagnostics, inline_sources, missing_declarations, needs_torch_headers
+from kb_mcp.harness.candidate import static_units
+from kb_mcp.harness.toolchain import (
+    build_target,
+    diagnostics,
+    inline_sources,
+    missing_declarations,
+    needs_torch_headers,
+    nvrtc_capability,
+)
 from kb_mcp.kb.models import Verdict
 
 
@@ -53,6 +61,23 @@ def test_nvrtc_units_compile_and_cache(tmp_path) -> None:
     assert first.ok and not first.cached and first.units[0].kernels == ["k"]
     again = compiler.compile([ok], "90")
     assert again.ok and again.cached and again.arch == "sm_90"
+
+
+def test_hopper_and_blackwell_build_for_their_arch_specific_targets() -> None:
+    assert [build_target(a) for a in ("sm_90", "9.0", "sm_90a", "sm_100", "sm_120", "sm_89", "sm_80")] == [
+        "sm_90a", "sm_90a", "sm_90a", "sm_100a", "sm_120a", "sm_89", "sm_80"]
+    assert nvrtc_capability("sm_90") == "90a" and nvrtc_capability("sm_86") == "86"
+
+
+@pytest.mark.nvcc
+def test_wgmma_code_compiles_for_the_arch_specific_target_only(tmp_path) -> None:
+    [unit] = static_units(fixture_source("linear_wgmma_tf32.py"))
+    kernel = SourceUnit(kind="nvrtc", name="linear_wgmma", cuda_source=unit.cuda_source)  # the .cu part alone
+    compiler = CompileOnly(tmp_path, detect())
+    built = compiler.compile([kernel], build_target("sm_90"))
+    assert built.ok and built.arch == "sm_90a", built.messages
+    plain = compiler.compile([kernel], "sm_90")
+    assert not plain.ok and any("wgmma" in m and "sm_90" in m for m in plain.messages), plain.messages
 
 
 @pytest.mark.nvcc

@@ -66,7 +66,7 @@ def test_nvrtc_candidate_compiles_and_needs_gpu(pool: WorkerPool, relu_problem) 
     steps: list[str] = []
     result = pool.verify(relu_problem, fixture_source("relu_nvrtc.py"), progress=lambda d, t=None, m=None: steps.append(m))
     assert result.verdict == Verdict.needs_gpu and result.compile.ok and result.compile.style == "nvrtc"
-    assert result.compile.kernels == ["relu_k"] and result.compile.arch == "sm_90"
+    assert result.compile.kernels == ["relu_k"] and result.compile.arch == "sm_90a" and result.arch == "sm_90"
     assert "compiling the candidate's CUDA sources" in steps and steps[-1] == "needs_gpu"
     assert result.candidate_id.startswith("c_") and result.problem_hash == relu_problem.hash
 

@@ -5,8 +5,9 @@ tree (`candidate.static_units`: string literals and module-level constants passe
 `load_inline` or `torch.cuda._compile_kernel`), its flags and `#include`s are checked against the
 allow-lists (`toolchain.flag_refusals`), and the compilers check what is allowed, each run in a
 sandbox of its own (`harness.sandbox`, role `compiler`): nvcc for the target arch (the GPU's
-arch-specific target, `toolchain.build_target`: default sm_90 builds for sm_90a), and the host compiler for `load_inline`'s C++ part. Sources built at run time (computed
-strings) cannot be read this way; the result says so.
+arch-specific target, `toolchain.build_target`: the default sm_90 is built as sm_90a), and the
+host compiler for `load_inline`'s C++ part. Sources built at run time (computed strings) cannot
+be read this way; the result says so.
 
 Each compiler run's result is cached under `<cache>/compile_only`, keyed by its source, command
 line and toolchain, all computed here: fixing the CUDA part of an extension does not redo the check

@@ -42,7 +42,6 @@ from kb_mcp.harness.protocol import EXIT_NO_GPU, NVTX_RANGE, DriverReport, Drive
 from kb_mcp.harness.sandbox import Grant, Sandbox, detect, kill_group, new_scratch
 from kb_mcp.kb.progress import Progress, no_progress
 
-
 # Sections that speak to bottlenecks. WarpStateStats and SchedulerStats are only in `--set full`
 # unless asked for by name; SourceCounters (SASS-level, extra passes) is opt-in.
 SECTIONS = (

@@ -24,7 +24,7 @@ Through files in the sandbox's scratch folder (written whole, then renamed):
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -37,7 +37,8 @@ from kb_mcp.kb.models import Verdict
 __all__ = [
     "BuildAnswer", "BuildAsk", "BuildReply", "BuildReport", "BuildSpec", "CensusAnswer", "CensusAsk",
     "CensusReply", "CensusRequest", "DriverReport", "DriverSpec", "ExitRequest",
-    "FROM_WORKER", "Hello", "Init", "PingReply", "PingRequest", "Phase", "ProblemChecked", "ProblemFailed", "ProblemRequest", "Result", "TO_WORKER",
+    "FROM_WORKER", "Hello", "Init", "PingReply", "PingRequest", "Phase", "ProblemChecked", "ProblemFailed",
+    "ProblemRequest", "Result", "TO_WORKER",
     "VerifyReply", "VerifyRequest", "WorkerInfo",
 ]
 
@@ -242,7 +243,7 @@ class ProblemFailed(_Message):
 
 
 ResultBody = Annotated[
-    Union[VerifyReply, CensusReply, PingReply, ProblemChecked, ProblemFailed], Field(discriminator="kind")
+    VerifyReply | CensusReply | PingReply | ProblemChecked | ProblemFailed, Field(discriminator="kind")
 ]
 
 
@@ -255,11 +256,11 @@ class Result(_Ask):
 
 
 FROM_WORKER: TypeAdapter[Any] = TypeAdapter(
-    Annotated[Union[Hello, Phase, CensusAsk, BuildAsk, Result], Field(discriminator="kind")]
+    Annotated[Hello | Phase | CensusAsk | BuildAsk | Result, Field(discriminator="kind")]
 )
 TO_WORKER: TypeAdapter[Any] = TypeAdapter(
     Annotated[
-        Union[Init, VerifyRequest, CensusRequest, ProblemRequest, PingRequest, ExitRequest, CensusAnswer, BuildAnswer],
+        Init | VerifyRequest | CensusRequest | ProblemRequest | PingRequest | ExitRequest | CensusAnswer | BuildAnswer,
         Field(discriminator="kind"),
     ]
 )

@@ -74,7 +74,8 @@ _HOST = re.compile(
     r"-march=native|-mtune=native|-m(?:avx|avx2|fma|f16c|bmi2|avx512f|avx512bw|avx512vl|sse4\.2)"
     r")$"
 )
-_PTXAS = r"(?:-v|-O[0-3]|--warn-on-spills|--warn-on-local-memory-usage|-dlcm=c[ag]|--allow-expensive-optimizations=(?:true|false))"
+_PTXAS = (r"(?:-v|-O[0-3]|--warn-on-spills|--warn-on-local-memory-usage|-dlcm=c[ag]|"
+          r"--allow-expensive-optimizations=(?:true|false))")
 _ARCH = r"(?:sm|compute)_\d{2,3}[af]?"
 # nvcc flags (extra_cuda_cflags; NVRTC options that nvcc reads the same way).
 _NVCC = re.compile(
@@ -94,7 +95,8 @@ _NVCC = re.compile(
     r")$"
 )
 # NVRTC's own switches without an nvcc meaning (dropped when nvcc checks an NVRTC kernel).
-_NVRTC_ONLY = re.compile(r"^(?:--?gpu-architecture=" + _ARCH + r"|-arch=" + _ARCH + r"|--?dw|--?dlto|-ewp|--?device-as-default-execution-space|--?pch|-split-compile=\d+)$")
+_NVRTC_ONLY = re.compile(r"^(?:--?gpu-architecture=" + _ARCH + r"|-arch=" + _ARCH +
+                         r"|--?dw|--?dlto|-ewp|--?device-as-default-execution-space|--?pch|-split-compile=\d+)$")
 _CUDA_LIBS = ("cuda", "cudart", "cublas", "cublasLt", "cudnn", "curand", "cufft", "cusparse", "cusolver", "nvrtc",
               "nvToolsExt", "nvJitLink", "c10", "c10_cuda", "torch", "torch_cpu", "torch_cuda", "torch_python")
 _LD = re.compile(r"^-l(?:" + "|".join(_CUDA_LIBS) + r")$")

@@ -52,6 +52,7 @@ from kb_mcp.harness.worker.values import (
 )
 from kb_mcp.kb.models import Verdict
 
+
 class Stop(Exception):
     """Ends a verification early with a verdict (the candidate failed to build or crashed)."""
 

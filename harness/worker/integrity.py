@@ -97,7 +97,9 @@ class IntegrityGuard:
         self.recorder = rt.OpRecorder(self.allow)
         self.last_census: KernelCensus | None = None
         self._collected: list[Finding] = []
-        self._cuda = rt.torch.cuda.is_available()
+        import torch
+
+        self._cuda = torch.cuda.is_available()
         if self._cuda:
             # A clean L2 state before the candidate, so whatever is found afterwards is its doing.
             rt.reset_l2_persistence()

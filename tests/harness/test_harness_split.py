@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 HARNESS = Path(__file__).resolve().parents[2] / "harness"
-SERVER_SIDE = sorted(p for p in HARNESS.glob("*.py") if p.name != "__init__.py")
+SERVER_SIDE = sorted(p for p in [*HARNESS.glob("*.py"), *HARNESS.glob("static/*.py")] if p.name != "__init__.py")
 WORKER_SIDE = sorted(p for p in (HARNESS / "worker").glob("*.py") if p.name != "__init__.py")
 
 
@@ -47,7 +47,8 @@ def test_the_worker_side_reaches_the_server_side_only_through_pure_modules() -> 
 
 
 def test_importing_the_whole_server_side_loads_no_torch() -> None:
-    names = [f"kb_mcp.harness.{p.stem}" for p in SERVER_SIDE] + ["kb_mcp.tools.compile_and_verify",
+    modules = [p.relative_to(HARNESS).with_suffix("").as_posix().replace("/", ".") for p in SERVER_SIDE]
+    names = [f"kb_mcp.harness.{m}" for m in modules] + ["kb_mcp.tools.compile_and_verify",
                                                                "kb_mcp.tools.profile_kernel", "kb_mcp.tools.context"]
     code = ("import sys\n" + "".join(f"import {n}\n" for n in names) +
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'kb_mcp.harness.worker')))\n"

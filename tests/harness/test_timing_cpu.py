@@ -11,6 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kb_mcp.harness.worker import integrity_runtime as rt
+from kb_mcp.harness.worker import profiling
 from kb_mcp.harness.worker.timing import guards_active, paused_gc
 
 
@@ -54,7 +55,7 @@ def test_a_timing_process_refuses_profiler_sessions(monkeypatch: pytest.MonkeyPa
     before = rt.profiler_sessions()
     rt.profile_events(lambda: torch.ones(4).sum())
     assert rt.profiler_sessions() == before + 1
-    monkeypatch.setitem(rt._PROFILER_STATE, "forbidden", True)
+    monkeypatch.setitem(profiling._PROFILER_STATE, "forbidden", True)
     with pytest.raises(rt.ProfilerForbidden, match="census worker"):
         rt.profile_events(lambda: torch.ones(4).sum())
     assert rt.profiler_sessions() == before + 1

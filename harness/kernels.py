@@ -1,0 +1,172 @@
+"""What a candidate's forward ran, as plain data (server side, no torch): the PyTorch ops it may run
+(`ALLOWED_OPS`), and the kernel census (`KernelCensus`: the GPU kernels one forward launched, sorted into
+the candidate's own, vendor-library and PyTorch ones) with the findings drawn from it.
+
+The census is taken in the census worker (`harness.worker.census`, `harness.worker.profiling`); the
+pool carries it to the verify worker in `protocol.CensusReply`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.harness.static.vocabulary import ALLOW_GROUPS, expand_allow
+from kb_mcp.harness.verdict import Finding, FindingCode
+
+# Ops a candidate's forward may execute through PyTorch (by ATen overload-packet name)
+
+ALLOWED_OPS: frozenset[str] = frozenset(
+    """
+    empty empty_like empty_strided new_empty new_empty_strided empty_permuted
+    zeros zeros_like zero_ new_zeros ones ones_like new_ones full full_like new_full fill_ fill
+    view _unsafe_view reshape as_strided expand expand_as permute transpose t unsqueeze squeeze
+    flatten unflatten select slice narrow split split_with_sizes unbind chunk alias detach view_as
+    contiguous clone movedim swapaxes swapdims diagonal _reshape_alias unfold
+    sym_size sym_stride sym_numel sym_storage_offset size stride is_contiguous dim numel
+    is_same_size _has_compatible_shallow_copy_type lift_fresh resolve_conj resolve_neg
+    record_stream set_ _local_scalar_dense item
+    """.split()
+)
+# Conversions are fine only when they are no-ops (the result is the input itself).
+NOOP_ONLY_OPS: frozenset[str] = frozenset({"to", "type_as", "_to_copy", "float", "double", "half", "cuda"})
+TORCH_NAMESPACES: frozenset[str] = frozenset({"aten", "prims", "quantized", "_quantized", "rngprims", "profiler"})
+
+
+# Kernel census: which kernels ran, and who launched them
+
+# Kernel names of vendor libraries (cuBLAS, cuBLASLt, cuDNN, cuFFT) and of PyTorch's own kernels.
+_VENDOR_KERNEL = re.compile(
+    r"^(void\s+)?(sm\d+_xmma_|xmma_|nvjet_|ampere_|volta_|turing_|maxwell_|hopper_|sm\d+_sgemm|gemmSN_|"
+    r"gemmk1_|gemv2[NT]_|gemvNSP|gemvx|dot_kernel|scal_kernel|splitKreduce_|implicit_convolve_|cudnn|"
+    r"cublas|fft2d_|fft3d_|regular_fft|vector_fft|winograd|precomputed_convolve|explicit_convolve|"
+    r"conv2d_grouped_direct|cutlass_\d+_)"
+    r"|\b(cudnn|cublas|cublasLt|cufft)\w*::|cutlass_\d+_(simt|tensorop|wmma)|\bcublas",
+)
+_TORCH_KERNEL = re.compile(r"\bat::native::|\bat::cuda::|at_cuda_detail|\bc10::|\bat::\(anonymous")
+
+
+class KernelLaunch(BaseModel):
+    """One GPU kernel (or memset/memcpy) seen during a censused call."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    op: str | None = None  # innermost PyTorch op that launched it (e.g. "aten::mm"); None = none
+    kind: str = "kernel"  # kernel | memcpy | memset
+
+
+class KernelCensus(BaseModel):
+    """The kernels one call launched, sorted into the candidate's own and library ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    available: bool  # False when the profiler could not see GPU activity (no GPU, no CUPTI)
+    launches: list[KernelLaunch] = Field(default_factory=list)
+    own: list[str] = Field(default_factory=list)  # kernels of the candidate's own
+    library: list[str] = Field(default_factory=list)  # vendor-library kernels launched outside any PyTorch op
+    torch_ops: list[str] = Field(default_factory=list)  # PyTorch ops that launched kernels
+    unattributed: list[str] = Field(default_factory=list)  # PyTorch kernels whose launching op the profiler lost
+    note: str = ""
+
+
+def classify_launches(
+    launches: Iterable[KernelLaunch], allow: Collection[str] = (), available: bool = True
+) -> KernelCensus:
+    """Sorts launches: own kernels, vendor-library kernels, and kernels of PyTorch ops.
+
+    A kernel launched by a PyTorch op (e.g. `aten::mm`) is PyTorch's, whatever its name. A kernel
+    launched outside any PyTorch op is the candidate's own unless its name is a vendor library's
+    (cuBLAS, cuDNN, ...), which means the candidate called the library directly. Allowed ops and
+    library groups (`gemm` -> cuBLAS, `conv` -> cuDNN) are not counted against it.
+    """
+    allow_set = frozenset(allow)
+    launches = list(launches)
+    own: list[str] = []
+    library: list[str] = []
+    torch_ops: list[str] = []
+    unattributed: list[str] = []
+    for launch in launches:
+        if launch.kind != "kernel":
+            continue
+        op = launch.op or ""
+        if op.startswith(("aten::", "prims::", "quantized::")):
+            packet = op.split("::", 1)[1].split(".")[0]
+            if packet not in ALLOWED_OPS and packet not in allow_set and op not in torch_ops:
+                torch_ops.append(op)
+            continue
+        if _VENDOR_KERNEL.search(launch.name):
+            lib = "cudnn" if re.search(r"cudnn|convolve|winograd|fft|conv2d", launch.name, re.I) else "cublas"
+            if lib not in allow_set and launch.name not in library:
+                library.append(launch.name)
+            continue
+        if _TORCH_KERNEL.search(launch.name) and not launch.op:
+            # A PyTorch kernel whose launching op the profiler lost: not the candidate's own, and
+            # not evidence of a banned op either (the op recorder judges ops issued from Python).
+            if launch.name not in unattributed:
+                unattributed.append(launch.name)
+            continue
+        if launch.name not in own:
+            own.append(launch.name)
+    return KernelCensus(
+        available=available, launches=launches, own=own, library=library, torch_ops=torch_ops, unattributed=unattributed
+    )
+
+
+def census_findings(census: KernelCensus, include_torch_ops: bool = True) -> list[Finding]:
+    """`no_custom_kernel` and `library_call` findings from a census (none when it was unavailable).
+
+    `include_torch_ops=False` leaves out kernels of PyTorch ops, for when the op recorder has
+    already reported them with their source lines.
+    """
+    if not census.available:
+        return []
+    findings: list[Finding] = []
+    if census.library:
+        findings.append(
+            Finding(
+                code=FindingCode.library_call,
+                message=(
+                    f"forward launched vendor-library kernels ({', '.join(n[:60] for n in census.library[:3])}); "
+                    "compute with your own kernels, or run with the `gemm`/`conv` allow-list"
+                ),
+                source="runtime",
+            )
+        )
+    if census.torch_ops and include_torch_ops:
+        findings.append(
+            Finding(
+                code=FindingCode.library_call,
+                message=(
+                    f"forward launched kernels through PyTorch ops ({', '.join(census.torch_ops[:5])}), also "
+                    "from inside compiled code; compute with your own kernels"
+                ),
+                source="runtime",
+            )
+        )
+    if not census.own:
+        findings.append(
+            Finding(
+                code=FindingCode.no_custom_kernel,
+                message=(
+                    "no kernel of the candidate's own ran during forward "
+                    f"({len([x for x in census.launches if x.kind == 'kernel'])} kernel launches, all PyTorch or "
+                    "library ones); launch at least one kernel you wrote (load_inline or torch.cuda._compile_kernel)"
+                ),
+                source="runtime",
+            )
+        )
+    return findings
+
+
+
+def expand_runtime_allow(allow: Iterable[str]) -> frozenset[str]:
+    """The static allow-list expansion plus library keys (`cublas`, `cudnn`) for groups."""
+    out = set(expand_allow(allow))
+    for members in ALLOW_GROUPS.values():
+        if members <= out:
+            out |= members
+    return frozenset(out)
+

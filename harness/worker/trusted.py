@@ -1,0 +1,247 @@
+"""The trusted snapshot (worker side): the identity of every function and class the harness relies on
+(timers, CUDA events, synchronize, comparison functions, Tensor and Module methods, the harness's own
+modules) and the global numerics settings, captured before any candidate is imported and compared
+after each one."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from kb_mcp.harness.verdict import Finding, FindingCode
+
+
+def _watched_modules() -> list[str]:
+    names = [
+        "builtins", "time", "os", "math", "gc", "threading", "_thread", "struct", "json", "pickle", "hmac",
+        "hashlib", "queue", "select", "selectors", "signal",
+        "multiprocessing", "multiprocessing.connection", "multiprocessing.reduction",
+        "torch", "torch._C", "torch.cuda", "torch.cuda.streams", "torch.cuda.random", "torch.cuda.memory",
+        "torch.testing", "torch.testing._comparison", "torch.nn.functional", "torch.nn.modules.module",
+        "torch.autograd", "torch.autograd.grad_mode", "torch.random", "torch.utils._python_dispatch",
+        "torch.profiler", "torch.autograd.profiler", "numpy", "numpy.testing",
+    ]
+    names += sorted(n for n in sys.modules if n.startswith("kb_mcp.harness"))
+    return [n for n in names if n in sys.modules]
+
+
+def _watched_classes() -> list[tuple[str, type]]:
+    classes: list[tuple[str, type]] = [
+        ("torch.Tensor", torch.Tensor),
+        ("torch.nn.Module", torch.nn.Module),
+        ("torch.nn.Parameter", torch.nn.Parameter),
+        ("threading.Thread", threading.Thread),
+    ]
+    if hasattr(torch, "cuda"):
+        classes += [("torch.cuda.Event", torch.cuda.Event), ("torch.cuda.Stream", torch.cuda.Stream)]
+    conn = sys.modules.get("multiprocessing.connection")
+    if conn is not None:
+        classes += [("multiprocessing.connection.Connection", conn.Connection)]
+    for modname in sorted(n for n in sys.modules if n.startswith("kb_mcp.harness")):
+        module = sys.modules[modname]
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, type) and getattr(value, "__module__", "") == modname:
+                classes.append((f"{modname}.{attr}", value))
+    return classes
+
+
+def _is_watched_value(value: object) -> bool:
+    """Functions, methods, classes, modules and descriptors: what a cheat would swap out (not data)."""
+    if isinstance(value, (int, float, complex, str, bytes, bool, type(None), dict, list, set, tuple, frozenset)):
+        return False
+    return callable(value) or isinstance(value, (ModuleType, property, staticmethod, classmethod))
+
+
+def _settings() -> dict[str, Callable[[], object]]:
+    """Global numerics and runtime settings the reference shares with the candidate."""
+    s: dict[str, Callable[[], object]] = {
+        "torch.get_default_dtype()": torch.get_default_dtype,
+        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision,
+        "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled,
+        "torch.backends.cuda.matmul.allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": (
+            lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+        ),
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": (
+            lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        ),
+        "torch.backends.cudnn.allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
+        "torch.backends.cudnn.enabled": lambda: torch.backends.cudnn.enabled,
+        "torch.backends.cudnn.benchmark": lambda: torch.backends.cudnn.benchmark,
+        "torch.backends.cudnn.deterministic": lambda: torch.backends.cudnn.deterministic,
+        "sys.gettrace()": sys.gettrace,
+        "sys.getprofile()": sys.getprofile,
+    }
+    return s
+
+
+def describe(value: object) -> str:
+    code = getattr(value, "__code__", None)
+    if code is not None:
+        return f"{getattr(value, '__qualname__', type(value).__name__)} from {Path(code.co_filename).name}:{code.co_firstlineno}"
+    return f"{type(value).__name__} {getattr(value, '__qualname__', '')}".strip()
+
+
+@dataclass(frozen=True)
+class Trusted:
+    """The timer, event, synchronize and comparison functions, as they were before any candidate.
+
+    The core calls these instead of looking names up at call time, so a candidate that replaces
+    `torch.cuda.Event.elapsed_time` cannot change what the harness measures.
+    """
+
+    perf_counter: Callable[[], float]
+    perf_counter_ns: Callable[[], int]
+    monotonic: Callable[[], float]
+    synchronize: Callable[..., None]
+    event_cls: type
+    event_record: Callable[..., None]
+    event_synchronize: Callable[..., None]
+    event_elapsed_time: Callable[..., float]
+    current_stream: Callable[..., Any]
+    allclose: Callable[..., bool]
+    isclose: Callable[..., torch.Tensor]
+    isfinite: Callable[..., torch.Tensor]
+    equal: Callable[..., bool]
+
+
+@dataclass(frozen=True)
+class TrustedSnapshot:
+    """Identity of trusted functions and values of global settings, captured before any candidate.
+
+    Capture once per worker, before the first candidate is imported; `verify()` after each
+    candidate lists whatever changed as `harness_tampering` (or `precision_lowered` for numerics
+    flags). The stored entries are tuples: a candidate cannot edit them in place.
+    """
+
+    entries: tuple[tuple[str, str, object], ...]  # (owner, attribute, original value)
+    owners: tuple[tuple[str, object], ...]  # owner name -> the module/class object itself
+    settings: tuple[tuple[str, object], ...]
+    trusted: Trusted
+
+    @classmethod
+    def capture(cls) -> TrustedSnapshot:
+        """Snapshot of the current process: call before importing any candidate."""
+        # PyTorch rebinds a few of its own functions when torch._dynamo is first imported (which
+        # the first dispatch mode does); import it now so that this is not mistaken for tampering.
+        import torch._dynamo  # noqa: F401
+
+        # PyTorch starts its CPU thread pool on the first parallel op; start it now, so that the
+        # thread census does not blame the first candidate that runs a CPU op for it.
+        torch.ones(1 << 20).exp_().sum()
+        entries: list[tuple[str, str, object]] = []
+        owners: list[tuple[str, object]] = []
+        for name in _watched_modules():
+            module = sys.modules[name]
+            owners.append((name, module))
+            for attr, value in list(vars(module).items()):
+                if attr.startswith("__") and attr not in {"__import__", "__build_class__"}:
+                    continue
+                if _is_watched_value(value):
+                    entries.append((name, attr, value))
+        for name, klass in _watched_classes():
+            owners.append((name, klass))
+            for attr, value in list(vars(klass).items()):
+                if attr in {"__dict__", "__weakref__", "__doc__", "__module__", "__annotations__"}:
+                    continue
+                if _is_watched_value(value) or hasattr(value, "__get__"):
+                    entries.append((name, attr, value))
+        settings = tuple((k, _safe(getter)) for k, getter in _settings().items())
+        import time
+
+        trusted = Trusted(
+            perf_counter=time.perf_counter,
+            perf_counter_ns=time.perf_counter_ns,
+            monotonic=time.monotonic,
+            synchronize=torch.cuda.synchronize,
+            event_cls=torch.cuda.Event,
+            event_record=torch.cuda.Event.record,
+            event_synchronize=torch.cuda.Event.synchronize,
+            event_elapsed_time=torch.cuda.Event.elapsed_time,
+            current_stream=torch.cuda.current_stream,
+            allclose=torch.allclose,
+            isclose=torch.isclose,
+            isfinite=torch.isfinite,
+            equal=torch.equal,
+        )
+        return cls(tuple(entries), tuple(owners), settings, trusted)
+
+    def changes(self) -> list[tuple[str, str, object, object]]:
+        """(owner, attribute, original, now) for every replaced or deleted trusted attribute."""
+        out: list[tuple[str, str, object, object]] = []
+        missing = object()
+        owner_objs = dict(self.owners)
+        for owner, attr, original in self.entries:
+            holder = owner_objs[owner]
+            try:
+                now = vars(holder).get(attr, missing)
+            except TypeError:  # pragma: no cover - objects without __dict__
+                continue
+            if now is not original:
+                out.append((owner, attr, original, now))
+        for owner, obj in self.owners:
+            if isinstance(obj, ModuleType) and sys.modules.get(owner, obj) is not obj:
+                out.append(("sys.modules", owner, obj, sys.modules.get(owner)))
+        return out
+
+    def setting_changes(self) -> list[tuple[str, object, object]]:
+        """(setting, original, now) for every global setting that differs from the capture."""
+        getters = _settings()
+        return [(k, v, _safe(getters[k])) for k, v in self.settings if _safe(getters[k]) != v]
+
+    def verify(self) -> list[Finding]:
+        """Findings for every trusted function replaced and every global setting changed."""
+        findings: list[Finding] = []
+        for owner, attr, _original, now in self.changes():
+            what = "deleted" if now is None else f"replaced by {describe(now)}"
+            findings.append(
+                Finding(
+                    code=FindingCode.harness_tampering,
+                    message=(
+                        f"`{owner}.{attr}` was {what}; the harness's timers, synchronize, comparison "
+                        "and library functions must stay as they were. Remove the patch"
+                    ),
+                    source="runtime",
+                )
+            )
+        for key, before, after in self.setting_changes():
+            precision = "tf32" in key or "precision" in key or "default_dtype" in key
+            findings.append(
+                Finding(
+                    code=FindingCode.precision_lowered if precision else FindingCode.harness_tampering,
+                    message=(
+                        f"the global setting `{key}` changed from {before!r} to {after!r} while the "
+                        "candidate ran; it also governs the reference and the harness. Leave global "
+                        "settings alone"
+                    ),
+                    source="runtime",
+                )
+            )
+        return findings
+
+    def restore(self) -> None:
+        """Best-effort undo of replaced functions (the worker should still be retired after tampering)."""
+        owner_objs = dict(self.owners)
+        for owner, attr, original, _now in self.changes():
+            if owner == "sys.modules":
+                sys.modules[attr] = original  # type: ignore[assignment]
+                continue
+            try:
+                setattr(owner_objs[owner], attr, original)
+            except (AttributeError, TypeError):  # pragma: no cover - read-only owners
+                pass
+
+
+def _safe(getter: Callable[[], object]) -> object:
+    try:
+        return getter()
+    except Exception as exc:  # a setting that cannot be read (no CUDA) is compared as its error
+        return f"<unreadable: {type(exc).__name__}>"
+

@@ -122,14 +122,14 @@ def test_a_hung_kb_lock_holder_does_not_lose_the_verdict(ctx, monkeypatch) -> No
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         req = tool.Request(problem=str(FIXTURES / "relu_problem.py"), candidate=fixture_source("relu_nvrtc.py"))
         res = tool.run(ctx, req)
-        assert res.verdict == Verdict.needs_gpu and res.next_step.startswith(tool.VERDICT_PENDING)
-        assert ctx.store.get_candidate(res.candidate_id) is None  # not in the KB yet: the lock is still held
+        assert res.record.verdict == Verdict.needs_gpu and res.next_step.startswith(tool.VERDICT_PENDING)
+        assert ctx.store.get_candidate(res.record.candidate_id) is None  # not in the KB yet: the lock is still held
         assert ctx.store.pending_count() == 1
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.communicate(timeout=30)
     deadline = time.monotonic() + 30
-    while ctx.store.get_candidate(res.candidate_id) is None and time.monotonic() < deadline:
+    while ctx.store.get_candidate(res.record.candidate_id) is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    record = ctx.store.get_candidate(res.candidate_id)
+    record = ctx.store.get_candidate(res.record.candidate_id)
     assert record is not None and record.verdict == Verdict.needs_gpu

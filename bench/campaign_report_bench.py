@@ -14,8 +14,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from kb_mcp.clients.llm import TokenCount, TokenLedger
-from kb_mcp.kb.models import Verdict
 from kb_mcp.campaign.models import (
     AttemptRecord,
     CampaignConfig,
@@ -24,9 +22,11 @@ from kb_mcp.campaign.models import (
     KBSnapshot,
     StepRecord,
 )
-from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.campaign.report import report_from_store
 from kb_mcp.campaign.report_render import write_report
+from kb_mcp.campaign.store import CampaignStore
+from kb_mcp.clients.llm import TokenCount, TokenLedger
+from kb_mcp.kb.models import Verdict
 
 VERDICTS = [Verdict.faster, Verdict.slower, Verdict.compile_error, Verdict.incorrect]
 
@@ -46,7 +46,8 @@ def populate(root: Path, problems: int, iterations: int, steps: int, seed: int =
     """Writes a campaign folder of synthetic but well-formed records."""
     rng = random.Random(seed)
     store = CampaignStore(root)
-    config = CampaignConfig(problems=[f"/bench/p{i:04d}.py" for i in range(problems)], iterations=iterations, steps=steps)
+    config = CampaignConfig(problems=[f"/bench/p{i:04d}.py" for i in range(problems)], iterations=iterations,
+                            steps=steps)
     store.write_status(CampaignStatus(config=config, kb_path="/bench/kb.json"))
     store.write_kb_start(_snapshot(0))
     n = 0
@@ -56,7 +57,8 @@ def populate(root: Path, problems: int, iterations: int, steps: int, seed: int =
         t0 = rng.uniform(0.5, 1.5) * min(eager, compiled)
         store.write_initial(InitialRecord(
             problem=name, problem_hash="h", problem_path=f"/bench/{name}.py", candidate_id=f"c_{name}", accepted=True,
-            verdict=Verdict.faster, attempts=[AttemptRecord(candidate_id=f"c_{name}", verdict=Verdict.faster, time_ms=t0,
+            verdict=Verdict.faster, attempts=[AttemptRecord(candidate_id=f"c_{name}", verdict=Verdict.faster,
+                                                            time_ms=t0,
                                                             eager_ms=eager, compile_ms=compiled)],
             tokens=_ledger(rng, "generate", name)))
         for it in range(iterations):

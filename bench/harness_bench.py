@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         figures["nvrtc_result"] = {m: last[m].model_dump(mode="json", include={"verdict", "timings", "compile"})
                                    for m in modes}
 
-        cases = () if args.no_inline else (("light headers", row_sum, light_src), ("torch API in .cu", row_sum, TORCH_API_INLINE))
+        cases = () if args.no_inline else (("light headers", row_sum, light_src), ("torch API in .cu", row_sum,
+                                                                                   TORCH_API_INLINE))
         for label, problem, src in cases:
             for mode in modes:
                 pool = pools[mode]

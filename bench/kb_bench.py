@@ -97,12 +97,14 @@ def bench_suggest(path: Path, n_states: int, calls: int) -> dict[str, float]:
     return {"cold_s": cold, "p50_ms": statistics.median(lat), "p99_ms": percentile(lat, 0.99), "max_ms": max(lat)}
 
 
-def _record_worker(path: str, prefix: str, n: int, n_states: int, start: mp.Event, ready: mp.Queue, out: mp.Queue) -> None:
+def _record_worker(path: str, prefix: str, n: int, n_states: int, start: mp.Event, ready: mp.Queue,
+                   out: mp.Queue) -> None:
     ctx = ToolContext(path, client_name=prefix)
     with ctx.store.transaction() as tx:  # what compile_and_verify stores before an agent records
         for i in range(n):
             tx.put_candidate(CandidateRecord(candidate_id=f"c_{prefix}_{i}", problem="p", problem_hash="h",
-                                             verdict=Verdict.faster, arch="sm_90", time_ms=1.0 + (i % 7) / 10, eager_ms=2.0))
+                                             verdict=Verdict.faster, arch="sm_90", time_ms=1.0 + (i % 7) / 10,
+                                             eager_ms=2.0))
     ready.put(prefix)
     start.wait()
     rng = random.Random(prefix)
@@ -117,7 +119,8 @@ def _record_worker(path: str, prefix: str, n: int, n_states: int, start: mp.Even
 def bench_record(path: Path, procs: int, per_proc: int, n_states: int) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     start, ready, out = ctx.Event(), ctx.Queue(), ctx.Queue()
-    workers = [ctx.Process(target=_record_worker, args=(str(path), f"p{procs}_{w}", per_proc, n_states, start, ready, out))
+    workers = [ctx.Process(target=_record_worker, args=(str(path), f"p{procs}_{w}", per_proc, n_states, start, ready,
+                                                        out))
                for w in range(procs)]
     for w in workers:
         w.start()
@@ -160,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     s = bench_suggest(path, args.states, args.suggest_calls)
     verdict = "meets" if s["p99_ms"] <= SUGGEST_P99_TARGET_MS else "MISSES"
     print(f"suggest_optimizations (k=5, warm, {args.suggest_calls} calls): p50 {s['p50_ms']:.2f} ms, "
-          f"p99 {s['p99_ms']:.2f} ms, max {s['max_ms']:.2f} ms; target p99 <= {SUGGEST_P99_TARGET_MS:.0f} ms: {verdict} "
+          f"p99 {s['p99_ms']:.2f} ms, max {s['max_ms']:.2f} ms; target p99 <= {SUGGEST_P99_TARGET_MS:.0f} ms: "
+          f"{verdict} "
           f"(cold first call incl. load {s['cold_s']:.2f} s)", flush=True)
 
     rates = {}
@@ -174,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     journal = Path(str(path) + ".journal")
     j_bytes = journal.stat().st_size
     n_entries = sum(1 for _ in journal.open("rb"))
-    print(f"journal now {j_bytes / 1e6:.2f} MB, {n_entries} entries (compaction at max(1 MB, 25 % of the file))", flush=True)
+    print(f"journal now {j_bytes / 1e6:.2f} MB, {n_entries} entries (compaction at max(1 MB, 25 % of the file))",
+          flush=True)
     t0 = time.perf_counter()
     KBStore.open(path).stats()
     print(f"fresh load with that journal replayed: {time.perf_counter() - t0:.2f} s", flush=True)

@@ -62,7 +62,8 @@ def main() -> int:
               f"{_f(r.best_vs_eager, 7, 'x')} {_f(r.best_vs_compile, 8, 'x')} {_f(r.best_speedup, 8, 'x')}")
     s = report.speedup
     print(f"\nvalid {report.valid_rate:.0%} of {len(report.problems)}; geomean over the better baseline "
-          f"{_f(s.geomean, 0, 'x').strip()} (n={s.n}), over eager {_f(report.speedup_vs_eager.geomean, 0, 'x').strip()}, "
+          f"{_f(s.geomean, 0, 'x').strip()} (n={s.n}), over eager "
+          f"{_f(report.speedup_vs_eager.geomean, 0, 'x').strip()}, "
           f"over torch.compile {_f(report.speedup_vs_compile.geomean, 0, 'x').strip()}; "
           f"fast_1 {report.fast_p.get('1', 0):.0%}, fast_2 {report.fast_p.get('2', 0):.0%}; wall {wall:.0f} s")
     (out / "bench.json").write_text(json.dumps({"device": gpus[0], "wall_s": wall,

@@ -80,9 +80,9 @@ def bench_pair(problem: str, candidate: str | None, repeat: int, ncu: str) -> di
 
     def tool(context: ToolContext = ctx, **kw: object) -> tuple[float, profile_kernel.Result]:
         start = time.perf_counter()
-        result = profile_kernel.run(context, profile_kernel.Request(problem=str(problem_path),
-                                                                    candidate=str(candidate_path) if candidate_path else None,
-                                                                    **kw))
+        candidate = str(candidate_path) if candidate_path else None
+        request = profile_kernel.Request(problem=str(problem_path), candidate=candidate, **kw)
+        result = profile_kernel.run(context, request)
         return time.perf_counter() - start, result
 
     _timed(driver, env)  # first run pays one-time costs (bytecode, extension builds) for every method alike
@@ -139,9 +139,12 @@ def main() -> int:
               f"{'full,range':>10s} {'full,plain':>10s} {'plain/ours':>10s} {'plain/cold':>10s}")
     print("\n" + header)
     for r in rows:
-        print(f"{r['pair']:46s} {r['kernels']:4d} {r['unprofiled_s']:7.2f} {r['profile_kernel_s']:14.2f} {r['cold_s']:6.2f} "
-              f"{r['timeline_s']:8.2f} {r['full_range_s']:10.2f} {r['full_plain_s']:10.2f} {r['ratio_plain_full']:9.2f}x "
-              f"{r['ratio_plain_full_cold']:9.2f}x")
+        print(
+            f"{r['pair']:46s} {r['kernels']:4d} {r['unprofiled_s']:7.2f} {r['profile_kernel_s']:14.2f} "
+            f"{r['cold_s']:6.2f} "
+            f"{r['timeline_s']:8.2f} {r['full_range_s']:10.2f} {r['full_plain_s']:10.2f} {r['ratio_plain_full']:9.2f}x "
+            f"{r['ratio_plain_full_cold']:9.2f}x"
+        )
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "profile_bench.json").write_text(json.dumps(rows, indent=1, default=float))
     return 0

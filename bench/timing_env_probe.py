@@ -39,7 +39,8 @@ CANDIDATES = {
     "chain NVRTC": ROOT / "examples" / "candidates" / "elementwise_chain_small_nvrtc.py",
 }
 RUNS = 60
-IDLE = "import torch, time; torch.zeros(1, device='cuda'); torch.cuda.synchronize(); print('ready', flush=True); time.sleep(600)"
+IDLE = ("import torch, time; torch.zeros(1, device='cuda'); torch.cuda.synchronize(); print('ready', flush=True); "
+        "time.sleep(600)")
 
 
 def _condition(name: str, cache: str) -> dict[str, Any]:
@@ -61,11 +62,12 @@ def _condition(name: str, cache: str) -> dict[str, Any]:
         timer = env.timer
     else:
         torch.backends.cuda.matmul.allow_tf32 = False
-        Builders(Path(cache), f"sm_{props.major}{props.minor}",
-                 local_dir=Path(tempfile.mkdtemp(prefix="kbmcp-probe-ext-"))).install()
+        Builders(
+            Path(cache), f"sm_{props.major}{props.minor}", local_dir=Path(tempfile.mkdtemp(prefix="kbmcp-probe-ext-"))
+        ).install()
         if name in ("+dynamo", "+gc.freeze"):
-            import torch._dynamo  # noqa: F401
-            import torch._inductor.config  # noqa: F401
+            import torch._dynamo
+            import torch._inductor.config
             from torch._dynamo.mutation_guard import install_generation_tagging_init
 
             install_generation_tagging_init()
@@ -97,8 +99,9 @@ def _condition(name: str, cache: str) -> dict[str, Any]:
 
 
 def _in_subprocess(name: str, cache: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, __file__, "--condition", name, "--cache", cache], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--condition", name, "--cache", cache], capture_output=True, text=True, timeout=300
+    )
     if proc.returncode != 0:
         return {"error": proc.stderr[-1500:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -136,9 +139,9 @@ def _with_standby(name: str, cache: str) -> dict[str, Any]:
 
 
 def _pool(cache: str, spare: bool) -> dict[str, Any]:
+    from kb_mcp.harness.pool import WorkerPool
     from kb_mcp.harness.problem import load_problem
     from kb_mcp.harness.verdict import VerifyOptions
-    from kb_mcp.harness.pool import WorkerPool
 
     problem = load_problem(PROBLEM)
     out: dict[str, Any] = {}
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in row:
             print(f"{name:<18} error: {row['error'][-300:]}")
             continue
-        print(f"{name:<18}" + "".join(f"{str(row.get(c, '-')):>20}" for c in cols) + f"  {row.get('guards') or ''}")
+        print(f"{name:<18}" + "".join(f"{row.get(c, '-')!s:>20}" for c in cols) + f"  {row.get('guards') or ''}")
     print(f"total {time.perf_counter() - t0:.1f} s")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))

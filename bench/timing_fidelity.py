@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -146,8 +145,11 @@ def _through_pool(cache: Path, mode: str) -> tuple[dict[str, Any], dict[str, Any
             for label, file in candidates:
                 phases: list[tuple[str, float]] = []
                 t0 = time.perf_counter()
-                res = pool.verify(problem, (CANDIDATES / file).read_text(), opts,
-                                  progress=lambda d, t=None, m=None: phases.append((str(m), time.perf_counter())))
+                def mark(d: float, t: float | None = None, m: str | None = None,
+                         marks: list[tuple[str, float]] = phases) -> None:
+                    marks.append((str(m), time.perf_counter()))
+
+                res = pool.verify(problem, (CANDIDATES / file).read_text(), opts, progress=mark)
                 wall = time.perf_counter() - t0
                 steps = [(m, round(b - a, 3)) for (m, a), (_, b) in zip(phases, phases[1:] + [("end", t0 + wall)])]
                 t = res.timings
@@ -242,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             speedups[label] = {"bare": sb, "worker": sw}
             print(f"{label:<{width}} {sb:9.2f} {sw if sw is not None else float('nan'):9.2f} {_ratio(sw, sb):>12}")
     print("\neager drift in the bare process (first, last):",
-          ", ".join(f"{p} {bare[p]['eager']['median_ms']:.4f}/{bare[p]['eager again']['median_ms']:.4f} ms" for p, _ in CASES))
+          ", ".join(f"{p} {bare[p]['eager']['median_ms']:.4f}/{bare[p]['eager again']['median_ms']:.4f} ms" for p,
+                    _ in CASES))
     breakdown = bare["elementwise_chain_small"].get("breakdown", {})
     if breakdown:
         print("\nwhere a one-kernel load_inline call's time goes (bare process, median of 100, event time):")

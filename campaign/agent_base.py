@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from kb_mcp.clients.llm import ChatMessage, LLMClient, Role, TokenLedger
 from kb_mcp.campaign.agent_parse import AnswerError
+from kb_mcp.clients.llm import ChatMessage, LLMClient, Role, TokenLedger
 
 T = TypeVar("T")
 

@@ -50,7 +50,8 @@ def extract_module(text: str, required_class: str = "ModelNew") -> str:
     """
     if not text.strip():
         raise AnswerError("The answer was empty. Reply with the complete Python module in one ```python block.")
-    candidates = [body for lang, body in fenced_blocks(text) if lang in _CODE_LANGS and f"class {required_class}" in body]
+    candidates = [body for lang,
+                  body in fenced_blocks(text) if lang in _CODE_LANGS and f"class {required_class}" in body]
     if not candidates and "```" not in text and f"class {required_class}" in text:
         start = re.search(r"^(?:import |from |#)", text, re.MULTILINE)
         candidates = [text[start.start() :] if start else text]

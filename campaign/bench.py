@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.campaign.models import AttemptRecord, GradientRecord, KBSnapshot, StepRecord, SuggestionRecord
+from kb_mcp.campaign.textual_gradient import run_textual_gradient
 from kb_mcp.clients.llm import LLMClient
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.profile_store import ProfileNotFound, ProfileStore
@@ -20,8 +22,6 @@ from kb_mcp.kb import ids
 from kb_mcp.kb.arch import arch_family
 from kb_mcp.kb.models import Outcome, Verdict
 from kb_mcp.kb.provenance import quote
-from kb_mcp.campaign.models import AttemptRecord, GradientRecord, KBSnapshot, StepRecord, SuggestionRecord
-from kb_mcp.campaign.textual_gradient import run_textual_gradient
 from kb_mcp.policy.structure import reference_structure
 from kb_mcp.tools import classify_state, compile_and_verify, profile_kernel, record_outcome, suggest_optimizations
 from kb_mcp.tools.base import ToolError
@@ -93,7 +93,8 @@ class Bench:
         )
 
     def suggest(
-        self, state_id: str, *, k: int, temperature: float, exclude: Sequence[str], seed: int, candidate_id: str | None = None
+        self, state_id: str, *, k: int, temperature: float, exclude: Sequence[str], seed: int,
+        candidate_id: str | None = None
     ) -> list[Offer]:
         """The KB's k best suggestions for `state_id` (best first), leaving out what the lineage of
         `candidate_id` already applied."""
@@ -129,7 +130,8 @@ class Bench:
                 lines.append(f"({result.kb_text_notice})")
             offers.append(
                 Offer(
-                    suggestion=SuggestionRecord(optimization_id=s.id, expected_speedup=s.expected_speedup, confidence=s.confidence),
+                    suggestion=SuggestionRecord(optimization_id=s.id, expected_speedup=s.expected_speedup,
+                                                confidence=s.confidence),
                     prompt="\n".join(lines),
                 )
             )
@@ -162,7 +164,8 @@ class Bench:
             return None
         return self.ctx.store.get_outcome(ids.outcome_id(step.candidate_id, step.optimization_id))
 
-    def gradient(self, llm: LLMClient, batch: Sequence[StepRecord], *, index: int, answer_retries: int) -> GradientRecord:
+    def gradient(self, llm: LLMClient, batch: Sequence[StepRecord], *, index: int,
+                 answer_retries: int) -> GradientRecord:
         """One textual-gradient update over the outcomes of `batch`, applied to the KB."""
         outcomes = [o for o in (self.outcome_of(s) for s in batch) if o is not None]
         predicted = {
@@ -243,7 +246,8 @@ class Bench:
         if target is None:
             target = next((k for k in classified.kernels if k.state_id), None)
         if target is None or target.state_id is None:
-            diagnosis = self._fallback(problem, fallback_state, "the profile matched no state (" + classified.basis + ")")
+            diagnosis = self._fallback(problem, fallback_state,
+                                       "the profile matched no state (" + classified.basis + ")")
             return diagnosis.model_copy(update={"profile_id": profile_id, "profile_summary": profile_text})
         evidence = "; ".join(
             f"{e.metric}={e.value:.4g}" + (f" {e.relation} {e.threshold:.4g}" if e.threshold is not None else "")
@@ -252,7 +256,8 @@ class Bench:
         state = self.ctx.store.get_state(target.state_id)
         lines = [
             f"{target.state_name} (id {target.state_id}): bottleneck {target.primary}/{target.secondary}, "
-            f"confidence {target.confidence:.2f}, for {'the whole candidate' if target.index < 0 else 'kernel ' + target.name}",
+            f"confidence {target.confidence:.2f}, for "
+            f"{'the whole candidate' if target.index < 0 else 'kernel ' + target.name}",
         ]
         if state is not None:
             lines.append(state.description)
@@ -301,7 +306,8 @@ def feedback(result: compile_and_verify.Result) -> str:
             )
             lines.append(
                 f"input set {check.index} ({check.kind}): {check.mismatched}/{check.numel} elements wrong"
-                + (f", {errs}" if errs else "") + (f": {check.message}" if check.message else "")
+                + (f", {errs}" if errs else "")
+                + (f": {check.message}" if check.message else "")
             )
     lines += [f"integrity {f.code.value}: {f.message}" for f in result.findings]
     verdict = result.record.verdict
@@ -324,8 +330,12 @@ def _profile_text(kernels: Sequence[KernelSummary], notes: Sequence[str]) -> str
             f"{k.name} grid={k.grid} block={k.block}",
             f"{k.duration_us} us ({k.time_share:.0%} of GPU time)",
         ]
-        for label, attr in (("SM", "sm_throughput_pct"), ("memory", "memory_throughput_pct"), ("DRAM", "dram_throughput_pct"),
-                            ("occupancy", "achieved_occupancy_pct")):
+        for label, attr in (
+            ("SM", "sm_throughput_pct"),
+            ("memory", "memory_throughput_pct"),
+            ("DRAM", "dram_throughput_pct"),
+            ("occupancy", "achieved_occupancy_pct"),
+        ):
             value = getattr(k, attr)
             if value is not None:
                 parts.append(f"{label} {value:.0f}%")

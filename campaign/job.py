@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import threading
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from kb_mcp.clients.llm import LLMConfig, LLMNotConfigured
-from kb_mcp.kb import paths
 from kb_mcp.campaign.runner import CampaignOptions, CampaignSummary, run_campaign
 from kb_mcp.campaign.store import CampaignError
+from kb_mcp.clients.llm import LLMConfig, LLMNotConfigured
+from kb_mcp.kb import paths
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 

@@ -21,9 +21,6 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from kb_mcp.clients.llm import LLMClient, LLMError, Role
-from kb_mcp.harness.problem import Problem, ProblemError, load_problem
-from kb_mcp.kb.models import Verdict, utcnow
 from kb_mcp.campaign.agent_base import AgentFailed, Conversation
 from kb_mcp.campaign.agent_kernel import (
     GENERATE_SYSTEM,
@@ -49,9 +46,12 @@ from kb_mcp.campaign.models import (
     UnitRecord,
     problem_name,
 )
-from kb_mcp.campaign.store import CampaignError, CampaignStore
 from kb_mcp.campaign.report import CampaignReport, build_report, pick_best
 from kb_mcp.campaign.report_render import write_report
+from kb_mcp.campaign.store import CampaignError, CampaignStore
+from kb_mcp.clients.llm import LLMClient, LLMError, Role
+from kb_mcp.harness.problem import Problem, ProblemError, load_problem
+from kb_mcp.kb.models import Verdict, utcnow
 
 ProgressFn = Callable[[str, int, int, str], None]
 """progress(problem, units done, units total, message); called from the thread that runs `run`."""
@@ -143,7 +143,8 @@ class Campaign:
                     "or rerun without problems to resume it"
                 )
             if old.compile_only != self.config.compile_only:
-                raise CampaignError(f"{self.store.root} was run with compile_only={old.compile_only}; keep that setting")
+                raise CampaignError(
+                    f"{self.store.root} was run with compile_only={old.compile_only}; keep that setting")
             status.config = self.config  # iterations, steps and the rest may change between runs
             status.kb_path = self.kb_path
         status.runs += 1
@@ -235,7 +236,8 @@ class Campaign:
         interrupt: BaseException | None = None
         pool = ThreadPoolExecutor(max_workers=self.config.parallel, thread_name_prefix="kb-mcp-rollout")
         pending: set[Future[None]] = {
-            pool.submit(self._trajectory, run, it) for run in self._runs.values() for it in range(self.config.iterations)
+            pool.submit(self._trajectory, run,
+                        it) for run in self._runs.values() for it in range(self.config.iterations)
         }
         while pending:
             try:
@@ -245,7 +247,8 @@ class Campaign:
             except BaseException as exc:
                 if interrupt is not None:
                     pool.shutdown(wait=False, cancel_futures=True)
-                    raise CampaignAborted("interrupted twice: quitting without waiting for the steps in flight") from exc
+                    raise CampaignAborted(
+                        "interrupted twice: quitting without waiting for the steps in flight") from exc
                 interrupt = exc
                 self.stop.set()
                 self.log("stopping after the steps in flight (interrupt again to quit at once)")
@@ -375,7 +378,8 @@ class Campaign:
 
     def _review(self, run: _ProblemRun, unit: UnitRecord, source: str) -> ReviewRecord:
         conv = Conversation(
-            self.llm, Role.review, REVIEW_SYSTEM, problem=run.name, ledger=unit.tokens, answer_retries=self.config.answer_retries
+            self.llm, Role.review, REVIEW_SYSTEM, problem=run.name, ledger=unit.tokens,
+            answer_retries=self.config.answer_retries
         )
         try:
             answer = conv.ask(review_request(run.name, run.problem.source, source), parse_review)
@@ -494,14 +498,14 @@ class Campaign:
         if self.config.compile_only:
             record.accepted = _usable_now(final, True) and reviewed_ok
         else:
-            record.accepted = (
-                _usable_now(final, False) and reviewed_ok and record.speedup_vs_parent is not None and record.speedup_vs_parent > 1.0
-            )
+            faster = record.speedup_vs_parent is not None and record.speedup_vs_parent > 1.0
+            record.accepted = _usable_now(final, False) and reviewed_ok and faster
         if record.accepted and not self.config.compile_only:
             # Classify the new kernel now: the transition (state, optimization -> next state) is
             # recorded with the outcome, and the next step of the trajectory reuses this profile.
             try:
-                after = self._diagnose(run, self.store.kernel_source(run.name, final.candidate_id), final.candidate_id, None)
+                after = self._diagnose(run, self.store.kernel_source(run.name, final.candidate_id), final.candidate_id,
+                                       None)
             except BenchError as exc:
                 record.outcome_note = f"next state unknown: {exc}; "
             else:
@@ -539,7 +543,8 @@ class Campaign:
         if final is not None and final.feedback:
             parts.append(f"harness: {final.feedback[:600]}")
         if len(record.attempts) > 1:
-            parts.append(f"{len(record.attempts)} candidates (fixes after {', '.join(a.verdict.value for a in record.attempts[:-1])})")
+            parts.append(f"{len(record.attempts)} candidates (fixes after "
+                         f"{', '.join(a.verdict.value for a in record.attempts[:-1])})")
         if record.review is not None and record.review.issues:
             parts.append("review: " + "; ".join(record.review.issues)[:400])
         return " | ".join(parts)

@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kb_mcp.campaign.agent_gradient import ParameterUpdate, PerfGapAnalysis, PolicyEvaluation
 from kb_mcp.clients.llm import TokenLedger
 from kb_mcp.kb.models import DEFAULT_TRACK, CandidateRecord, Track, Verdict, utcnow
-from kb_mcp.campaign.agent_gradient import ParameterUpdate, PerfGapAnalysis, PolicyEvaluation
 from kb_mcp.policy.kb_edits import RejectedEdit
 from kb_mcp.policy.select import DEFAULT_TEMPERATURE
 

@@ -15,8 +15,6 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.clients.llm import TokenLedger
-from kb_mcp.kb.models import Verdict
 from kb_mcp.campaign.models import (
     CampaignConfig,
     GradientRecord,
@@ -27,6 +25,8 @@ from kb_mcp.campaign.models import (
     problem_name,
 )
 from kb_mcp.campaign.store import CampaignStore
+from kb_mcp.clients.llm import TokenLedger
+from kb_mcp.kb.models import Verdict
 
 FAST_P_MARKS = (0.0, 0.5, 0.8, 1.0, 1.2, 1.5, 2.0, 3.0)
 MAX_GROWTH_POINTS = 400
@@ -186,7 +186,8 @@ def pick_best(initial: InitialRecord | None, steps: Sequence[StepRecord]) -> Ker
     timed = [u for u in units if usable(u)]
     if timed:
         best = min(timed, key=lambda u: u.final.record.time_ms)  # type: ignore[union-attr]
-        return KernelPick(candidate_id=best.candidate_id or "", time_ms=best.final.record.time_ms, origin=_origin(best), verified=True)  # type: ignore[union-attr]
+        return KernelPick(candidate_id=best.candidate_id or "", time_ms=best.final.record.time_ms, origin=_origin(best),
+                          verified=True)  # type: ignore[union-attr]
     accepted = [u for u in units if u.accepted and u.candidate_id]
     if not accepted:
         return None
@@ -237,7 +238,8 @@ def problem_result(problem: str, initial: InitialRecord | None, steps: Sequence[
         compiled=any(a.verdict != Verdict.compile_error for u in units for a in u.attempts),
         steps=len(steps),
         valid_steps=sum(1 for s in steps if usable(s)),
-        improved_steps=sum(1 for s in steps if s.accepted and s.speedup_vs_parent is not None and s.speedup_vs_parent > 1),
+        improved_steps=sum(
+            1 for s in steps if s.accepted and s.speedup_vs_parent is not None and s.speedup_vs_parent > 1),
         tokens=tokens.total.total,
     )
 
@@ -354,7 +356,9 @@ def build_report(
         problems=results,
         valid_rate=sum(r.valid for r in results) / len(results) if results else 0.0,
         step_valid_rate=sum(1 for s in steps if usable(s)) / len(steps) if steps else None,
-        compile_rate=sum(1 for a in attempts if a.verdict != Verdict.compile_error) / len(attempts) if attempts else None,
+        compile_rate=sum(1 for a in attempts if a.verdict != Verdict.compile_error) / len(attempts)
+        if attempts
+        else None,
         candidates=len(attempts),
         speedup=SpeedupStats.of([r.best_speedup for r in results if r.best_speedup is not None]),
         speedup_vs_eager=SpeedupStats.of([r.best_vs_eager for r in results if r.best_vs_eager is not None]),

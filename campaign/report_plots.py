@@ -81,12 +81,14 @@ def speedup_figure(report: CampaignReport) -> Figure:
             ax.annotate("failed", (x, low * 1.15), textcoords="offset points", xytext=(0, 9), ha="center",
                         fontsize=8, color=FAIL)
         if r.initial_speedup is not None:
-            ax.scatter([x], [r.initial_speedup], facecolors="none", edgecolors=FIRST, s=45, zorder=2, label="first kernel")
+            ax.scatter([x], [r.initial_speedup], facecolors="none", edgecolors=FIRST, s=45, zorder=2,
+                       label="first kernel")
     ax.set_yscale("log", base=2)
     ax.set_ylim(low, high)
     ax.yaxis.set_major_formatter(FuncFormatter(_times))
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
-    ax.set_xticks(xs, [r.problem for r in problems], rotation=45 if len(problems) > 4 else 0, ha="right" if len(problems) > 4 else "center")
+    ax.set_xticks(xs, [r.problem for r in problems], rotation=45 if len(problems) > 4 else 0,
+                  ha="right" if len(problems) > 4 else "center")
     ax.set_xlim(-0.6, len(problems) - 0.4)
     ax.set_ylabel("speedup over the better of eager and torch.compile")
     ax.set_title("Per-problem speedup (log scale; above the dotted line is faster)")
@@ -161,7 +163,8 @@ def optimization_figure(report: CampaignReport) -> Figure:
     height = 0.27
     for offset, (field, color, label) in zip(
         (-height, 0.0, height),
-        (("selected", FIRST, "selected"), ("valid", GOOD, "valid kernel"), ("improved", "#2e8b57", "improved on its parent")),
+        (("selected", FIRST, "selected"), ("valid", GOOD, "valid kernel"), ("improved", "#2e8b57",
+                                                                            "improved on its parent")),
     ):
         counts = [getattr(o, field) for o in opts]
         bars = ax.barh([y + offset for y in ys], counts, height=height, color=color, label=label)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kb_mcp.campaign.store import atomic_write_text
 from kb_mcp.campaign.report import CampaignReport, SpeedupStats
 from kb_mcp.campaign.report_plots import PLOTS, write_plots
+from kb_mcp.campaign.store import atomic_write_text
 
 __all__ = ["PLOTS", "render_markdown", "write_plots", "write_report"]
 
@@ -34,8 +34,10 @@ def _header(report: CampaignReport) -> list[str]:
                 f"Mode: **{report.mode}** · {len(report.problems)} problems · track **{c.track.value}** · "
                 "one solution file per problem, verified through the harness (no LLM)"]
     return ["# Campaign report", "",
-            f"Mode: **{report.mode}** · {len(report.problems)} problems × {c.iterations} iterations × {c.steps} steps · "
-            f"track **{c.track.value}** · top-k {c.top_k}, temperature {c.temperature:g}, fix attempts {c.fix_attempts}, "
+            f"Mode: **{report.mode}** · {len(report.problems)} problems × {c.iterations} iterations × {c.steps} "
+            "steps · "
+            f"track **{c.track.value}** · top-k {c.top_k}, temperature {c.temperature:g}, fix attempts "
+            f"{c.fix_attempts}, "
             f"textual gradient every {c.gradient_every or '-'} outcomes"]
 
 
@@ -60,7 +62,8 @@ def _summary(report: CampaignReport) -> list[str]:
 def _eval_body(report: CampaignReport, lines: list[str]) -> str:
     """An eval's report: no LLM and no steps, so no optimizations, states, KB growth or tokens."""
     lines += [*_summary(report), "", "## Problems", "",
-              "| problem | verdict | eager ms | compile ms | solution ms | vs eager | vs torch.compile | vs the better |",
+              "| problem | verdict | eager ms | compile ms | solution ms | vs eager | vs torch.compile | vs the "
+              "better |",
               "|---|---|---|---|---|---|---|---|"]
     for r in report.problems:
         verdict = r.initial_verdict.value if r.initial_verdict else "(no solution)"
@@ -98,25 +101,29 @@ def render_markdown(report: CampaignReport) -> str:
         "",
         "## Problems",
         "",
-        "| problem | eager ms | compile ms | initial ms | best ms | initial speedup | best speedup | best kernel | steps (valid / improved) |",
+        "| problem | eager ms | compile ms | initial ms | best ms | initial speedup | best speedup | best kernel | "
+        "steps (valid / improved) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report.problems:
         best = "-" if r.best is None else f"{r.best.origin}{'' if r.best.verified else ' (unverified)'}"
         lines.append(
             f"| {r.problem} | {_ms(r.eager_ms)} | {_ms(r.compile_ms)} | {_ms(r.initial_ms)} | {_ms(r.best_ms)} | "
-            f"{_x(r.initial_speedup)} | {_x(r.best_speedup)} | {best} | {r.steps} ({r.valid_steps} / {r.improved_steps}) |"
+            f"{_x(r.initial_speedup)} | {_x(r.best_speedup)} | {best} | {r.steps} ({r.valid_steps} / "
+            f"{r.improved_steps}) |"
         )
     lines += [
         "",
         "## Optimizations",
         "",
-        "| optimization | selected | compiled | valid | improved | success rate | geomean over parent | compile err | verify fail | review rejected |",
+        "| optimization | selected | compiled | valid | improved | success rate | geomean over parent | compile err | "
+        "verify fail | review rejected |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in report.optimizations:
         lines.append(
-            f"| {o.optimization_id} | {o.selected} | {o.compiled} | {o.valid} | {o.improved} | {_pct(o.success_rate)} | "
+            f"| {o.optimization_id} | {o.selected} | {o.compiled} | {o.valid} | {o.improved} | "
+            f"{_pct(o.success_rate)} | "
             f"{_x(o.geomean_speedup)} | {o.compile_errors} | {o.verify_failures} | {o.review_rejected} |"
         )
     lines += ["", "## States and transitions", ""]
@@ -139,15 +146,18 @@ def render_markdown(report: CampaignReport) -> str:
             "",
             "| | states | optimizations | lessons | outcomes | measured scores | bytes |",
             "|---|---|---|---|---|---|---|",
-            f"| start | {first.states} | {first.optimizations} | {first.lessons} | {first.outcomes} | {first.measured_scores} | {first.bytes} |",
-            f"| end | {last.states} | {last.optimizations} | {last.lessons} | {last.outcomes} | {last.measured_scores} | {last.bytes} |",
+            f"| start | {first.states} | {first.optimizations} | {first.lessons} | {first.outcomes} | "
+            f"{first.measured_scores} | {first.bytes} |",
+            f"| end | {last.states} | {last.optimizations} | {last.lessons} | {last.outcomes} | {last.measured_scores} "
+            f"| {last.bytes} |",
         ]
     t = report.tokens
     lines += [
         "",
         "## Tokens",
         "",
-        f"Total: {t.total.total} ({t.total.prompt_tokens} prompt, {t.total.completion_tokens} completion) in {t.total.calls} calls.",
+        f"Total: {t.total.total} ({t.total.prompt_tokens} prompt, {t.total.completion_tokens} completion) in "
+        f"{t.total.calls} calls.",
         "",
         "| role | calls | prompt | completion |",
         "|---|---|---|---|",

@@ -12,15 +12,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.clients.llm import LLMClient, LLMConfig, Role
-from kb_mcp.campaign.loop import Campaign, CampaignAborted, CampaignStopped, ProgressFn
-from kb_mcp.campaign.problems import resolve_problems
 from kb_mcp.campaign.bench import Bench
+from kb_mcp.campaign.loop import Campaign, CampaignAborted, CampaignStopped, ProgressFn
 from kb_mcp.campaign.models import CampaignConfig
-from kb_mcp.campaign.selection import SelectionError, select_problems
-from kb_mcp.campaign.store import CampaignError, CampaignStore
+from kb_mcp.campaign.problems import resolve_problems
 from kb_mcp.campaign.report import CampaignReport, report_from_store
 from kb_mcp.campaign.report_render import write_report
+from kb_mcp.campaign.selection import SelectionError, select_problems
+from kb_mcp.campaign.store import CampaignError, CampaignStore
+from kb_mcp.clients.llm import LLMClient, LLMConfig, Role
 from kb_mcp.tools.context import ToolContext
 
 

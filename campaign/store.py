@@ -121,7 +121,8 @@ class CampaignStore:
         atomic_write_text(self.status_path, status.model_dump_json(indent=1))
 
     def write_initial(self, record: InitialRecord) -> None:
-        atomic_write_text(self.root / "raw" / "initial" / f"{_safe(record.problem)}.json", record.model_dump_json(indent=1))
+        atomic_write_text(self.root / "raw" / "initial" / f"{_safe(record.problem)}.json",
+                          record.model_dump_json(indent=1))
 
     def initials(self) -> dict[str, InitialRecord]:
         """Initial-generation records by problem."""
@@ -130,7 +131,8 @@ class CampaignStore:
         return {r.problem: r for r in records}
 
     def write_step(self, record: StepRecord) -> None:
-        atomic_write_text(self._step_path(record.problem, record.iteration, record.step), record.model_dump_json(indent=1))
+        atomic_write_text(self._step_path(record.problem, record.iteration, record.step),
+                          record.model_dump_json(indent=1))
 
     def steps(self) -> list[StepRecord]:
         """Every finished step, ordered by problem, iteration and step."""
@@ -141,7 +143,8 @@ class CampaignStore:
         return sorted(records, key=lambda r: (r.problem, r.iteration, r.step))
 
     def write_gradient(self, record: GradientRecord) -> None:
-        atomic_write_text(self.root / "raw" / "gradient" / f"g{record.index:04d}.json", record.model_dump_json(indent=1))
+        atomic_write_text(self.root / "raw" / "gradient" / f"g{record.index:04d}.json",
+                          record.model_dump_json(indent=1))
 
     def gradients(self) -> list[GradientRecord]:
         """Every finished textual-gradient batch, in order."""

@@ -14,13 +14,6 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kb_mcp.clients.llm import LLMClient, Role
-from kb_mcp.kb import ids
-from kb_mcp.kb.matching import discover_state
-from kb_mcp.kb.models import ALL_ARCH, Lesson, Optimization, Outcome, Score, Verdict
-from kb_mcp.kb.provenance import outcome_is_verified, quote, shown_lessons
-from kb_mcp.kb.store import KBStore
-from kb_mcp.kb.view import KBView, Transaction
 from kb_mcp.campaign.agent_base import AgentFailed, Conversation
 from kb_mcp.campaign.agent_gradient import (
     ANALYZE_SYSTEM,
@@ -35,6 +28,13 @@ from kb_mcp.campaign.agent_gradient import (
     update_request,
 )
 from kb_mcp.campaign.models import GradientRecord
+from kb_mcp.clients.llm import LLMClient, Role
+from kb_mcp.kb import ids
+from kb_mcp.kb.matching import discover_state
+from kb_mcp.kb.models import ALL_ARCH, Lesson, Optimization, Outcome, Score, Verdict
+from kb_mcp.kb.provenance import outcome_is_verified, quote, shown_lessons
+from kb_mcp.kb.store import KBStore
+from kb_mcp.kb.view import KBView, Transaction
 from kb_mcp.policy.kb_edits import (
     AddLesson,
     AddOptimization,
@@ -54,7 +54,8 @@ NO_LLM_NOTE = "no LLM configured: numeric KB updates only (textual gradient skip
 _LESSONS_SHOWN = 3
 
 
-def prediction_rows(outcomes: Sequence[Outcome], predicted: Mapping[tuple[str, str], float | None]) -> list[PredictionRow]:
+def prediction_rows(outcomes: Sequence[Outcome], predicted: Mapping[tuple[str, str],
+                                                                    float | None]) -> list[PredictionRow]:
     """Groups a batch by (state, optimization): the prediction beside what was measured."""
     groups: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
     for outcome in outcomes:
@@ -195,7 +196,8 @@ def _revise(tx: Transaction, edit: ReviseOptimization, author: str) -> None:
     opt = tx.get_optimization(edit.optimization_id)
     assert opt is not None
     changes: dict[str, Any] = {
-        k: v for k, v in (("description", edit.description), ("when_helps", edit.when_helps), ("cost", edit.cost)) if v is not None
+        k: v for k, v in (("description", edit.description), ("when_helps", edit.when_helps),
+                          ("cost", edit.cost)) if v is not None
     }
     # the text is now the campaign's: shown to other agents only with a verified outcome behind it
     changes.update(author=author, outcome_id=edit.outcome_id)
@@ -217,7 +219,8 @@ _APPLY: dict[type, Callable[[Transaction, Any, str], None]] = {
 }
 
 
-def apply_edits(store: KBStore, edits: Sequence[KBEdit], *, author: str = "campaign") -> tuple[list[KBEdit], list[RejectedEdit]]:
+def apply_edits(store: KBStore, edits: Sequence[KBEdit], *,
+                author: str = "campaign") -> tuple[list[KBEdit], list[RejectedEdit]]:
     """Validates `edits` against the KB and applies the valid ones, all in one transaction.
 
     If applying raises, the transaction writes nothing: the KB is never left half-edited.

@@ -89,7 +89,8 @@ _INIT_PROBE = {
     "jsonrpc": "2.0",
     "id": 0,
     "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "kb-mcp-probe", "version": "0"}},
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "kb-mcp-probe",
+                                                                                   "version": "0"}},
 }
 
 
@@ -108,8 +109,11 @@ def explain_http_failure(url: str, token: str | None) -> str:
         except ValueError:
             reason = ""
         if token:
-            return f"{url} refused the bearer token (401): {reason or 'check --token-file / $KB_MCP_TOKEN against the server'}"
-        return f"{url} wants a bearer token (401): pass --token-file PATH or set KB_MCP_TOKEN" + (f" ({reason})" if reason else "")
+            return (f"{url} refused the bearer token (401): "
+                    f"{reason or 'check --token-file / $KB_MCP_TOKEN against the server'}")
+        return f"{url} wants a bearer token (401): pass --token-file PATH or set KB_MCP_TOKEN" + (
+            f" ({reason})" if reason else ""
+        )
     if response.status_code == 421:
         return (
             f"{url} refused the Host name (421, DNS-rebinding protection): start the server with "

@@ -61,7 +61,8 @@ def toolchain(sandbox: Sandbox) -> ToolchainInfo:
                 shutil.rmtree(scratch, ignore_errors=True)
             line = next((x for x in reversed(out.strip().splitlines()) if x.startswith("{")), "")
             if code != 0 or not line:
-                raise ToolchainError(f"probing the compilers in the sandbox failed (exit {code}): {out.strip()[-1500:]}")
+                raise ToolchainError(
+                    f"probing the compilers in the sandbox failed (exit {code}): {out.strip()[-1500:]}")
             _PROBED[key] = ToolchainInfo.model_validate_json(line)
         return _PROBED[key]
 
@@ -108,7 +109,8 @@ class BuildService:
         if refusals:
             return BuildReply(ok=False, refused="; ".join(refusals))
         if torch_version and torch_version != tc.torch_version:
-            return BuildReply(ok=False, log=f"the worker runs torch {torch_version}, the build sandbox {tc.torch_version}")
+            return BuildReply(ok=False,
+                              log=f"the worker runs torch {torch_version}, the build sandbox {tc.torch_version}")
         torch_version = tc.torch_version
         names = [(light, extension_name(unit, light, torch_version, arch)) for light in light_variants(unit)]
         for light, ext in names:
@@ -135,7 +137,8 @@ class BuildService:
                 Grant(role="build", scratch=scratch), timeout_s=timeout_s)
             report_path = Path(spec.report_path)
             if code == -9 or not report_path.is_file() or report_path.stat().st_size > REPORT_LIMIT:
-                why = f"the build was stopped after {timeout_s:.0f} s" if code == -9 else f"the build process ended ({code})"
+                why = f"the build was stopped after {timeout_s:.0f} s" if code == -9 else ("the build process ended "
+                                                                                           f"({code})")
                 return BuildReply(ok=False, log=truncate(f"{why}: {output.strip()[-4000:]}"))
             report = BuildReport.model_validate_json(report_path.read_text())
             if not report.ok:

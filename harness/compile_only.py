@@ -116,7 +116,8 @@ class CompileOnly:
         messages: list[str] = []
         for u in compiled:
             if not u.ok:
-                messages += [f"{u.name}: {m}" for m in diagnostics(u.log)] or [f"{u.name}: compilation failed (see log)"]
+                found = [f"{u.name}: {m}" for m in diagnostics(u.log)]
+                messages += found or [f"{u.name}: compilation failed (see log)"]
         if all(u.ok for u in compiled):
             messages += [f"{u.name}: {m}" for u in compiled for m in diagnostics(u.log)]
         return CompileResult(

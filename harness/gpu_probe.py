@@ -22,10 +22,11 @@ def no_gpu_reason() -> str | None:
     if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
         return f"{ENV_VISIBLE}={visible!r} hides every GPU from this process"
     if sys.platform == "linux" and not _linux_gpu_device_nodes():
-        return "no NVIDIA GPU on this machine (no /dev/nvidia* device; is the NVIDIA driver installed and the GPU passed into this container?)"
+        return ("no NVIDIA GPU on this machine (no /dev/nvidia* device; is the NVIDIA driver installed and the GPU "
+                "passed into this container?)")
     return None
 
 
 def _linux_gpu_device_nodes() -> list[str]:
     # /dev/nvidia0.. for native drivers (containers get them mounted); /dev/dxg under WSL2.
-    return [p for p in glob.glob("/dev/nvidia[0-9]*") if p[len("/dev/nvidia"):].isdigit()] + glob.glob("/dev/dxg")
+    return [p for p in glob.glob("/dev/nvidia[0-9]*") if p[len("/dev/nvidia") :].isdigit()] + glob.glob("/dev/dxg")

@@ -75,7 +75,8 @@ BANK_CONFLICTS = (
 )
 SHARED_INSTS = ("smsp__inst_executed_op_shared_ld.sum", "smsp__inst_executed_op_shared_st.sum")
 LOCAL_REQUESTS = ("l1tex__t_requests_pipe_lsu_mem_local_op_ld.sum", "l1tex__t_requests_pipe_lsu_mem_local_op_st.sum")
-ATOMIC_REQUESTS = ("l1tex__t_requests_pipe_lsu_mem_global_op_atom.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_red.sum")
+ATOMIC_REQUESTS = ("l1tex__t_requests_pipe_lsu_mem_global_op_atom.sum",
+                   "l1tex__t_requests_pipe_lsu_mem_global_op_red.sum")
 SHARED_MEM = ("launch__shared_mem_per_block_static", "launch__shared_mem_per_block_dynamic")
 OCCUPANCY_LIMITS = {
     "registers": "launch__occupancy_limit_registers",

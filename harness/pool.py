@@ -138,7 +138,7 @@ def _kill_all(workers: list[WorkerProcess]) -> None:
     for w in workers:
         try:
             w.kill()
-        except Exception:  # pragma: no cover - best effort at interpreter exit
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
 
 
@@ -594,7 +594,8 @@ class WorkerPool:
         compile = CompileResult(
             ok=built,
             style=style_of(static_units(source)),
-            messages=[] if built else [f"the build did not finish: the worker ended while {_PHASE_WORDS.get(phase, phase)}"],
+            messages=[] if built else ["the build did not finish: the worker ended while "
+                                       f"{_PHASE_WORDS.get(phase, phase)}"],
         )
         # The GPU it ran on: a timeout or crash there is a GPU verdict, stored as one (its verdict key
         # and strength depend on it), not a compile-only one.

@@ -348,7 +348,8 @@ def standby_launcher(ncu: str, key: StandbyKey, pool: StandbyPool, spawner: Spaw
     (its scratch: the only place it writes)."""
     def launch(folder: Path) -> NcuProcess:
         owner = None if spawner.sandbox.confined else os.getpid()  # confined: it dies with this process
-        target = [sys.executable, "-m", "kb_mcp.harness.worker.profile_driver", *driver_args(folder, pool.idle_s, owner)]
+        target = [sys.executable, "-m", "kb_mcp.harness.worker.profile_driver",
+                  *driver_args(folder, pool.idle_s, owner)]
         cmd = ncu_command(ncu, folder / "report", target, metrics=list(key.metrics),
                           source_counters=key.source_counters, max_kernels=key.max_kernels)
         return spawner.process(cmd, folder)
@@ -417,7 +418,8 @@ def profile(
         if not options.counters:
             reason = "counters not requested (counters=false): per-kernel timings only"
         elif ncu is None:
-            reason = "ncu (Nsight Compute) was not found: per-kernel timings only; install Nsight Compute or set KB_MCP_NCU"
+            reason = ("ncu (Nsight Compute) was not found: per-kernel timings only; install Nsight Compute or set "
+                      "KB_MCP_NCU")
         if ncu is not None:
             result = _profile_ncu(ncu, spec, spawner, work, report_base, problem, cand_id, profile_id, options,
                                   standby, progress, notes, start)

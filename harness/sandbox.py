@@ -461,7 +461,10 @@ def kill_group(proc: subprocess.Popen[Any]) -> None:
 
 
 def _passwd(scratch: Path) -> str:
-    return f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nnobody:x:{NOBODY}:{NOBODY}:nobody:{scratch}:/usr/sbin/nologin\n"
+    return (
+        "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
+        f"nobody:x:{NOBODY}:{NOBODY}:nobody:{scratch}:/usr/sbin/nologin\n"
+    )
 
 
 _GROUP = f"root:x:0:\nnogroup:x:{NOBODY}:\n"

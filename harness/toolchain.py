@@ -185,7 +185,7 @@ def _preprocessed(text: str) -> str:
 
 
 def _bad_name(name: str) -> str | None:
-    if name.startswith("/") or name.startswith("\\") or re.match(r"^[A-Za-z]:", name):
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
         return "an absolute path"
     if ".." in re.split(r"[\\/]", name):
         return "a path leaving the include folders (..)"
@@ -315,7 +315,8 @@ def inline_sources(unit: SourceUnit, light: bool) -> tuple[str, str]:
     if unit.cuda_source:
         heads: list[str] = []
         if unit.implicit_headers:
-            heads = (["#include <torch/types.h>"] if not light else []) + ["#include <cuda.h>", "#include <cuda_runtime.h>"]
+            heads = (["#include <torch/types.h>"] if not light else []) + ["#include <cuda.h>",
+                                                                           "#include <cuda_runtime.h>"]
         cuda = "\n".join(heads + ['#line 1 "cuda_sources"', unit.cuda_source]) + "\n"
     return "\n".join(cpp) + "\n", cuda
 

@@ -77,7 +77,9 @@ class VerifyOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    input_sets: int = Field(5, ge=5, le=32, description="input sets from secret seeds (at least 5), plus one of a different distribution")
+    input_sets: int = Field(5, ge=5, le=32,
+                            description="input sets from secret seeds (at least 5), plus one of a different "
+                                        "distribution")
     seeds: list[int] = Field(
         default_factory=list,
         max_length=8,
@@ -86,21 +88,28 @@ class VerifyOptions(BaseModel):
     atol: float | None = Field(None, ge=0, description="absolute tolerance, in units of the reference output's RMS")
     rtol: float | None = Field(None, ge=0, description="relative tolerance")
     timing: bool = Field(True, description="full timing (many runs); False times a few runs only, for a quick answer")
-    timed_runs: int | None = Field(None, ge=5, le=1000, description="timed runs (default: as many as fit ~0.4 s, 10 to 100)")
+    timed_runs: int | None = Field(None, ge=5, le=1000,
+                                   description="timed runs (default: as many as fit ~0.4 s, 10 to 100)")
     warmup_runs: int = Field(3, ge=1, le=100)
     compile_baseline: bool = Field(
-        True, description="time torch.compile of the reference besides eager (cached per problem, GPU and torch version)"
+        True,
+        description="time torch.compile of the reference besides eager (cached per problem, GPU and torch version)"
     )
     allow: list[str] = Field(
         default_factory=list,
-        description="allow-list of library ops the candidate may call: groups `gemm` (cuBLAS), `conv` (cuDNN) or op names",
+        description="allow-list of library ops the candidate may call: groups `gemm` (cuBLAS), `conv` (cuDNN) or op "
+                    "names",
     )
     implausible_speedup: float = Field(50.0, gt=1.0, description="speedups above this factor are flagged for review")
-    timeout_s: float = Field(120.0, gt=0, le=3600, description="limit for each run phase (checks, timing) of the candidate")
+    timeout_s: float = Field(120.0, gt=0, le=3600,
+                             description="limit for each run phase (checks, timing) of the candidate")
     compile_timeout_s: float = Field(600.0, gt=0, le=3600, description="limit for importing and building the candidate")
     compile_only: bool = Field(False, description="only compile (nvcc/NVRTC diagnostics), even where a GPU is present")
-    arch: str | None = Field(None, description="GPU arch for compile-only checks, e.g. sm_90 (default sm_90); built for its arch-specific target (sm_90a) where it has one")
-    max_output_chars: int = Field(4000, ge=0, le=200_000, description="captured stdout/stderr of the candidate kept in the result")
+    arch: str | None = Field(None,
+                             description="GPU arch for compile-only checks, e.g. sm_90 (default sm_90); built for its "
+                                         "arch-specific target (sm_90a) where it has one")
+    max_output_chars: int = Field(4000, ge=0, le=200_000,
+                                  description="captured stdout/stderr of the candidate kept in the result")
 
 
 class CompileUnit(BaseModel):
@@ -309,7 +318,8 @@ def assess_options(options: VerifyOptions, *, gpu: bool, tolerance_loosened: str
         kept[name] = given[name]
         effects.add(effect)
         if effect == Effect.loosened:
-            loosened.append(tolerance_loosened if name in ("atol", "rtol") else f"{name}={kept[name]} (default {default})")
+            loosened.append(tolerance_loosened if name in ("atol",
+                                                           "rtol") else f"{name}={kept[name]} (default {default})")
     if Effect.loosened in effects:
         strength = Strength.loosened
     elif Effect.custom in effects:
@@ -339,7 +349,8 @@ class Caps(BaseModel):
         """The caps this server runs with (defaults where the variables are unset)."""
         env = os.environ if environ is None else environ
         values: dict[str, float] = {}
-        for field, var in (("timeout_s", "KB_MCP_MAX_TIMEOUT_S"), ("compile_timeout_s", "KB_MCP_MAX_COMPILE_TIMEOUT_S")):
+        for field, var in (("timeout_s", "KB_MCP_MAX_TIMEOUT_S"), ("compile_timeout_s",
+                                                                   "KB_MCP_MAX_COMPILE_TIMEOUT_S")):
             if env.get(var):
                 try:
                     values[field] = float(env[var])
@@ -438,7 +449,8 @@ def decide(
         return (
             Verdict.needs_gpu,
             flagged,
-            f"compiled ({n} unit{'s' if n != 1 else ''}, {compile.arch or 'default arch'}); verification and timing need a GPU",
+            f"compiled ({n} unit{'s' if n != 1 else ''}, {compile.arch or 'default arch'}); verification and timing "
+            "need a GPU",
         )
     if timings is None or timings.speedup_vs_baseline is None:
         raise ValueError("a verified candidate needs timings with a baseline speedup to get a verdict")

@@ -22,7 +22,8 @@ _FAMILIES: dict[tuple[int, int], str] = {
     (8, 9): "ada",
     (9, 0): "hopper",
 }
-_MAJOR_FAMILIES: dict[int, str] = {6: "pascal", 7: "volta", 8: "ampere", 9: "hopper", 10: "blackwell", 11: "blackwell", 12: "blackwell"}
+_MAJOR_FAMILIES: dict[int, str] = {6: "pascal", 7: "volta", 8: "ampere", 9: "hopper", 10: "blackwell", 11: "blackwell",
+                                   12: "blackwell"}
 KNOWN_FAMILIES = frozenset(_FAMILIES.values()) | frozenset(_MAJOR_FAMILIES.values())
 
 _CC = re.compile(r"^(?:sm_?|compute_?)?(\d+)(?:\.(\d+))?([af])?$")

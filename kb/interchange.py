@@ -137,7 +137,8 @@ def merge_kb(store: KBStore, source: Path | Tables, rule: ScoreRule, *, label: s
     """Pools another kb-mcp KB into `store` in one transaction (see module doc)."""
     other_tables = source if isinstance(source, Tables) else load_kb_file(Path(source))
     other = KBView(other_tables)
-    report = TransferReport(source=label or (str(source) if not isinstance(source, Tables) else "<tables>"), format="kb-mcp")
+    report = TransferReport(source=label or (str(source) if not isinstance(source, Tables) else "<tables>"),
+                            format="kb-mcp")
     with store.transaction() as tx:
         _merge_into(tx, other, rule, report)
     return report
@@ -213,7 +214,8 @@ _PRIMARY_ALIASES = {
     "memory": Primary.memory, "memory_bound": Primary.memory, "bandwidth": Primary.memory,
     "compute": Primary.compute, "compute_bound": Primary.compute,
     "latency": Primary.latency, "latency_bound": Primary.latency, "occupancy": Primary.latency,
-    "launch_overhead": Primary.launch_overhead, "api_overhead": Primary.launch_overhead, "overhead": Primary.launch_overhead,
+    "launch_overhead": Primary.launch_overhead, "api_overhead": Primary.launch_overhead,
+    "overhead": Primary.launch_overhead,
     "launch": Primary.launch_overhead,
     "hybrid": Primary.hybrid, "balanced": Primary.hybrid, "mixed": Primary.hybrid,
     "host": Primary.host, "transfer": Primary.host, "transfers": Primary.host, "io": Primary.host,
@@ -255,7 +257,8 @@ def import_reference(store: KBStore, data: Any, *, source: str = "<reference>") 
     sections: list[tuple[str, Any, str]] = [(k, v, "imported") for k, v in data["optimization_strategies"].items()]
     discovered = data.get("discovered_states") or {}
     if isinstance(discovered, list):
-        discovered = {str(d.get("name") or d.get("state_name") or i): d for i, d in enumerate(discovered) if isinstance(d, dict)}
+        discovered = {str(d.get("name") or d.get("state_name") or i): d for i,
+                      d in enumerate(discovered) if isinstance(d, dict)}
     if isinstance(discovered, dict):
         sections += [(k, v, "discovered") for k, v in discovered.items()]
     else:
@@ -285,7 +288,9 @@ def _import_state(tx: Transaction, name: str, entry: dict[str, Any], origin: str
     chars = chars if isinstance(chars, list) else [chars]
     secondary = _secondary(chars)
     desc = _text(entry.get("description")) or (
-        f"{primary.value} bound" + (f"; characteristics: {', '.join(map(str, chars))}" if chars else "") + " (imported)."
+        f"{primary.value} bound"
+        + (f"; characteristics: {', '.join(map(str, chars))}" if chars else "")
+        + " (imported)."
     )
     tx.put_state(
         State(
@@ -310,7 +315,9 @@ def _import_optimization(tx: Transaction, state_id: str, e: Any, report: Transfe
     if extra:
         report.ignored.append(f"{where}: fields not carried over: {', '.join(extra)}")
     if e.get("usage_count"):
-        report.ignored.append(f"{where}: usage_count {e.get('usage_count')} is the source's history, kept as prior weight only")
+        report.ignored.append(
+            f"{where}: usage_count {e.get('usage_count')} is the source's history, kept as prior weight only"
+        )
     opt = tx.get_optimization(opt_id)
     if opt is None:
         follow = e.get("follow_ups") or e.get("next_optimizations") or []
@@ -372,7 +379,9 @@ def export_reference(view: KBView, state_ids: Iterable[str] | None = None) -> di
                     "description": opt.description,
                     "category": opt.category,
                     "predicted_speedup": round(score.expected_speedup, 4),
-                    "confidence_score": round(min(1.0, (score.prior_weight + score.samples) / REFERENCE_WEIGHT_PER_CONFIDENCE), 4),
+                    "confidence_score": round(
+                        min(1.0, (score.prior_weight + score.samples) / REFERENCE_WEIGHT_PER_CONFIDENCE), 4
+                    ),
                     "usage_count": score.attempts,
                     "success_count": score.successes,
                 }

@@ -148,7 +148,8 @@ def read_entries(path: Path, offset: int) -> Chunk:
     return Chunk(entries, offset + pos)
 
 
-def append_entry(path: Path, entry: Entry, expected_size: int, *, expected_ino: int | None, mode: int) -> tuple[int, int]:
+def append_entry(path: Path, entry: Entry, expected_size: int, *, expected_ino: int | None,
+                 mode: int) -> tuple[int, int]:
     """Appends `entry` (the caller holds the KB lock); returns the journal's new size and inode.
 
     `expected_size` and `expected_ino` describe the journal as the caller last read it. Bytes

@@ -284,13 +284,16 @@ def repair_kb(kb_path: Path, *, output: Path | None = None, dry_run: bool = Fals
                 report.skipped_duplicates += 1
                 continue
             if entry.seq != last + 1:
-                lost = f"transaction {last + 1} is" if entry.seq == last + 2 else f"transactions {last + 1}..{entry.seq - 1} are"
+                lost = f"transaction {last + 1} is" if entry.seq == last + 2 else ("transactions "
+                                                                                   f"{last + 1}..{entry.seq - 1} are")
                 report.gaps.append(f"{lost} missing before line {line} (not in the file or any good line)")
             try:
                 tables.replay(entry.ops)
             except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-                report.bad_lines.append(f"line {line} (byte offset {offset}): transaction {entry.seq} does not apply "
-                                        f"({type(exc).__name__}: {exc})")
+                report.bad_lines.append(
+                    f"line {line} (byte offset {offset}): transaction {entry.seq} does not apply "
+                    f"({type(exc).__name__}: {exc})"
+                )
                 continue
             report.transactions += 1
             report.first_seq = entry.seq if report.first_seq is None else report.first_seq
@@ -308,7 +311,8 @@ def repair_kb(kb_path: Path, *, output: Path | None = None, dry_run: bool = Fals
             report.set_aside.append(_keep(kb_path, kb_path.with_name(f"{kb_path.name}.before-repair-{stamp}")))
             if journal_path.exists():
                 report.set_aside.append(
-                    _keep(journal_path, journal_path.with_name(f"{journal_path.name}.before-repair-{stamp}")))
+                    _keep(journal_path, journal_path.with_name(f"{journal_path.name}.before-repair-{stamp}"))
+                )
             os.replace(tmp, kb_path)
             journal.fsync_dir(kb_path.parent)
             journal.reset(journal_path, mode, gid)

@@ -125,7 +125,8 @@ def nearest_state(view: KBView, signature: Signature, values: Mapping[str, float
             best, best_state = key, state
     if best is None or best_state is None:
         return None
-    return Match(state=best_state, exact=best_state.signature.key == signature.key, distance=best[0], confidence=_confidence(best[0]))
+    return Match(state=best_state, exact=best_state.signature.key == signature.key, distance=best[0],
+                 confidence=_confidence(best[0]))
 
 
 def match_state(view: KBView, signature: Signature, metrics: Mapping[str, Any] | None = None) -> Match | None:
@@ -192,7 +193,8 @@ def discover_state(
             + (f"It started from the optimizations of the nearest known state, {parent.id} ({parent.name}), "
                "at discounted scores; measured outcomes here will correct them." if parent else "")
         ).strip(),
-        signature=Signature(primary=signature.primary, secondary=signature.secondary, ranges=_ranges_around(vals) or signature.ranges),
+        signature=Signature(primary=signature.primary, secondary=signature.secondary,
+                            ranges=_ranges_around(vals) or signature.ranges),
         origin="discovered",
         parent_id=parent.id if parent else None,
     )

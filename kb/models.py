@@ -261,7 +261,8 @@ class Score(BaseModel):
             data = {**data, "weight": float(samples), "ok_weight": float(samples), "fail_weight": float(failures)}
             if samples and "clients" not in data:
                 data["clients"] = {
-                    "": [float(samples), float(data.get("mean_log_speedup") or 0.0), float(data.get("m2_log_speedup") or 0.0)]
+                    "": [float(samples), float(data.get("mean_log_speedup") or 0.0),
+                         float(data.get("m2_log_speedup") or 0.0)]
                 }
         return data
 
@@ -318,7 +319,8 @@ def calibration_terms(prior_mean: float, mean: float, m2: float, weight: float) 
         return (0.0,) * len(CALIBRATION_FIELDS)
     v = weight / (weight + 1.0) * 3.0 / (3.0 + ((mean - prior_mean) / CALIBRATION_ROBUST_SCALE) ** 2)
     p = prior_mean
-    return (v, v * p, v * mean, v * p * p, v * p * mean, v * mean * mean, v / weight, max(m2, 0.0), max(weight - 1.0, 0.0))
+    return (v, v * p, v * mean, v * p * p, v * p * mean, v * mean * mean, v / weight, max(m2, 0.0),
+            max(weight - 1.0, 0.0))
 
 
 class Lesson(BaseModel):
@@ -396,7 +398,7 @@ class Strength(str, Enum):
     loosened = "loosened"  # the caller relaxed a check (tolerance, allow-list, review threshold, limits)
     custom = "custom"  # stricter or other settings than the defaults (tighter limits, extra seeds, another arch)
     compile_only = "compile_only"  # default options, built but never run on a GPU
-    quick = "quick"  # on a GPU with default checks but a shortened measurement (quick timing, no torch.compile baseline)
+    quick = "quick"
     standard = "standard"  # on a GPU, full timing, every option at its default: what scores compare
 
     @property

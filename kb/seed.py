@@ -91,9 +91,11 @@ def seed_tables() -> Tables:
     tables = Tables()
     now = utcnow()
     for state in seed_states():
-        tables.apply(PutRecord("states", state.id, state.model_copy(update={"created_at": now}).model_dump(mode="json")))
+        tables.apply(PutRecord("states", state.id,
+                               state.model_copy(update={"created_at": now}).model_dump(mode="json")))
     for opt in seed_optimizations():
-        tables.apply(PutRecord("optimizations", opt.id, opt.model_copy(update={"created_at": now}).model_dump(mode="json")))
+        tables.apply(PutRecord("optimizations", opt.id,
+                               opt.model_copy(update={"created_at": now}).model_dump(mode="json")))
     stamp = now.isoformat()
     for score in seed_scores():
         tables.apply(score_op(score.model_copy(update={"updated_at": now}), stamp))

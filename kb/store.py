@@ -48,15 +48,27 @@ from kb_mcp.kb.errors import (
     KBCorruptError,
     KBFileError,
     KBLockTimeout,
+    KbMcpError,
     KBMissingError,
     KBReadOnlyError,
-    KbMcpError,
     storage_error,
 )
 from kb_mcp.kb.journal import Entry, FileId
 from kb_mcp.kb.lock import KBLock
+from kb_mcp.kb.models import (
+    ALL_ARCH,
+    SCHEMA_VERSION,
+    CandidateRecord,
+    Lesson,
+    Optimization,
+    Outcome,
+    Score,
+    State,
+    Track,
+    Transition,
+    utcnow,
+)
 from kb_mcp.kb.ops import KBOp
-from kb_mcp.kb.models import ALL_ARCH, SCHEMA_VERSION, CandidateRecord, Lesson, Optimization, Outcome, Score, State, Track, Transition, utcnow
 from kb_mcp.kb.tables import FORMAT, LayoutError, Tables
 from kb_mcp.kb.view import KBStats, KBView, Transaction
 
@@ -286,7 +298,8 @@ class KBStore:
             raise KBFileError(
                 f"{self.path}: the KB file was replaced 20 times while this process read it",
                 where=self.path,
-                action="another program may be rewriting the KB file in a loop (a sync tool?): stop it, then call again",
+                action="another program may be rewriting the KB file in a loop (a sync tool?): stop it, "
+                "then call again",
             )
 
     def _head_changed(self) -> bool:
@@ -360,7 +373,8 @@ class KBStore:
                     "out or added")
         else:
             what = (f"holds transaction {gap.seq} where {gap.expected} was expected: the journal does not continue the "
-                    f"KB file {self.path} (transactions are missing, or the file and journal come from different copies)")
+                    f"KB file {self.path} (transactions are missing, or the file and journal come from different "
+                    "copies)")
         return KBCorruptError(
             f"{self.journal_path}: line {line} (byte offset {gap.offset}) {what}; {kept}",
             where=self.journal_path, line=line, offset=gap.offset, copy=copy,
@@ -564,7 +578,8 @@ class KBStore:
             self._tables = None
             raise KBConflictError(
                 f"{self.path}: the KB file was replaced while this transaction was written to the journal, by a "
-                "process that did not hold the KB lock (was the lock file deleted?). This transaction was not committed",
+                "process that did not hold the KB lock (was the lock file deleted?). "
+                "This transaction was not committed",
                 where=self.path, action="call again; never delete the lock file of a KB in use",
             )
         self._j_ino = ino
@@ -735,7 +750,8 @@ def _restore_hint(kb_path: Path) -> str:
     if backups.list_backups(kb_path):
         return (f"restore the newest backup with `kb-mcp --kb {kb_path} kb restore` (with its journal it is the "
                 f"whole KB), or pick one from `kb-mcp --kb {kb_path} kb restore --list`")
-    return f"no backup of it exists yet (one is kept at each compaction); `kb-mcp --kb {kb_path} kb repair` salvages what it can"
+    return (f"no backup of it exists yet (one is kept at each compaction); `kb-mcp --kb {kb_path} kb repair` salvages "
+            "what it can")
 
 
 _SEQ_RE = re.compile(rb'"applied_seq":\s*(-?\d+)')

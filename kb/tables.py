@@ -220,7 +220,8 @@ class Tables:
             self.scores[key] = doc
             self.score_keys.setdefault(op.state_id, set()).add((op.arch, op.track))
         if op.arch == ALL_ARCH:  # the track's calibration follows its pooled scores
-            self._calibrate(op.track, _row_terms(doc["priors"].get(op.optimization_id), doc["stats"].get(op.optimization_id)), -1)
+            self._calibrate(op.track, _row_terms(doc["priors"].get(op.optimization_id),
+                                                 doc["stats"].get(op.optimization_id)), -1)
             self._calibrate(op.track, _row_terms(op.prior, op.row), +1)
         doc["priors"][op.optimization_id] = op.prior
         if op.row is None:

@@ -13,8 +13,8 @@ counts for), so LLM judgement shifts exploration without overwriting evidence.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -117,7 +117,8 @@ KBEdit = Annotated[
     Field(discriminator="kind"),
 ]
 _EDIT_ADAPTER: TypeAdapter[Any] = TypeAdapter(KBEdit)
-EDIT_KINDS = ("adjust_prior", "add_lesson", "add_optimization", "deprecate_optimization", "revise_optimization", "add_state")
+EDIT_KINDS = ("adjust_prior", "add_lesson", "add_optimization", "deprecate_optimization", "revise_optimization",
+              "add_state")
 
 
 class RejectedEdit(BaseModel):
@@ -139,7 +140,8 @@ def parse_edits(items: Iterable[Any]) -> tuple[list[KBEdit], list[RejectedEdit]]
             rejected.append(RejectedEdit(edit=raw, reason=f"more than {MAX_EDITS_PER_UPDATE} edits in one update"))
             continue
         if raw.get("kind") not in EDIT_KINDS:
-            rejected.append(RejectedEdit(edit=raw, reason=f"unknown kind {raw.get('kind')!r}; kinds: {', '.join(EDIT_KINDS)}"))
+            rejected.append(RejectedEdit(edit=raw,
+                                         reason=f"unknown kind {raw.get('kind')!r}; kinds: {', '.join(EDIT_KINDS)}"))
             continue
         try:
             edits.append(_EDIT_ADAPTER.validate_python(raw))
@@ -260,8 +262,10 @@ def _check_pair_edit(view: KBView, batch: _Batch, edit: AdjustPrior | AddLesson)
     current = score.prior_mean_log_speedup if score is not None else 0.0
     if abs(wanted - current) > MAX_PRIOR_MOVE + 1e-9:
         lo, hi = math.exp(current - MAX_PRIOR_MOVE), math.exp(current + MAX_PRIOR_MOVE)
-        return (f"moves the prior from {math.exp(current):.2f}x to {edit.expected_speedup:.2f}x; one update may move it "
-                f"within {lo:.2f}x..{hi:.2f}x (measurements, not edits, move a score further)")
+        return (
+            f"moves the prior from {math.exp(current):.2f}x to {edit.expected_speedup:.2f}x; one update may move it "
+            f"within {lo:.2f}x..{hi:.2f}x (measurements, not edits, move a score further)"
+        )
     return None
 
 
@@ -275,7 +279,8 @@ def _check_add_optimization(view: KBView, batch: _Batch, edit: AddOptimization) 
     if edit.category not in CATEGORIES:
         return f"category {edit.category!r} is not one of {', '.join(CATEGORIES)}"
     if abs(math.log(edit.expected_speedup)) > MAX_PRIOR_MOVE + 1e-9:
-        return f"a new optimization's prior must lie within {math.exp(-MAX_PRIOR_MOVE):.2f}x..{math.exp(MAX_PRIOR_MOVE):.2f}x"
+        return ("a new optimization's prior must lie within "
+                f"{math.exp(-MAX_PRIOR_MOVE):.2f}x..{math.exp(MAX_PRIOR_MOVE):.2f}x")
     cited = _check_outcome(view, edit.outcome_id, state_ids=edit.applicable_states)
     if cited is not None:
         return cited

@@ -54,7 +54,8 @@ def leads(view: KBView, state_id: str) -> dict[str, list[Lead]]:
     for opt, moves in counts.items():
         total = sum(moves.values()) + STAY_PRIOR
         rows = [
-            Lead(state_id=s, share=(n + (STAY_PRIOR if s == state_id else 0.0)) / total, count=n) for s, n in moves.items()
+            Lead(state_id=s, share=(n + (STAY_PRIOR if s == state_id else 0.0)) / total, count=n) for s,
+            n in moves.items()
         ]
         rows.sort(key=lambda r: (-r.count, r.state_id))
         out[opt] = rows

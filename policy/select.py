@@ -86,7 +86,8 @@ class CalibrationSums:
         """The sums over `scores` (those with measurements count)."""
         acc = [0.0] * len(CALIBRATION_FIELDS)
         for s in scores:
-            for i, x in enumerate(calibration_terms(s.prior_mean_log_speedup, s.mean_log_speedup, s.m2_log_speedup, s.weight)):
+            for i, x in enumerate(calibration_terms(s.prior_mean_log_speedup, s.mean_log_speedup, s.m2_log_speedup,
+                                                    s.weight)):
                 acc[i] += x
         return cls(*acc)
 
@@ -158,7 +159,8 @@ def calibrate(scores: Sequence[Score | ScoreStats], base: CalibrationSums | None
         if s.weight > 0:
             m2 += max(s.m2_log_speedup, 0.0)
             dof += max(s.weight - 1.0, 0.0)
-            rows.append((s.weight / (s.weight + 1.0), s.prior_mean_log_speedup - centre, s.mean_log_speedup - centre, s.weight))
+            rows.append((s.weight / (s.weight + 1.0), s.prior_mean_log_speedup - centre, s.mean_log_speedup - centre,
+                         s.weight))
     noise2 = (m2 + PRIOR_SD_WEIGHT * noise_sd0**2) / (dof + PRIOR_SD_WEIGHT)
     if not rows:
         return Calibration(centre=centre, shift=shift0, slope=slope0, prior_sd=prior_sd0, noise_sd=math.sqrt(noise2))
@@ -293,9 +295,10 @@ def select_top_k(
     """The k best entries under one posterior draw each, best first (k distinct ones).
 
     `scores` are one state's candidates (their measurements calibrate its priors, excluded ones
-    too); `base` the track's calibration sums (or `calibration`, already computed from both). `exclude` drops optimization ids (already in this
-    kernel's lineage, say). `rng` is a Random, a seed, or None (fresh entropy). `follow_on` adds,
-    per optimization id, the worth of where it is likely to lead (`policy.phase.follow_on`).
+    too); `base` the track's calibration sums (or `calibration`, already computed from both).
+    `exclude` drops optimization ids (already in this kernel's lineage, say). `rng` is a Random, a
+    seed, or None (fresh entropy). `follow_on` adds, per optimization id, the worth of where it is
+    likely to lead (`policy.phase.follow_on`).
     Returns fewer than k when fewer remain.
     """
     if k <= 0:

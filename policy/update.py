@@ -140,7 +140,8 @@ def _client_stats(score: Score) -> dict[str, Stats]:
 
 def _bounded(clients: Mapping[str, Stats]) -> dict[str, Stats]:
     """Clients capped at CLIENT_MAX_WEIGHT each and MAX_WEIGHT together; at most MAX_CLIENTS kept."""
-    out = {n: (_scaled(s, CLIENT_MAX_WEIGHT / s[0]) if s[0] > CLIENT_MAX_WEIGHT else s) for n, s in clients.items() if s[0] > 0}
+    out = {n: (_scaled(s, CLIENT_MAX_WEIGHT / s[0]) if s[0] > CLIENT_MAX_WEIGHT else s) for n,
+           s in clients.items() if s[0] > 0}
     if len(out) > MAX_CLIENTS:
         named = sorted((n for n in out if n != UNNAMED_CLIENT), key=lambda n: (-out[n][0], n))
         rest = out.get(UNNAMED_CLIENT, (0.0, 0.0, 0.0))
@@ -180,7 +181,8 @@ def _run_after(run: ChangeRun | None, client: str, raw: float, lo: float, hi: fl
         cusum, n, mean = 0.0, 0, 0.0  # a new run: another client, or the other side of the estimate
     else:
         cusum, n, mean = run.cusum, run.n, run.mean
-    return ChangeRun(client=client, cusum=cusum + (step if z > 0 else -step), n=n + 1, mean=mean + (raw - mean) / (n + 1))
+    return ChangeRun(client=client, cusum=cusum + (step if z > 0 else -step), n=n + 1,
+                     mean=mean + (raw - mean) / (n + 1))
 
 
 def _bounded_rates(ok: float, fail: float) -> tuple[float, float]:

@@ -81,7 +81,7 @@ def wheel_library_flags(flags: list[str]) -> list[str]:
         import nvidia.cublas as pkg  # type: ignore[import-not-found]
     except ImportError:
         return flags
-    base = Path(list(pkg.__path__)[0])
+    base = Path(next(iter(pkg.__path__)))
     libs = sorted((base / "lib").glob("libcublas*.so*"))
     rest = [f for f in flags if f != "-lcublas"]
     return rest + [f"-I{base / 'include'}", f"-Xlinker=-rpath={base / 'lib'}", *map(str, libs)]
@@ -366,7 +366,7 @@ def main() -> int:
             try:
                 manifest[label] = fn()
                 log(f"{label}: {json.dumps(manifest[label], default=str)[:1500]}")
-            except Exception as exc:  # keep what was recorded so far
+            except Exception as exc:  # noqa: BLE001 - keep what was recorded so far
                 manifest[label] = {"error": repr(exc)}
                 log(f"{label} FAILED: {exc!r}")
             pack()

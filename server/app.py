@@ -74,7 +74,9 @@ class KbMcpServer(MCPServer[Any]):
         try:
             return await super().read_resource(uri, context)
         except ResourceNotFoundError as exc:
-            version = context.request_context.protocol_version if context is not None and context._request_context else None
+            version = (
+                context.request_context.protocol_version if context is not None and context._request_context else None
+            )
             if version in HANDSHAKE_PROTOCOL_VERSIONS:
                 raise MCPError(code=RESOURCE_NOT_FOUND, message=str(exc), data={"uri": str(uri)}) from exc
             raise

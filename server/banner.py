@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from kb_mcp.server.gpu import gpu_summary
 from kb_mcp.server.env import ENV_TOKEN
+from kb_mcp.server.gpu import gpu_summary
 
 
 def _kb_line(kb_path: Path, stats_line: str) -> str:

@@ -39,7 +39,8 @@ class ConsoleProgress:
             self._overall = self._progress.add_task("all", total=0, name="[bold]all problems", message="")
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self._progress is not None:
             self._progress.stop()
 

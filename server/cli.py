@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kb_mcp.server.about import COMMAND, DIST_NAME
 from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError
+from kb_mcp.server.about import COMMAND, DIST_NAME
 
 # command -> (module that registers it, its one-line help). The module's `register(sub)` adds the
 # full parser with the same help (tests/server/test_cli.py checks they agree).
@@ -24,9 +24,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "call": ("kb_mcp.server.cmd_call", "call one tool and print its JSON result"),
     "kb": ("kb_mcp.server.cmd_kb", "create, inspect, browse, export, import and merge KB files"),
     "run-campaign": ("kb_mcp.server.cmd_campaign", "optimize a set of problems autonomously with an LLM (resumable)"),
-    "eval": ("kb_mcp.server.cmd_eval", "verify solution files against KernelBench problems through the harness (no LLM)"),
-    "doctor": ("kb_mcp.server.cmd_doctor", "check this machine (GPU, driver, torch, nvcc, ncu, sandbox, KB) and say how to fix what fails"),
-    "install-skill": ("kb_mcp.server.cmd_skill", "install the kb-mcp Skill for Claude Code (the optimization round with these tools)"),
+    "eval": ("kb_mcp.server.cmd_eval",
+             "verify solution files against KernelBench problems through the harness (no LLM)"),
+    "doctor": ("kb_mcp.server.cmd_doctor",
+               "check this machine (GPU, driver, torch, nvcc, ncu, sandbox, KB) and say how to fix what fails"),
+    "install-skill": ("kb_mcp.server.cmd_skill",
+                      "install the kb-mcp Skill for Claude Code (the optimization round with these tools)"),
 }
 
 
@@ -36,7 +39,8 @@ class _VersionAction(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
         from kb_mcp.server.about import package_version
 
         print(f"{COMMAND} {package_version() or '(not installed)'} ({DIST_NAME}, Python {sys.version.split()[0]})")

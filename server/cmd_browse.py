@@ -98,7 +98,8 @@ def _states(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Printe
     def show(console: Console, doc: BaseModel) -> None:
         assert isinstance(doc, kb_views.StatesOverview)
         table = Table(title=f"{doc.count} states in {store.path}")
-        for col, just in (("id", "left"), ("bottleneck", "left"), ("origin", "left"), ("scored", "right"), ("outcomes", "right")):
+        for col, just in (("id", "left"), ("bottleneck", "left"), ("origin", "left"), ("scored", "right"),
+                          ("outcomes", "right")):
             table.add_column(col, justify=just)  # type: ignore[arg-type]
         for s in doc.states:
             table.add_row(s.id, s.bottleneck, s.origin, str(s.scored_optimizations), str(s.outcomes))
@@ -115,7 +116,8 @@ def _candidates(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pr
 
     def show(console: Console, doc: BaseModel) -> None:
         assert isinstance(doc, kb_views.CandidatesOverview)
-        table = Table(title=f"{doc.count} candidate(s) in {store.path}" + (f", newest {len(doc.candidates)}" if doc.count > len(doc.candidates) else ""))
+        newest = f", newest {len(doc.candidates)}" if doc.count > len(doc.candidates) else ""
+        table = Table(title=f"{doc.count} candidate(s) in {store.path}{newest}")
         for col, just in (("candidate_id", "left"), ("problem", "left"), ("verdict", "left"), ("vs baseline", "right"),
                           ("time", "right"), ("device", "left"), ("outcomes", "right"), ("verified", "left")):
             table.add_column(col, justify=just)  # type: ignore[arg-type]
@@ -131,8 +133,8 @@ def _candidates(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pr
 
 
 def _candidate(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Printer]:
-    from rich.syntax import Syntax
     from rich.markup import escape
+    from rich.syntax import Syntax
 
     from kb_mcp.server import kb_views
 
@@ -140,7 +142,8 @@ def _candidate(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pri
     if not matches:
         raise BrowseError(f"no candidate {args.candidate_id!r} in {store.path}; `kb-mcp kb candidates` lists them")
     if len(matches) > 1:
-        raise BrowseError(f"{args.candidate_id!r} names {len(matches)} candidates ({', '.join(matches[:5])}...); give more of the id")
+        raise BrowseError(f"{args.candidate_id!r} names {len(matches)} candidates ({', '.join(matches[:5])}...); give "
+                          "more of the id")
     detail = kb_views.candidate_detail(store, paths.artifacts_dir(store.path) / "candidates", matches[0])
     assert detail is not None
 
@@ -155,7 +158,8 @@ def _candidate(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pri
             f"torch.compile {r.compile_ms:.4g} ms" if r.compile_ms is not None else "",
             f"{_x(r.speedup_vs_baseline)} over the better baseline" if r.speedup_vs_baseline is not None else "",
         ) if p)
-        console.print(f"verified {r.created_at:%Y-%m-%d %H:%M} on {r.device or 'no GPU'} {r.arch}".rstrip() + (f": {timing}" if timing else ""))
+        where = f"verified {r.created_at:%Y-%m-%d %H:%M} on {r.device or 'no GPU'} {r.arch}".rstrip()
+        console.print(where + (f": {timing}" if timing else ""))
         if r.findings:
             console.print("integrity findings: " + ", ".join(r.findings))
         chain = doc.lineage
@@ -189,13 +193,16 @@ def _outcomes(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Prin
 
     def show(console: Console, doc: BaseModel) -> None:
         assert isinstance(doc, kb_views.OutcomesOverview)
-        table = Table(title=f"{doc.count} outcome(s) in {store.path}" + (f", newest {len(doc.outcomes)}" if doc.count > len(doc.outcomes) else ""))
+        newest = f", newest {len(doc.outcomes)}" if doc.count > len(doc.outcomes) else ""
+        table = Table(title=f"{doc.count} outcome(s) in {store.path}{newest}")
         for col, just in (("when", "left"), ("problem", "left"), ("state", "left"), ("optimization", "left"),
-                          ("verdict", "left"), ("speedup", "right"), ("vs baseline", "right"), ("candidate", "left"), ("agent", "left")):
+                          ("verdict", "left"), ("speedup", "right"), ("vs baseline", "right"), ("candidate", "left"),
+                          ("agent", "left")):
             table.add_column(col, justify=just)  # type: ignore[arg-type]
         for o in doc.outcomes:
             table.add_row(o.created_at.strftime("%Y-%m-%d %H:%M"), o.problem, o.state_id, o.optimization_id,
-                          o.verdict.value + (" (flagged)" if o.flagged else ""), _x(o.speedup), _x(o.speedup_vs_baseline),
+                          o.verdict.value + (" (flagged)" if o.flagged else ""), _x(o.speedup),
+                          _x(o.speedup_vs_baseline),
                           o.candidate_id, escape(o.agent))
         console.print(table)
 
@@ -217,7 +224,8 @@ def _campaigns(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pri
         for col in ("name", "state", "problems", "runs", "updated", "report"):
             table.add_column(col)
         for c in doc.campaigns:
-            table.add_row(c.name, c.state + (f": {escape(c.message[:60])}" if c.message else ""), str(c.problems), str(c.runs),
+            table.add_row(c.name, c.state + (f": {escape(c.message[:60])}" if c.message else ""), str(c.problems),
+                          str(c.runs),
                           c.updated_at.strftime("%Y-%m-%d %H:%M") if c.updated_at else "", c.report or "")
         console.print(table)
 

@@ -54,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("tool", nargs="?", help="tool name (see --list)")
     p.add_argument("--list", action="store_true", help="list the tools with their arguments and exit")
-    p.add_argument("--json", metavar="JSON", help="arguments as a JSON object; @FILE reads it from a file, - from stdin")
+    p.add_argument("--json", metavar="JSON",
+                   help="arguments as a JSON object; @FILE reads it from a file, - from stdin")
     p.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="one argument; repeatable")
     p.add_argument("--url", help="call a running `kb-mcp serve --http` server at this URL (…/mcp)")
     add_token_arguments(p, "the bearer token for --url")

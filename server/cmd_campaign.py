@@ -31,7 +31,8 @@ def _role_models(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         role, sep, model = pair.partition("=")
         if not sep or role not in roles or not model:
-            raise SystemExit(f"--llm-model-for expects ROLE=MODEL with ROLE one of {', '.join(sorted(roles))}; got {pair!r}")
+            raise SystemExit(f"--llm-model-for expects ROLE=MODEL with ROLE one of {', '.join(sorted(roles))}; got "
+                             f"{pair!r}")
         models[role] = model
     return models
 
@@ -52,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--level", type=int, help="KernelBench level to take from a checkout (default: every level found)")
     p.add_argument("--problems", dest="problem_ids", metavar="IDS",
                    help="KernelBench problem ids and ranges to take, e.g. 1-20,40")
-    p.add_argument("--name", help=f"campaign name: its folder is <kb artifacts>/campaigns/NAME (default {DEFAULT_NAME})")
+    p.add_argument("--name",
+                   help=f"campaign name: its folder is <kb artifacts>/campaigns/NAME (default {DEFAULT_NAME})")
     p.add_argument("--out", help="campaign folder (overrides --name)")
     p.add_argument("--iterations", type=int, help="trajectories per problem (default 10)")
     p.add_argument("--steps", type=int, help="rollout steps per trajectory (default 10)")
@@ -62,7 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="spread of the draw from the KB's posterior: 1 = posterior sampling, 0 = greedy (default 0.5)")
     p.add_argument("--fix-attempts", type=int, help="candidates per lowering step, fixes included (default 3)")
     p.add_argument("--generate-attempts", type=int, help="candidates for the first kernel (default 4)")
-    p.add_argument("--gradient-every", type=int, help="textual-gradient KB update every U outcomes; 0 = off (default 8)")
+    p.add_argument("--gradient-every", type=int,
+                   help="textual-gradient KB update every U outcomes; 0 = off (default 8)")
     p.add_argument("--no-review", action="store_true", help="skip the LLM review before accepting a result")
     p.add_argument("--compile-only", action="store_true", help="no GPU: compile with error feedback, record, no timing")
     p.add_argument("--seed", type=int, help="selection seed (default 0)")

@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--json", action="store_true", help="print the checks as JSON (same exit status)")
     p.add_argument("--gpu", action="store_true",
-                   help="require a working GPU setup (GPU, CUDA build of torch, nvcc, ncu with counters): missing parts fail")
+                   help="require a working GPU setup (GPU, CUDA build of torch, nvcc, ncu with counters): missing "
+                        "parts fail")
     p.set_defaults(func=run)
 
 

@@ -88,7 +88,8 @@ def summary(result: object) -> str:
     rows = [f"{'problem':<44} {'verdict':<14} {'speedup':>8}  note"]
     for line in result.lines:
         speed = f"{line.speedup:.2f}x" if line.speedup else "-"
-        rows.append(f"{line.problem[:44]:<44} {(line.verdict.value if line.verdict else '-'):<14} {speed:>8}  {line.note}")
+        rows.append(f"{line.problem[:44]:<44} {(line.verdict.value if line.verdict else '-'):<14} {speed:>8}  "
+                    f"{line.note}")
     report = result.report
     s = report.speedup
     rows.append("")

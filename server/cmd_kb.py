@@ -77,10 +77,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                           "(candidates an outcome or lesson names), unfinished jobs, or a running worker's folder.")
     d = gc.Limits()
     s.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
-    s.add_argument("--job-days", type=float, default=d.job_days, help=f"finished job records older than this (default {d.job_days:g})")
-    s.add_argument("--jobs-kept", type=int, default=d.jobs_kept, help=f"newest finished job records kept (default {d.jobs_kept})")
+    s.add_argument("--job-days", type=float, default=d.job_days,
+                   help=f"finished job records older than this (default {d.job_days:g})")
+    s.add_argument("--jobs-kept", type=int, default=d.jobs_kept,
+                   help=f"newest finished job records kept (default {d.jobs_kept})")
     s.add_argument("--candidate-days", type=float, default=d.candidate_days,
-                   help=f"files of candidates no outcome or lesson names, older than this (default {d.candidate_days:g})")
+                   help="files of candidates no outcome or lesson names, older than this (default "
+                        f"{d.candidate_days:g})")
     s.add_argument("--scratch-hours", type=float, default=d.scratch_hours,
                    help=f"files in a running worker's scratch folder older than this (default {d.scratch_hours:g})")
     s.add_argument("--cache-days", type=float, default=d.cache_days,
@@ -245,15 +248,18 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
 
     table.add_row("states", str(sum(stats.states.values())), detail(stats.states))
     table.add_row("optimizations", str(sum(stats.optimizations.values())), detail(stats.optimizations))
-    table.add_row("scores", str(stats.scores), f"measured {stats.measured_scores}; arch families {', '.join(stats.arch_families)}")
-    table.add_row("outcomes", str(sum(stats.outcomes.values())), detail(stats.outcomes) + (f"; flagged {stats.flagged_outcomes}" if stats.flagged_outcomes else ""))
+    table.add_row("scores", str(stats.scores),
+                  f"measured {stats.measured_scores}; arch families {', '.join(stats.arch_families)}")
+    table.add_row("outcomes", str(sum(stats.outcomes.values())),
+                  detail(stats.outcomes) + (f"; flagged {stats.flagged_outcomes}" if stats.flagged_outcomes else ""))
     table.add_row("lessons", str(stats.lessons), "")
     table.add_row("transitions", str(stats.transitions), "counted state-to-state moves")
     table.add_row("candidates", str(stats.candidates), "verdicts stored by compile_and_verify")
     table.add_row("schema version", str(stats.schema_version), "")
     waiting = store.pending_count()
     if waiting:
-        table.add_row("pending", str(waiting), f"verdicts persisted in {store.pending_dir}, committed with the next write")
+        table.add_row("pending", str(waiting),
+                      f"verdicts persisted in {store.pending_dir}, committed with the next write")
     kept = backups.list_backups(store.path)
     table.add_row("backups", str(len(kept)), f"newest {kept[0].path.name}" if kept else "kept at each compaction")
     table.add_row("lock", "", store.lock.probe())
@@ -269,7 +275,8 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
         state = view.get_state(args.state)
         if state is None:
             close = difflib.get_close_matches(args.state, view.state_ids(), n=3)
-            raise CommandError(f"no state {args.state!r} in {store.path}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise CommandError(f"no state {args.state!r} in {store.path}{hint}")
         rows = sorted(view.candidates(state.id, family), key=lambda s: s.expected_speedup, reverse=True)
         names = {s.optimization_id: view.get_optimization(s.optimization_id) for s in rows}
         lessons = {s.optimization_id: len(view.lessons(state.id, s.optimization_id)) for s in rows}
@@ -300,7 +307,8 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
     if len(rows) > args.limit:
         console.print(f"... {len(rows) - args.limit} more (--limit)")
     if moves:
-        console.print("most frequent transitions: " + "; ".join(f"{m.optimization_id} -> {m.next_state_id} ({m.count})" for m in moves))
+        moved = "; ".join(f"{m.optimization_id} -> {m.next_state_id} ({m.count})" for m in moves)
+        console.print("most frequent transitions: " + moved)
     return 0
 
 
@@ -331,7 +339,9 @@ def _transfer(store: KBStore, path: Path) -> TransferReport:
     if fmt == "kb-mcp":
         del data  # merge reads the file through the store machinery (its journal included)
         return merge_kb(store, src, score_rule)
-    raise CommandError(f"{src}: neither a kb-mcp KB file nor a reference KB (no 'meta' table, no 'optimization_strategies')")
+    raise CommandError(
+        f"{src}: neither a kb-mcp KB file nor a reference KB (no 'meta' table, no 'optimization_strategies')"
+    )
 
 
 def _print_report(console: Console, r: TransferReport) -> None:

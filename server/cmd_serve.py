@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kb_mcp.server.app import build_server, package_version
     from kb_mcp.server.banner import http_connect_lines, print_banner, stdio_connect_lines, token_hint_lines
-    from kb_mcp.server.transport import BearerGate, HttpOptions, ServeError, http_options, serve_http
+    from kb_mcp.server.transport import BearerGate, ServeError, http_options, serve_http
     from kb_mcp.tools.context import ToolContext
 
     logs.configure(args.log_level)
@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
                 log.info("kb-mcp %s serving %s over stdio (%s)", package_version(), ctx.kb_path, stats_line)
             anyio.run(server.run_stdio_async)
         else:
-            app = BearerGate(server.streamable_http_app(transport_security=options.security(), host=options.host), options.token)
+            app = BearerGate(server.streamable_http_app(transport_security=options.security(), host=options.host),
+                             options.token)
 
             def ready(port: int, opts: HttpOptions) -> None:
                 url = opts.url(port)

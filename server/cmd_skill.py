@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--project", action="store_true", help="install into ./.claude/skills (this project only)")
-    where.add_argument("--dir", metavar="DIR", help="install into DIR/" + SKILL_NAME + "/ (a skills folder of your choice)")
+    where.add_argument("--dir", metavar="DIR",
+                       help="install into DIR/" + SKILL_NAME + "/ (a skills folder of your choice)")
     p.add_argument("--force", action="store_true", help="replace a SKILL.md there that differs from this version's")
     p.add_argument("--print", action="store_true", help="print the Skill instead of installing it")
     p.set_defaults(func=run)
@@ -65,5 +66,7 @@ def run(args: argparse.Namespace) -> int:
     tmp.write_text(text)
     tmp.replace(dest)
     print(f"installed the Skill {SKILL_NAME} at {dest}")
-    print("Claude Code loads it in new sessions; it uses the kb-mcp MCP server (claude mcp add kb-mcp -- kb-mcp serve).")
+    print(
+        "Claude Code loads it in new sessions; it uses the kb-mcp MCP server (claude mcp add kb-mcp -- kb-mcp serve)."
+    )
     return 0

@@ -191,7 +191,8 @@ def check_torch(machine: Machine, require_gpu: bool) -> Check:
             summary=f"{summary}, but the driver supports CUDA only up to {machine.driver_cuda}",
             fix="update the NVIDIA driver, or install a torch build for the driver's CUDA version",
         )
-    probe = _run([sys.executable, "-c", "import torch; print(torch.cuda.is_available(), torch.cuda.device_count())"], 120)
+    probe = _run([sys.executable, "-c", "import torch; print(torch.cuda.is_available(), torch.cuda.device_count())"],
+                 120)
     seen = probe is not None and probe.returncode == 0 and probe.stdout.split()[:1] == ["True"]
     machine.torch_sees_gpu = seen
     if not seen:
@@ -225,7 +226,8 @@ def check_nvcc(machine: Machine, require_gpu: bool) -> Check:
     release = found.group(1) if found else "unknown version"
     if machine.torch_cuda and found and _major(release) != _major(machine.torch_cuda):
         return Check(
-            name="nvcc", status=Status.warn, summary=f"{nvcc} (CUDA {release}) but torch was built for CUDA {machine.torch_cuda}",
+            name="nvcc", status=Status.warn,
+            summary=f"{nvcc} (CUDA {release}) but torch was built for CUDA {machine.torch_cuda}",
             fix="load_inline refuses a different CUDA major version: put the matching toolkit's nvcc first on PATH",
         )
     return Check(name="nvcc", status=Status.ok, summary=f"{nvcc} (CUDA {release})")
@@ -311,7 +313,8 @@ def check_kb(kb_arg: str | None) -> Check:
         return Check(name="KB", status=Status.ok, summary=f"{where}: created and seeded on first use")
     if not os.access(path, os.R_OK | os.W_OK) or not os.access(path.parent, os.W_OK):
         return Check(name="KB", status=Status.fail, summary=f"{where}: not readable and writable by this user",
-                     fix=f"fix the permissions of {path} and its folder (writes go through a temp file and a lock beside it)")
+                     fix=f"fix the permissions of {path} and its folder (writes go through a temp file and a lock "
+                         "beside it)")
     try:
         stats = KBStore.open(path).stats()
     except (KBFileError, OSError, ValueError) as exc:
@@ -339,7 +342,8 @@ def check_cache() -> Check:
     return Check(name="cache", status=Status.ok, summary=f"{cache} ({free / 1024**3:.0f} GB free)")
 
 
-def run_checks(kb_arg: str | None, *, require_gpu: bool = False, on_check: Callable[[Check], None] | None = None) -> Report:
+def run_checks(kb_arg: str | None, *, require_gpu: bool = False, on_check: Callable[[Check],
+                                                                                    None] | None = None) -> Report:
     """Runs every check in order (each GPU check reads what the earlier ones found)."""
     machine = Machine()
     steps: list[Callable[[], Check]] = [

@@ -86,7 +86,8 @@ def describe_failure(spec: ToolSpec, exc: BaseException) -> ToolFailure:
         # Raised inside the tool (not by argument parsing): a model built from bad input data.
         return ToolFailure(format_validation_error(spec.name, exc), expected=True)
     if isinstance(exc, ProblemError):
-        return ToolFailure(str(exc), expected=True, info=ErrorInfo(whose="caller", type="ProblemError", message=str(exc)))
+        return ToolFailure(str(exc), expected=True, info=ErrorInfo(whose="caller", type="ProblemError",
+                                                                   message=str(exc)))
     error = _as_kb_mcp_error(exc)
     if isinstance(error, EnvironmentFault):
         return environment_failure(spec.name, error)

@@ -91,7 +91,8 @@ class JobView(BaseModel):
         started = record.started_at or record.created_at
         end: datetime = record.finished_at or utcnow()
         hints = {
-            "queued": f"waiting for a free job slot; call job_status(job_id={record.job_id!r}, job_key, wait_s=30) later",
+            "queued": f"waiting for a free job slot; call job_status(job_id={record.job_id!r}, job_key, wait_s=30) "
+                      "later",
             "running": f"call job_status(job_id={record.job_id!r}, job_key, wait_s=30) to wait for it",
             "succeeded": f"the result holds {record.kind}'s output; continue as after a direct {record.kind} call",
             "failed": "read the error, fix the cause and start a new job",

@@ -325,7 +325,7 @@ class JobManager:
             try:
                 model = self.spec(record.kind).result.model_validate(record.result)
                 update["result"] = public_copy(model).model_dump(mode="json")
-            except Exception:  # a kind this server cannot load, or an old result: show nothing of it
+            except Exception:  # noqa: BLE001 - a kind this server cannot load, or an old result: show nothing of it
                 update["result"] = None
         return record.model_copy(update=update)
 

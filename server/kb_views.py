@@ -220,7 +220,8 @@ class CandidateDetail(BaseModel):
     source: str | None = Field(None, description="the candidate's source as verified (None if not kept)")
     source_path: str | None = None
     lineage: list[LineageStep] = Field(
-        default_factory=list, description="from the first kernel to this candidate, each with the optimization that made it"
+        default_factory=list,
+        description="from the first kernel to this candidate, each with the optimization that made it"
     )
     children: list[LineageStep] = Field(default_factory=list, description="candidates made from this one")
     outcomes: list[Outcome] = Field(default_factory=list)
@@ -271,8 +272,10 @@ def candidates_overview(
     records.sort(key=lambda r: r.created_at, reverse=True)
     rows = [
         CandidateSummary(
-            candidate_id=r.candidate_id, problem=r.problem, verdict=r.verdict, speedup_vs_baseline=r.speedup_vs_baseline,
-            time_ms=r.time_ms, device=r.device, flagged=r.flagged, outcomes=counts[r.candidate_id], created_at=r.created_at,
+            candidate_id=r.candidate_id, problem=r.problem, verdict=r.verdict,
+            speedup_vs_baseline=r.speedup_vs_baseline,
+            time_ms=r.time_ms, device=r.device, flagged=r.flagged, outcomes=counts[r.candidate_id],
+            created_at=r.created_at,
         )
         for r in records[: min(limit, MAX_ROWS)]
     ]
@@ -352,7 +355,8 @@ def campaigns_overview(artifacts_dir: Path) -> CampaignsOverview:
         try:
             status = CampaignStatus.model_validate_json(header.read_text())
         except (OSError, ValueError) as exc:
-            rows.append(CampaignSummary(name=folder.name, folder=str(folder), state="unreadable", message=str(exc)[:200]))
+            rows.append(CampaignSummary(name=folder.name, folder=str(folder), state="unreadable",
+                                        message=str(exc)[:200]))
             continue
         rows.append(
             CampaignSummary(

@@ -75,7 +75,7 @@ class ProgressRelay:
             self._last_value, self._last_time = value, now
         try:
             anyio.from_thread.run(self._ctx.report_progress, value, total, message, token=self._token)
-        except Exception as exc:  # a client that went away must not fail the tool (cancellation is a
+        except Exception as exc:  # noqa: BLE001 - a client that went away must not fail the tool (cancellation is a
             # BaseException: it still stops the tool)
             log.debug("progress notification not delivered: %s", exc)
 
@@ -128,7 +128,7 @@ def client_name_of(mcp_ctx: Context[Any, Any]) -> str:
     """The calling client's name from its initialize handshake ('' when it gave none)."""
     try:
         params = mcp_ctx.session.client_params
-    except Exception:  # no session (e.g. called outside a request)
+    except Exception:  # noqa: BLE001 - no session (e.g. called outside a request)
         return ""
     info = params.client_info if params is not None else None
     return info.name if info is not None and info.name else ""

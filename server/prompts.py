@@ -13,7 +13,8 @@ ROUND_PROMPT_DESCRIPTION = (
 
 
 def optimization_round(
-    problem: Annotated[str, Field(description="The KernelBench problem: a .py path the server can read, or its source.")],
+    problem: Annotated[str,
+                       Field(description="The KernelBench problem: a .py path the server can read, or its source.")],
     candidate: Annotated[
         str, Field(description="Optional: the current best candidate (path or candidate_id) to start from.")
     ] = "",

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ResourceNotFoundError
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp_types import Completion, CompletionArgument, CompletionContext, PromptReference, ResourceTemplateReference
 
 from kb_mcp.kb.errors import KbMcpError
@@ -145,12 +145,14 @@ def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None
 
     @server.completion()
     async def complete(
-        ref: PromptReference | ResourceTemplateReference, argument: CompletionArgument, context: CompletionContext | None
+        ref: PromptReference | ResourceTemplateReference, argument: CompletionArgument,
+        context: CompletionContext | None
     ) -> Completion | None:
         return completions(ctx, ref, argument)
 
 
-def completions(ctx: ToolContext, ref: PromptReference | ResourceTemplateReference, argument: CompletionArgument) -> Completion | None:
+def completions(ctx: ToolContext, ref: PromptReference | ResourceTemplateReference,
+                argument: CompletionArgument) -> Completion | None:
     """Ids that start with what was typed, for the templates' id arguments (None: nothing to offer)."""
     if not isinstance(ref, ResourceTemplateReference):
         return None
@@ -162,5 +164,7 @@ def completions(ctx: ToolContext, ref: PromptReference | ResourceTemplateReferen
         ids = [c.candidate_id for c in kb_views.candidates_overview(ctx.store, limit=kb_views.MAX_ROWS).candidates]
     else:
         return None
-    found = sorted(i for i in ids if i.startswith(typed)) if ref.uri == STATE_TEMPLATE else [i for i in ids if i.startswith(typed)]
+    found = [i for i in ids if i.startswith(typed)]
+    if ref.uri == STATE_TEMPLATE:
+        found.sort()
     return Completion(values=found[:MAX_COMPLETIONS], total=len(found), has_more=len(found) > MAX_COMPLETIONS)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 import anyio
+from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INVALID_PARAMS,
@@ -42,8 +43,6 @@ from mcp_types import (
     ToolExecution,
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-
-from mcp.server.mcpserver import MCPServer
 
 from kb_mcp.server.execution import ToolFailure
 from kb_mcp.server.jobs import JobManager, JobRecord
@@ -153,7 +152,8 @@ class TaskService:
         """`tasks/cancel`: asks the job to stop (at its next progress report); a finished task is an error."""
         before = await self._record(params.task_id)
         if before.finished:
-            raise MCPError(code=INVALID_PARAMS, message=f"task {params.task_id} already ended ({TASK_STATUS[before.status]})")
+            raise MCPError(code=INVALID_PARAMS,
+                           message=f"task {params.task_id} already ended ({TASK_STATUS[before.status]})")
         record = await anyio.to_thread.run_sync(self.jobs.cancel, params.task_id)
         fields = task_of(record)
         if not record.finished:  # stops at its next progress report: report it as on its way out

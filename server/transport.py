@@ -251,7 +251,8 @@ def auth_problem(authorization: str | None, token: str) -> AuthProblem | None:
             placeholder=credentials,
         )
     if not hmac.compare_digest(credentials.encode(), token.encode()):
-        return AuthProblem("invalid_token", "the bearer token is not this server's token: check the token your client sends")
+        return AuthProblem("invalid_token",
+                           "the bearer token is not this server's token: check the token your client sends")
     return None
 
 
@@ -266,7 +267,8 @@ class BearerGate:
         self.token = token
         self._warned: set[str] = set()
 
-    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]) -> None:
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -281,7 +283,8 @@ class BearerGate:
             problem = auth_problem(_header(scope, b"authorization"), self.token)
             if problem is not None:
                 self._log(problem)
-                await _send_json(send, 401, problem.body(), [(b"www-authenticate", problem.www_authenticate().encode())])
+                await _send_json(send, 401, problem.body(), [(b"www-authenticate",
+                                                              problem.www_authenticate().encode())])
                 return
         await self.app(scope, receive, send)
 
@@ -304,7 +307,8 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 async def _send_json(
-    send: Callable[[Message], Awaitable[None]], status: int, body: bytes | dict[str, Any], extra: list[tuple[bytes, bytes]] | None = None
+    send: Callable[[Message], Awaitable[None]], status: int, body: bytes | dict[str, Any],
+    extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *(extra or [])]

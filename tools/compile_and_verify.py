@@ -56,7 +56,8 @@ class Request(BaseModel):
     candidate: Source = Field(description="candidate defining class ModelNew: a path to a .py file, or its source text")
     options: VerifyOptions = Field(
         default_factory=VerifyOptions,
-        description="seeds, tolerance, timing, allow-list, limits; anything but the defaults keeps the verdict out of scores",
+        description="seeds, tolerance, timing, allow-list, limits; anything but the defaults keeps the verdict out of "
+                    "scores",
     )
     detail: bool = Field(False, description="include per-input-set errors, compiler logs and the candidate's output")
 
@@ -119,8 +120,10 @@ class Result(BaseModel):
 
 _NEXT = {
     Verdict.faster: "record_outcome with this candidate_id; profile_kernel it to find the next bottleneck",
-    Verdict.slower: "record_outcome with this candidate_id (a slower result teaches the KB too), then try another optimization",
-    Verdict.incorrect: "fix the kernel (detail=true shows per-set errors), verify again; record_outcome to count the failure",
+    Verdict.slower: "record_outcome with this candidate_id (a slower result teaches the KB too), then try another "
+                    "optimization",
+    Verdict.incorrect: "fix the kernel (detail=true shows per-set errors), verify again; record_outcome to count the "
+                       "failure",
     Verdict.invalid: "the findings say what is not allowed and what to change; verify again after fixing",
     Verdict.compile_error: "fix the compiler errors in `compile.messages` and verify again",
     Verdict.timeout: "the candidate hung or was too slow: check loops, grid sizes and synchronisation",
@@ -209,7 +212,8 @@ def summarize(result: VerifyResult, record: CandidateRecord, standing: Candidate
     elif record.strength in (Strength.loosened, Strength.custom, Strength.quick):
         next_step = (f"checked with non-default options ({record.strength.value}: "
                      f"{', '.join(f'{k}={v}' for k, v in record.options.items())}): kept under its own key and never "
-                     "credited by record_outcome; verify with the default options for a verdict that counts. " + next_step)
+                     "credited by record_outcome; verify with the default options for a verdict that counts. "
+                     + next_step)
     return Result(
         record=record,
         standing=standing,

@@ -102,7 +102,7 @@ class ToolContext:
     def _kb_first(self) -> Path:
         """The artifacts folder, once the KB exists: artifacts written beside no KB would read as the
         remains of a deleted one, and the KB would then (rightly) not be created over them."""
-        self.store
+        _ = self.store  # opening it creates the KB first
         return self.artifacts_dir
 
     def close(self) -> None:

@@ -76,7 +76,7 @@ def secret_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:
             lines = []  # a missing file redacts nothing extra; the server warns about it at start
         out.update({line.strip(): "a configured secret" for line in lines if len(line.strip()) >= MIN_SECRET_CHARS})
     with _lock:
-        out.update({value: "a server secret" for value in _registered})
+        out.update(dict.fromkeys(_registered, "a server secret"))
     return out
 
 

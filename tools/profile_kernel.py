@@ -56,13 +56,17 @@ class Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     problem: Source | None = Field(
-        None, description="KernelBench problem: a path to a .py file, or its source text (with `report`: optional, names it)"
+        None,
+        description="KernelBench problem: a path to a .py file, or its source text (with `report`: optional, names it)"
     )
     candidate: Source | None = Field(
-        None, description="candidate defining class ModelNew: a path to a .py file, or its source; omit to profile the reference"
+        None,
+        description="candidate defining class ModelNew: a path to a .py file, or its source; omit to profile the "
+                    "reference"
     )
     detail: bool = Field(False, description="return every kernel with all metrics (large); default: the heaviest few")
-    top: int = Field(8, ge=1, le=100, description="kernels listed when detail is false (heaviest, shown in launch order)")
+    top: int = Field(8, ge=1, le=100,
+                     description="kernels listed when detail is false (heaviest, shown in launch order)")
     counters: bool = Field(True, description="collect hardware counters; false gives per-kernel timings only (fast)")
     source_counters: bool = Field(False, description="also collect SASS-level source counters (more replay passes)")
     warmup: int = Field(2, ge=1, le=50, description="forward passes before the profiled one")

@@ -67,9 +67,11 @@ class NewOptimization(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=3, max_length=120, description="short imperative name, e.g. 'Cache row max in registers'")
+    name: str = Field(min_length=3, max_length=120,
+                      description="short imperative name, e.g. 'Cache row max in registers'")
     description: str = Field(min_length=20, max_length=MAX_TEXT, description="what to change in the code, specifically")
-    category: str = Field("other", max_length=40, description="e.g. memory_access, fusion, parallelism, compute, occupancy")
+    category: str = Field("other", max_length=40,
+                          description="e.g. memory_access, fusion, parallelism, compute, occupancy")
     when_helps: str = Field("", max_length=600, description="the situation in which it pays off")
     cost: str = Field("", max_length=600, description="complexity, resource cost, correctness risks")
 
@@ -83,7 +85,8 @@ class Request(BaseModel):
     optimization_id: str | None = Field(None, description="id of the applied optimization (from suggest_optimizations)")
     new_optimization: NewOptimization | None = Field(None, description="instead of optimization_id: your own idea")
     candidate_id: str = Field(description="the candidate_id compile_and_verify returned for the changed kernel")
-    parent_candidate_id: str | None = Field(None, description="candidate_id of the kernel you started from, if verified")
+    parent_candidate_id: str | None = Field(None,
+                                            description="candidate_id of the kernel you started from, if verified")
     next_state_id: str | None = Field(None, description="state of the new kernel, if you profiled and classified it")
     analysis: str = Field("", max_length=MAX_TEXT, description="why it helped or not (kept in the replay buffer)")
     lesson: str | None = Field(None, max_length=600, description="one reusable sentence for the next agent (optional)")
@@ -102,14 +105,18 @@ class Result(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     outcome_id: str
-    recorded: bool = Field(description="False when this candidate was already recorded for this optimization (nothing changed)")
+    recorded: bool = Field(description="False when this candidate was already recorded for this optimization (nothing "
+                                       "changed)")
     optimization_id: str
     optimization_created: bool = False
     verdict: Verdict
-    track: Track = Field(DEFAULT_TRACK, description="precision track of the candidate's verdict: the scores this outcome moved")
+    track: Track = Field(DEFAULT_TRACK,
+                         description="precision track of the candidate's verdict: the scores this outcome moved")
     speedup: float | None = Field(description="server-measured speedup credited to the optimization")
     speedup_basis: SpeedupBasis | None = Field(
-        None, description=f"parent, parent_capped (the parent counted as {PARENT_SLACK:g}x slower than the reference at most) or eager"
+        None,
+        description=f"parent, parent_capped (the parent counted as {PARENT_SLACK:g}x slower than the reference at "
+                    "most) or eager"
     )
     score_moved: bool
     note: str
@@ -129,7 +136,8 @@ def ineligible(cand: CandidateRecord) -> str | None:
     if cand.strength not in (Strength.loosened, Strength.custom, Strength.quick):
         return None
     why = {
-        Strength.loosened: f"it was checked with loosened options ({'; '.join(cand.loosened) or 'see options'}) and is flagged",
+        Strength.loosened: f"it was checked with loosened options ({'; '.join(cand.loosened) or 'see options'}) and is "
+                           "flagged",
         Strength.custom: "it was checked with other settings than the defaults",
         Strength.quick: "its measurement was shortened",
     }[cand.strength]
@@ -218,7 +226,8 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         if cand is None:
             raise ToolError(
                 f"unknown candidate_id {req.candidate_id!r}: only candidates checked by compile_and_verify on this KB "
-                "can be recorded. Call compile_and_verify with the candidate source and use the candidate_id it returns."
+                "can be recorded. Call compile_and_verify with the candidate source and use the candidate_id it "
+                "returns."
             )
         refusal = ineligible(cand)
         if refusal:
@@ -230,7 +239,8 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
                 + " Use the id classify_state returned."
             )
         if req.next_state_id is not None and tx.get_state(req.next_state_id) is None:
-            raise ToolError(f"unknown next_state_id {req.next_state_id!r}: use the id classify_state returned, or omit it")
+            raise ToolError(f"unknown next_state_id {req.next_state_id!r}: use the id classify_state returned, or "
+                            "omit it")
         opt, created = _resolve_optimization(tx, req, ctx.client_name)
         family = arch_family(cand.arch)
         track = cand.track  # the verdict's own track: an outcome moves only that track's scores
@@ -239,7 +249,8 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         if previous is not None:
             _, basis, _ = _measured_speedup(tx, cand, previous.parent_candidate_id)
             return _result(tx, previous, basis, recorded=False, created=False, moved=False,
-                           note="already recorded: this candidate was credited to this optimization before; nothing changed")
+                           note="already recorded: this candidate was credited to this optimization before; nothing "
+                                "changed")
 
         speedup, basis, note = _measured_speedup(tx, cand, req.parent_candidate_id)
         moved = counts_toward_score(cand.verdict) and cand.creditable
@@ -253,30 +264,35 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         if moved:
             # the band one outcome may move a score within comes from the same calibrated posterior
             # the selection draws from (the state's scores on this family and track)
-            cal = calibrate(tx.candidate_stats(req.state_id, family, track), CalibrationSums(*tx.calibration_sums(track)))
+            cal = calibrate(tx.candidate_stats(req.state_id, family, track),
+                            CalibrationSums(*tx.calibration_sums(track)))
             for arch in dict.fromkeys((family, ALL_ARCH)):
                 base = _base_score(tx, req.state_id, opt.id, arch, track)
                 band = influence_band(base, cal)
                 if arch == ALL_ARCH and speedup is not None and speedup > 0:
                     credited = math.exp(credited_log_speedup(speedup, base, band))
                     if abs(math.log(credited / speedup)) > 1e-9:
-                        note += (f"one outcome moves a score only so far (at most {MAX_CREDITED_SPEEDUP:g}x, and within "
+                        note += (f"one outcome moves a score only so far (at most {MAX_CREDITED_SPEEDUP:g}x, and "
+                                 "within "
                                  f"a band around its estimate): the pooled score counts {credited:.3g}x, the outcome "
                                  f"keeps {speedup:.3g}x. ")
                 tx.put_score(apply_outcome(base, cand.verdict, speedup, client=ctx.client_name, band=band))
             if req.next_state_id and cand.verdict.is_valid:
                 tx.bump_transition(req.state_id, opt.id, req.next_state_id)
         if cand.flagged:
-            note += "the candidate's speedup is flagged for review (implausible): kept in the replay buffer, no score moved. "
+            note += ("the candidate's speedup is flagged for review (implausible): kept in the replay buffer, no score "
+                     "moved. ")
         elif not moved and counts_toward_score(cand.verdict):
             note += (f"verdict {cand.verdict.value} comes from a compile-only check, which reaches it less surely "
                      "than a GPU run; no score moved. ")
         elif not moved:
-            note += f"verdict {cand.verdict.value} says nothing about the optimization (the kernel never ran); no score moved. "
+            note += (f"verdict {cand.verdict.value} says nothing about the optimization (the kernel never ran); no "
+                     "score moved. ")
         outcome = Outcome(
             id=oid, problem=cand.problem, candidate_id=cand.candidate_id, parent_candidate_id=req.parent_candidate_id,
             state_id=req.state_id, next_state_id=req.next_state_id, optimization_id=opt.id, arch=family,
-            track=track, verdict=cand.verdict, speedup=speedup, speedup_vs_baseline=cand.speedup_vs_baseline, tokens=req.tokens,
+            track=track, verdict=cand.verdict, speedup=speedup, speedup_vs_baseline=cand.speedup_vs_baseline,
+            tokens=req.tokens,
             agent=ctx.client_name, analysis=req.analysis, flagged=cand.flagged,
         )
         tx.put_outcome(outcome)
@@ -289,7 +305,8 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
                     outcome_id=oid,
                 )
             )
-        if not created and opt.origin == "agent" and not optimization_is_verified(tx, opt) and outcome_is_verified(outcome):
+        if not created and opt.origin == "agent" and not optimization_is_verified(tx,
+                                                                                  opt) and outcome_is_verified(outcome):
             # an agent-made optimization first recorded with a failure is vouched for by this verified outcome
             tx.put_optimization(opt.model_copy(update={"outcome_id": oid}))
         return _result(tx, outcome, basis, recorded=True, created=created, moved=moved, note=note.strip() or "recorded")
@@ -300,7 +317,8 @@ def _result(
     moved: bool, note: str,
 ) -> Result:
     state_id, opt_id, track = outcome.state_id, outcome.optimization_id, outcome.track
-    pooled = view.get_score(state_id, opt_id, ALL_ARCH, track) or Score(state_id=state_id, optimization_id=opt_id, track=track)
+    pooled = view.get_score(state_id, opt_id, ALL_ARCH, track) or Score(state_id=state_id, optimization_id=opt_id,
+                                                                        track=track)
     entry = view.get_score(state_id, opt_id, outcome.arch, track) or pooled
     return Result(
         outcome_id=outcome.id,

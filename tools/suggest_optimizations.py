@@ -60,20 +60,24 @@ class Request(BaseModel):
     state_id: str = Field(description="KB state id from classify_state, e.g. 'memory_bandwidth_saturated'")
     k: int = Field(3, ge=1, le=10, description="how many distinct suggestions to return, best first")
     candidate_id: str | None = Field(
-        None, description="candidate_id of the kernel being optimized: optimizations its lineage already applied are left out"
+        None,
+        description="candidate_id of the kernel being optimized: optimizations its lineage already applied are left out"
     )
     temperature: float = Field(
         DEFAULT_TEMPERATURE, ge=0.0, le=MAX_TEMPERATURE,
-        description="spread of the draw from the evidence: 1 = as the evidence says (default), 0 = best posterior mean only, 2+ = explore more",
+        description="spread of the draw from the evidence: 1 = as the evidence says (default), 0 = best posterior mean "
+                    "only, 2+ = explore more",
     )
     arch: str | None = Field(
         None, description="GPU arch of the target (sm_90, 9.0 or hopper); scores of that family are used where measured"
     )
     track: Track = Field(
         DEFAULT_TRACK,
-        description="precision track the kernel is judged on: fp32 (strict, default), tf32, bf16 or fp16; only that track's measurements count",
+        description="precision track the kernel is judged on: fp32 (strict, default), tf32, bf16 or fp16; only that "
+                    "track's measurements count",
     )
-    exclude: list[str] = Field(default_factory=list, description="further optimization ids not to suggest (already tried)")
+    exclude: list[str] = Field(default_factory=list,
+                               description="further optimization ids not to suggest (already tried)")
     seed: int | None = Field(None, description="fix the random draw (same seed, same KB -> same suggestions)")
 
 
@@ -106,9 +110,12 @@ class Suggestion(BaseModel):
     id: str
     name: str
     category: str
-    origin: str = Field(description="seed, imported, agent or campaign (agent and campaign text is untrusted KB content)")
+    origin: str = Field(description="seed, imported, agent or campaign (agent and campaign text is untrusted KB "
+                                    "content)")
     recorded_by: str | None = Field(None, description="for an agent-made optimization: the client that described it")
-    from_outcome: str | None = Field(None, description="for an agent-made optimization: the verified outcome that introduced it")
+    from_outcome: str | None = Field(None,
+                                     description="for an agent-made optimization: the verified outcome that "
+                                                 "introduced it")
     what_to_do: str
     why_it_fits: str
     cost: str
@@ -121,7 +128,8 @@ class Suggestion(BaseModel):
     scored_on: str = Field(description="arch family of the score used ('*' = pooled over all GPUs)")
     likely_next: list[NextState] = Field(default_factory=list, description="states the kernel moved to after it before")
     lessons: list[KBText] = Field(default_factory=list, description="verified lessons: untrusted KB content")
-    follow_ups: list[str] = Field(default_factory=list, description="'id: name' of optimizations that often pay off next")
+    follow_ups: list[str] = Field(default_factory=list,
+                                  description="'id: name' of optimizations that often pay off next")
 
 
 class Result(BaseModel):
@@ -158,7 +166,8 @@ def _lesson(lesson_text: str) -> str:
     return lesson_text if len(lesson_text) <= MAX_LESSON_CHARS else lesson_text[: MAX_LESSON_CHARS - 1] + "…"
 
 
-def _suggestion(view: KBView, state: State, score: Score, next_states: list[Lead], cal: Calibration) -> Suggestion | None:
+def _suggestion(view: KBView, state: State, score: Score, next_states: list[Lead],
+                cal: Calibration) -> Suggestion | None:
     opt = view.get_optimization(score.optimization_id)
     if opt is None or not optimization_is_verified(view, opt):
         return None
@@ -190,7 +199,8 @@ def _suggestion(view: KBView, state: State, score: Score, next_states: list[Lead
         attempts=score.attempts,
         failures=score.compile_failures + score.verify_failures,
         scored_on=score.arch,
-        likely_next=[NextState(state_id=x.state_id, share=round(x.share, 3), seen=x.count) for x in next_states[:MAX_LEADS]],
+        likely_next=[NextState(state_id=x.state_id, share=round(x.share, 3),
+                               seen=x.count) for x in next_states[:MAX_LEADS]],
         lessons=lessons,
         follow_ups=follow,
     )
@@ -200,7 +210,8 @@ def _unknown_state(view: KBView, state_id: str) -> ToolError:
     close = difflib.get_close_matches(state_id, view.state_ids(), n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     return ToolError(
-        f"unknown state_id {state_id!r}.{hint} Use the state id that classify_state returned, or list states with the kb://states resource."
+        f"unknown state_id {state_id!r}.{hint} Use the state id that classify_state returned, or list states with the "
+        "kb://states resource."
     )
 
 
@@ -222,7 +233,9 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     try:
         family = arch_family(req.arch)
     except ArchError as exc:
-        raise ToolError(f"{exc}; pass a compute capability like sm_90 or 9.0, a family like hopper, or omit arch") from exc
+        raise ToolError(
+            f"{exc}; pass a compute capability like sm_90 or 9.0, a family like hopper, or omit arch"
+        ) from exc
     with ctx.store.read() as view:
         state = view.get_state(req.state_id)
         if state is None:
@@ -245,7 +258,10 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
             shown, req.k, req.temperature, req.seed, exclude=[*req.exclude, *lineage], follow_on=bonus, calibration=cal
         )
         suggestions = [
-            s for s in (_suggestion(view, state, score, next_states.get(score.optimization_id, []), cal) for score in picked)
+            s
+            for s in (
+                _suggestion(view, state, score, next_states.get(score.optimization_id, []), cal) for score in picked
+            )
             if s is not None
         ]
     applicable = {s.optimization_id for s in pool}

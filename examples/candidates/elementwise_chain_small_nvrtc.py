@@ -44,7 +44,7 @@ extern "C" __global__ void chain(const float* __restrict__ x, const float* __res
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel():
     # NVRTC compiles in about 0.05 s; cached so every ModelNew shares one module.
     return torch.cuda._compile_kernel(KERNEL, "chain")

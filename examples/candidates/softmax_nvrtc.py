@@ -58,7 +58,7 @@ extern "C" __global__ void softmax_rows(const float* __restrict__ x, float* __re
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel():
     return torch.cuda._compile_kernel(KERNEL, "softmax_rows")
 

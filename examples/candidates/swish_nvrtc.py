@@ -39,12 +39,12 @@ extern "C" __global__ void swish_kernel(const float* __restrict__ x, float* __re
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel():
     return torch.cuda._compile_kernel(KERNEL, "swish_kernel")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _blocks(device_index: int) -> int:
     # Enough resident blocks to fill every SM several times over; the loop covers the rest.
     return torch.cuda.get_device_properties(device_index).multi_processor_count * 8

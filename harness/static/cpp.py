@@ -100,7 +100,8 @@ def check_strings(tree: ast.Module, ctx: Context, parents: dict[ast.AST, ast.AST
         text = node.value
         lowered = text.lower()
         # Library names handed to ctypes or dlopen, in any string.
-        for lib, code, label in (("cublas", FindingCode.library_call, "cublas"), ("cudnn", FindingCode.library_call, "cudnn")):
+        for lib, code, label in (("cublas", FindingCode.library_call, "cublas"), ("cudnn", FindingCode.library_call,
+                                                                                  "cudnn")):
             if re.search(rf"\blib{lib}\w*\.so", lowered) and label not in ctx.allow:
                 ctx.add(code, node.lineno, f"line {node.lineno}: the candidate loads {lib} ('{text[:60]}'); "
                         "compute with your own kernel")

@@ -222,7 +222,7 @@ class FileVisitor(ast.NodeVisitor):
                 "too; compute at the problem's precision in your own kernel",
             )
             return
-        if qn and (qn == "os.environ" or qn.startswith("os.environ.")) or is_environ_item(target, self.ctx):
+        if (qn and (qn == "os.environ" or qn.startswith("os.environ."))) or is_environ_item(target, self.ctx):
             return  # build settings such as TORCH_CUDA_ARCH_LIST are the candidate's business
         if root is not None and (root in self.ctx.modules or root in {"__builtins__", "builtins"}):
             self.ctx.add(

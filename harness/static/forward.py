@@ -65,7 +65,7 @@ class ForwardVisitor(ast.NodeVisitor):
             self._library(node.lineno, f"`{qn}`", qn.rsplit(".", 1)[-1])
         elif qn.startswith(("torch.ops.aten.", "torch._C._nn.", "torch._C._VariableFunctions.")):
             self._library(node.lineno, f"`{qn}`", qn.split(".")[3] if qn.count(".") >= 3 else qn)
-        elif qn.startswith("torch.special.") or qn.startswith("torch.linalg.") or qn.startswith("torch.fft."):
+        elif qn.startswith(("torch.special.", "torch.linalg.", "torch.fft.")):
             self._library(node.lineno, f"`{qn}`", qn.rsplit(".", 1)[-1])
         elif qn.startswith("torch.") and qn.count(".") == 1:
             name = qn.split(".")[1]

@@ -121,7 +121,8 @@ def collect_extensions(tree: ast.Module, ctx: Context) -> None:
             return value.id in ctx.extensions
         if isinstance(value, ast.Call):
             callee = value.func
-            name = callee.id if isinstance(callee, ast.Name) else callee.attr if isinstance(callee, ast.Attribute) else None
+            name = callee.id if isinstance(callee,
+                                           ast.Name) else callee.attr if isinstance(callee, ast.Attribute) else None
             return name in ctx.extension_functions
         return False
 

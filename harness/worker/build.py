@@ -66,7 +66,7 @@ def build_unit(unit: SourceUnit, arch: str, out_dir: Path) -> BuildReport:
                     with_cuda=unit.with_cuda if unit.with_cuda is not None else bool(cuda_cu), with_sycl=False)
         try:
             build(**{k: v for k, v in args.items() if k in accepted})
-        except Exception as exc:  # the compilers' errors, as torch reports them
+        except Exception as exc:  # noqa: BLE001 - the compilers' errors, as torch reports them
             log = truncate(str(exc).replace(str(folder) + "/", ""))
             if light and len(variants) > 1 and missing_declarations(log):
                 first_log = log

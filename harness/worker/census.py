@@ -78,7 +78,7 @@ def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions,
     report("import")
     try:
         pmod = load(problem.source, "kbmcp_census_problem")
-    except Exception as exc:  # the problem's own failure: no candidate code has run yet
+    except Exception as exc:  # noqa: BLE001 - the problem's own failure: no candidate code has run yet
         sys.modules.pop(names[-1], None)
         return ProblemFailed(stage="import", error=short_traceback(exc, (str(env.workdir / f"{names[-1]}.py"),))), True
     try:

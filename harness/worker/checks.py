@@ -159,13 +159,15 @@ class Checker:
                 problems.append(f"output is {tuple(c.shape)} {c.dtype} on {c.device}, expected "
                                 f"{tuple(r.shape)} {r.dtype} on {r.device}")
         if problems:
-            v.findings.append(Finding(code=FindingCode.wrong_output_type, message=problems[0] + "; return exactly what Model returns"))
+            v.findings.append(Finding(code=FindingCode.wrong_output_type,
+                                      message=problems[0] + "; return exactly what Model returns"))
             return self._record(InputSetCheck(index=index, kind=kind, passed=False, message=problems[0]))  # type: ignore[arg-type]
-        theirs = [t for t in (r_leaves + [x for x in (ref_inputs or []) if isinstance(x, torch.Tensor)])]
+        theirs = list(r_leaves + [x for x in (ref_inputs or []) if isinstance(x, torch.Tensor)])
         if any(overlaps(c, theirs) for c in c_leaves):
             v.findings.append(Finding(
                 code=FindingCode.reused_reference_output,
-                message="the output shares memory with the reference's output or inputs; compute into memory of your own",
+                message="the output shares memory with the reference's output or inputs; compute into memory of "
+                        "your own",
             ))
         if args is not None and pristine is not None:
             for i, (a, p) in enumerate(zip(args, pristine)):
@@ -258,7 +260,8 @@ class Checker:
             v.findings.append(Finding(
                 code=FindingCode.precision_lowered,
                 message=(f"errors up to {worst:.2g} of the output's RMS on {len(failed)} input sets: small, but beyond "
-                         f"the {str(self.dtype).replace('torch.', '')} tolerance, as computing in a lower precision (TF32, "
+                         f"the {str(self.dtype).replace('torch.', '')} tolerance, as computing in a lower precision "
+                         "(TF32, "
                          "bf16, fp16) gives; compute and accumulate in the reference's precision (or fix a small "
                          "arithmetic error)"),
             ))
@@ -303,7 +306,7 @@ class Checker:
 
     def _repeat(self, index: int, first: tuple) -> InputSetCheck:
         """A set again: does a second run on the same inputs agree with the first?"""
-        chk1, xs, ref_out, out1, _ = first
+        chk1, xs, ref_out, _out1, _ = first
         args = clone_inputs(xs)
         out = self.cand_run(args, ref_out)
         chk = self.check(index, "repeat", ref_out, out, args, xs, xs)
@@ -373,7 +376,8 @@ class Checker:
             if ref_moved and cand_still:
                 self.v.findings.append(Finding(
                     code=FindingCode.ignores_inputs,
-                    message=f"the output does not change when input {i} changes (the reference's does): input {i} is ignored",
+                    message=f"the output does not change when input {i} changes (the reference's does): input {i} is "
+                            "ignored",
                 ))
 
     # -- timing -----------------------------------------------------------------------------
@@ -451,7 +455,7 @@ class Checker:
                     cruns = QUICK_RUNS if quick else timer.runs_for(compiled, make, False, None)
                     cstats = timer.series(compiled, make, cruns, 1 if quick else v.options.warmup_runs)
                     compile_ms, compile_runs = cstats.median_ms, len(cstats.gpu_ms)
-                except Exception as exc:  # torch.compile cannot handle every model
+                except Exception as exc:  # noqa: BLE001 - torch.compile cannot handle every model
                     compile_note = f"torch.compile failed: {type(exc).__name__}: {str(exc)[:300]}"
             base = Baseline(problem_hash=v.problem.hash, device=env.device, torch_version=env.torch_version,
                             eager_ms=eager.median_ms, eager_runs=len(eager.gpu_ms),

@@ -171,7 +171,7 @@ def _setup(cache_dir: Path, scratch: Path, no_cuda: bool, role: str,
     if cuda:
         # Modules the torch.compile baseline loads later are loaded now, before the trusted snapshot,
         # so that whatever they set up is part of the pristine state rather than a change after it.
-        import torch._dynamo  # noqa: F401
+        import torch._dynamo
         compile_baseline_in_process()
 
         try:  # what the first torch.compile would patch into nn.Module
@@ -240,11 +240,11 @@ def _check_problem(env: Any, problem: Any) -> ProblemChecked | ProblemFailed:
     try:
         try:
             module = load_module(problem.source, name, env.workdir)
-        except Exception as exc:  # the problem's code: anything may go wrong
+        except Exception as exc:  # noqa: BLE001 - the problem's code: anything may go wrong
             return ProblemFailed(stage="import", error=short_traceback(exc, files))
         try:
             list(module.get_init_inputs())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the problem's code: anything may go wrong
             return ProblemFailed(stage="inputs", error=short_traceback(exc, files))
         return ProblemChecked()
     finally:
@@ -258,7 +258,8 @@ def _internal_error(req: Any, exc: BaseException) -> Any:
     if isinstance(req, CensusRequest):
         return CensusReply(
             verdict=Verdict.crashed, pid=os.getpid(),
-            summary=f"crashed: internal error of the census worker ({type(exc).__name__}: {str(exc)[:300]}); it was replaced",
+            summary=f"crashed: internal error of the census worker ({type(exc).__name__}: {str(exc)[:300]}); it was "
+                    "replaced",
         )
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:]
     problem = getattr(req, "problem", None)
@@ -309,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             channel.emit(Result, body=PingReply(info=info, profiler_sessions=profiler_sessions()))
             continue
         if isinstance(req, CensusRequest) != (args.role == "census"):
-            channel.emit(Result, body=_internal_error(req, RuntimeError(f"a {args.role} worker got a {req.kind!r} request")),
+            channel.emit(Result, body=_internal_error(req,
+                                                      RuntimeError(f"a {args.role} worker got a {req.kind!r} request")),
                          retire=True)
             return 0
         retire = False

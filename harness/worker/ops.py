@@ -72,9 +72,7 @@ class OpRecorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         packet = func.overloadpacket.__name__
         namespace = getattr(func, "namespace", "aten")
-        if namespace not in TORCH_NAMESPACES:
-            allowed = True
-        elif packet in ALLOWED_OPS or packet in self.allow:
+        if namespace not in TORCH_NAMESPACES or packet in ALLOWED_OPS or packet in self.allow:
             allowed = True
         elif packet in NOOP_ONLY_OPS:
             allowed = any(out is a for a in args)
@@ -142,7 +140,8 @@ def check_model_instance(model: torch.nn.Module, reference: type | None) -> list
             return [
                 Finding(
                     code=FindingCode.reference_fallback,
-                    message=f"ModelNew holds an instance of the reference Model as `{name}`; it must compute the result itself",
+                    message=f"ModelNew holds an instance of the reference Model as `{name}`; it must compute the "
+                            "result itself",
                     source="runtime",
                 )
             ]

@@ -117,27 +117,27 @@ def run(spec: DriverSpec, clock: _Clock | None = None, device: dict[str, Any] | 
     torch.manual_seed(spec.seed)
     try:
         problem = load_module(spec.problem_source, spec.problem_module, workdir)
-    except BaseException as exc:  # user code: any failure is reported, not raised
+    except BaseException as exc:  # noqa: BLE001 - user code: any failure is reported, not raised
         return _fail(spec, "load_problem", exc, EXIT_USER_CODE, **info)
     model_cls = problem.Model
     if spec.candidate_source is not None:
         try:
             candidate = load_module(spec.candidate_source, spec.candidate_module or "kbmcp_candidate", workdir)
             model_cls = candidate.ModelNew
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - user code: any failure is reported, not raised
             return _fail(spec, "load_candidate", exc, EXIT_USER_CODE, **info)
     try:
         init_inputs = problem.get_init_inputs()
         model = model_cls(*init_inputs)
         if isinstance(model, torch.nn.Module):
             model = model.cuda().eval()
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - user code: any failure is reported, not raised
         return _fail(spec, "build", exc, EXIT_USER_CODE, **info)
     try:
         # Made on the GPU: building large random inputs on the CPU and copying them costs seconds.
         with torch.device("cuda"):
             inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in problem.get_inputs()]
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - user code: any failure is reported, not raised
         return _fail(spec, "inputs", exc, EXIT_USER_CODE, **info)
     lap("load_and_build")
 
@@ -149,7 +149,7 @@ def run(spec: DriverSpec, clock: _Clock | None = None, device: dict[str, Any] | 
             torch.cuda.synchronize()
             info["warmup_s"] = time.perf_counter() - start
             lap("warmup")
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - user code: any failure is reported, not raised
             return _fail(spec, "warmup", exc, EXIT_USER_CODE, **info)
         try:
             start = time.perf_counter()
@@ -170,7 +170,7 @@ def run(spec: DriverSpec, clock: _Clock | None = None, device: dict[str, Any] | 
                 torch.cuda.synchronize()
                 torch.cuda.nvtx.range_pop()
                 info["forward_s"] = time.perf_counter() - start
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - user code: any failure is reported, not raised
             return _fail(spec, "forward", exc, EXIT_USER_CODE, **info)
     lap("forward")
     Path(spec.report_path).write_text(DriverReport(ok=True, **info).model_dump_json())

@@ -124,7 +124,7 @@ def _activity(event: Any) -> str:
     getter = getattr(event, "activity_type", None)
     try:
         return str(getter()).lower() if getter else ""
-    except Exception:  # pragma: no cover - a torch without it
+    except Exception:  # noqa: BLE001 - a torch without it
         return ""
 
 
@@ -136,7 +136,7 @@ def census(call: Callable[[], Any], allow: Collection[str] = ()) -> KernelCensus
         launches, visible = record_launches(call)
     except ProfilerForbidden:
         raise
-    except Exception as exc:  # the profiler can be unavailable; the dispatch-mode guard still ran
+    except Exception as exc:  # noqa: BLE001 - the profiler can be unavailable; the dispatch-mode guard still ran
         return KernelCensus(available=False, note=f"profiler unavailable: {type(exc).__name__}: {exc}")
     if not visible:
         return KernelCensus(available=False, launches=launches, note="the profiler saw no GPU activity")

@@ -42,7 +42,9 @@ def _global_hooks() -> set[int]:
 def _diff(where: str, before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     changed = [k for k in before if k not in now or now[k] is not before[k]]
     added = [k for k in now if k not in before]
-    return [f"{where}{k} {'replaced' if k in now else 'removed'}" for k in changed] + [f"{where}{k} added" for k in added]
+    return [f"{where}{k} {'replaced' if k in now else 'removed'}" for k in changed] + [
+        f"{where}{k} added" for k in added
+    ]
 
 
 @dataclass
@@ -67,8 +69,11 @@ class ReferenceSeal:
     def of_problem(cls, pmod: ModuleType) -> ReferenceSeal:
         """The problem module's code and its classes' attributes, and the global forward hooks."""
         module = _code_attrs(vars(pmod))
-        classes = {k: _code_attrs(dict(vars(v))) for k, v in module.items()
-                   if isinstance(v, type) and v.__module__ == pmod.__name__}
+        classes = {
+            k: _code_attrs(dict(vars(v)))
+            for k, v in module.items()
+            if isinstance(v, type) and v.__module__ == pmod.__name__
+        }
         return cls(module=module, classes=classes, hooks=_global_hooks())
 
     def seal_instance(self, ref: torch.nn.Module) -> None:
@@ -100,5 +105,3 @@ class ReferenceSeal:
                 found.append(f"{label}: forward hook added")
         found += [f"Model.{name} added" for name in now if name not in self.instances]
         return found
-
-

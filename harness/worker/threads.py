@@ -47,7 +47,9 @@ class ThreadCensus:
         native = {
             tid: name
             for tid, name in self.native.items()
-            if tid not in earlier.native and tid not in py_native and not name.lower().startswith(DRIVER_THREAD_PREFIXES)
+            if tid not in earlier.native
+            and tid not in py_native
+            and not name.lower().startswith(DRIVER_THREAD_PREFIXES)
         }
         return py, native
 
@@ -87,4 +89,3 @@ def thread_findings(before: ThreadCensus, after: ThreadCensus, phase: str) -> li
             )
         )
     return findings
-

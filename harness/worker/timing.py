@@ -59,7 +59,8 @@ class RunStats:
 
     gpu_ms: list[float] = field(default_factory=list)
     host_ms: list[float] = field(default_factory=list)
-    issue_ms: list[float] = field(default_factory=list)  # host time until the call returned and its end event was queued
+    # host time until the call returned and its end event was queued
+    issue_ms: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # re-check failures of timed outputs
 
     @property
@@ -380,7 +381,8 @@ def timings_against(
             notes.append(note)
         else:
             notes.append(f"eager re-timed beside the candidate took {eager.median_ms:.4g} ms, {drift:.2f}x its cached "
-                         f"{cached_ms:.4g} ms: more than the {MAX_EAGER_DRIFT:g}x a host's drift explains, so the cached "
+                         f"{cached_ms:.4g} ms: more than the {MAX_EAGER_DRIFT:g}x a host's drift explains, so the "
+                         "cached "
                          "figures are used (a reference slowed from inside the process must not make a speedup)")
     best = min(x for x in (eager_ms, compile_ms) if x is not None)
     return Timings(

@@ -85,7 +85,8 @@ def _settings() -> dict[str, Callable[[], object]]:
 def describe(value: object) -> str:
     code = getattr(value, "__code__", None)
     if code is not None:
-        return f"{getattr(value, '__qualname__', type(value).__name__)} from {Path(code.co_filename).name}:{code.co_firstlineno}"
+        return (f"{getattr(value, '__qualname__', type(value).__name__)} from "
+                f"{Path(code.co_filename).name}:{code.co_firstlineno}")
     return f"{type(value).__name__} {getattr(value, '__qualname__', '')}".strip()
 
 
@@ -131,7 +132,7 @@ class TrustedSnapshot:
         """Snapshot of the current process: call before importing any candidate."""
         # PyTorch rebinds a few of its own functions when torch._dynamo is first imported (which
         # the first dispatch mode does); import it now so that this is not mistaken for tampering.
-        import torch._dynamo  # noqa: F401
+        import torch._dynamo
 
         # PyTorch starts its CPU thread pool on the first parallel op; start it now, so that the
         # thread census does not blame the first candidate that runs a CPU op for it.
@@ -242,6 +243,5 @@ class TrustedSnapshot:
 def _safe(getter: Callable[[], object]) -> object:
     try:
         return getter()
-    except Exception as exc:  # a setting that cannot be read (no CUDA) is compared as its error
+    except Exception as exc:  # noqa: BLE001 - a setting that cannot be read (no CUDA) is compared as its error
         return f"<unreadable: {type(exc).__name__}>"
-

@@ -62,7 +62,8 @@ def tolerance_for(dtype: torch.dtype, problem_atol: float | None, problem_rtol: 
     rtol = base_r if options.rtol is None else options.rtol
     note = ""
     if atol > base_a or rtol > base_r:
-        note = f"tolerance loosened by the caller to atol={atol:g}, rtol={rtol:g} (the problem's is atol={base_a:g}, rtol={base_r:g})"
+        note = (f"tolerance loosened by the caller to atol={atol:g}, rtol={rtol:g} (the problem's is atol={base_a:g}, "
+                f"rtol={base_r:g})")
     return atol, rtol, note
 
 

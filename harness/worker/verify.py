@@ -111,7 +111,7 @@ def _context_healthy() -> bool:
         torch.cuda.synchronize()
         x = torch.ones(8, device="cuda")
         return float((x + 1).sum().item()) == 16.0
-    except Exception:
+    except Exception:  # noqa: BLE001 - any CUDA failure means the context is unusable
         return False
 
 
@@ -164,12 +164,14 @@ class GpuVerification:
         """Turns an exception from candidate code into a Stop with the right verdict."""
         comp = self._compile_result()
         if not comp.ok:
-            return Stop(Verdict.compile_error, f"compile error: {comp.messages[0] if comp.messages else 'build failed'}")
+            return Stop(Verdict.compile_error,
+                        f"compile error: {comp.messages[0] if comp.messages else 'build failed'}")
         if isinstance(exc, SyntaxError):
             return Stop(Verdict.compile_error, f"compile error: Python syntax error at line {exc.lineno}: {exc.msg}")
         if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc):
             torch.cuda.empty_cache()
-            return Stop(Verdict.crashed, f"crashed: {what} ran out of GPU memory: {str(exc).strip().splitlines()[0][:300]}")
+            return Stop(Verdict.crashed,
+                        f"crashed: {what} ran out of GPU memory: {str(exc).strip().splitlines()[0][:300]}")
         if _is_cuda_error(exc):
             healthy = _context_healthy()
             state = "the CUDA context survived" if healthy else "the CUDA context is corrupted; worker replaced"
@@ -177,7 +179,8 @@ class GpuVerification:
             return Stop(Verdict.crashed, f"crashed: {what} raised a CUDA error ({state}): "
                         f"{str(exc).strip().splitlines()[0][:300]}", retire=True)
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
-            return Stop(Verdict.crashed, f"crashed: {what} tried to exit the worker ({type(exc).__name__})", retire=True)
+            return Stop(Verdict.crashed, f"crashed: {what} tried to exit the worker ({type(exc).__name__})",
+                        retire=True)
         return Stop(Verdict.crashed, f"crashed: {what} raised {short_traceback(exc, self.files)}",
                     retire=not _context_healthy())
 

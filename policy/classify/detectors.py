@@ -50,7 +50,8 @@ def detect_too_few_blocks(k: KernelProfile) -> Diagnosis | None:
     if n_blocks >= limit:
         return None
     ev = [Evidence(metric="grid_blocks", value=n_blocks, threshold=limit, relation="<",
-                   note=f"{n_blocks} block(s) for {int(limit)} SMs" if sms else f"{n_blocks} block(s): fewer than any recent GPU's SM count")]
+                   note=f"{n_blocks} block(s) for {int(limit)} SMs" if sms else f"{n_blocks} block(s): fewer than any "
+                                                                                "recent GPU's SM count")]
     if m.waves_per_sm is not None:
         ev.append(Evidence(metric="waves_per_sm", value=m.waves_per_sm, note="fraction of one full wave of blocks"))
     return diag(Secondary.too_few_blocks, 1.0 - n_blocks / limit, ev, k.findings)
@@ -91,7 +92,8 @@ def detect_bank_conflicts(k: KernelProfile) -> Diagnosis | None:
         busy = Evidence(metric="l1_throughput_pct", value=l1, threshold=MID_PCT, relation=">=",
                         note="L1/shared pipe utilisation")
     elif stall is not None and stall[0] in ("mio_throttle", "short_scoreboard"):
-        busy = Evidence(metric=f"warp_stalls.{stall[0]}", value=stall[1], note="dominant stall: the shared-memory queue")
+        busy = Evidence(metric=f"warp_stalls.{stall[0]}", value=stall[1],
+                        note="dominant stall: the shared-memory queue")
     elif l1 is None and stall is None and rules_for(Secondary.bank_conflicts, k.findings):
         busy = Evidence(metric="rule:SharedMemoryConflicts", value=1.0,
                         note="no L1 utilisation or stalls in this profile: ncu's rule says the conflicts cost time")
@@ -208,7 +210,8 @@ def detect_occupancy_limit(k: KernelProfile) -> Diagnosis | None:
         return None
     if max(v(m.sm_throughput_pct), v(m.memory_throughput_pct)) >= HIGH_PCT:
         return None
-    secondary = Secondary.register_occupancy if m.occupancy_limiter == "registers" else Secondary.shared_memory_occupancy
+    registers = m.occupancy_limiter == "registers"
+    secondary = Secondary.register_occupancy if registers else Secondary.shared_memory_occupancy
     ev = [Evidence(metric="theoretical_occupancy_pct", value=theo, threshold=OCCUPANCY_LIMIT_PCT, relation="<=",
                    note=f"limited by {m.occupancy_limiter.replace('_', ' ')}")]
     if secondary is Secondary.register_occupancy and m.registers_per_thread is not None:
@@ -217,7 +220,8 @@ def detect_occupancy_limit(k: KernelProfile) -> Diagnosis | None:
         ev.append(Evidence(metric="shared_mem_per_block_bytes", value=m.shared_mem_per_block_bytes))
     stall = top_stall(m)
     if stall:
-        ev.append(Evidence(metric=f"warp_stalls.{stall[0]}", value=stall[1], note="dominant stall: too few warps to hide it"))
+        ev.append(Evidence(metric=f"warp_stalls.{stall[0]}", value=stall[1],
+                           note="dominant stall: too few warps to hide it"))
     return diag(secondary, (OCCUPANCY_LIMIT_PCT - theo) / 40.0, ev, k.findings)
 
 

@@ -13,7 +13,6 @@ from kb_mcp.kb.models import Primary, Secondary
 from kb_mcp.policy.classify.detectors import DETECTORS
 from kb_mcp.policy.classify.models import Diagnosis, Evidence, KernelClassification, ProfileClassification
 from kb_mcp.policy.classify.signals import has_counters, v
-from kb_mcp.policy.classify.throughput import throughput_diagnosis
 from kb_mcp.policy.classify.thresholds import (
     HEAVY_SHARE,
     MANY_LAUNCHES,
@@ -21,6 +20,7 @@ from kb_mcp.policy.classify.thresholds import (
     REDUNDANT_SHARE,
     TINY_KERNEL_US,
 )
+from kb_mcp.policy.classify.throughput import throughput_diagnosis
 
 WHOLE = "(whole candidate)"
 

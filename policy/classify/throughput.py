@@ -85,7 +85,8 @@ def memory_limited(k: KernelProfile, t: Throughput) -> Diagnosis | None:
     ev = [ev_mem, Evidence(metric="dram_throughput_pct", value=t.dram, note="DRAM is not the busy unit: L1/L2 are")]
     if m.l1_hit_rate_pct is not None and m.l1_hit_rate_pct < L1_SERVES_HIT_PCT:
         ev.append(Evidence(metric="l1_hit_rate_pct", value=m.l1_hit_rate_pct, threshold=L1_SERVES_HIT_PCT,
-                           relation="<", note="L1 misses most sectors (and no shared-memory traffic explains the load)"))
+                           relation="<",
+                           note="L1 misses most sectors (and no shared-memory traffic explains the load)"))
     elif m.l1_hit_rate_pct is not None:
         ev.append(Evidence(metric="l1_hit_rate_pct", value=m.l1_hit_rate_pct,
                            note="L1 hits, but L2 is the busier unit: the traffic L1 does not hold goes to L2"))

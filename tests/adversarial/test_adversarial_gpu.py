@@ -62,7 +62,9 @@ def test_candidate_gets_expected_verdict(pool: object, case: Case) -> None:
     result: VerifyResult = pool.verify(problem, case.path.read_text(), options)  # type: ignore[attr-defined]
     _log(case, result)
     codes = {f.code.value for f in result.findings}
-    detail = f"{result.verdict.value}: {result.summary}\nfindings: {[(f.code.value, f.message) for f in result.findings]}"
+    detail = (
+        f"{result.verdict.value}: {result.summary}\nfindings: {[(f.code.value, f.message) for f in result.findings]}"
+    )
     assert result.verdict.value in case.verdicts, detail
     if case.honest:
         assert codes == set(), detail

@@ -10,6 +10,7 @@ import base64
 import json
 import secrets
 from pathlib import Path
+
 import pytest
 from mcp import Client
 
@@ -56,7 +57,8 @@ async def test_a_planted_secret_never_leaves_the_server(tmp_path: Path) -> None:
     secret = "sk-acme-" + secrets.token_hex(16)
     kb = tmp_path / "shared" / "kb.json"
     env = {NAME: secret, "CUDA_VISIBLE_DEVICES": ""}
-    raising = CANDIDATE.read_text().replace("\n\nclass ModelNew", f"\n{LEAK}\nraise RuntimeError('leaking ' + _s)\n\nclass ModelNew", 1)
+    raising = CANDIDATE.read_text().replace("\n\nclass ModelNew",
+                                            f"\n{LEAK}\nraise RuntimeError('leaking ' + _s)\n\nclass ModelNew", 1)
     printing = CANDIDATE.read_text().replace("\n\nclass ModelNew", f"\n{LEAK}\n\nclass ModelNew", 1)
     problem = tmp_path / "leaky_problem.py"
     problem.write_text(PROBLEM.read_text() + f"\n{LEAK}\nraise ValueError('problem leaks ' + _s)\n")
@@ -64,12 +66,14 @@ async def test_a_planted_secret_never_leaves_the_server(tmp_path: Path) -> None:
 
     async with Client(stdio_params(kb, env=env)) as client:
         crashed = await call_json(client, "compile_and_verify", {"problem": str(PROBLEM), "candidate": raising})
-        shown = await call_json(client, "compile_and_verify", {"problem": str(PROBLEM), "candidate": printing, "detail": True})
+        shown = await call_json(client, "compile_and_verify", {"problem": str(PROBLEM), "candidate": printing,
+                                                               "detail": True})
         with pytest.raises(ToolCallError) as problem_error:
             await call_json(client, "compile_and_verify", {"problem": str(problem), "candidate": printing})
         job = await call_json(client, "start_job", {"kind": "compile_and_verify",
                                                     "arguments": {"problem": str(PROBLEM), "candidate": raising}})
-        mine = await call_json(client, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"], "wait_s": 100})
+        mine = await call_json(client, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"],
+                                                      "wait_s": 100})
         same_session_no_key = await call_json(client, "job_status", {"job_id": job["job_id"]})
         texts += [json.dumps(x) for x in (crashed, shown, mine, same_session_no_key)] + [str(problem_error.value)]
 
@@ -87,7 +91,8 @@ async def test_a_planted_secret_never_leaves_the_server(tmp_path: Path) -> None:
     assert mine["result"]["summary"] and mine["result"]["record"]["verdict"] == "needs_gpu"
     assert theirs["result"]["record"] == mine["result"]["record"]
     for public in (theirs, same_session_no_key):  # without the key, nobody sees the private text
-        assert public["result"]["summary"] == "" and public["result"]["output"] == "" and public["result"]["findings"] == []
+        blanked = public["result"]
+        assert blanked["summary"] == "" and blanked["output"] == "" and blanked["findings"] == []
     assert with_key["result"]["summary"] == mine["result"]["summary"]
     _assert_nowhere(secret, texts, kb.parent)
 
@@ -101,7 +106,8 @@ def test_redaction_of_names_encodings_and_configured_values(tmp_path: Path, monk
            "OTHER": "listed-by-name-99", "KB_MCP_REDACT_ENV": "OTHER", "KB_MCP_REDACT_FILE": str(extra), "X_KEY": "1"}
     table = secret_values(env)
     assert set(table) == {"ghp_" + "a" * 30, "hunter2hunter2", "listed-by-name-99", "configured-value-123"}
-    text = "tok ghp_" + "a" * 30 + " pw " + "hunter2hunter2".encode().hex() + " other listed-by-name-99 plain not-a-secret-at-all"
+    text = "tok ghp_" + "a" * 30 + " pw " + b"hunter2hunter2".hex() + (" other listed-by-name-99 plain "
+                                                                       "not-a-secret-at-all")
     out = redact(text, table)
     assert "[redacted $GITHUB_TOKEN]" in out and "[redacted $MY_DB_PASSWORD]" in out and "[redacted $OTHER]" in out
     assert "not-a-secret-at-all" in out and "hunter2" not in out

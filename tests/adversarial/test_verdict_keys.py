@@ -37,7 +37,8 @@ async def test_weaker_reverification_changes_neither_the_stored_verdict_nor_the_
             assert weak["record"]["options_digest"] != record["options_digest"]
             assert weak["standing"] == record, "the stronger stored verdict stands and is shown"
         opt = (await call_json(client, "suggest_optimizations", {"state_id": STATE, "k": 1}))["suggestions"][0]["id"]
-        recorded = await call_json(client, "record_outcome", {"state_id": STATE, "optimization_id": opt, "candidate_id": cid})
+        recorded = await call_json(client, "record_outcome", {"state_id": STATE, "optimization_id": opt,
+                                                              "candidate_id": cid})
         assert recorded["verdict"] == "needs_gpu" and recorded["score_moved"] is False
 
     with KBStore.open(kb_path).read() as view:
@@ -59,7 +60,8 @@ async def test_a_loosened_verdict_is_flagged_and_never_credited(kb_path: Path) -
         assert record["flagged"] and record["strength"] == "loosened" and len(record["loosened"]) == 2
         assert "loosened" in loose["summary"] and "never credited" in loose["next_step"]
         opt = (await call_json(client, "suggest_optimizations", {"state_id": STATE, "k": 1}))["suggestions"][0]["id"]
-        with pytest.raises(ToolCallError, match=r"cannot move a score because it was checked with loosened options.*default options"):
+        with pytest.raises(ToolCallError,
+                           match=r"cannot move a score because it was checked with loosened options.*default options"):
             await call_json(client, "record_outcome",
                             {"state_id": STATE, "optimization_id": opt, "candidate_id": record["candidate_id"]})
         with pytest.raises(ToolCallError, match=r"timeout_s=3600 is above this server's cap of 600"):

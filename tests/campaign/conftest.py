@@ -31,7 +31,8 @@ def client_for() -> Iterator[Callable[..., LLMClient]]:
     clients: list[LLMClient] = []
 
     def make(server: FakeLLMServer, **config: object) -> LLMClient:
-        values: dict[str, object] = {"base_url": server.base_url, "model": "fake-model", "max_retries": 2, "timeout_s": 10.0}
+        values: dict[str, object] = {"base_url": server.base_url, "model": "fake-model", "max_retries": 2,
+                                     "timeout_s": 10.0}
         values.update(config)
         client = LLMClient(LLMConfig(**values))  # type: ignore[arg-type]
         clients.append(client)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 from fakellm import Answer, Rule, Script
 
-from kb_mcp.clients.llm import Role
 from kb_mcp.campaign.agent_base import AgentFailed, Conversation
 from kb_mcp.campaign.agent_gradient import parse_analysis, parse_evaluation, parse_update
 from kb_mcp.campaign.agent_kernel import changed_kernel_parser, parse_kernel_answer
 from kb_mcp.campaign.agent_parse import AnswerError, extract_json_object
 from kb_mcp.campaign.agent_review import parse_review
+from kb_mcp.clients.llm import Role
 
-MODULE = "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
+MODULE = (
+    "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
+)
 
 
 def test_kernel_answer_from_fence_with_prose_around() -> None:
@@ -97,7 +99,9 @@ def test_gradient_parsers() -> None:
 
 
 def test_conversation_sends_parser_feedback_and_recovers(fake_llm, client_for) -> None:
-    script = Script(rules=[Rule(answers=[Answer(text="I cannot help with that."), Answer(text=f"```python\n{MODULE}```")])])
+    script = Script(
+        rules=[Rule(answers=[Answer(text="I cannot help with that."), Answer(text=f"```python\n{MODULE}```")])]
+    )
     server = fake_llm(script)
     conversation = Conversation(client_for(server), Role.generate, "write kernels", problem="p1")
     answer = conversation.ask("Problem: p1\nwrite it", parse_kernel_answer)

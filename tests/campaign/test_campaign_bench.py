@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from kb_mcp.campaign.agent_kernel import lower_request
+from kb_mcp.campaign.bench import Bench, BenchError
 from kb_mcp.harness.ncu_parse import parse_ncu_csv
 from kb_mcp.harness.problem import load_problem
 from kb_mcp.harness.profile_model import Profile
 from kb_mcp.harness.profile_store import ProfileStore, new_profile_id
-from kb_mcp.campaign.agent_kernel import lower_request
-from kb_mcp.campaign.bench import Bench, BenchError
 from kb_mcp.tools.context import ToolContext
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,8 @@ def _stored_profile(ctx: ToolContext, name: str) -> str:
     return profile.profile_id
 
 
-@pytest.mark.parametrize(("fixture", "state"), [("stream", "memory_bandwidth_saturated"), ("strided", "uncoalesced_global_access")])
+@pytest.mark.parametrize(("fixture", "state"), [("stream", "memory_bandwidth_saturated"),
+                                                ("strided", "uncoalesced_global_access")])
 def test_diagnosis_of_a_recorded_profile(kb_path: Path, fixture: str, state: str) -> None:
     ctx = ToolContext(kb_path)
     bench = Bench(ctx)
@@ -51,7 +52,8 @@ def test_diagnosis_of_a_recorded_profile(kb_path: Path, fixture: str, state: str
 def test_compile_only_diagnosis_falls_back_and_says_so(kb_path: Path) -> None:
     ctx = ToolContext(kb_path)
     bench = Bench(ctx)
-    diagnosis = bench.diagnose(load_problem(SWISH), "", "c_0", compile_only=True, fallback_state="high_level_inefficiency")
+    diagnosis = bench.diagnose(load_problem(SWISH), "", "c_0", compile_only=True,
+                               fallback_state="high_level_inefficiency")
     assert diagnosis.state_source == "fallback" and diagnosis.profile_id is None
     assert "compile-only" in diagnosis.state_summary
     with pytest.raises(BenchError, match="not in the KB"):

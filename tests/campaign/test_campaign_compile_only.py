@@ -13,9 +13,9 @@ from campaign_helpers import CHAIN, SWISH, campaign_command, campaign_env, run_c
 from fakellm import FakeLLMServer, RecordedRequest
 from fakellm.campaign_script import campaign_script
 
-from kb_mcp.kb.store import KBStore
-from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.campaign.report_render import PLOTS
+from kb_mcp.campaign.store import CampaignStore
+from kb_mcp.kb.store import KBStore
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
@@ -40,7 +40,7 @@ def campaign(
 
 
 def test_campaign_finishes_and_reports(campaign) -> None:
-    proc, kb, store, requests = campaign
+    proc, _kb, store, requests = campaign
     status = store.read_status()
     assert status.state == "finished" and status.runs == 1
     assert "compile-only" in proc.stdout
@@ -118,7 +118,8 @@ def test_textual_gradient_edited_the_kb(campaign) -> None:
         assert len(g.rejected) == 2 and any("unknown state" in r.reason for r in g.rejected)
         assert g.kb_after.lessons >= g.kb_before.lessons
     fresh = KBStore.open(kb)
-    lesson_pairs = {(e["state_id"], e["optimization_id"]) for g in gradients for e in g.applied if e["kind"] == "add_lesson"}
+    lesson_pairs = {(e["state_id"],
+                     e["optimization_id"]) for g in gradients for e in g.applied if e["kind"] == "add_lesson"}
     for state_id, opt_id in lesson_pairs:
         lessons = fresh.lessons(state_id, opt_id)
         assert any(lesson.source == "textual_gradient" for lesson in lessons)

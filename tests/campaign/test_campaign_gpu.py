@@ -13,9 +13,9 @@ from campaign_helpers import CHAIN, SWISH, campaign_command, campaign_env, run_c
 from fakellm import FakeLLMServer
 from fakellm.campaign_script import campaign_script
 
+from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.kb.models import ALL_ARCH
 from kb_mcp.kb.store import KBStore
-from kb_mcp.campaign.store import CampaignStore
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

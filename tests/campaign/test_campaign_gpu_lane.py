@@ -50,7 +50,8 @@ def _start_server(kb: Path, env: dict[str, str], log: Path) -> tuple[subprocess.
     raise AssertionError(f"server did not start:\n{log.read_text(errors='replace')}")
 
 
-async def _campaign_beside_client(url: str, arguments: dict[str, object], options: dict[str, object]) -> tuple[dict, int]:
+async def _campaign_beside_client(url: str, arguments: dict[str, object], options: dict[str,
+                                                                                        object]) -> tuple[dict, int]:
     """Starts the campaign job, verifies candidates as a client until it ends; returns its status
     and how many verifications the client made."""
     async with connect_http(url) as client:
@@ -67,7 +68,8 @@ async def _campaign_beside_client(url: str, arguments: dict[str, object], option
             assert result["record"]["verdict"] in ("needs_gpu", "faster", "slower"), result
             calls += 1
             status = await call_json(client, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"]})
-        status = await call_json(client, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"], "wait_s": 60})
+        status = await call_json(client, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"],
+                                                        "wait_s": 60})
     return status, calls
 
 

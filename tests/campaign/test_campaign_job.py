@@ -61,7 +61,8 @@ async def test_campaign_job_runs_to_a_result(tmp_path: Path, monkeypatch: pytest
     assert "api_key" not in json.dumps(stored)
 
 
-async def test_campaign_job_without_llm_fails_with_instructions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_campaign_job_without_llm_fails_with_instructions(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("KB_MCP_LLM_BASE_URL", "KB_MCP_LLM_MODEL", "KB_MCP_LLM_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     status = await _run_job(tmp_path / "kb.json", {"problems": [str(SWISH)], "compile_only": True})
@@ -70,7 +71,8 @@ async def test_campaign_job_without_llm_fails_with_instructions(tmp_path: Path, 
 
 
 @pytest.mark.nvcc
-async def test_cancelled_campaign_job_stops_cleanly_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_cancelled_campaign_job_stops_cleanly_and_resumes(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import anyio
 
     from kb_mcp.campaign.store import CampaignStore

@@ -3,6 +3,7 @@ continues where it stopped instead of starting over."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import time
@@ -13,9 +14,9 @@ from campaign_helpers import SWISH, campaign_command, campaign_env, run_campaign
 from fakellm import FakeLLMServer
 from fakellm.campaign_script import campaign_script
 
+from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.kb import ids
 from kb_mcp.kb.store import KBStore
-from kb_mcp.campaign.store import CampaignStore
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
@@ -23,7 +24,7 @@ STEPS = 4
 FLAGS = ("--compile-only", "--iterations", "1", "--steps", str(STEPS), "--gradient-every", "2", "--fix-attempts", "2")
 
 
-def _slow_script():  # noqa: ANN202
+def _slow_script():
     script = campaign_script()
     for rule in script.rules:
         if rule.role == "lower":
@@ -32,7 +33,7 @@ def _slow_script():  # noqa: ANN202
     return script
 
 
-def _wait_for_steps(folder: Path, n: int, proc, timeout: float = 180) -> None:  # noqa: ANN001
+def _wait_for_steps(folder: Path, n: int, proc, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if len(list((folder / "raw" / "steps").glob("*/i*_s*.json"))) >= n:
@@ -46,7 +47,7 @@ def _wait_for_steps(folder: Path, n: int, proc, timeout: float = 180) -> None:  
 
 def _all_json_whole(folder: Path) -> int:
     """Every record file parses; returns how many there are."""
-    files = [p for p in folder.rglob("*.json")]
+    files = list(folder.rglob("*.json"))
     for path in files:
         json.loads(path.read_text())
     return len(files)
@@ -57,7 +58,7 @@ def _check_finished(store: CampaignStore, kb: Path, runs: int) -> None:
     assert status.state == "finished" and status.runs == runs
     steps = store.steps()
     assert [(s.iteration, s.step) for s in steps] == [(0, i) for i in range(STEPS)]
-    for earlier, later in zip(steps, steps[1:]):  # each step started from where the previous left off
+    for earlier, later in itertools.pairwise(steps):  # each step started from where the previous left off
         expected_parent = earlier.candidate_id if earlier.accepted else earlier.parent_candidate_id
         assert later.parent_candidate_id == expected_parent
     report = json.loads((store.report_dir / "report.json").read_text())

@@ -6,8 +6,6 @@ import json
 import math
 from pathlib import Path
 
-from kb_mcp.clients.llm import TokenCount, TokenLedger
-from kb_mcp.kb.models import Verdict
 from kb_mcp.campaign.models import (
     AttemptRecord,
     CampaignConfig,
@@ -17,15 +15,18 @@ from kb_mcp.campaign.models import (
     ReviewRecord,
     StepRecord,
 )
-from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.campaign.report import report_from_store
 from kb_mcp.campaign.report_render import PLOTS, write_report
+from kb_mcp.campaign.store import CampaignStore
+from kb_mcp.clients.llm import TokenCount, TokenLedger
+from kb_mcp.kb.models import Verdict
 
 # (eager ms, torch.compile ms) per problem
 BASELINES = {"pa": (2.0, 1.0), "pb": (1.0, 3.0), "pc": (None, None)}
 
 
-def _attempt(problem: str, cid: str, verdict: Verdict, time_ms: float | None = None, flagged: bool = False) -> AttemptRecord:
+def _attempt(problem: str, cid: str, verdict: Verdict, time_ms: float | None = None,
+             flagged: bool = False) -> AttemptRecord:
     eager, compiled = BASELINES[problem]
     timed = verdict.is_valid
     return AttemptRecord(
@@ -45,7 +46,7 @@ def _tokens(role: str, problem: str, n: int) -> TokenLedger:
 
 
 def _step(problem, it, st, cid, verdict, time_ms=None, *, parent="c_init", parent_ms=None, opt="tile", state="s_mem",
-          accepted=False, review=None, flagged=False, next_state=None) -> StepRecord:  # noqa: ANN001
+          accepted=False, review=None, flagged=False, next_state=None) -> StepRecord:
     speedup = parent_ms / time_ms if (verdict.is_valid and parent_ms and time_ms) else None
     return StepRecord(
         problem=problem, iteration=it, step=st, parent_candidate_id=parent, parent_time_ms=parent_ms,
@@ -62,7 +63,8 @@ def _write_campaign(root: Path) -> CampaignStore:
     store.write_status(CampaignStatus(config=config, kb_path="/x/kb.json"))
     store.write_kb_start(KBSnapshot(states=16, discovered_states=0, optimizations=60, deprecated_optimizations=0,
                                     lessons=0, outcomes=0, measured_scores=0, bytes=1000))
-    for problem, verdict, time_ms in (("pa", Verdict.slower, 1.25), ("pb", Verdict.faster, 0.5), ("pc", Verdict.compile_error, None)):
+    for problem, verdict, time_ms in (("pa", Verdict.slower, 1.25), ("pb", Verdict.faster, 0.5),
+                                      ("pc", Verdict.compile_error, None)):
         store.write_initial(InitialRecord(
             problem=problem, problem_hash="h", problem_path=f"/x/{problem}.py",
             attempts=[_attempt(problem, f"c_{problem}0", verdict, time_ms)], candidate_id=f"c_{problem}0",

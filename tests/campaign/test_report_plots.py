@@ -81,7 +81,8 @@ def test_speedups_are_on_a_log_scale_and_failures_are_marked() -> None:
     low, high = ax.get_ylim()
     assert low > 0 and high > 3.2
     legend = ax.get_legend()
-    assert {t.get_text() for t in legend.get_texts()} == {"best valid kernel", "first kernel", "no valid kernel (failed)"}
+    assert {t.get_text() for t in legend.get_texts()} == {"best valid kernel", "first kernel",
+                                                          "no valid kernel (failed)"}
     assert legend.get_bbox_to_anchor().y0 < ax.get_window_extent().y0  # below the axes, over no point
 
 
@@ -108,7 +109,8 @@ def test_optimization_bars_sit_side_by_side_with_integer_ticks() -> None:
     assert len(centres) == len(bars)  # none drawn over another
     ticks = [t for t in ax.get_xticks() if 0 <= t <= 5]
     assert all(float(t).is_integer() for t in ticks)
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["fuse_elementwise_chain (2/5)", "vectorize_global_access (1/3)"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["fuse_elementwise_chain (2/5)",
+                                                            "vectorize_global_access (1/3)"]
 
 
 def test_kb_growth_titles_say_what_grew() -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from fakellm import Answer, Rule, Script
 
+from kb_mcp.campaign.textual_gradient import NO_LLM_NOTE, run_textual_gradient
 from kb_mcp.kb import ids
 from kb_mcp.kb.models import ALL_ARCH, Outcome, Score, Verdict
 from kb_mcp.kb.store import KBStore
-from kb_mcp.campaign.textual_gradient import NO_LLM_NOTE, run_textual_gradient
 
 FUSE = "fuse_elementwise_chain"
 HLI = "high_level_inefficiency"
@@ -42,41 +42,52 @@ def _measured(store: KBStore, state: str, opt: str, speedup: float, samples: int
 
 VALID = [
     {"kind": "add_lesson", "state_id": HLI, "optimization_id": FUSE,
-     "text": "Fusing pays most when the chain has three or more ops; two ops gave only 1.1x.", "reason": "batch outcomes 0 and 1"},
+     "text": "Fusing pays most when the chain has three or more ops; two ops gave only 1.1x.",
+     "reason": "batch outcomes 0 and 1"},
     {"kind": "adjust_prior", "state_id": MBS, "optimization_id": FUSE, "expected_speedup": 1.05, "weight": 2.0,
      "reason": "compile failed, gain unproven in this state"},
     {"kind": "add_optimization", "name": "Vectorize global loads with float4",
-     "description": "Load and store four consecutive floats per thread with float4 so each warp issues 128-byte transactions.",
-     "category": "memory_access", "applicable_states": [MBS], "expected_speedup": 1.2, "reason": "seen in the analysis"},
+     "description": "Load and store four consecutive floats per thread with float4 so each warp issues 128-byte "
+                    "transactions.",
+     "category": "memory_access", "applicable_states": [MBS], "expected_speedup": 1.2,
+     "reason": "seen in the analysis"},
     {"kind": "add_lesson", "state_id": MBS, "optimization_id": "agent_vectorize_global_loads_with_float4",
-     "text": "Check 16-byte alignment of the base pointer before using float4 loads.", "reason": "follows the new optimization"},
+     "text": "Check 16-byte alignment of the base pointer before using float4 loads.",
+     "reason": "follows the new optimization"},
     {"kind": "add_state", "name": "Compute bound, unclassified", "primary": "compute", "secondary": None,
      "description": "Compute pipes are busy but no single pipe or instruction class explains it yet.",
      "ranges": [{"metric": "sm_throughput_pct", "min": 60}],
      "reason": "two kernels matched no compute state"},
 ]
 INVALID = [
-    ({"kind": "add_lesson", "state_id": "no_such_state", "optimization_id": FUSE, "text": "x" * 30, "reason": "because of x"},
+    ({"kind": "add_lesson", "state_id": "no_such_state", "optimization_id": FUSE, "text": "x" * 30,
+      "reason": "because of x"},
      "unknown state"),
     ({"kind": "rewrite_everything", "reason": "because I can"}, "unknown kind"),
-    ({"kind": "adjust_prior", "state_id": HLI, "optimization_id": FUSE, "expected_speedup": 50, "reason": "huge gains!!"},
+    ({"kind": "adjust_prior", "state_id": HLI, "optimization_id": FUSE, "expected_speedup": 50,
+      "reason": "huge gains!!"},
      "less than or equal to 4"),
-    ({"kind": "adjust_prior", "state_id": HLI, "optimization_id": FUSE, "expected_speedup": 0.5, "reason": "it never helps, really"},
+    ({"kind": "adjust_prior", "state_id": HLI, "optimization_id": FUSE, "expected_speedup": 0.5,
+      "reason": "it never helps, really"},
      "contradicts 4 measurements"),
-    ({"kind": "deprecate_optimization", "optimization_id": FUSE, "reason": "one compile error seen"}, "contradict deprecating"),
+    ({"kind": "deprecate_optimization", "optimization_id": FUSE, "reason": "one compile error seen"},
+     "contradict deprecating"),
     ({"kind": "add_optimization", "name": "Fuse a chain of elementwise ops into one kernel", "category": "fusion",
       "description": "A duplicate of the seed optimization with the very same name, which must be refused.",
       "applicable_states": [HLI], "reason": "duplicate name test"}, "already exists"),
     ({"kind": "add_state", "name": "Odd pair", "primary": "memory", "secondary": "fp32_pipe",
-      "description": "A state whose secondary bottleneck belongs to another primary bottleneck.", "reason": "mismatch test"},
+      "description": "A state whose secondary bottleneck belongs to another primary bottleneck.",
+      "reason": "mismatch test"},
      "belongs to primary 'compute'"),
     ({"kind": "add_state", "name": "Another DRAM state", "primary": "memory", "secondary": "dram_bandwidth",
-      "description": "Same signature as the seed DRAM state, so it would never be chosen over it.", "reason": "duplicate of a seed state"},
+      "description": "Same signature as the seed DRAM state, so it would never be chosen over it.",
+      "reason": "duplicate of a seed state"},
      "already the state memory_bandwidth_saturated"),
     ({"kind": "add_lesson", "state_id": HLI, "optimization_id": FUSE, "text": "short", "reason": "too short lesson"},
      "at least 20 characters"),
     # what an LLM may do to priors is bounded: a x2 move per update, a weight of 2 pseudo-samples
-    ({"kind": "adjust_prior", "state_id": MBS, "optimization_id": FUSE, "expected_speedup": 3.0, "reason": "much better"},
+    ({"kind": "adjust_prior", "state_id": MBS, "optimization_id": FUSE, "expected_speedup": 3.0,
+      "reason": "much better"},
      "one update may move it within 0.65x..2.60x"),
     ({"kind": "adjust_prior", "state_id": MBS, "optimization_id": FUSE, "expected_speedup": 1.2, "weight": 8,
       "reason": "very sure about it"}, "less than or equal to 2"),
@@ -89,16 +100,22 @@ def _script(edits: list[dict]) -> Script:
     evaluation = {"summary": "fusion over-predicted in MBS", "items": [
         {"state_id": HLI, "optimization_id": FUSE, "assessment": "accurate", "comment": "1.6x and 0.9x"},
         {"state_id": MBS, "optimization_id": FUSE, "assessment": "overestimated", "comment": "did not compile"}]}
-    analysis = {"summary": "s", "gaps": [{"state_id": MBS, "optimization_id": FUSE, "cause": "syntax error in the fused kernel"}]}
+    analysis = {"summary": "s", "gaps": [{"state_id": MBS, "optimization_id": FUSE,
+                                          "cause": "syntax error in the fused kernel"}]}
     return Script(rules=[
         Rule(role="evaluate", answers=[Answer(text="Here:\n```json\n" + json.dumps(evaluation) + "\n```")]),
         Rule(role="analyze", answers=[Answer(text=json.dumps(analysis))]),
-        Rule(role="update", answers=[Answer(text="```json\n" + json.dumps({"edits": edits, "summary": "s"}) + "\n```")]),
+        Rule(role="update", answers=[Answer(text="```json\n" + json.dumps({"edits": edits,
+                                                                           "summary": "s"}) + "\n```")]),
     ])
 
 
 def _files(kb: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in kb.parent.iterdir() if p.name.startswith(kb.name) and not p.name.endswith((".lock", ".lock.holder"))}
+    return {
+        p.name: p.read_bytes()
+        for p in kb.parent.iterdir()
+        if p.name.startswith(kb.name) and not p.name.endswith((".lock", ".lock.holder"))
+    }
 
 
 def test_valid_edits_applied_in_one_transaction_invalid_rejected(tmp_path: Path, fake_llm, client_for) -> None:
@@ -138,7 +155,9 @@ def test_valid_edits_applied_in_one_transaction_invalid_rejected(tmp_path: Path,
     assert new_opt is not None and new_opt.origin == "campaign"
     assert "agent_vectorize_global_loads_with_float4" in [s.optimization_id for s in fresh.candidates(MBS)]
     new_state = fresh.get_state("discovered_compute_unspecified")
-    assert new_state is not None and new_state.origin == "discovered" and new_state.name == "Compute bound, unclassified"
+    assert (
+        new_state is not None and new_state.origin == "discovered" and new_state.name == "Compute bound, unclassified"
+    )
     assert new_state.parent_id is not None  # inherits its nearest state's optimizations
     inherited = {c.optimization_id for c in fresh.candidates(new_state.id)}
     assert inherited == {c.optimization_id for c in fresh.candidates(new_state.parent_id)}

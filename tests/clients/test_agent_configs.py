@@ -113,10 +113,12 @@ async def test_http_configs_reach_a_token_server(kb_path: Path) -> None:
 
 
 def test_the_documented_http_command_matches_the_shipped_config() -> None:
-    documented = re.findall(r"^claude mcp add --transport http kb-mcp (\S+) --header \"(.+)\"$", DOCS.read_text(), flags=re.M)
+    documented = re.findall(r"^claude mcp add --transport http kb-mcp (\S+) --header \"(.+)\"$", DOCS.read_text(),
+                            flags=re.M)
     assert documented == [("http://gpu-box.lan:8765/mcp", "Authorization: Bearer $KB_MCP_TOKEN")]
     shipped = _server_entry("claude-code-http.mcp.json", "mcpServers")
-    assert shipped["headers"]["Authorization"].replace("${KB_MCP_TOKEN}", "$KB_MCP_TOKEN") == documented[0][1].split(": ", 1)[1]
+    assert shipped["headers"]["Authorization"].replace("${KB_MCP_TOKEN}",
+                                                       "$KB_MCP_TOKEN") == documented[0][1].split(": ", 1)[1]
 
 
 def _codex(name: str) -> dict[str, Any]:
@@ -132,7 +134,8 @@ async def test_codex_starts_a_server_with_only_the_variables_it_forwards(tmp_pat
     kb = tmp_path / "codex-kb.json"
     mine = {"KB_MCP_KB": str(kb), "KB_MCP_CACHE": str(tmp_path / "cache"), "UNRELATED": "x"}
     # Codex hands the server a few basics plus the variables named in env_vars, nothing else
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **{k: v for k, v in mine.items() if k in entry["env_vars"]}}
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **{k: v for k,
+                                                                 v in mine.items() if k in entry["env_vars"]}}
     await _talk(StdioServerParameters(command=_executable(entry["command"]), args=list(entry["args"]), env=env))
     assert kb.exists()
 

@@ -88,7 +88,8 @@ def update(messages: list[dict[str, Any]]) -> str:
          "expected_speedup": round(max(0.3, 0.7 * (pair["expected_speedup"] or 1.0)), 3),
          "weight": 1.5, "reason": "prediction was too optimistic for this batch"},
         {"kind": "add_lesson", "state_id": "state_that_does_not_exist", "optimization_id": opt_id,
-         "text": "This lesson names a state the KB does not have and must be rejected.", "reason": "invalid on purpose"},
+         "text": "This lesson names a state the KB does not have and must be rejected.",
+         "reason": "invalid on purpose"},
         {"kind": "deprecate_everything", "reason": "not an edit kind at all"},
     ]
     return "Proposed edits:\n" + _json_block({"edits": edits, "summary": "one lesson, one prior"})
@@ -104,10 +105,12 @@ def campaign_script() -> Script:
                 Answer(text="A fused kernel computing x * sigmoid(x) with one thread per element would work well."),
                 Answer(text=kernel("swish_v1")),
             ]),
-            Rule(role="generate", problem=CHAIN, contains="verdict: compile_error", answers=[Answer(text=kernel("chain_v1"))]),
+            Rule(role="generate", problem=CHAIN, contains="verdict: compile_error",
+                 answers=[Answer(text=kernel("chain_v1"))]),
             Rule(role="generate", problem=CHAIN, answers=[Answer(text=kernel("chain_broken"))]),
             # lowering: swish gets a broken vectorization (fixed after the compiler's message), then variants
-            Rule(role="lower", problem=SWISH, contains="verdict: compile_error", answers=[Answer(text=kernel("swish_vec4"))]),
+            Rule(role="lower", problem=SWISH, contains="verdict: compile_error",
+                 answers=[Answer(text=kernel("swish_vec4"))]),
             Rule(role="lower", problem=SWISH, contains="code review rejected",
                  answers=[Answer(text=kernel("swish_strided", "The chunked version is correct as it is:"))]),
             Rule(role="lower", problem=SWISH, cycle=True, answers=[
@@ -117,7 +120,8 @@ def campaign_script() -> Script:
                 Answer(text=kernel("swish_b512", "Larger blocks:")),
             ]),
             # chain: smaller blocks, then a fusion attempt that never compiles (a compile failure for the KB)
-            Rule(role="lower", problem=CHAIN, contains="verdict: compile_error", answers=[Answer(text=kernel("chain_broken"))]),
+            Rule(role="lower", problem=CHAIN, contains="verdict: compile_error",
+                 answers=[Answer(text=kernel("chain_broken"))]),
             Rule(role="lower", problem=CHAIN, cycle=True, answers=[
                 Answer(text=kernel("chain_small_blocks", "Smaller blocks for more parallelism:")),
                 Answer(text=kernel("chain_broken")),

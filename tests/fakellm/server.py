@@ -80,7 +80,7 @@ class Rule(BaseModel):
         if self.responder is not None:
             try:
                 return Answer(text=self.responder(messages))
-            except Exception as exc:  # a broken test script shows up as a server error, not a hang
+            except Exception as exc:  # noqa: BLE001 - a broken test script shows up as a server error, not a hang
                 return Answer(status=500, text=f"responder failed: {type(exc).__name__}: {exc}")
         if self.cycle:
             return self.answers[(self.used - 1) % len(self.answers)]
@@ -127,7 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet test output
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
@@ -140,13 +140,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+    def do_GET(self) -> None:
         if self.path.rstrip("/").endswith("/models"):
             self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "tests"}]})
         else:
             self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         try:
             body = json.loads(self.rfile.read(length) or b"{}")

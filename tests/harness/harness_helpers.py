@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
@@ -18,9 +17,11 @@ def with_fault(where: str, code: str, base: str = "relu_nvrtc.py") -> str:
     src = fixture_source(base)
     lines = [f"        {line}" for line in code.strip().splitlines()]
     if where == "import":
-        return src.replace("\n\nclass ModelNew", "\n" + "\n".join(line[8:] for line in lines) + "\n\n\nclass ModelNew", 1)
+        return src.replace("\n\nclass ModelNew", "\n" + "\n".join(line[8:] for line in lines) + "\n\n\nclass ModelNew",
+                           1)
     if where == "init":
         return src.replace("        super().__init__()\n", "        super().__init__()\n" + "\n".join(lines) + "\n", 1)
     if where == "forward":
-        return src.replace("        y = torch.empty_like(x)\n", "\n".join(lines) + "\n        y = torch.empty_like(x)\n", 1)
+        return src.replace("        y = torch.empty_like(x)\n",
+                           "\n".join(lines) + "\n        y = torch.empty_like(x)\n", 1)
     raise ValueError(where)

@@ -53,7 +53,11 @@ class ModelNew: pass
 
 
 def test_merge_keeps_runtime_captures_first_without_repeats() -> None:
-    a = static_units('import torch\nk = torch.cuda._compile_kernel("__global__ void a(){}", "a")\nclass ModelNew: pass\n')
-    b = static_units('import torch\nk = torch.cuda._compile_kernel("__global__ void b(){}", "b")\nclass ModelNew: pass\n')
+    a = static_units(
+        'import torch\nk = torch.cuda._compile_kernel("__global__ void a(){}", "a")\nclass ModelNew: pass\n'
+    )
+    b = static_units(
+        'import torch\nk = torch.cuda._compile_kernel("__global__ void b(){}", "b")\nclass ModelNew: pass\n'
+    )
     merged = merge_units(a, b, a)
     assert [u.name for u in merged] == ["a", "b"]

@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 from harness_helpers import fixture_source
 
-from kb_mcp.harness.candidate import SourceUnit
+from kb_mcp.harness.candidate import SourceUnit, static_units
 from kb_mcp.harness.compile_only import CompileOnly
 from kb_mcp.harness.pool import WorkerPool
 from kb_mcp.harness.sandbox import detect
-from kb_mcp.harness.candidate import static_units
 from kb_mcp.harness.toolchain import (
     build_target,
     diagnostics,
@@ -23,7 +22,8 @@ from kb_mcp.kb.models import Verdict
 
 
 def test_light_header_detection() -> None:
-    assert not needs_torch_headers("#include <cuda_runtime.h>\n__global__ void k(float* x) {} // torch::Tensor in a comment")
+    assert not needs_torch_headers("#include <cuda_runtime.h>\n__global__ void k(float* x) {} // torch::Tensor in a "
+                                   "comment")
     assert needs_torch_headers("torch::Tensor f(torch::Tensor x) { return x; }")
     assert needs_torch_headers("#include <ATen/cuda/CUDAContext.h>\n")
     assert needs_torch_headers("void f() { TORCH_CHECK(true, \"x\"); }")

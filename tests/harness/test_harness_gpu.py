@@ -6,15 +6,16 @@ normally (on a replaced worker where the fault spoiled the old one).
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
 import pytest
 from harness_helpers import fixture_source, with_fault
 
+from kb_mcp.harness.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem
 from kb_mcp.harness.verdict import FindingCode, VerifyOptions
-from kb_mcp.harness.pool import WorkerPool
 from kb_mcp.kb.models import Verdict
 
 pytestmark = pytest.mark.gpu
@@ -45,8 +46,11 @@ def test_honest_nvrtc_candidate_is_verified_and_timed(pool: WorkerPool, relu_pro
     assert all(s.passed and s.numel == 2048 * 1024 for s in result.input_sets)
     t = result.timings
     assert t is not None and t.runs >= 10 and 0 < t.candidate_min_ms <= t.candidate_ms
-    assert t.eager_ms and t.compile_ms and t.speedup_vs_baseline == pytest.approx(min(t.eager_ms, t.compile_ms) / t.candidate_ms, rel=1e-3)
-    assert result.compile.style == "nvrtc" and result.compile.kernels == ["relu_k"] and result.device and result.arch.startswith("sm_")
+    assert t.eager_ms and t.compile_ms and t.speedup_vs_baseline == pytest.approx(min(t.eager_ms,
+                                                                                      t.compile_ms) / t.candidate_ms,
+                                                                                      rel=1e-3)
+    assert result.compile.style == "nvrtc" and result.compile.kernels == ["relu_k"]
+    assert result.device and result.arch.startswith("sm_")
     again = pool.verify(relu_problem, fixture_source("relu_nvrtc.py") + "\n# same kernel, new candidate id\n")
     assert again.timings is not None and again.timings.baseline_cached
     # the cached baseline, not a new measurement (a launch-bound reference is re-timed beside the candidate)
@@ -70,7 +74,8 @@ CENSUS_ONLY_ABORT = "import os\nif torch.autograd.profiler._is_profiler_enabled:
 def test_a_crash_under_the_profiler_costs_the_census_worker_only(pool: WorkerPool, relu_problem) -> None:
     restarts, census_restarts = pool.restarts, pool.census_restarts
     result = pool.verify(relu_problem, with_fault("forward", CENSUS_ONLY_ABORT), QUICK)
-    assert result.verdict == Verdict.crashed and "SIGABRT" in result.summary and "census" in result.summary, result.summary
+    assert result.verdict == Verdict.crashed, result.summary
+    assert "SIGABRT" in result.summary and "census" in result.summary, result.summary
     assert result.timings is None and not result.worker_replaced
     assert pool.restarts == restarts and pool.census_restarts == census_restarts + 1
     _normal(pool, relu_problem)
@@ -103,7 +108,8 @@ def test_load_inline_compile_error_reports_the_compiler(pool: WorkerPool, relu_p
 
 
 ILLEGAL = '''
-bad = torch.cuda._compile_kernel('extern "C" __global__ void bad(float* p) { p[threadIdx.x + (1ull << 40)] = 1.0f; }', "bad")
+bad = torch.cuda._compile_kernel(
+    'extern "C" __global__ void bad(float* p) { p[threadIdx.x + (1ull << 40)] = 1.0f; }', "bad")
 bad(grid=(1, 1, 1), block=(32, 1, 1), args=[x])
 torch.cuda.synchronize()
 '''
@@ -168,7 +174,7 @@ def test_a_launch_bound_reference_is_retimed_beside_each_candidate(pool: WorkerP
     assert a.speedup_vs_eager == pytest.approx(a.eager_ms / a.candidate_ms, rel=1e-3)
     assert a.compile_scaled and a.compile_ms == pytest.approx(t.compile_ms * a.eager_drift, rel=1e-2)
     assert "re-timed beside the candidate" in a.note
-    phases = {m.split(" (")[0]: round(b - t0, 3) for (m, t0), (_, b) in zip(marks, marks[1:])}
+    phases = {m.split(" (")[0]: round(b - t0, 3) for (m, t0), (_, b) in itertools.pairwise(marks)}
     print(f"chain: eager cached {t.eager_ms:.4f} ms, re-timed {a.eager_ms:.4f} ms (drift {a.eager_drift}), "
           f"candidate {a.candidate_ms:.4f} ms ({a.runs} runs); verdict {again.elapsed_s:.2f} s (first "
           f"{first.elapsed_s:.2f} s); phases {phases}")

@@ -50,9 +50,12 @@ def test_importing_the_whole_server_side_loads_no_torch() -> None:
     modules = [p.relative_to(HARNESS).with_suffix("").as_posix().replace("/", ".") for p in SERVER_SIDE]
     names = [f"kb_mcp.harness.{m}" for m in modules] + ["kb_mcp.tools.compile_and_verify",
                                                                "kb_mcp.tools.profile_kernel", "kb_mcp.tools.context"]
-    code = ("import sys\n" + "".join(f"import {n}\n" for n in names) +
-            "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'kb_mcp.harness.worker')))\n"
-            "print(bad)\n")
+    code = (
+        "import sys\n"
+        + "".join(f"import {n}\n" for n in names)
+        + "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'kb_mcp.harness.worker')))\n"
+        "print(bad)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -60,8 +60,8 @@ def test_a_malformed_problem_is_an_error_the_agent_can_act_on(ctx) -> None:
 
 
 BROKEN_PROBLEMS = {
-    "raises_on_import.py": "import torch\nraise RuntimeError('the problem module is broken')\n"
-    "class Model(torch.nn.Module):\n    pass\ndef get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n",
+    "raises_on_import.py": "import torch\nraise RuntimeError('the problem module is broken')\nclass Model"
+    "(torch.nn.Module):\n    pass\ndef get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n",
     "missing_import.py": "import torch\nimport kbmcp_no_such_module\nclass Model(torch.nn.Module):\n    pass\n"
     "def get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n",
     "bad_init_inputs.py": "import torch\nclass Model(torch.nn.Module):\n    pass\ndef get_inputs():\n    return []\n"
@@ -97,7 +97,8 @@ def test_on_the_gpu_a_model_that_fails_to_construct_is_the_problems_error(tmp_pa
     gpu_ctx = ToolContext(tmp_path / "kb.json", cache_dir=tmp_path / "cache")
     problem = tmp_path / "bad_model.py"
     problem.write_text(fixture_source("relu_problem.py").replace(
-        "        super().__init__()\n", "        super().__init__()\n        raise ValueError('this Model cannot be built')\n", 1))
+        "        super().__init__()\n",
+        "        super().__init__()\n        raise ValueError('this Model cannot be built')\n", 1))
     try:
         with pytest.raises(ToolError, match="this Model cannot be built") as caught:
             tool.run(gpu_ctx, tool.Request(problem=str(problem), candidate=fixture_source("relu_nvrtc.py")))
@@ -113,7 +114,7 @@ def test_a_hung_kb_lock_holder_does_not_lose_the_verdict(ctx, monkeypatch) -> No
     """Another process holds the KB lock and hangs: the verdict comes back at once, waits on disk,
     and is in the KB as soon as the holder is gone."""
     monkeypatch.setattr(tool, "VERDICT_LOCK_WAIT_S", 0.5)
-    ctx.store  # the KB exists before the holder takes its lock
+    _ = ctx.store  # the KB exists before the holder takes its lock
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from kb_mcp.kb.store import KBStore\n"
          "with KBStore.open(sys.argv[1]).transaction():\n print('held', flush=True); time.sleep(3600)",

@@ -28,7 +28,8 @@ GOOD_SETS = [InputSetCheck(index=i, kind="secret", passed=True, numel=10) for i 
 def timings(cand: float, eager: float, compile_ms: float | None = None, bound: float | None = None) -> Timings:
     best = min(x for x in (eager, compile_ms) if x is not None)
     return Timings(candidate_ms=cand, candidate_min_ms=cand, candidate_host_ms=cand, runs=20, eager_ms=eager,
-                   compile_ms=compile_ms, speedup_vs_eager=eager / cand, speedup_vs_baseline=best / cand, bound_ms=bound)
+                   compile_ms=compile_ms, speedup_vs_eager=eager / cand, speedup_vs_baseline=best / cand,
+                   bound_ms=bound)
 
 
 def test_options_reject_weak_or_unknown_settings() -> None:
@@ -58,7 +59,8 @@ def test_cheat_findings_make_it_invalid_even_when_sets_pass() -> None:
 
 
 def test_wrong_answers_are_incorrect_and_name_the_first_failing_set() -> None:
-    sets = GOOD_SETS[:3] + [InputSetCheck(index=3, kind="shifted", passed=False, mismatched=4, numel=10, message="4 of 10 off")]
+    sets = GOOD_SETS[:3] + [InputSetCheck(index=3, kind="shifted", passed=False, mismatched=4, numel=10,
+                                          message="4 of 10 off")]
     verdict, _, summary = decide(OK, sets, [], None)
     assert verdict == Verdict.incorrect and "set 3 (shifted)" in summary and "1 of 4" in summary
     lowered = [Finding(code=FindingCode.precision_lowered, message="bf16-like errors")]
@@ -98,10 +100,12 @@ def test_record_carries_the_servers_numbers() -> None:
                           compile=OK, timings=t, device="NVIDIA H100", arch="sm_90",
                           findings=[Finding(code=FindingCode.implausible_speedup, message="m")], flagged=True)
     rec = result.record(VerifyOptions())
-    assert (rec.candidate_id, rec.verdict, rec.time_ms, rec.eager_ms, rec.compile_ms) == ("c_1", Verdict.faster, 0.5, 1.0, 0.8)
+    assert (rec.candidate_id, rec.verdict, rec.time_ms, rec.eager_ms,
+            rec.compile_ms) == ("c_1", Verdict.faster, 0.5, 1.0, 0.8)
     assert rec.speedup_vs_baseline == pytest.approx(1.6) and rec.flagged and rec.findings == ["implausible_speedup"]
     assert rec.arch == "sm_90"
-    cpu = result.model_copy(update={"device": "", "timings": None, "verdict": Verdict.needs_gpu}).record(VerifyOptions())
+    cpu = result.model_copy(update={"device": "", "timings": None,
+                                    "verdict": Verdict.needs_gpu}).record(VerifyOptions())
     assert cpu.arch == "" and cpu.time_ms is None
 
 
@@ -134,7 +138,8 @@ def test_every_option_is_classified() -> None:
         ({"allow": ["gemm"]}, True, Strength.loosened, {"allow": ["gemm"]}),
         ({"implausible_speedup": 1000.0}, True, Strength.loosened, {"implausible_speedup": 1000.0}),
         ({"timeout_s": 500.0}, True, Strength.loosened, {"timeout_s": 500.0}),
-        ({"compile_timeout_s": 900.0, "timing": False}, False, Strength.loosened, {"compile_timeout_s": 900.0, "timing": False}),
+        ({"compile_timeout_s": 900.0, "timing": False}, False, Strength.loosened, {"compile_timeout_s": 900.0,
+                                                                                   "timing": False}),
     ],
 )
 def test_options_decide_the_strength_and_the_key(options, gpu, strength, kept) -> None:

@@ -15,12 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from harness_helpers import fixture_source, with_fault
 
 from kb_mcp.harness.pool import WorkerPool
 from kb_mcp.harness.verdict import FindingCode, VerifyOptions
 from kb_mcp.kb.models import Verdict
-
-from harness_helpers import fixture_source, with_fault
 
 CPU_CANDIDATE = '''
 import torch
@@ -64,7 +63,8 @@ def test_worker_starts_without_cuda_and_reports_itself(pool: WorkerPool) -> None
 @pytest.mark.nvcc
 def test_nvrtc_candidate_compiles_and_needs_gpu(pool: WorkerPool, relu_problem) -> None:
     steps: list[str] = []
-    result = pool.verify(relu_problem, fixture_source("relu_nvrtc.py"), progress=lambda d, t=None, m=None: steps.append(m))
+    result = pool.verify(relu_problem, fixture_source("relu_nvrtc.py"), progress=lambda d, t=None,
+                         m=None: steps.append(m))
     assert result.verdict == Verdict.needs_gpu and result.compile.ok and result.compile.style == "nvrtc"
     assert result.compile.kernels == ["relu_k"] and result.compile.arch == "sm_90a" and result.arch == "sm_90"
     assert "compiling the candidate's CUDA sources" in steps and steps[-1] == "needs_gpu"
@@ -75,7 +75,9 @@ def test_nvrtc_candidate_compiles_and_needs_gpu(pool: WorkerPool, relu_problem) 
 def test_cuda_error_gives_compile_error_with_the_compilers_line(pool: WorkerPool, relu_problem) -> None:
     result = pool.verify(relu_problem, fixture_source("relu_nvrtc_cuda_error.py"))
     assert result.verdict == Verdict.compile_error
-    assert any("relu_k.cu(4): error" in m and "undeclared_value" in m for m in result.compile.messages), result.compile.messages
+    assert any("relu_k.cu(4): error" in m and "undeclared_value" in m for m in result.compile.messages), (
+        result.compile.messages
+    )
 
 
 def test_python_errors_are_caught_before_any_worker_runs_them(pool: WorkerPool, relu_problem) -> None:
@@ -121,7 +123,9 @@ def test_host_crash_in_constructor_costs_one_worker(pool: WorkerPool, relu_probl
 
 def test_host_infinite_loop_times_out_at_its_limit(pool: WorkerPool, relu_problem) -> None:
     t0 = time.monotonic()
-    reply = pool.census(relu_problem, cpu_candidate(in_init="while True:\n    pass"), VerifyOptions(compile_timeout_s=4))
+    reply = pool.census(
+        relu_problem, cpu_candidate(in_init="while True:\n    pass"), VerifyOptions(compile_timeout_s=4)
+    )
     took = time.monotonic() - t0
     assert reply.verdict == Verdict.timeout and "4 s" in reply.summary
     assert 3.5 < took < 30, took

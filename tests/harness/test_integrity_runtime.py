@@ -13,23 +13,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from kb_mcp.harness.worker.integrity import IntegrityGuard, RETIRE_WORKER, dedupe
+from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.harness.worker.integrity import RETIRE_WORKER, IntegrityGuard, dedupe
 from kb_mcp.harness.worker.integrity_runtime import (
     KernelCensus,
     KernelLaunch,
     OpRecorder,
+    ProfilerEvent,
     TrustedSnapshot,
     census,
     census_findings,
     classify_launches,
     l2_findings,
-    ProfilerEvent,
     l2_state,
     launches_from_events,
     reset_l2_persistence,
 )
 from kb_mcp.harness.worker.loading import load_module
-from kb_mcp.harness.verdict import Finding, FindingCode
 
 C = FindingCode
 DATA = Path(__file__).resolve().parent / "data"
@@ -217,7 +217,8 @@ def test_guard_removal_is_reported(guard: IntegrityGuard) -> None:
     from torch.utils._python_dispatch import _pop_mode
 
     x = torch.ones(4)
-    with pytest.raises(Exception):  # the recorder cannot exit a stack it is no longer on
+    # the recorder cannot exit a stack it is no longer on
+    with pytest.raises(RuntimeError, match="empty mode stack"):
         with guard.watch():
             _pop_mode()  # what a candidate would do to run ops unseen
             torch.exp(x)
@@ -250,7 +251,8 @@ def test_classify_launches_sorts_own_library_and_torch() -> None:
 
 
 def test_user_kernel_names_that_look_like_gemm_stay_own() -> None:
-    c = classify_launches([KernelLaunch(name="gemm_kernel"), KernelLaunch(name="matmul_tiled"), KernelLaunch(name="sgemm_v2")])
+    c = classify_launches([KernelLaunch(name="gemm_kernel"), KernelLaunch(name="matmul_tiled"),
+                           KernelLaunch(name="sgemm_v2")])
     assert c.own == ["gemm_kernel", "matmul_tiled", "sgemm_v2"]
 
 
@@ -270,9 +272,12 @@ def test_launches_from_profiler_events() -> None:
         ProfilerEvent(name="void at::native::fill_kernel", device="cuda", correlation_id=100, linked_correlation_id=7,
                       activity="kernel"),
         ProfilerEvent(name="chain", device="cuda", correlation_id=101, linked_correlation_id=3, activity=""),
-        ProfilerEvent(name="kbmcp::candidate_forward", device="cuda", correlation_id=3, linked_correlation_id=3, activity=""),
-        ProfilerEvent(name="range", device="cuda", correlation_id=5, linked_correlation_id=3, activity="gpu_user_annotation"),
-        ProfilerEvent(name="Memcpy HtoD (Pageable -> Device)", device="cuda", correlation_id=102, linked_correlation_id=3),
+        ProfilerEvent(name="kbmcp::candidate_forward", device="cuda", correlation_id=3, linked_correlation_id=3,
+                      activity=""),
+        ProfilerEvent(name="range", device="cuda", correlation_id=5, linked_correlation_id=3,
+                      activity="gpu_user_annotation"),
+        ProfilerEvent(name="Memcpy HtoD (Pageable -> Device)", device="cuda", correlation_id=102,
+                      linked_correlation_id=3),
     ]
     launches = launches_from_events(events)
     assert [(x.name, x.op, x.kind) for x in launches] == [

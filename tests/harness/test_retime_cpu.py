@@ -23,6 +23,7 @@ from kb_mcp.harness.baselines import (
     launch_bound,
 )
 from kb_mcp.harness.worker.loading import load_module
+from kb_mcp.harness.worker.seal import ReferenceSeal
 from kb_mcp.harness.worker.timing import (
     MAX_RUNS,
     MIN_RUNS,
@@ -36,7 +37,6 @@ from kb_mcp.harness.worker.timing import (
     time_with_reference,
     timings_against,
 )
-from kb_mcp.harness.worker.seal import ReferenceSeal
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "problems"
 _names = itertools.count()
@@ -219,7 +219,8 @@ def test_which_series_are_timed_for_each_kind_of_baseline() -> None:
     cand = Series(_logged(calls, "c", 0.0005), lambda i: [i], runs=4, warmup=1,
                   check=lambda i, out: "wrong" if i == 0 else None)
     ref = _logged(calls, "e", 0.001)
-    gpu_bound = Baseline(problem_hash="h", device="d", torch_version="t", eager_ms=1.0, eager_runs=9, eager_issue_ms=0.05)
+    gpu_bound = Baseline(problem_hash="h", device="d", torch_version="t", eager_ms=1.0, eager_runs=9,
+                         eager_issue_ms=0.05)
     stats, eager = time_with_reference(timer, cand, ref, lambda i: [i], gpu_bound, quick=False)
     assert eager is None and calls == ["c"] * 5 and len(stats.gpu_ms) == 4
 
@@ -292,7 +293,7 @@ def test_a_candidate_that_slows_the_reference_is_seen(tmp_path: Path, tamper: st
         ref.forward = lambda *a: _slow_forward(ref, *a)
         want = "the Model instance: forward added"
     elif tamper == "module_function":
-        pmod.get_inputs = lambda: []
+        pmod.get_inputs = list
         want = "problem module: get_inputs replaced"
     elif tamper == "submodule_hook":
         handles.append(ref.fc1.register_forward_hook(lambda *a: time.sleep(0.001)))

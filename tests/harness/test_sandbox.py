@@ -39,7 +39,8 @@ for name, path in json.loads(sys.argv[1]).items():
 tryit("write scratch", lambda: open(os.path.join(os.environ["HOME"], "mine"), "w").write("ok"))
 tryit("write tmp", lambda: open("/tmp/kbmcp-sandbox-probe", "w").write("ok"))
 tryit("connect", lambda: socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=2).send(b"leak"))
-tryit("limits", lambda: {n: resource.getrlimit(getattr(resource, n)) for n in ("RLIMIT_FSIZE", "RLIMIT_DATA", "RLIMIT_NPROC", "RLIMIT_CPU")})
+LIMITS = ("RLIMIT_FSIZE", "RLIMIT_DATA", "RLIMIT_NPROC", "RLIMIT_CPU")
+tryit("limits", lambda: {n: resource.getrlimit(getattr(resource, n)) for n in LIMITS})
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 rc = libc.ptrace(0, 0, 0, 0)
@@ -212,7 +213,8 @@ def test_unconfined_by_choice_says_so_in_every_verdict(tmp_path: Path, relu_prob
 
     from kb_mcp.harness.pool import WorkerPool
 
-    with WorkerPool(tmp_path, no_cuda=True, spare=False, sandbox=Sandbox("unconfined", reason="KB_MCP_SANDBOX=unconfined")) as pool:
+    with WorkerPool(tmp_path, no_cuda=True, spare=False, sandbox=Sandbox("unconfined",
+                                                                         reason="KB_MCP_SANDBOX=unconfined")) as pool:
         result = pool.verify(relu_problem, fixture_source("relu_nvrtc.py"))
     assert result.flagged and "UNCONFINED" in result.summary and "KB_MCP_SANDBOX=unconfined" in result.summary
 

@@ -16,7 +16,7 @@ from kb_mcp.harness.worker.timing import guards_active, paused_gc
 
 
 class _Passthrough(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
 
 

@@ -42,7 +42,8 @@ def record(kb: str, prefix: str, n: int) -> None:
                                 arch="sm_90", time_ms=time_ms(prefix, i), eager_ms=2.0)
             )
     for i in range(n):  # one transaction per record, racing the other processes
-        record_outcome.run(ctx, record_outcome.Request(state_id=STATE, optimization_id=OPT, candidate_id=f"c_{prefix}_{i}"))
+        record_outcome.run(ctx, record_outcome.Request(state_id=STATE, optimization_id=OPT,
+                                                       candidate_id=f"c_{prefix}_{i}"))
 
 
 def churn(kb: str, start: int) -> None:
@@ -51,7 +52,8 @@ def churn(kb: str, start: int) -> None:
     i = start
     while True:
         with store.transaction() as tx:
-            tx.put_candidate(CandidateRecord(candidate_id=f"c_{i}", problem="p", problem_hash="h", verdict=Verdict.slower))
+            tx.put_candidate(CandidateRecord(candidate_id=f"c_{i}", problem="p", problem_hash="h",
+                                             verdict=Verdict.slower))
             tx.put_score(Score(state_id=STATE, optimization_id=OPT, arch="hopper", samples=i, attempts=i, prior=False,
                                mean_log_speedup=0.001 * i))
         print(i, flush=True)  # printed only after the commit returned: this index must survive

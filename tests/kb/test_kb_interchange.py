@@ -23,7 +23,8 @@ SAMPLE = Path(__file__).with_name("data") / "reference_kb.json"
 STATE, OPT = "memory_bandwidth_saturated", "vectorize_global_access"
 
 
-def _record(kb: Path, cid: str, time_ms: float, *, verdict: Verdict = Verdict.faster, next_state: str | None = None) -> None:
+def _record(kb: Path, cid: str, time_ms: float, *, verdict: Verdict = Verdict.faster,
+            next_state: str | None = None) -> None:
     ctx = ToolContext(kb, client_name=f"agent-{cid}")  # one client per record: no per-client bound applies
     with ctx.store.transaction() as tx:
         tx.put_candidate(CandidateRecord(candidate_id=cid, problem="p", problem_hash="h", verdict=verdict, arch="sm_90",
@@ -100,7 +101,8 @@ def test_reference_import_round_trip(tmp_path: Path) -> None:
     assert tail is not None and tail.origin == "discovered" and tail.signature.key == "latency/too_few_blocks"
 
     with store.read() as view:
-        exported = export_reference(view, ["memory_bandwidth_saturated", "bandwidth_bound_gather", "tail_effect_small_grid"])
+        exported = export_reference(view, ["memory_bandwidth_saturated", "bandwidth_bound_gather",
+                                           "tail_effect_small_grid"])
     sections = {**exported["optimization_strategies"], **exported["discovered_states"]}
     assert set(exported["discovered_states"]) == {"tail_effect_small_grid"}
     for group in ("optimization_strategies", "discovered_states"):
@@ -139,7 +141,8 @@ def test_reference_import_rejects_other_shapes(kb_path: Path) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", *args], capture_output=True, text=True,
+                          timeout=120)
 
 
 def test_cli_end_to_end(tmp_path: Path) -> None:
@@ -162,7 +165,8 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
     r = _cli("--kb", str(kb), "kb", "export", str(tmp_path / "out.json"))
     assert r.returncode == 1 and "exists" in r.stderr
     r = _cli("--kb", str(kb), "kb", "export", str(tmp_path / "ref.json"), "--format", "reference")
-    assert r.returncode == 0 and "bandwidth_bound_gather" in json.loads((tmp_path / "ref.json").read_text())["optimization_strategies"]
+    assert r.returncode == 0
+    assert "bandwidth_bound_gather" in json.loads((tmp_path / "ref.json").read_text())["optimization_strategies"]
     r = _cli("--kb", str(tmp_path / "k2.json"), "kb", "merge", str(tmp_path / "out.json"), str(SAMPLE))
     assert r.returncode == 0 and r.stdout.count("(kb-mcp)") == 1 and "(reference)" in r.stdout
     (tmp_path / "bad.json").write_text("{")

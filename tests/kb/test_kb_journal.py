@@ -89,7 +89,8 @@ def test_a_damaged_last_complete_line_is_damage_too_only_an_incomplete_one_is_ig
 def test_lines_of_the_older_format_without_checksums_still_load(kb_path: Path) -> None:
     KBStore.open(kb_path)
     j = Path(str(kb_path) + ".journal")
-    old = [json.dumps({"seq": i + 1, "ops": [["put", "candidates", f"c_old{i}", _candidate(f"c_old{i}").model_dump(mode="json")]]})
+    old = [json.dumps({"seq": i + 1, "ops": [["put", "candidates", f"c_old{i}",
+                                              _candidate(f"c_old{i}").model_dump(mode="json")]]})
            for i in range(3)]
     j.write_text("".join(line + "\n" for line in old))
     store = KBStore.open(kb_path)
@@ -124,7 +125,8 @@ def test_an_append_refuses_when_another_writer_put_a_complete_entry_there(kb_pat
     with store.transaction() as tx:
         tx.put_candidate(_candidate("c_0"))
     j = Path(str(kb_path) + ".journal")
-    intruder = journal.encode(journal.Entry(2, [["put", "candidates", "c_other", _candidate("c_other").model_dump(mode="json")]],
+    intruder = journal.encode(journal.Entry(2, [["put", "candidates", "c_other",
+                                                 _candidate("c_other").model_dump(mode="json")]],
                                             at=j.stat().st_size))
     with pytest.raises(KBConflictError, match="did not expect"):
         with store.transaction() as tx:

@@ -202,7 +202,8 @@ def tiny_disk(tmp_path: Path):
     """A real 4 MB file system (a tmpfs), so that a full disk is a full disk."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
     if done.returncode != 0:
         pytest.skip(f"needs permission to mount a small tmpfs for a real full disk: {done.stderr.strip()}")
     yield mount

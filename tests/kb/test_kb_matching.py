@@ -20,7 +20,8 @@ from kb_mcp.kb.store import KBStore
 
 def test_exact_key_match(kb_path: Path) -> None:
     store = KBStore.open(kb_path)
-    sig = signature_from_metrics(Primary.memory, Secondary.dram_bandwidth, {"dram_throughput_pct": 91.0, "sm_throughput_pct": 12.0})
+    sig = signature_from_metrics(Primary.memory, Secondary.dram_bandwidth, {"dram_throughput_pct": 91.0,
+                                                                            "sm_throughput_pct": 12.0})
     with store.read() as kb:
         m = match_state(kb, sig)
     assert m is not None and m.exact and m.state.id == "memory_bandwidth_saturated"
@@ -44,17 +45,20 @@ def test_nearest_by_metric_ranges_when_key_is_new(kb_path: Path) -> None:
 
 
 def test_flatten_metrics_handles_nested_and_missing_values() -> None:
-    flat = flatten_metrics({"a_pct": 1, "b": None, "warp_stalls": {"barrier": 2.5, "x": float("nan")}, "name": "k", "flag": True})
+    flat = flatten_metrics({"a_pct": 1, "b": None, "warp_stalls": {"barrier": 2.5, "x": float("nan")}, "name": "k",
+                            "flag": True})
     assert flat == {"a_pct": 1.0, "warp_stalls.barrier": 2.5}
 
 
 def test_discovered_state_inherits_discounted_scores_once(kb_path: Path) -> None:
     store = KBStore.open(kb_path)
     with store.transaction() as tx:  # give the parent a measured per-arch score
-        tx.put_score(Score(state_id="memory_bandwidth_saturated", optimization_id="vectorize_global_access", arch="hopper",
+        tx.put_score(Score(state_id="memory_bandwidth_saturated", optimization_id="vectorize_global_access",
+                           arch="hopper",
                            samples=4, attempts=4, mean_log_speedup=math.log(1.6), prior=False,
                            prior_mean_log_speedup=math.log(1.12), prior_weight=1.0))
-    sig = signature_from_metrics(Primary.latency, Secondary.dram_bandwidth, {"dram_throughput_pct": 88.0, "sm_throughput_pct": 20.0})
+    sig = signature_from_metrics(Primary.latency, Secondary.dram_bandwidth, {"dram_throughput_pct": 88.0,
+                                                                             "sm_throughput_pct": 20.0})
     with store.transaction() as tx:
         state, created = discover_state(tx, sig)
     assert created and state.origin == "discovered" and state.parent_id == "memory_bandwidth_saturated"

@@ -74,7 +74,8 @@ def test_a_pending_record_outlives_its_process_and_the_next_transaction_anywhere
     KBStore.open(kb_path)
     holder = _hung_holder(kb_path)
     script = (
-        "import sys; from kb_mcp.kb.store import KBStore; from kb_mcp.kb.models import CandidateRecord, Score, Verdict\n"
+        "import sys; from kb_mcp.kb.store import KBStore; from kb_mcp.kb.models import CandidateRecord, Score, "
+        "Verdict\n"
         "s = KBStore.open(sys.argv[1], lock_timeout=0.5)\n"
         "r = CandidateRecord(candidate_id='c_orphan', problem='p', problem_hash='h', verdict=Verdict.slower)\n"
         "print(s.commit_soon('candidate-c_orphan', lambda tx: tx.put_candidate(r), wait_s=0.3), flush=True)\n"
@@ -97,8 +98,12 @@ def test_a_pending_record_outlives_its_process_and_the_next_transaction_anywhere
 
 def test_a_failed_transaction_keeps_the_pending_records(kb_path: Path) -> None:
     store = KBStore.open(kb_path)
-    pending.write(store.pending_dir, "candidate-c_p", [["put", "candidates", "c_p", _record("c_p").model_dump(mode="json")]],
-                  0o600)
+    pending.write(
+        store.pending_dir,
+        "candidate-c_p",
+        [["put", "candidates", "c_p", _record("c_p").model_dump(mode="json")]],
+        0o600,
+    )
     with pytest.raises(RuntimeError):
         with store.transaction():
             raise RuntimeError("boom")

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from kb_mcp.harness.profile_model import KernelMetrics
-from kb_mcp.kb.models import SECONDARY_OF, ALL_ARCH
+from kb_mcp.kb.models import ALL_ARCH, SECONDARY_OF
 from kb_mcp.kb.seed import SEED_PRIOR_WEIGHT, seed_optimizations, seed_scores, seed_states
 from kb_mcp.kb.store import KBStore
 
@@ -47,7 +47,7 @@ def test_optimizations_are_specific_and_linked() -> None:
     opts = seed_optimizations()
     assert len(opts) >= 60
     state_ids = {s.id for s in seed_states()}
-    per_state: dict[str, int] = {s: 0 for s in state_ids}
+    per_state: dict[str, int] = dict.fromkeys(state_ids, 0)
     for o in opts:
         assert o.origin == "seed" and o.category and o.applicable_states
         assert len(o.description) >= 150, o.id

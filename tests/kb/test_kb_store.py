@@ -16,7 +16,8 @@ from kb_mcp.kb.store import KBFileError, KBStore
 
 def _candidate(cid: str, time_ms: float = 1.0) -> CandidateRecord:
     return CandidateRecord(
-        candidate_id=cid, problem="p", problem_hash="h", verdict=Verdict.faster, arch="sm_90", time_ms=time_ms, eager_ms=2.0
+        candidate_id=cid, problem="p", problem_hash="h", verdict=Verdict.faster, arch="sm_90", time_ms=time_ms,
+        eager_ms=2.0
     )
 
 
@@ -206,7 +207,8 @@ def test_threads_sharing_one_store_lose_no_update(kb_path: Path) -> None:
     def bump(store: KBStore) -> None:
         for _ in range(50):
             with store.transaction() as tx:
-                tx.bump_transition("memory_bandwidth_saturated", "fuse_elementwise_chain", "compute_throughput_saturated")
+                tx.bump_transition("memory_bandwidth_saturated", "fuse_elementwise_chain",
+                                   "compute_throughput_saturated")
             store.get_state("memory_bandwidth_saturated")  # lock-free reads interleaved with the writes
 
     threads = [threading.Thread(target=bump, args=(s,)) for s in (shared, shared, shared, other, other)]

@@ -22,7 +22,8 @@ from kb_mcp.tools.context import ToolContext
 STATE, OPT = "memory_bandwidth_saturated", "vectorize_global_access"
 
 
-def _verdict(ctx: ToolContext, cid: str, *, track: Track = Track.fp32, time_ms: float = 1.0, arch: str = "sm_90") -> None:
+def _verdict(ctx: ToolContext, cid: str, *, track: Track = Track.fp32, time_ms: float = 1.0,
+             arch: str = "sm_90") -> None:
     with ctx.store.transaction() as tx:
         tx.put_candidate(CandidateRecord(candidate_id=cid, problem="p", problem_hash="h", verdict=Verdict.faster,
                                          track=track, arch=arch, device=arch, time_ms=time_ms, eager_ms=2.0))

@@ -38,7 +38,8 @@ def test_the_lineage_is_every_optimization_on_the_way_to_the_kernel(ctx: ToolCon
     _step(ctx, "c_3", "grid_stride_ilp", "c_2", time_ms=1.0)
     _step(ctx, "c_side", "shared_memory_tiling", "c_1", time_ms=1.4)  # a sibling branch, not an ancestor
     with ctx.store.read() as view:
-        assert lineage_optimizations(view, "c_3") == ["grid_stride_ilp", "vectorize_global_access", "fuse_elementwise_chain"]
+        assert lineage_optimizations(view, "c_3") == ["grid_stride_ilp", "vectorize_global_access",
+                                                      "fuse_elementwise_chain"]
         assert lineage_optimizations(view, "c_side") == ["shared_memory_tiling", "fuse_elementwise_chain"]
         assert lineage_optimizations(view, "c_unknown") == []
 

@@ -12,8 +12,8 @@ import pytest
 
 from kb_mcp.kb.models import Score
 from kb_mcp.policy.select import (
-    Calibration,
     FAILURE_COST,
+    Calibration,
     CalibrationSums,
     calibrate,
     expected_utility,
@@ -25,7 +25,8 @@ from kb_mcp.policy.select import (
 )
 
 
-def _measured(opt: str, speedup: float, n: int = 10, failures: int = 0, prior: float = 1.0, spread: float = 0.2) -> Score:
+def _measured(opt: str, speedup: float, n: int = 10, failures: int = 0, prior: float = 1.0,
+              spread: float = 0.2) -> Score:
     return Score(
         state_id="s", optimization_id=opt, samples=n, attempts=n + failures, verify_failures=failures,
         mean_log_speedup=math.log(speedup), m2_log_speedup=spread**2 * max(n - 1, 0), prior=False,
@@ -37,7 +38,8 @@ def _untried(opt: str, prior_speedup: float = 1.0) -> Score:
     return Score(state_id="s", optimization_id=opt, prior_mean_log_speedup=math.log(prior_speedup), prior_weight=1.0)
 
 
-POOL = [_measured("a_best", 2.0), _measured("b_good", 1.5), _measured("c_meh", 1.1), _measured("d_bad", 0.8), _untried("e_new")]
+POOL = [_measured("a_best", 2.0), _measured("b_good", 1.5), _measured("c_meh", 1.1), _measured("d_bad", 0.8),
+        _untried("e_new")]
 
 
 def _firsts(pool: list[Score], draws: int = 2000, seed: int = 7, **kw: object) -> Counter[str]:
@@ -140,7 +142,7 @@ def test_priors_ranked_the_wrong_way_round_are_read_the_right_way_round() -> Non
 def test_a_state_without_measurements_follows_the_track_calibration() -> None:
     scores = _state([0.0, 0.2, 0.4], [0.4, 0.2, 0.0])  # reversed everywhere on the track
     sums = CalibrationSums.of(scores * 5)
-    intercept, slope, _, _ = track_calibration(sums)
+    _intercept, slope, _, _ = track_calibration(sums)
     assert slope < 0
     fresh = [_untried("a", math.exp(0.0)), _untried("b", math.exp(0.4))]
     cal = calibrate(fresh, sums)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.policy.structure import COMPUTE_STATE, MEMORY_STATE, OpFamily, REQUIRES, reference_structure
+from kb_mcp.policy.structure import COMPUTE_STATE, MEMORY_STATE, REQUIRES, OpFamily, reference_structure
 
 PROBLEMS = Path(__file__).resolve().parents[2] / "examples" / "problems"
 
@@ -33,7 +33,8 @@ def test_example_problems(problem: str, families: set[OpFamily], state: str) -> 
 
 def test_an_elementwise_reference_rules_out_attention_and_gemm_work() -> None:
     ruled_out = reference_structure((PROBLEMS / "swish.py").read_text()).ruled_out()
-    assert {"flash_attention_tiling", "online_softmax", "use_tensor_cores_mma", "implicit_gemm_convolution"} <= set(ruled_out)
+    assert {"flash_attention_tiling", "online_softmax", "use_tensor_cores_mma",
+            "implicit_gemm_convolution"} <= set(ruled_out)
     attention = reference_structure((PROBLEMS / "attention_scores.py").read_text()).ruled_out()
     assert "flash_attention_tiling" not in attention and "online_softmax" not in attention
 

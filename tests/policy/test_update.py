@@ -27,7 +27,8 @@ def _fresh(prior: float = 0.2) -> Score:
     return Score(state_id="s", optimization_id="o", arch="hopper", prior_mean_log_speedup=prior, prior_weight=1.0)
 
 
-def _run(score: Score, events: list[tuple[Verdict, float | None]], client: str = "a", band: tuple[float, float] | None = WIDE) -> Score:
+def _run(score: Score, events: list[tuple[Verdict, float | None]], client: str = "a",
+         band: tuple[float, float] | None = WIDE) -> Score:
     for verdict, speedup in events:
         score = apply_outcome(score, verdict, speedup, client=client, band=band)
     return score
@@ -41,14 +42,16 @@ def test_statistics_match_direct_computation_below_the_bounds_and_counts_by_verd
         for c, xs in speedups.items():
             s = apply_outcome(s, Verdict.faster if xs[i] > 1 else Verdict.slower, xs[i], client=c, band=WIDE)
     s = _run(s, [(Verdict.compile_error, None)] * 3 + [(Verdict.incorrect, None), (Verdict.invalid, None),
-                                                       (Verdict.timeout, None), (Verdict.crashed, None), (Verdict.needs_gpu, None)])
+                                                       (Verdict.timeout, None), (Verdict.crashed, None),
+                                                       (Verdict.needs_gpu, None)])
     logs = [math.log(x) for xs in speedups.values() for x in xs]
     assert (s.samples, s.attempts) == (12, 12 + 3 + 4)  # needs_gpu is no attempt
     assert s.successes == sum(1 for xs in speedups.values() for x in xs if x > 1)
     assert (s.compile_failures, s.verify_failures) == (3, 4)
     assert s.weight == 12.0
     # the failure rate's evidence is bounded like the mean's: 12 valid and 7 failed, scaled to the cap
-    assert s.ok_weight + s.fail_weight == pytest.approx(MAX_WEIGHT) and s.ok_weight > s.fail_weight > 7 * MAX_WEIGHT / 19
+    assert s.ok_weight + s.fail_weight == pytest.approx(MAX_WEIGHT)
+    assert s.ok_weight > s.fail_weight > 7 * MAX_WEIGHT / 19
     assert s.mean_log_speedup == pytest.approx(statistics.fmean(logs), rel=1e-12)
     assert s.variance == pytest.approx(statistics.variance(logs), rel=1e-9)
     assert set(s.clients) == {"a", "b", "c"} and not s.prior
@@ -86,7 +89,8 @@ def test_no_client_holds_more_than_its_share_and_the_total_is_capped() -> None:
     # a second client's samples are not discounted by the first one's flood
     s = _run(s, [(Verdict.faster, 1.5)] * 3, client="other")
     assert s.clients["other"][0] == pytest.approx(3.0) and s.clients["other"][1] == pytest.approx(math.log(1.5))
-    assert s.mean_log_speedup == pytest.approx((CLIENT_MAX_WEIGHT * math.log(2) + 3 * math.log(1.5)) / (CLIENT_MAX_WEIGHT + 3))
+    expected = (CLIENT_MAX_WEIGHT * math.log(2) + 3 * math.log(1.5)) / (CLIENT_MAX_WEIGHT + 3)
+    assert s.mean_log_speedup == pytest.approx(expected)
     for c in "bcde":
         s = _run(s, [(Verdict.faster, 1.2)] * 8, client=c)
     assert s.weight == pytest.approx(MAX_WEIGHT)
@@ -125,27 +129,31 @@ def test_merge_equals_statistics_of_the_union_below_the_bounds() -> None:
     assert m.variance == pytest.approx(statistics.variance(logs), rel=1e-9)
     assert m.prior_mean_log_speedup == 0.2, "the prior stays the receiving side's, never pooled"
     m2 = merge_scores(b, a)
-    assert m2.mean_log_speedup == pytest.approx(m.mean_log_speedup) and m2.m2_log_speedup == pytest.approx(m.m2_log_speedup)
+    assert m2.mean_log_speedup == pytest.approx(m.mean_log_speedup)
+    assert m2.m2_log_speedup == pytest.approx(m.m2_log_speedup)
     e = merge_scores(a, empty_like(b))
     assert (e.samples, e.mean_log_speedup, e.m2_log_speedup) == (a.samples, a.mean_log_speedup, a.m2_log_speedup)
 
 
 def test_subtract_inverts_merge() -> None:
     rng = random.Random(2)
-    a = _run(_fresh(), [(Verdict.faster, math.exp(rng.gauss(0.2, 0.3))) for _ in range(6)] + [(Verdict.crashed, None)], client="a")
+    a = _run(_fresh(), [(Verdict.faster, math.exp(rng.gauss(0.2, 0.3))) for _ in range(6)] + [(Verdict.crashed, None)],
+             client="a")
     b = _run(_fresh(), [(Verdict.slower, math.exp(rng.gauss(-0.2, 0.3))) for _ in range(5)], client="b")
     back = subtract_scores(merge_scores(a, b), b)
     assert (back.samples, back.attempts, back.verify_failures) == (a.samples, a.attempts, a.verify_failures)
     assert back.mean_log_speedup == pytest.approx(a.mean_log_speedup, rel=1e-9)
     assert back.m2_log_speedup == pytest.approx(a.m2_log_speedup, rel=1e-7)
     gone = subtract_scores(a, a)
-    assert (gone.samples, gone.attempts, gone.mean_log_speedup, gone.m2_log_speedup, gone.weight) == (0, 0, 0.0, 0.0, 0.0)
+    assert (gone.samples, gone.attempts, gone.mean_log_speedup, gone.m2_log_speedup,
+            gone.weight) == (0, 0, 0.0, 0.0, 0.0)
     assert gone.prior
 
 
 def test_a_score_written_before_weights_existed_counts_every_outcome_once() -> None:
     old = Score.model_validate({"state_id": "s", "optimization_id": "o", "mean_log_speedup": 0.4, "m2_log_speedup": 0.9,
-                                "samples": 10, "attempts": 13, "compile_failures": 2, "verify_failures": 1, "prior": False})
+                                "samples": 10, "attempts": 13, "compile_failures": 2, "verify_failures": 1,
+                                "prior": False})
     assert (old.weight, old.ok_weight, old.fail_weight) == (10.0, 10.0, 3.0)
     assert old.clients == {"": [10.0, 0.4, 0.9]} and old.variance == pytest.approx(0.1)
     new = apply_outcome(old, Verdict.faster, math.exp(0.4), client="a", band=WIDE)

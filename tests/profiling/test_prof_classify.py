@@ -156,7 +156,8 @@ def _one(metrics: KernelMetrics, grid: tuple[int, int, int] = (4096, 1, 1)) -> t
     [
         ({"sm_throughput_pct": 75, "memory_throughput_pct": 80, "dram_throughput_pct": 78, "fma_pipe_pct": 40},
          ("hybrid", "balanced_high")),
-        ({"sm_throughput_pct": 50, "memory_throughput_pct": 48, "dram_throughput_pct": 40}, ("hybrid", "balanced_moderate")),
+        ({"sm_throughput_pct": 50, "memory_throughput_pct": 48, "dram_throughput_pct": 40},
+         ("hybrid", "balanced_moderate")),
         ({"sm_throughput_pct": 20, "memory_throughput_pct": 85, "dram_throughput_pct": 15, "l2_throughput_pct": 85,
           "l2_hit_rate_pct": 30}, ("memory", "cache_misses")),
         ({"sm_throughput_pct": 85, "memory_throughput_pct": 10, "fma_pipe_pct": 20, "xu_pipe_pct": 5},

@@ -34,7 +34,8 @@ def test_raw_and_details_pages_become_a_classifiable_profile(ctx: ToolContext) -
     assert k.name == "conflicted_reads" and k.memory_throughput_pct == pytest.approx(99.89)
     assert any(f.rule == "SharedMemoryConflicts" for f in k.findings)
     stored = ProfileStore(ctx.profiles_dir).load(result.profile_id)
-    assert stored.imported_from == [str((OWN / n).resolve()) for n in ("bank_conflicts.raw.csv", "bank_conflicts.details.csv")]
+    assert stored.imported_from == [str((OWN / n).resolve()) for n in ("bank_conflicts.raw.csv",
+                                                                       "bank_conflicts.details.csv")]
     assert stored.total_gpu_time_ns == pytest.approx(2616256.0)
     assert any("imported from" in n for n in stored.notes)
     state = classify_state.run(ctx, classify_state.Request(profile_id=result.profile_id))
@@ -74,7 +75,8 @@ def test_pages_are_recognised_whatever_their_order(ctx: ToolContext) -> None:
         (["r.ncu-rep", "a.raw.csv"], "pass a .ncu-rep file alone"),
     ],
 )
-def test_unusable_files_are_the_callers_to_fix(ctx: ToolContext, tmp_path: Path, files: list[str], message: str) -> None:
+def test_unusable_files_are_the_callers_to_fix(ctx: ToolContext, tmp_path: Path, files: list[str],
+                                               message: str) -> None:
     (tmp_path / "notes.csv").write_text("name,value\nx,1\n")
     for name in ("a.raw.csv", "b.raw.csv"):
         (tmp_path / name).write_text((OWN / "stream.raw.csv").read_text())
@@ -185,7 +187,8 @@ def test_an_ncu_rep_is_read_by_the_report_module_in_the_sandbox(ctx: ToolContext
     monkeypatch.setenv("KB_MCP_NCU", "")  # no ncu CLI: metrics from the module alone
     result = _import(ctx, report)
     (k,) = result.kernels
-    assert k.name == "conflicted_reads" and k.grid == (1056, 1, 1) and result.arch == "sm_90" and result.device == "H100"
+    assert k.name == "conflicted_reads" and k.grid == (1056, 1,
+                                                       1) and result.arch == "sm_90" and result.device == "H100"
     assert any("rule findings (details page) are missing" in n for n in result.notes)
     state = classify_state.run(ctx, classify_state.Request(profile_id=result.profile_id))
     assert state.overall is not None and state.overall.state_id == "memory_bank_conflicts"

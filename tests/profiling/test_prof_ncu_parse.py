@@ -28,7 +28,8 @@ def test_units_and_separators_convert_to_base() -> None:
          "at::native::binary_internal::MulFunctor<float> >, std::array<char*, 3ul> >(int, float)",
          "vectorized_elementwise_kernel"),
         ("void unnamed>::distribution_elementwise_grid_stride_kernel<float, 4, void templates::normal<float>"
-         "(T1)::[lambda() (instance 1)]>(long, PhiloxCudaState, T3, T4)", "distribution_elementwise_grid_stride_kernel"),
+         "(T1)::[lambda() (instance 1)]>(long, PhiloxCudaState, T3, T4)",
+         "distribution_elementwise_grid_stride_kernel"),
         ("fused_relu_mul_add", "fused_relu_mul_add"),
     ],
 )

@@ -98,7 +98,8 @@ def test_an_unknown_or_ambiguous_candidate_is_refused(kb: Path) -> None:
 
 def test_outcomes_states_campaigns_and_stats(kb: Path) -> None:
     outcomes = json.loads(_kb(kb, "outcomes", "--state", STATE, "--json").stdout)
-    assert [o["candidate_id"] for o in outcomes["outcomes"]] == ["c_bad0000000000004", "c_leaf000000000003", "c_mid0000000000002"]
+    assert [o["candidate_id"] for o in outcomes["outcomes"]] == ["c_bad0000000000004", "c_leaf000000000003",
+                                                                 "c_mid0000000000002"]
     assert json.loads(_kb(kb, "outcomes", "--state", "tensor_core_bound", "--json").stdout)["count"] == 0
     states = json.loads(_kb(kb, "states", "--json").stdout)
     assert next(s for s in states["states"] if s["id"] == STATE)["outcomes"] == 3

@@ -38,7 +38,8 @@ def _heavy_imports(args: list[str], kb: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "args", [["--help"], ["--version"], ["kb", "--help"], ["kb", "stats"], ["kb", "stats", "--json"], ["doctor", "--json"]]
+    "args", [["--help"], ["--version"], ["kb", "--help"], ["kb", "stats"], ["kb", "stats", "--json"],
+             ["doctor", "--json"]]
 )
 def test_start_up_imports_nothing_heavy(args: list[str], tmp_path: Path) -> None:
     assert _heavy_imports(args, tmp_path / "kb.json") == []
@@ -50,7 +51,8 @@ def test_serve_is_the_command_that_imports_the_sdk(tmp_path: Path) -> None:
 
 
 def test_version_names_the_distribution() -> None:
-    out = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", "--version"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", "--version"], capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0
     assert out.stdout.startswith("kb-mcp ") and DIST_NAME in out.stdout and "not installed" not in out.stdout
 
@@ -64,7 +66,8 @@ def test_each_commands_listed_help_is_its_own() -> None:
 
 @pytest.mark.parametrize(
     ("argv", "expected"),
-    [(["serve"], "serve"), (["--kb", "serve", "kb", "stats"], "kb"), (["--kb=x", "call"], "call"), (["--help"], None), (["nope"], None)],
+    [(["serve"], "serve"), (["--kb", "serve", "kb", "stats"], "kb"), (["--kb=x", "call"], "call"), (["--help"], None),
+     (["nope"], None)],
 )
 def test_the_chosen_command_is_found_past_global_options(argv: list[str], expected: str | None) -> None:
     assert cli.chosen_command(argv) == expected

@@ -107,7 +107,9 @@ def test_statuses_are_ordered_words() -> None:
 def test_the_sandbox_check_is_the_harness_own(tmp_path: Path) -> None:
     def sandbox(setting: str) -> dict[str, str]:
         done = _doctor(["--json"], tmp_path / "kb.json", {"KB_MCP_SANDBOX": setting})
-        return next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "sandbox") | {"rc": str(done.returncode)}
+        return next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "sandbox") | {
+            "rc": str(done.returncode)
+        }
 
     bogus = sandbox("bogus")
     assert bogus["status"] == "fail" and "not a sandbox setting" in bogus["summary"] and bogus["rc"] == "1"

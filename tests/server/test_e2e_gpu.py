@@ -48,7 +48,8 @@ async def test_a_client_drives_one_round_on_the_gpu(kb_path: Path) -> None:
         status = job
         deadline = time.monotonic() + PROFILE_LIMIT_S
         while status["status"] in ("queued", "running") and time.monotonic() < deadline:
-            status = await call_json(client, "job_status", {"job_id": job["job_id"], "wait_s": 30}, progress=on_progress)
+            status = await call_json(client, "job_status", {"job_id": job["job_id"], "wait_s": 30},
+                                     progress=on_progress)
         timed("profile_job", t)
         assert status["status"] == "succeeded", status
         profile = status["result"]

@@ -35,7 +35,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     home = tmp_path_factory.mktemp("auth")
     kb, token_file = home / "kb.json", home / "token"
     token_file.write_text(TOKEN)
-    with http_server(kb, ["--http", "127.0.0.1:0", "--token-file", str(token_file)], env={"KB_MCP_TOKEN": ""}) as running:
+    with http_server(kb, ["--http", "127.0.0.1:0", "--token-file", str(token_file)],
+                     env={"KB_MCP_TOKEN": ""}) as running:
         yield running
 
 

@@ -53,7 +53,8 @@ async def test_the_callers_mistakes(kb_path: Path, tmp_path: Path) -> None:
         assert err["whose"] == "caller" and "no_such_state" in text
 
 
-async def test_a_damaged_journal_is_the_environments_fault_with_where_and_what_to_do(kb_path: Path, tmp_path: Path) -> None:
+async def test_a_damaged_journal_is_the_environments_fault_with_where_and_what_to_do(kb_path: Path,
+                                                                                     tmp_path: Path) -> None:
     _recorded_candidate(kb_path)
     journal = Path(str(kb_path) + ".journal")
     data = bytearray(journal.read_bytes())

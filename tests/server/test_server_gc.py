@@ -56,7 +56,8 @@ def test_unrecorded_candidates_go_and_what_a_record_points_to_stays(kb_path: Pat
     gone = sorted(i.path.name for i in report.removed["unrecorded candidates"])
     assert gone == ["c_lonely.json", "c_lonely.py"]
     left = sorted(p.name for p in (ctx.artifacts / "candidates").iterdir())
-    assert left == sorted(f"{c}{e}" for c in ("c_recorded", "c_parent", "c_young", "c_pending") for e in (".json", ".py"))
+    assert left == sorted(f"{c}{e}" for c in ("c_recorded", "c_parent", "c_young",
+                                              "c_pending") for e in (".json", ".py"))
     assert ctx.store.get_candidate("c_lonely") is not None  # the verdict itself stays in the KB
 
 

@@ -92,7 +92,8 @@ def test_unsafe_or_broken_http_configs_refuse_to_start(
     kb_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("KB_MCP_TOKEN", raising=False)
-    files = {"short": kb_path.parent / "short", "token": kb_path.parent / "token", "missing": kb_path.parent / "missing"}
+    files = {"short": kb_path.parent / "short", "token": kb_path.parent / "token",
+             "missing": kb_path.parent / "missing"}
     files["short"].write_text("short\n")
     files["token"].write_text(TOKEN + "\n")
     args = [a.format(**files) for a in args]

@@ -96,7 +96,8 @@ def test_a_job_whose_server_died_is_reported_interrupted(kb_path: Path, toy_spec
     manager = _manager(kb_path, toy_spec)
     import socket
 
-    orphan = JobRecord(job_id=new_job_id(), kind="toy_count", status="running", owner=f"{socket.gethostname()}:{dead_pid}")
+    orphan = JobRecord(job_id=new_job_id(), kind="toy_count", status="running",
+                       owner=f"{socket.gethostname()}:{dead_pid}")
     foreign = JobRecord(job_id=new_job_id(), kind="toy_count", status="running", owner="elsewhere:1")
     manager.store.write(orphan)
     manager.store.write(foreign)

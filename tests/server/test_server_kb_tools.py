@@ -64,7 +64,8 @@ async def test_suggest_works_without_a_gpu_and_explains_unknown_states(server: K
             await call_json(client, "suggest_optimizations", {"state_id": "memory_bandwith_saturated"})
 
 
-async def test_record_outcome_refuses_unknown_candidates_and_changes_nothing(server: KbMcpServer, kb_path: Path) -> None:
+async def test_record_outcome_refuses_unknown_candidates_and_changes_nothing(server: KbMcpServer,
+                                                                             kb_path: Path) -> None:
     async with Client(server) as client:
         opt = (await _suggest(client))["suggestions"][0]["id"]
         before = pooled_score(kb_path, STATE, opt)
@@ -108,7 +109,8 @@ async def test_a_flagged_candidate_moves_no_score(server: KbMcpServer, kb_path: 
     async with Client(server) as client:
         opt = (await _suggest(client))["suggestions"][0]["id"]
         before = pooled_score(kb_path, STATE, opt)
-        got = await call_json(client, "record_outcome", {"state_id": STATE, "optimization_id": opt, "candidate_id": cid})
+        got = await call_json(client, "record_outcome", {"state_id": STATE, "optimization_id": opt,
+                                                         "candidate_id": cid})
     assert got["score_moved"] is False
     assert pooled_score(kb_path, STATE, opt) == before
     assert outcome_count(kb_path) == 1  # kept in the replay buffer for review
@@ -145,6 +147,7 @@ async def test_outcomes_carry_the_callers_name(server: KbMcpServer, kb_path: Pat
     cid = verified_candidate(kb_path, "class ModelNew: pass  # named\n")
     async with Client(server) as client:
         opt = (await _suggest(client))["suggestions"][0]["id"]
-        got = await call_json(client, "record_outcome", {"state_id": STATE, "optimization_id": opt, "candidate_id": cid})
+        got = await call_json(client, "record_outcome", {"state_id": STATE, "optimization_id": opt,
+                                                         "candidate_id": cid})
     outcome = KBStore.open(kb_path).get_outcome(got["outcome_id"])
     assert outcome is not None and outcome.agent == "test-agent"

@@ -45,7 +45,8 @@ async def test_an_outcome_recorded_through_one_server_is_suggested_by_the_other(
         stats = json.loads((await second.read_resource("kb://stats")).contents[0].text)  # type: ignore[union-attr]
         assert stats["stats"]["outcomes"] == {"faster": 1}
         # recording it again through the other server changes nothing (idempotent per candidate)
-        again = await call_json(second, "record_outcome", {"state_id": STATE, "optimization_id": opt, "candidate_id": cid})
+        again = await call_json(second, "record_outcome", {"state_id": STATE, "optimization_id": opt,
+                                                           "candidate_id": cid})
         assert again["recorded"] is False
         assert _entry(await call_json(first, "suggest_optimizations", ask), opt)["samples"] == 1
 
@@ -57,7 +58,8 @@ async def test_a_team_shares_one_http_server(kb_path: Path) -> None:
     with http_server(kb_path, ["--http", "127.0.0.1:0", "--token-file", str(token_file)]) as server:
         async with connect_http(server.url, token) as alice, connect_http(server.url, token) as bob:
             cid = verified_candidate(kb_path, "class ModelNew: pass  # team\n", time_ms=0.4, eager_ms=1.0)
-            opt = (await call_json(bob, "suggest_optimizations", {"state_id": STATE, "temperature": 0}))["suggestions"][0]["id"]
+            opt = (await call_json(bob, "suggest_optimizations", {"state_id": STATE,
+                                                                  "temperature": 0}))["suggestions"][0]["id"]
             await call_json(alice, "record_outcome", {"state_id": STATE, "optimization_id": opt, "candidate_id": cid})
             seen = await call_json(bob, "suggest_optimizations", {"state_id": STATE, "k": 10, "temperature": 0})
             assert _entry(seen, opt)["samples"] == 1

@@ -56,10 +56,12 @@ async def test_real_client_over_stdio(kb_path: Path) -> None:
 def test_stdout_carries_only_json_rpc(kb_path: Path) -> None:
     requests = [
         {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}},
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw",
+                                                                                        "version": "0"}}},
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
-        {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "job_status", "arguments": {"job_id": "x"}}},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "job_status",
+                                                                       "arguments": {"job_id": "x"}}},
         {"jsonrpc": "2.0", "id": 4, "method": "resources/read", "params": {"uri": "kb://stats"}},
     ]
     proc = subprocess.Popen(
@@ -82,7 +84,7 @@ def test_stdout_carries_only_json_rpc(kb_path: Path) -> None:
     by_id = {r["id"]: r for r in replies if "id" in r}
     assert set(by_id) == {1, 2, 3, 4}
     assert by_id[1]["result"]["serverInfo"]["name"] == "kb-mcp"
-    assert JOB_TOOLS <= {t["name"] for t in by_id[2]["result"]["tools"]}
+    assert {t["name"] for t in by_id[2]["result"]["tools"]} >= JOB_TOOLS
     assert by_id[3]["result"]["isError"] is True
     assert str(kb_path) in by_id[4]["result"]["contents"][0]["text"]
     assert "serving" in stderr and str(kb_path) in stderr  # logs went to stderr
@@ -90,7 +92,8 @@ def test_stdout_carries_only_json_rpc(kb_path: Path) -> None:
 
 def test_started_from_a_terminal_it_says_what_it_serves_and_how_to_connect(kb_path: Path) -> None:
     master, slave = pty.openpty()
-    proc = subprocess.Popen(serve_command(kb_path), stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(serve_command(kb_path), stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     os.close(slave)
     try:
         assert proc.stderr is not None

@@ -54,6 +54,7 @@ async def test_a_round_without_a_gpu(server: KbMcpServer) -> None:
         assert verified["record"]["verdict"] == "needs_gpu" and verified["compile"]["ok"]
         assert "need a GPU" in verified["summary"] or "needs a GPU" in verified["summary"]
         recorded = await call_json(
-            client, "record_outcome", {"state_id": state, "optimization_id": opt, "candidate_id": verified["record"]["candidate_id"]}
+            client, "record_outcome", {"state_id": state, "optimization_id": opt,
+                                       "candidate_id": verified["record"]["candidate_id"]}
         )
     assert recorded["verdict"] == "needs_gpu" and recorded["score_moved"] is False

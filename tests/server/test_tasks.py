@@ -39,7 +39,8 @@ class Wire:
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         self.next_id += 1
-        body = {"jsonrpc": "2.0", "id": self.next_id, "method": method, **({"params": params} if params is not None else {})}
+        body = {"jsonrpc": "2.0", "id": self.next_id, "method": method,
+                **({"params": params} if params is not None else {})}
         response = self.http.post(self.url, json=body, headers=self._headers())
         assert response.status_code == 200, response.text
         self.session = self.session or response.headers.get("mcp-session-id", "")

@@ -12,12 +12,12 @@ from pathlib import Path
 import anyio
 
 sys.path.insert(0, str(Path(__file__).parent))
-import toy_tool  # noqa: E402
+import toy_tool
 
-from kb_mcp.server import logs  # noqa: E402
-from kb_mcp.server.app import build_server  # noqa: E402
-from kb_mcp.server.registry import ToolSpec, load_tools  # noqa: E402
-from kb_mcp.tools.context import ToolContext  # noqa: E402
+from kb_mcp.server import logs
+from kb_mcp.server.app import build_server
+from kb_mcp.server.registry import ToolSpec, load_tools
+from kb_mcp.tools.context import ToolContext
 
 if __name__ == "__main__":
     logs.configure("INFO")

@@ -3,6 +3,7 @@ cancellable there), re-entrant within a thread, each hold logged with timestamps
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import threading
@@ -40,7 +41,7 @@ def test_holders_in_threads_never_overlap() -> None:
         t.join()
     assert most_inside == 1 and len(spans) == 20
     spans.sort()
-    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans))
 
 
 def test_a_waiting_caller_hears_who_holds_it_and_can_stop_waiting() -> None:

@@ -65,17 +65,20 @@ def test_a_lesson_from_an_unverified_outcome_never_reaches_another_agent(
     assert INJECTION not in json.dumps([s.model_dump() for s in _all_suggestions(reader)])
 
 
-def test_a_verified_lesson_is_shown_with_its_provenance_and_the_untrusted_marker(writer: ToolContext, reader: ToolContext) -> None:
+def test_a_verified_lesson_is_shown_with_its_provenance_and_the_untrusted_marker(writer: ToolContext,
+                                                                                 reader: ToolContext) -> None:
     _verdict(writer, "c_good", Verdict.faster)
     res = ro.run(writer, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id="c_good", lesson=INJECTION))
     (lesson,) = _lessons(reader)
-    assert (lesson.text, lesson.author, lesson.source, lesson.outcome_id) == (INJECTION, "writer", "agent", res.outcome_id)
+    assert (lesson.text, lesson.author, lesson.source, lesson.outcome_id) == (INJECTION, "writer", "agent",
+                                                                              res.outcome_id)
     result = so.run(reader, so.Request(state_id=STATE))
     assert result.kb_text_notice == UNTRUSTED_NOTICE and "untrusted KB content" in result.kb_text_notice
     assert "untrusted KB content" in " ".join(so.DESCRIPTION.split())
 
 
-def test_an_agent_made_optimization_needs_a_verified_outcome_to_be_suggested(writer: ToolContext, reader: ToolContext) -> None:
+def test_an_agent_made_optimization_needs_a_verified_outcome_to_be_suggested(writer: ToolContext,
+                                                                             reader: ToolContext) -> None:
     new = {"name": "Shadow the stores", "description": f"Keep a shadow buffer of every store. {INJECTION}"}
     _verdict(writer, "c_fail", Verdict.compile_error)
     res = ro.run(writer, ro.Request(state_id=STATE, new_optimization=new, candidate_id="c_fail"))  # type: ignore[arg-type]

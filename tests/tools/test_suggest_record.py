@@ -207,8 +207,11 @@ def test_new_optimization_transition_and_lesson(ctx: ToolContext) -> None:
     _store_candidate(ctx, "c_n", time_ms=1.0, eager_ms=1.5)
     res = _record(
         ctx, "c_n", optimization_id=None,
-        new_optimization={"name": "Cache row max in registers", "description": "Keep the running row maximum in a register across the tile loop instead of re-reading it from shared memory."},
-        next_state_id="compute_throughput_saturated", lesson="Register-cached maxima remove one shared load per element.",
+        new_optimization={"name": "Cache row max in registers",
+                          "description": "Keep the running row maximum in a register across the tile loop instead of "
+                                         "re-reading it from shared memory."},
+        next_state_id="compute_throughput_saturated",
+        lesson="Register-cached maxima remove one shared load per element.",
     )
     assert res.optimization_created and res.optimization_id == "agent_cache_row_max_in_registers"
     opt = ctx.store.get_optimization(res.optimization_id)
@@ -220,10 +223,12 @@ def test_new_optimization_transition_and_lesson(ctx: ToolContext) -> None:
     # the same name again is the same optimization, with more evidence
     _store_candidate(ctx, "c_n2", time_ms=1.0, eager_ms=1.2)
     res2 = _record(ctx, "c_n2", optimization_id=None,
-                   new_optimization={"name": "Cache row max in registers", "description": "another wording of the same change, long enough"})
+                   new_optimization={"name": "Cache row max in registers",
+                                     "description": "another wording of the same change, long enough"})
     assert not res2.optimization_created and res2.entry.samples == 2
     # the new optimization is now a candidate in this state, with its measured score
-    others = [sc.optimization_id for sc in ctx.store.candidates(STATE, "hopper") if sc.optimization_id != res.optimization_id]
+    others = [sc.optimization_id for sc in ctx.store.candidates(STATE,
+                                                                "hopper") if sc.optimization_id != res.optimization_id]
     only = so.run(ctx, so.Request(state_id=STATE, k=3, arch="hopper", exclude=others)).suggestions
     assert [s.id for s in only] == [res.optimization_id] and only[0].samples == 2
     with pytest.raises(ValidationError):

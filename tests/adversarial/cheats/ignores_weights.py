@@ -20,7 +20,10 @@ extern "C" __global__ void normalise_rows(const float* x, float* y, int cols) {
     s_sum[threadIdx.x] = sum; s_sq[threadIdx.x] = sq;
     __syncthreads();
     for (int s = THREADS / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) { s_sum[threadIdx.x] += s_sum[threadIdx.x + s]; s_sq[threadIdx.x] += s_sq[threadIdx.x + s]; }
+        if (threadIdx.x < s) {
+            s_sum[threadIdx.x] += s_sum[threadIdx.x + s];
+            s_sq[threadIdx.x] += s_sq[threadIdx.x + s];
+        }
         __syncthreads();
     }
     float mean = s_sum[0] / cols;

@@ -25,7 +25,8 @@ extern "C" __global__ void gemm_bf16_inputs(const float* A, const float* B, floa
     float acc = 0.0f;
     for (int t = 0; t < K; t += TILE) {
         As[threadIdx.y][threadIdx.x] = (row < M && t + threadIdx.x < K) ? to_bf16(A[row * K + t + threadIdx.x]) : 0.0f;
-        Bs[threadIdx.y][threadIdx.x] = (col < N && t + threadIdx.y < K) ? to_bf16(B[(t + threadIdx.y) * N + col]) : 0.0f;
+        Bs[threadIdx.y][threadIdx.x] =
+            (col < N && t + threadIdx.y < K) ? to_bf16(B[(t + threadIdx.y) * N + col]) : 0.0f;
         __syncthreads();
         for (int k = 0; k < TILE; ++k) acc += As[threadIdx.y][k] * Bs[k][threadIdx.x];
         __syncthreads();

@@ -7,6 +7,7 @@ paths do not exist there, so there is nothing to delete or overwrite.
 
 import os
 import shutil
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -16,7 +17,7 @@ T = __TARGETS__  # the exact paths, as an attacker who knows the server's layout
 
 def attack() -> None:
     for path in (T["kb"], T["journal"], T["lock"]):
-        for act in (os.remove, lambda p: open(p, "w").write("{}")):
+        for act in (os.remove, lambda p: Path(p).write_text("{}")):
             try:
                 act(path)
             except OSError:

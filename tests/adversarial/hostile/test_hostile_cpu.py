@@ -104,7 +104,7 @@ def test_the_sandbox_stops_what_the_allow_list_would_miss(world: ServerWorld, wo
         CompilerRun(label="nvcc", filename="i.cu", text=f'#include "{world.home}/.ssh/id_rsa"\n',
                     argv=("nvcc", "-c", "i.cu", "-o", "i.o")),
     ]
-    (rc_wrap, log_wrap), (rc_inc, log_inc) = compiler._run_all(runs, 300)
+    (_rc_wrap, log_wrap), (rc_inc, log_inc) = compiler._run_all(runs, 300)
     assert rc_inc != 0 and "No such file" in log_inc, log_inc
     world.assert_untouched(before, log_wrap, log_inc)
 
@@ -116,7 +116,8 @@ def test_the_build_process_never_loads_what_it_builds(tmp_path: Path) -> None:
     marker = tmp_path / "constructor-ran"
     cpp = ('#include <fstream>\nstatic int ran = [] { std::ofstream("' + str(marker) + '") << "ran"; return 0; }();\n'
            'extern "C" int kbmcp_ran() { return ran; }\n')
-    unit = SourceUnit(kind="load_inline", name="ctor_check", cpp_source=cpp, implicit_headers=False, python_module=False)
+    unit = SourceUnit(kind="load_inline", name="ctor_check", cpp_source=cpp, implicit_headers=False,
+                      python_module=False)
     report = build_unit(unit, "sm_90", tmp_path / "out")
     assert report.ok, report.log
     assert Path(report.so_path).is_file() and not marker.exists()

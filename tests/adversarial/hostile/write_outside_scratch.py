@@ -10,6 +10,7 @@ candidate code.
 
 import os
 import site
+
 import torch
 import torch.nn as nn
 

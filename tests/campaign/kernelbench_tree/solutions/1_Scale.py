@@ -13,7 +13,7 @@ extern "C" __global__ void scale_kernel(const float* __restrict__ x, float* __re
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel():
     return torch.cuda._compile_kernel(KERNEL, "scale_kernel")
 

@@ -7,7 +7,7 @@ class Model(nn.Module):
     Multiplies its input by a constant factor.
     """
     def __init__(self, factor: float):
-        super(Model, self).__init__()
+        super().__init__()
         self.factor = factor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ class Model(nn.Module):
     Adds a learned bias to every row.
     """
     def __init__(self, dim: int):
-        super(Model, self).__init__()
+        super().__init__()
         self.bias = nn.Parameter(torch.randn(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ class Model(nn.Module):
     Squares its input elementwise.
     """
     def __init__(self):
-        super(Model, self).__init__()
+        super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * x

@@ -7,7 +7,7 @@ class Model(nn.Module):
     Scales, adds a bias, and applies ReLU.
     """
     def __init__(self, dim: int, factor: float):
-        super(Model, self).__init__()
+        super().__init__()
         self.factor = factor
         self.bias = nn.Parameter(torch.randn(dim))
 

@@ -14,7 +14,7 @@ extern "C" __global__ void add_bias_kernel(const float* __restrict__ x, const fl
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel():
     return torch.cuda._compile_kernel(KERNEL, "add_bias_kernel")
 

@@ -14,7 +14,7 @@ extern "C" __global__ void fused_kernel(const float* __restrict__ x, const float
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel():
     return torch.cuda._compile_kernel(KERNEL, "fused_kernel")
 

@@ -26,9 +26,16 @@ from kb_mcp.campaign.report import report_from_store
 from kb_mcp.campaign.report_render import write_report
 from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.clients.llm import TokenCount, TokenLedger
-from kb_mcp.kb.models import Verdict
+from kb_mcp.kb.models import CandidateRecord, Verdict
 
 VERDICTS = [Verdict.faster, Verdict.slower, Verdict.compile_error, Verdict.incorrect]
+
+
+def _attempt(cid: str, problem: str, verdict: Verdict, time_ms: float | None, eager_ms: float | None,
+             compile_ms: float | None) -> AttemptRecord:
+    record = CandidateRecord(candidate_id=cid, problem=problem, problem_hash="h", verdict=verdict, time_ms=time_ms,
+                             eager_ms=eager_ms, compile_ms=compile_ms)
+    return AttemptRecord(record=record)
 
 
 def _ledger(rng: random.Random, role: str, problem: str) -> TokenLedger:
@@ -57,9 +64,7 @@ def populate(root: Path, problems: int, iterations: int, steps: int, seed: int =
         t0 = rng.uniform(0.5, 1.5) * min(eager, compiled)
         store.write_initial(InitialRecord(
             problem=name, problem_hash="h", problem_path=f"/bench/{name}.py", candidate_id=f"c_{name}", accepted=True,
-            verdict=Verdict.faster, attempts=[AttemptRecord(candidate_id=f"c_{name}", verdict=Verdict.faster,
-                                                            time_ms=t0,
-                                                            eager_ms=eager, compile_ms=compiled)],
+            verdict=Verdict.faster, attempts=[_attempt(f"c_{name}", name, Verdict.faster, t0, eager, compiled)],
             tokens=_ledger(rng, "generate", name)))
         for it in range(iterations):
             for st in range(steps):
@@ -72,8 +77,7 @@ def populate(root: Path, problems: int, iterations: int, steps: int, seed: int =
                     state_source="classified", optimization_id=f"opt_{rng.randrange(40)}", candidate_id=cid,
                     verdict=verdict, accepted=bool(t and t < t0), speedup_vs_parent=t0 / t if t else None,
                     next_state_id="hybrid_bound" if t and t < t0 else None, outcome_recorded=True,
-                    attempts=[AttemptRecord(candidate_id=cid, verdict=verdict, time_ms=t,
-                                            eager_ms=eager if t else None, compile_ms=compiled if t else None)],
+                    attempts=[_attempt(cid, name, verdict, t, eager if t else None, compiled if t else None)],
                     tokens=_ledger(rng, "lower", name), kb=_snapshot(n)))
                 n += 1
     return store

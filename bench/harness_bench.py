@@ -82,7 +82,7 @@ def _tag(source: str, label: str) -> str:
 class _Rows(list):
     """The table's rows, each also printed as soon as it is measured (a run cut short keeps them)."""
 
-    def append(self, row: tuple[str, float, str]) -> None:  # type: ignore[override]
+    def append(self, row: tuple[str, float, str]) -> None:
         super().append(row)
         print(f"  [{row[1]:8.2f} s] {row[0]}: {row[2]}", flush=True)
 

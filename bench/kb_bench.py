@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Lesson, Optimization, Score, Signature, State, Verdict, utcnow
@@ -97,7 +98,7 @@ def bench_suggest(path: Path, n_states: int, calls: int) -> dict[str, float]:
     return {"cold_s": cold, "p50_ms": statistics.median(lat), "p99_ms": percentile(lat, 0.99), "max_ms": max(lat)}
 
 
-def _record_worker(path: str, prefix: str, n: int, n_states: int, start: mp.Event, ready: mp.Queue,
+def _record_worker(path: str, prefix: str, n: int, n_states: int, start: Event, ready: mp.Queue,
                    out: mp.Queue) -> None:
     ctx = ToolContext(path, client_name=prefix)
     with ctx.store.transaction() as tx:  # what compile_and_verify stores before an agent records

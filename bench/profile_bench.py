@@ -97,6 +97,7 @@ def bench_pair(problem: str, candidate: str | None, repeat: int, ncu: str) -> di
     row["standby_ready_wait_s"] = max(ready)
     last = runs[-1][1]
     row["kernels"] = last.kernel_count
+    assert last.profile_id is not None, "profile_kernel returned no profile"
     row["phases_s"] = ProfileStore(ctx.profiles_dir).load(last.profile_id).phases_s
     ctx.close()
     row["cold_s"] = statistics.median(tool(cold_ctx)[0] for _ in range(repeat))

@@ -123,15 +123,16 @@ def _with_standby(name: str, cache: str) -> dict[str, Any]:
     """`name` timed while a profiling driver waits under ncu, as `profile_kernel` leaves one."""
     from kb_mcp.harness import ncu_parse, profiler
     from kb_mcp.harness.profile_standby import StandbyKey, StandbyPool
+    from kb_mcp.harness.sandbox import detect
 
     ncu = profiler.find_ncu()
     if ncu is None:
         return {"error": "no ncu on this machine"}
     pool = StandbyPool(Path(tempfile.mkdtemp(prefix="kbmcp-probe-standby-")))
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    spawner = profiler.Spawner(detect(), None, ncu)
     key = StandbyKey(ncu, False, 200, tuple(ncu_parse.requested_metrics()), "")
     try:
-        if pool.launch(key, profiler.standby_launcher(ncu, key, pool, env)) is None or not pool.wait_ready(120):
+        if pool.launch(key, profiler.standby_launcher(ncu, key, pool, spawner)) is None or not pool.wait_ready(120):
             return {"error": "the profiling driver did not get ready"}
         return _in_subprocess(name, cache)
     finally:

@@ -145,9 +145,9 @@ def _through_pool(cache: Path, mode: str) -> tuple[dict[str, Any], dict[str, Any
             for label, file in candidates:
                 phases: list[tuple[str, float]] = []
                 t0 = time.perf_counter()
-                def mark(d: float, t: float | None = None, m: str | None = None,
+                def mark(done: float, total: float | None = None, message: str | None = None,
                          marks: list[tuple[str, float]] = phases) -> None:
-                    marks.append((str(m), time.perf_counter()))
+                    marks.append((str(message), time.perf_counter()))
 
                 res = pool.verify(problem, (CANDIDATES / file).read_text(), opts, progress=mark)
                 wall = time.perf_counter() - t0

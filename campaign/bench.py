@@ -9,6 +9,7 @@ any other agent's. This module adapts those tools' requests and results to the c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,7 +42,7 @@ class KernelDiagnosis(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     state_id: str
-    state_source: str  # classified | fallback
+    state_source: Literal["classified", "fallback"]
     profile_id: str | None = None
     state_summary: str
     profile_summary: str = ""
@@ -178,7 +179,7 @@ class Bench:
             llm,
             self.ctx.store,
             outcomes,
-            predicted,  # type: ignore[arg-type]
+            predicted,
             index=index,
             step_keys=[s.key for s in batch],
             arch=arch_family(self.arch_hint),  # scores are kept per family (sm_90 -> hopper)

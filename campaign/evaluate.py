@@ -144,7 +144,7 @@ def _write_status(store: CampaignStore, ctx: ToolContext, refs: list[ProblemRef]
                             track=options.track)
     if stored is not None and stored.config.problems and set(stored.config.problems) - set(config.problems):
         config.problems = sorted(set(stored.config.problems) | set(config.problems))
-    status = CampaignStatus(config=config, kb_path=str(ctx.kb_path), state=state,  # type: ignore[arg-type]
+    status = CampaignStatus(config=config, kb_path=str(ctx.kb_path), state=state,
                             message=f"eval of {len(refs)} problem(s), track {options.track.value}",
                             runs=(stored.runs if stored else 0) + (state == "running"))
     store.write_status(status)

@@ -254,9 +254,9 @@ class Campaign:
                 self.log("stopping after the steps in flight (interrupt again to quit at once)")
                 continue
             for fut in done:
-                exc = fut.exception()
-                if exc is not None and failure is None:
-                    failure = exc
+                raised = fut.exception()
+                if raised is not None and failure is None:
+                    failure = raised
                     self.stop.set()
         pool.shutdown(wait=True)
         if interrupt is not None:

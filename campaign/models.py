@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -19,7 +19,7 @@ from kb_mcp.kb.models import DEFAULT_TRACK, CandidateRecord, Track, Verdict, utc
 from kb_mcp.policy.kb_edits import RejectedEdit
 from kb_mcp.policy.select import DEFAULT_TEMPERATURE
 
-CAMPAIGN_FORMAT = "kb-mcp-campaign"
+CAMPAIGN_FORMAT: Final = "kb-mcp-campaign"
 CAMPAIGN_VERSION = 1
 
 

@@ -162,6 +162,14 @@ class CampaignReport(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
+def _timed_ms(unit: UnitRecord) -> float:
+    """The time of a usable unit's final candidate (`usable` guarantees it has one)."""
+    final = unit.final
+    if final is None or final.record.time_ms is None:
+        raise ValueError(f"{unit.candidate_id}: no timed final candidate")
+    return final.record.time_ms
+
+
 def usable(unit: UnitRecord) -> bool:
     """A final candidate that may count as a result: correct and timed, not rejected or flagged."""
     final = unit.final
@@ -185,9 +193,8 @@ def pick_best(initial: InitialRecord | None, steps: Sequence[StepRecord]) -> Ker
     units: list[InitialRecord | StepRecord] = ([initial] if initial else []) + list(steps)
     timed = [u for u in units if usable(u)]
     if timed:
-        best = min(timed, key=lambda u: u.final.record.time_ms)  # type: ignore[union-attr]
-        return KernelPick(candidate_id=best.candidate_id or "", time_ms=best.final.record.time_ms, origin=_origin(best),
-                          verified=True)  # type: ignore[union-attr]
+        best, best_ms = min(((u, _timed_ms(u)) for u in timed), key=lambda pair: pair[1])
+        return KernelPick(candidate_id=best.candidate_id or "", time_ms=best_ms, origin=_origin(best), verified=True)
     accepted = [u for u in units if u.accepted and u.candidate_id]
     if not accepted:
         return None
@@ -329,7 +336,8 @@ def build_report(
     results = [problem_result(name, initials.get(name), by_problem.get(name, [])) for name in problem_names]
     attempts = [a for u in [*initials.values(), *steps] for a in u.attempts]
     tokens = TokenLedger()
-    for unit in [*initials.values(), *steps, *gradients]:
+    spenders: list[InitialRecord | StepRecord | GradientRecord] = [*initials.values(), *steps, *gradients]
+    for unit in spenders:
         tokens.merge(unit.tokens)
     grad = GradientSummary(batches=len(gradients))
     kinds: Counter[str] = Counter()

@@ -31,7 +31,7 @@ MAX_OPTIMIZATIONS = 20
 GOOD, BAD, FAIL, FIRST = "#2a7ab0", "#d08a1e", "#c0392b", "#8c8c8c"
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and CI
@@ -40,7 +40,7 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
-def _integer_axis(axis) -> None:  # type: ignore[no-untyped-def]
+def _integer_axis(axis) -> None:
     from matplotlib.ticker import MaxNLocator
 
     axis.set_major_locator(MaxNLocator(integer=True))
@@ -96,7 +96,7 @@ def speedup_figure(report: CampaignReport) -> Figure:
     return fig
 
 
-def _compile_counts(fig, ax, report: CampaignReport) -> Figure:  # type: ignore[no-untyped-def]
+def _compile_counts(fig, ax, report: CampaignReport) -> Figure:
     names = [r.problem for r in report.problems]
     ys = list(range(len(names)))
     ax.barh(ys, [1 if r.compiled else 0 for r in report.problems], color=GOOD, label="has a kernel that compiled")
@@ -219,7 +219,7 @@ FIGURES: dict[str, Callable[[CampaignReport], Figure]] = {
 }
 
 
-def _legend_below(ax) -> None:  # type: ignore[no-untyped-def]
+def _legend_below(ax) -> None:
     handles, labels = ax.get_legend_handles_labels()
     unique: dict[str, object] = {}
     for label, handle in zip(labels, handles):  # one entry per label (its first artist), however many carry it

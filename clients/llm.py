@@ -21,8 +21,12 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from enum import Enum
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 ENV_BASE_URL = "KB_MCP_LLM_BASE_URL"
 ENV_API_KEY = "KB_MCP_LLM_API_KEY"
@@ -39,7 +43,9 @@ class Role(str, Enum):
     """The agent roles of a campaign; each may be served by its own model."""
 
     generate = "generate"  # first CUDA implementation of a PyTorch reference
-    lower = "lower"  # apply one selected optimization to the current kernel
+    # apply one selected optimization to the current kernel; the member shadows str.lower, which no
+    # caller uses on a Role, and its value is the name configurations use
+    lower = "lower"  # type: ignore[assignment]
     review = "review"  # soft verification: dropped functionality the tests might miss
     evaluate = "evaluate"  # PolicyEvaluation: predictions vs the replay buffer
     analyze = "analyze"  # PerfGapAnalysis: why predictions and measurements differ
@@ -83,15 +89,16 @@ class LLMConfig(BaseModel):
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> LLMConfig:
         """Reads the environment, then applies `overrides` that are not None (CLI flags win)."""
         env = os.environ if env is None else env
+        role_models: dict[Role, str] = {
+            role: env[ENV_MODEL_PREFIX + role.value.upper()]
+            for role in Role
+            if env.get(ENV_MODEL_PREFIX + role.value.upper())
+        }
         values: dict[str, object] = {
             "base_url": env.get(ENV_BASE_URL) or None,
             "api_key": env.get(ENV_API_KEY) or None,
             "model": env.get(ENV_MODEL) or None,
-            "role_models": {
-                role: env[ENV_MODEL_PREFIX + role.value.upper()]
-                for role in Role
-                if env.get(ENV_MODEL_PREFIX + role.value.upper())
-            },
+            "role_models": role_models,
         }
         if env.get(ENV_TIMEOUT):
             values["timeout_s"] = float(env[ENV_TIMEOUT])
@@ -101,8 +108,10 @@ class LLMConfig(BaseModel):
             if value is None:
                 continue
             if key == "role_models":
-                merged = dict(values["role_models"])  # type: ignore[arg-type]
-                merged.update({Role(k): v for k, v in dict(value).items()})  # type: ignore[call-overload]
+                if not isinstance(value, Mapping):
+                    raise TypeError(f"role_models must map roles to models, not {type(value).__name__}")
+                merged = dict(role_models)
+                merged.update({Role(k): v for k, v in value.items()})
                 values[key] = merged
             else:
                 values[key] = value
@@ -245,7 +254,7 @@ class LLMClient:
         Raises LLMError when the endpoint still fails after the retries, naming the endpoint and model.
         """
         model = self.config.model_for(role)
-        extra: dict[str, object] = {}
+        extra: dict[str, Any] = {}
         if self.config.temperature is not None:
             extra["temperature"] = self.config.temperature
         if self.config.max_tokens is not None:
@@ -253,8 +262,8 @@ class LLMClient:
         try:
             response = self._client.chat.completions.create(
                 model=model,
-                messages=[m.model_dump() for m in messages],  # type: ignore[misc]
-                **extra,  # type: ignore[arg-type]
+                messages=cast("list[ChatCompletionMessageParam]", [m.model_dump() for m in messages]),
+                **extra,
             )
         except self._openai_error as exc:
             where = self.config.base_url or "api.openai.com"

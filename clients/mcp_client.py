@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx2
 from mcp import Client
@@ -21,7 +21,11 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
-ProgressCallback = Callable[[float, float | None, str | None], Awaitable[None]]
+
+class ProgressCallback(Protocol):
+    """What the MCP client calls with each progress notification of a call."""
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None: ...
 
 
 class ToolCallError(RuntimeError):

@@ -23,9 +23,9 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kb_mcp.harness import ncu_parse
 from kb_mcp.harness.ncu_parse import KernelRecord, NcuParseError
@@ -219,6 +219,6 @@ def read_in_sandbox(spawner: Spawner, module_dir: Path, report: Path, timeout_s:
         raise profiler.ProfilerError(f"the report reader's output is not a list of launches ({exc})") from exc
 
 
-def _dim3(value: object) -> tuple[int, int, int]:
-    x, y, z = (int(v) for v in value)  # type: ignore[union-attr]
+def _dim3(value: Iterable[Any]) -> tuple[int, int, int]:
+    x, y, z = (int(v) for v in value)
     return x, y, z

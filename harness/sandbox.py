@@ -397,10 +397,10 @@ class Sandbox:
             for node in sorted(Path("/dev").glob("nvidia*")):
                 args += ["--dev-bind", str(node), str(node)]
         fds: list[int] = []
-        for target, text in ((Path("/etc/passwd"), _passwd(grant.scratch)), (Path("/etc/group"), _GROUP)):
-            fd = _memfd(target.name, text.encode())
+        for etc_file, text in ((Path("/etc/passwd"), _passwd(grant.scratch)), (Path("/etc/group"), _GROUP)):
+            fd = _memfd(etc_file.name, text.encode())
             fds.append(fd)
-            args += ["--ro-bind-data", str(fd), str(target)]
+            args += ["--ro-bind-data", str(fd), str(etc_file)]
         program = seccomp_program()
         if program:
             fd = _memfd("seccomp", program)

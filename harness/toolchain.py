@@ -160,7 +160,7 @@ def flag_refusals(unit: SourceUnit, include_roots: Sequence[str]) -> list[str]:
                        "-march=native, a few -f switches)")
     for flag in _joined(unit.ldflags):
         if flag.startswith("-L"):
-            if not _inside(flag[2:], include_roots + tuple(os.path.dirname(r.rstrip("/")) for r in include_roots)):
+            if not _inside(flag[2:], (*include_roots, *(os.path.dirname(r.rstrip("/")) for r in include_roots))):
                 out.append(f"{where}library folder {flag[2:]!r} is outside the toolchain's folders")
         elif not _LD.match(flag):
             out.append(f"{where}linker flag {flag!r} is not allowed (allowed: -l of CUDA and torch libraries)")

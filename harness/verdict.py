@@ -454,13 +454,13 @@ def decide(
         )
     if timings is None or timings.speedup_vs_baseline is None:
         raise ValueError("a verified candidate needs timings with a baseline speedup to get a verdict")
-    s = timings.speedup_vs_baseline
-    verdict = Verdict.faster if s > 1.0 else Verdict.slower
+    speedup = timings.speedup_vs_baseline
+    verdict = Verdict.faster if speedup > 1.0 else Verdict.slower
     base = "eager" if timings.compile_ms is None or (timings.eager_ms or 0) <= timings.compile_ms else "torch.compile"
     return (
         verdict,
         flagged,
         f"{verdict.value}: {timings.candidate_ms:.4g} ms vs {base} "
-        f"{min(x for x in (timings.eager_ms, timings.compile_ms) if x is not None):.4g} ms ({s:.2f}x); "
+        f"{min(x for x in (timings.eager_ms, timings.compile_ms) if x is not None):.4g} ms ({speedup:.2f}x); "
         f"{len(input_sets)} input sets correct{tail}",
     )

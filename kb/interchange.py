@@ -338,7 +338,8 @@ def _import_optimization(tx: Transaction, state_id: str, e: Any, report: Transfe
         return
     try:
         speedup = float(e.get("predicted_speedup") or 1.0)
-        confidence = float(e.get("confidence_score") if e.get("confidence_score") is not None else 0.25)
+        given = e.get("confidence_score")
+        confidence = float(given if given is not None else 0.25)
     except (TypeError, ValueError):
         report.ignored.append(f"{where}: predicted_speedup/confidence_score not numbers")
         return

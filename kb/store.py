@@ -108,7 +108,8 @@ class AtomicJSONStorage(Storage):
         enabled = gc.isenabled()
         gc.disable()
         try:
-            return json.loads(raw)
+            data: dict[str, dict[str, Any]] = json.loads(raw)
+            return data
         finally:
             if enabled:
                 gc.enable()
@@ -538,7 +539,7 @@ class KBStore:
         """Refuses to write a read-only KB (the mode counts even for root). The journal is checked
         where it is opened for an append; it and the folder (`folder`) before a compaction replaces
         the file and the journal."""
-        paths_ = (("KB file", self.path),)
+        paths_: tuple[tuple[str, Path], ...] = (("KB file", self.path),)
         if folder:
             paths_ += (("KB journal", self.journal_path), ("KB's folder", self.path.parent))
         for what, path in paths_:
@@ -676,7 +677,8 @@ class KBStore:
         """The whole KB in TinyDB layout (the journal folded in), e.g. for export."""
         with self._mutex:
             data = self.refresh().to_tinydb()
-            return json.loads(json.dumps(data))  # a deep copy the caller may keep or edit
+            copy: dict[str, dict[str, Any]] = json.loads(json.dumps(data))  # the caller may keep or edit it
+            return copy
 
 
 def _default_backups() -> int:

@@ -64,12 +64,14 @@ def _record_key(table: str, doc: dict[str, Any]) -> str:
         return f"{doc['candidate_id']}/{digest}"
     if table == "transitions":
         return ids.transition_key(doc["state_id"], doc["optimization_id"], doc["next_state_id"])
-    return doc["id"]
+    key: str = doc["id"]
+    return key
 
 
 def doc_track(doc: ScoreDoc) -> str:
     """The track of a score document (fp32 when it names none)."""
-    return doc.get("track", FP32)
+    track: str = doc.get("track", FP32)
+    return track
 
 
 def encode_score(score: Score) -> tuple[list[float], list[Any] | None]:

@@ -265,7 +265,7 @@ def torch_end_to_end(out: Path, full: Path) -> dict:
     problem = load_problem(str(PROBLEMS / "relu_mul_add.py"))
     candidate = (PROBLEMS / "relu_mul_add_fused.py").read_text()
     cache = Path(tempfile.mkdtemp())
-    results = {}
+    results: dict[str, object] = {}
     for label, cand, counters in (("reference", None, True), ("candidate", candidate, True),
                                   ("reference_timeline", None, False)):
         t0 = time.perf_counter()

@@ -28,7 +28,7 @@ class BrowseError(Exception):
     """A browsing request that cannot be answered; printed as one line, exit status 1."""
 
 
-def register(kb_sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(kb_sub: argparse._SubParsersAction) -> None:
     """Adds the browsing actions to the `kb` command group."""
     s = kb_sub.add_parser("states", help="every state: bottleneck, origin, scored optimizations, outcomes")
     _json(s)

@@ -38,7 +38,7 @@ class UsageError(ValueError):
     """A command line that cannot be turned into a call."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     """Adds the `call` command."""
     p = sub.add_parser(
         "call",
@@ -139,8 +139,8 @@ async def _connect(args: argparse.Namespace) -> AsyncIterator[tuple[Client, Any]
         yield client, server
 
 
-async def _progress(done: float, total: float | None, message: str | None) -> None:
-    pct = f"{100.0 * done / total:5.1f}%" if total else f"{done:g}"
+async def _progress(progress: float, total: float | None, message: str | None) -> None:
+    pct = f"{100.0 * progress / total:5.1f}%" if total else f"{progress:g}"
     print(f"[{pct}] {message or ''}".rstrip(), file=sys.stderr, flush=True)
 
 

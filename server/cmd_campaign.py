@@ -37,7 +37,7 @@ def _role_models(pairs: list[str]) -> dict[str, str]:
     return models
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     """Adds the `run-campaign` command."""
     p = sub.add_parser(
         "run-campaign",

@@ -15,7 +15,7 @@ MARKS = {Status.ok: "[green]ok[/green]", Status.info: "[blue]--[/blue]", Status.
          Status.fail: "[bold red]FAIL[/bold red]"}
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     """Adds the `doctor` command."""
     p = sub.add_parser(
         "doctor",

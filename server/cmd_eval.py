@@ -24,7 +24,7 @@ def eval_dir(kb_path: Path, name: str | None, out: str | None) -> Path:
     return paths.artifacts_dir(kb_path) / "evals" / (name or DEFAULT_NAME)
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     """Adds the `eval` command."""
     p = sub.add_parser(
         "eval",

@@ -40,7 +40,7 @@ class CommandError(CallerError):
     """A mistake on the command line: printed as one line, exit status 1."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     """Adds the `kb` command group."""
     p = sub.add_parser("kb", help="create, inspect, browse, export, import and merge KB files")
     kb_sub = p.add_subparsers(dest="kb_command", metavar="ACTION", required=True)

@@ -25,7 +25,7 @@ EXIT_CODES = {"caller": 2, "environment": 3, "kb-mcp": 4}
 log = logging.getLogger(__name__)
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     """Adds the `serve` command."""
     p = sub.add_parser(
         "serve",

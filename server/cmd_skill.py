@@ -17,10 +17,10 @@ SKILL_NAME = "cuda-kernel-optimization"
 
 def skill_text() -> str:
     """The shipped SKILL.md."""
-    return resources.files("kb_mcp.clients").joinpath("skills", SKILL_NAME, "SKILL.md").read_text()
+    return resources.files("kb_mcp.clients").joinpath("skills").joinpath(SKILL_NAME).joinpath("SKILL.md").read_text()
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     """Adds the `install-skill` command."""
     p = sub.add_parser(
         "install-skill",

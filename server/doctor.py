@@ -195,7 +195,7 @@ def check_torch(machine: Machine, require_gpu: bool) -> Check:
                  120)
     seen = probe is not None and probe.returncode == 0 and probe.stdout.split()[:1] == ["True"]
     machine.torch_sees_gpu = seen
-    if not seen:
+    if probe is None or not seen:
         err = (probe.stderr.strip().splitlines() or ["no output"])[-1][:200] if probe is not None else "timed out"
         return Check(
             name="PyTorch", status=Status.fail, summary=f"{summary}, but torch sees no GPU ({err})",

@@ -96,7 +96,7 @@ def describe_failure(spec: ToolSpec, exc: BaseException) -> ToolFailure:
     return internal_failure(spec.name, exc)
 
 
-def _as_kb_mcp_error(exc: BaseException) -> KbMcpError | None:
+def _as_kb_mcp_error(exc: BaseException) -> KbMcpError:
     """The taxonomy's view of `exc`: file-system faults are the environment's, anything unknown ours."""
     if isinstance(exc, KbMcpError):
         return exc

@@ -15,6 +15,7 @@ Every tool is a job kind. Work that only makes sense as a job (a campaign) is li
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import hmac
 import importlib
@@ -204,7 +205,7 @@ class JobStore:
         return records
 
 
-    def expired(self, max_age_s: float, keep: int, now: float | None = None) -> list[tuple[str, str]]:
+    def expired(self, max_age_s: float, keep: int, now: float | None = None) -> builtins.list[tuple[str, str]]:
         """Finished jobs past retention, with why: older than `max_age_s`, or beyond the newest
         `keep` finished ones. A job still queued or running (its server alive) never expires."""
         now = time.time() if now is None else now
@@ -226,7 +227,7 @@ class JobStore:
                 out.append((job_id, f"beyond the newest {keep} finished jobs"))
         return out
 
-    def files_of(self, job_id: str) -> list[Path]:
+    def files_of(self, job_id: str) -> builtins.list[Path]:
         """The record of a job and its lock file (those that exist)."""
         path = self.path(job_id)
         return [p for p in (path, path.with_name(path.name + ".lock")) if p.exists()]

@@ -14,18 +14,18 @@ import sys
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):
     """Writes to whatever `sys.stderr` is at the time of the record (it may be replaced later)."""
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
 
-    @property  # type: ignore[override]
-    def stream(self):  # type: ignore[no-untyped-def]
+    @property
+    def stream(self):
         return sys.stderr
 
     @stream.setter
-    def stream(self, _value) -> None:  # type: ignore[no-untyped-def]
+    def stream(self, _value) -> None:
         pass
 
 

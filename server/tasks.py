@@ -139,9 +139,9 @@ class TaskService:
         if record.status == "succeeded" and record.result is not None:
             text = json.dumps({k: v for k, v in record.result.items() if v is not None}, separators=(",", ":"))
             return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=record.result,
-                                  _meta=meta)
+                                  meta=meta)
         reason = record.error or f"the task ended {record.status}"
-        return CallToolResult(content=[TextContent(type="text", text=reason)], is_error=True, _meta=meta)
+        return CallToolResult(content=[TextContent(type="text", text=reason)], is_error=True, meta=meta)
 
     async def list(self, ctx: Any, params: PaginatedRequestParams) -> ListTasksResult:
         """`tasks/list`: the most recent jobs, newest first (one page)."""

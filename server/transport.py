@@ -158,7 +158,7 @@ def check_bindable(host: str, port: int) -> None:
             raise ServeError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from exc
 
 
-async def serve_http(app: object, options: HttpOptions, on_ready: Callable[[int], None]) -> None:
+async def serve_http(app: ASGIApp, options: HttpOptions, on_ready: Callable[[int], None]) -> None:
     """Runs `app` (an ASGI app) under uvicorn until interrupted; `on_ready(port)` once it accepts.
 
     uvicorn binds the address itself: handing it a pre-bound socket instead measured ~50 ms per

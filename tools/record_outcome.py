@@ -164,11 +164,11 @@ def _measured_speedup(
         elif parent.created_at > cand.created_at:
             note = f"parent {parent_id} was verified after this candidate, so it cannot be where it started; "
         else:
-            cap = PARENT_SLACK * cand.eager_ms if cand.eager_ms else None
-            if cap is not None and parent.time_ms > cap:
-                return cap / cand.time_ms, "parent_capped", (
-                    f"parent {parent_id} is {parent.time_ms / cand.eager_ms:.3g}x slower than the problem's reference "
-                    f"(eager PyTorch); it counts as {PARENT_SLACK:g}x slower at most. "  # type: ignore[operator]
+            eager = cand.eager_ms
+            if eager and parent.time_ms > PARENT_SLACK * eager:
+                return PARENT_SLACK * eager / cand.time_ms, "parent_capped", (
+                    f"parent {parent_id} is {parent.time_ms / eager:.3g}x slower than the problem's reference "
+                    f"(eager PyTorch); it counts as {PARENT_SLACK:g}x slower at most. "
                 )
             return parent.time_ms / cand.time_ms, "parent", ""
         note += "speedup is over eager PyTorch. "

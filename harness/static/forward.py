@@ -4,10 +4,17 @@ fallbacks."""
 from __future__ import annotations
 
 import ast
+import sys
+from typing import TypeAlias
 
 from kb_mcp.harness.static.names import Context, layer_op, names_bound, qualname, root_name
 from kb_mcp.harness.static.vocabulary import COMPUTE_OPS, LOGGING_CALLS, TENSOR_METHODS, TORCH_ALLOWED_CALLS
 from kb_mcp.harness.verdict import FindingCode
+
+if sys.version_info >= (3, 11):
+    TryNode: TypeAlias = ast.Try | ast.TryStar
+else:
+    TryNode: TypeAlias = ast.Try
 
 
 class ForwardVisitor(ast.NodeVisitor):
@@ -99,7 +106,7 @@ class ForwardVisitor(ast.NodeVisitor):
             self._library(node.lineno, "the `@` operator (torch.matmul)", "matmul")
         self.generic_visit(node)
 
-    def _check_try(self, node: ast.Try | ast.TryStar) -> None:
+    def _check_try(self, node: TryNode) -> None:
         for handler in node.handlers:
             fallback = _fallback_in(handler.body)
             if fallback is not None:
@@ -115,8 +122,10 @@ class ForwardVisitor(ast.NodeVisitor):
     def visit_Try(self, node: ast.Try) -> None:
         self._check_try(node)
 
-    def visit_TryStar(self, node: ast.TryStar) -> None:  # pragma: no cover - 3.11+ syntax
-        self._check_try(node)
+    if sys.version_info >= (3, 11):
+
+        def visit_TryStar(self, node: ast.TryStar) -> None:
+            self._check_try(node)
 
 
 def _fallback_in(body: list[ast.stmt]) -> str | None:

@@ -177,10 +177,9 @@ def is_docstring(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     if not isinstance(parent, ast.Expr):
         return False
     holder = parents.get(parent)
-    body = getattr(holder, "body", None)
-    return bool(body) and body[0] is parent and isinstance(
-        holder, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    )
+    if not isinstance(holder, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    return bool(holder.body) and holder.body[0] is parent
 
 
 def reachable_from_forward(ctx: Context) -> list[ast.AST]:

@@ -24,6 +24,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import Any
 
 from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.protocol import BuildReport, BuildSpec
@@ -59,7 +60,7 @@ def build_unit(unit: SourceUnit, arch: str, out_dir: Path) -> BuildReport:
         if cuda_cu:
             sources.append(folder / "cuda.cu")
             sources[1].write_text(cuda_cu)
-        args = dict(name=ext, sources=[str(s) for s in sources], extra_cflags=unit.cflags or None,
+        args: dict[str, Any] = dict(name=ext, sources=[str(s) for s in sources], extra_cflags=unit.cflags or None,
                     extra_cuda_cflags=unit.nvcc_options or None, extra_sycl_cflags=None,
                     extra_ldflags=unit.ldflags or None, extra_include_paths=unit.include_dirs or None,
                     build_directory=str(folder), verbose=False,

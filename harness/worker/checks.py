@@ -150,7 +150,7 @@ class Checker:
             msg = (f"forward returned {type(out).__name__}, expected "
                    f"{'a tensor' if isinstance(ref_out, torch.Tensor) else f'{len(r_leaves)} tensors'}")
             v.findings.append(Finding(code=FindingCode.wrong_output_type, message=msg))
-            return self._record(InputSetCheck(index=index, kind=kind, passed=False, message=msg))  # type: ignore[arg-type]
+            return self._record(InputSetCheck(index=index, kind=kind, passed=False, message=msg))
         problems: list[str] = []
         for c, r in zip(c_leaves, r_leaves):
             if type(c) is not torch.Tensor:
@@ -161,7 +161,7 @@ class Checker:
         if problems:
             v.findings.append(Finding(code=FindingCode.wrong_output_type,
                                       message=problems[0] + "; return exactly what Model returns"))
-            return self._record(InputSetCheck(index=index, kind=kind, passed=False, message=problems[0]))  # type: ignore[arg-type]
+            return self._record(InputSetCheck(index=index, kind=kind, passed=False, message=problems[0]))
         theirs = list(r_leaves + [x for x in (ref_inputs or []) if isinstance(x, torch.Tensor)])
         if any(overlaps(c, theirs) for c in c_leaves):
             v.findings.append(Finding(
@@ -205,7 +205,7 @@ class Checker:
         ):
             self.lowered.append(index)
         return self._record(InputSetCheck(
-            index=index, kind=kind, passed=passed,  # type: ignore[arg-type]
+            index=index, kind=kind, passed=passed,
             max_abs_err=largest(cm.max_abs for cm in comps), max_rel_err=largest(cm.max_rel for cm in comps),
             scaled_err=largest(cm.scaled for cm in comps), mismatched=sum(cm.mismatched for cm in comps),
             numel=sum(cm.numel for cm in comps), message=first_bad.message if first_bad else "",

@@ -127,10 +127,10 @@ class Builders:
         import torch
 
         os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list(self.arch)
-        self._ce.load_inline = self.load_inline  # type: ignore[assignment]
-        torch.cuda._compile_kernel = self.compile_kernel  # type: ignore[assignment]
+        self._ce.load_inline = self.load_inline
+        torch.cuda._compile_kernel = self.compile_kernel
         if hasattr(torch.cuda, "compile_kernel"):
-            torch.cuda.compile_kernel = self.compile_kernel  # type: ignore[attr-defined]
+            torch.cuda.compile_kernel = self.compile_kernel
 
     def reset(self) -> None:
         """Forgets the previous candidate's builds."""
@@ -214,7 +214,7 @@ class Builders:
         style = "none" if not kinds else "mixed" if len(kinds) > 1 else next(iter(kinds))
         return CompileResult(
             ok=ok,
-            style=style,  # type: ignore[arg-type]
+            style=style,
             arch=self.arch,
             seconds=round(sum(u.seconds for u in units), 4),
             cached=bool(units) and all(u.cached for u in units if u.kind == "load_inline") and "load_inline" in kinds,

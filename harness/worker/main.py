@@ -196,7 +196,7 @@ def _setup(cache_dir: Path, scratch: Path, no_cuda: bool, role: str,
     gc.collect()
     gc.freeze()
     info = WorkerInfo(
-        pid=os.getpid(), sandbox_pid=os.getpid(), role=role, cuda=cuda, device=env.device, arch=env.arch,  # type: ignore[arg-type]
+        pid=os.getpid(), sandbox_pid=os.getpid(), role=role, cuda=cuda, device=env.device, arch=env.arch,
         torch_version=torch.__version__, python=sys.version.split()[0],
     )
     return env, info

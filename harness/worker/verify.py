@@ -97,7 +97,7 @@ class ProblemBroken(Exception):
 
     def __init__(self, stage: str, exc: BaseException, files: tuple[str, ...] = ()) -> None:
         super().__init__(stage)
-        self.failure = ProblemFailed(stage=stage, error=short_traceback(exc, files))  # type: ignore[arg-type]
+        self.failure = ProblemFailed(stage=stage, error=short_traceback(exc, files))
 
 
 def _is_cuda_error(exc: BaseException) -> bool:

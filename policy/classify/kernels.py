@@ -71,7 +71,7 @@ def _group_key(k: KernelProfile) -> tuple[str, tuple[int, int, int], tuple[int, 
 def _heavy_entries(kernels: list[KernelProfile], per_instance: dict[int, KernelClassification], total: float,
                    max_kernels: int) -> list[KernelClassification]:
     """Identical launches folded into one entry each, heaviest first, until HEAVY_SHARE of the time."""
-    groups: dict[tuple, list[KernelProfile]] = defaultdict(list)
+    groups: dict[tuple[str, tuple[int, int, int], tuple[int, int, int]], list[KernelProfile]] = defaultdict(list)
     for k in kernels:
         groups[_group_key(k)].append(k)
     entries = []

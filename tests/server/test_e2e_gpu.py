@@ -77,7 +77,7 @@ async def test_a_client_drives_one_round_on_the_gpu(kb_path: Path) -> None:
         verified = await call_json(
             client,
             "compile_and_verify",
-            {"problem": str(PROBLEM), "candidate": str(CANDIDATE), "options": {"compile_baseline": False}},
+            {"problem": str(PROBLEM), "candidate": str(CANDIDATE)},  # default options: only those are credited
             progress=on_progress,
         )
         timed("compile_and_verify", t)

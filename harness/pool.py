@@ -65,6 +65,7 @@ from kb_mcp.harness.protocol import (
 )
 from kb_mcp.harness.sandbox import Sandbox, detect, sweep_scratch
 from kb_mcp.harness.verdict import CompileResult, Finding, FindingCode, VerifyOptions, VerifyResult
+from kb_mcp.harness.work import take_work_census
 from kb_mcp.kb import paths
 from kb_mcp.kb.models import Verdict
 from kb_mcp.kb.progress import Progress, no_progress
@@ -72,7 +73,7 @@ from kb_mcp.kb.progress import Progress, no_progress
 __all__ = ["PHASES", "WorkerError", "WorkerPool", "describe_exit", "no_progress"]
 
 
-PHASES = ("static", "import", "construct", "check", "census", "timing", "baselines", "compile")
+PHASES = ("static", "import", "construct", "check", "census", "timing", "baselines", "evidence", "compile")
 _PHASE_WORDS = {
     "queued": "waiting for the worker to start on it",
     "static": "running static checks",
@@ -82,6 +83,7 @@ _PHASE_WORDS = {
     "census": "listing the kernels one forward launches (in the census worker)",
     "timing": "timing ModelNew.forward (interleaved with the reference where eager is timed anew)",
     "baselines": "timing the torch.compile baseline (first verdict of a problem) and comparing",
+    "evidence": "checking a result above the review threshold further (more inputs, weights, a second shape, its work)",
     "compile": "compiling the candidate's CUDA sources",
 }
 CENSUS_WORDS = {
@@ -355,7 +357,10 @@ class WorkerPool:
             progress(PHASES.index(phase) if phase in PHASES else 0, steps, _PHASE_WORDS.get(phase, phase))
 
         def on_ask(ask: Any) -> None:
-            if isinstance(ask, CensusAsk):
+            if isinstance(ask, CensusAsk) and ask.counters:
+                progress(PHASES.index("evidence"), steps, "counting the candidate's work under Nsight Compute")
+                self._answer_work(w, rid, problem, source, opts)
+            elif isinstance(ask, CensusAsk):
                 progress(PHASES.index("census"), steps, _PHASE_WORDS["census"])
                 self._answer_census(w, rid, problem, source, opts, cid)
             else:
@@ -582,6 +587,17 @@ class WorkerPool:
             self._settle_starts()
         try:
             send(w.sock, CensusAnswer(rid=rid, reply=reply), POOL_KEY)
+        except OSError:
+            pass  # the verify worker is gone: the next read says how
+
+    def _answer_work(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions) -> None:
+        """Takes the work census (`harness.work`: hardware counters of one forward, under ncu in
+        the sandbox) for the verify worker `w` and answers it; an unavailable one says why."""
+        census = take_work_census(problem, source, cache_dir=self.cache_dir, sandbox=self.sandbox,
+                                  timeout_s=opts.timeout_s)
+        self._settle_starts()
+        try:
+            send(w.sock, CensusAnswer(rid=rid, reply=CensusReply(work=census)), POOL_KEY)
         except OSError:
             pass  # the verify worker is gone: the next read says how
 

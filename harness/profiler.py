@@ -115,12 +115,18 @@ def ncu_command(
     max_kernels: int = 200,
     metrics: Sequence[str] | None = None,
     nvtx: bool = True,
+    sections: Sequence[str] | None = None,
 ) -> list[str]:
-    """The ncu command line that profiles `target` into `<report_base>.ncu-rep`."""
+    """The ncu command line that profiles `target` into `<report_base>.ncu-rep`.
+
+    `sections`: the sections to collect (default: `SECTIONS`, plus `SOURCE_SECTIONS` with
+    `source_counters`); `()` collects the `metrics` alone."""
     cmd = [ncu]
     if nvtx:
         cmd += ["--nvtx", "--nvtx-include", f"{NVTX_RANGE}/"]
-    for section in SECTIONS + (SOURCE_SECTIONS if source_counters else ()):
+    if sections is None:
+        sections = SECTIONS + (SOURCE_SECTIONS if source_counters else ())
+    for section in sections:
         cmd += ["--section", section]
     wanted = ncu_parse.requested_metrics() if metrics is None else list(metrics)
     if wanted:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.candidate import SourceUnit
+from kb_mcp.harness.plausibility import WorkCensus
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.verdict import Finding, VerifyOptions, VerifyResult
 from kb_mcp.kb.models import Verdict
@@ -140,6 +141,7 @@ class CensusReply(_Message):
     summary: str = ""  # what happened, when `verdict` is set
     pid: int | None = None  # the census worker that answered (its pid inside its sandbox)
     elapsed_s: float = 0.0
+    work: WorkCensus | None = None  # the answer to a `CensusAsk(counters=True)` (`harness.work`)
 
     @property
     def clean(self) -> bool:
@@ -172,9 +174,11 @@ class Phase(_Ask):
 
 
 class CensusAsk(_Ask):
-    """The candidate passed the checks: the worker waits for its kernel census."""
+    """The candidate passed the checks: the worker waits for its kernel census. With `counters`
+    (an escalated result), for its work census instead: hardware counters of one forward."""
 
     kind: Literal["census_ask"] = "census_ask"
+    counters: bool = False
 
 
 class BuildAsk(_Ask):

@@ -42,6 +42,7 @@ class FindingCode(str, Enum):
     stateful_forward = "stateful_forward"
     no_custom_kernel = "no_custom_kernel"
     implausible_speedup = "implausible_speedup"
+    impossible_time = "impossible_time"
 
 
 # Findings that describe wrong answers rather than cheating: the verdict is `incorrect`, not `invalid`.
@@ -100,7 +101,11 @@ class VerifyOptions(BaseModel):
         description="allow-list of library ops the candidate may call: groups `gemm` (cuBLAS), `conv` (cuDNN) or op "
                     "names",
     )
-    implausible_speedup: float = Field(50.0, gt=1.0, description="speedups above this factor are flagged for review")
+    implausible_speedup: float = Field(
+        50.0, gt=1.0,
+        description="speedups above this factor are checked further (more input sets, perturbed weights, a second "
+                    "shape, the candidate's own work against the device's peaks) before they count",
+    )
     timeout_s: float = Field(120.0, gt=0, le=3600,
                              description="limit for each run phase (checks, timing) of the candidate")
     compile_timeout_s: float = Field(600.0, gt=0, le=3600, description="limit for importing and building the candidate")
@@ -151,8 +156,10 @@ class InputSetCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     index: int
-    kind: Literal["public_seed", "secret", "shifted", "user_seed", "perturbed", "repeat", "reused_buffers"]
+    kind: Literal["public_seed", "secret", "shifted", "user_seed", "perturbed", "repeat", "reused_buffers",
+                  "second_shape"]
     passed: bool
+    skipped: bool = False  # the check could not run (the message says why); it counts as neither pass nor fail
     max_abs_err: float | None = None
     max_rel_err: float | None = None  # over elements with |ref| above 1e-3 of the output's RMS
     scaled_err: float | None = None  # max |c - r| / RMS(r): comparable across problems
@@ -177,7 +184,9 @@ class Timings(BaseModel):
     speedup_vs_baseline: float | None = None  # over the better of eager and torch.compile
     baseline_cached: bool = False
     quick: bool = False  # timing=False: a few runs only
-    bound_ms: float | None = None  # roofline lower bound (DRAM bytes, FLOPs at peak); None if unknown
+    bound_ms: float | None = None  # the reference's roofline (its FLOPs at peak, I/O through DRAM); None if unknown
+    work_bound_ms: float | None = None  # the candidate's own measured work at peak (`harness.plausibility`)
+    evidence: list[str] = Field(default_factory=list)  # what an escalated result was checked with, and found
     note: str = ""
     # Launch-bound references are re-timed beside the candidate (docs/harness.md, Timing):
     launch_bound: bool = False  # eager's host issue time is at least half its event time
@@ -371,37 +380,6 @@ class Caps(BaseModel):
                 "and keep it out of scores); the server's operator sets the caps")
 
 
-def plausibility_findings(timings: Timings, factor: float) -> list[Finding]:
-    """`implausible_speedup` when the candidate beats the baseline by more than `factor`, or runs
-    faster than the roofline bound (moving its bytes through DRAM, or its FLOPs at peak) allows."""
-    out: list[Finding] = []
-    s = timings.speedup_vs_baseline
-    if s is not None and s > factor:
-        out.append(
-            Finding(
-                code=FindingCode.implausible_speedup,
-                message=(
-                    f"speedup {s:.1f}x over the best baseline exceeds the review threshold of {factor:g}x; "
-                    "held for review (not counted) until someone confirms it"
-                ),
-                source="timing",
-            )
-        )
-    if timings.bound_ms is not None and timings.candidate_ms < 0.9 * timings.bound_ms:
-        out.append(
-            Finding(
-                code=FindingCode.implausible_speedup,
-                message=(
-                    f"median time {timings.candidate_ms * 1e3:.1f} us is below the roofline bound "
-                    f"{timings.bound_ms * 1e3:.1f} us (inputs and outputs through DRAM, FLOPs at peak); "
-                    "the work cannot all have been done inside the timed call"
-                ),
-                source="timing",
-            )
-        )
-    return out
-
-
 def decide(
     compile: CompileResult,
     input_sets: list[InputSetCheck],
@@ -457,10 +435,14 @@ def decide(
     speedup = timings.speedup_vs_baseline
     verdict = Verdict.faster if speedup > 1.0 else Verdict.slower
     base = "eager" if timings.compile_ms is None or (timings.eager_ms or 0) <= timings.compile_ms else "torch.compile"
+    ran = [c for c in input_sets if not c.skipped]
+    skipped = [f"{c.kind}: {c.message}" for c in input_sets if c.skipped and c.message]
+    notes_tail = f"; not run: {'; '.join(dict.fromkeys(skipped))}" if skipped else ""
+    evidence_tail = f"; evidence: {'; '.join(timings.evidence)}" if timings.evidence else ""
     return (
         verdict,
         flagged,
         f"{verdict.value}: {timings.candidate_ms:.4g} ms vs {base} "
         f"{min(x for x in (timings.eager_ms, timings.compile_ms) if x is not None):.4g} ms ({speedup:.2f}x); "
-        f"{len(input_sets)} input sets correct{tail}",
+        f"{len(ran)} input sets correct{notes_tail}{evidence_tail}{tail}",
     )

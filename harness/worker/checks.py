@@ -18,7 +18,7 @@ when the reference itself is not finite there, that set is skipped.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ import torch
 from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.verdict import Finding, FindingCode, InputSetCheck, Timings
 from kb_mcp.harness.worker.integrity import IntegrityGuard
+from kb_mcp.harness.worker.perturb import ParamMapping, map_parameters, parameter_infos, perturb
 from kb_mcp.harness.worker.timing import (
     QUICK_RUNS,
     RunStats,
@@ -82,6 +83,9 @@ class Checker:
         self.flops = 0.0
         self.dtype: torch.dtype = torch.float32
         self.lowered: list[int] = []  # failed sets whose errors look like a lower precision
+        self.mapping: ParamMapping | None = None  # Model's parameters to ModelNew's (`perturb.map_parameters`)
+        self.ref_params: dict[str, torch.nn.Parameter] = {}
+        self.cand_params: dict[str, torch.nn.Parameter] = {}
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -253,7 +257,7 @@ class Checker:
         explained = {FindingCode.uninitialized_output, FindingCode.constant_output}
         if secret_failed and not any(f.code in explained for f in v.findings):
             self._ignored_inputs(secret)
-        self._perturbed(next(index))
+        self._perturbed(index)
         failed = [c for c in v.sets if not c.passed]
         if failed and len(self.lowered) == len(failed):
             worst = max(c.scaled_err or 0.0 for c in failed)
@@ -318,37 +322,36 @@ class Checker:
             ))
         return chk
 
-    def _perturbed(self, index: int) -> None:
-        """Parameters that ModelNew shares by name with Model get the same new random values in both;
-        a candidate that does not read them (e.g. LayerNorm's weight 1 and bias 0 left out) fails here."""
+    def _perturbed(self, index: Iterator[int]) -> None:
+        """Parameters of Model and their copies in ModelNew (matched by structure: `perturb`) get the
+        same new random values; a candidate that does not read them (e.g. LayerNorm's weight 1 and
+        bias 0 left out, or a derived copy made in __init__) fails here. What cannot be matched, or
+        a reference that is not finite at the new values, is recorded as a check that did not run."""
         v = self.v
-        ref_params = {n: p for n, p in self.ref.named_parameters() if p.is_floating_point()}
-        cand_params = dict(self.cand.named_parameters())
-        shared = [n for n, p in ref_params.items()
-                  if n in cand_params and cand_params[n].shape == p.shape and cand_params[n].dtype == p.dtype]
-        if not shared:
+        if self.mapping is None:
+            ref_infos, self.ref_params = parameter_infos(self.ref)
+            cand_infos, self.cand_params = parameter_infos(self.cand)
+            self.mapping = map_parameters(ref_infos, cand_infos)
+            if self.mapping.unmatched:
+                self._record(InputSetCheck(index=next(index), kind="perturbed", passed=True, skipped=True,
+                                           message=self.mapping.note()))
+        mapping = self.mapping
+        if not mapping.groups:
             return
-        g = torch.Generator(device="cuda")
-        g.manual_seed(secret_seed())
-        for n in shared:
-            r = ref_params[n]
-            rf = r.detach().float()
-            spread = float(rf.std().item()) if r.numel() > 1 else 0.0
-            if not spread or spread != spread:
-                spread = max(abs(float(rf.mean().item())), 1.0)
-            new = rf + 0.5 * spread * torch.randn(r.shape, generator=g, device=r.device)
-            r.data.copy_(new.to(r.dtype))
-            cand_params[n].data.copy_(r.data)
+        perturb(mapping, self.ref_params, self.cand_params, secret_seed())
         xs = self.make_inputs(secret_seed())
         ref_out = self.ref(*clone_inputs(xs))
         if not all(bool(torch.isfinite(t).all().item()) for t in leaves(ref_out) or [] if t.is_floating_point()):
+            self._record(InputSetCheck(index=next(index), kind="perturbed", passed=True, skipped=True,
+                                       message="the reference is not finite with perturbed parameters"))
             return
         self.alive.append(ref_out)
         args = clone_inputs(xs)
         out = self.cand_run(args, ref_out)
-        chk = self.check(index, "perturbed", ref_out, out, args, xs, xs)
+        chk = self.check(next(index), "perturbed", ref_out, out, args, xs, xs)
         others = [s for s in v.sets if s.kind != "perturbed"]
         if not chk.passed and all(s.passed for s in others):
+            shared = [n for group in mapping.groups for n in group.ref]
             names = ", ".join(shared[:6]) + (" ..." if len(shared) > 6 else "")
             v.findings.append(Finding(
                 code=FindingCode.ignores_inputs,

@@ -116,9 +116,10 @@ class Channel:
         """Progress: the request moved on to `name` (the pool's limit follows the phase)."""
         self.emit(Phase, phase=name)
 
-    def ask_census(self) -> CensusReply:
-        """The kernel census of the current candidate, from the pool's census worker."""
-        self.emit(CensusAsk)
+    def ask_census(self, counters: bool = False) -> CensusReply:
+        """The kernel census of the current candidate, from the pool's census worker; with
+        `counters`, its work census (hardware counters of one forward, `harness.work`)."""
+        self.emit(CensusAsk, counters=counters)
         msg = self.reader.read_message(TO_WORKER, POOL_KEY)
         if not isinstance(msg, CensusAnswer) or msg.rid != self._rid:
             raise RuntimeError(f"the pool sent {msg.kind!r} where the census for this request was due")

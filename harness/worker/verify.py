@@ -42,10 +42,10 @@ from kb_mcp.harness.verdict import (
     VerifyOptions,
     VerifyResult,
     decide,
-    plausibility_findings,
 )
 from kb_mcp.harness.worker.checks import Checker, Stop
 from kb_mcp.harness.worker.compile import Builders
+from kb_mcp.harness.worker.evidence import escalate
 from kb_mcp.harness.worker.integrity import IntegrityGuard, dedupe
 from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
 from kb_mcp.harness.worker.loading import load_module, short_traceback
@@ -119,9 +119,10 @@ class GpuVerification:
     """Verification of one candidate on the GPU; `run()` returns (result, retire_worker)."""
 
     def __init__(self, env: WorkerEnv, problem: Problem, source: str, options: VerifyOptions,
-                 candidate_id: str, report: Callable[[str], None], ask_census: Callable[[], CensusReply]) -> None:
+                 candidate_id: str, report: Callable[[str], None], ask_census: Callable[..., CensusReply]) -> None:
         """`ask_census()` returns the census worker's `CensusReply` for this candidate: the worker
-        asks the pool for it after the checks and waits, so no census overlaps the timing."""
+        asks the pool for it after the checks and waits, so no census overlaps the timing;
+        `ask_census(counters=True)` returns the work census of an escalated result (`evidence`)."""
         self.env = env
         self.ask_census = ask_census
         self.problem = problem
@@ -353,6 +354,9 @@ class GpuVerification:
             # candidate was checked against the pristine snapshot above; the next one is checked
             # against the state the trusted baseline left.
             env.snapshot = TrustedSnapshot.capture()
-        self.findings += plausibility_findings(timings, opts.implausible_speedup)
+        # A result that looks too good gets more evidence, which accepts or rejects it (`evidence`).
+        self.findings += escalate(self, checker, timings)
+        self.findings += guard.findings()
+        retire = retire or IntegrityGuard.retire_worker(self.findings)
         verdict, flagged, summary = decide(comp, self.sets, self.findings, timings, gpu=True, loosened=self.loosened)
         return self._result(verdict, summary, comp, flagged, timings), retire

@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from kb_mcp.harness import verdict as verdict_module
+from kb_mcp.harness.plausibility import plausibility_findings
 from kb_mcp.harness.verdict import (
     Caps,
     CompileResult,
@@ -17,7 +18,6 @@ from kb_mcp.harness.verdict import (
     VerifyResult,
     assess_options,
     decide,
-    plausibility_findings,
 )
 from kb_mcp.kb.models import Strength, Verdict
 

@@ -3,6 +3,9 @@
 The vocabulary of bottlenecks lives here too, because the seed KB, the classifier and the
 agents must all speak it: a State's signature is a (primary, secondary) pair from these enums
 plus metric ranges over the canonical metric names of `kb_mcp.harness.profile_model.KernelMetrics`.
+
+Every model is built on first use (`defer_build`), not at import: a `kb-mcp kb` command pays only
+for the records it reads (bench/startup_bench.py).
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ class Verdict(str, Enum):
 class MetricRange(BaseModel):
     """Closed interval on one canonical metric; None leaves that side open."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     metric: str
     min: float | None = None
@@ -153,7 +156,7 @@ class MetricRange(BaseModel):
 class Signature(BaseModel):
     """What defines a performance state: bottleneck pair plus the metric ranges seen there."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     primary: Primary
     secondary: Secondary | None = None
@@ -168,7 +171,7 @@ class Signature(BaseModel):
 class State(BaseModel):
     """A performance state: what limits a kernel, and how we recognise it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     id: str
     name: str
@@ -186,7 +189,7 @@ class Optimization(BaseModel):
     agents are shown it only once a verified outcome backs it, marked as KB content.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     id: str
     name: str
@@ -210,7 +213,7 @@ class ChangeRun(BaseModel):
     an allowance per outcome); when it crosses a threshold the truth has likely changed, and that
     client's older samples give way to the run (`kb_mcp.policy.update`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     client: str
     cusum: float  # signed: above (> 0) or below (< 0) the estimate
@@ -228,7 +231,7 @@ class Score(BaseModel):
     `kb_mcp.policy.update`), so the KB follows drift and no single client dominates a score.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     state_id: str
     optimization_id: str
@@ -331,7 +334,7 @@ class Lesson(BaseModel):
     unflagged verdict the server measured), and always marked as untrusted KB content.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     id: str
     state_id: str
@@ -348,7 +351,7 @@ class Lesson(BaseModel):
 class Outcome(BaseModel):
     """One entry of the replay buffer: an optimization applied in a state, and what it measured."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     id: str  # derived from (candidate_id, optimization_id): recording twice is a no-op
     problem: str
@@ -372,7 +375,7 @@ class Outcome(BaseModel):
 class Transition(BaseModel):
     """How often applying `optimization_id` in `state_id` led to `next_state_id` (phase ordering)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     state_id: str
     optimization_id: str
@@ -420,7 +423,7 @@ class CandidateRecord(BaseModel):
     be poisoned by a careless or dishonest agent.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     candidate_id: str
     problem: str

@@ -18,12 +18,11 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from kb_mcp.server import prompts, resources, tasks
 from kb_mcp.server.about import package_version
-from kb_mcp.server.execution import ToolRunner
 from kb_mcp.server.gpu import gpu_summary
-from kb_mcp.server.job_tools import job_tool_specs
-from kb_mcp.server.jobs import JobManager, JobStore, registered_job_kinds
+from kb_mcp.server.job_tools import server_specs
+from kb_mcp.server.jobs import JobManager
 from kb_mcp.server.mcp_tools import as_mcp_tool
-from kb_mcp.server.registry import JOB_ONLY_MODULES, ToolSpec, load_tools
+from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.context import ToolContext
 
 log = logging.getLogger(__name__)
@@ -91,23 +90,13 @@ def build_server(
 ) -> KbMcpServer:
     """Assembles the server over `ctx` (default: the KB from $KB_MCP_KB / ~/.kb-mcp).
 
-    `tools` defaults to the product tools whose modules import; `job_kinds` (extra, job-only
-    kinds) defaults to those registered with `kb_mcp.server.jobs.register_job_kind` plus the
-    lazily imported `registry.JOB_ONLY_MODULES`. An HTTP server's bearer token is checked in
+    `tools` and `job_kinds` are as in `job_tools.server_specs`. An HTTP server's bearer token is checked in
     front of the app (`transport.BearerGate`).
     `adopt_client_name` (stdio: one client per process) records the client's name as provenance.
     """
     ctx = ctx or ToolContext()
-    runner = ToolRunner(ctx)
-    tool_specs = list(tools) if tools is not None else load_tools()
-    extra_kinds = list(job_kinds) if job_kinds is not None else registered_job_kinds()
-    jobs = JobManager(
-        runner,
-        [*tool_specs, *extra_kinds],
-        JobStore(ctx.artifacts_dir / "jobs"),
-        lazy_kinds=JOB_ONLY_MODULES if job_kinds is None else None,
-    )
-    all_specs = [*tool_specs, *job_tool_specs(jobs)]
+    jobs, all_specs = server_specs(ctx, tools, job_kinds)
+    runner = jobs.runner
 
     @asynccontextmanager
     async def lifespan(server: MCPServer[Any]) -> AsyncIterator[None]:

@@ -14,7 +14,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError
 from kb_mcp.server.about import COMMAND, DIST_NAME
 
 # command -> (module that registers it, its one-line help). The module's `register(sub)` adds the
@@ -91,12 +90,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except KbMcpError as exc:  # a command that did not word it itself (a campaign meeting a damaged KB)
-        print(f"{COMMAND} {args.command}: {exc}", file=sys.stderr)
-        return EXIT_STATUS[exc.whose]
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        # imported here, not at start-up: kb.errors builds a pydantic model, which `--help` need not pay for
+        from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError
+
+        if not isinstance(exc, KbMcpError):
+            raise
+        print(f"{COMMAND} {args.command}: {exc}", file=sys.stderr)  # a command that did not word it itself
+        return EXIT_STATUS[exc.whose]
 
 
 if __name__ == "__main__":

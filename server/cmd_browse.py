@@ -65,21 +65,25 @@ def _json(parser: argparse.ArgumentParser) -> None:
 
 def _run(fn: Callable[[argparse.Namespace, KBStore], tuple[BaseModel, Printer]]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        from rich.console import Console
-
-        from kb_mcp.kb.store import KBFileError, KBStore
+        from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError
+        from kb_mcp.kb.store import KBStore
 
         path = paths.resolve_kb_path(args.kb)
         try:
             if not path.exists():
                 raise BrowseError(f"no KB at {path}; create one with `kb-mcp --kb {path} kb init` (or pass --kb)")
             document, printer = fn(args, KBStore.open(path))
-        except (BrowseError, KBFileError) as exc:
+        except BrowseError as exc:
             print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
-            return 1
+            return EXIT_STATUS["caller"]
+        except KbMcpError as exc:  # the KB file's state (damaged, locked, unreadable): the operator's to fix
+            print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
+            return EXIT_STATUS[exc.whose]
         if args.json:
             print(document.model_dump_json(indent=2, exclude_none=True))
         else:
+            from rich.console import Console
+
             printer(Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 150), document)
         return 0
 

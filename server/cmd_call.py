@@ -29,7 +29,6 @@ from kb_mcp.server.token import add_token_arguments, read_token
 
 if TYPE_CHECKING:  # the MCP SDK is imported when `call` runs (it takes a second to import)
     from mcp import Client
-    from mcp_types import Tool
 
 log = logging.getLogger(__name__)
 
@@ -105,20 +104,36 @@ def build_arguments(json_text: str | None, pairs: list[str]) -> dict[str, Any]:
     return arguments
 
 
-def describe_tool(tool: Tool) -> str:
+def describe_tool(name: str, description: str | None, schema: dict[str, Any] | None) -> str:
     """`name(arg*, arg=default, ...)` plus the first sentence of the description."""
-    schema = tool.input_schema or {}
+    schema = schema or {}
     required = set(schema.get("required", []))
     params = []
-    for name, prop in (schema.get("properties") or {}).items():
-        if name in required:
-            params.append(f"{name}*")
+    for arg, prop in (schema.get("properties") or {}).items():
+        if arg in required:
+            params.append(f"{arg}*")
         elif "default" in prop:
-            params.append(f"{name}={json.dumps(prop['default'])}")
+            params.append(f"{arg}={json.dumps(prop['default'])}")
         else:
-            params.append(name)
-    first = " ".join((tool.description or "").split()).split(". ")[0].rstrip(".")
-    return f"{tool.name}({', '.join(params)})\n    {first}."
+            params.append(arg)
+    first = " ".join((description or "").split()).split(". ")[0].rstrip(".")
+    return f"{name}({', '.join(params)})\n    {first}."
+
+
+def _print_listing(lines: list[str]) -> None:
+    print("\n".join(lines))
+    print("(* = required; `kb-mcp call TOOL --arg KEY=VALUE` calls one)")
+
+
+def list_declared_tools(args: argparse.Namespace) -> None:
+    """Lists the tools an in-process server would serve, from the tools' own declarations: the
+    same specs and schemas `build_server` registers, without importing the MCP SDK or opening
+    the KB (a listing should not take seconds)."""
+    from kb_mcp.server.job_tools import server_specs
+    from kb_mcp.tools.context import ToolContext
+
+    _jobs, specs = server_specs(ToolContext(args.kb, client_name="cli", standby_profiler=False))
+    _print_listing([describe_tool(s.name, s.description, s.input_schema()) for s in specs])
 
 
 @asynccontextmanager
@@ -149,9 +164,8 @@ async def _call(args: argparse.Namespace, arguments: dict[str, Any]) -> tuple[in
 
     async with _connect(args) as (client, server):
         listed = (await client.list_tools()).tools
-        if args.list:
-            print("\n".join(describe_tool(t) for t in listed))
-            print("(* = required; `kb-mcp call TOOL --arg KEY=VALUE` calls one)")
+        if args.list:  # a remote server's own listing (an in-process one is listed from declarations)
+            _print_listing([describe_tool(t.name, t.description, t.input_schema) for t in listed])
             return 0, server
         names = [t.name for t in listed]
         if args.tool not in names:
@@ -181,6 +195,9 @@ def run(args: argparse.Namespace) -> int:
     except (UsageError, ValueError) as exc:
         print(f"kb-mcp call: {exc}", file=sys.stderr)
         return 2
+    if args.list and not args.url:
+        list_declared_tools(args)
+        return 0
     import anyio
 
     server = None

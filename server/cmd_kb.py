@@ -13,31 +13,22 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
+from kb_mcp.kb import paths
+from kb_mcp.server.gc import Limits as GcLimits
 
-from kb_mcp.kb import backups, lifecycle, paths
-from kb_mcp.kb.arch import ArchError, arch_family
-from kb_mcp.kb.errors import EXIT_STATUS, CallerError, KbMcpError
-from kb_mcp.kb.interchange import (
-    InterchangeError,
-    TransferReport,
-    detect_format,
-    export_kb,
-    export_reference,
-    import_reference,
-    merge_kb,
-    read_json,
-)
-from kb_mcp.kb.models import ALL_ARCH
-from kb_mcp.kb.store import KBStore
-from kb_mcp.policy import update as score_rule
-from kb_mcp.server import gc
+# Each action imports what it needs when it runs: `kb --help` and `kb stats` do not pay for the
+# interchange formats, the score rule, job records or rich (bench/startup_bench.py measures it).
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kb_mcp.kb.interchange import TransferReport
+    from kb_mcp.kb.store import KBStore
 
 
-class CommandError(CallerError):
-    """A mistake on the command line: printed as one line, exit status 1."""
+class CommandError(Exception):
+    """A mistake on the command line (the caller's): printed as one line, exit status 1."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = kb_sub.add_parser("gc", help="remove old job records, unrecorded candidates' files and worker scratch",
                           description="Removes leftovers by age and size; never anything a KB record points to "
                           "(candidates an outcome or lesson names), unfinished jobs, or a running worker's folder.")
-    d = gc.Limits()
+    d = GcLimits()
     s.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
     s.add_argument("--job-days", type=float, default=d.job_days,
                    help=f"finished job records older than this (default {d.job_days:g})")
@@ -121,28 +112,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmd_browse.register(kb_sub)
 
 
-def _wrap(fn: Callable[[argparse.Namespace, Console], int]) -> Callable[[argparse.Namespace], int]:
+def _wrap(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        # piped output gets a wide fixed width, so tables are not squeezed to 80 columns
-        console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 150)
+        from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError
+
         try:
-            return fn(args, console)
+            return fn(args)
         except KbMcpError as exc:
             print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
             return EXIT_STATUS[exc.whose]
-        except (InterchangeError, ArchError) as exc:  # a file or argument given on the command line
+        except CommandError as exc:
             print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
-            return 1
+            return EXIT_STATUS["caller"]
+        except Exception as exc:
+            from kb_mcp.kb.arch import ArchError
+            from kb_mcp.kb.interchange import InterchangeError
+
+            if not isinstance(exc, (InterchangeError, ArchError)):
+                raise
+            print(f"kb-mcp kb: error: {exc}", file=sys.stderr)  # a file or argument given on the command line
+            return EXIT_STATUS["caller"]
 
     return run
 
 
+def _console() -> Console:
+    from rich.console import Console
+
+    # piped output gets a wide fixed width, so tables are not squeezed to 80 columns
+    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 150)
+
+
 def _open(args: argparse.Namespace, *, create: bool = False) -> KBStore:
+    from kb_mcp.kb.store import KBStore
+
     return KBStore.open(paths.resolve_kb_path(args.kb), create=create)
 
 
-def cmd_init(args: argparse.Namespace, console: Console) -> int:
+def cmd_init(args: argparse.Namespace) -> int:
     """Creates and seeds the KB if missing (optionally shared with a group); reports what is there."""
+    from kb_mcp.kb import lifecycle
+
+    console = _console()
     path = paths.resolve_kb_path(args.kb)
     report = lifecycle.init_kb(path, group=args.group)
     stats = report.store.stats()
@@ -156,8 +167,11 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_backup(args: argparse.Namespace, console: Console) -> int:
+def cmd_backup(args: argparse.Namespace) -> int:
     """Compacts and keeps a backup now."""
+    from kb_mcp.kb import backups
+
+    console = _console()
     store = _open(args)
     dest = store.backup()
     console.print(f"backup of {store.path} kept at {dest} ({len(backups.list_backups(store.path))} kept; "
@@ -165,8 +179,11 @@ def cmd_backup(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_restore(args: argparse.Namespace, console: Console) -> int:
+def cmd_restore(args: argparse.Namespace) -> int:
     """Lists backups, or restores one."""
+    from kb_mcp.kb import backups, lifecycle
+
+    console = _console()
     path = paths.resolve_kb_path(args.kb)
     if args.list:
         found = backups.list_backups(path)
@@ -184,8 +201,11 @@ def cmd_restore(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_repair(args: argparse.Namespace, console: Console) -> int:
+def cmd_repair(args: argparse.Namespace) -> int:
     """Salvages a damaged journal."""
+    from kb_mcp.kb import lifecycle
+
+    console = _console()
     path = paths.resolve_kb_path(args.kb)
     output = Path(args.output).expanduser().resolve() if args.output else None
     r = lifecycle.repair_kb(path, output=output, dry_run=args.dry_run)
@@ -208,10 +228,13 @@ def cmd_repair(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_gc(args: argparse.Namespace, console: Console) -> int:
+def cmd_gc(args: argparse.Namespace) -> int:
     """Removes leftovers past retention."""
+    from kb_mcp.server import gc
+
+    console = _console()
     store = _open(args)
-    limits = gc.Limits(job_days=args.job_days, jobs_kept=args.jobs_kept, candidate_days=args.candidate_days,
+    limits = GcLimits(job_days=args.job_days, jobs_kept=args.jobs_kept, candidate_days=args.candidate_days,
                        scratch_hours=args.scratch_hours, cache_days=args.cache_days, cache_max_mb=args.cache_max_mb)
     ctx = gc.Context(store=store, artifacts=paths.artifacts_dir(store.path), cache=paths.cache_dir(), limits=limits)
     report = gc.collect(ctx, dry_run=args.dry_run)
@@ -231,13 +254,18 @@ def cmd_gc(args: argparse.Namespace, console: Console) -> int:
     return 3 if report.errors else 0
 
 
-def cmd_stats(args: argparse.Namespace, console: Console) -> int:
+def cmd_stats(args: argparse.Namespace) -> int:
     """Prints the KB's counts as a table."""
     store = _open(args)
     stats = store.stats()
     if args.json:
         print(json.dumps({"kb_path": str(store.path), "stats": stats.model_dump(mode="json")}, indent=2))
         return 0
+    from rich.table import Table
+
+    from kb_mcp.kb import backups
+
+    console = _console()
     table = Table(title=f"KB {store.path}", show_header=True)
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -267,8 +295,14 @@ def cmd_stats(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_show(args: argparse.Namespace, console: Console) -> int:
+def cmd_show(args: argparse.Namespace) -> int:
     """Prints one state and its optimizations ranked by expected speedup."""
+    from rich.table import Table
+
+    from kb_mcp.kb.arch import arch_family
+    from kb_mcp.kb.models import ALL_ARCH
+
+    console = _console()
     store = _open(args)
     family = arch_family(args.arch)
     with store.read() as view:
@@ -312,8 +346,11 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_export(args: argparse.Namespace, console: Console) -> int:
+def cmd_export(args: argparse.Namespace) -> int:
     """Writes the KB to a file, as a kb-mcp KB or in the reference shape."""
+    from kb_mcp.kb.interchange import export_kb, export_reference
+
+    console = _console()
     store = _open(args)
     dest = Path(args.path).expanduser().resolve()
     if args.format == "kb-mcp":
@@ -329,6 +366,9 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
 
 
 def _transfer(store: KBStore, path: Path) -> TransferReport:
+    from kb_mcp.kb.interchange import detect_format, import_reference, merge_kb, read_json
+    from kb_mcp.policy import update as score_rule
+
     src = Path(path).expanduser().resolve()
     if src == store.path.resolve():
         raise CommandError(f"{src}: that is this KB itself")
@@ -357,15 +397,17 @@ def _print_report(console: Console, r: TransferReport) -> None:
         console.print(f"  ... and {len(r.ignored) - 10} more notes")
 
 
-def cmd_import(args: argparse.Namespace, console: Console) -> int:
+def cmd_import(args: argparse.Namespace) -> int:
     """Imports one file (format detected)."""
+    console = _console()
     store = _open(args, create=True)
     _print_report(console, _transfer(store, args.path))
     return 0
 
 
-def cmd_merge(args: argparse.Namespace, console: Console) -> int:
+def cmd_merge(args: argparse.Namespace) -> int:
     """Merges several files in turn."""
+    console = _console()
     store = _open(args, create=True)
     for p in args.paths:
         _print_report(console, _transfer(store, p))

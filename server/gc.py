@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kb_mcp.kb.store import KBStore
-from kb_mcp.server.jobs import JobStore
+if TYPE_CHECKING:  # `kb-mcp kb` reads `Limits` for its help; the store and job records load when gc runs
+    from kb_mcp.kb.store import KBStore
 
 DAY_S = 86400.0
 
@@ -104,6 +105,8 @@ def _pid_alive(pid: int) -> bool:
 
 def job_records(ctx: Context, report: Report) -> Iterator[Item]:
     """Finished job records older than `job_days`, and the oldest beyond `jobs_kept`."""
+    from kb_mcp.server.jobs import JobStore
+
     jobs = JobStore(ctx.artifacts / "jobs")
     for job_id, why in jobs.expired(ctx.limits.job_days * DAY_S, ctx.limits.jobs_kept, ctx.now):
         for path in jobs.files_of(job_id):

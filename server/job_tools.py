@@ -1,12 +1,15 @@
 """The job tools (`start_job`, `job_status`, `cancel_job`) as ToolSpecs over one JobManager.
 
 They go through the same registration path as the five product tools, so their schemas also
-come from the pydantic models below and their errors read the same way.
+come from the pydantic models below and their errors read the same way. `server_specs` assembles
+every tool a server serves (the product tools, then these) without the MCP SDK, so `kb-mcp call
+--list` can list them without building a server.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -14,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.kb.errors import ErrorInfo
 from kb_mcp.kb.models import utcnow
-from kb_mcp.server.jobs import JobManager, JobProgress, JobRecord, JobStatus
-from kb_mcp.server.registry import ToolSpec
+from kb_mcp.server.execution import ToolRunner
+from kb_mcp.server.jobs import JobManager, JobProgress, JobRecord, JobStatus, JobStore, registered_job_kinds
+from kb_mcp.server.registry import JOB_ONLY_MODULES, ToolSpec, load_tools
 from kb_mcp.tools.base import Progress, ToolMeta
 from kb_mcp.tools.context import ToolContext
 
@@ -174,3 +178,24 @@ def job_tool_specs(manager: JobManager) -> list[ToolSpec]:
             meta=ToolMeta(title="Cancel a job", destructive=True, idempotent=True),
         ),
     ]
+
+
+def server_specs(
+    ctx: ToolContext, tools: Sequence[ToolSpec] | None = None, job_kinds: Sequence[ToolSpec] | None = None
+) -> tuple[JobManager, list[ToolSpec]]:
+    """The job manager and every tool spec of a server over `ctx`, in the order it lists them.
+
+    `tools` defaults to the product tools whose modules import; `job_kinds` (extra, job-only kinds)
+    to those registered with `kb_mcp.server.jobs.register_job_kind` plus the lazily imported
+    `registry.JOB_ONLY_MODULES`. Nothing is opened or started here (the KB opens on first use).
+    """
+    tool_specs = list(tools) if tools is not None else load_tools()
+    extra_kinds = list(job_kinds) if job_kinds is not None else registered_job_kinds()
+    jobs = JobManager(
+        ToolRunner(ctx),
+        [*tool_specs, *extra_kinds],
+        JobStore(ctx.artifacts_dir / "jobs"),
+        lazy_kinds=JOB_ONLY_MODULES if job_kinds is None else None,
+    )
+    return jobs, [*tool_specs, *job_tool_specs(jobs)]
+

@@ -1,7 +1,8 @@
-"""Compact read-only views of the KB and of jobs, for the MCP resources, `kb-mcp kb` browsing and the banner.
+"""Compact read-only views of the KB, for the MCP resources, `kb-mcp kb` browsing and the banner.
 
 Views are pydantic models built from the store's own records (kb/models.py); they only select and
-rank, never restate a record's fields under other names.
+rank, never restate a record's fields under other names. Jobs have theirs in `server/job_views.py`, so
+browsing the KB from the CLI does not load the job machinery.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Optimization, Outcome, Score, State, Verdict
 from kb_mcp.kb.provenance import UNTRUSTED_NOTICE, optimization_is_verified, quote, shown_lessons
 from kb_mcp.kb.view import KBStats
-from kb_mcp.server.jobs import JobManager, JobProgress, JobStatus
 
 if TYPE_CHECKING:
     from kb_mcp.kb.store import KBStore
@@ -27,7 +27,7 @@ MAX_LESSONS_SHOWN = 3
 class StateSummary(BaseModel):
     """One line of kb://states."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     id: str
     name: str
@@ -40,7 +40,7 @@ class StateSummary(BaseModel):
 class StatesOverview(BaseModel):
     """kb://states."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     count: int
     states: list[StateSummary]
@@ -51,7 +51,7 @@ class RankedOptimization(BaseModel):
     families) with the two numbers derived from it, and the newest verified lessons (quoted as untrusted
     KB content with their provenance)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     optimization: Optimization
     score: Score
@@ -63,7 +63,7 @@ class RankedOptimization(BaseModel):
 class StateDetail(BaseModel):
     """kb://state/{id}."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     state: State
     outcomes: int
@@ -74,31 +74,10 @@ class StateDetail(BaseModel):
 class KbStatsView(BaseModel):
     """kb://stats: the store's own statistics plus which file they describe."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     kb_path: str
     stats: KBStats
-
-
-class JobSummary(BaseModel):
-    """One line of kb://jobs."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    job_id: str
-    kind: str
-    status: JobStatus
-    progress: JobProgress | None = None
-    created_at: datetime
-    error: str | None = None
-
-
-class JobsOverview(BaseModel):
-    """kb://jobs."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    jobs: list[JobSummary]
 
 
 def states_overview(store: KBStore) -> StatesOverview:
@@ -152,23 +131,6 @@ def kb_stats(store: KBStore, kb_path: Path) -> KbStatsView:
     return KbStatsView(kb_path=str(kb_path), stats=store.stats())
 
 
-def jobs_overview(jobs: JobManager, limit: int = 50) -> JobsOverview:
-    """The most recent jobs of every server on this KB."""
-    return JobsOverview(
-        jobs=[
-            JobSummary(
-                job_id=r.job_id,
-                kind=r.kind,
-                status=r.status,
-                progress=None if r.finished else r.progress,
-                created_at=r.created_at,
-                error=jobs.public(r).error,
-            )
-            for r in jobs.store.list(limit)
-        ]
-    )
-
-
 # -- candidates, outcomes, campaigns -----------------------------------------------------------------
 
 MAX_ROWS = 200
@@ -177,7 +139,7 @@ MAX_ROWS = 200
 class CandidateSummary(BaseModel):
     """One line of kb://candidates: the server's verdict on a candidate, briefly."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     candidate_id: str
     problem: str
@@ -193,7 +155,7 @@ class CandidateSummary(BaseModel):
 class CandidatesOverview(BaseModel):
     """kb://candidates: the newest candidates first."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     count: int = Field(description="candidates matching, before the limit")
     candidates: list[CandidateSummary]
@@ -202,7 +164,7 @@ class CandidatesOverview(BaseModel):
 class LineageStep(BaseModel):
     """One candidate on the way to (or from) another: how it was reached and what it measured."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     candidate_id: str
     verdict: Verdict | None = Field(None, description="None when the KB has no verdict for it")
@@ -214,7 +176,7 @@ class LineageStep(BaseModel):
 class CandidateDetail(BaseModel):
     """kb://candidate/{id}: the verdict, the source, and the lineage of one candidate."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     record: CandidateRecord
     source: str | None = Field(None, description="the candidate's source as verified (None if not kept)")
@@ -230,7 +192,7 @@ class CandidateDetail(BaseModel):
 class OutcomesOverview(BaseModel):
     """kb://outcomes: the newest outcomes first."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     count: int = Field(description="outcomes matching, before the limit")
     outcomes: list[Outcome]
@@ -239,7 +201,7 @@ class OutcomesOverview(BaseModel):
 class CampaignSummary(BaseModel):
     """One line of kb://campaigns."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     name: str
     folder: str
@@ -254,7 +216,7 @@ class CampaignSummary(BaseModel):
 class CampaignsOverview(BaseModel):
     """kb://campaigns: the campaigns kept beside this KB."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     campaigns: list[CampaignSummary]
 

@@ -105,13 +105,6 @@ def error_result(failure: ToolFailure) -> CallToolResult:
     )
 
 
-def input_schema(spec: ToolSpec) -> dict[str, Any]:
-    """The Request model's JSON schema, titled after the tool."""
-    schema = spec.request.model_json_schema()
-    schema["title"] = f"{spec.name} arguments"
-    return schema
-
-
 def tool_annotations(spec: ToolSpec) -> ToolAnnotations:
     """The MCP tool annotations of what the tool module declares (`ToolMeta`)."""
     meta = spec.meta
@@ -164,7 +157,7 @@ def as_mcp_tool(spec: ToolSpec, runner: ToolRunner, *, adopt_client_name: bool =
         title=spec.meta.title,
         annotations=tool_annotations(spec),
         description=spec.description,
-        parameters=input_schema(spec),
+        parameters=spec.input_schema(),
         fn_metadata=_RawArguments(arg_model=arg_model, output_model=spec.result),
         is_async=True,
         context_kwarg="mcp_ctx",

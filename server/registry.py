@@ -59,6 +59,12 @@ class ToolSpec:
     meta: ToolMeta
     module: str = ""
 
+    def input_schema(self) -> dict[str, Any]:
+        """The MCP tool's input schema: the Request model's JSON schema, titled after the tool."""
+        schema = self.request.model_json_schema()
+        schema["title"] = f"{self.name} arguments"
+        return schema
+
     @property
     def uses_gpu(self) -> bool:
         """Times or profiles on the GPU (its run holds the process's GPU lane)."""

@@ -21,7 +21,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp_types import Completion, CompletionArgument, CompletionContext, PromptReference, ResourceTemplateReference
 
 from kb_mcp.kb.errors import KbMcpError
-from kb_mcp.server import kb_views
+from kb_mcp.server import job_views, kb_views
 from kb_mcp.server.jobs import JobManager
 from kb_mcp.tools.context import ToolContext
 
@@ -141,7 +141,7 @@ def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None
         mime_type=JSON,
     )
     def recent_jobs() -> str:
-        return kb_views.jobs_overview(jobs).model_dump_json(exclude_none=True)
+        return job_views.jobs_overview(jobs).model_dump_json(exclude_none=True)
 
     @server.completion()
     async def complete(

@@ -25,29 +25,57 @@ try:
     code = main(sys.argv[1:])
 except SystemExit as exc:
     code = exc.code
-print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)), file=sys.stderr)
+print(json.dumps(sorted(m for m in {watched!r} if m in sys.modules)), file=sys.stderr)
 """
 
 
-def _heavy_imports(args: list[str], kb: Path) -> list[str]:
+def _imports(args: list[str], kb: Path, watched: tuple[str, ...] = HEAVY) -> list[str]:
+    """Which of `watched` a fresh `kb-mcp --kb KB ARGS` process imported by the time it finished."""
     out = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(heavy=HEAVY), "--kb", str(kb), *args],
+        [sys.executable, "-c", _PROBE.format(watched=watched), "--kb", str(kb), *args],
         capture_output=True, text=True, timeout=120,
     )
     return json.loads(out.stderr.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def seeded_kb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    kb = tmp_path_factory.mktemp("kb") / "kb.json"
+    assert cli.main(["--kb", str(kb), "kb", "init"]) == 0
+    return kb
+
+
 @pytest.mark.parametrize(
-    "args", [["--help"], ["--version"], ["kb", "--help"], ["kb", "stats"], ["kb", "stats", "--json"],
-             ["doctor", "--json"]]
+    "args",
+    [["--help"], ["--version"], ["kb", "--help"], ["kb", "stats"], ["kb", "stats", "--json"], ["kb", "states"],
+     ["doctor", "--json"], ["call", "--list"]],
 )
-def test_start_up_imports_nothing_heavy(args: list[str], tmp_path: Path) -> None:
-    assert _heavy_imports(args, tmp_path / "kb.json") == []
+def test_start_up_imports_nothing_heavy(args: list[str], seeded_kb: Path) -> None:
+    assert _imports(args, seeded_kb) == []
 
 
-def test_serve_is_the_command_that_imports_the_sdk(tmp_path: Path) -> None:
-    # the probe itself can fail: the SDK is imported once the server is built
-    assert "mcp" in _heavy_imports(["call", "--list"], tmp_path / "kb.json")
+# What each `kb` action needs, and what it must not pay for (bench/startup_bench.py has the times).
+KB_LAYERS = ("pydantic", "rich.console", "kb_mcp.kb.store", "kb_mcp.kb.interchange", "kb_mcp.policy.update",
+             "kb_mcp.server.jobs", "kb_mcp.server.kb_views", "kb_mcp.kb.lifecycle")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--help"], []),
+        (["kb", "--help"], ["pydantic"]),  # the --verdict choices of `kb candidates` come from kb.models
+        (["kb", "stats", "--json"], ["kb_mcp.kb.store", "pydantic"]),
+        (["kb", "stats"], ["kb_mcp.kb.store", "pydantic", "rich.console"]),
+        (["kb", "states", "--json"], ["kb_mcp.kb.store", "kb_mcp.server.kb_views", "pydantic"]),
+    ],
+)
+def test_each_kb_action_imports_only_what_it_needs(args: list[str], expected: list[str], seeded_kb: Path) -> None:
+    assert _imports(args, seeded_kb, KB_LAYERS) == expected
+
+
+def test_a_tool_call_is_the_command_that_imports_the_sdk(seeded_kb: Path) -> None:
+    # `call --list` reads the tools' declarations; calling one builds the server (and its SDK)
+    assert "mcp" in _imports(["call", "suggest_optimizations", "--arg", "state_id=hybrid_bound"], seeded_kb)
 
 
 def test_version_names_the_distribution() -> None:

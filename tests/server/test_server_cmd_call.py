@@ -47,6 +47,27 @@ def test_list_and_call_in_process(kb_path: Path) -> None:
     assert result["state_id"] == STATE and 1 <= len(result["suggestions"]) <= 2
 
 
+async def test_list_reads_declarations_the_server_serves_unchanged(kb_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `call --list` skips building a server; what it prints must be what the server lists over MCP
+    from mcp import Client
+
+    from kb_mcp.server.app import build_server
+    from kb_mcp.server.cmd_call import describe_tool
+    from kb_mcp.tools.context import ToolContext
+
+    server = build_server(ToolContext(kb_path))
+    try:
+        async with Client(server) as client:
+            served = [describe_tool(t.name, t.description, t.input_schema) for t in (await client.list_tools()).tools]
+    finally:
+        server.jobs.shutdown()
+        server.kb_ctx.close()
+    assert main(["--kb", str(kb_path), "call", "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[:-1] == "\n".join(served).splitlines() and len(served) == len(server.specs) == 8
+    assert not kb_path.exists()  # a listing opens no KB
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,9 +40,19 @@ def campaign_command(kb: Path, out: Path, problems: list[Path], *flags: str) -> 
 
 
 def start_campaign(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """Starts the campaign process with its output going to `log`."""
+    """Starts the campaign process with its output going to `log`, and SIGINT able to interrupt it.
+
+    A test run started in the background (`pytest ... &` from a script) has SIGINT ignored, and
+    an ignored signal stays ignored across exec: the campaign would never see the test's SIGINT
+    and run to its end. A handled signal is reset to the default at exec, so holding a handler
+    while the child starts gives it the default, whatever this process inherited.
+    """
     handle = log.open("ab")
-    return subprocess.Popen(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_campaign_process(cmd: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -45,6 +45,12 @@ def _wait_for_steps(folder: Path, n: int, proc, timeout: float = 180) -> None:
     pytest.fail("no step finished in time")
 
 
+def _sigint_is_handled(pid: int) -> bool:
+    """Whether process `pid` catches SIGINT (Python's KeyboardInterrupt handler), per /proc."""
+    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+    return bool(int(fields["SigCgt"], 16) & (1 << (signal.SIGINT - 1)))
+
+
 def _all_json_whole(folder: Path) -> int:
     """Every record file parses; returns how many there are."""
     files = list(folder.rglob("*.json"))
@@ -101,6 +107,7 @@ def test_interrupt_stops_cleanly_and_resumes(tmp_path: Path) -> None:
         env = campaign_env(server, tmp_path / "home")
         proc = start_campaign(campaign_command(kb, out, [SWISH], *FLAGS), env, tmp_path / "first.log")
         _wait_for_steps(out, 1, proc)
+        assert _sigint_is_handled(proc.pid), "the campaign process ignores SIGINT: the test could not interrupt it"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()
         store = CampaignStore(out)

@@ -38,7 +38,7 @@ from kb_mcp.harness import ncu_parse
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
 from kb_mcp.harness.profile_standby import Standby, StandbyKey, StandbyPool, driver_args
-from kb_mcp.harness.protocol import EXIT_NO_GPU, NVTX_RANGE, DriverReport, DriverSpec
+from kb_mcp.harness.protocol import EXIT_NO_GPU, NVTX_RANGE, DriverReport, DriverSpec, ProblemFailed
 from kb_mcp.harness.sandbox import Grant, Sandbox, detect, kill_group, new_scratch
 from kb_mcp.kb.progress import Progress, no_progress
 
@@ -77,6 +77,21 @@ class ProfilerError(RuntimeError):
 
 class NoGpuError(ProfilerError):
     """No CUDA device is visible: profiling needs one."""
+
+
+class ProblemFailedError(ProfilerError):
+    """The problem's own code failed in the driver: no candidate is to blame. `failed` says how, in
+    the words a verification uses for it (`ProblemFailed`, `VerifyResult.problem_error`)."""
+
+    def __init__(self, failed: ProblemFailed) -> None:
+        super().__init__(failed.text)
+        self.failed = failed
+
+
+# Driver stages that run only the problem's code, as ProblemFailed names them; without a candidate,
+# building the model is the problem's code too.
+_PROBLEM_STAGES = {"load_problem": "import", "init_inputs": "inputs", "inputs": "inputs"}
+_REFERENCE_STAGES = {**_PROBLEM_STAGES, "build": "construct"}
 
 
 @dataclass
@@ -374,9 +389,12 @@ def _read_driver_report(path: Path, returncode: int, output: str) -> DriverRepor
 def _raise_for_driver(report: DriverReport, returncode: int, candidate: bool) -> None:
     if report.ok:
         return
+    problem_stage = (_PROBLEM_STAGES if candidate else _REFERENCE_STAGES).get(report.stage)
+    if problem_stage is not None:
+        raise ProblemFailedError(ProblemFailed(stage=problem_stage, error=report.error or "no message"))  # type: ignore[arg-type]
     if returncode == EXIT_NO_GPU or report.stage == "device":
         raise NoGpuError("profiling needs a CUDA GPU, and none is visible on this machine")
-    who = "the candidate" if candidate and report.stage != "load_problem" else "the problem's model"
+    who = "the candidate" if candidate else "the problem's model"
     raise ProfilerError(f"{who} failed while profiling (stage: {report.stage}): {report.error}")
 
 
@@ -398,7 +416,8 @@ def profile(
     forward runs on a driver started after the previous profile (see `harness.profile_standby`),
     and a new one is started for the next profile. Everything that runs the model runs in
     `sandbox` (default: `harness.sandbox.detect()`).
-    Raises NoGpuError without a GPU and ProfilerError when the model or candidate fails.
+    Raises ProblemFailedError when the problem's own code fails (checked before the GPU is),
+    NoGpuError without a GPU, and ProfilerError when the model or candidate fails.
     """
     options = options or ProfileOptions()
     sandbox = sandbox or detect()

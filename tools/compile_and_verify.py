@@ -12,7 +12,7 @@ from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.disclosure import private, redact, redact_model
-from kb_mcp.tools.source import Source, read_problem, read_source
+from kb_mcp.tools.source import Source, problem_failed, read_problem, read_source
 
 NAME = "compile_and_verify"
 DESCRIPTION = """\
@@ -149,10 +149,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     # Nothing the worker said leaves this process, or reaches the KB or the artifacts, unredacted.
     result = redact_model(result)
     if result.problem_error:  # the problem's fault: no verdict on the candidate exists to store
-        raise ToolError(
-            f"the problem {problem.path or '(given as source text)'} failed before the candidate ran: "
-            f"{result.problem_error}. Fix the problem; the candidate was not judged and nothing was recorded."
-        )
+        raise problem_failed(problem, result.problem_error, "the candidate was not judged and nothing was recorded.")
     record = result.record(req.options)
     path = save_candidate(ctx, result, record, candidate)
     committed = store_verdict(ctx, record)

@@ -1,7 +1,8 @@
 """What may leave the server: secret values never, and a caller's private text only to that caller.
 
 * **Redaction.** Every text the server returns, stores in the KB or writes to its artifacts and
-  job records passes `redact` first. The secrets are the values of the server's own environment
+  job records passes `redact` first (a file kept as it is, like an Nsight Compute report, is
+  checked with `secret_in` and not kept when a secret is in it). The secrets are the values of the server's own environment
   variables whose names look secret (tokens, keys, passwords: `SECRET_NAME`), of the variables
   named in `$KB_MCP_REDACT_ENV` (comma-separated names), the lines of `$KB_MCP_REDACT_FILE`, and
   values the server registers itself (`register_secret`, e.g. the HTTP bearer token read from its
@@ -35,6 +36,7 @@ __all__ = [
     "redact_data",
     "redact_model",
     "register_secret",
+    "secret_in",
     "secret_values",
 ]
 
@@ -116,6 +118,17 @@ def redact(text: str, secrets: Mapping[str, str] | None = None) -> str:
     if pattern is None:
         return text
     return pattern.sub(lambda m: f"[redacted {names[m.group(0)]}]", text)
+
+
+def secret_in(data: bytes, secrets: Mapping[str, str] | None = None) -> str | None:
+    """The name of a secret whose value (or an encoding of it) appears in `data`, else None: for
+    files kept as they are (a binary report), which cannot be redacted in place."""
+    table = secret_values() if secrets is None else secrets
+    pattern, names = _pattern(tuple(sorted(table.items())))
+    if pattern is None or not data:
+        return None
+    found = pattern.search(data.decode("latin-1"))  # byte for byte: a value's ASCII bytes match as text
+    return names[found.group(0)] if found else None
 
 
 def redact_data(data: Any, secrets: Mapping[str, str] | None = None) -> Any:

@@ -13,10 +13,11 @@ from kb_mcp.harness.ncu_import import ReportImportError, import_report
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
 from kb_mcp.harness.profile_store import ProfileStore, new_profile_id
-from kb_mcp.harness.profiler import NoGpuError, ProfileOptions, ProfilerError, profile
+from kb_mcp.harness.profiler import NoGpuError, ProblemFailedError, ProfileOptions, ProfilerError, profile
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
 from kb_mcp.tools.context import ToolContext
-from kb_mcp.tools.source import Source, read_problem, read_source
+from kb_mcp.tools.disclosure import redact_model, secret_in
+from kb_mcp.tools.source import Source, problem_failed, read_problem, read_source
 
 NAME = "profile_kernel"
 DESCRIPTION = """\
@@ -227,16 +228,34 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         prof = profile(problem, candidate_source, profile_id=profile_id, report_base=store.report_base(profile_id),
                        cache_dir=ctx.cache_dir, options=options, progress=progress, standby=ctx.profilers,
                        sandbox=sandbox)
+    except ProblemFailedError as exc:  # the problem's own code, before or without the candidate's
+        raise problem_failed(problem, exc.failed.text, "nothing was profiled or stored.") from exc
     except NoGpuError as exc:
         return needs_gpu(problem, candidate_source, str(exc))
     except ProfilerError as exc:
         raise ToolError(str(exc)) from exc
-    if prof.report_file and not req.keep_report:
-        Path(prof.report_file).unlink(missing_ok=True)  # reports of big models run to tens of MB
-        prof.report_file = None
+    prof = _disclosable(prof, keep_report=req.keep_report)
     store.save(prof)
     progress(1, 1, f"profiled {len(prof.kernels)} kernel(s)")
     return _result(prof, req)
+
+
+def _disclosable(prof: Profile, *, keep_report: bool) -> Profile:
+    """The profile as it may be stored and returned: every text redacted of secret values, and the
+    ncu report kept only when asked for and free of them (a binary file cannot be redacted)."""
+    report = Path(prof.report_file) if prof.report_file else None
+    if report is not None and keep_report:
+        try:
+            leaked = secret_in(report.read_bytes())
+        except OSError:
+            leaked = None
+        if leaked is not None:
+            keep_report = False
+            prof.notes.append(f"the ncu report was not kept: it contains {leaked} (secret values never leave the server)")
+    if report is not None and not keep_report:
+        report.unlink(missing_ok=True)  # reports of big models run to tens of MB
+        prof.report_file = None
+    return redact_model(prof)
 
 
 def _imported(ctx: ToolContext, req: Request, progress: Progress) -> Result:
@@ -247,6 +266,7 @@ def _imported(ctx: ToolContext, req: Request, progress: Progress) -> Result:
         prof = import_report(req.report or [], profile_id=new_profile_id(), problem=name)
     except ReportImportError as exc:
         raise ToolError(str(exc)) from exc
+    prof = redact_model(prof)  # the user's report is stored like a profile of ours
     ProfileStore(ctx.profiles_dir).save(prof)
     progress(1, 1, f"read {len(prof.kernels)} kernel(s) from the report")
     return _result(prof, req)

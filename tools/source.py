@@ -20,7 +20,7 @@ from kb_mcp.harness.problem import Problem, ProblemError, parse_problem
 from kb_mcp.kb.errors import decode_utf8, storage_error
 from kb_mcp.tools.base import ToolError
 
-__all__ = ["CUDA_SUFFIXES", "Source", "SourceText", "read_problem", "read_source"]
+__all__ = ["CUDA_SUFFIXES", "Source", "SourceText", "problem_failed", "read_problem", "read_source"]
 
 Source = Annotated[str, "path or text"]
 """The type of a tool argument that is a path to a `.py` file on the server's machine, or the
@@ -70,6 +70,13 @@ def read_problem(value: Source) -> Problem:
         return parse_problem(source.text, name=source.name or "problem", path=source.path)
     except ProblemError as exc:
         raise ToolError(str(exc)) from exc
+
+
+def problem_failed(problem: Problem, error: str, consequence: str) -> ToolError:
+    """The error for a problem whose own code failed (import, its inputs, its Model): the caller's to
+    fix, and never an outcome of a candidate. Every tool that runs a problem words it here."""
+    return ToolError(f"the problem {problem.path or '(given as source text)'} failed before any candidate code "
+                     f"ran: {error}. Fix the problem; {consequence}")
 
 
 def _is_path(value: str) -> bool:

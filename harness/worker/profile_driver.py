@@ -107,18 +107,19 @@ def run(spec: DriverSpec, clock: _Clock | None = None, device: dict[str, Any] | 
         from kb_mcp.harness.worker.compile import Builders
 
         Builders(Path(spec.cache_dir), device["arch"], local_dir=Path(spec.workdir) / "extensions").install()
-    if device is None:
-        return _fail(spec, "device", "no CUDA device is visible to the profiling driver", EXIT_NO_GPU,
-                     torch_version=torch.__version__, phases_s=phases)
-    info: dict[str, Any] = dict(device, phases_s=phases)
+    info: dict[str, Any] = dict(device or {"torch_version": torch.__version__}, phases_s=phases)
     # Autotuning inside the profiled forward would profile the tuner, not the model.
     torch.backends.cudnn.benchmark = False
     workdir = Path(spec.workdir)
     torch.manual_seed(spec.seed)
+    # The problem first, GPU or not: a problem that does not import is the problem's error wherever
+    # it runs, and is never taken for a missing GPU or blamed on the candidate.
     try:
         problem = load_module(spec.problem_source, spec.problem_module, workdir)
     except BaseException as exc:  # noqa: BLE001 - user code: any failure is reported, not raised
         return _fail(spec, "load_problem", exc, EXIT_USER_CODE, **info)
+    if device is None:
+        return _fail(spec, "device", "no CUDA device is visible to the profiling driver", EXIT_NO_GPU, **info)
     model_cls = problem.Model
     if spec.candidate_source is not None:
         try:
@@ -128,6 +129,9 @@ def run(spec: DriverSpec, clock: _Clock | None = None, device: dict[str, Any] | 
             return _fail(spec, "load_candidate", exc, EXIT_USER_CODE, **info)
     try:
         init_inputs = problem.get_init_inputs()
+    except BaseException as exc:
+        return _fail(spec, "init_inputs", exc, EXIT_USER_CODE, **info)
+    try:
         model = model_cls(*init_inputs)
         if isinstance(model, torch.nn.Module):
             model = model.cuda().eval()

@@ -113,6 +113,16 @@ def test_redaction_of_names_encodings_and_configured_values(tmp_path: Path, monk
     assert "not-a-secret-at-all" in out and "hunter2" not in out
 
 
+def test_a_binary_file_is_checked_for_secret_values_in_any_encoding() -> None:
+    from kb_mcp.tools.disclosure import secret_in
+
+    table = {"hunter2hunter2": "$MY_DB_PASSWORD"}
+    blob = bytes(range(256)) * 4
+    assert secret_in(blob, table) is None and secret_in(b"", table) is None
+    for form in (b"hunter2hunter2", b"hunter2hunter2".hex().encode(), base64.b64encode(b"xhunter2hunter2")):
+        assert secret_in(blob[:300] + form + blob[300:], table) == "$MY_DB_PASSWORD"
+
+
 def test_public_copy_blanks_every_private_field() -> None:
     from kb_mcp.kb.models import CandidateRecord, Verdict
     from kb_mcp.tools.compile_and_verify import CompileSummary, Correctness, Result

@@ -163,3 +163,40 @@ def test_driver_reports_no_gpu_as_such(tmp_path: Path) -> None:
     with pytest.raises(profiler.NoGpuError, match="needs a CUDA GPU"):
         profiler.profile(problem, None, profile_id="p_00000000eeee", report_base=tmp_path / "r",
                          cache_dir=tmp_path, options=profiler.ProfileOptions(counters=False))
+
+
+BROKEN_PROBLEM = '''import torch
+import kbmcp_no_such_module_for_this_test
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+def get_inputs():
+    return [torch.randn(8)]
+
+def get_init_inputs():
+    return []
+'''
+
+CANDIDATE = '''import torch
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return x
+'''
+
+
+@pytest.mark.parametrize("with_candidate", [False, True])
+def test_a_problem_that_fails_to_import_is_the_problems_error(tmp_path: Path, with_candidate: bool) -> None:
+    """The real driver process, GPU or not, imports the problem first: its failure is the problem's
+    (ProblemFailed, as verify words it), never a missing GPU and never the candidate's."""
+    from kb_mcp.harness.problem import parse_problem
+
+    problem = parse_problem(BROKEN_PROBLEM, name="broken", path=str(tmp_path / "broken.py"))
+    with pytest.raises(profiler.ProblemFailedError) as caught:
+        profiler.profile(problem, CANDIDATE if with_candidate else None, profile_id="p_00000000dddd",
+                         report_base=tmp_path / "r", cache_dir=tmp_path, options=profiler.ProfileOptions(counters=False))
+    assert caught.value.failed.stage == "import"
+    assert "kbmcp_no_such_module_for_this_test" in str(caught.value)
+    assert str(caught.value).startswith("its module failed to import") and "candidate" not in str(caught.value)

@@ -125,3 +125,31 @@ def test_consecutive_profiles_run_on_the_waiting_driver(ctx: ToolContext, tmp_pa
 
     other = _profile(ctx, problem, fused, source_counters=True)  # another command line: runs cold
     assert "standby_wait" not in ProfileStore(ctx.profiles_dir).load(other.profile_id).phases_s
+
+
+BROKEN_INPUTS = '''import torch
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+def get_inputs():
+    raise RuntimeError("kbmcp-broken-inputs")
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.parametrize("problem_text", ["import kbmcp_no_such_module\n" + BROKEN_INPUTS, BROKEN_INPUTS],
+                         ids=["import", "inputs"])
+def test_a_broken_problem_is_the_problems_error_not_the_candidates(ctx: ToolContext, tmp_path: Path,
+                                                                    problem_text: str) -> None:
+    problem = tmp_path / "broken.py"
+    problem.write_text(problem_text)
+    with pytest.raises(ToolError) as caught:
+        profile_kernel.run(ctx, profile_kernel.Request(problem=str(problem), candidate=str(EXAMPLE_CANDIDATE)))
+    message = str(caught.value)
+    assert f"the problem {problem} failed before any candidate code ran" in message
+    assert "nothing was profiled" in message and "the candidate failed" not in message
+    assert not list(Path(ctx.profiles_dir).glob("*.json"))  # nothing stored

@@ -42,6 +42,23 @@ def test_raw_and_details_pages_become_a_classifiable_profile(ctx: ToolContext) -
     assert state.overall is not None and state.overall.state_id == "memory_bank_conflicts"
 
 
+def test_a_stored_profile_is_redacted_of_secret_values(ctx: ToolContext, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report is the user's text: a secret value in it (here, in a kernel name) reaches neither
+    the stored profile nor the result."""
+    secret = "kbmcp-secret-0123456789"
+    monkeypatch.setenv("KBMCP_TEST_API_KEY", secret)
+    pages = []
+    for name in ("bank_conflicts.raw.csv", "bank_conflicts.details.csv"):
+        page = tmp_path / name
+        page.write_text((OWN / name).read_text().replace("conflicted_reads", f"conflicted_reads_{secret}"))
+        pages.append(page)
+    result = _import(ctx, *pages, detail=True)
+    stored = ProfileStore(ctx.profiles_dir).path(result.profile_id)
+    assert "[redacted $KBMCP_TEST_API_KEY]" in stored.read_text()
+    assert secret not in stored.read_text() and secret not in result.model_dump_json()
+
+
 def test_a_details_page_alone_with_auto_scaled_units(ctx: ToolContext) -> None:
     """The default `ncu --import R --csv` export: section metrics by label, 'us' and '463,996'."""
     result = _import(ctx, SHARED / "ncu_stream.details-page.csv")

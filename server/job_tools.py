@@ -64,6 +64,7 @@ class CancelJobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     job_id: str = Field(description="The id start_job returned.")
+    job_key: str = Field(description="The job_key start_job returned: only whoever started a job can cancel it.")
 
 
 class JobView(BaseModel):
@@ -132,7 +133,7 @@ def job_tool_specs(manager: JobManager) -> list[ToolSpec]:
         return shown(manager.wait(req.job_id, req.wait_s, progress), req.job_key)
 
     def cancel(ctx: ToolContext, req: CancelJobRequest, progress: Progress) -> JobView:
-        return shown(manager.cancel(req.job_id))
+        return shown(manager.cancel(req.job_id, req.job_key), req.job_key)
 
     return [
         ToolSpec(
@@ -168,8 +169,8 @@ def job_tool_specs(manager: JobManager) -> list[ToolSpec]:
         ToolSpec(
             name="cancel_job",
             description=(
-                "Ask a running or queued job to stop. It stops at its next progress report (a queued job "
-                "never starts); job_status then says cancelled."
+                "Ask a running or queued job you started to stop (pass its job_key). It stops at its next "
+                "progress report (a queued job never starts); job_status then says cancelled."
             ),
             request=CancelJobRequest,
             result=JobView,

@@ -342,9 +342,16 @@ class JobManager:
             record = self.store.update(job_id, _mark_interrupted)
         return record
 
-    def cancel(self, job_id: str) -> JobRecord:
-        """Asks the job to stop; it stops at its next progress report (or before it starts)."""
+    def cancel(self, job_id: str, key: str | None) -> JobRecord:
+        """Asks the job to stop; it stops at its next progress report (or before it starts). Only the
+        holder of the job's key may: another agent's work is not anyone else's to stop."""
         record = self.status(job_id)
+        if not self.is_submitter(record, key):
+            raise ToolFailure(
+                f"job {job_id} was not cancelled: only whoever started it can cancel it, with the job_key "
+                f"start_job returned{' (the key given is not that key)' if key else ''}",
+                expected=True,
+            )
         if record.finished:
             return record
         event = self._cancel_events.get(job_id)

@@ -7,12 +7,18 @@ send `tools/call` with a `task` field; the call then returns a task at once, and
 them, so this module serves the four methods, on handshake-era sessions only. A task is a job
 (`server/jobs.py`): the task id is the job id, every server on the KB can answer for it, and
 `start_job` / `job_status` (the way for clients without Tasks) see the same work.
+
+A task belongs to the MCP session that created it, as a job belongs to the holder of its job_key
+(the task's job gets a key this server keeps for that session): only that session sees the task's
+private text (the tool's output and error text) and may cancel it. Any other session, or this one
+after the server restarted, sees what `job_status` shows without the key.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -57,6 +63,7 @@ POLL_INTERVAL_MS = 2000
 RESULT_POLL_S = 0.5
 LIST_LIMIT = 100
 RELATED_TASK = "io.modelcontextprotocol/related-task"
+MCP_SESSION_ID = "mcp-session-id"
 
 
 def _iso(moment: datetime | None) -> str:
@@ -85,6 +92,28 @@ class TaskService:
         self.jobs = jobs
         # every product tool can run as a job; the job tools themselves cannot
         self.tools = frozenset(name for name in tool_names if name in jobs.kind_names)
+        self._owners: dict[str, tuple[str, str]] = {}  # task id -> (the session that created it, its job's key)
+
+    @staticmethod
+    def _session(ctx: Any) -> str | None:
+        """Who is asking: the streamable-HTTP session (its Mcp-Session-Id, which the server made and
+        only that client holds), or the one client of a stdio or in-process server. None for a
+        stateless HTTP request: it can own no task."""
+        request = getattr(ctx, "request", None)
+        if request is None:
+            return "local"
+        session_id = request.headers.get(MCP_SESSION_ID)
+        return f"http:{session_id}" if session_id else None
+
+    def _key(self, ctx: Any, task_id: str) -> str | None:
+        """The job key of `task_id` if the session asking created it, else None."""
+        owner = self._owners.get(task_id)
+        session = self._session(ctx)
+        return owner[1] if owner is not None and session is not None and owner[0] == session else None
+
+    def _shown(self, ctx: Any, record: JobRecord) -> JobRecord:
+        """The record as the asking session may see it (the private text only for its creator)."""
+        return record if self.jobs.is_submitter(record, self._key(ctx, record.job_id)) else self.jobs.public(record)
 
     def supports(self, protocol_version: str | None) -> bool:
         """Tasks exist on the handshake-era protocol versions only."""
@@ -104,18 +133,23 @@ class TaskService:
             params = CallToolRequestParams.model_validate(raw, by_name=False)
         except ValueError as exc:
             raise MCPError(code=INVALID_PARAMS, message=f"invalid tools/call parameters: {exc}") from exc
-        result = await self.call_tool(params)
+        result = await self.call_tool(ctx, params)
         return result.model_dump(by_alias=True, mode="json", exclude_none=True)
 
-    async def call_tool(self, params: CallToolRequestParams) -> CreateTaskResult | CallToolResult:
-        """Starts the tool as a job and returns its task (or the argument error, as without a task)."""
+    async def call_tool(self, ctx: Any, params: CallToolRequestParams) -> CreateTaskResult | CallToolResult:
+        """Starts the tool as a job owned by the asking session and returns its task (or the argument
+        error, as without a task)."""
         assert params.task is not None
         if params.name not in self.tools:
             raise MCPError(code=INVALID_PARAMS, message=f"{params.name} does not run as a task; call it without `task`")
+        key = secrets.token_hex(16)
         try:
-            record = await anyio.to_thread.run_sync(self.jobs.start, params.name, dict(params.arguments or {}))
+            record = await anyio.to_thread.run_sync(self.jobs.start, params.name, dict(params.arguments or {}), key)
         except ToolFailure as failure:  # arguments that fail validation fail the call, as without a task
             return CallToolResult(content=[TextContent(type="text", text=failure.message)], is_error=True)
+        session = self._session(ctx)
+        if session is not None:
+            self._owners[record.job_id] = (session, key)
         log.info("task %s: %s runs as a job", record.job_id, params.name)
         return CreateTaskResult(task=Task(**task_of(record, params.task.ttl)))
 
@@ -127,7 +161,7 @@ class TaskService:
 
     async def get(self, ctx: Any, params: GetTaskRequestParams) -> GetTaskResult:
         """`tasks/get`: where the task stands."""
-        return GetTaskResult(**task_of(await self._record(params.task_id)))
+        return GetTaskResult(**task_of(self._shown(ctx, await self._record(params.task_id))))
 
     async def result(self, ctx: Any, params: GetTaskPayloadRequestParams) -> CallToolResult:
         """`tasks/result`: waits for the task to end, then returns the tool's result (or its error)."""
@@ -135,6 +169,7 @@ class TaskService:
         while not record.finished:
             await anyio.sleep(RESULT_POLL_S)
             record = await self._record(params.task_id)
+        record = self._shown(ctx, record)
         meta = {RELATED_TASK: {"taskId": record.job_id}}
         if record.status == "succeeded" and record.result is not None:
             text = json.dumps({k: v for k, v in record.result.items() if v is not None}, separators=(",", ":"))
@@ -146,15 +181,22 @@ class TaskService:
     async def list(self, ctx: Any, params: PaginatedRequestParams) -> ListTasksResult:
         """`tasks/list`: the most recent jobs, newest first (one page)."""
         records = await anyio.to_thread.run_sync(self.jobs.store.list, LIST_LIMIT)
-        return ListTasksResult(tasks=[Task(**task_of(r)) for r in records])
+        return ListTasksResult(tasks=[Task(**task_of(self._shown(ctx, r))) for r in records])
 
     async def cancel(self, ctx: Any, params: CancelTaskRequestParams) -> CancelTaskResult:
-        """`tasks/cancel`: asks the job to stop (at its next progress report); a finished task is an error."""
-        before = await self._record(params.task_id)
+        """`tasks/cancel`: asks the job to stop (at its next progress report); a finished task, or one
+        another session created, is an error."""
+        before, key = await self._record(params.task_id), self._key(ctx, params.task_id)
+        if not self.jobs.is_submitter(before, key):
+            raise MCPError(code=INVALID_PARAMS, message=f"task {params.task_id} was not created by this session: "
+                           "only the session that created a task can cancel it")
         if before.finished:
             raise MCPError(code=INVALID_PARAMS,
                            message=f"task {params.task_id} already ended ({TASK_STATUS[before.status]})")
-        record = await anyio.to_thread.run_sync(self.jobs.cancel, params.task_id)
+        try:
+            record = await anyio.to_thread.run_sync(self.jobs.cancel, params.task_id, key)
+        except ToolFailure as failure:
+            raise MCPError(code=INVALID_PARAMS, message=failure.message) from failure
         fields = task_of(record)
         if not record.finished:  # stops at its next progress report: report it as on its way out
             fields["status"], fields["status_message"] = "cancelled", "cancel requested"

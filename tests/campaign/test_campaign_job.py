@@ -96,7 +96,7 @@ async def test_cancelled_campaign_job_stops_cleanly_and_resumes(tmp_path: Path,
                 deadline = time.monotonic() + 300
                 while not list((folder / "raw" / "steps").glob("*/*.json")) and time.monotonic() < deadline:
                     await anyio.sleep(0.05)
-                await call_json(client, "cancel_job", {"job_id": job["job_id"]})
+                await call_json(client, "cancel_job", {"job_id": job["job_id"], "job_key": job["job_key"]})
                 status = await call_json(client, "job_status", {"job_id": job["job_id"], "wait_s": 60})
                 assert status["status"] == "cancelled", status
                 stopped = CampaignStore(folder)

@@ -66,11 +66,11 @@ def test_a_failing_job_keeps_the_tools_message(kb_path: Path, toy_spec: ToolSpec
 
 def test_cancel_stops_a_running_job(kb_path: Path, toy_spec: ToolSpec) -> None:
     manager = _manager(kb_path, toy_spec)
-    job = manager.start("toy_count", {"n": 200, "step_s": 0.02})
+    job = manager.start("toy_count", {"n": 200, "step_s": 0.02}, "the-key")
     deadline = time.monotonic() + 5
     while manager.status(job.job_id).status != "running" and time.monotonic() < deadline:
         time.sleep(0.02)
-    manager.cancel(job.job_id)
+    manager.cancel(job.job_id, "the-key")
     record = _wait_finished(manager, job.job_id)
     assert record.status == "cancelled"
     assert record.progress.done < 200
@@ -80,10 +80,10 @@ def test_cancel_stops_a_running_job(kb_path: Path, toy_spec: ToolSpec) -> None:
 def test_cancel_from_another_server_on_the_same_kb(kb_path: Path, toy_spec: ToolSpec) -> None:
     runner_side = _manager(kb_path, toy_spec)
     other_side = _manager(kb_path, toy_spec)  # its own store and threads, same files
-    job = runner_side.start("toy_count", {"n": 300, "step_s": 0.02})
+    job = runner_side.start("toy_count", {"n": 300, "step_s": 0.02}, "the-key")
     time.sleep(0.3)
     assert other_side.status(job.job_id).status == "running"
-    assert other_side.cancel(job.job_id).cancel_requested
+    assert other_side.cancel(job.job_id, "the-key").cancel_requested
     record = _wait_finished(runner_side, job.job_id)
     assert record.status == "cancelled" and record.progress.done < 300
     runner_side.shutdown()
@@ -141,6 +141,21 @@ async def test_job_tools_through_mcp(toy_server: KbMcpServer) -> None:
             await call_json(client, "start_job", {"kind": "toy_count", "arguments": {"n": "x"}})
         with pytest.raises(ToolCallError, match="unknown job kind"):
             await call_json(client, "start_job", {"kind": "rm -rf", "arguments": {}})
+
+
+async def test_only_the_holder_of_the_job_key_can_cancel(toy_server: KbMcpServer) -> None:
+    async with Client(toy_server) as client:
+        started = await call_json(client, "start_job", {"kind": "toy_count", "arguments": {"n": 100, "step_s": 0.05}})
+        job_id = started["job_id"]
+        with pytest.raises(ToolCallError, match="job_key: required"):
+            await call_json(client, "cancel_job", {"job_id": job_id})
+        with pytest.raises(ToolCallError, match="only whoever started it can cancel it"):
+            await call_json(client, "cancel_job", {"job_id": job_id, "job_key": "0" * 32})
+        assert toy_server.jobs.store.read(job_id).cancel_requested is False  # type: ignore[union-attr]
+        cancelled = await call_json(client, "cancel_job", {"job_id": job_id, "job_key": started["job_key"]})
+        assert cancelled["job_id"] == job_id and cancelled["status"] in ("queued", "running", "cancelled")
+        done = await call_json(client, "job_status", {"job_id": job_id, "job_key": started["job_key"], "wait_s": 10})
+        assert done["status"] == "cancelled"
 
 
 async def test_status_survives_the_server(kb_path: Path, toy_spec: ToolSpec) -> None:

@@ -109,6 +109,32 @@ def test_a_task_failure_comes_back_as_the_tools_error(wire: tuple[Wire, dict[str
     assert client.call("tasks/get", {"taskId": created["task"]["taskId"]})["result"]["status"] == "failed"
 
 
+def test_a_task_is_its_sessions_alone(wire: tuple[Wire, dict[str, Any]]) -> None:
+    """Another session (another agent on the same server) sees a task's status but not its error
+    text, and cannot cancel it; the session that created it can."""
+    client, _ = wire
+    other = Wire(client.url)
+    other.call("initialize", {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "other", "version": "0"}})
+    other.notify("notifications/initialized")
+    assert other.session and other.session != client.session
+    created = client.call("tools/call", {"name": "suggest_optimizations", "arguments": {"state_id": "kbmcp_secretish_state"},
+                                         "task": {}})["result"]
+    task_id = created["task"]["taskId"]
+    mine = client.call("tasks/result", {"taskId": task_id})["result"]
+    assert mine["isError"] and "kbmcp_secretish_state" in mine["content"][0]["text"]
+    theirs = other.call("tasks/result", {"taskId": task_id})["result"]
+    assert theirs["isError"] and "kbmcp_secretish_state" not in json.dumps(theirs)
+    assert "job_key" in theirs["content"][0]["text"]  # says why the text is withheld
+    listed = {t["taskId"]: t for t in other.call("tasks/list")["result"]["tasks"]}
+    assert "kbmcp_secretish_state" not in json.dumps(listed[task_id])
+    assert "kbmcp_secretish_state" not in json.dumps(other.call("tasks/get", {"taskId": task_id})["result"])
+    refused = other.call("tasks/cancel", {"taskId": task_id})
+    assert refused["error"]["code"] == -32602 and "not created by this session" in refused["error"]["message"]
+    ended = client.call("tasks/cancel", {"taskId": task_id})  # its creator is told it already ended
+    assert "already ended" in ended["error"]["message"]
+    other.http.close()
+
+
 async def test_2026_clients_are_offered_no_tasks(tmp_path: Path) -> None:
     async with Client(stdio_params(tmp_path / "kb.json")) as client:
         assert client.protocol_version == "2026-07-28"

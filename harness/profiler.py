@@ -391,7 +391,7 @@ def _raise_for_driver(report: DriverReport, returncode: int, candidate: bool) ->
         return
     problem_stage = (_PROBLEM_STAGES if candidate else _REFERENCE_STAGES).get(report.stage)
     if problem_stage is not None:
-        raise ProblemFailedError(ProblemFailed(stage=problem_stage, error=report.error or "no message"))  # type: ignore[arg-type]
+        raise ProblemFailedError(ProblemFailed(stage=problem_stage, error=report.error or "no message"))
     if returncode == EXIT_NO_GPU or report.stage == "device":
         raise NoGpuError("profiling needs a CUDA GPU, and none is visible on this machine")
     who = "the candidate" if candidate else "the problem's model"

@@ -326,7 +326,8 @@ class DriverReport(_Message):
     """What the driver tells the profiler: the device, and what went wrong if anything did."""
 
     ok: bool
-    stage: str = ""  # where it failed: load_problem, device, load_candidate, init_inputs, build, inputs, warmup, forward
+    # where it failed: load_problem, device, load_candidate, init_inputs, build, inputs, warmup, forward
+    stage: str = ""
     error: str | None = None  # message plus the traceback's tail, for the agent
     device: str = ""
     arch: str = ""

@@ -2,12 +2,13 @@
 
 * **Redaction.** Every text the server returns, stores in the KB or writes to its artifacts and
   job records passes `redact` first (a file kept as it is, like an Nsight Compute report, is
-  checked with `secret_in` and not kept when a secret is in it). The secrets are the values of the server's own environment
-  variables whose names look secret (tokens, keys, passwords: `SECRET_NAME`), of the variables
-  named in `$KB_MCP_REDACT_ENV` (comma-separated names), the lines of `$KB_MCP_REDACT_FILE`, and
-  values the server registers itself (`register_secret`, e.g. the HTTP bearer token read from its
-  file). Each is also caught base64- and hex-encoded. Redaction is a second line: the sandboxed
-  worker's scrubbed environment is what keeps secrets out of a candidate's reach.
+  checked with `secret_in` and not kept when a secret is in it). The secrets are the values of
+  the server's own environment variables whose names look secret (tokens, keys, passwords:
+  `SECRET_NAME`), of the variables named in `$KB_MCP_REDACT_ENV` (comma-separated names), the
+  lines of `$KB_MCP_REDACT_FILE`, and values the server registers itself (`register_secret`, e.g.
+  the HTTP bearer token read from its file). Each is also caught base64- and hex-encoded.
+  Redaction is a second line: the sandboxed worker's scrubbed environment is what keeps secrets
+  out of a candidate's reach.
 * **Private fields.** Candidate output, exception text and compiler logs belong to the caller who
   submitted the candidate. Result models mark such fields with `private()`; `public_copy` blanks
   them, for everyone else (a job's result read without its `job_key`).

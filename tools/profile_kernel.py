@@ -251,7 +251,8 @@ def _disclosable(prof: Profile, *, keep_report: bool) -> Profile:
             leaked = None
         if leaked is not None:
             keep_report = False
-            prof.notes.append(f"the ncu report was not kept: it contains {leaked} (secret values never leave the server)")
+            prof.notes.append(f"the ncu report was not kept: it contains {leaked} "
+                              "(secret values never leave the server)")
     if report is not None and not keep_report:
         report.unlink(missing_ok=True)  # reports of big models run to tens of MB
         prof.report_file = None

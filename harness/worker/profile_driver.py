@@ -129,7 +129,7 @@ def run(spec: DriverSpec, clock: _Clock | None = None, device: dict[str, Any] | 
             return _fail(spec, "load_candidate", exc, EXIT_USER_CODE, **info)
     try:
         init_inputs = problem.get_init_inputs()
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - user code: any failure is reported, not raised
         return _fail(spec, "init_inputs", exc, EXIT_USER_CODE, **info)
     try:
         model = model_cls(*init_inputs)

@@ -47,7 +47,8 @@ def _wait_for_steps(folder: Path, n: int, proc, timeout: float = 180) -> None:
 
 def _sigint_is_handled(pid: int) -> bool:
     """Whether process `pid` catches SIGINT (Python's KeyboardInterrupt handler), per /proc."""
-    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
     return bool(int(fields["SigCgt"], 16) & (1 << (signal.SIGINT - 1)))
 
 

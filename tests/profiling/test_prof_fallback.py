@@ -196,7 +196,8 @@ def test_a_problem_that_fails_to_import_is_the_problems_error(tmp_path: Path, wi
     problem = parse_problem(BROKEN_PROBLEM, name="broken", path=str(tmp_path / "broken.py"))
     with pytest.raises(profiler.ProblemFailedError) as caught:
         profiler.profile(problem, CANDIDATE if with_candidate else None, profile_id="p_00000000dddd",
-                         report_base=tmp_path / "r", cache_dir=tmp_path, options=profiler.ProfileOptions(counters=False))
+                         report_base=tmp_path / "r", cache_dir=tmp_path,
+                         options=profiler.ProfileOptions(counters=False))
     assert caught.value.failed.stage == "import"
     assert "kbmcp_no_such_module_for_this_test" in str(caught.value)
     assert str(caught.value).startswith("its module failed to import") and "candidate" not in str(caught.value)

@@ -47,7 +47,9 @@ def test_list_and_call_in_process(kb_path: Path) -> None:
     assert result["state_id"] == STATE and 1 <= len(result["suggestions"]) <= 2
 
 
-async def test_list_reads_declarations_the_server_serves_unchanged(kb_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+async def test_list_reads_declarations_the_server_serves_unchanged(
+    kb_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # `call --list` skips building a server; what it prints must be what the server lists over MCP
     from mcp import Client
 

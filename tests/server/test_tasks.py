@@ -114,11 +114,12 @@ def test_a_task_is_its_sessions_alone(wire: tuple[Wire, dict[str, Any]]) -> None
     text, and cannot cancel it; the session that created it can."""
     client, _ = wire
     other = Wire(client.url)
-    other.call("initialize", {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "other", "version": "0"}})
+    other.call("initialize", {"protocolVersion": VERSION, "capabilities": {},
+                              "clientInfo": {"name": "other", "version": "0"}})
     other.notify("notifications/initialized")
     assert other.session and other.session != client.session
-    created = client.call("tools/call", {"name": "suggest_optimizations", "arguments": {"state_id": "kbmcp_secretish_state"},
-                                         "task": {}})["result"]
+    arguments = {"state_id": "kbmcp_secretish_state"}
+    created = client.call("tools/call", {"name": "suggest_optimizations", "arguments": arguments, "task": {}})["result"]
     task_id = created["task"]["taskId"]
     mine = client.call("tasks/result", {"taskId": task_id})["result"]
     assert mine["isError"] and "kbmcp_secretish_state" in mine["content"][0]["text"]

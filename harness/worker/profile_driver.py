@@ -57,7 +57,9 @@ def _fail(spec: DriverSpec, stage: str, exc: BaseException | str, code: int, **i
         message = f"{type(exc).__name__}: {exc}\n{tail}"
     else:
         message = exc
-    report = DriverReport(ok=False, stage=stage, error=message[-4000:], **info)
+    if len(message) > 4000:  # keep the exception line (what failed) and the traceback (where)
+        message = message[:1500] + "\n[...]\n" + message[-2400:]
+    report = DriverReport(ok=False, stage=stage, error=message, **info)
     Path(spec.report_path).write_text(report.model_dump_json())
     return code
 

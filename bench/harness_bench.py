@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,6 +94,19 @@ def _sandbox(mode: str) -> object:
     return detect() if mode == "on" else Sandbox("unconfined", reason="benchmark: sandbox off")
 
 
+class _Results:
+    """What the benchmark measured: the printed rows, seconds per measurement and mode, the JSON figures."""
+
+    def __init__(self, modes: list[str]) -> None:
+        self.rows = _Rows()
+        self.table: dict[str, dict[str, float]] = {}  # measurement -> mode -> seconds
+        self.figures: dict[str, object] = {"modes": modes}
+
+    def record(self, name: str, mode: str, secs: float, note: str) -> None:
+        self.rows.append((f"[sandbox {mode}] {name}", secs, note))
+        self.table.setdefault(name, {})[mode] = secs
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark and prints the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -104,83 +118,94 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from kb_mcp.harness.pool import WorkerPool
-    from kb_mcp.harness.problem import load_problem
 
-    swish = load_problem(ROOT / "examples/problems/swish.py")
-    swish_src = (ROOT / "examples/candidates/swish_nvrtc.py").read_text()
-    row_sum = load_problem(ROOT / "examples/problems/row_sum.py")
-    light_src = (ROOT / "examples/candidates/row_sum_load_inline.py").read_text()
     modes = ["on", "off"] if args.sandbox == "both" else [args.sandbox]
-
-    figures: dict[str, object] = {"modes": modes}
-    rows = _Rows()
-    table: dict[str, dict[str, float]] = {}  # measurement -> mode -> seconds
-
-    def record(name: str, mode: str, secs: float, note: str) -> None:
-        rows.append((f"[sandbox {mode}] {name}", secs, note))
-        table.setdefault(name, {})[mode] = secs
-
+    out = _Results(modes)
     with tempfile.TemporaryDirectory(prefix="kbmcp-bench-") as tmp:
         pools = {}
         for mode in modes:  # one pool (own cache: own builds, own baselines) per mode
             pool = pools[mode] = WorkerPool(Path(tmp) / mode, sandbox=_sandbox(mode))  # type: ignore[arg-type]
             t0 = time.perf_counter()
             info = pool.info()
-            record("worker start (torch, CUDA)", mode, time.perf_counter() - t0, "")
-            figures["device"] = info.device
-            figures["torch"] = info.torch_version
-        for mode in modes:
-            t0 = time.perf_counter()
-            first = pools[mode].verify(swish, _tag(swish_src, "first"))
-            record("NVRTC, first verdict of the problem (measures baselines)", mode, time.perf_counter() - t0,
-                   f"{first.verdict.value}, baseline cached={first.timings.baseline_cached if first.timings else None}")
-        warm: dict[str, list[float]] = {m: [] for m in modes}
-        phases: dict[str, list[list[tuple[str, float]]]] = {m: [] for m in modes}
-        last = {}
-        for i in range(args.repeats):  # the modes alternate, so both see the same machine state
-            for mode in modes:
-                marks: list[tuple[str, float]] = []
-                t0 = time.perf_counter()
-                last[mode] = pools[mode].verify(
-                    swish, _tag(swish_src, f"warm{i}"),
-                    progress=lambda d, t=None, m=None, _marks=marks: _marks.append((str(m), time.perf_counter())))
-                end = time.perf_counter()
-                warm[mode].append(end - t0)
-                phases[mode].append([(m.split(" (")[0], round(b - a, 3))
-                                     for (m, a), (_, b) in zip(marks, marks[1:] + [("", end)])])
-        for mode in modes:
-            res = last[mode]
-            record("NVRTC, warm worker, baselines cached (median)", mode, statistics.median(warm[mode]),
-                   f"{res.verdict.value}, build {res.compile.seconds:.3f} s, speedup "
-                   f"{res.timings.speedup_vs_baseline if res.timings else None}")
-            rows.append((f"[sandbox {mode}]   phases of the last one", warm[mode][-1],
-                         ", ".join(f"{m} {t}" for m, t in phases[mode][-1] if m)))
-        figures["nvrtc_warm_s"] = warm
-        figures["nvrtc_warm_phases"] = phases
-        figures["nvrtc_result"] = {m: last[m].model_dump(mode="json", include={"verdict", "timings", "compile"})
-                                   for m in modes}
-
-        cases = () if args.no_inline else (("light headers", row_sum, light_src), ("torch API in .cu", row_sum,
-                                                                                   TORCH_API_INLINE))
-        for label, problem, src in cases:
-            for mode in modes:
-                pool = pools[mode]
-                t0 = time.perf_counter()
-                cold = pool.verify(problem, _tag(src, "cold"))
-                wall = time.perf_counter() - t0
-                record(f"load_inline cold, {label}: full verdict", mode, wall,
-                       f"{cold.verdict.value}, build {cold.compile.seconds:.1f} s ({cold.summary[:80]})")
-                t0 = time.perf_counter()
-                hot = pool.verify(problem, _tag(src, "cached"))
-                wall2 = time.perf_counter() - t0
-                record(f"load_inline cached, {label}: full verdict", mode, wall2,
-                       f"{hot.verdict.value}, build {hot.compile.seconds:.3f} s, cached={hot.compile.cached}")
-                figures[f"inline_{label}_{mode}"] = {
-                    "cold_wall_s": wall, "cold_build_s": cold.compile.seconds, "cached_wall_s": wall2,
-                    "cached_build_s": hot.compile.seconds, "verdicts": [cold.verdict.value, hot.verdict.value]}
+            out.record("worker start (torch, CUDA)", mode, time.perf_counter() - t0, "")
+            out.figures["device"] = info.device
+            out.figures["torch"] = info.torch_version
+        _nvrtc(pools, modes, args.repeats, out)
+        if not args.no_inline:
+            _load_inline(pools, modes, out)
         for pool in pools.values():
             pool.close()
+    _print(out, modes)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out.figures, indent=1, default=str))
+    return 0
 
+
+def _nvrtc(pools: dict[str, Any], modes: list[str], repeats: int, out: _Results) -> None:
+    """An NVRTC candidate: the first verdict of its problem, then warm verdicts, the modes alternating."""
+    from kb_mcp.harness.problem import load_problem
+
+    swish = load_problem(ROOT / "examples/problems/swish.py")
+    swish_src = (ROOT / "examples/candidates/swish_nvrtc.py").read_text()
+    for mode in modes:
+        t0 = time.perf_counter()
+        first = pools[mode].verify(swish, _tag(swish_src, "first"))
+        out.record("NVRTC, first verdict of the problem (measures baselines)", mode, time.perf_counter() - t0,
+                   f"{first.verdict.value}, baseline cached={first.timings.baseline_cached if first.timings else None}")
+    warm: dict[str, list[float]] = {m: [] for m in modes}
+    phases: dict[str, list[list[tuple[str, float]]]] = {m: [] for m in modes}
+    last = {}
+    for i in range(repeats):  # the modes alternate, so both see the same machine state
+        for mode in modes:
+            marks: list[tuple[str, float]] = []
+            t0 = time.perf_counter()
+            last[mode] = pools[mode].verify(
+                swish, _tag(swish_src, f"warm{i}"),
+                progress=lambda d, t=None, m=None, _marks=marks: _marks.append((str(m), time.perf_counter())))
+            end = time.perf_counter()
+            warm[mode].append(end - t0)
+            phases[mode].append([(m.split(" (")[0], round(b - a, 3))
+                                 for (m, a), (_, b) in zip(marks, marks[1:] + [("", end)])])
+    for mode in modes:
+        res = last[mode]
+        out.record("NVRTC, warm worker, baselines cached (median)", mode, statistics.median(warm[mode]),
+                   f"{res.verdict.value}, build {res.compile.seconds:.3f} s, speedup "
+                   f"{res.timings.speedup_vs_baseline if res.timings else None}")
+        out.rows.append((f"[sandbox {mode}]   phases of the last one", warm[mode][-1],
+                         ", ".join(f"{m} {t}" for m, t in phases[mode][-1] if m)))
+    out.figures["nvrtc_warm_s"] = warm
+    out.figures["nvrtc_warm_phases"] = phases
+    out.figures["nvrtc_result"] = {m: last[m].model_dump(mode="json", include={"verdict", "timings", "compile"})
+                                   for m in modes}
+
+
+def _load_inline(pools: dict[str, Any], modes: list[str], out: _Results) -> None:
+    """load_inline candidates built cold, then found in the build cache."""
+    from kb_mcp.harness.problem import load_problem
+
+    row_sum = load_problem(ROOT / "examples/problems/row_sum.py")
+    light_src = (ROOT / "examples/candidates/row_sum_load_inline.py").read_text()
+    for label, problem, src in (("light headers", row_sum, light_src), ("torch API in .cu", row_sum, TORCH_API_INLINE)):
+        for mode in modes:
+            pool = pools[mode]
+            t0 = time.perf_counter()
+            cold = pool.verify(problem, _tag(src, "cold"))
+            wall = time.perf_counter() - t0
+            out.record(f"load_inline cold, {label}: full verdict", mode, wall,
+                       f"{cold.verdict.value}, build {cold.compile.seconds:.1f} s ({cold.summary[:80]})")
+            t0 = time.perf_counter()
+            hot = pool.verify(problem, _tag(src, "cached"))
+            wall2 = time.perf_counter() - t0
+            out.record(f"load_inline cached, {label}: full verdict", mode, wall2,
+                       f"{hot.verdict.value}, build {hot.compile.seconds:.3f} s, cached={hot.compile.cached}")
+            out.figures[f"inline_{label}_{mode}"] = {
+                "cold_wall_s": wall, "cold_build_s": cold.compile.seconds, "cached_wall_s": wall2,
+                "cached_build_s": hot.compile.seconds, "verdicts": [cold.verdict.value, hot.verdict.value]}
+
+
+def _print(out: _Results, modes: list[str]) -> None:
+    """The table of measurements, and the sandbox's cost side by side when both modes ran."""
+    rows, table = out.rows, out.table
     width = max(len(r[0]) for r in rows)
     print(f"{'measurement':<{width}}  {'seconds':>8}  notes")
     for name, secs, note in rows:
@@ -190,11 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{'seconds':<{width}}  {'sandbox on':>10}  {'off':>8}  {'on/off':>7}")
         for name, by in table.items():
             print(f"{name:<{width}}  {by['on']:10.3f}  {by['off']:8.3f}  {by['on'] / by['off']:7.3f}")
-    figures["rows"] = [{"what": n, "seconds": round(s, 3), "notes": note} for n, s, note in rows]
-    figures["by_sandbox"] = table
-    if args.out:
-        Path(args.out).write_text(json.dumps(figures, indent=1, default=str))
-    return 0
+    out.figures["rows"] = [{"what": n, "seconds": round(s, 3), "notes": note} for n, s, note in rows]
+    out.figures["by_sandbox"] = table
 
 
 if __name__ == "__main__":

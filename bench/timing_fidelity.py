@@ -204,6 +204,30 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         by_mode[mode], states[mode] = _through_pool(cache, mode)
     worker, pool_state = by_mode[modes[0]], states[modes[0]]
+    bare = _bare_runs(worker, cache)
+    if tmp is not None:
+        tmp.cleanup()
+    rows, width = _print_medians(bare, by_mode, modes, pool_state)
+    speedups = _print_speedups(bare, worker, width)
+    _print_notes(bare, worker, pool_state)
+    print(f"total {time.perf_counter() - t0:.1f} s")
+    if len(modes) == 2:
+        print("verdict wall time, sandbox on / off (s): " + ", ".join(
+            f"{label} {by_mode['on'][label]['wall_s']:.2f}/{by_mode['off'][label]['wall_s']:.2f}" for label in worker))
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "device": pool_state["info"].get("device"), "pool": pool_state, "worker": worker, "by_sandbox": by_mode,
+            "bare": bare, "speedups": speedups,
+            "rows": [{"what": n, "bare_ms": b_ms, "worker_ms": w_ms} for n, b_ms, w_ms in rows],
+        }, indent=1, default=str))
+    return 0
+
+
+Row = tuple[str, float | None, float | None]
+
+
+def _bare_runs(worker: dict[str, Any], cache: Path) -> dict[str, Any]:
+    """Each case timed in a bare process, as many runs as the worker took."""
     bare: dict[str, Any] = {}
     for problem, candidates in CASES:
         # As many runs as the worker took (eager: the harness's cap, which these problems reach).
@@ -211,10 +235,14 @@ def main(argv: list[str] | None = None) -> int:
         bare[problem] = _run_bare(problem, candidates, runs, cache)
         print(f"  bare: {problem}: " + ", ".join(f"{k} {v['median_ms']:.4f} ms" for k, v in bare[problem].items()
                                                  if isinstance(v, dict) and "median_ms" in v), flush=True)
-    if tmp is not None:
-        tmp.cleanup()
+    return bare
 
-    rows: list[tuple[str, float | None, float | None]] = []
+
+def _print_medians(bare: dict[str, Any], by_mode: dict[str, dict[str, Any]], modes: list[str],
+                   pool_state: dict[str, Any]) -> tuple[list[Row], int]:
+    """Median times, bare process beside each sandbox mode's worker; the rows and the name column's width."""
+    worker = by_mode[modes[0]]
+    rows: list[Row] = []
     by_mode_rows: list[tuple[str, float | None, dict[str, float | None]]] = []
     for problem, candidates in CASES:
         b = bare[problem]
@@ -234,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         cells = "".join(f" {w[m] if w[m] is not None else float('nan'):12.4f} {_ratio(w[m], b_ms):>9}" for m in modes)
         both = f" {_ratio(w['on'], w['off']):>8}" if len(modes) == 2 else ""
         print(f"{name:<{width}} {b_ms:9.4f}{cells}{both}")
+    return rows, width
+
+
+def _print_speedups(bare: dict[str, Any], worker: dict[str, Any], width: int) -> dict[str, dict[str, float | None]]:
+    """Each candidate's speedup over eager, as the bare process and the worker measured it."""
     print(f"\n{'speedup over eager':<{width}} {'bare':>9} {'worker':>9} {'worker/bare':>12}")
     speedups: dict[str, dict[str, float | None]] = {}
     for problem, candidates in CASES:
@@ -243,6 +276,11 @@ def main(argv: list[str] | None = None) -> int:
             sw = worker[label]["speedup_vs_eager"]
             speedups[label] = {"bare": sb, "worker": sw}
             print(f"{label:<{width}} {sb:9.2f} {sw if sw is not None else float('nan'):9.2f} {_ratio(sw, sb):>12}")
+    return speedups
+
+
+def _print_notes(bare: dict[str, Any], worker: dict[str, Any], pool_state: dict[str, Any]) -> None:
+    """Eager drift, where a call's time goes, the verdicts, profiler sessions and each verdict's phases."""
     print("\neager drift in the bare process (first, last):",
           ", ".join(f"{p} {bare[p]['eager']['median_ms']:.4f}/{bare[p]['eager again']['median_ms']:.4f} ms" for p,
                     _ in CASES))
@@ -257,17 +295,6 @@ def main(argv: list[str] | None = None) -> int:
     print("verdict wall time and phases (s):")
     for label, v in worker.items():
         print(f"  {label}: {v['wall_s']:.2f}  " + ", ".join(f"{m.split(' (')[0]} {s}" for m, s in v["phases"]))
-    print(f"total {time.perf_counter() - t0:.1f} s")
-    if len(modes) == 2:
-        print("verdict wall time, sandbox on / off (s): " + ", ".join(
-            f"{label} {by_mode['on'][label]['wall_s']:.2f}/{by_mode['off'][label]['wall_s']:.2f}" for label in worker))
-    if args.out:
-        Path(args.out).write_text(json.dumps({
-            "device": device, "pool": pool_state, "worker": worker, "by_sandbox": by_mode, "bare": bare,
-            "speedups": speedups,
-            "rows": [{"what": n, "bare_ms": b_ms, "worker_ms": w_ms} for n, b_ms, w_ms in rows],
-        }, indent=1, default=str))
-    return 0
 
 
 if __name__ == "__main__":

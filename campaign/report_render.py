@@ -81,7 +81,14 @@ def render_markdown(report: CampaignReport) -> str:
         lines.append("")
     if report.config.kind == "eval":
         return _eval_body(report, lines)
-    lines += [
+    for section in (_overview, _problems, _optimizations, _states, _knowledge_base, _tokens):
+        lines += section(report)
+    lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in PLOTS), ""]
+    return "\n".join(lines)
+
+
+def _overview(report: CampaignReport) -> list[str]:
+    return [
         "## Summary",
         "",
         f"* valid rate (problems with a correct, timed kernel): {_pct(report.valid_rate)}",
@@ -99,6 +106,11 @@ def render_markdown(report: CampaignReport) -> str:
         _stats_row("torch.compile", report.speedup_vs_compile),
         _stats_row("(initial kernel) best of eager/compile", report.initial_speedup),
         "",
+    ]
+
+
+def _problems(report: CampaignReport) -> list[str]:
+    lines = [
         "## Problems",
         "",
         "| problem | eager ms | compile ms | initial ms | best ms | initial speedup | best speedup | best kernel | "
@@ -112,7 +124,11 @@ def render_markdown(report: CampaignReport) -> str:
             f"{_x(r.initial_speedup)} | {_x(r.best_speedup)} | {best} | {r.steps} ({r.valid_steps} / "
             f"{r.improved_steps}) |"
         )
-    lines += [
+    return lines
+
+
+def _optimizations(report: CampaignReport) -> list[str]:
+    lines = [
         "",
         "## Optimizations",
         "",
@@ -126,13 +142,21 @@ def render_markdown(report: CampaignReport) -> str:
             f"{_pct(o.success_rate)} | "
             f"{_x(o.geomean_speedup)} | {o.compile_errors} | {o.verify_failures} | {o.review_rejected} |"
         )
-    lines += ["", "## States and transitions", ""]
+    return lines
+
+
+def _states(report: CampaignReport) -> list[str]:
+    lines = ["", "## States and transitions", ""]
     lines += [f"* {state}: {n} steps" for state, n in report.state_visits.items()] or ["* (no steps)"]
     if report.transitions:
         lines += ["", "| state | optimization | next state | count |", "|---|---|---|---|"]
         lines += [f"| {t.state_id} | {t.optimization_id} | {t.next_state_id} | {t.count} |" for t in report.transitions]
+    return lines
+
+
+def _knowledge_base(report: CampaignReport) -> list[str]:
     g = report.gradient
-    lines += [
+    lines = [
         "",
         "## Knowledge base",
         "",
@@ -151,8 +175,12 @@ def render_markdown(report: CampaignReport) -> str:
             f"| end | {last.states} | {last.optimizations} | {last.lessons} | {last.outcomes} | {last.measured_scores} "
             f"| {last.bytes} |",
         ]
+    return lines
+
+
+def _tokens(report: CampaignReport) -> list[str]:
     t = report.tokens
-    lines += [
+    lines = [
         "",
         "## Tokens",
         "",
@@ -165,8 +193,7 @@ def render_markdown(report: CampaignReport) -> str:
     lines += [f"| {k} | {v.calls} | {v.prompt_tokens} | {v.completion_tokens} |" for k, v in sorted(t.by_role.items())]
     lines += ["", "| problem | calls | tokens |", "|---|---|---|"]
     lines += [f"| {k} | {v.calls} | {v.total} |" for k, v in sorted(t.by_problem.items())]
-    lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in PLOTS), ""]
-    return "\n".join(lines)
+    return lines
 
 
 def write_report(report: CampaignReport, folder: Path) -> list[Path]:

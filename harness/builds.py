@@ -27,7 +27,8 @@ from filelock import FileLock
 
 from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.protocol import BuildReply, BuildReport, BuildSpec
-from kb_mcp.harness.sandbox import Grant, Sandbox, new_scratch
+from kb_mcp.harness.sandbox import Grant, Sandbox
+from kb_mcp.harness.scratch import new_scratch
 from kb_mcp.harness.toolchain import (
     ToolchainInfo,
     build_target,

@@ -29,7 +29,8 @@ from kb_mcp.harness.builds import ToolchainError, toolchain
 from kb_mcp.harness.candidate import INLINE_BUILDERS, NVRTC_BUILDERS, SourceUnit, kernel_names, static_units, style_of
 from kb_mcp.harness.integrity_static import check_source
 from kb_mcp.harness.problem import Problem
-from kb_mcp.harness.sandbox import Grant, Sandbox, kill_group, new_scratch
+from kb_mcp.harness.sandbox import Grant, Sandbox, kill_group
+from kb_mcp.harness.scratch import new_scratch
 from kb_mcp.harness.toolchain import (
     DEFAULT_ARCH,
     MESSAGE_LIMIT,

@@ -194,7 +194,8 @@ def find_report_module_dir(ncu: str | None) -> Path | None:
 def read_in_sandbox(spawner: Spawner, module_dir: Path, report: Path, timeout_s: float = 120.0) -> list[KernelRecord]:
     """The report's launches, read by `ncu_report` in a sandboxed process (`harness.worker.ncu_report_reader`)."""
     from kb_mcp.harness import profiler
-    from kb_mcp.harness.sandbox import kill_group, new_scratch
+    from kb_mcp.harness.sandbox import kill_group
+    from kb_mcp.harness.scratch import new_scratch
 
     scratch = new_scratch("ncu-report")
     cmd = [sys.executable, "-m", "kb_mcp.harness.worker.ncu_report_reader", str(module_dir), str(report)]

@@ -31,7 +31,6 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ from kb_mcp.harness.candidate import CandidateError, parse_candidate, static_uni
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
 from kb_mcp.harness.compile_only import CompileOnly
 from kb_mcp.harness.problem import Problem, candidate_id
-from kb_mcp.harness.process import WorkerError, WorkerProcess, describe_exit
+from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
 from kb_mcp.harness.protocol import (
     FROM_WORKER,
     BuildAnswer,
@@ -52,7 +51,6 @@ from kb_mcp.harness.protocol import (
     CensusAsk,
     CensusReply,
     CensusRequest,
-    Phase,
     PingReply,
     PingRequest,
     ProblemChecked,
@@ -63,7 +61,8 @@ from kb_mcp.harness.protocol import (
     VerifyRequest,
     WorkerInfo,
 )
-from kb_mcp.harness.sandbox import Sandbox, detect, sweep_scratch
+from kb_mcp.harness.sandbox import Sandbox, detect
+from kb_mcp.harness.scratch import sweep_scratch
 from kb_mcp.harness.verdict import CompileResult, Finding, FindingCode, VerifyOptions, VerifyResult
 from kb_mcp.harness.work import take_work_census
 from kb_mcp.kb import paths
@@ -92,48 +91,6 @@ CENSUS_WORDS = {
     "construct": "constructing ModelNew for the kernel census",
     "census": "running forward for the kernel census",
 }
-
-
-class _Reply:
-    """Reading one request's answer from a worker: phase frames and asks, then the result frame.
-
-    Every frame must carry the request id and the next sequence number (else `ForgedFrame`); each
-    phase frame is passed to `on_phase` and restarts the deadline with that phase's limit; an ask
-    (census, build) is answered by `on_ask`, and the deadline restarts after it. `phase` says where
-    the worker was when reading ended. Raises what `FrameReader.read` raises: TimeoutError,
-    ChannelClosed, ForgedFrame.
-    """
-
-    def __init__(self, w: WorkerProcess, rid: str, key: bytes, limit: Callable[[str], float], what: str) -> None:
-        self.w = w
-        self.rid = rid
-        self.key = key
-        self.limit = limit
-        self.what = what  # "request" / "census": how an out-of-sequence frame is named
-        self.phase = "queued"
-
-    def read(self, on_phase: Callable[[str], None], on_ask: Callable[[Any], None]) -> Result:
-        """The result frame, once it arrives."""
-        deadline = time.monotonic() + self.limit(self.phase)
-        seq = 0
-        while True:
-            frame = self.w.reader.read_message(FROM_WORKER, self.key, deadline)
-            if getattr(frame, "rid", None) != self.rid or getattr(frame, "seq", None) != seq:
-                raise ForgedFrame(
-                    f"a {frame.kind} frame for request {str(getattr(frame, 'rid', ''))[:12]}, number "
-                    f"{getattr(frame, 'seq', None)} arrived where number {seq} of this {self.what} was due"
-                )
-            seq += 1
-            if isinstance(frame, Phase):
-                self.phase = frame.phase
-                on_phase(self.phase)
-            elif isinstance(frame, (CensusAsk, BuildAsk)):
-                on_ask(frame)
-            elif isinstance(frame, Result):
-                return frame
-            else:  # pragma: no cover - FROM_WORKER admits nothing else with an rid
-                raise ForgedFrame(f"unexpected frame {frame.kind!r}")
-            deadline = time.monotonic() + self.limit(self.phase)
 
 
 def _kill_all(workers: list[WorkerProcess]) -> None:
@@ -367,7 +324,7 @@ class WorkerPool:
                 progress(PHASES.index("import"), steps, f"building {ask.unit.name} (load_inline) in the build sandbox")
                 self._answer_build(w, rid, ask, opts.compile_timeout_s)
 
-        reply = _Reply(w, rid, key, lambda phase: self._limit(phase, opts), "request")
+        reply = ReplyReader(w, rid, key, lambda phase: self._limit(phase, opts), "request")
         try:
             frame = reply.read(on_phase, on_ask)
             body = frame.body
@@ -415,7 +372,7 @@ class WorkerPool:
         nothing of the candidate, but a broken problem is still named as such)."""
         rid, key = uuid.uuid4().hex, new_key()
         send(w.sock, ProblemRequest(rid=rid, key=key.hex(), problem=problem), POOL_KEY)
-        reply = _Reply(w, rid, key, lambda phase: opts.compile_timeout_s, "problem check")
+        reply = ReplyReader(w, rid, key, lambda phase: opts.compile_timeout_s, "problem check")
         try:
             frame = reply.read(lambda phase: None, lambda ask: None)
             body = frame.body
@@ -527,7 +484,7 @@ class WorkerPool:
                     raise WorkerError("the census worker does not take requests") from None
                 self._replace_census(w)
         where = "the census worker runs one forward under the profiler, in a process of its own"
-        exchange = _Reply(w, rid, key, lambda phase: self._census_limit(phase, opts), "census")
+        exchange = ReplyReader(w, rid, key, lambda phase: self._census_limit(phase, opts), "census")
 
         def on_ask(ask: Any) -> None:
             if not isinstance(ask, BuildAsk):

@@ -4,6 +4,7 @@ The worker is `python -m kb_mcp.harness.worker.main`, started through `harness.s
 scratch folder, the shared cache's published builds and baselines read-only, the GPU where
 there is one). Its stdout and stderr are a pipe this process drains continuously, keeping the
 head and tail of each request's output (a candidate that floods its output costs nothing but CPU).
+`ReplyReader` reads one request's answer from it, frame by frame.
 """
 
 from __future__ import annotations
@@ -16,11 +17,24 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from kb_mcp.harness.channel import POOL_KEY, ChannelError, FrameReader, new_key, send
-from kb_mcp.harness.protocol import FROM_WORKER, ExitRequest, Hello, Init, WorkerInfo
-from kb_mcp.harness.sandbox import Grant, Sandbox, kill_group, new_scratch
+from kb_mcp.harness.channel import POOL_KEY, ChannelError, ForgedFrame, FrameReader, new_key, send
+from kb_mcp.harness.protocol import (
+    FROM_WORKER,
+    BuildAsk,
+    CensusAsk,
+    ExitRequest,
+    Hello,
+    Init,
+    Phase,
+    Result,
+    WorkerInfo,
+)
+from kb_mcp.harness.sandbox import Grant, Sandbox, kill_group
+from kb_mcp.harness.scratch import new_scratch
 
 HEAD_BYTES = 64 << 10  # output kept from the start of a request...
 TAIL_BYTES = 64 << 10  # ...and from its end
@@ -200,3 +214,45 @@ class WorkerProcess:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+class ReplyReader:
+    """Reading one request's answer from a worker: phase frames and asks, then the result frame.
+
+    Every frame must carry the request id and the next sequence number (else `ForgedFrame`); each
+    phase frame is passed to `on_phase` and restarts the deadline with that phase's limit; an ask
+    (census, build) is answered by `on_ask`, and the deadline restarts after it. `phase` says where
+    the worker was when reading ended. Raises what `FrameReader.read` raises: TimeoutError,
+    ChannelClosed, ForgedFrame.
+    """
+
+    def __init__(self, w: WorkerProcess, rid: str, key: bytes, limit: Callable[[str], float], what: str) -> None:
+        self.w = w
+        self.rid = rid
+        self.key = key
+        self.limit = limit
+        self.what = what  # "request" / "census": how an out-of-sequence frame is named
+        self.phase = "queued"
+
+    def read(self, on_phase: Callable[[str], None], on_ask: Callable[[Any], None]) -> Result:
+        """The result frame, once it arrives."""
+        deadline = time.monotonic() + self.limit(self.phase)
+        seq = 0
+        while True:
+            frame = self.w.reader.read_message(FROM_WORKER, self.key, deadline)
+            if getattr(frame, "rid", None) != self.rid or getattr(frame, "seq", None) != seq:
+                raise ForgedFrame(
+                    f"a {frame.kind} frame for request {str(getattr(frame, 'rid', ''))[:12]}, number "
+                    f"{getattr(frame, 'seq', None)} arrived where number {seq} of this {self.what} was due"
+                )
+            seq += 1
+            if isinstance(frame, Phase):
+                self.phase = frame.phase
+                on_phase(self.phase)
+            elif isinstance(frame, (CensusAsk, BuildAsk)):
+                on_ask(frame)
+            elif isinstance(frame, Result):
+                return frame
+            else:  # pragma: no cover - FROM_WORKER admits nothing else with an rid
+                raise ForgedFrame(f"unexpected frame {frame.kind!r}")
+            deadline = time.monotonic() + self.limit(self.phase)

@@ -39,7 +39,8 @@ from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
 from kb_mcp.harness.profile_standby import Standby, StandbyKey, StandbyPool, driver_args
 from kb_mcp.harness.protocol import EXIT_NO_GPU, NVTX_RANGE, DriverReport, DriverSpec, ProblemFailed
-from kb_mcp.harness.sandbox import Grant, Sandbox, detect, kill_group, new_scratch
+from kb_mcp.harness.sandbox import Grant, Sandbox, detect, kill_group
+from kb_mcp.harness.scratch import new_scratch
 from kb_mcp.kb.progress import Progress, no_progress
 
 # Sections that speak to bottlenecks. WarpStateStats and SchedulerStats are only in `--set full`

@@ -567,41 +567,6 @@ def detect() -> Sandbox:
     return _detect(os.environ.get(ENV_SANDBOX, "").strip().lower())
 
 
-def scratch_root() -> Path:
-    """Where sandboxes' scratch folders are made (outside the cache, the KB and home)."""
-    root = Path(tempfile.gettempdir()) / f"kb-mcp-sandbox-{os.getuid()}"
-    root.mkdir(mode=0o711, exist_ok=True)
-    return root
-
-
-def new_scratch(label: str) -> Path:
-    """A fresh scratch folder, named after this process (see `sweep_scratch`)."""
-    return Path(tempfile.mkdtemp(prefix=f"{label}-{os.getpid()}-", dir=scratch_root()))
-
-
-def sweep_scratch() -> None:
-    """Removes scratch folders of processes that no longer run (a server killed with SIGKILL)."""
-    root = scratch_root()
-    for folder in root.iterdir():
-        try:
-            pid = int(folder.name.split("-")[1])
-        except (IndexError, ValueError):
-            continue
-        if pid != os.getpid() and not process_alive(pid):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this machine (as this process sees it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, but another user's: cannot be ours, yet not gone either
-        return True
-    return True
-
-
 def unconfined_note(sandbox: Sandbox) -> str:
     """The warning every verdict carries when untrusted code ran unconfined (empty when confined)."""
     return "" if sandbox.confined else sandbox.describe()
@@ -609,5 +574,5 @@ def unconfined_note(sandbox: Sandbox) -> str:
 
 __all__ = [
     "ENV_SANDBOX", "Grant", "Limits", "Sandbox", "SandboxUnavailable", "View", "detect", "kill_group",
-    "limits_for", "new_scratch", "process_alive", "scratch_root", "sweep_scratch", "unconfined_note",
+    "limits_for", "unconfined_note",
 ]

@@ -32,8 +32,9 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.kb import ids
+from kb_mcp.kb.files import AtomicJSONStorage
 from kb_mcp.kb.models import ALL_ARCH, Optimization, Outcome, Primary, Score, Secondary, Signature, State, Verdict
-from kb_mcp.kb.store import AtomicJSONStorage, KBFileError, KBStore
+from kb_mcp.kb.store import KBFileError, KBStore
 from kb_mcp.kb.tables import FORMAT, Tables
 from kb_mcp.kb.view import KBView, Transaction
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from kb_mcp.kb import backups, journal, paths
 from kb_mcp.kb.errors import CallerError, KBCorruptError, KBFileError, storage_error
+from kb_mcp.kb.files import AtomicJSONStorage, has_content, mode_of
 from kb_mcp.kb.lock import KBLock
 from kb_mcp.kb.models import SCHEMA_VERSION
-from kb_mcp.kb.store import AtomicJSONStorage, KBStore, _has_content, _mode_of
+from kb_mcp.kb.store import KBStore
 from kb_mcp.kb.tables import LayoutError, Tables
 
 __all__ = ["InitReport", "RepairReport", "RestoreReport", "init_kb", "repair_kb", "restore_kb", "share_with_group"]
@@ -66,7 +67,7 @@ def init_kb(kb_path: Path, *, group: str | None = None) -> InitReport:
     that file), never folded into the new one.
     """
     notes: list[str] = []
-    if _has_content(kb_path):
+    if has_content(kb_path):
         store = KBStore.open(kb_path, create=False)
         if group:
             notes += share_with_group(kb_path, group)
@@ -74,7 +75,7 @@ def init_kb(kb_path: Path, *, group: str | None = None) -> InitReport:
     gid = _group_id(group) if group else -1
     mode = paths.SHARED_FILE_MODE if group else paths.PRIVATE_FILE_MODE
     stray = kb_path.with_name(kb_path.name + ".journal")
-    if _has_content(stray):
+    if has_content(stray):
         aside = stray.with_name(f"{stray.name}.orphaned-{_stamp()}")
         os.replace(stray, aside)
         notes.append(f"a journal without its KB file was set aside as {aside} (restore a backup to use it)")
@@ -198,7 +199,7 @@ def restore_kb(kb_path: Path, backup: Path | None = None, *, lock_timeout: float
     tables = _load_tables(backup)
     seq = int(tables.meta.get("applied_seq", 0))
     journal_path = kb_path.with_name(kb_path.name + ".journal")
-    mode, gid = _mode_of(kb_path if kb_path.exists() else backup)
+    mode, gid = mode_of(kb_path if kb_path.exists() else backup)
     aside: list[Path] = []
     with KBLock(kb_path, lock_timeout, mode=mode).held():
         keep_journal = _journal_continues(tables, journal_path)
@@ -264,7 +265,7 @@ def repair_kb(kb_path: Path, *, output: Path | None = None, dry_run: bool = Fals
     """
     journal_path = kb_path.with_name(kb_path.name + ".journal")
     report = RepairReport(kb_path, output or kb_path, dry_run=dry_run)
-    mode, gid = _mode_of(kb_path)
+    mode, gid = mode_of(kb_path)
     with KBLock(kb_path, lock_timeout, mode=mode).held():
         if not kb_path.exists():
             raise KBFileError(f"no KB file at {kb_path}", where=kb_path,

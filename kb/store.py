@@ -24,23 +24,15 @@ torn files and damaged journals.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import os
-import re
-import shutil
 import threading
 import time
-import uuid
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-
-from tinydb.storages import Storage
 
 from kb_mcp.kb import backups, journal, paths, pending
 from kb_mcp.kb.errors import (
@@ -49,9 +41,23 @@ from kb_mcp.kb.errors import (
     KBFileError,
     KBLockTimeout,
     KbMcpError,
-    KBMissingError,
     KBReadOnlyError,
     storage_error,
+)
+from kb_mcp.kb.files import (
+    AtomicJSONStorage,
+    JournalGap,
+    damaged_line_error,
+    gap_error,
+    has_content,
+    head_seq,
+    journal_of,
+    missing_error,
+    mode_of,
+    new_meta,
+    read_from,
+    restore_hint,
+    what_remains,
 )
 from kb_mcp.kb.journal import Entry, FileId
 from kb_mcp.kb.lock import KBLock
@@ -66,10 +72,9 @@ from kb_mcp.kb.models import (
     State,
     Track,
     Transition,
-    utcnow,
 )
 from kb_mcp.kb.ops import KBOp
-from kb_mcp.kb.tables import FORMAT, LayoutError, Tables
+from kb_mcp.kb.tables import LayoutError, Tables
 from kb_mcp.kb.view import KBStats, KBView, Transaction
 
 __all__ = ["AtomicJSONStorage", "COMPACT_MIN_BYTES", "KBFileError", "KBStore", "new_meta", "what_remains"]
@@ -82,77 +87,6 @@ COMPACT_MIN_BYTES = 1 << 20
 """Journal size below which the store never compacts (a small KB would otherwise be rewritten often)."""
 
 _FLUSH_RETRY_S = 2.0  # pause between attempts of the thread that commits pending records
-
-
-class AtomicJSONStorage(Storage):
-    """TinyDB storage that never leaves a torn file: write to a temp file, fsync, ``os.replace``.
-
-    TinyDB's own JSONStorage truncates and rewrites in place, so a crash mid-write would leave
-    half a file; this one can be handed to ``TinyDB(path, storage=AtomicJSONStorage)`` as well.
-    A replaced file keeps its mode; a new one is private to its owner.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], **_: Any) -> None:
-        self.path = Path(path)
-
-    def read(self) -> dict[str, dict[str, Any]] | None:
-        """The parsed file, or None when it is missing or empty (TinyDB's convention)."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return None
-        if not raw.strip():
-            return None
-        # A KB of a million scores is millions of small objects; the cyclic collector would
-        # re-scan them all while they are being built, doubling the parse time.
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            data: dict[str, dict[str, Any]] = json.loads(raw)
-            return data
-        finally:
-            if enabled:
-                gc.enable()
-
-    def write(self, data: dict[str, dict[str, Any]]) -> None:
-        """Replaces the file atomically and durably with `data`."""
-        mode, gid = _mode_of(self.path)
-        tmp = self.write_temp(data, mode, gid)
-        try:
-            os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        journal.fsync_dir(self.path.parent)
-
-    def write_temp(self, data: dict[str, dict[str, Any]], mode: int, gid: int = -1) -> Path:
-        """Writes `data` to a fsynced temp file beside the file (mode and group given); returns it."""
-        blob = json.dumps(data, separators=(",", ":")).encode()
-        tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        try:
-            journal.set_mode(fd, mode, gid)
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        return tmp
-
-    def close(self) -> None:
-        """Nothing is held open between calls."""
-
-
-@dataclass(frozen=True)
-class _Gap:
-    offset: int
-    seq: int
-    expected: int
-    written_at: int | None = None  # where the line's writer put it, when that is not where it is
 
 
 class KBStore:
@@ -168,13 +102,13 @@ class KBStore:
         backups: int | None = None,
     ) -> None:
         self.path = Path(path)
-        self.journal_path = self.path.with_name(self.path.name + ".journal")
+        self.journal_path = journal_of(self.path)
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.pending_dir = paths.pending_dir(self.path)
         self.compact_min_bytes = compact_min_bytes
         self.compact_fraction = compact_fraction  # compact when the journal reaches this share of the file
         self.keep_backups = _default_backups() if backups is None else backups
-        self._mode, self._gid = _mode_of(self.path)
+        self._mode, self._gid = mode_of(self.path)
         self._storage = AtomicJSONStorage(self.path)
         self.lock = KBLock(self.path, lock_timeout, mode=self._mode)
         self._mutex = threading.RLock()  # guards the cached tables between this process's threads
@@ -204,7 +138,7 @@ class KBStore:
             raise KBFileError(f"{p}: is a directory, not a KB file", where=p,
                               action="pass the path of the KB file itself (e.g. .../kb.json)")
         store = cls(p, **options)
-        if not _has_content(p):
+        if not has_content(p):
             remains = what_remains(p)
             if remains or not create:
                 raise missing_error(p, remains)
@@ -222,7 +156,7 @@ class KBStore:
         self._mode, self._gid = mode, gid
         self.lock = KBLock(self.path, self.lock.timeout, mode=mode)
         with self._locked(), self._mutex:
-            if _has_content(self.path):
+            if has_content(self.path):
                 return False  # another process created it while we waited for the lock
             from kb_mcp.kb.seed import seed_tables
 
@@ -249,11 +183,11 @@ class KBStore:
             data = self._storage.read()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise KBCorruptError(f"{self.path}: not valid JSON ({exc}); the file is left as it is", where=self.path,
-                                 action=_restore_hint(self.path)) from exc
+                                 action=restore_hint(self.path)) from exc
         except OSError as exc:
             raise storage_error(exc, "read the KB file", self.path) from exc
         if data is None:
-            raise KBCorruptError(f"{self.path}: the KB file is empty", where=self.path, action=_restore_hint(self.path))
+            raise KBCorruptError(f"{self.path}: the KB file is empty", where=self.path, action=restore_hint(self.path))
         try:
             tables = Tables.from_tinydb(data, str(self.path))
         except LayoutError as exc:
@@ -268,7 +202,7 @@ class KBStore:
                 where=self.path,
                 action="upgrade kb-mcp" if newer else "open it with the kb-mcp version that wrote it and export it",
             )
-        self._mode, self._gid = _mode_of(self.path)
+        self._mode, self._gid = mode_of(self.path)
         self._tables = tables
         self._base_id = base_id
         self._base_seq = self._last_seq = int(tables.meta.get("applied_seq", 0))
@@ -279,7 +213,7 @@ class KBStore:
     def refresh(self) -> Tables:
         """Brings the cached tables up to date with the file and journal (callers hold `_mutex`)."""
         with self._mutex:
-            gap: _Gap | None = None
+            gap: JournalGap | None = None
             for _ in range(20):
                 base_id = FileId.of(self.path)
                 if base_id is None:
@@ -291,9 +225,9 @@ class KBStore:
                 if state is True and FileId.of(self.path) == self._base_id:
                     assert self._tables is not None
                     return self._tables
-                if isinstance(state, _Gap):
+                if isinstance(state, JournalGap):
                     if gap is not None and FileId.of(self.path) == self._base_id:
-                        raise self._gap_error(state)  # the same file twice: no compaction explains it
+                        raise gap_error(self.path, state)  # the same file twice: no compaction explains it
                     gap = state
                 self._tables = None  # replaced under us (a compaction): start over
             raise KBFileError(
@@ -304,11 +238,11 @@ class KBStore:
             )
 
     def _head_changed(self) -> bool:
-        head = _head_seq(self.path)
+        head = head_seq(self.path)
         return head is not None and head != self._base_seq
 
-    def _read_journal(self) -> bool | _Gap:
-        """Applies new journal entries. False when the cache must be rebuilt from the file, a _Gap
+    def _read_journal(self) -> bool | JournalGap:
+        """Applies new journal entries. False when the cache must be rebuilt from the file, a JournalGap
         when the journal does not continue the loaded file; raises KBCorruptError for damage."""
         jid = FileId.of(self.journal_path)
         if jid is None:
@@ -318,7 +252,7 @@ class KBStore:
                 raise KBCorruptError(
                     f"{self.journal_path}: the KB journal was deleted; it held the transactions "
                     f"{self._base_seq + 1}..{self._last_seq}, committed after the KB file was last written",
-                    where=self.journal_path, action=_restore_hint(self.path),
+                    where=self.journal_path, action=restore_hint(self.path),
                 )
             return False  # a journal we had read vanished: the file was compacted
         if self._j_ino is not None and jid.ino != self._j_ino:
@@ -336,16 +270,16 @@ class KBStore:
                 if entry.at is not None and entry.at != start:
                     if entry.at < start and entry.at in starts:
                         continue  # lost a race with a writer that held no lock; its writer reported it uncommitted
-                    return _Gap(start, entry.seq, self._last_seq + 1, entry.at)  # bytes before it cut or added
+                    return JournalGap(start, entry.seq, self._last_seq + 1, entry.at)  # bytes before it cut or added
                 if entry.seq <= self._last_seq:
                     continue  # already folded into the file (a crash before the journal was emptied)
                 if entry.seq != self._last_seq + 1:
-                    return _Gap(start, entry.seq, self._last_seq + 1)
+                    return JournalGap(start, entry.seq, self._last_seq + 1)
                 try:
                     self._tables.replay(entry.ops)
                 except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
                     self._tables = None
-                    raise self._corrupt_line(
+                    raise damaged_line_error(self.path,
                         journal.BadLine(start, 0, f"entry {entry.seq} is malformed ({type(exc).__name__}: {exc})")
                     ) from exc
                 self._last_seq = entry.seq
@@ -353,48 +287,8 @@ class KBStore:
             self._j_ino = jid.ino
             if chunk.bad is not None:
                 self._tables = None
-                raise self._corrupt_line(chunk.bad)
+                raise damaged_line_error(self.path, chunk.bad)
         return True
-
-    def _corrupt_line(self, bad: journal.BadLine) -> KBCorruptError:
-        line = journal.line_number(self.journal_path, bad.offset)
-        copy, kept = self._keep_copy(self.journal_path)
-        return KBCorruptError(
-            f"{self.journal_path}: line {line} (byte offset {bad.offset}) is damaged: {bad.reason}. The KB is refused "
-            f"rather than read without that line and every line after it; {kept}",
-            where=self.journal_path, line=line, offset=bad.offset, copy=copy,
-            action=f"run `kb-mcp --kb {self.path} kb repair` to salvage every valid transaction into a new KB file",
-        )
-
-    def _gap_error(self, gap: _Gap) -> KBCorruptError:
-        line = journal.line_number(self.journal_path, gap.offset)
-        copy, kept = self._keep_copy(self.journal_path)
-        if gap.written_at is not None:
-            what = (f"was written at byte offset {gap.written_at} but is at {gap.offset}: bytes before it were cut "
-                    "out or added")
-        else:
-            what = (f"holds transaction {gap.seq} where {gap.expected} was expected: the journal does not continue the "
-                    f"KB file {self.path} (transactions are missing, or the file and journal come from different "
-                    "copies)")
-        return KBCorruptError(
-            f"{self.journal_path}: line {line} (byte offset {gap.offset}) {what}; {kept}",
-            where=self.journal_path, line=line, offset=gap.offset, copy=copy,
-            action=f"run `kb-mcp --kb {self.path} kb repair` to salvage what both hold, or restore a backup "
-            f"(`kb-mcp --kb {self.path} kb restore --list`)",
-        )
-
-    def _keep_copy(self, path: Path) -> tuple[Path | None, str]:
-        """Copies a damaged file aside once (named by its checksum); returns it and a phrase saying so."""
-        try:
-            data = path.read_bytes()
-            copy = path.with_name(f"{path.name}.damaged-{zlib.crc32(data):08x}")
-            if not copy.exists():
-                tmp = copy.with_name(copy.name + f".tmp-{os.getpid()}")
-                shutil.copyfile(path, tmp)
-                os.replace(tmp, copy)
-        except OSError as exc:
-            return None, f"no copy of it could be kept ({exc.strerror or exc})"
-        return copy, f"a copy of it is kept at {copy}"
 
     # ---- reading ---------------------------------------------------------------------------------
 
@@ -639,7 +533,7 @@ class KBStore:
             what = "was replaced"
         elif jid.size < self._j_offset:
             what = "shrank"
-        elif jid.size > self._j_offset and b"\n" in _read_from(self.journal_path, self._j_offset):
+        elif jid.size > self._j_offset and b"\n" in read_from(self.journal_path, self._j_offset):
             what = "holds entries this process did not read"
         else:
             return
@@ -683,104 +577,3 @@ class KBStore:
 
 def _default_backups() -> int:
     return backups.default_keep()
-
-
-def _mode_of(path: Path) -> tuple[int, int]:
-    """The permission bits and group new KB files take: the KB file's own, else private."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return paths.PRIVATE_FILE_MODE, -1
-    return st.st_mode & 0o777, st.st_gid
-
-
-def _read_from(path: Path, offset: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read()
-
-
-def _has_content(path: Path) -> bool:
-    try:
-        return os.stat(path).st_size > 0
-    except FileNotFoundError:
-        return False
-
-
-def what_remains(kb_path: Path) -> list[str]:
-    """What is left of a KB at `kb_path` besides its file: a journal, artifacts, backups (in words)."""
-    out = []
-    try:
-        size = os.stat(kb_path.with_name(kb_path.name + ".journal")).st_size
-        if size:
-            out.append(f"its journal ({size} bytes)")
-    except FileNotFoundError:
-        pass
-    # Candidate sources and profiles are what KB records and agents refer to; job records, campaign
-    # folders and pending records alone do not make a KB.
-    art = paths.artifacts_dir(kb_path)
-    files = 0
-    for sub in ("candidates", "profiles"):
-        for _, _, names in os.walk(art / sub):
-            files += len(names)
-    if files:
-        out.append(f"{files} candidate and profile files in its artifacts folder {art}")
-    found = backups.list_backups(kb_path)
-    if found:
-        out.append(f"{len(found)} backup(s) in {paths.backups_dir(kb_path)}, the newest from "
-                   f"{found[0].created:%Y-%m-%d %H:%M} UTC")
-    return out
-
-
-def missing_error(kb_path: Path, remains: list[str], *, disappeared: bool = False) -> KBMissingError:
-    """The error for a KB file that is not there, saying what is."""
-    if not remains:
-        return KBMissingError(f"no KB file at {kb_path}", where=kb_path,
-                              action=f"create one with `kb-mcp --kb {kb_path} kb init` (or pass --kb PATH)")
-    what = "disappeared while in use" if disappeared else "is missing"
-    return KBMissingError(
-        f"the KB file {kb_path} {what}, but {'; '.join(remains)} remain: it was deleted or moved, and kb-mcp does "
-        "not start an empty KB in its place",
-        where=kb_path,
-        action=_restore_hint(kb_path) if backups.list_backups(kb_path) else
-        f"if the file was moved, pass its new path with --kb; to start a new, empty KB here anyway, run "
-        f"`kb-mcp --kb {kb_path} kb init`",
-    )
-
-
-def _restore_hint(kb_path: Path) -> str:
-    if backups.list_backups(kb_path):
-        return (f"restore the newest backup with `kb-mcp --kb {kb_path} kb restore` (with its journal it is the "
-                f"whole KB), or pick one from `kb-mcp --kb {kb_path} kb restore --list`")
-    return (f"no backup of it exists yet (one is kept at each compaction); `kb-mcp --kb {kb_path} kb repair` salvages "
-            "what it can")
-
-
-_SEQ_RE = re.compile(rb'"applied_seq":\s*(-?\d+)')
-
-
-def _head_seq(path: Path) -> int | None:
-    """The applied_seq written near the start of the KB file (the meta table is written first).
-
-    Inode, size and mtime alone can repeat: ext4 hands a freed inode to the next new file, and
-    mtime has the clock tick's granularity. The sequence grows with every rewrite, so comparing
-    it as well tells a replaced file apart from the one cached.
-    """
-    try:
-        with open(path, "rb") as f:
-            head = f.read(512)
-    except OSError:
-        return None
-    m = _SEQ_RE.search(head)
-    return int(m.group(1)) if m else None
-
-
-def new_meta() -> dict[str, Any]:
-    """The meta record of a freshly created KB file."""
-    return {
-        "format": FORMAT,
-        "schema_version": SCHEMA_VERSION,
-        "applied_seq": 0,
-        "kb_id": uuid.uuid4().hex,
-        "created_at": utcnow().isoformat(),
-    }

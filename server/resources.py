@@ -46,6 +46,20 @@ def _worded(fn: Callable[..., str]) -> Callable[..., str]:
 
 def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None:
     """Adds the kb:// resources and the completion handler to `server`."""
+    _register_states(server, ctx)
+    _register_records(server, ctx)
+    _register_activity(server, ctx, jobs)
+
+    @server.completion()
+    async def complete(
+        ref: PromptReference | ResourceTemplateReference, argument: CompletionArgument,
+        context: CompletionContext | None
+    ) -> Completion | None:
+        return completions(ctx, ref, argument)
+
+
+def _register_states(server: MCPServer[Any], ctx: ToolContext) -> None:
+    """The KB's states, one state in full, and the KB's statistics."""
 
     @server.resource(
         "kb://states",
@@ -73,6 +87,22 @@ def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None
         if view is None:
             raise ResourceNotFoundError(f"no state {state_id!r} in the KB; kb://states lists the ids")
         return view.model_dump_json(exclude_none=True)
+
+    @server.resource(
+        "kb://stats",
+        name="stats",
+        title="KB statistics",
+        description="Size and activity of the KB: counts of states, optimizations, scores, outcomes, "
+        "lessons and verified candidates, verdict tallies, and the KB file in use.",
+        mime_type=JSON,
+    )
+    @_worded
+    def stats() -> str:
+        return kb_views.kb_stats(ctx.store, ctx.kb_path).model_dump_json(exclude_none=True)
+
+
+def _register_records(server: MCPServer[Any], ctx: ToolContext) -> None:
+    """Verified candidates and recorded outcomes, newest first, and one candidate in full."""
 
     @server.resource(
         "kb://candidates",
@@ -111,17 +141,9 @@ def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None
     def outcomes() -> str:
         return kb_views.outcomes_overview(ctx.store).model_dump_json(exclude_none=True)
 
-    @server.resource(
-        "kb://stats",
-        name="stats",
-        title="KB statistics",
-        description="Size and activity of the KB: counts of states, optimizations, scores, outcomes, "
-        "lessons and verified candidates, verdict tallies, and the KB file in use.",
-        mime_type=JSON,
-    )
-    @_worded
-    def stats() -> str:
-        return kb_views.kb_stats(ctx.store, ctx.kb_path).model_dump_json(exclude_none=True)
+
+def _register_activity(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None:
+    """What runs on this KB: campaigns and recent jobs."""
 
     @server.resource(
         "kb://campaigns",
@@ -142,13 +164,6 @@ def register(server: MCPServer[Any], ctx: ToolContext, jobs: JobManager) -> None
     )
     def recent_jobs() -> str:
         return job_views.jobs_overview(jobs).model_dump_json(exclude_none=True)
-
-    @server.completion()
-    async def complete(
-        ref: PromptReference | ResourceTemplateReference, argument: CompletionArgument,
-        context: CompletionContext | None
-    ) -> Completion | None:
-        return completions(ctx, ref, argument)
 
 
 def completions(ctx: ToolContext, ref: PromptReference | ResourceTemplateReference,

@@ -222,25 +222,7 @@ def _base_score(tx: Transaction, state_id: str, opt_id: str, arch: str, track: T
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
     """Records the outcome in one transaction (see DESCRIPTION)."""
     with ctx.store.transaction() as tx:
-        cand = tx.get_candidate(req.candidate_id)
-        if cand is None:
-            raise ToolError(
-                f"unknown candidate_id {req.candidate_id!r}: only candidates checked by compile_and_verify on this KB "
-                "can be recorded. Call compile_and_verify with the candidate source and use the candidate_id it "
-                "returns."
-            )
-        refusal = ineligible(cand)
-        if refusal:
-            raise ToolError(refusal)
-        if tx.get_state(req.state_id) is None:
-            close = difflib.get_close_matches(req.state_id, tx.state_ids(), n=3)
-            raise ToolError(
-                f"unknown state_id {req.state_id!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
-                + " Use the id classify_state returned."
-            )
-        if req.next_state_id is not None and tx.get_state(req.next_state_id) is None:
-            raise ToolError(f"unknown next_state_id {req.next_state_id!r}: use the id classify_state returned, or "
-                            "omit it")
+        cand = _checked_candidate(tx, req)
         opt, created = _resolve_optimization(tx, req, ctx.client_name)
         family = arch_family(cand.arch)
         track = cand.track  # the verdict's own track: an outcome moves only that track's scores
@@ -262,32 +244,8 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         if tx.get_score(req.state_id, opt.id, ALL_ARCH) is None:
             tx.put_score(Score(state_id=req.state_id, optimization_id=opt.id))  # known here, even if unmeasured
         if moved:
-            # the band one outcome may move a score within comes from the same calibrated posterior
-            # the selection draws from (the state's scores on this family and track)
-            cal = calibrate(tx.candidate_stats(req.state_id, family, track),
-                            CalibrationSums(*tx.calibration_sums(track)))
-            for arch in dict.fromkeys((family, ALL_ARCH)):
-                base = _base_score(tx, req.state_id, opt.id, arch, track)
-                band = influence_band(base, cal)
-                if arch == ALL_ARCH and speedup is not None and speedup > 0:
-                    credited = math.exp(credited_log_speedup(speedup, base, band))
-                    if abs(math.log(credited / speedup)) > 1e-9:
-                        note += (f"one outcome moves a score only so far (at most {MAX_CREDITED_SPEEDUP:g}x, and "
-                                 "within "
-                                 f"a band around its estimate): the pooled score counts {credited:.3g}x, the outcome "
-                                 f"keeps {speedup:.3g}x. ")
-                tx.put_score(apply_outcome(base, cand.verdict, speedup, client=ctx.client_name, band=band))
-            if req.next_state_id and cand.verdict.is_valid:
-                tx.bump_transition(req.state_id, opt.id, req.next_state_id)
-        if cand.flagged:
-            note += ("the candidate's speedup is flagged for review (implausible): kept in the replay buffer, no score "
-                     "moved. ")
-        elif not moved and counts_toward_score(cand.verdict):
-            note += (f"verdict {cand.verdict.value} comes from a compile-only check, which reaches it less surely "
-                     "than a GPU run; no score moved. ")
-        elif not moved:
-            note += (f"verdict {cand.verdict.value} says nothing about the optimization (the kernel never ran); no "
-                     "score moved. ")
+            note += _move_scores(tx, req, cand, opt.id, speedup, ctx.client_name)
+        note += _why_no_score_moved(cand, moved)
         outcome = Outcome(
             id=oid, problem=cand.problem, candidate_id=cand.candidate_id, parent_candidate_id=req.parent_candidate_id,
             state_id=req.state_id, next_state_id=req.next_state_id, optimization_id=opt.id, arch=family,
@@ -296,20 +254,88 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
             agent=ctx.client_name, analysis=req.analysis, flagged=cand.flagged,
         )
         tx.put_outcome(outcome)
-        if req.lesson and req.lesson.strip():
-            text = req.lesson.strip()
-            tx.put_lesson(
-                Lesson(
-                    id=ids.lesson_id(req.state_id, opt.id, text), state_id=req.state_id, optimization_id=opt.id,
-                    arch=family, text=text, source="agent", author=ctx.client_name, candidate_id=cand.candidate_id,
-                    outcome_id=oid,
-                )
-            )
+        _keep_lesson(tx, req, outcome, ctx.client_name)
         if not created and opt.origin == "agent" and not optimization_is_verified(tx,
                                                                                   opt) and outcome_is_verified(outcome):
             # an agent-made optimization first recorded with a failure is vouched for by this verified outcome
             tx.put_optimization(opt.model_copy(update={"outcome_id": oid}))
         return _result(tx, outcome, basis, recorded=True, created=created, moved=moved, note=note.strip() or "recorded")
+
+
+def _checked_candidate(tx: Transaction, req: Request) -> CandidateRecord:
+    """The stored verdict the request names, once the request is known to be one that can be recorded."""
+    cand = tx.get_candidate(req.candidate_id)
+    if cand is None:
+        raise ToolError(
+            f"unknown candidate_id {req.candidate_id!r}: only candidates checked by compile_and_verify on this KB "
+            "can be recorded. Call compile_and_verify with the candidate source and use the candidate_id it "
+            "returns."
+        )
+    refusal = ineligible(cand)
+    if refusal:
+        raise ToolError(refusal)
+    if tx.get_state(req.state_id) is None:
+        close = difflib.get_close_matches(req.state_id, tx.state_ids(), n=3)
+        raise ToolError(
+            f"unknown state_id {req.state_id!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
+            + " Use the id classify_state returned."
+        )
+    if req.next_state_id is not None and tx.get_state(req.next_state_id) is None:
+        raise ToolError(f"unknown next_state_id {req.next_state_id!r}: use the id classify_state returned, or "
+                        "omit it")
+    return cand
+
+
+def _move_scores(tx: Transaction, req: Request, cand: CandidateRecord, opt_id: str, speedup: float | None,
+                 client: str) -> str:
+    """Applies the outcome to the arch family's score and the pooled one; returns what the note says of it."""
+    note = ""
+    family, track = arch_family(cand.arch), cand.track
+    # the band one outcome may move a score within comes from the same calibrated posterior
+    # the selection draws from (the state's scores on this family and track)
+    cal = calibrate(tx.candidate_stats(req.state_id, family, track),
+                    CalibrationSums(*tx.calibration_sums(track)))
+    for arch in dict.fromkeys((family, ALL_ARCH)):
+        base = _base_score(tx, req.state_id, opt_id, arch, track)
+        band = influence_band(base, cal)
+        if arch == ALL_ARCH and speedup is not None and speedup > 0:
+            credited = math.exp(credited_log_speedup(speedup, base, band))
+            if abs(math.log(credited / speedup)) > 1e-9:
+                note += (f"one outcome moves a score only so far (at most {MAX_CREDITED_SPEEDUP:g}x, and "
+                         "within "
+                         f"a band around its estimate): the pooled score counts {credited:.3g}x, the outcome "
+                         f"keeps {speedup:.3g}x. ")
+        tx.put_score(apply_outcome(base, cand.verdict, speedup, client=client, band=band))
+    if req.next_state_id and cand.verdict.is_valid:
+        tx.bump_transition(req.state_id, opt_id, req.next_state_id)
+    return note
+
+
+def _why_no_score_moved(cand: CandidateRecord, moved: bool) -> str:
+    if cand.flagged:
+        return ("the candidate's speedup is flagged for review (implausible): kept in the replay buffer, no score "
+                "moved. ")
+    if not moved and counts_toward_score(cand.verdict):
+        return (f"verdict {cand.verdict.value} comes from a compile-only check, which reaches it less surely "
+                "than a GPU run; no score moved. ")
+    if not moved:
+        return (f"verdict {cand.verdict.value} says nothing about the optimization (the kernel never ran); no "
+                "score moved. ")
+    return ""
+
+
+def _keep_lesson(tx: Transaction, req: Request, outcome: Outcome, client: str) -> None:
+    """The agent's one-sentence lesson, kept with the outcome it came from."""
+    if not req.lesson or not req.lesson.strip():
+        return
+    text = req.lesson.strip()
+    tx.put_lesson(
+        Lesson(
+            id=ids.lesson_id(req.state_id, outcome.optimization_id, text), state_id=req.state_id,
+            optimization_id=outcome.optimization_id, arch=outcome.arch, text=text, source="agent", author=client,
+            candidate_id=outcome.candidate_id, outcome_id=outcome.id,
+        )
+    )
 
 
 def _result(

@@ -46,7 +46,7 @@ from kb_mcp.harness.protocol import (
     DriverReport,
     DriverSpec,
 )
-from kb_mcp.harness.sandbox import process_alive
+from kb_mcp.harness.scratch import process_alive
 
 POLL_S = 0.005  # how often a standby driver looks for its spec (a stat call: cheap)
 
@@ -158,29 +158,37 @@ def run(spec: DriverSpec, clock: _Clock | None = None, device: dict[str, Any] | 
         except BaseException as exc:  # noqa: BLE001 - user code: any failure is reported, not raised
             return _fail(spec, "warmup", exc, EXIT_USER_CODE, **info)
         try:
-            start = time.perf_counter()
-            if spec.mode == "timeline":
-                from torch.profiler import ProfilerActivity, profile
-
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    model(*inputs)
-                    torch.cuda.synchronize()
-                info["forward_s"] = time.perf_counter() - start
-                trace_path = spec.trace_path or str(workdir / "trace.json")
-                prof.export_chrome_trace(trace_path)
-                info["trace_path"] = trace_path
-            else:
-                torch.cuda.synchronize()
-                torch.cuda.nvtx.range_push(NVTX_RANGE)
-                model(*inputs)
-                torch.cuda.synchronize()
-                torch.cuda.nvtx.range_pop()
-                info["forward_s"] = time.perf_counter() - start
+            _profiled_forward(spec, model, inputs, workdir, info)
         except BaseException as exc:  # noqa: BLE001 - user code: any failure is reported, not raised
             return _fail(spec, "forward", exc, EXIT_USER_CODE, **info)
     lap("forward")
     Path(spec.report_path).write_text(DriverReport(ok=True, **info).model_dump_json())
     return EXIT_OK
+
+
+def _profiled_forward(spec: DriverSpec, model: Any, inputs: list[Any], workdir: Path, info: dict[str, Any]) -> None:
+    """One forward inside the NVTX range ncu profiles, or under torch.profiler (`timeline` mode);
+    its time (and the trace's path) go into `info`."""
+    import torch
+
+    start = time.perf_counter()
+    if spec.mode == "timeline":
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            model(*inputs)
+            torch.cuda.synchronize()
+        info["forward_s"] = time.perf_counter() - start
+        trace_path = spec.trace_path or str(workdir / "trace.json")
+        prof.export_chrome_trace(trace_path)
+        info["trace_path"] = trace_path
+    else:
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(NVTX_RANGE)
+        model(*inputs)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+        info["forward_s"] = time.perf_counter() - start
 
 
 def wait_for_spec(rendezvous: Path, owner: int | None, idle_s: float) -> DriverSpec | None:

@@ -98,8 +98,10 @@ async def test_a_planted_secret_never_leaves_the_server(tmp_path: Path) -> None:
 
 
 def test_redaction_of_names_encodings_and_configured_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kb_mcp.tools import disclosure
     from kb_mcp.tools.disclosure import redact, secret_values
 
+    monkeypatch.setattr(disclosure, "_registered", set())  # tokens other tests' servers registered in this process
     extra = tmp_path / "redact.txt"
     extra.write_text("configured-value-123\n\nshort\n")
     env = {"GITHUB_TOKEN": "ghp_" + "a" * 30, "MY_DB_PASSWORD": "hunter2hunter2", "PLAIN": "not-a-secret-at-all",

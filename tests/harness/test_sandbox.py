@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from kb_mcp.harness import sandbox as sb
-from kb_mcp.harness.sandbox import Grant, Sandbox, SandboxUnavailable, detect, new_scratch
+from kb_mcp.harness.sandbox import Grant, Sandbox, SandboxUnavailable, detect
+from kb_mcp.harness.scratch import new_scratch
 
 PROBE = r'''
 import json, os, resource, socket, sys

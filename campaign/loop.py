@@ -53,8 +53,9 @@ from kb_mcp.clients.llm import LLMClient, LLMError, Role
 from kb_mcp.harness.problem import Problem, ProblemError, load_problem
 from kb_mcp.kb.models import Verdict, utcnow
 
-ProgressFn = Callable[[str, int, int, str], None]
-"""progress(problem, units done, units total, message); called from the thread that runs `run`."""
+ProblemProgress = Callable[[str, int, int, str], None]
+"""progress(problem, units done, units total, message): per-problem progress (the console draws a bar per
+problem; a job folds it into one `kb.progress.Progress`); called from the thread that runs `run`."""
 
 
 def _quiet(problem: str, done: int, total: int, message: str) -> None:
@@ -112,7 +113,7 @@ class Campaign:
         llm: LLMClient,
         *,
         kb_path: str,
-        progress: ProgressFn = _quiet,
+        progress: ProblemProgress = _quiet,
         log: Callable[[str], None] = lambda message: None,
     ) -> None:
         self.config = config

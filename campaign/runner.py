@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.campaign.bench import Bench
-from kb_mcp.campaign.loop import Campaign, CampaignAborted, CampaignStopped, ProgressFn
+from kb_mcp.campaign.loop import Campaign, CampaignAborted, CampaignStopped, ProblemProgress
 from kb_mcp.campaign.models import CampaignConfig
 from kb_mcp.campaign.problems import resolve_problems
 from kb_mcp.campaign.report import CampaignReport, report_from_store
@@ -113,7 +113,7 @@ def run_campaign(
     options: CampaignOptions,
     llm_config: LLMConfig,
     *,
-    progress: ProgressFn | None = None,
+    progress: ProblemProgress | None = None,
     log: Callable[[str], None] | None = None,
     ctx: ToolContext | None = None,
 ) -> CampaignResult:

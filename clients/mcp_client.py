@@ -13,19 +13,16 @@ import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx2
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CallToolResult, TextContent
 
-
-class ProgressCallback(Protocol):
-    """What the MCP client calls with each progress notification of a call."""
-
-    async def __call__(self, progress: float, total: float | None, message: str | None) -> None: ...
+ProgressCallback = ProgressFnT  # the SDK's: (progress, total, message), awaited per notification
 
 
 class ToolCallError(RuntimeError):

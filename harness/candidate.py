@@ -224,18 +224,6 @@ def static_units(source: str) -> list[SourceUnit]:
     return units
 
 
-def merge_units(*groups: list[SourceUnit]) -> list[SourceUnit]:
-    """Units of all groups without repeats, first occurrence kept (runtime captures first)."""
-    seen: set[tuple[str, str, str, str]] = set()
-    out: list[SourceUnit] = []
-    for group in groups:
-        for unit in group:
-            if unit.key not in seen:
-                seen.add(unit.key)
-                out.append(unit)
-    return out
-
-
 def style_of(units: list[SourceUnit]) -> Literal["nvrtc", "load_inline", "mixed", "none"]:
     """The candidate's style from the units it builds."""
     kinds = {u.kind for u in units}

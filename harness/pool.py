@@ -56,7 +56,7 @@ from kb_mcp.harness.protocol import (
     ProblemChecked,
     ProblemFailed,
     ProblemRequest,
-    Result,
+    ResultFrame,
     VerifyReply,
     VerifyRequest,
     WorkerInfo,
@@ -230,7 +230,7 @@ class WorkerPool:
         key = new_key()
         send(w.sock, PingRequest(rid=rid, key=key.hex()), POOL_KEY)
         frame = w.reader.read_message(FROM_WORKER, key, time.monotonic() + 60)
-        if not isinstance(frame, Result) or frame.rid != rid or not isinstance(frame.body, PingReply):
+        if not isinstance(frame, ResultFrame) or frame.rid != rid or not isinstance(frame.body, PingReply):
             raise WorkerError(f"the {w.role} worker answered a ping with {frame.kind!r}")
         assert w.info is not None
         return frame.body.model_copy(update={"info": w.info})

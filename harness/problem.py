@@ -78,13 +78,10 @@ def parse_problem(source: str, name: str = "problem", path: str | None = None) -
     return Problem(name=name, source=source, path=path, hash=content_hash(source))
 
 
-def load_problem(path_or_source: str | Path, name: str | None = None) -> Problem:
-    """Loads a problem from a `.py` path, or from source text when the argument is not a path."""
-    text = str(path_or_source)
-    looks_like_path = "\n" not in text and (text.endswith(".py") or Path(text).exists())
-    if looks_like_path:
-        path = Path(text).expanduser()
-        if not path.is_file():
-            raise ProblemError(f"problem file not found: {path}")
-        return parse_problem(path.read_text(), name=name or path.stem, path=str(path.resolve()))
-    return parse_problem(text, name=name or "problem")
+def load_problem(path: str | Path, name: str | None = None) -> Problem:
+    """Loads a problem from its `.py` file. (Whether a tool argument is a path or source text is
+    decided in one place, `kb_mcp.tools.source`; text goes to `parse_problem`.)"""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ProblemError(f"problem file not found: {path}")
+    return parse_problem(path.read_text(), name=name or path.stem, path=str(path.resolve()))

@@ -30,7 +30,7 @@ from kb_mcp.harness.protocol import (
     Hello,
     Init,
     Phase,
-    Result,
+    ResultFrame,
     WorkerInfo,
 )
 from kb_mcp.harness.sandbox import Grant, Sandbox, kill_group
@@ -234,7 +234,7 @@ class ReplyReader:
         self.what = what  # "request" / "census": how an out-of-sequence frame is named
         self.phase = "queued"
 
-    def read(self, on_phase: Callable[[str], None], on_ask: Callable[[Any], None]) -> Result:
+    def read(self, on_phase: Callable[[str], None], on_ask: Callable[[Any], None]) -> ResultFrame:
         """The result frame, once it arrives."""
         deadline = time.monotonic() + self.limit(self.phase)
         seq = 0
@@ -251,7 +251,7 @@ class ReplyReader:
                 on_phase(self.phase)
             elif isinstance(frame, (CensusAsk, BuildAsk)):
                 on_ask(frame)
-            elif isinstance(frame, Result):
+            elif isinstance(frame, ResultFrame):
                 return frame
             else:  # pragma: no cover - FROM_WORKER admits nothing else with an rid
                 raise ForgedFrame(f"unexpected frame {frame.kind!r}")

@@ -12,7 +12,7 @@ Over the worker channel (`harness.channel`: length-prefixed JSON frames, HMAC-si
   a time (`VerifyRequest`, `CensusRequest`, `ProblemRequest`, `PingRequest`, `ExitRequest`) and
   the answers to what the worker asks mid-request (`CensusAnswer`, `BuildAnswer`).
 * worker -> pool, signed with the request's own key and numbered from 0: `Phase` (progress),
-  `CensusAsk` and `BuildAsk` (the worker waits for the answer), then one `Result` whose body is
+  `CensusAsk` and `BuildAsk` (the worker waits for the answer), then one `ResultFrame` whose body is
   the reply to the request, or `ProblemFailed` when the problem itself would not load.
   `Hello` (signed with the session key) opens the conversation.
 
@@ -39,7 +39,7 @@ __all__ = [
     "BuildAnswer", "BuildAsk", "BuildReply", "BuildReport", "BuildSpec", "CensusAnswer", "CensusAsk",
     "CensusReply", "CensusRequest", "DriverReport", "DriverSpec", "ExitRequest",
     "FROM_WORKER", "Hello", "Init", "PingReply", "PingRequest", "Phase", "ProblemChecked", "ProblemFailed",
-    "ProblemRequest", "Result", "TO_WORKER",
+    "ProblemRequest", "ResultFrame", "TO_WORKER",
     "VerifyReply", "VerifyRequest", "WorkerInfo",
 ]
 
@@ -251,7 +251,7 @@ ResultBody = Annotated[
 ]
 
 
-class Result(_Ask):
+class ResultFrame(_Ask):
     """The last frame of a request's answer."""
 
     kind: Literal["result"] = "result"
@@ -260,7 +260,7 @@ class Result(_Ask):
 
 
 FROM_WORKER: TypeAdapter[Any] = TypeAdapter(
-    Annotated[Hello | Phase | CensusAsk | BuildAsk | Result, Field(discriminator="kind")]
+    Annotated[Hello | Phase | CensusAsk | BuildAsk | ResultFrame, Field(discriminator="kind")]
 )
 TO_WORKER: TypeAdapter[Any] = TypeAdapter(
     Annotated[

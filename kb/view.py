@@ -140,11 +140,6 @@ class KBView:
         """(arch family or ALL_ARCH, track) pairs that hold scores for a state."""
         return [(arch, Track(track)) for arch, track in sorted(self._t.score_keys.get(state_id, ()))]
 
-    def score_arches(self, state_id: str, track: Track = DEFAULT_TRACK) -> list[str]:
-        """Arch families (and ALL_ARCH) that hold scores for a state on `track`."""
-        value = Track(track).value
-        return sorted(arch for arch, t in self._t.score_keys.get(state_id, ()) if t == value)
-
     def candidates(self, state_id: str, arch: str = ALL_ARCH, track: Track = DEFAULT_TRACK) -> list[Score]:
         """The optimizations applicable in a state, each with the score to judge it by on `arch` and `track`.
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kb_mcp.kb import paths
-from kb_mcp.server.gc import Limits as GcLimits
+from kb_mcp.server.gc import Retention
 
 # Each action imports what it needs when it runs: `kb --help` and `kb stats` do not pay for the
 # interchange formats, the score rule, job records or rich (bench/startup_bench.py measures it).
@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = kb_sub.add_parser("gc", help="remove old job records, unrecorded candidates' files and worker scratch",
                           description="Removes leftovers by age and size; never anything a KB record points to "
                           "(candidates an outcome or lesson names), unfinished jobs, or a running worker's folder.")
-    d = GcLimits()
+    d = Retention()
     s.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
     s.add_argument("--job-days", type=float, default=d.job_days,
                    help=f"finished job records older than this (default {d.job_days:g})")
@@ -234,9 +234,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     console = _console()
     store = _open(args)
-    limits = GcLimits(job_days=args.job_days, jobs_kept=args.jobs_kept, candidate_days=args.candidate_days,
+    limits = Retention(job_days=args.job_days, jobs_kept=args.jobs_kept, candidate_days=args.candidate_days,
                        scratch_hours=args.scratch_hours, cache_days=args.cache_days, cache_max_mb=args.cache_max_mb)
-    ctx = gc.Context(store=store, artifacts=paths.artifacts_dir(store.path), cache=paths.cache_dir(), limits=limits)
+    ctx = gc.GcScope(store=store, artifacts=paths.artifacts_dir(store.path), cache=paths.cache_dir(), limits=limits)
     report = gc.collect(ctx, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for name, items in report.removed.items():

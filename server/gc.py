@@ -26,7 +26,7 @@ DAY_S = 86400.0
 
 
 @dataclass(frozen=True)
-class Limits:
+class Retention:
     """Ages (days) and sizes past which leftovers go."""
 
     job_days: float = 14.0
@@ -47,7 +47,7 @@ class Item:
 
 
 @dataclass
-class Report:
+class GcReport:
     """What `collect` removed (or would remove), per rule."""
 
     removed: dict[str, list[Item]] = field(default_factory=dict)
@@ -61,17 +61,17 @@ class Report:
 
 
 @dataclass(frozen=True)
-class Context:
+class GcScope:
     """Where the rules look."""
 
     store: KBStore
     artifacts: Path
     cache: Path
-    limits: Limits
+    limits: Retention
     now: float = field(default_factory=time.time)
 
 
-Rule = tuple[str, Callable[[Context, Report], Iterable[Item]]]
+Rule = tuple[str, Callable[[GcScope, GcReport], Iterable[Item]]]
 
 
 def _size(path: Path) -> int:
@@ -103,7 +103,7 @@ def _pid_alive(pid: int) -> bool:
 # ---- rules --------------------------------------------------------------------------------------
 
 
-def job_records(ctx: Context, report: Report) -> Iterator[Item]:
+def job_records(ctx: GcScope, report: GcReport) -> Iterator[Item]:
     """Finished job records older than `job_days`, and the oldest beyond `jobs_kept`."""
     from kb_mcp.server.jobs import JobStore
 
@@ -113,7 +113,7 @@ def job_records(ctx: Context, report: Report) -> Iterator[Item]:
             yield Item(path, _size(path), why)
 
 
-def unrecorded_candidates(ctx: Context, report: Report) -> Iterator[Item]:
+def unrecorded_candidates(ctx: GcScope, report: GcReport) -> Iterator[Item]:
     """Sources and reports of candidates that no outcome or lesson names, older than `candidate_days`
     (their verdict stays in the KB)."""
     folder = ctx.artifacts / "candidates"
@@ -135,7 +135,7 @@ def unrecorded_candidates(ctx: Context, report: Report) -> Iterator[Item]:
                    f"{_age_s(path, ctx.now) / DAY_S:.0f} days old")
 
 
-def worker_scratch(ctx: Context, report: Report) -> Iterator[Item]:
+def worker_scratch(ctx: GcScope, report: GcReport) -> Iterator[Item]:
     """Scratch folders of worker processes that are gone, and old files in those of running ones."""
     root = ctx.cache / "work"
     if not root.is_dir():
@@ -153,7 +153,7 @@ CACHE_FOLDERS = ("torch_extensions", "inline_src", "compile_only", "baselines")
 """Build and baseline caches under the cache dir: each entry is rebuilt when needed again."""
 
 
-def build_cache(ctx: Context, report: Report) -> Iterator[Item]:
+def build_cache(ctx: GcScope, report: GcReport) -> Iterator[Item]:
     """Cache entries unused for `cache_days`, then the oldest beyond `cache_max_mb` in total."""
     entries = [e for name in CACHE_FOLDERS if (ctx.cache / name).is_dir() for e in (ctx.cache / name).iterdir()]
     by_age = sorted(entries, key=lambda e: _age_s(e, ctx.now), reverse=True)
@@ -188,9 +188,9 @@ def default_rules() -> list[Rule]:
     ]
 
 
-def collect(ctx: Context, rules: Iterable[Rule] | None = None, *, dry_run: bool = False) -> Report:
+def collect(ctx: GcScope, rules: Iterable[Rule] | None = None, *, dry_run: bool = False) -> GcReport:
     """Runs the rules; removes what they found unless `dry_run`."""
-    report = Report()
+    report = GcReport()
     for name, rule in rules if rules is not None else default_rules():
         items = list(rule(ctx, report))
         report.removed[name] = items

@@ -198,7 +198,7 @@ class OutcomesOverview(BaseModel):
     outcomes: list[Outcome]
 
 
-class CampaignSummary(BaseModel):
+class CampaignRow(BaseModel):
     """One line of kb://campaigns."""
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
@@ -218,7 +218,7 @@ class CampaignsOverview(BaseModel):
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
-    campaigns: list[CampaignSummary]
+    campaigns: list[CampaignRow]
 
 
 def candidates_overview(
@@ -307,7 +307,7 @@ def campaigns_overview(artifacts_dir: Path) -> CampaignsOverview:
     """The campaigns in `<artifacts>/campaigns/`, most recently updated first; unreadable ones say so."""
     from kb_mcp.campaign.models import CampaignStatus
 
-    rows: list[CampaignSummary] = []
+    rows: list[CampaignRow] = []
     root = artifacts_dir / "campaigns"
     for folder in sorted(root.iterdir()) if root.is_dir() else []:
         header = folder / "campaign.json"
@@ -317,11 +317,11 @@ def campaigns_overview(artifacts_dir: Path) -> CampaignsOverview:
         try:
             status = CampaignStatus.model_validate_json(header.read_text())
         except (OSError, ValueError) as exc:
-            rows.append(CampaignSummary(name=folder.name, folder=str(folder), state="unreadable",
+            rows.append(CampaignRow(name=folder.name, folder=str(folder), state="unreadable",
                                         message=str(exc)[:200]))
             continue
         rows.append(
-            CampaignSummary(
+            CampaignRow(
                 name=folder.name, folder=str(folder), state=status.state, message=status.message,
                 problems=len(status.config.problems), runs=status.runs, updated_at=status.updated_at,
                 report=str(report) if report.is_file() else None,

@@ -135,6 +135,36 @@ def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     return found
 
 
+def drawn_arrows() -> set[tuple[str, str]]:
+    """The paragraph under the drawing that starts 'The arrows:': `a → b` pairs."""
+    text = DOC.read_text()
+    start = text.index("The arrows:")
+    paragraph = text[start : text.index("\n\n", start)]
+    return {(m.group(1), m.group(2)) for m in re.finditer(r"`(\w+) → (\w+)`", paragraph)}
+
+
+def _reach(arrows: set[tuple[str, str]], package: str) -> set[str]:
+    found: set[str] = set()
+    todo = [package]
+    while todo:
+        node = todo.pop()
+        for a, b in arrows:
+            if a == node and b not in found:
+                found.add(b)
+                todo.append(b)
+    return found
+
+
+def test_the_drawing_is_the_table() -> None:
+    """Every package reaches, along the drawing's arrows, exactly the packages its row of the table names."""
+    arrows = drawn_arrows()
+    assert arrows and {p for arrow in arrows for p in arrow} <= set(PACKAGES)
+    table = rules()
+    for package in PACKAGES:
+        named = {entry.split(".")[0] for entry in table[package]}
+        assert _reach(arrows, package) == named, f"{package}: the drawing reaches {sorted(_reach(arrows, package))}"
+
+
 def test_the_allowed_package_graph_has_no_cycle() -> None:
     table = rules()
     graph = {package: {entry.split(".")[0] for entry in entries} for package, entries in table.items()}
@@ -180,6 +210,7 @@ def test_the_checks_can_fail() -> None:
     assert not _allowed("tools", "kb_mcp.campaign.loop", table)
     assert _allowed("policy", "kb_mcp.harness.profile_model", table)
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [frozenset({"a", "b"})]
+    assert _reach({("a", "b"), ("b", "c"), ("d", "a")}, "a") == {"b", "c"}
     lane = ROOT / "tools" / "lane.py"
     found = {(imp.target, imp.top_level) for imp in imports_of("kb_mcp.tools.lane", lane)}
     assert ("kb_mcp.kb.progress.Progress", True) in found

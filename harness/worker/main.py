@@ -54,7 +54,7 @@ from kb_mcp.harness.protocol import (
     ProblemChecked,
     ProblemFailed,
     ProblemRequest,
-    Result,
+    ResultFrame,
     VerifyReply,
     VerifyRequest,
     WorkerInfo,
@@ -308,10 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(req, PingRequest):
             from kb_mcp.harness.worker.integrity_runtime import profiler_sessions
 
-            channel.emit(Result, body=PingReply(info=info, profiler_sessions=profiler_sessions()))
+            channel.emit(ResultFrame, body=PingReply(info=info, profiler_sessions=profiler_sessions()))
             continue
         if isinstance(req, CensusRequest) != (args.role == "census"):
-            channel.emit(Result, body=_internal_error(req,
+            channel.emit(ResultFrame, body=_internal_error(req,
                                                       RuntimeError(f"a {args.role} worker got a {req.kind!r} request")),
                          retire=True)
             return 0
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         env.clean_workdir()
         sys.stdout.flush()
         sys.stderr.flush()
-        channel.emit(Result, body=body, retire=retire)
+        channel.emit(ResultFrame, body=body, retire=retire)
         channel.end()
         if retire:
             return 0

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from kb_mcp.harness.problem import load_problem
+from kb_mcp.harness.problem import load_problem, parse_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEMS = sorted((ROOT / "examples" / "problems").glob("*.py"))
@@ -46,7 +46,7 @@ def test_loads_as_kernelbench_problem(path: Path) -> None:
     problem = load_problem(path)
     assert problem.name == path.stem and problem.path == str(path.resolve())
     assert len(problem.hash) == 16
-    assert load_problem(path.read_text(), name=path.stem).hash == problem.hash
+    assert parse_problem(path.read_text(), name=path.stem).hash == problem.hash
     doc = _namespace(path)["__doc__"]
     assert doc and len(doc.strip()) > 30, "each problem says what it computes"
 

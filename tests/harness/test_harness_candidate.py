@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kb_mcp.harness.candidate import CandidateError, kernel_names, merge_units, parse_candidate, static_units, style_of
+from kb_mcp.harness.candidate import CandidateError, kernel_names, parse_candidate, static_units, style_of
 
 
 def test_missing_model_new_and_syntax_errors_are_named() -> None:
@@ -51,13 +51,3 @@ class ModelNew: pass
     assert inline.cpp_source == "torch::Tensor f(torch::Tensor x);"
     assert style_of(units) == "mixed" and style_of(units[:1]) == "nvrtc" and style_of([]) == "none"
 
-
-def test_merge_keeps_runtime_captures_first_without_repeats() -> None:
-    a = static_units(
-        'import torch\nk = torch.cuda._compile_kernel("__global__ void a(){}", "a")\nclass ModelNew: pass\n'
-    )
-    b = static_units(
-        'import torch\nk = torch.cuda._compile_kernel("__global__ void b(){}", "b")\nclass ModelNew: pass\n'
-    )
-    merged = merge_units(a, b, a)
-    assert [u.name for u in merged] == ["a", "b"]

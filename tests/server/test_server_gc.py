@@ -31,7 +31,7 @@ def _job(store: JobStore, job_id: str, status: str, days_ago: float, owner: str 
     Path(str(store.path(job_id)) + ".lock").write_text("")
 
 
-def _setup(kb_path: Path, cache: Path) -> gc.Context:
+def _setup(kb_path: Path, cache: Path) -> gc.GcScope:
     store = KBStore.open(kb_path)
     art = paths.artifacts_dir(kb_path)
     cands = art / "candidates"
@@ -47,7 +47,7 @@ def _setup(kb_path: Path, cache: Path) -> gc.Context:
             _age(cands / f"{cid}{ext}", 1 if cid == "c_young" else 90)
     store.pending_dir.mkdir(parents=True)
     (store.pending_dir / "candidate-c_pending.json").write_text("{}")
-    return gc.Context(store=store, artifacts=art, cache=cache, limits=gc.Limits())
+    return gc.GcScope(store=store, artifacts=art, cache=cache, limits=gc.Retention())
 
 
 def test_unrecorded_candidates_go_and_what_a_record_points_to_stays(kb_path: Path, tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_worker_scratch_of_exited_workers_goes_and_running_ones_keep_their_fresh
         (folder / "kbmcp_candidate.py").write_bytes(b"x" * 20_000_000)  # a 20 MB candidate
         (folder / "fresh.py").write_text("y")
     _age(live_dir / "kbmcp_candidate.py", 2)
-    ctx = gc.Context(store=None, artifacts=tmp_path, cache=cache, limits=gc.Limits())  # type: ignore[arg-type]
+    ctx = gc.GcScope(store=None, artifacts=tmp_path, cache=cache, limits=gc.Retention())  # type: ignore[arg-type]
     report = gc.collect(ctx, [("worker scratch", gc.worker_scratch)])
     assert not dead_dir.exists()
     assert sorted(p.name for p in live_dir.iterdir()) == ["fresh.py"]
@@ -100,13 +100,13 @@ def test_build_cache_goes_by_age_then_by_size_oldest_first(tmp_path: Path) -> No
         entry.mkdir(parents=True)
         (entry / "lib.so").write_bytes(b"z" * 1_000_000)
         _age(entry, days)
-    ctx = gc.Context(store=None, artifacts=tmp_path, cache=cache,  # type: ignore[arg-type]
-                     limits=gc.Limits(cache_days=30, cache_max_mb=2.5))
+    ctx = gc.GcScope(store=None, artifacts=tmp_path, cache=cache,  # type: ignore[arg-type]
+                     limits=gc.Retention(cache_days=30, cache_max_mb=2.5))
     gc.collect(ctx, [("build cache", gc.build_cache)])
     # ext0 is too old; then the total (3 MB) is over 2.5 MB: the oldest, ext1, goes
     assert sorted(p.name for p in (cache / "torch_extensions").iterdir()) == ["ext2", "ext3"]
-    tight = gc.Context(store=None, artifacts=tmp_path, cache=cache,  # type: ignore[arg-type]
-                       limits=gc.Limits(cache_days=30, cache_max_mb=0.1))
+    tight = gc.GcScope(store=None, artifacts=tmp_path, cache=cache,  # type: ignore[arg-type]
+                       limits=gc.Retention(cache_days=30, cache_max_mb=0.1))
     gc.collect(tight, [("build cache", gc.build_cache)])
     assert sorted(p.name for p in (cache / "torch_extensions").iterdir()) == ["ext3"]  # in use in the last hour
 

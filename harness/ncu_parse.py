@@ -12,6 +12,10 @@ Both pages may come from a live run with `--print-units base` or from `--import`
 auto-scales units (us, Gbyte, Kbyte/block) and writes thousands separators ("463,996"); values
 are converted to base units here so either source gives the same numbers.
 
+The same module reads what else a profiling run writes: ncu's own output (counters refused,
+metrics it does not know: `counters_blocked_reason`, `unknown_metrics`) and, in timeline mode, a
+torch.profiler Chrome trace (`kernels_from_trace`).
+
 Plain Python (csv + pydantic): no torch, no ncu needed to parse.
 """
 
@@ -20,8 +24,9 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, RuleFinding
 
@@ -439,3 +444,55 @@ def parse_ncu_csv(raw_text: str | None, details_text: str | None = None) -> list
     raw = read_raw_page(raw_text) if raw_text is not None else None
     details = read_details_page(details_text) if details_text is not None else None
     return to_profiles(raw, details)
+
+
+PERM_ERROR = "ERR_NVGPUCTRPERM"  # ncu's word for counters this user may not read
+
+
+def counters_blocked_reason(output: str) -> str | None:
+    """The reason counters are unavailable, if ncu's output says so."""
+    if PERM_ERROR in output:
+        return (
+            f"{PERM_ERROR}: this user may not read the GPU performance counters (containers need "
+            "--cap-add SYS_ADMIN, or the driver option NVreg_RestrictProfilingToAdminUsers=0); "
+            "per-kernel timings only"
+        )
+    return None
+
+
+def unknown_metrics(output: str, metrics: Sequence[str]) -> list[str]:
+    """The requested metrics that ncu's error lines name (by full name or by base counter name)."""
+    errors = "\n".join(line for line in output.splitlines() if "ERROR" in line or "metric" in line.lower())
+    return [m for m in metrics if re.search(re.escape(m.split(".")[0]) + r"(?![A-Za-z0-9_])", errors)]
+
+
+def kernels_from_trace(trace: dict[str, Any]) -> list[KernelProfile]:
+    """Kernel events of a torch.profiler Chrome trace -> KernelProfiles (timings only), in launch order."""
+    events = [
+        e for e in trace.get("traceEvents", [])
+        if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"
+    ]
+    events.sort(key=lambda e: float(e.get("ts", 0.0)))
+    kernels = []
+    for index, event in enumerate(events):
+        args = event.get("args", {}) or {}
+        grid = tuple((list(args.get("grid", [1, 1, 1])) + [1, 1, 1])[:3])
+        block = tuple((list(args.get("block", [1, 1, 1])) + [1, 1, 1])[:3])
+        regs = args.get("registers per thread")
+        smem = args.get("shared memory")
+        full = str(event.get("name", "?"))
+        kernels.append(
+            KernelProfile(
+                index=index,
+                name=short_name(full),
+                full_name=full,
+                grid=(int(grid[0]), int(grid[1]), int(grid[2])),
+                block=(int(block[0]), int(block[1]), int(block[2])),
+                metrics=KernelMetrics(
+                    duration_ns=float(event.get("dur", 0.0)) * 1e3,  # trace durations are in us
+                    registers_per_thread=float(regs) if regs is not None else None,
+                    shared_mem_per_block_bytes=float(smem) if smem is not None else None,
+                ),
+            )
+        )
+    return kernels

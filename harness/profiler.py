@@ -30,13 +30,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.harness import ncu_parse
+from kb_mcp.harness.ncu_parse import counters_blocked_reason, kernels_from_trace, unknown_metrics
 from kb_mcp.harness.problem import Problem, candidate_id
-from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
+from kb_mcp.harness.profile_model import KernelProfile, Profile
 from kb_mcp.harness.profile_standby import Standby, StandbyKey, StandbyPool, driver_args
 from kb_mcp.harness.protocol import EXIT_NO_GPU, NVTX_RANGE, DriverReport, DriverSpec, ProblemFailed
 from kb_mcp.harness.sandbox import Grant, Sandbox, detect, kill_group
@@ -57,7 +58,6 @@ SECTIONS = (
 )
 SOURCE_SECTIONS = ("SourceCounters",)
 ENV_NCU = "KB_MCP_NCU"  # explicit ncu path; an empty value means "no ncu" (forces the fallback)
-PERM_ERROR = "ERR_NVGPUCTRPERM"
 
 
 class ProfileOptions(BaseModel):
@@ -279,23 +279,6 @@ def export_pages(ncu: str, report: Path, spawner: Spawner, timeout_s: float = 12
         for scratch in scratches:
             shutil.rmtree(scratch, ignore_errors=True)
     return outputs[0], outputs[1]
-
-
-def counters_blocked_reason(output: str) -> str | None:
-    """The reason counters are unavailable, if ncu's output says so."""
-    if PERM_ERROR in output:
-        return (
-            f"{PERM_ERROR}: this user may not read the GPU performance counters (containers need "
-            "--cap-add SYS_ADMIN, or the driver option NVreg_RestrictProfilingToAdminUsers=0); "
-            "per-kernel timings only"
-        )
-    return None
-
-
-def unknown_metrics(output: str, metrics: Sequence[str]) -> list[str]:
-    """The requested metrics that ncu's error lines name (by full name or by base counter name)."""
-    errors = "\n".join(line for line in output.splitlines() if "ERROR" in line or "metric" in line.lower())
-    return [m for m in metrics if re.search(re.escape(m.split(".")[0]) + r"(?![A-Za-z0-9_])", errors)]
 
 
 def profile_target(
@@ -544,38 +527,6 @@ def _profile_timeline(spec: DriverSpec, spawner: Spawner, work: Path, problem: P
 
 
 TRACE_LIMIT = 512 << 20  # a Chrome trace of one forward; anything larger is not the driver's
-
-
-def kernels_from_trace(trace: dict[str, Any]) -> list[KernelProfile]:
-    """Kernel events of a torch.profiler Chrome trace -> KernelProfiles (timings only), in launch order."""
-    events = [
-        e for e in trace.get("traceEvents", [])
-        if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"
-    ]
-    events.sort(key=lambda e: float(e.get("ts", 0.0)))
-    kernels = []
-    for index, event in enumerate(events):
-        args = event.get("args", {}) or {}
-        grid = tuple((list(args.get("grid", [1, 1, 1])) + [1, 1, 1])[:3])
-        block = tuple((list(args.get("block", [1, 1, 1])) + [1, 1, 1])[:3])
-        regs = args.get("registers per thread")
-        smem = args.get("shared memory")
-        full = str(event.get("name", "?"))
-        kernels.append(
-            KernelProfile(
-                index=index,
-                name=ncu_parse.short_name(full),
-                full_name=full,
-                grid=(int(grid[0]), int(grid[1]), int(grid[2])),
-                block=(int(block[0]), int(block[1]), int(block[2])),
-                metrics=KernelMetrics(
-                    duration_ns=float(event.get("dur", 0.0)) * 1e3,  # trace durations are in us
-                    registers_per_thread=float(regs) if regs is not None else None,
-                    shared_mem_per_block_bytes=float(smem) if smem is not None else None,
-                ),
-            )
-        )
-    return kernels
 
 
 def _prepare_next(pool: StandbyPool, ncu: str, key: StandbyKey, dropped: list[str], run: NcuRun,

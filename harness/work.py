@@ -29,7 +29,8 @@ from kb_mcp.harness.profiler import (
     run_ncu,
 )
 from kb_mcp.harness.protocol import DriverReport, DriverSpec
-from kb_mcp.harness.sandbox import Sandbox, new_scratch
+from kb_mcp.harness.sandbox import Sandbox
+from kb_mcp.harness.scratch import new_scratch
 from kb_mcp.kb.progress import Progress, no_progress
 
 __all__ = ["MAX_KERNELS", "take_work_census"]

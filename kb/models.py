@@ -301,6 +301,7 @@ class ScoreStats(NamedTuple):
     mean_log_speedup: float
     m2_log_speedup: float
     weight: float
+    prior_weight: float = 1.0
 
 
 CALIBRATION_FIELDS = ("weight", "prior", "measured", "prior2", "cross", "measured2", "noise", "m2", "dof")
@@ -316,11 +317,17 @@ track's calibration fades (Student-t weight, 3 degrees of freedom): a few optimi
 was plain wrong, or whose truth changed, do not discredit every other prior."""
 
 
-def calibration_terms(prior_mean: float, mean: float, m2: float, weight: float) -> tuple[float, ...]:
-    """One score's contribution to the calibration sums (all zero without measurements)."""
+def calibration_terms(
+    prior_mean: float, mean: float, m2: float, weight: float, prior_weight: float = 1.0
+) -> tuple[float, ...]:
+    """One score's contribution to the calibration sums (all zero without measurements). A prior
+    that counts for nothing (`prior_weight` 0: retired when its score's truth changed) says nothing
+    about how well priors predict; its score's spread still counts toward the noise."""
     if weight <= 0:
         return (0.0,) * len(CALIBRATION_FIELDS)
     v = weight / (weight + 1.0) * 3.0 / (3.0 + ((mean - prior_mean) / CALIBRATION_ROBUST_SCALE) ** 2)
+    if prior_weight <= 0:
+        v = 0.0
     p = prior_mean
     return (v, v * p, v * mean, v * p * p, v * p * mean, v * mean * mean, v / weight, max(m2, 0.0),
             max(weight - 1.0, 0.0))

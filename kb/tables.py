@@ -51,7 +51,8 @@ def _row_terms(prior: list[float] | None, row: list[Any] | None) -> tuple[float,
     weight = float(row[8]) if len(row) >= 12 else float(row[2])
     if weight <= 0:
         return None
-    return calibration_terms(prior[0] if prior is not None else 0.0, row[0], row[1], weight)
+    pm, pw = prior if prior is not None else (0.0, 1.0)
+    return calibration_terms(pm, row[0], row[1], weight, pw)
 
 
 class LayoutError(ValueError):

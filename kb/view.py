@@ -170,11 +170,11 @@ class KBView:
         for opt, doc, _, prior_only in self._sources(state_id, arch, Track(track).value):
             prior = doc["priors"].get(opt)
             row = None if prior_only else doc["stats"].get(opt)
-            pm = prior[0] if prior is not None else 0.0
+            pm, pw = prior if prior is not None else (0.0, 1.0)
             if row is None:
-                out.append(ScoreStats(pm, 0.0, 0.0, 0.0))
+                out.append(ScoreStats(pm, 0.0, 0.0, 0.0, pw))
             else:
-                out.append(ScoreStats(pm, row[0], row[1], float(row[8] if len(row) >= 12 else row[2])))
+                out.append(ScoreStats(pm, row[0], row[1], float(row[8] if len(row) >= 12 else row[2]), pw))
         return out
 
     def _sources(self, state_id: str, arch: str, track: str) -> list[tuple[str, dict[str, Any], str, bool]]:

@@ -86,8 +86,9 @@ class CalibrationSums:
         """The sums over `scores` (those with measurements count)."""
         acc = [0.0] * len(CALIBRATION_FIELDS)
         for s in scores:
-            for i, x in enumerate(calibration_terms(s.prior_mean_log_speedup, s.mean_log_speedup, s.m2_log_speedup,
-                                                    s.weight)):
+            terms = calibration_terms(s.prior_mean_log_speedup, s.mean_log_speedup, s.m2_log_speedup, s.weight,
+                                      s.prior_weight)
+            for i, x in enumerate(terms):
                 acc[i] += x
         return cls(*acc)
 
@@ -149,7 +150,10 @@ def calibrate(scores: Sequence[Score | ScoreStats], base: CalibrationSums | None
     if not scores:
         return Calibration()
     intercept0, slope0, prior_sd0, noise_sd0 = track_calibration(base)
-    priors = [s.prior_mean_log_speedup for s in scores]
+    # the centre of the priors that still count (a retired prior's mean is what an old truth was)
+    priors = [s.prior_mean_log_speedup for s in scores if s.prior_weight > 0] or [
+        s.prior_mean_log_speedup for s in scores
+    ]
     centre = sum(priors) / len(priors)
     spread = sum((p - centre) ** 2 for p in priors) / len(priors)
     shift0 = intercept0 - centre * (1.0 - slope0)
@@ -159,6 +163,7 @@ def calibrate(scores: Sequence[Score | ScoreStats], base: CalibrationSums | None
         if s.weight > 0:
             m2 += max(s.m2_log_speedup, 0.0)
             dof += max(s.weight - 1.0, 0.0)
+        if s.weight > 0 and s.prior_weight > 0:  # a retired prior says nothing about the others
             rows.append((s.weight / (s.weight + 1.0), s.prior_mean_log_speedup - centre, s.mean_log_speedup - centre,
                          s.weight))
     noise2 = (m2 + PRIOR_SD_WEIGHT * noise_sd0**2) / (dof + PRIOR_SD_WEIGHT)
@@ -295,10 +300,11 @@ def select_top_k(
     """The k best entries under one posterior draw each, best first (k distinct ones).
 
     `scores` are one state's candidates (their measurements calibrate its priors, excluded ones
-    too); `base` the track's calibration sums (or `calibration`, already computed from both).
-    `exclude` drops optimization ids (already in this kernel's lineage, say). `rng` is a Random, a
-    seed, or None (fresh entropy). `follow_on` adds, per optimization id, the worth of where it is
-    likely to lead (`policy.phase.follow_on`).
+    too) and `base` the track's calibration sums; `calibration`, when given, is that calibration
+    already computed (`calibrate(scores, base)`) and `base` is not read. `exclude` drops
+    optimization ids (already in this kernel's lineage, say). `rng` is a Random, a seed, or None
+    (fresh entropy). `follow_on` adds, per optimization id, the worth of where it is likely to lead
+    (`policy.phase.follow_on`).
     Returns fewer than k when fewer remain.
     """
     if k <= 0:
@@ -308,7 +314,7 @@ def select_top_k(
     pool = sorted((s for s in every if s.optimization_id not in skip), key=lambda s: s.optimization_id)
     bonus = follow_on or {}
     r = _rng(rng)
-    cal = calibrate(every, base)
+    cal = calibration if calibration is not None else calibrate(every, base)
     keyed = [(_draw(posterior(s, cal), r, temperature, bonus.get(s.optimization_id, 0.0)), s) for s in pool]
     keyed.sort(key=lambda t: (-t[0], t[1].optimization_id))
     return [s for _, s in keyed[:k]]

@@ -57,6 +57,10 @@ CHANGE_ALLOWANCE = 0.5
 CHANGE_THRESHOLD = 4.0
 """Accumulated standard deviations beyond the allowance that signal a change: two outliers beyond 2.5 sd
 in a row, or four outcomes 1.5 sd off on one side."""
+RETIRE_WEIGHT = 4.0
+"""Weight of measurements a score must hold for a detected change to retire its prior as well (as
+much as any prior may count for, `policy.select.MAX_PRIOR_SAMPLES`): a prior that predicted the old
+truth says nothing about the new one (`_prior_outdated`)."""
 CHANGE_STEP = 3.0
 """The most one outcome adds to that sum (below the threshold: a lone outlier never signals a change)."""
 MAX_CLIENTS = 16
@@ -185,6 +189,16 @@ def _run_after(run: ChangeRun | None, client: str, raw: float, lo: float, hi: fl
                      mean=mean + (raw - mean) / (n + 1))
 
 
+def _prior_outdated(score: Score, run: ChangeRun) -> bool:
+    """Whether a change just seen in `score` retires its prior: the measurements before the run were
+    enough to stand on their own (RETIRE_WEIGHT) and lay nearer the prior than the run does, so the
+    truth the prior predicted has moved. Where the measurements had already left the prior and the run
+    goes their way, the prior was wrong from the start: it keeps its say, and the calibration learns
+    from it how far such priors are to be trusted."""
+    measured = score.mean_log_speedup
+    return score.weight >= RETIRE_WEIGHT and abs(run.mean - measured) > abs(measured - score.prior_mean_log_speedup)
+
+
 def _bounded_rates(ok: float, fail: float) -> tuple[float, float]:
     total = ok + fail
     if total > MAX_WEIGHT:
@@ -208,6 +222,7 @@ def apply_outcome(
     run = score.run
     samples, successes = score.samples, score.successes
     cf, vf = score.compile_failures, score.verify_failures
+    prior_weight = score.prior_weight
     if verdict.is_valid and speedup is not None and speedup > 0 and math.isfinite(speedup):
         raw = clip_log_speedup(speedup)
         lo, hi = band if band is not None else influence_band(score)
@@ -218,6 +233,8 @@ def apply_outcome(
             # The truth has likely changed (a new compiler, a new driver): this client's older samples
             # give way to the run that showed it, so the estimate follows at once. No client can
             # discount another's samples, and a lone outlier stays bounded.
+            if _prior_outdated(score, run):
+                prior_weight = 0.0
             own, run = (float(run.n), run.mean, 0.0), None
         else:
             if own[0] + 1.0 > CLIENT_MAX_WEIGHT:  # make room by discounting this client's own past
@@ -250,6 +267,7 @@ def apply_outcome(
             "fail_weight": fail,
             "run": run,
             "prior": False,
+            "prior_weight": prior_weight,
             "updated_at": when or utcnow(),
         },
     )

@@ -7,10 +7,13 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from dataclasses import astuple
+from pathlib import Path
 
 import pytest
 
 from kb_mcp.kb.models import Score
+from kb_mcp.kb.store import KBStore
 from kb_mcp.policy.select import (
     FAILURE_COST,
     Calibration,
@@ -158,6 +161,32 @@ def test_one_contradicted_prior_does_not_discredit_the_others() -> None:
     hit = calibrate(_state(priors, truths))
     assert hit.slope == pytest.approx(clean.slope, abs=0.25)
     assert hit.prior_samples > 0.4 * clean.prior_samples
+
+
+def test_a_retired_prior_neither_counts_nor_moves_the_calibration(tmp_path: Path) -> None:
+    priors = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
+    truths = [p + 0.02 for p in priors]
+    clean = _state(priors, truths)
+    truths[5] = -0.1  # the best optimization stopped paying; its prior (0.5) is now stale
+    stale = _state(priors, truths)
+    retired = [*stale[:5], stale[5].model_copy(update={"prior_weight": 0.0})]
+    kept, dropped, base = calibrate(stale), calibrate(retired), calibrate(clean)
+    assert kept.slope < base.slope - 0.15, "a stale prior that is still counted lowers the trust in every prior"
+    assert dropped.slope == pytest.approx(base.slope, abs=0.05)
+    assert dropped.prior_samples == pytest.approx(calibrate(clean[:5]).prior_samples, rel=0.05), "as if not there"
+    assert dropped.prior_samples > 1.3 * kept.prior_samples
+    assert posterior(retired[5], dropped).mean == pytest.approx(-0.1, abs=1e-3), "the measurements alone"
+    rest = astuple(CalibrationSums.of(stale[:5]))
+    noise = astuple(CalibrationSums(m2=stale[5].m2_log_speedup, dof=stale[5].weight - 1.0))
+    assert astuple(CalibrationSums.of(retired)) == pytest.approx([a + b for a, b in zip(rest, noise)]), \
+        "its spread still counts toward the noise, nothing else"
+    # the KB's running sums (kept up to date with every change) agree with the sums over its scores
+    store = KBStore.open(tmp_path / "kb.json")
+    with store.transaction() as tx:
+        for score in retired:
+            tx.put_score(score)
+    with store.read() as view:
+        assert view.calibration_sums() == pytest.approx(astuple(CalibrationSums.of(retired)))
 
 
 def test_influence_band_is_centred_on_the_estimate_and_never_too_narrow() -> None:

@@ -14,6 +14,7 @@ from kb_mcp.policy.update import (
     CLIENT_MAX_WEIGHT,
     MAX_CREDITED_SPEEDUP,
     MAX_WEIGHT,
+    RETIRE_WEIGHT,
     apply_outcome,
     empty_like,
     merge_scores,
@@ -107,6 +108,25 @@ def test_a_change_is_followed_within_a_few_outcomes_while_a_lone_outlier_stays_b
     changed = _run(settled, [(Verdict.slower, math.exp(-1.0))] * 3, band=None)
     assert changed.mean_log_speedup < -0.5, "the truth changed: the estimate follows within three outcomes"
     assert changed.samples == 11
+
+
+def test_a_change_from_a_measured_estimate_retires_the_prior_and_an_early_contradiction_does_not() -> None:
+    settled = _run(_fresh(0.5), [(Verdict.faster, math.exp(0.5 + 0.05 * (-1) ** i)) for i in range(8)], band=None)
+    assert settled.weight >= RETIRE_WEIGHT and settled.prior_weight == 1.0
+    changed = _run(settled, [(Verdict.slower, math.exp(-1.0))] * 3, band=None)
+    assert changed.prior_weight == 0.0, "the prior predicted the old truth; it says nothing about the new one"
+    assert changed.prior_mean_log_speedup == 0.5, "the prior's mean is kept (it is what was believed)"
+    # the same outcomes against an estimate still made of the prior say the prior was wrong (which the
+    # calibration must see), not that the truth moved: the prior keeps its say
+    wrong = _run(_fresh(0.5), [(Verdict.slower, math.exp(-1.0))] * 3, band=None)
+    assert wrong.mean_log_speedup < -0.5 and wrong.prior_weight == 1.0
+    lone = apply_outcome(settled, Verdict.slower, math.exp(-2.0))
+    assert lone.prior_weight == 1.0, "a lone outlier retires nothing"
+    # measurements that had already left the prior, and a change that goes their way: the prior was
+    # wrong from the start (the calibration learns from that), not outdated
+    left = _run(_fresh(0.5), [(Verdict.slower, math.exp(-0.5))] * 6, band=None)
+    further = _run(left, [(Verdict.slower, math.exp(-1.2))] * 3, band=None)
+    assert further.mean_log_speedup < -1.0 and further.prior_weight == 1.0
 
 
 def test_another_clients_outliers_never_discount_a_clients_samples() -> None:

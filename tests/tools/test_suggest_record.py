@@ -92,6 +92,24 @@ def test_suggest_uses_measured_per_arch_scores(ctx: ToolContext) -> None:
 # ---- record_outcome ----------------------------------------------------------------------------------
 
 
+def test_a_state_without_measurements_reads_its_priors_by_the_tracks_calibration(ctx: ToolContext) -> None:
+    """Where every other state's measurements ranked optimizations against their priors, a state
+    measured nowhere yet reads its own priors the right way round: the tool's selection uses the
+    track's calibration, not the priors as they stand."""
+    with ctx.store.transaction() as tx:
+        for state in tx.state_ids():
+            for score in tx.candidates(state) if state != STATE else ():
+                measured = 0.1 - score.prior_mean_log_speedup
+                tx.put_score(score.model_copy(update={
+                    "mean_log_speedup": measured, "m2_log_speedup": 0.05, "samples": 6, "attempts": 6, "weight": 6.0,
+                    "ok_weight": 6.0, "clients": {"": [6.0, measured, 0.05]}, "prior": False,
+                }))
+    priors = {s.optimization_id: s.prior_mean_log_speedup for s in ctx.store.candidates(STATE)}
+    assert len(set(priors.values())) > 1
+    first = so.run(ctx, so.Request(state_id=STATE, k=1, temperature=0)).suggestions[0].id
+    assert priors[first] == min(priors.values())
+
+
 def test_record_moves_scores_only_from_the_stored_verdict(ctx: ToolContext) -> None:
     _store_candidate(ctx, "c_a", time_ms=1.0, eager_ms=3.0)
     res = _record(ctx, "c_a", analysis="fused three kernels", tokens=120)

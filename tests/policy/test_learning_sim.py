@@ -3,26 +3,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
 
-SIM = Path(__file__).resolve().parents[2] / "bench" / "learning_sim.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
 
-
-def _sim() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("learning_sim", SIM)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["learning_sim"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+from learnsim.regimes import quick_comparison  # noqa: E402
 
 
 def test_the_new_rule_beats_the_old_one_on_the_same_seeds(tmp_path: Path) -> None:
-    sim = _sim()
-    runs = [sim.quick_comparison(seed, rollouts=120, n_states=3, folder=tmp_path) for seed in range(3)]
+    runs = [quick_comparison(seed, rollouts=120, n_states=3, folder=tmp_path) for seed in range(3)]
     for run in runs:
         assert run["new rule"] > run["old rule"], runs
     mean = {name: sum(r[name] for r in runs) / len(runs) for name in ("uniform", "old rule", "new rule")}

@@ -1,0 +1,1 @@
+"""The learning simulator's parts (`bench/learning_sim.py` runs them)."""

@@ -1,0 +1,372 @@
+"""The regimes: each runs the rules side by side on one seed's world and returns its figures
+(see `bench/learning_sim.py`)."""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kb_mcp.kb.models import CandidateRecord, Verdict
+from learnsim.rules import LegacyRule, Step, ToolRule, copy_kb, new_kb, seed_of
+from learnsim.world import (
+    ARCHES,
+    MALLORY,
+    NOISE_SD,
+    Problem,
+    World,
+    drift,
+    expected_gain,
+    make_priors,
+    make_world,
+    sample_outcome,
+)
+
+# ---- regimes ----------------------------------------------------------------------------------------
+
+
+def share(gains: Sequence[float], best: Sequence[float]) -> float:
+    """Share of the oracle's gain earned over a window."""
+    total = sum(best)
+    return sum(gains) / total if total > 0 else float("nan")
+
+
+def bandit_stream(world: World, seed: int, rules: dict[str, Any], rollouts: int, *, tag: str,
+                  states: Sequence[str] | None = None, arches: Sequence[str] = ("hopper",),
+                  drift_at: int | None = None, drift_kind: str = "lose-best", start: int = 0) -> dict[str, Any]:
+    """Single steps on fresh problems. Returns per-rollout gains per rule, and the oracle's and uniform's."""
+    rng = random.Random(f"stream-{seed}-{tag}")
+    out: dict[str, list[Any]] = {name: [] for name in rules}
+    out["oracle"], out["uniform"], out["state"], out["arch"] = [], [], [], []
+    drifted = False
+    for t in range(start, start + rollouts):
+        if drift_at is not None and t == drift_at and not drifted:
+            drift(world, seed, drift_kind)
+            drifted = True
+        s = world.draw_state(rng, states)
+        arch = rng.choice(list(arches))
+        dev = Problem(random.Random(f"p-{seed}-{tag}-{t}")).dev(world, s)
+        gains = {a: expected_gain(world, s, a, dev, arch) for a in world.options[s]}
+        out["oracle"].append(max(gains.values()))
+        out["uniform"].append(statistics.fmean(gains.values()))
+        out["state"].append(s)
+        out["arch"].append(arch)
+        for name, rule in rules.items():
+            step = Step(state=s, arch=arch, key=f"{seed}-{tag}-{name}-{t}", problem=f"p{tag}{t}")
+            if isinstance(rule, LegacyRule):
+                a = rule.choose_in(s, world.options[s], arch, random.Random(seed_of(step.key)))
+                assert a is not None
+                verdict, x = sample_outcome(world, s, a, dev, random.Random(f"o-{seed}-{tag}-{t}-{a}"), arch)
+                rule.record(s, a, arch, verdict, x)
+            else:
+                a = rule.choose(step)
+                assert a is not None, f"no suggestion in {s}"
+                verdict, x = sample_outcome(world, s, a, dev, random.Random(f"o-{seed}-{tag}-{t}-{a}"), arch)
+                rule.learn(step, a, verdict, x)
+            out[name].append(gains[a])
+    return out
+
+
+
+
+
+def cumulative_to(target: float, gains: Sequence[float]) -> float:
+    """Rollouts needed to accumulate `target` gain; beyond the stream, extrapolated at the rate of
+    its last third (inf if that rate is not positive)."""
+    total = 0.0
+    for i, g in enumerate(gains, 1):
+        total += g
+        if total >= target:
+            return float(i)
+    rate = statistics.fmean(gains[-max(1, len(gains) // 3):]) if gains else 0.0
+    return len(gains) + (target - total) / rate if rate > 0 else math.inf
+
+
+def run_bandit(world: World, seed: int, folder: Path, rollouts: int, kinds: Sequence[str]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for kind in kinds:
+        priors = make_priors(world, kind, seed)
+        kb = new_kb(folder, f"bandit-{kind}", priors)
+        rules = {"old rule": LegacyRule(priors), "new rule": ToolRule(kb)}
+        out = bandit_stream(world, seed, rules, rollouts, tag=f"b{kind}")
+        row: dict[str, Any] = {}
+        thirds = [(i * rollouts // 3, (i + 1) * rollouts // 3) for i in range(3)]
+        for name in ("uniform", "old rule", "new rule"):
+            row[name] = [share(out[name][lo:hi], out["oracle"][lo:hi]) for lo, hi in thirds]
+        row["curve"] = {name: [share(out[name][i:i + 50], out["oracle"][i:i + 50]) for i in range(0, rollouts, 50)]
+                        for name in ("uniform", "old rule", "new rule")}
+        early = sum(out["oracle"][: rollouts // 3]) * 0.9
+        # uniform's and the oracle's expected gains do not depend on the KB: extend the stream to find them
+        extra = bandit_reference(world, seed, f"b{kind}", 5 * rollouts)
+        row["to90"] = {
+            "oracle": cumulative_to(early, extra["oracle"]),
+            "uniform": cumulative_to(early, extra["uniform"]),
+            "old rule": cumulative_to(early, out["old rule"]),
+            "new rule": cumulative_to(early, out["new rule"]),
+        }
+        result[kind] = row
+        if kind == "aligned":
+            result["_kb_aligned"] = str(kb)
+            result["_legacy_aligned"] = rules["old rule"]
+            result["_state_counts"] = _counts(out["state"])
+    return result
+
+
+def _counts(states: Sequence[str]) -> dict[str, int]:
+    c: dict[str, int] = defaultdict(int)
+    for s in states:
+        c[s] += 1
+    return dict(c)
+
+
+def bandit_reference(world: World, seed: int, tag: str, rollouts: int) -> dict[str, list[float]]:
+    """The oracle's and uniform's expected gains on the same stream (no KB involved)."""
+    return bandit_stream(world, seed, {}, rollouts, tag=tag)
+
+
+def run_poison(world: World, seed: int, folder: Path, bandit: dict[str, Any]) -> dict[str, Any]:
+    """A client credits the worst optimization of the most visited state against a 100x slow parent."""
+    counts = bandit["_state_counts"]
+    s = max(counts, key=lambda k: (counts[k], k))
+    h = min(world.options[s], key=lambda a: world.mu[(s, a)])
+    legacy: LegacyRule = bandit["_legacy_aligned"]
+    kb = copy_kb(Path(bandit["_kb_aligned"]), folder / "poison.json")
+    new = ToolRule(kb, client=MALLORY)
+    out: dict[str, list[float]] = {"old rule": [], "new rule": []}
+    noise = random.Random(f"poison-{seed}")
+    for n in range(5):
+        if n:
+            x = world.mu[(s, h)] + noise.gauss(0, NOISE_SD)  # the harmful change, really applied and timed
+            step = Step(state=s, arch="hopper", key=f"{seed}-poison-{n}", problem=f"mallory{n}")
+            parent = f"c_{seed}-poison-parent-{n}"
+            with new.ctx.store.transaction() as tx:  # a verified but deliberately slow parent
+                tx.put_candidate(CandidateRecord(candidate_id=parent, problem=step.problem, problem_hash=step.problem,
+                                                 verdict=Verdict.slower, arch="sm_90", device=ARCHES["hopper"][1],
+                                                 time_ms=100.0, eager_ms=1.0))
+            new.learn(step, h, Verdict.faster if x > 0 else Verdict.slower, x, client_parent=parent, parent_ms=1.0)
+            legacy.record(s, h, "hopper", Verdict.faster, math.log(100.0) + x)
+        if n in (0, 1, 4):
+            options = world.options[s]
+            out["old rule"].append(legacy.probabilities(s, options, "hopper")[options.index(h)])
+            out["new rule"].append(new.first_draw(s, h, "hopper"))
+    return {"state": s, "harmful": h, "true_mu": world.mu[(s, h)], **out}
+
+
+DRIFT_CURVE = ("uniform", "old rule", "new rule", "new rule, no change")
+
+
+def run_drift(world: World, seed: int, folder: Path, rollouts: int, kind: str = "lose-best") -> dict[str, Any]:
+    """A stream whose truth changes half-way; per state, the share by problems since the change.
+
+    Beside it, the control "new rule, no change": the same rule on the same stream in a world where
+    the changed truth held from the first rollout (its priors aligned with it). Its share over the
+    same problems is the level the rule reaches in the changed world, had nothing changed: a change
+    that takes away each state's best optimization also leaves a world where the best is harder to
+    tell from the rest, which no rule can undo."""
+    priors = make_priors(world, "aligned", seed)
+    rules = {"old rule": LegacyRule(priors), "new rule": ToolRule(new_kb(folder, f"drift-{kind}", priors))}
+    at = rollouts // 2
+    out = bandit_stream(world, seed, rules, rollouts, tag="drift", drift_at=at, drift_kind=kind)
+    changed = make_world(seed)
+    drift(changed, seed, kind)
+    control = ToolRule(new_kb(folder, f"drift-{kind}-control", make_priors(changed, "aligned", seed)))
+    unchanged = bandit_stream(changed, seed, {"new rule": control}, rollouts, tag="drift")
+    out["new rule, no change"] = unchanged["new rule"]
+    oracle = dict.fromkeys(DRIFT_CURVE, out["oracle"]) | {"new rule, no change": unchanged["oracle"]}
+    curves: dict[str, dict[int, list[tuple[float, float]]]] = {name: defaultdict(list) for name in DRIFT_CURVE}
+    by_state: dict[str, list[int]] = defaultdict(list)
+    for t, s in enumerate(out["state"]):
+        by_state[s].append(t)
+    for ts in by_state.values():
+        pre = [t for t in ts if t < at]
+        post = [t for t in ts if t >= at]
+        if len(pre) < 10 or len(post) < 20:
+            continue
+        visits = [(-k, t) for k, t in list(enumerate(reversed(pre), 1))[:10]] + list(enumerate(post[:30], 1))
+        for k, t in visits:
+            for name in curves:
+                curves[name][k].append((out[name][t], oracle[name][t]))
+    return {name: {k: share([g for g, _ in v], [b for _, b in v]) for k, v in c.items()} for name, c in curves.items()}
+
+
+def run_multistep(world: World, seed: int, folder: Path, problems: int, horizon: int) -> dict[str, Any]:
+    """Trajectories: each problem starts at the reference and takes `horizon` steps; an improvement
+    is kept (and the kernel moves to a new state), anything else is dropped."""
+    priors = make_priors(world, "aligned", seed)
+    rules: dict[str, Any] = {
+        "old rule": LegacyRule(priors),
+        "new rule": ToolRule(new_kb(folder, "multi-new", priors)),
+        "new rule, no lineage": ToolRule(new_kb(folder, "multi-nolineage", priors), lineage=False),
+        "new rule, no phase ordering": ToolRule(new_kb(folder, "multi-nophase", priors), phase_ordering=False),
+        "uniform": None,
+        "oracle": None,
+    }
+    finals: dict[str, list[float]] = defaultdict(list)
+    to90: dict[str, list[float]] = defaultdict(list)
+    reapplied: dict[str, int] = defaultdict(int)
+    steps_taken: dict[str, int] = defaultdict(int)
+    for p in range(problems):
+        start = world.draw_state(random.Random(f"ms-{seed}-{p}"))
+        for name, rule in rules.items():
+            problem = Problem(random.Random(f"msp-{seed}-{p}"))
+            lineage: frozenset[str] = frozenset()
+            tried: frozenset[str] = frozenset()
+            s, kernel_ms, parent = start, 1.0, None
+            trail = [0.0]
+            for i in range(horizon):
+                dev = problem.dev(world, s)
+                step = Step(state=s, arch="hopper", key=f"{seed}-ms-{name}-{p}-{i}", problem=f"msp{p}",
+                            parent=parent, parent_ms=kernel_ms, tried=tried)
+                options = [a for a in world.options[s] if a not in tried]
+                if rule is None and name == "uniform":
+                    a = random.Random(seed_of(step.key)).choice(options) if options else None
+                elif rule is None:
+                    gain = {o: expected_gain(world, s, o, dev, lineage=lineage) for o in options}
+                    a = max(options, key=gain.__getitem__) if options else None
+                elif isinstance(rule, LegacyRule):
+                    a = rule.choose_in(s, options, "hopper", random.Random(seed_of(step.key)))
+                else:
+                    a = rule.choose(step)
+                if a is None:
+                    trail.append(trail[-1])
+                    continue
+                steps_taken[name] += 1
+                reapplied[name] += a in lineage
+                noise = random.Random(f"mso-{seed}-{p}-{i}-{a}-{sorted(lineage)}")
+                verdict, x = sample_outcome(world, s, a, dev, noise, lineage=lineage)
+                accepted = x is not None and x > 0
+                nxt = world.move(s, a, random.Random(f"msm-{seed}-{p}-{i}-{a}")) if accepted else None
+                if isinstance(rule, LegacyRule):
+                    rule.record(s, a, "hopper", verdict, x)
+                    cid = None
+                elif isinstance(rule, ToolRule):
+                    cid = rule.learn(step, a, verdict, x, next_state=nxt)
+                else:
+                    cid = None
+                tried = tried | {a}
+                if accepted:
+                    assert x is not None and nxt is not None
+                    kernel_ms *= math.exp(-x)
+                    lineage = lineage | {a}
+                    parent, s, tried = cid, nxt, frozenset()
+                trail.append(-math.log(kernel_ms))
+            final = trail[-1]
+            if p >= problems // 2:
+                finals[name].append(final)
+                to90[name].append(next(i for i, v in enumerate(trail) if v >= 0.9 * final) if final > 0 else 0)
+    return {
+        "final": {k: statistics.fmean(v) for k, v in finals.items()},
+        "to90": {k: statistics.fmean(v) for k, v in to90.items()},
+        "reapplied": {k: reapplied[k] / max(1, steps_taken[k]) for k in rules},
+    }
+
+
+def run_transfer(world: World, seed: int, folder: Path, train: int, test: int) -> dict[str, Any]:
+    """Trained on problem set A, tested on a disjoint set B: with states shared, and with disjoint states."""
+    priors = make_priors(world, "uninformative", seed)
+    order = world.states[:]
+    random.Random(f"split-{seed}").shuffle(order)
+    half_a, half_b = order[::2], order[1::2]
+    out: dict[str, Any] = {}
+    for mode, (sa, sb) in {"shared states": (None, None), "disjoint states": (half_a, half_b)}.items():
+        kb_trained = new_kb(folder, f"transfer-{mode[:4]}", priors)
+        trained = ToolRule(kb_trained)
+        legacy = LegacyRule(priors)
+        bandit_stream(world, seed, {"new rule": trained, "old rule": legacy}, train, tag=f"tA{mode[:4]}", states=sa)
+        fresh = ToolRule(new_kb(folder, f"transfer-fresh-{mode[:4]}", priors))
+        legacy_fresh = LegacyRule(priors)
+        tested = {"new rule": trained, "new fresh": fresh, "old rule": legacy, "old fresh": legacy_fresh}
+        res = bandit_stream(world, seed, tested, test, tag=f"tB{mode[:4]}", states=sb, start=10_000)
+        out[mode] = {
+            "new rule": share(res["new rule"], res["oracle"]) - share(res["new fresh"], res["oracle"]),
+            "old rule": share(res["old rule"], res["oracle"]) - share(res["old fresh"], res["oracle"]),
+        }
+    return out
+
+
+def run_arch(world: World, seed: int, folder: Path, rollouts: int) -> dict[str, Any]:
+    """Two GPU families with correlated truths: per-arch scores with the pooled fallback."""
+    priors = make_priors(world, "uninformative", seed)
+    rules = {
+        "old rule": LegacyRule(priors),
+        "new rule": ToolRule(new_kb(folder, "arch", priors)),
+        "new rule, pooled only": ToolRule(new_kb(folder, "arch-pooled", priors), arch_aware=False),
+    }
+    out = bandit_stream(world, seed, rules, rollouts, tag="arch", arches=("hopper", "ampere"))
+    res: dict[str, Any] = {}
+    lo = rollouts * 2 // 3
+    for family in ARCHES:
+        idx = [t for t in range(lo, rollouts) if out["arch"][t] == family]
+        res[family] = {name: share([out[name][t] for t in idx], [out["oracle"][t] for t in idx])
+                       for name in ("uniform", *rules)}
+    return res
+
+
+def quick_comparison(seed: int, rollouts: int, n_states: int, folder: Path) -> dict[str, float]:
+    """Share of the oracle's gain over the last half of a short aligned-prior stream restricted to the
+    `n_states` most visited states, old rule and new rule on the same world and the same stream
+    (the CPU test's check that the shipped rule beats the old one)."""
+    world = make_world(seed)
+    states = sorted(world.states, key=lambda s: -world.weights[world.states.index(s)])[:n_states]
+    priors = make_priors(world, "aligned", seed)
+    rules = {"old rule": LegacyRule(priors), "new rule": ToolRule(new_kb(folder, f"quick-{seed}", priors))}
+    out = bandit_stream(world, seed, rules, rollouts, tag="quick", states=states)
+    half = rollouts // 2
+    return {name: share(out[name][half:], out["oracle"][half:]) for name in (*rules, "uniform")}
+
+
+# ---- one seed, all regimes ------------------------------------------------------------------------------
+
+
+DRIFT_KINDS = {"drift": "lose-best", "drift_shuffle": "shuffle"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """What one run measures: regimes, prior kinds and sizes."""
+
+    rollouts: int = 900
+    kinds: tuple[str, ...] = ("aligned", "uninformative", "misleading")
+    regimes: tuple[str, ...] = ("bandit", "poison", "drift", "drift_shuffle", "multistep", "transfer", "arch")
+    drift_rollouts: int = 1200
+    problems: int = 120
+    horizon: int = 6
+    train: int = 300
+    test: int = 100
+    tmp: str | None = None
+
+
+def run_seed(args: tuple[int, Config]) -> dict[str, Any]:
+    """Every regime for one seed (each in its own fresh world and KB files)."""
+    seed, cfg = args
+    started = time.monotonic()
+    base = Path(tempfile.mkdtemp(prefix=f"learning-sim-{seed}-", dir=cfg.tmp))
+    try:
+        out: dict[str, Any] = {"seed": seed}
+        if "bandit" in cfg.regimes or "poison" in cfg.regimes:
+            kinds = cfg.kinds if "bandit" in cfg.regimes else ("aligned",)
+            bandit = run_bandit(make_world(seed), seed, base, cfg.rollouts, kinds)
+            out["bandit"] = {k: v for k, v in bandit.items() if not k.startswith("_")}
+            if "poison" in cfg.regimes:
+                out["poison"] = run_poison(make_world(seed), seed, base, bandit)
+        for regime, kind in DRIFT_KINDS.items():
+            if regime in cfg.regimes:
+                out[regime] = run_drift(make_world(seed), seed, base, cfg.drift_rollouts, kind)
+        if "multistep" in cfg.regimes:
+            out["multistep"] = run_multistep(make_world(seed), seed, base, cfg.problems, cfg.horizon)
+        if "transfer" in cfg.regimes:
+            out["transfer"] = run_transfer(make_world(seed), seed, base, cfg.train, cfg.test)
+        if "arch" in cfg.regimes:
+            out["arch"] = run_arch(make_world(seed), seed, base, cfg.rollouts)
+        out["wall_s"] = time.monotonic() - started
+        return out
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,159 @@
+"""Statistics over seeds and the printed report (see `bench/learning_sim.py`); the plots are in
+`learnsim.plots`."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from learnsim.plots import plot
+from learnsim.regimes import DRIFT_CURVE, Config
+from learnsim.stats import fmt
+from learnsim.world import ARCH_CORRELATION, ARCHES
+
+Rows = list[dict[str, Any]]
+
+DRIFT_WHAT = {
+    "drift": "each state's best optimization stops paying (its effect drops to the state's worst)",
+    "drift_shuffle": "each state's effects are dealt out again (nothing learnt stays true)",
+}
+DRIFT_KS = (1, 3, 5, 10, 15, 20, 30)
+RECOVERED = 0.9
+"""Recovered: the 3-problem mean share is back at this fraction of the reference level."""
+
+
+def report(results: Rows, cfg: Config, out_dir: Path, wall: float) -> str:
+    """The printed tables (also written to out_dir/summary.txt), the raw results and the plots."""
+    lines = [f"learning_sim: {len(results)} seeds, mean ± 95 % interval over seeds; wall {wall:.0f} s", ""]
+    lines += _bandit(results, cfg) + _poison(results)
+    for key in DRIFT_WHAT:
+        lines += _drift(results, cfg, key)
+    lines += _multistep(results, cfg) + _transfer(results, cfg) + _arch(results, cfg)
+    text = "\n".join(lines)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.txt").write_text(text + "\n")
+    (out_dir / "results.json").write_text(json.dumps(results, default=str))
+    plot(results, cfg, out_dir)
+    return text
+
+
+def _bandit(results: Rows, cfg: Config) -> list[str]:
+    if not any("bandit" in r for r in results):
+        return []
+    lines = [
+        f"Bandit stream (single steps on fresh problems, {cfg.rollouts} rollouts): share of the oracle's per-step gain",
+        f"{'priors':<14}{'rule':<10}{'rollouts 1-300':>18}{'301-600':>18}{'601-900':>18}{'to 90% early':>16}",
+    ]
+    for kind in cfg.kinds:
+        rows = [r["bandit"][kind] for r in results if kind in r.get("bandit", {})]
+        if not rows:
+            continue
+        for name in ("uniform", "old rule", "new rule"):
+            cells = "".join(f"{fmt([row[name][i] for row in rows]):>18}" for i in range(3))
+            lines.append(f"{kind:<14}{name:<10}{cells}{fmt([row['to90'][name] for row in rows], 0):>16}")
+        oracle = fmt([row["to90"]["oracle"] for row in rows], 0)
+        lines.append(f"{kind:<14}{'oracle':<10}{'1':>18}{'1':>18}{'1':>18}{oracle:>16}")
+        gaps = {
+            name: [(row["to90"]["uniform"] - row["to90"][name]) / (row["to90"]["uniform"] - row["to90"]["oracle"])
+                   for row in rows]
+            for name in ("old rule", "new rule")
+        }
+        lines.append(f"{'':<14}gap closed (uniform -> oracle, rollouts to 90 % of the oracle's gain over 300): "
+                     f"old {fmt(gaps['old rule'])}, new {fmt(gaps['new rule'])}")
+    return [*lines, ""]
+
+
+def _poison(results: Rows) -> list[str]:
+    rows = [r["poison"] for r in results if "poison" in r]
+    if not rows:
+        return []
+    lines = [
+        "Poisoning: first-draw probability of the worst optimization of the most visited state, after n records",
+        "credited against a verified parent 100x slower than the reference, from one client "
+        "(KB: aligned, 900 rollouts)",
+        f"{'rule':<10}{'n = 0':>18}{'n = 1':>18}{'n = 4':>18}",
+    ]
+    for name in ("old rule", "new rule"):
+        lines.append(f"{name:<10}" + "".join(f"{fmt([row[name][i] for row in rows], 3):>18}" for i in range(3)))
+    return [*lines, ""]
+
+
+def _drift(results: Rows, cfg: Config, key: str) -> list[str]:
+    rows = [r[key] for r in results if key in r]
+    if not rows:
+        return []
+    lines = [
+        f"Drift ({key}: aligned priors; after {cfg.drift_rollouts // 2} of {cfg.drift_rollouts} rollouts "
+        f"{DRIFT_WHAT[key]}):",
+        "share of the oracle's gain by problems of a state since the change; 'no change': the new rule on the same",
+        "problems in a world whose changed truth held from the start (the level it reaches there had nothing changed)",
+        f"{'rule':<21}{'before':>14}" + "".join(f"{'+' + str(k):>14}" for k in DRIFT_KS)
+        + f"{'recovered by':>14}{'vs no change':>14}",
+    ]
+    control = level(rows, "new rule, no change", range(1, 31))
+    for name in DRIFT_CURVE:
+        pre = [statistics.fmean([row[name][k] for k in range(-10, 0) if k in row[name]]) for row in rows]
+        cells = [fmt(pre)] + [fmt([row[name].get(k, math.nan) for row in rows]) for k in DRIFT_KS]
+        own = recovery(rows, name, level(rows, name, range(-10, 0)))
+        against = recovery(rows, name, control) if name == "new rule" else ""
+        lines.append(f"{name:<21}" + "".join(f"{c:>14}" for c in cells) + f"{own:>14}{against:>14}")
+    return [*lines, ""]
+
+
+def level(rows: Sequence[dict[str, Any]], name: str, ks: Sequence[int]) -> float:
+    """The mean share of `name` over the problems `ks` of a state (relative to the change), over seeds."""
+    return statistics.fmean(statistics.fmean([row[name][k] for k in ks if k in row[name]]) for row in rows)
+
+
+def recovery(rows: Sequence[dict[str, Any]], name: str, reference: float) -> str:
+    """Problems after the change until the 3-problem mean share is back at RECOVERED x `reference`."""
+    curve = {k: statistics.fmean(row[name][k] for row in rows if k in row[name]) for k in range(1, 31)
+             if any(k in row[name] for row in rows)}
+    for k in range(1, 29):
+        window = [curve[j] for j in (k, k + 1, k + 2) if j in curve]
+        if len(window) == 3 and statistics.fmean(window) >= RECOVERED * reference:
+            return str(k)
+    return "> 28"
+
+
+def _multistep(results: Rows, cfg: Config) -> list[str]:
+    rows = [r["multistep"] for r in results if "multistep" in r]
+    if not rows:
+        return []
+    lines = [
+        f"Multi-step ({cfg.problems} problems of {cfg.horizon} steps, aligned priors; the later half): final "
+        "log-speedup per problem, steps to 90 % of it, share of steps re-applying the lineage",
+        f"{'rule':<30}{'final log-speedup':>20}{'steps to 90 %':>18}{'re-applied':>16}",
+    ]
+    for name in rows[0]["final"]:
+        cells = [fmt([row[part][name] for row in rows]) for part in ("final", "to90", "reapplied")]
+        lines.append(f"{name:<30}{cells[0]:>20}{cells[1]:>18}{cells[2]:>16}")
+    return [*lines, ""]
+
+
+def _transfer(results: Rows, cfg: Config) -> list[str]:
+    rows = [r["transfer"] for r in results if "transfer" in r]
+    if not rows:
+        return []
+    lines = [f"Transfer (uninformative priors, trained on {cfg.train} rollouts of set A): share on the first "
+             f"{cfg.test} rollouts of set B, trained minus fresh KB"]
+    for mode in ("shared states", "disjoint states"):
+        cells = "".join(f"{name}: {fmt([row[mode][name] for row in rows])}   " for name in ("old rule", "new rule"))
+        lines.append(f"{mode:<18}{cells}")
+    return [*lines, ""]
+
+
+def _arch(results: Rows, cfg: Config) -> list[str]:
+    rows = [r["arch"] for r in results if "arch" in r]
+    if not rows:
+        return []
+    lines = [f"Cross-arch (two families, truths correlated {ARCH_CORRELATION}, uninformative priors): share over "
+             f"the last third of {cfg.rollouts} rollouts"]
+    for family in ARCHES:
+        cells = "".join(f"{name}: {fmt([row[family][name] for row in rows])}   " for name in rows[0]["hopper"])
+        lines.append(f"{family:<10}{cells}")
+    return [*lines, ""]

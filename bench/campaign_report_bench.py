@@ -63,8 +63,8 @@ def populate(root: Path, problems: int, iterations: int, steps: int, seed: int =
         eager, compiled = rng.uniform(0.1, 10), rng.uniform(0.1, 10)
         t0 = rng.uniform(0.5, 1.5) * min(eager, compiled)
         store.write_initial(InitialRecord(
-            problem=name, problem_hash="h", problem_path=f"/bench/{name}.py", candidate_id=f"c_{name}", accepted=True,
-            verdict=Verdict.faster, attempts=[_attempt(f"c_{name}", name, Verdict.faster, t0, eager, compiled)],
+            problem=name, problem_hash="h", problem_path=f"/bench/{name}.py", accepted=True,
+            attempts=[_attempt(f"c_{name}", name, Verdict.faster, t0, eager, compiled)],
             tokens=_ledger(rng, "generate", name)))
         for it in range(iterations):
             for st in range(steps):
@@ -74,8 +74,8 @@ def populate(root: Path, problems: int, iterations: int, steps: int, seed: int =
                 store.write_step(StepRecord(
                     problem=name, iteration=it, step=st, parent_candidate_id=f"c_{name}", parent_time_ms=t0,
                     state_id=rng.choice(["memory_bandwidth_saturated", "hybrid_bound", "insufficient_parallelism"]),
-                    state_source="classified", optimization_id=f"opt_{rng.randrange(40)}", candidate_id=cid,
-                    verdict=verdict, accepted=bool(t and t < t0), speedup_vs_parent=t0 / t if t else None,
+                    state_source="classified", optimization_id=f"opt_{rng.randrange(40)}",
+                    accepted=bool(t and t < t0), speedup_vs_parent=t0 / t if t else None,
                     next_state_id="hybrid_bound" if t and t < t0 else None, outcome_recorded=True,
                     attempts=[_attempt(cid, name, verdict, t, eager if t else None, compiled if t else None)],
                     tokens=_ledger(rng, "lower", name), kb=_snapshot(n)))

@@ -211,8 +211,7 @@ def _verify(ctx: ToolContext, problem: object, ref: ProblemRef, solution: Path, 
         return InitialRecord(**base, error=f"compile_and_verify refused it: {exc}")
     attempt = attempt_from(result)
     stored = result.record
-    return InitialRecord(**base, attempts=[attempt], candidate_id=stored.candidate_id, verdict=stored.verdict,
-                         accepted=stored.verdict.is_valid and not stored.flagged)
+    return InitialRecord(**base, attempts=[attempt], accepted=stored.verdict.is_valid and not stored.flagged)
 
 
 def _line(name: str, solution: Path, record: InitialRecord, note: str) -> EvalLine:

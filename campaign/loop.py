@@ -393,8 +393,6 @@ class Campaign:
         final = unit.final
         if final is None:
             return
-        unit.candidate_id = final.candidate_id
-        unit.verdict = final.verdict
         unit.review = final.review  # the review of the final candidate (earlier ones are on their attempts)
 
     def _generate(self, run: _ProblemRun) -> InitialRecord:

@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from kb_mcp.campaign.agent_gradient import ParameterUpdate, PerfGapAnalysis, PolicyEvaluation
 from kb_mcp.clients.llm import TokenLedger
@@ -142,8 +142,6 @@ class UnitRecord(BaseModel):
 
     problem: str
     attempts: list[AttemptRecord] = Field(default_factory=list)
-    candidate_id: str | None = None  # the final candidate of this unit
-    verdict: Verdict | None = None
     review: ReviewRecord | None = None
     accepted: bool = False  # became the current kernel of its trajectory (initial: the start kernel)
     tokens: TokenLedger = Field(default_factory=TokenLedger)
@@ -152,10 +150,31 @@ class UnitRecord(BaseModel):
     wall_s: float = 0.0
     finished_at: datetime = Field(default_factory=utcnow)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derived(cls, data: Any) -> Any:
+        # The final candidate's id and verdict are its stored record's (written out for readers of
+        # the files, read back from the record, never from a copy).
+        if isinstance(data, dict) and ("candidate_id" in data or "verdict" in data):
+            return {k: v for k, v in data.items() if k not in ("candidate_id", "verdict")}
+        return data
+
     @property
     def final(self) -> AttemptRecord | None:
         """The attempt of the final candidate."""
         return self.attempts[-1] if self.attempts else None
+
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented spelling; mypy cannot type it
+    @property
+    def candidate_id(self) -> str | None:
+        """The final candidate of this unit."""
+        return self.final.record.candidate_id if self.final else None
+
+    @computed_field  # type: ignore[prop-decorator]  # as above
+    @property
+    def verdict(self) -> Verdict | None:
+        """The stored verdict of the final candidate."""
+        return self.final.record.verdict if self.final else None
 
 
 class InitialRecord(UnitRecord):

@@ -17,8 +17,6 @@ import time
 from kb_mcp.kb.errors import KBConflictError
 from kb_mcp.kb.models import CandidateRecord, Score, Verdict
 from kb_mcp.kb.store import KBStore
-from kb_mcp.tools import record_outcome
-from kb_mcp.tools.context import ToolContext
 
 STATE = "memory_bandwidth_saturated"
 OPT = "vectorize_global_access"
@@ -34,6 +32,10 @@ def hash_str(text: str) -> int:
 
 
 def record(kb: str, prefix: str, n: int) -> None:
+    # imported here: the crash tests start 50 writers that need only the store
+    from kb_mcp.tools import record_outcome
+    from kb_mcp.tools.context import ToolContext
+
     ctx = ToolContext(kb, client_name=prefix)
     with ctx.store.transaction() as tx:  # the verdicts compile_and_verify would have stored
         for i in range(n):

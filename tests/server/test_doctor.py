@@ -115,3 +115,6 @@ def test_the_sandbox_check_is_the_harness_own(tmp_path: Path) -> None:
     assert bogus["status"] == "fail" and "not a sandbox setting" in bogus["summary"] and bogus["rc"] == "1"
     unconfined = sandbox("unconfined")
     assert unconfined["status"] == "warn" and "UNCONFINED" in unconfined["summary"]
+    confined = sandbox("bwrap")  # this machine has bubblewrap (the sandbox tests need it)
+    assert confined["status"] == "ok" and confined["summary"].startswith("bubblewrap (uid 65534")
+    assert ("no process-count limit" in confined["summary"]) == (os.geteuid() == 0)

@@ -21,7 +21,7 @@ from kb_mcp.harness.profile_store import ProfileNotFound, ProfileStore
 from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb import ids
 from kb_mcp.kb.arch import arch_family
-from kb_mcp.kb.models import Outcome, Verdict
+from kb_mcp.kb.models import DEFAULT_TRACK, Outcome, Track, Verdict
 from kb_mcp.kb.provenance import quote
 from kb_mcp.policy.structure import reference_structure
 from kb_mcp.tools import classify_state, compile_and_verify, profile_kernel, record_outcome, suggest_optimizations
@@ -61,9 +61,10 @@ class Offer(BaseModel):
 class Bench:
     """The tools, bound to one ToolContext (one KB, one harness worker pool)."""
 
-    def __init__(self, ctx: ToolContext, *, arch: str | None = None) -> None:
+    def __init__(self, ctx: ToolContext, *, arch: str | None = None, track: Track = DEFAULT_TRACK) -> None:
         self.ctx = ctx
         self.arch = arch
+        self.track = track  # every candidate is verified, and every suggestion drawn, in this precision track
         self._arch_seen: str | None = None  # the arch the harness reported, once a candidate ran
         # Parallel trajectories overlap their LLM work but take turns on the GPU: the GPU tools
         # hold the ToolContext's GPU lane, shared with every client of this server.
@@ -103,7 +104,7 @@ class Bench:
             candidate_id = None  # a kernel the KB has no verdict on has no lineage there either
         request = suggest_optimizations.Request(
             state_id=state_id, k=min(k, 10), temperature=min(temperature, 5.0), arch=self.arch_hint,
-            exclude=list(exclude), seed=seed, candidate_id=candidate_id,
+            exclude=list(exclude), seed=seed, candidate_id=candidate_id, track=self.track,
         )
         try:
             result = suggest_optimizations.run(self.ctx, request)
@@ -197,7 +198,7 @@ class Bench:
         request = compile_and_verify.Request(
             problem=problem.path or problem.source,
             candidate=source,
-            options=VerifyOptions(compile_only=compile_only),
+            options=VerifyOptions(compile_only=compile_only, track=self.track),
             detail=True,  # per-set errors and full compiler logs feed the fix loop
         )
         try:

@@ -78,18 +78,22 @@ class EvalResult(BaseModel):
     report: CampaignReport
 
 
-def check_track(track: Track) -> None:
-    """Refuses a track the harness cannot verify yet, rather than labelling strict results wrongly."""
-    if track is not DEFAULT_TRACK and "track" not in VerifyOptions.model_fields:
+def check_track(folder: Path, track: Track) -> None:
+    """Refuses to evaluate in a folder that holds another track's results: one report never ranks
+    two tracks together (each track is its own tolerance and its own scores)."""
+    try:
+        stored = CampaignStore(folder).read_status()
+    except (OSError, ValueError):
+        stored = None
+    if stored is not None and stored.config.track != track:
         raise EvalError(
-            f"track {track.value} is not yet supported by the harness: verification uses the strict fp32 "
-            f"tolerances only. Run with --track {DEFAULT_TRACK.value}."
+            f"{folder} holds results of the {stored.config.track.value} track; a {track.value} eval goes in a "
+            f"folder of its own (--out), so that the two tracks are never ranked together"
         )
 
 
 def _verify_options(options: EvalOptions) -> VerifyOptions:
-    extra = {"track": options.track} if "track" in VerifyOptions.model_fields else {}
-    return VerifyOptions(compile_only=options.compile_only, **extra)
+    return VerifyOptions(compile_only=options.compile_only, track=options.track)
 
 
 def evaluate(
@@ -105,7 +109,7 @@ def evaluate(
 
     `have_gpu` (the caller's look for a GPU) only words the note of a problem without a solution.
     """
-    check_track(options.track)
+    check_track(folder, options.track)
     try:
         refs = select_problems(list(options.problems), level=options.level, ids=options.ids)
     except SelectionError as exc:

@@ -1,7 +1,9 @@
 """The campaign report, recomputed from the raw per-unit records every time it is built.
 
 Speedups follow KernelBench practice: over the better (faster) of eager PyTorch and torch.compile,
-measured by the harness on the same GPU. A problem counts as valid once any of its candidates was
+measured by the harness on the same GPU. Every figure is per precision track (the verdicts' own
+`track`): the headline figures are those of the campaign's track, and `by_track` keeps each track's
+apart, so that numbers of two tracks are never ranked together. A problem counts as valid once any of its candidates was
 correct and timed (and not rejected by review or flagged as implausible). fast_p is the fraction of
 *all* problems whose best kernel is valid and faster than p times the baseline.
 """
@@ -94,6 +96,20 @@ class ProblemResult(BaseModel):
     valid_steps: int = 0
     improved_steps: int = 0
     tokens: int = 0
+    track: str = "fp32"  # the precision track its verdicts were checked in
+
+
+class TrackSummary(BaseModel):
+    """The headline figures of the problems of one precision track."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problems: int
+    valid_rate: float
+    speedup: SpeedupStats
+    speedup_vs_eager: SpeedupStats
+    speedup_vs_compile: SpeedupStats
+    fast_p: dict[str, float]
 
 
 class OptimizationUsage(BaseModel):
@@ -160,6 +176,7 @@ class CampaignReport(BaseModel):
     gradient: GradientSummary
     tokens: TokenLedger
     notes: list[str] = Field(default_factory=list)
+    by_track: dict[str, TrackSummary] = Field(default_factory=dict)  # every track's figures, apart
 
 
 def _timed_ms(unit: UnitRecord) -> float:
@@ -216,9 +233,12 @@ def _baselines(units: Iterable[UnitRecord]) -> tuple[float | None, float | None]
     return eager, compiled
 
 
-def problem_result(problem: str, initial: InitialRecord | None, steps: Sequence[StepRecord]) -> ProblemResult:
-    """Times and speedups of one problem from its raw records."""
+def problem_result(problem: str, initial: InitialRecord | None, steps: Sequence[StepRecord],
+                   track: str = "fp32") -> ProblemResult:
+    """Times and speedups of one problem from its raw records (`track`: the campaign's, for a
+    problem with no verdict yet)."""
     units: list[UnitRecord] = ([initial] if initial else []) + list(steps)
+    tracks = [a.record.track.value for u in units for a in u.attempts]
     eager, compiled = _baselines(units)
     present = [t for t in (eager, compiled) if t is not None]
     baseline = min(present) if present else None
@@ -248,6 +268,19 @@ def problem_result(problem: str, initial: InitialRecord | None, steps: Sequence[
         improved_steps=sum(
             1 for s in steps if s.accepted and s.speedup_vs_parent is not None and s.speedup_vs_parent > 1),
         tokens=tokens.total.total,
+        track=tracks[-1] if tracks else track,
+    )
+
+
+def track_summary(results: Sequence[ProblemResult]) -> TrackSummary:
+    """Valid rate, speedups and fast_p over `results` (all of one track)."""
+    return TrackSummary(
+        problems=len(results),
+        valid_rate=sum(r.valid for r in results) / len(results) if results else 0.0,
+        speedup=SpeedupStats.of([r.best_speedup for r in results if r.best_speedup is not None]),
+        speedup_vs_eager=SpeedupStats.of([r.best_vs_eager for r in results if r.best_vs_eager is not None]),
+        speedup_vs_compile=SpeedupStats.of([r.best_vs_compile for r in results if r.best_vs_compile is not None]),
+        fast_p={f"{p:g}": fast_p(results, p) for p in FAST_P_MARKS},
     )
 
 
@@ -333,7 +366,13 @@ def build_report(
     by_problem: dict[str, list[StepRecord]] = defaultdict(list)
     for s in steps:
         by_problem[s.problem].append(s)
-    results = [problem_result(name, initials.get(name), by_problem.get(name, [])) for name in problem_names]
+    results = [problem_result(name, initials.get(name), by_problem.get(name, []), config.track.value)
+               for name in problem_names]
+    grouped: dict[str, list[ProblemResult]] = defaultdict(list)
+    for r in results:
+        grouped[r.track].append(r)
+    by_track = {t: track_summary(rs) for t, rs in sorted(grouped.items())}
+    head = by_track.get(config.track.value) or track_summary([])
     attempts = [a for u in [*initials.values(), *steps] for a in u.attempts]
     tokens = TokenLedger()
     spenders: list[InitialRecord | StepRecord | GradientRecord] = [*initials.values(), *steps, *gradients]
@@ -352,6 +391,10 @@ def build_report(
     if config.kind == "eval":
         notes.append("eval: each problem's solution file verified once through compile_and_verify "
                      f"(track {config.track.value}); no LLM, no KB updates beyond the stored verdicts.")
+    others = sorted({r.track for r in results} - {config.track.value})
+    if others:
+        notes.append(f"results of other precision tracks ({', '.join(others)}) are summarised apart (by_track), "
+                     f"never ranked with the {config.track.value} ones above.")
     if config.compile_only:
         notes.append("compile-only run: candidates were compiled (verdict needs_gpu) but not verified or timed; "
                      "no speedups exist, and best kernels are the last accepted ones, unverified.")
@@ -362,17 +405,18 @@ def build_report(
         mode="compile-only" if config.compile_only else "gpu",
         config=config,
         problems=results,
-        valid_rate=sum(r.valid for r in results) / len(results) if results else 0.0,
+        valid_rate=head.valid_rate,
         step_valid_rate=sum(1 for s in steps if usable(s)) / len(steps) if steps else None,
         compile_rate=sum(1 for a in attempts if a.verdict != Verdict.compile_error) / len(attempts)
         if attempts
         else None,
         candidates=len(attempts),
-        speedup=SpeedupStats.of([r.best_speedup for r in results if r.best_speedup is not None]),
-        speedup_vs_eager=SpeedupStats.of([r.best_vs_eager for r in results if r.best_vs_eager is not None]),
-        speedup_vs_compile=SpeedupStats.of([r.best_vs_compile for r in results if r.best_vs_compile is not None]),
-        initial_speedup=SpeedupStats.of([r.initial_speedup for r in results if r.initial_speedup is not None]),
-        fast_p={f"{p:g}": fast_p(results, p) for p in FAST_P_MARKS},
+        speedup=head.speedup,
+        speedup_vs_eager=head.speedup_vs_eager,
+        speedup_vs_compile=head.speedup_vs_compile,
+        initial_speedup=SpeedupStats.of([r.initial_speedup for r in grouped.get(config.track.value, [])
+                                         if r.initial_speedup is not None]),
+        fast_p=head.fast_p,
         optimizations=optimization_usage(steps),
         state_visits=dict(states.most_common()),
         transitions=transitions(steps),
@@ -380,6 +424,7 @@ def build_report(
         gradient=grad,
         tokens=tokens,
         notes=notes,
+        by_track=by_track,
     )
 
 

@@ -56,7 +56,21 @@ def _summary(report: CampaignReport) -> list[str]:
         _stats_row("best of eager/compile", report.speedup),
         _stats_row("eager", report.speedup_vs_eager),
         _stats_row("torch.compile", report.speedup_vs_compile),
-    ]
+    ] + _other_tracks(report)
+
+
+def _other_tracks(report: CampaignReport) -> list[str]:
+    """Each other precision track's figures in a table of its own (never ranked with the headline's)."""
+    out: list[str] = []
+    for track, s in report.by_track.items():
+        if track == report.config.track.value:
+            continue
+        out += ["", f"Track **{track}** (its own tolerance and scores; not comparable with the above): "
+                f"{s.problems} problems, valid rate {_pct(s.valid_rate)}", "",
+                "| over | n | geomean | mean | median | min | max |", "|---|---|---|---|---|---|---|",
+                _stats_row("best of eager/compile", s.speedup), _stats_row("eager", s.speedup_vs_eager),
+                _stats_row("torch.compile", s.speedup_vs_compile)]
+    return out
 
 
 def _eval_body(report: CampaignReport, lines: list[str]) -> str:
@@ -105,6 +119,7 @@ def _overview(report: CampaignReport) -> list[str]:
         _stats_row("eager", report.speedup_vs_eager),
         _stats_row("torch.compile", report.speedup_vs_compile),
         _stats_row("(initial kernel) best of eager/compile", report.initial_speedup),
+        *_other_tracks(report),
         "",
     ]
 

@@ -21,6 +21,7 @@ from kb_mcp.campaign.report_render import write_report
 from kb_mcp.campaign.selection import SelectionError, select_problems
 from kb_mcp.campaign.store import CampaignError, CampaignStore
 from kb_mcp.clients.llm import LLMClient, LLMConfig, Role
+from kb_mcp.kb.models import Track
 from kb_mcp.tools.context import ToolContext
 
 
@@ -42,6 +43,7 @@ class CampaignOptions(BaseModel):
     compile_only: bool | None = None
     seed: int | None = None
     arch: str | None = None
+    track: Track | None = Field(None, description="Precision track the candidates are verified in (default fp32).")
     level: int | None = Field(None, ge=1, description="KernelBench level to take from the problem paths.")
     problem_ids: str | None = Field(None, description="Problem ids and ranges to take, e.g. 1-20,40.")
 
@@ -57,6 +59,10 @@ class CampaignOptions(BaseModel):
         elif stored is None:
             raise CampaignError("no problems given and no campaign to resume in this folder")
         given["models"] = {role.value: llm.model_for(role) for role in Role}
+        if stored is not None and self.track is not None and self.track != stored.track:
+            raise CampaignError(f"this campaign runs in the {stored.track.value} track; its results cannot be "
+                                f"ranked with {self.track.value} ones: start another campaign (--name or --out) "
+                                "for that track")
         base = stored.model_dump() if stored is not None else {}
         return CampaignConfig.model_validate({**base, **given})
 
@@ -130,7 +136,7 @@ def run_campaign(
     stored = store.read_status()
     config = options.config(stored.config if stored else None, llm_config)
     llm = LLMClient(llm_config)
-    bench = Bench(ctx, arch=config.arch)
+    bench = Bench(ctx, arch=config.arch, track=config.track)
     kwargs: dict[str, object] = {}
     if progress is not None:
         kwargs["progress"] = progress

@@ -1,5 +1,7 @@
 """Baseline timings of a problem's reference: eager PyTorch and torch.compile, measured by the same
-timer as candidates, in the same worker, and cached per (problem hash, GPU name, torch version).
+timer as candidates, in the same worker, and cached per (problem hash, GPU name, torch version,
+precision track): the strict fp32 track times them with TF32 off, the others with it allowed
+(`harness.worker.tracks`), so one track's figure is never another's baseline.
 
 A first torch.compile costs seconds (16 s for a small MLP on an H100), so the cache is what keeps
 a warm verdict fast. The cache is a JSON file per key under `<cache>/baselines`, written
@@ -59,6 +61,8 @@ class Baseline(BaseModel):
     compile_ms: float | None = None  # None: not measured, or torch.compile failed (see compile_note)
     compile_runs: int = 0
     compile_note: str = ""
+    track: str = "fp32"  # the precision track whose numerics it was timed in (`harness.worker.tracks`)
+    numerics: dict[str, str | bool] = {}  # the TF32 settings it was timed under, as the worker read them
     protocol: int = PROTOCOL
     measured_at: str = ""
 
@@ -78,18 +82,20 @@ class BaselineCache:
     def __init__(self, cache_dir: Path) -> None:
         self.dir = cache_dir / "baselines"
 
-    def path(self, problem_hash: str, device: str, torch_version: str) -> Path:
-        """Where the baseline for this key lives."""
-        return self.dir / f"{problem_hash}-{_slug(device)}-{_slug(torch_version)}.json"
+    def path(self, problem_hash: str, device: str, torch_version: str, track: str = "fp32") -> Path:
+        """Where the baseline for this key lives (the strict track's files keep their old names)."""
+        suffix = "" if track == "fp32" else f"-{_slug(track)}"
+        return self.dir / f"{problem_hash}-{_slug(device)}-{_slug(torch_version)}{suffix}.json"
 
-    def get(self, problem_hash: str, device: str, torch_version: str, need_compile: bool) -> Baseline | None:
+    def get(self, problem_hash: str, device: str, torch_version: str, need_compile: bool,
+            track: str = "fp32") -> Baseline | None:
         """The cached baseline, or None when missing, stale, or lacking a wanted torch.compile time."""
-        p = self.path(problem_hash, device, torch_version)
+        p = self.path(problem_hash, device, torch_version, track)
         try:
             b = Baseline.model_validate_json(p.read_text())
         except (OSError, ValueError):
             return None
-        if b.protocol != PROTOCOL:
+        if b.protocol != PROTOCOL or b.track != track:
             return None
         if need_compile and b.compile_ms is None and not b.compile_note:
             return None
@@ -98,7 +104,7 @@ class BaselineCache:
     def put(self, baseline: Baseline) -> None:
         """Stores a baseline (atomically; a concurrent writer of the same key simply wins)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        p = self.path(baseline.problem_hash, baseline.device, baseline.torch_version)
+        p = self.path(baseline.problem_hash, baseline.device, baseline.torch_version, baseline.track)
         if not baseline.measured_at:
             baseline = baseline.model_copy(update={"measured_at": datetime.now(timezone.utc).isoformat()})
         with FileLock(str(p) + ".lock"):

@@ -13,6 +13,11 @@ Each compiler run's result is cached under `<cache>/compile_only`, keyed by its 
 line and toolchain, all computed here: fixing the CUDA part of an extension does not redo the check
 of its C++ part. The verdict is `needs_gpu` (it compiles) or `compile_error` with the compilers'
 messages, lines pointing into the candidate's strings (`cuda_sources(12)`, `kernel.cu(4)`).
+
+What nvcc built is disassembled in the same sandbox role (`harness.precision.Disassembler`,
+`cuobjdump -sass`): a kernel computing on the tensor cores in a precision the request's track does
+not allow (for the problem's dtypes as its source names them) is `precision_lowered`, so the
+verdict is `incorrect` before anything ran. The verdict comes from `verdict.judge`, as on a GPU.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from kb_mcp.harness.builds import ToolchainError, toolchain
+from kb_mcp.harness.builds import BuildService, ToolchainError, toolchain
 from kb_mcp.harness.candidate import INLINE_BUILDERS, NVRTC_BUILDERS, SourceUnit, kernel_names, static_units, style_of
 from kb_mcp.harness.integrity_static import check_source
+from kb_mcp.harness.precision import Disassembler, PrecisionEvidence, dtypes_named, evidence_of, precision_findings
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.sandbox import Grant, Sandbox, kill_group
 from kb_mcp.harness.scratch import new_scratch
@@ -40,12 +46,13 @@ from kb_mcp.harness.toolchain import (
     build_target,
     compile_runs,
     diagnostics,
+    extension_name,
     flag_refusals,
     light_variants,
     missing_declarations,
     truncate,
 )
-from kb_mcp.harness.verdict import CompileResult, CompileUnit, VerifyOptions, VerifyResult, decide
+from kb_mcp.harness.verdict import CompileResult, CompileUnit, Evidence, VerifyOptions, VerifyResult, judge
 from kb_mcp.kb.progress import Progress
 
 
@@ -66,12 +73,29 @@ def computed_builds(source: str, found: list[SourceUnit]) -> list[int]:
     return sorted(lines)
 
 
+def _output_of(run: CompilerRun) -> str:
+    """The file an nvcc run writes (`-o NAME`), or "" for runs that build nothing to read."""
+    argv = list(run.argv)
+    if run.label != "nvcc" or "-o" not in argv[:-1]:
+        return ""
+    return argv[argv.index("-o") + 1]
+
+
 class CompileOnly:
     """Statically read sources, compiled in the sandbox; results cached by what was compiled."""
 
     def __init__(self, cache_dir: Path, sandbox: Sandbox) -> None:
         self.store = cache_dir / "compile_only"
+        self.cache_dir = cache_dir
         self.sandbox = sandbox
+
+    def disassembler(self) -> Disassembler:
+        """`cuobjdump` as the sandbox sees it (None inside when the toolchain has none)."""
+        try:
+            tc = toolchain(self.sandbox)
+        except ToolchainError:
+            return Disassembler(self.cache_dir, self.sandbox, None)
+        return Disassembler(self.cache_dir, self.sandbox, tc.cuobjdump, tc.nvdisasm)
 
     def verify(self, problem: Problem, source: str, options: VerifyOptions, candidate_id: str,
                progress: Progress) -> VerifyResult:
@@ -88,17 +112,47 @@ class CompileOnly:
             comp = comp.model_copy(update={"messages": comp.messages + [
                 f"builder call at line {n} builds sources computed at run time: not compiled here (compile-only "
                 "reads the candidate without running it); a GPU machine builds them" for n in computed[:4]]})
-        verdict, flagged, summary = decide(comp, [], findings, None, gpu=False)
+        if comp.ok:
+            findings += precision_findings(evidence_of(comp.units), options.track, dtypes_named(problem.source))
+        judgement = judge(Evidence(compile=comp, findings=findings))
         try:
             torch_version = toolchain(self.sandbox).torch_version
         except ToolchainError:
             torch_version = ""
-        progress(8, 8, verdict.value)
+        progress(8, 8, judgement.verdict.value)
         return VerifyResult(
-            candidate_id=candidate_id, problem=problem.name, problem_hash=problem.hash, verdict=verdict,
-            summary=summary, flagged=flagged, compile=comp, findings=findings, arch=gpu_arch,
+            candidate_id=candidate_id, problem=problem.name, problem_hash=problem.hash, verdict=judgement.verdict,
+            summary=judgement.summary, flagged=judgement.flagged, compile=comp, findings=findings, arch=gpu_arch,
             torch_version=torch_version, phase="compile", elapsed_s=round(time.monotonic() - t0, 3),
+            track=options.track,
         )
+
+    def precision_of(self, units: list[SourceUnit], arch: str, builds: BuildService,
+                     timeout_s: float = 600.0) -> PrecisionEvidence:
+        """What the SASS of a candidate's builds on a GPU (`units`, as its worker recorded them)
+        computes in: `load_inline` extensions as the build service published them, found under the
+        names the server computes itself; NVRTC sources built by nvcc for the same target (this
+        path's cache). Every read runs in the sandbox; nothing of the candidate runs."""
+        evidence = PrecisionEvidence()
+        target = build_target(arch or DEFAULT_ARCH)
+        try:
+            torch_version = toolchain(self.sandbox).torch_version
+        except ToolchainError as exc:
+            for u in units:
+                evidence.merge(u.name, None, str(exc)[:200])
+            return evidence
+        disassembler = self.disassembler()
+        for u in units:
+            if u.kind != "load_inline":
+                continue
+            names = [extension_name(u, light, torch_version, target) for light in light_variants(u)]
+            so = next((builds.published(n) for n in names if builds.published(n).is_file()), None)
+            kernels, why = disassembler.precisions(so) if so is not None else (None, "not in the build cache")
+            evidence.merge(u.name, kernels, why)
+        nvrtc = [u for u in units if u.kind == "nvrtc"]
+        for cu in self.compile(nvrtc, target, timeout_s).units if nvrtc else []:
+            evidence.merge(cu.name, cu.precisions if cu.ok else None, "" if cu.ok else "nvcc could not build it")
+        return evidence
 
     def compile(self, units: list[SourceUnit], arch: str, timeout_s: float = 600.0) -> CompileResult:
         """Compiles each unit for `arch` (load_inline C++ with the host compiler), light headers first."""
@@ -138,39 +192,47 @@ class CompileOnly:
         for light in variants:
             runs = compile_runs(unit, arch, tc, light)
             outs, cached = self._results(runs, tc.ident, timeout_s)
-            ok = all(rc == 0 for rc, _ in outs)
-            if not ok and light and len(variants) > 1 and missing_declarations("\n".join(t for _, t in outs)):
+            ok = all(rc == 0 for rc, _, _ in outs)
+            if not ok and light and len(variants) > 1 and missing_declarations("\n".join(t for _, t, _ in outs)):
                 continue
+            read = [sass for _, _, sass in outs if sass is not None]
+            precisions = {k: v for sass in read for k, v in sass.items()} if ok and read else None
             return CompileUnit(kind=unit.kind, name=unit.name, ok=ok, cached=cached,
                                seconds=round(time.perf_counter() - t0, 3), kernels=kernel_names(unit.cuda_source),
-                               log="\n".join(text for _, text in outs if text.strip()))
+                               log="\n".join(text for _, text, _ in outs if text.strip()), precisions=precisions)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _results(self, runs: list[CompilerRun], ident: str, timeout_s: float) -> tuple[list[tuple[int, str]], bool]:
-        """Results of `runs`, from the cache where present; (results, all cached)."""
-        results: dict[int, tuple[int, str]] = {}
+    def _results(self, runs: list[CompilerRun], ident: str,
+                 timeout_s: float) -> tuple[list[tuple[int, str, dict[str, list[str]] | None]], bool]:
+        """Results of `runs` (return code, log, the SASS precisions of what nvcc built), from the
+        cache where present; (results, all cached)."""
+        results: dict[int, tuple[int, str, dict[str, list[str]] | None]] = {}
         todo: list[int] = []
         for i, run in enumerate(runs):
             hit = self.store / f"{run.key(ident)}.json"
             try:
                 data = json.loads(hit.read_text())
-                results[i] = (int(data["rc"]), str(data["log"]))
+                if int(data["rc"]) == 0 and _output_of(run) and "sass" not in data:
+                    raise KeyError("sass")  # cached before the SASS was read: build it again
+                results[i] = (int(data["rc"]), str(data["log"]), data.get("sass"))
             except (OSError, ValueError, KeyError):
                 todo.append(i)
         if todo:
             self.store.mkdir(parents=True, exist_ok=True)
-            for i, (rc, log) in zip(todo, self._run_all([runs[i] for i in todo], timeout_s)):
-                results[i] = (rc, truncate(log))
+            for i, (rc, log, sass) in zip(todo, self._run_all([runs[i] for i in todo], timeout_s)):
+                results[i] = (rc, truncate(log), sass)
                 if rc != -9:  # a killed compiler says nothing about the source: never cache it
                     path = self.store / f"{runs[i].key(ident)}.json"
                     tmp = path.with_suffix(".tmp")
-                    tmp.write_text(json.dumps({"rc": rc, "log": results[i][1]}))
+                    tmp.write_text(json.dumps({"rc": rc, "log": results[i][1], "sass": sass}))
                     tmp.replace(path)
         return [results[i] for i in range(len(runs))], not todo
 
-    def _run_all(self, runs: list[CompilerRun], timeout_s: float) -> list[tuple[int, str]]:
-        """Runs the compilers concurrently, each in a sandbox (and scratch folder) of its own."""
+    def _run_all(self, runs: list[CompilerRun], timeout_s: float) -> list[tuple[int, str, dict[str, list[str]] | None]]:
+        """Runs the compilers concurrently, each in a sandbox (and scratch folder) of its own; what
+        nvcc built is disassembled there (`harness.precision`) before the folder goes."""
         started: list[tuple[Path, subprocess.Popen[str]]] = []
+        disassembler = self.disassembler()
         try:
             for run in runs:
                 scratch = new_scratch("compile")
@@ -179,15 +241,18 @@ class CompileOnly:
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 started.append((scratch, proc))
             deadline = time.monotonic() + timeout_s
-            out: list[tuple[int, str]] = []
-            for scratch, proc in started:
+            out: list[tuple[int, str, dict[str, list[str]] | None]] = []
+            for run, (scratch, proc) in zip(runs, started):
                 try:
                     text, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                    out.append((proc.returncode, re.sub(re.escape(str(scratch)) + "/", "", text or "")))
                 except subprocess.TimeoutExpired:
                     kill_group(proc)
                     text, _ = proc.communicate()
-                    out.append((-9, (text or "") + f"\n[compiler killed after {timeout_s:.0f} s]"))
+                    out.append((-9, (text or "") + f"\n[compiler killed after {timeout_s:.0f} s]", None))
+                    continue
+                built = scratch / _output_of(run) if proc.returncode == 0 and _output_of(run) else None
+                sass = disassembler.precisions(built)[0] if built is not None and built.is_file() else None
+                out.append((proc.returncode, re.sub(re.escape(str(scratch)) + "/", "", text or ""), sass))
             return out
         finally:
             for scratch, proc in started:

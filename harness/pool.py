@@ -273,6 +273,7 @@ class WorkerPool:
             return VerifyResult(
                 candidate_id=cid, problem=problem.name, problem_hash=problem.hash, verdict=Verdict.compile_error,
                 summary=f"compile error: {exc}", compile=CompileResult(ok=False, messages=[str(exc)]), phase="static",
+                track=opts.track,
             )
         with self._lock:
             w = self._ready()
@@ -286,10 +287,12 @@ class WorkerPool:
                     self._replace(w)
                     w = self._ready()
                 result = self._request(w, problem, source, opts, cid, progress, t0)
-        return self._marked(result)
+        return self._marked(result, opts)
 
-    def _marked(self, result: VerifyResult) -> VerifyResult:
-        """An unconfined run says so in its summary and is held for review."""
+    def _marked(self, result: VerifyResult, opts: VerifyOptions) -> VerifyResult:
+        """Every result names the track it was verified in; an unconfined run says so in its summary
+        and is held for review."""
+        result = result.model_copy(update={"track": opts.track})
         if self.sandbox.confined:
             return result
         return result.model_copy(update={"flagged": True, "summary": f"{result.summary} [{self.sandbox.describe()}]"})
@@ -319,7 +322,7 @@ class WorkerPool:
                 self._answer_work(w, rid, problem, source, opts)
             elif isinstance(ask, CensusAsk):
                 progress(PHASES.index("census"), steps, _PHASE_WORDS["census"])
-                self._answer_census(w, rid, problem, source, opts, cid)
+                self._answer_census(w, rid, problem, source, opts, cid, ask.units)
             else:
                 progress(PHASES.index("import"), steps, f"building {ask.unit.name} (load_inline) in the build sandbox")
                 self._answer_build(w, rid, ask, opts.compile_timeout_s)
@@ -355,7 +358,8 @@ class WorkerPool:
             )
             return self._ended(w, problem, source, opts, cid, t0, Verdict.invalid, reply.phase,
                                f"invalid (forged_result): {finding.message}", [finding])
-        self._keep_baseline(body, w, problem)
+        result = result.model_copy(update={"track": opts.track})  # the track the pool asked for
+        self._keep_baseline(body.model_copy(update={"result": result}), w, problem)
         w.output.settle()
         result = result.model_copy(update={
             "output": w.output.take(opts.max_output_chars),
@@ -411,7 +415,8 @@ class WorkerPool:
         if base is None or info is None or body.result.verdict in (Verdict.invalid, Verdict.crashed):
             return
         BaselineCache(self.cache_dir).put(base.model_copy(update={
-            "problem_hash": problem.hash, "device": info.device, "torch_version": info.torch_version}))
+            "problem_hash": problem.hash, "device": info.device, "torch_version": info.torch_version,
+            "track": body.result.track.value}))
 
     def _answer_build(self, w: WorkerProcess, rid: str, ask: BuildAsk, timeout_s: float) -> None:
         """Builds what a worker's `load_inline` asked for (in a sandbox of its own) and answers."""
@@ -529,9 +534,10 @@ class WorkerPool:
         return reply.model_copy(update={"elapsed_s": round(time.monotonic() - t0, 3)})
 
     def _answer_census(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions,
-                       cid: str) -> None:
+                       cid: str, units: list[Any]) -> None:
         """Takes the census for the verify worker `w` (waiting on request `rid`) and answers it,
-        once nothing else of the pool is starting up (the verify worker times right after)."""
+        once nothing else of the pool is starting up (the verify worker times right after), with
+        what the SASS of the candidate's builds `units` computes in (`CompileOnly.precision_of`)."""
         try:
             reply = self._take_census(problem, source, opts, cid)
         except WorkerError:
@@ -542,6 +548,10 @@ class WorkerPool:
                                 summary=f"crashed: the problem failed in the census worker ({reply.text})")
         if reply.clean:
             self._settle_starts()
+        if reply.verdict is None and units:
+            arch = w.info.arch if w.info else ""
+            reply = reply.model_copy(update={"precision": self.compile_only.precision_of(
+                units, arch, self.builds, opts.compile_timeout_s)})
         try:
             send(w.sock, CensusAnswer(rid=rid, reply=reply), POOL_KEY)
         except OSError:

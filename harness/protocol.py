@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.plausibility import WorkCensus
+from kb_mcp.harness.precision import PrecisionEvidence
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.verdict import Finding, VerifyOptions, VerifyResult
 from kb_mcp.kb.models import Verdict
@@ -142,6 +143,9 @@ class CensusReply(_Message):
     pid: int | None = None  # the census worker that answered (its pid inside its sandbox)
     elapsed_s: float = 0.0
     work: WorkCensus | None = None  # the answer to a `CensusAsk(counters=True)` (`harness.work`)
+    # What the SASS of the candidate's builds shows (`harness.precision`), read by the server in the
+    # sandbox and added by the pool: the verify worker judges it against the track and the dtypes.
+    precision: PrecisionEvidence | None = None
 
     @property
     def clean(self) -> bool:
@@ -179,6 +183,7 @@ class CensusAsk(_Ask):
 
     kind: Literal["census_ask"] = "census_ask"
     counters: bool = False
+    units: list[SourceUnit] = Field(default_factory=list, max_length=64)  # what the candidate built (its SASS is read)
 
 
 class BuildAsk(_Ask):

@@ -48,6 +48,8 @@ class ToolchainInfo(BaseModel):
     cxx: str
     nvcc_version: str = ""
     include_roots: list[str] = Field(default_factory=list)  # folders an include folder may lie in
+    cuobjdump: str | None = None  # path, or None: the SASS of built code cannot be read (`harness.precision`)
+    nvdisasm: str | None = None  # what cuobjdump runs to print SASS
 
     @property
     def ident(self) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
+from kb_mcp.kb.models import DEFAULT_TRACK, CandidateRecord, Strength, Track, Verdict
 
 
 class FindingCode(str, Enum):
@@ -66,17 +66,35 @@ class Finding(BaseModel):
 # Verification: what a caller asks for, and what the harness answers.
 
 
+# The tolerance floor of each track, (atol in units of the reference output's RMS, rtol): the strict
+# fp32 track keeps the dtype's own (`harness.worker.values.DEFAULT_TOLERANCES`: 1e-4 for float32);
+# the low-precision tracks check at about 1e-2, KernelBench's original rule (`atol=rtol=1e-02` in
+# its eval's `torch.allclose`), the bar TF32/bf16/fp16 results are published against (docs/harness.md).
+TRACK_TOLERANCE: dict[Track, tuple[float, float] | None] = {
+    Track.fp32: None,
+    Track.tf32: (1e-2, 1e-2),
+    Track.bf16: (1e-2, 1e-2),
+    Track.fp16: (1e-2, 1e-2),
+}
+
+
 class VerifyOptions(BaseModel):
     """How to check one candidate. Defaults are the strict ones; every loosening is visible in the result.
 
     Tolerances: a value `c` passes against the reference `r` when `|c - r| <= atol * scale + rtol * |r|`,
     where `scale` is the RMS of the reference output (so `atol` means the same for outputs of any size).
     Unset, they come from the problem file's module-level `ATOL` / `RTOL` constants, else from the
-    output dtype (see `harness.verify.DEFAULT_TOLERANCES`). A tolerance looser than that default holds
-    the result for review (`flagged`).
+    output dtype (see `harness.worker.values.DEFAULT_TOLERANCES`), raised to the track's floor
+    (`TRACK_TOLERANCE`). A tolerance looser than that holds the result for review (`flagged`).
     """
 
     model_config = ConfigDict(extra="forbid")
+
+    track: Track = Field(
+        DEFAULT_TRACK,
+        description="precision track: fp32 (strict, default), tf32, bf16 or fp16; each has its own tolerance and "
+        "its own scores (another track is not a loosening)",
+    )
 
     input_sets: int = Field(5, ge=5, le=32,
                             description="input sets from secret seeds (at least 5), plus one of a different "
@@ -129,6 +147,8 @@ class CompileUnit(BaseModel):
     cached: bool = False
     kernels: list[str] = Field(default_factory=list)  # __global__ function names defined in it
     log: str = ""  # compiler output (truncated)
+    # Kernel symbol -> lowered precisions its SASS computes in (`harness.precision`); None: not read.
+    precisions: dict[str, list[str]] | None = None
 
 
 class CompileResult(BaseModel):
@@ -223,6 +243,7 @@ class VerifyResult(BaseModel):
     problem_error: str = ""
     elapsed_s: float = 0.0
     worker_replaced: bool = False
+    track: Track = DEFAULT_TRACK  # the precision track it was verified in (its tolerance, its scores)
 
     def record(self, options: VerifyOptions) -> CandidateRecord:
         """The KB's record of this verdict (what `record_outcome` reads), keyed by the options it
@@ -234,6 +255,7 @@ class VerifyResult(BaseModel):
             problem=self.problem,
             problem_hash=self.problem_hash,
             verdict=self.verdict,
+            track=options.track,
             arch=self.arch if self.device else "",
             device=self.device,
             time_ms=t.candidate_ms if t else None,
@@ -288,6 +310,9 @@ _EFFECTS: dict[str, Callable[[Any, Any], Effect]] = {
     "compile_only": lambda v, d: Effect.none,  # the mode: a verdict without a device is compile-only
     "arch": lambda v, d: Effect.custom,  # another compile target than the default
     "max_output_chars": lambda v, d: Effect.none,
+    # Another track is its own score key (its verdicts are compared with that track's only), not a
+    # loosening: a tf32 verdict with every other option at its default is `standard` in tf32.
+    "track": lambda v, d: Effect.neutral,
 }
 _GPU_IGNORES = frozenset({"arch"})  # a GPU run builds for its own GPU
 
@@ -446,3 +471,102 @@ def decide(
         f"{min(x for x in (timings.eager_ms, timings.compile_ms) if x is not None):.4g} ms ({speedup:.2f}x); "
         f"{len(ran)} input sets correct{notes_tail}{evidence_tail}{tail}",
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Evidence: what the stages of a verification found, and the one function that judges it.
+
+
+class FailureKind(str, Enum):
+    """How a run ended before the candidate could be judged on its outputs."""
+
+    build_failed = "build_failed"  # a build of the candidate failed (the compile result says how)
+    syntax_error = "syntax_error"  # the candidate's Python does not parse
+    no_model = "no_model"  # the candidate defines no class ModelNew
+    out_of_memory = "out_of_memory"
+    cuda_error = "cuda_error"
+    exited = "exited"  # it tried to end the worker (SystemExit, KeyboardInterrupt)
+    raised = "raised"  # any other exception
+    problem_output = "problem_output"  # the problem's Model returned something other than tensors
+    reported = "reported"  # another process (the census worker) ended it, with its own verdict
+
+
+_FAILURE_VERDICT = {
+    FailureKind.build_failed: Verdict.compile_error, FailureKind.syntax_error: Verdict.compile_error,
+    FailureKind.no_model: Verdict.compile_error,
+}
+
+
+class Failure(BaseModel):
+    """A stage's evidence that the run cannot go on: what failed, where, and what it said."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: FailureKind
+    where: str = ""  # e.g. "importing the candidate", "ModelNew.forward"
+    detail: str = ""  # the error, one line or a short traceback
+    context_healthy: bool = True  # the CUDA context still computes correctly afterwards
+    verdict: Verdict | None = None  # `reported` only: the verdict the other process gave
+
+    def judged(self, compile: CompileResult) -> tuple[Verdict, str]:
+        """Its verdict and summary (see `judge`)."""
+        k, where, detail = self.kind, self.where, self.detail
+        if k == FailureKind.reported:
+            return self.verdict or Verdict.crashed, detail
+        if k == FailureKind.build_failed:
+            first = compile.messages[0] if compile.messages else "build failed"
+            return Verdict.compile_error, f"compile error: {first}"
+        if k in _FAILURE_VERDICT:
+            return _FAILURE_VERDICT[k], f"compile error: {detail}"
+        if k == FailureKind.out_of_memory:
+            return Verdict.crashed, f"crashed: {where} ran out of GPU memory: {detail}"
+        if k == FailureKind.cuda_error:
+            state = ("the CUDA context survived" if self.context_healthy
+                     else "the CUDA context is corrupted; worker replaced")
+            return Verdict.crashed, f"crashed: {where} raised a CUDA error ({state}): {detail}"
+        if k == FailureKind.exited:
+            return Verdict.crashed, f"crashed: {where} tried to exit the worker ({detail})"
+        if k == FailureKind.problem_output:
+            return Verdict.crashed, f"crashed: {detail}"
+        return Verdict.crashed, f"crashed: {where} raised {detail}"
+
+
+class Evidence(BaseModel):
+    """Everything the stages of one verification returned, in the order they ran."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    compile: CompileResult = Field(default_factory=lambda: CompileResult(ok=True))
+    input_sets: list[InputSetCheck] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
+    timings: Timings | None = None  # set by the last stage of a GPU run: then the speedup decides
+    failure: Failure | None = None  # a stage ended the run
+    loosened: str = ""  # the caller's tolerance is looser than the problem's (a note)
+
+
+class Judgement(BaseModel):
+    """The verdict on the evidence, whether it is held for review, and its one-line summary."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    verdict: Verdict
+    flagged: bool
+    summary: str
+
+    @property
+    def settled(self) -> bool:
+        """True when nothing a later stage finds can change the verdict: anything but needs_gpu
+        before the timings (a failure, a cheat, a wrong answer)."""
+        return self.verdict != Verdict.needs_gpu
+
+
+def judge(evidence: Evidence) -> Judgement:
+    """The one place a verification's evidence becomes its verdict (both paths: the GPU worker's
+    stages and the compile-only path). A failure decides it (`Failure.judged`); else `decide` on
+    the findings, the input sets and, on a GPU run that reached them, the timings."""
+    if evidence.failure is not None:
+        verdict, summary = evidence.failure.judged(evidence.compile)
+        return Judgement(verdict=verdict, flagged=False, summary=summary)
+    verdict, flagged, summary = decide(evidence.compile, evidence.input_sets, evidence.findings, evidence.timings,
+                                       gpu=evidence.timings is not None, loosened=evidence.loosened)
+    return Judgement(verdict=verdict, flagged=flagged, summary=summary)

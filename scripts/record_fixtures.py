@@ -78,7 +78,7 @@ def wheel_library_flags(flags: list[str]) -> list[str]:
     if "-lcublas" not in flags:
         return flags
     try:
-        import nvidia.cublas as pkg  # type: ignore[import-not-found]
+        import nvidia.cublas as pkg
     except ImportError:
         return flags
     base = Path(next(iter(pkg.__path__)))

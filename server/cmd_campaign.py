@@ -70,6 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile-only", action="store_true", help="no GPU: compile with error feedback, record, no timing")
     p.add_argument("--seed", type=int, help="selection seed (default 0)")
     p.add_argument("--arch", help="GPU arch for KB scores (default: what the harness reports)")
+    p.add_argument("--track", choices=("fp32", "tf32", "bf16", "fp16"),
+                   help="precision track the candidates are verified and scored in "
+                        "(default fp32; a campaign keeps its track)")
     p.add_argument("--report", action="store_true", help="only rebuild the report of an existing campaign")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
     g = p.add_argument_group("LLM (any OpenAI-compatible endpoint; flags override KB_MCP_LLM_* variables)")
@@ -113,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         compile_only=True if args.compile_only else None,
         seed=args.seed,
         arch=args.arch,
+        track=args.track,
         level=args.level,
         problem_ids=args.problem_ids,
     )

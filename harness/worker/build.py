@@ -109,7 +109,30 @@ def probe() -> ToolchainInfo:
         nvcc_common=list(cpp_extension.COMMON_NVCC_FLAGS), abi=int(bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
         nvcc=nvcc, cxx=shutil.which("c++") or shutil.which("g++") or "c++", nvcc_version=version,
         include_roots=sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)}),
+        cuobjdump=find_cuda_tool("cuobjdump", cuda_home), nvdisasm=find_cuda_tool("nvdisasm", cuda_home),
     )
+
+
+def find_cuda_tool(name: str, cuda_home: str | None) -> str | None:
+    """A CUDA binary utility (`cuobjdump`, and the `nvdisasm` it runs to print SASS; used by
+    `harness.precision`): on PATH, in the CUDA toolkit, else from NVIDIA's wheels of it
+    (`nvidia-cuda-cuobjdump`, `nvidia-cuda-nvdisasm`)."""
+    found = shutil.which(name)
+    homes = ([cuda_home] if cuda_home else []) + [str(p) for p in sorted(Path("/usr/local").glob("cuda*"))]
+    for home in homes:
+        if not found and os.access(os.path.join(home, "bin", name), os.X_OK):
+            found = os.path.join(home, "bin", name)
+    if found:
+        return found
+    try:
+        import nvidia  # the namespace package NVIDIA's CUDA wheels install into
+    except ImportError:
+        return None
+    for base in nvidia.__path__:
+        for cand in sorted(Path(base).glob(f"cu*/bin/{name}")):
+            if os.access(cand, os.X_OK):
+                return str(cand)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

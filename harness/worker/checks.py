@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from kb_mcp.harness.baselines import Baseline
-from kb_mcp.harness.verdict import Finding, FindingCode, InputSetCheck, Timings
+from kb_mcp.harness.verdict import Failure, FailureKind, Finding, FindingCode, InputSetCheck, Timings
 from kb_mcp.harness.worker.integrity import IntegrityGuard
 from kb_mcp.harness.worker.perturb import ParamMapping, map_parameters, parameter_infos, perturb
 from kb_mcp.harness.worker.timing import (
@@ -51,16 +51,15 @@ from kb_mcp.harness.worker.values import (
     secret_seed,
     tolerance_for,
 )
-from kb_mcp.kb.models import Verdict
 
 
-class Stop(Exception):
-    """Ends a verification early with a verdict (the candidate failed to build or crashed)."""
+class Halted(Exception):
+    """Unwinds the input sets when the candidate (or the problem's Model) failed. It carries the
+    evidence, not a verdict: the check stage returns `failure` and `verdict.judge` decides."""
 
-    def __init__(self, verdict: Verdict, summary: str, retire: bool = False) -> None:
-        super().__init__(summary)
-        self.verdict = verdict
-        self.summary = summary
+    def __init__(self, failure: Failure, retire: bool = False) -> None:
+        super().__init__(failure.detail)
+        self.failure = failure
         self.retire = retire
 
 class Checker:
@@ -82,6 +81,7 @@ class Checker:
         self.io_bytes = 0
         self.flops = 0.0
         self.dtype: torch.dtype = torch.float32
+        self.dtypes: set[str] = set()  # the problem's floating dtypes (inputs, outputs, parameters)
         self.lowered: list[int] = []  # failed sets whose errors look like a lower precision
         self.mapping: ParamMapping | None = None  # Model's parameters to ModelNew's (`perturb.map_parameters`)
         self.ref_params: dict[str, torch.nn.Parameter] = {}
@@ -149,7 +149,8 @@ class Checker:
         r_leaves = leaves(ref_out)
         c_leaves = leaves(out)
         if r_leaves is None:
-            raise Stop(Verdict.crashed, "crashed: the problem's Model returns something other than tensors")
+            raise Halted(Failure(kind=FailureKind.problem_output,
+                                 detail="the problem's Model returns something other than tensors"))
         if c_leaves is None or len(c_leaves) != len(r_leaves):
             msg = (f"forward returned {type(out).__name__}, expected "
                    f"{'a tensor' if isinstance(ref_out, torch.Tensor) else f'{len(r_leaves)} tensors'}")
@@ -397,6 +398,8 @@ class Checker:
         floats = [t for t in tensors if t.is_floating_point()]
         if floats:
             self.dtype = floats[0].dtype
+        params = [p for p in self.ref.parameters() if p.is_floating_point()]
+        self.dtypes = {str(t.dtype).replace("torch.", "") for t in floats + params}
 
     def _gen(self, with_ref: dict[int, Any] | None) -> Callable[[int], list[Any]]:
         def make(i: int) -> list[Any]:

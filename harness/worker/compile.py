@@ -117,6 +117,7 @@ class Builders:
         self.ask = ask
         self.local_dir = local_dir
         self.units: list[CompileUnit] = []
+        self.sources: list[SourceUnit] = []  # what was built, for the server to read its SASS (`harness.precision`)
         self._ce = cpp_extension
         self._real_compile_kernel = torch.cuda._compile_kernel
         self._inline_sig = inspect.signature(cpp_extension.load_inline)
@@ -135,6 +136,11 @@ class Builders:
     def reset(self) -> None:
         """Forgets the previous candidate's builds."""
         self.units = []
+        self.sources = []
+
+    def _source(self, unit: SourceUnit) -> None:
+        if unit not in self.sources:
+            self.sources.append(unit)
 
     def _record(self, unit: CompileUnit) -> None:
         for i, old in enumerate(self.units):
@@ -161,6 +167,10 @@ class Builders:
             CompileUnit(kind="nvrtc", name=str(kernel_name), seconds=time.perf_counter() - t0,
                         kernels=kernel_names(str(kernel_source)) or [str(kernel_name)])
         )
+        opts = kwargs.get("nvcc_options") or (args[2] if len(args) > 2 else None) or []
+        incs = kwargs.get("cuda_include_dirs") or (args[1] if len(args) > 1 else None) or []
+        self._source(SourceUnit(kind="nvrtc", name=str(kernel_name), cuda_source=str(kernel_source),
+                                nvcc_options=[str(o) for o in opts], include_dirs=[str(d) for d in incs]))
         return kernel
 
     def load_inline(self, *args: Any, **kwargs: Any) -> Any:
@@ -178,6 +188,7 @@ class Builders:
             if so.is_file():
                 self._record(CompileUnit(kind="load_inline", name=unit.name, seconds=time.perf_counter() - t0,
                                          cached=True, kernels=kernel_names(unit.cuda_source)))
+                self._source(unit)
                 return load_built(ext, so, unit.python_module)
         reply = self.ask(unit, self.arch) if self.ask is not None else self._build_here(unit)
         if not reply.ok:
@@ -191,6 +202,7 @@ class Builders:
             "(rebuilt with torch/types.h after a light-header build failed)\n"
         self._record(CompileUnit(kind="load_inline", name=unit.name, seconds=time.perf_counter() - t0,
                                  cached=reply.cached, kernels=kernel_names(unit.cuda_source), log=note))
+        self._source(unit)
         return load_built(reply.ext, so, unit.python_module)
 
     def _build_here(self, unit: SourceUnit) -> BuildReply:

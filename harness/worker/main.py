@@ -116,10 +116,11 @@ class Channel:
         """Progress: the request moved on to `name` (the pool's limit follows the phase)."""
         self.emit(Phase, phase=name)
 
-    def ask_census(self, counters: bool = False) -> CensusReply:
+    def ask_census(self, counters: bool = False, units: list[Any] | None = None) -> CensusReply:
         """The kernel census of the current candidate, from the pool's census worker; with
-        `counters`, its work census (hardware counters of one forward, `harness.work`)."""
-        self.emit(CensusAsk, counters=counters)
+        `counters`, its work census (hardware counters of one forward, `harness.work`). `units` (the
+        candidate's builds, `candidate.SourceUnit`) are what the server reads the SASS of."""
+        self.emit(CensusAsk, counters=counters, units=list(units or []))
         msg = self.reader.read_message(TO_WORKER, POOL_KEY)
         if not isinstance(msg, CensusAnswer) or msg.rid != self._rid:
             raise RuntimeError(f"the pool sent {msg.kind!r} where the census for this request was due")
@@ -147,7 +148,7 @@ def _setup(cache_dir: Path, scratch: Path, no_cuda: bool, role: str,
 
     import torch
 
-    from kb_mcp.harness.worker import census, checks, compile, integrity, integrity_runtime, timing, verify  # noqa: F401
+    from kb_mcp.harness.worker import census, checks, compile, integrity, integrity_runtime, timing, tracks, verify  # noqa: F401
 
 
     cuda = (not no_cuda) and torch.cuda.is_available()
@@ -156,10 +157,9 @@ def _setup(cache_dir: Path, scratch: Path, no_cuda: bool, role: str,
         integrity_runtime.forbid_profiler()
     if cuda:
         torch.zeros(1, device="cuda")
-        # The reference computes fp32 in fp32: TF32 would hide a candidate's lowered precision.
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        torch.set_float32_matmul_precision("highest")
+        # The strict track's numerics (TF32 off for matmul and cuDNN) until a verification asks
+        # for its track's (`worker.tracks`): TF32 would hide a candidate's lowered precision.
+        tracks.set_numerics(tracks.DEFAULT_TRACK)
         props = torch.cuda.get_device_properties(0)
         env.props = props
         env.device = props.name

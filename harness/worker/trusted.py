@@ -5,6 +5,7 @@ after each one."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from collections.abc import Callable
@@ -173,6 +174,13 @@ class TrustedSnapshot:
             equal=torch.equal,
         )
         return cls(tuple(entries), tuple(owners), settings, trusted)
+
+    def with_settings_now(self, keys: tuple[str, ...]) -> TrustedSnapshot:
+        """This snapshot with the settings `keys` as they are now: the harness set them itself (a
+        precision track's TF32 mode, `worker.tracks`), so they are the state to hold the candidate to."""
+        getters = _settings()
+        settings = tuple((k, _safe(getters[k]) if k in keys else v) for k, v in self.settings)
+        return dataclasses.replace(self, settings=settings)
 
     def changes(self) -> list[tuple[str, str, object, object]]:
         """(owner, attribute, original, now) for every replaced or deleted trusted attribute."""

@@ -5,12 +5,19 @@ sets and checks (`harness.worker.checks`: one set from a public seed (a cheat ma
 least five from secret seeds drawn with `os.urandom` only when each set is made, any user seeds,
 and one of a different distribution). A candidate that passed everything then waits for the
 kernel census, which the pool takes in its census worker (`harness.worker.census`: this process
-never starts a profiler session, so that its timings are those of a clean process). Then the
+never starts a profiler session, so that its timings are those of a clean process), with the
+server's reading of the SASS of its builds (`harness.precision`). Then the guards left active, the
 reference's seal (`harness.worker.seal`: the reference must be as the problem defines it, since it
 is timed here too), timing (see `harness.worker.timing`; eager interleaved with the candidate where
-it is timed anew: the first measurement, and a launch-bound reference every time), baselines
-(`harness.baselines`; a new one goes back to the server, which keeps the cache) and the verdict
-(`harness.verdict.decide`).
+it is timed anew: the first measurement, and a launch-bound reference every time) and baselines
+(`harness.baselines`; a new one goes back to the server, which keeps the cache).
+
+The verification is a list of stages (`GpuVerification.stages`). Each returns what it found as a
+`Found` (findings, a `verdict.Failure` that ends the run, the timings, whether the worker must be
+replaced); the evidence is collected in one `verdict.Evidence`, and `verdict.judge` alone turns it
+into the verdict. After a gated stage the pipeline asks `judge` whether the verdict is already
+settled (a failure, a cheat, a wrong answer) and then stops; no stage decides a verdict itself.
+All stages run in the numerics of the request's precision track (`harness.worker.tracks`).
 
 The problem is imported, its `Model` built and one input set made before any candidate code runs:
 a failure there is the problem's (`protocol.ProblemFailed`), never the candidate's crash.
@@ -31,28 +38,31 @@ from typing import Any
 import torch
 
 from kb_mcp.harness.baselines import Baseline, BaselineCache
+from kb_mcp.harness.precision import precision_findings
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import CensusReply, ProblemFailed
 from kb_mcp.harness.verdict import (
-    CompileResult,
+    Evidence,
+    Failure,
+    FailureKind,
     Finding,
     FindingCode,
-    InputSetCheck,
+    Judgement,
     Timings,
     VerifyOptions,
     VerifyResult,
-    decide,
+    judge,
 )
-from kb_mcp.harness.worker.checks import Checker, Stop
+from kb_mcp.harness.worker.checks import Checker, Halted
 from kb_mcp.harness.worker.compile import Builders
 from kb_mcp.harness.worker.evidence import escalate
 from kb_mcp.harness.worker.integrity import IntegrityGuard, dedupe
 from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
 from kb_mcp.harness.worker.loading import load_module, short_traceback
 from kb_mcp.harness.worker.seal import ReferenceSeal
-from kb_mcp.harness.worker.timing import Timer, guards_active
+from kb_mcp.harness.worker.timing import RunStats, Timer, guards_active
+from kb_mcp.harness.worker.tracks import numerics, track_numerics
 from kb_mcp.harness.worker.values import secret_seed
-from kb_mcp.kb.models import Verdict
 
 
 @dataclass
@@ -115,14 +125,36 @@ def _context_healthy() -> bool:
         return False
 
 
+@dataclass
+class Found:
+    """What one stage returns: its findings, a failure that ends the run, the timings (the last
+    stage), and whether the worker must be replaced afterwards (None: as before)."""
+
+    findings: list[Finding] = field(default_factory=list)
+    failure: Failure | None = None
+    timings: Timings | None = None
+    retire: bool | None = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the pipeline: the phase it reports (None: still the previous one), the step,
+    and whether the verdict may be settled after it (`Judgement.settled` ends the run there)."""
+
+    phase: str | None
+    run: Callable[[], Found]
+    gate: bool = False
+
+
 class GpuVerification:
     """Verification of one candidate on the GPU; `run()` returns (result, retire_worker)."""
 
     def __init__(self, env: WorkerEnv, problem: Problem, source: str, options: VerifyOptions,
                  candidate_id: str, report: Callable[[str], None], ask_census: Callable[..., CensusReply]) -> None:
-        """`ask_census()` returns the census worker's `CensusReply` for this candidate: the worker
-        asks the pool for it after the checks and waits, so no census overlaps the timing;
-        `ask_census(counters=True)` returns the work census of an escalated result (`evidence`)."""
+        """`ask_census(units=...)` returns the census worker's `CensusReply` for this candidate (with
+        the server's reading of the SASS of the candidate's builds `units`): the worker asks the pool
+        for it after the checks and waits, so no census overlaps the timing; `ask_census(counters=True)`
+        returns the work census of an escalated result (`evidence`)."""
         self.env = env
         self.ask_census = ask_census
         self.problem = problem
@@ -130,15 +162,47 @@ class GpuVerification:
         self.options = options
         self.candidate_id = candidate_id
         self.report = report
-        self.findings: list[Finding] = []
-        self.sets: list[InputSetCheck] = []
+        self.evidence = Evidence()
+        self.retire = False
         self.files: tuple[str, ...] = ()
-        self.loosened = ""
         self.tolerance: dict[str, float] = {}
         self.t0 = time.perf_counter()
         self.phase = "static"
         self.modules: list[str] = []
         self.new_baseline: Baseline | None = None  # measured here for the cache (the server stores it)
+        # Set by the stages as they go (the problem, its reference, the candidate, the checker):
+        self.guard: IntegrityGuard | None = None
+        self.pmod: Any = None
+        self.ref: Any = None
+        self.init: list[Any] = []
+        self.seed = 0
+        self.seal: ReferenceSeal | None = None
+        self.cmod: Any = None
+        self.cand: Any = None
+        self.checker: Checker | None = None
+        self.base: Baseline | None = None
+        self.stats: RunStats | None = None
+        self.eager: RunStats | None = None
+
+    # -- what the checker records into -------------------------------------------------------
+
+    @property
+    def findings(self) -> list[Finding]:
+        """The findings so far (the checker appends to them)."""
+        return self.evidence.findings
+
+    @property
+    def sets(self) -> list[Any]:
+        """The input sets checked so far (the checker appends to them)."""
+        return self.evidence.input_sets
+
+    @property
+    def loosened(self) -> str:
+        return self.evidence.loosened
+
+    @loosened.setter
+    def loosened(self, note: str) -> None:
+        self.evidence.loosened = note
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -146,44 +210,40 @@ class GpuVerification:
         self.phase = name
         self.report(name)
 
-    def _result(self, verdict: Verdict, summary: str, compile: CompileResult, flagged: bool = False,
-                timings: Timings | None = None) -> VerifyResult:
-        env = self.env
+    def _result(self, judgement: Judgement) -> VerifyResult:
+        env, e = self.env, self.evidence
         return VerifyResult(
             candidate_id=self.candidate_id, problem=self.problem.name, problem_hash=self.problem.hash,
-            verdict=verdict, summary=summary, flagged=flagged, compile=compile, input_sets=self.sets,
-            findings=dedupe(self.findings), timings=timings, tolerance=self.tolerance, device=env.device,
-            arch=env.arch, torch_version=env.torch_version, phase=self.phase, loosened=self.loosened,
-            elapsed_s=round(time.perf_counter() - self.t0, 3),
+            verdict=judgement.verdict, summary=judgement.summary, flagged=judgement.flagged, compile=e.compile,
+            input_sets=e.input_sets, findings=dedupe(e.findings), timings=e.timings, tolerance=self.tolerance,
+            device=env.device, arch=env.arch, torch_version=env.torch_version, phase=self.phase,
+            loosened=e.loosened, elapsed_s=round(time.perf_counter() - self.t0, 3), track=self.options.track,
         )
 
-    def _compile_result(self) -> CompileResult:
+    def _compile_result(self) -> Any:
         assert self.env.builders is not None
         return self.env.builders.result()
 
-    def _failure(self, exc: BaseException, what: str) -> Stop:
-        """Turns an exception from candidate code into a Stop with the right verdict."""
-        comp = self._compile_result()
-        if not comp.ok:
-            return Stop(Verdict.compile_error,
-                        f"compile error: {comp.messages[0] if comp.messages else 'build failed'}")
+    def _failure(self, exc: BaseException, what: str) -> Halted:
+        """What an exception from candidate code is evidence of (a build that failed, a crash), and
+        whether the worker must be replaced; `verdict.Failure.judged` words the verdict."""
+        def failed(kind: FailureKind, detail: str = "", retire: bool = False, healthy: bool = True) -> Halted:
+            return Halted(Failure(kind=kind, where=what, detail=detail, context_healthy=healthy), retire)
+
+        if not self._compile_result().ok:
+            return failed(FailureKind.build_failed)
         if isinstance(exc, SyntaxError):
-            return Stop(Verdict.compile_error, f"compile error: Python syntax error at line {exc.lineno}: {exc.msg}")
+            return failed(FailureKind.syntax_error, f"Python syntax error at line {exc.lineno}: {exc.msg}")
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc):
             torch.cuda.empty_cache()
-            return Stop(Verdict.crashed,
-                        f"crashed: {what} ran out of GPU memory: {str(exc).strip().splitlines()[0][:300]}")
+            return failed(FailureKind.out_of_memory, first)
         if _is_cuda_error(exc):
-            healthy = _context_healthy()
-            state = "the CUDA context survived" if healthy else "the CUDA context is corrupted; worker replaced"
             # Even a context that still answers may hold the candidate's stray state: replace the worker.
-            return Stop(Verdict.crashed, f"crashed: {what} raised a CUDA error ({state}): "
-                        f"{str(exc).strip().splitlines()[0][:300]}", retire=True)
+            return failed(FailureKind.cuda_error, first, retire=True, healthy=_context_healthy())
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
-            return Stop(Verdict.crashed, f"crashed: {what} tried to exit the worker ({type(exc).__name__})",
-                        retire=True)
-        return Stop(Verdict.crashed, f"crashed: {what} raised {short_traceback(exc, self.files)}",
-                    retire=not _context_healthy())
+            return failed(FailureKind.exited, type(exc).__name__, retire=True)
+        return failed(FailureKind.raised, short_traceback(exc, self.files), retire=not _context_healthy())
 
     def _load(self, source: str, stem: str) -> Any:
         name = f"{stem}_{next(self.env.counter)}"
@@ -200,37 +260,60 @@ class GpuVerification:
 
     # -- the pipeline --------------------------------------------------------------------------
 
-    def _census(self, guard: IntegrityGuard) -> None:
-        """Which kernels one forward launches, from the census worker (see `harness.census`)."""
-        from kb_mcp.harness.worker.integrity_runtime import KernelCensus
-
-        self._phase("census")
-        reply = self.ask_census()
-        self.findings += reply.findings
-        if reply.census is not None:
-            guard.last_census = KernelCensus.model_validate(reply.census)
-        if reply.verdict is not None:
-            raise Stop(reply.verdict, reply.summary)
-
     def run(self) -> tuple[VerifyResult | ProblemFailed, bool]:
-        """The whole pipeline; never raises for candidate misbehaviour. A problem that fails before
-        the candidate runs gives ProblemFailed (and a fresh worker: the problem's code ran here)."""
+        """The whole pipeline, in the request's precision track; never raises for candidate
+        misbehaviour. A problem that fails before the candidate runs gives ProblemFailed (and a
+        fresh worker: the problem's code ran here)."""
         try:
-            result, retire = self._run()
+            with track_numerics(self.options.track, self.env.snapshot) as snapshot:
+                result = self._run(snapshot)
         except ProblemBroken as broken:
             self.cleanup()
             return broken.failure, True
-        except Stop as stop:
-            result, retire = self._result(stop.verdict, stop.summary, self._compile_result()), stop.retire
         finally:
             self.cleanup()
         # Whatever is left active (a mode, a trace function) would slow the next candidate's timed
         # runs and baselines: the next candidate gets a clean process instead.
-        return result, retire or bool(self.env.new_guards())
+        return result, self.retire or bool(self.env.new_guards())
 
-    def _reference(self) -> tuple[Any, torch.nn.Module, list[Any], int]:
+    def stages(self) -> list[Stage]:
+        """The stages in order (see the module's docstring)."""
+        return [
+            Stage("static", self._static), Stage("import", self._reference), Stage(None, self._candidate),
+            Stage("construct", self._construct), Stage("check", self._check, gate=True),
+            Stage("census", self._census, gate=True), Stage(None, self._leftovers, gate=True),
+            Stage(None, self._sealed, gate=True), Stage("timing", self._timing, gate=True),
+            Stage("baselines", self._baselines),
+        ]
+
+    def _run(self, snapshot: TrustedSnapshot | None) -> VerifyResult:
+        env = self.env
+        assert env.builders is not None and env.timer is not None
+        env.builders.reset()
+        self.guard = IntegrityGuard(allow=self.options.allow, trusted=snapshot)
+        for stage in self.stages():
+            if stage.phase is not None:
+                self._phase(stage.phase)
+            found = stage.run()
+            self.evidence.findings += found.findings
+            self.evidence.failure = found.failure
+            self.evidence.timings = found.timings or self.evidence.timings
+            self.retire = self.retire if found.retire is None else found.retire
+            self.evidence.compile = self._compile_result()
+            if found.failure is not None or (stage.gate and judge(self.evidence).settled):
+                break
+        return self._result(judge(self.evidence))
+
+    # -- the stages ----------------------------------------------------------------------------
+
+    def _static(self) -> Found:
+        """The static checks of the candidate's source."""
+        assert self.guard is not None
+        return Found(self.guard.check_source(self.source))
+
+    def _reference(self) -> Found:
         """The problem imported, its Model built (weights from a secret seed) and one input set made,
-        before any candidate code runs: (module, reference, init inputs, weight seed)."""
+        before any candidate code runs; then the reference sealed. Raises ProblemBroken."""
         try:
             pmod = self._load(self.problem.source, "kbmcp_problem")
         except Exception as exc:
@@ -249,114 +332,135 @@ class GpuVerification:
                 pmod.get_inputs()
         except Exception as exc:
             raise ProblemBroken("inputs", exc, files) from exc
-        return pmod, ref, init, seed
+        self.pmod, self.ref, self.init, self.seed = pmod, ref, init, seed
+        self.seal = ReferenceSeal.of_problem(pmod)  # before the candidate's code runs
+        self.seal.seal_instance(ref)
+        return Found()
 
-    def _run(self) -> tuple[VerifyResult, bool]:
-        env, opts = self.env, self.options
-        assert env.builders is not None and env.timer is not None
-        env.builders.reset()
-        guard = IntegrityGuard(allow=opts.allow, trusted=env.snapshot)
-        self._phase("static")
-        self.findings += guard.check_source(self.source)
-
-        self._phase("import")
-        pmod, ref, init, seed = self._reference()
-        seal = ReferenceSeal.of_problem(pmod)  # before the candidate's code runs
-        seal.seal_instance(ref)
+    def _candidate(self) -> Found:
+        """The candidate imported (its builds recorded); it must define ModelNew."""
+        assert self.guard is not None
         try:
-            with guard.watch_setup():
-                cmod = self._load(self.source, "kbmcp_candidate")
+            with self.guard.watch_setup():
+                self.cmod = self._load(self.source, "kbmcp_candidate")
         except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything
             self.files = (str(self.env.workdir / f"{self.modules[-1]}.py"),)
-            raise self._failure(exc, "importing the candidate") from None
-        self.files = (str(getattr(cmod, "__file__", "")),)
-        model_new = getattr(cmod, "ModelNew", None)
-        if not isinstance(model_new, type):
-            raise Stop(Verdict.compile_error, "compile error: the candidate defines no class ModelNew")
+            halted = self._failure(exc, "importing the candidate")
+            return Found(failure=halted.failure, retire=halted.retire)
+        self.files = (str(getattr(self.cmod, "__file__", "")),)
+        if not isinstance(getattr(self.cmod, "ModelNew", None), type):
+            return Found(failure=Failure(kind=FailureKind.no_model, detail="the candidate defines no class ModelNew"))
+        return Found()
 
-        self._phase("construct")
+    def _construct(self) -> Found:
+        """ModelNew built with the reference's weight seed, then attached to the integrity guard."""
+        assert self.guard is not None
         try:
-            with guard.watch_setup():
-                torch.manual_seed(seed)
-                cand = model_new(*init).cuda().eval()
+            with self.guard.watch_setup():
+                torch.manual_seed(self.seed)
+                self.cand = self.cmod.ModelNew(*self.init).cuda().eval()
         except BaseException as exc:  # noqa: BLE001
-            raise self._failure(exc, "constructing ModelNew") from None
+            halted = self._failure(exc, "constructing ModelNew")
+            return Found(failure=halted.failure, retire=halted.retire)
         torch.manual_seed(secret_seed())
-        self.findings += guard.attach(cmod, cand, reference=pmod.Model)
+        return Found(self.guard.attach(self.cmod, self.cand, reference=self.pmod.Model))
 
-        self._phase("check")
-        checker = Checker(self, pmod, ref, cand, guard)
+    def _check(self) -> Found:
+        """The input sets and the checks (`harness.worker.checks`)."""
+        assert self.guard is not None
+        self.checker = Checker(self, self.pmod, self.ref, self.cand, self.guard)
+        try:
+            with torch.no_grad():
+                self.checker.run_sets()
+        except Halted as halted:
+            return Found(failure=halted.failure, retire=halted.retire)
+        found = self.guard.findings()
+        return Found(found, retire=IntegrityGuard.retire_worker(self.findings + found))
+
+    def _census(self) -> Found:
+        """Which kernels one forward launches, from the census worker (see `harness.census`), and
+        what the SASS of the candidate's builds computes in (`harness.precision`), judged against
+        the track and the problem's own dtypes."""
+        from kb_mcp.harness.worker.integrity_runtime import KernelCensus
+
+        assert self.guard is not None and self.env.builders is not None and self.checker is not None
+        reply = self.ask_census(units=list(self.env.builders.sources))
+        if reply.census is not None:
+            self.guard.last_census = KernelCensus.model_validate(reply.census)
+        if reply.verdict is not None:
+            return Found(reply.findings, failure=Failure(kind=FailureKind.reported, verdict=reply.verdict,
+                                                         detail=reply.summary))
+        lowered = precision_findings(reply.precision, self.options.track, sorted(self.checker.dtypes))
+        return Found(reply.findings + lowered + self.guard.findings())
+
+    def _leftovers(self) -> Found:
+        """Checked before timing: a mode or trace function left behind by the candidate would slow
+        every call timed in this process, the baselines' included."""
+        left = self.env.new_guards()
+        if not left:
+            return Found()
+        return Found([Finding(
+            code=FindingCode.harness_tampering,
+            message=(f"after the candidate ran, {', '.join(left)} stayed active in the harness's process; that "
+                     "slows every call timed there (the reference's too). Leave dispatch and function modes, "
+                     "trace functions and the profiler as they were"),
+        )], retire=True)
+
+    def _sealed(self) -> Found:
+        """The reference is timed in this process next (beside the candidate, or for the cache)."""
+        assert self.seal is not None
+        changed = self.seal.changes(self.pmod, self.ref)
+        if not changed:
+            return Found()
+        return Found([Finding(
+            code=FindingCode.harness_tampering,
+            message=(f"the reference changed after the problem was loaded ({'; '.join(changed[:4])}); it is "
+                     "timed in this process, so a slowed reference would fake a speedup. Leave the problem's "
+                     "module and its Model alone"),
+        )], retire=True)
+
+    def _timing(self) -> Found:
+        """The candidate's timed series (every output re-checked), eager beside it where needed."""
+        env, checker, guard = self.env, self.checker, self.guard
+        assert checker is not None and guard is not None and env.timer is not None
+        self.base = env.baselines.get(self.problem.hash, env.device, env.torch_version,
+                                      need_compile=self.options.compile_baseline, track=self.options.track.value)
         with torch.no_grad():
-            checker.run_sets()
-        self.findings += guard.findings()
-        comp = self._compile_result()
-        retire = IntegrityGuard.retire_worker(self.findings)
-        # `decide` without timings says needs_gpu when nothing is wrong yet; anything else ends here.
-        verdict, flagged, summary = decide(comp, self.sets, self.findings, None, gpu=False, loosened=self.loosened)
-        if verdict != Verdict.needs_gpu:  # failed to build, invalid or incorrect: no timing
-            return self._result(verdict, summary, comp, flagged), retire
-
-        self._census(guard)
-        self.findings += guard.findings()
-        verdict, flagged, summary = decide(comp, self.sets, self.findings, None, gpu=False, loosened=self.loosened)
-        if verdict != Verdict.needs_gpu:  # library kernels, no kernel of its own, or the census worker saw a cheat
-            return self._result(verdict, summary, comp, flagged), retire
-
-        left = env.new_guards()
-        if left:
-            # Checked before timing: a mode or trace function left behind by the candidate would
-            # slow every call timed in this process, the baselines' included.
-            self.findings.append(Finding(
-                code=FindingCode.harness_tampering,
-                message=(f"after the candidate ran, {', '.join(left)} stayed active in the harness's process; that "
-                         "slows every call timed there (the reference's too). Leave dispatch and function modes, "
-                         "trace functions and the profiler as they were"),
-            ))
-            verdict, flagged, summary = decide(comp, self.sets, self.findings, None, gpu=False, loosened=self.loosened)
-            return self._result(verdict, summary, comp, flagged), True
-        changed = seal.changes(pmod, ref)
-        if changed:
-            # The reference is timed in this process next (beside the candidate, or for the cache).
-            self.findings.append(Finding(
-                code=FindingCode.harness_tampering,
-                message=(f"the reference changed after the problem was loaded ({'; '.join(changed[:4])}); it is "
-                         "timed in this process, so a slowed reference would fake a speedup. Leave the problem's "
-                         "module and its Model alone"),
-            ))
-            verdict, flagged, summary = decide(comp, self.sets, self.findings, None, gpu=False, loosened=self.loosened)
-            return self._result(verdict, summary, comp, flagged), True
-
-        self._phase("timing")
-        base = env.baselines.get(self.problem.hash, env.device, env.torch_version, need_compile=opts.compile_baseline)
-        with torch.no_grad():
-            stats, eager = checker.time_candidate(base)
-        if stats.errors:
-            self.findings.append(Finding(
+            self.stats, self.eager = checker.time_candidate(self.base)
+        found: list[Finding] = []
+        if self.stats.errors:
+            found.append(Finding(
                 code=FindingCode.timed_output_mismatch, source="timing",
-                message=(f"{len(stats.errors)} of {len(stats.gpu_ms)} timed runs returned wrong outputs "
-                         f"({stats.errors[0]}) although the checked runs were correct; every call must compute "
+                message=(f"{len(self.stats.errors)} of {len(self.stats.gpu_ms)} timed runs returned wrong outputs "
+                         f"({self.stats.errors[0]}) although the checked runs were correct; every call must compute "
                          "its result"),
             ))
-        unsync = env.timer.unsynchronized(stats)
+        unsync = env.timer.unsynchronized(self.stats)
         if unsync:
-            self.findings.append(Finding(code=FindingCode.unsynchronized_work, message=unsync, source="timing"))
-        self.findings += guard.findings()
-        retire = IntegrityGuard.retire_worker(self.findings)
-        verdict, flagged, summary = decide(comp, self.sets, self.findings, None, gpu=False, loosened=self.loosened)
-        if verdict != Verdict.needs_gpu:
-            return self._result(verdict, summary, comp, flagged), retire
+            found.append(Finding(code=FindingCode.unsynchronized_work, message=unsync, source="timing"))
+        found += guard.findings()
+        return Found(found, retire=IntegrityGuard.retire_worker(self.findings + found))
 
-        self._phase("baselines")
+    def _baselines(self) -> Found:
+        """Eager and torch.compile (cached, or measured now in the track's numerics), the speedups and
+        their plausibility."""
+        env, checker = self.env, self.checker
+        assert checker is not None and self.stats is not None
         with torch.no_grad():
-            timings = checker.timings(stats, eager, base)
+            timings = checker.timings(self.stats, self.eager, self.base)
+        if self.new_baseline is not None:
+            self.new_baseline = self.new_baseline.model_copy(update={"track": self.options.track.value,
+                                                                     "numerics": numerics()})
         if not timings.baseline_cached:
             # A first torch.compile installs patches of its own (e.g. on nn.Module.__init__). The
             # candidate was checked against the pristine snapshot above; the next one is checked
             # against the state the trusted baseline left.
             env.snapshot = TrustedSnapshot.capture()
         # A result that looks too good gets more evidence, which accepts or rejects it (`evidence`).
-        self.findings += escalate(self, checker, timings)
-        self.findings += guard.findings()
-        retire = retire or IntegrityGuard.retire_worker(self.findings)
-        verdict, flagged, summary = decide(comp, self.sets, self.findings, timings, gpu=True, loosened=self.loosened)
-        return self._result(verdict, summary, comp, flagged, timings), retire
+        try:
+            found = escalate(self, checker, timings)
+        except Halted as halted:
+            return Found(failure=halted.failure, retire=halted.retire)
+        found += self.guard.findings() if self.guard is not None else []
+        return Found(found, timings=timings,
+                     retire=self.retire or IntegrityGuard.retire_worker(self.findings + found))

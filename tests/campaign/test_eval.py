@@ -1,7 +1,7 @@
 """`kb-mcp eval` as a real process on a KernelBench-format tree we wrote: solutions matched by name,
 each verified through compile_and_verify (compile-only here: real nvcc, verdicts stored in a real KB),
-the campaign report written, a rerun skipping what was evaluated, tracks the harness cannot verify
-refused."""
+the campaign report written, a rerun skipping what was evaluated, another precision track kept
+apart (its own verdict key and its own folder)."""
 
 from __future__ import annotations
 
@@ -81,11 +81,28 @@ def test_a_rerun_skips_what_was_evaluated_and_a_selection_narrows_it(first_run) 
     assert CampaignStore(tmp / "out").read_status().runs == 2
 
 
-def test_tracks_the_harness_cannot_verify_are_refused(tmp_path: Path) -> None:
-    proc = _eval(tmp_path, str(TREE), "--solutions", str(SOLUTIONS), "--track", "tf32", "--out", str(tmp_path / "o"))
-    assert proc.returncode == 2
-    assert "track tf32 is not yet supported by the harness" in proc.stderr
-    assert not (tmp_path / "o").exists()
+@pytest.mark.nvcc
+def test_an_eval_in_another_track_is_its_own_key_and_its_own_folder(first_run) -> None:
+    tmp, _ = first_run
+    out = tmp / "tf32"
+    proc = _eval(tmp, str(TREE), "--solutions", str(SOLUTIONS), "--level", "1", "--problems", "1",
+                 "--compile-only", "--track", "tf32", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [record] = CampaignStore(out).initials().values()
+    stored = record.final.record
+    assert stored.track == Track.tf32 and stored.options == {"track": "tf32"}
+    assert stored.strength.value == "compile_only"
+    report = json.loads((out / "report" / "report.json").read_text())
+    assert report["config"]["track"] == "tf32" and set(report["by_track"]) == {"tf32"}
+    assert [p["track"] for p in report["problems"]] == ["tf32"]
+    with KBStore.open(tmp / "kb.json").read() as kb:
+        verdicts = kb.candidate_verdicts(record.candidate_id)
+    # the fp32 verdict of the same solution (first run) and the tf32 one: two keys, neither replaced
+    assert sorted(v.track.value for v in verdicts) == ["fp32", "tf32"]
+    assert len({v.key for v in verdicts}) == 2
+    # one folder never holds two tracks' results (a report would rank them together)
+    again = _eval(tmp, str(TREE), "--solutions", str(SOLUTIONS), "--compile-only", "--track", "fp32", "--out", str(out))
+    assert again.returncode == 2 and "holds results of the tf32 track" in again.stderr
 
 
 @pytest.mark.parametrize(

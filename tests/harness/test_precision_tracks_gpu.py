@@ -1,0 +1,121 @@
+"""Precision tracks on a real GPU: tensor-core candidates judged by the SASS of what they built, and
+the strict track's reference and baselines timed with TF32 off (as the worker reports it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from harness_helpers import FIXTURES, fixture_source
+
+from kb_mcp.harness.baselines import BaselineCache
+from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.problem import load_problem
+from kb_mcp.harness.verdict import FindingCode, VerifyOptions
+from kb_mcp.kb.models import Track, Verdict
+
+pytestmark = pytest.mark.gpu
+
+VALID = (Verdict.faster, Verdict.slower)
+STRICT_NUMERICS = {"matmul.allow_tf32": False, "cudnn.allow_tf32": False, "float32_matmul_precision": "highest"}
+TF32_NUMERICS = {"matmul.allow_tf32": True, "cudnn.allow_tf32": True, "float32_matmul_precision": "high"}
+
+# A plain fp32 SIMT kernel for the same problem: correct in the strict track, so its baselines get timed.
+FP32_LINEAR = '''
+import torch
+import torch.nn as nn
+
+SRC = r"""
+extern "C" __global__ void linear_fp32(const float* x, const float* w, const float* b, float* y,
+                                       int M, int N, int K, float offset) {
+    const int n = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+    if (n >= N) return;
+    float acc = 0.f;
+    for (int k = 0; k < K; ++k) acc = fmaf(x[m * K + k], w[n * K + k], acc);
+    y[m * N + n] = acc + b[n] + offset;
+}
+"""
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+        self.k = torch.cuda._compile_kernel(SRC, "linear_fp32")
+
+    def forward(self, x):
+        m, k = x.shape
+        n = self.linear.weight.shape[0]
+        y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+        self.k(grid=((n + 127) // 128, m, 1), block=(128, 1, 1),
+               args=[x, self.linear.weight, self.linear.bias, y, m, n, k, 64.0])
+        return y
+'''
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory):
+    with WorkerPool(tmp_path_factory.mktemp("tracks-cache")) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def linear_offset():
+    return load_problem(str(FIXTURES / "linear_offset_problem.py"))
+
+
+def _quick(track: Track) -> VerifyOptions:
+    return VerifyOptions(timing=False, compile_baseline=False, track=track)
+
+
+def _lowered_by_sass(result) -> bool:
+    return any(f.code == FindingCode.precision_lowered and "(their SASS)" in f.message for f in result.findings)
+
+
+@pytest.mark.parametrize("fixture", ["linear_mma_tf32.py", "linear_wgmma_tf32.py"])
+def test_a_tf32_candidate_is_lowered_in_fp32_and_passes_in_tf32(pool: WorkerPool, linear_offset, fixture: str) -> None:
+    source = fixture_source(fixture)
+    strict = pool.verify(linear_offset, source, _quick(Track.fp32))
+    assert strict.verdict == Verdict.incorrect and strict.track == Track.fp32, strict.summary
+    # its outputs pass the strict tolerance here (the offset loosens the scale): the SASS is the evidence
+    assert all(s.passed for s in strict.input_sets), strict.summary
+    assert _lowered_by_sass(strict) and "tf32" in strict.summary, strict.findings
+    tf32 = pool.verify(linear_offset, source, _quick(Track.tf32))
+    assert tf32.verdict in VALID and tf32.findings == [], tf32.summary
+    assert tf32.track == Track.tf32 and tf32.tolerance == {"atol": 1e-2, "rtol": 1e-2}
+    assert tf32.record(_quick(Track.tf32)).track == Track.tf32
+
+
+def test_a_bf16_candidate_passes_in_bf16_and_is_lowered_in_fp32_and_tf32(pool: WorkerPool, linear_offset) -> None:
+    source = fixture_source("linear_mma_bf16.py")
+    bf16 = pool.verify(linear_offset, source, _quick(Track.bf16))
+    assert bf16.verdict in VALID and bf16.findings == [], bf16.summary
+    for track in (Track.fp32, Track.tf32):
+        lowered = pool.verify(linear_offset, source, _quick(track))
+        assert lowered.verdict == Verdict.incorrect, lowered.summary
+        assert any(f.code == FindingCode.precision_lowered for f in lowered.findings), lowered.findings
+
+
+def test_strict_baselines_are_timed_with_tf32_off_and_tf32_ones_with_it_on(pool: WorkerPool, tmp_path: Path) -> None:
+    # A GEMM large enough that TF32 shows in eager's time (2048^3: ~17 GFLOP).
+    text = (FIXTURES / "linear_offset_problem.py").read_text()
+    text = text.replace("batch_size = 512", "batch_size = 2048").replace("in_features = 1024", "in_features = 2048")
+    text = text.replace("out_features = 1024", "out_features = 2048")
+    path = tmp_path / "linear_offset_2048.py"
+    path.write_text(text)
+    problem = load_problem(str(path))
+    strict = pool.verify(problem, FP32_LINEAR, VerifyOptions())
+    assert strict.verdict in VALID and strict.findings == [], strict.summary
+    tf32 = pool.verify(problem, fixture_source("linear_mma_tf32.py"), VerifyOptions(track=Track.tf32))
+    assert tf32.verdict in VALID and tf32.findings == [], tf32.summary
+    cache = BaselineCache(pool.cache_dir)
+    info = pool.state()
+    device, torch_version = strict.device, strict.torch_version
+    fp32_base = cache.get(problem.hash, device, torch_version, need_compile=True, track="fp32")
+    tf32_base = cache.get(problem.hash, device, torch_version, need_compile=True, track="tf32")
+    assert fp32_base is not None and tf32_base is not None, info
+    assert fp32_base.numerics == STRICT_NUMERICS and tf32_base.numerics == TF32_NUMERICS
+    assert strict.timings is not None and tf32.timings is not None
+    assert strict.timings.eager_ms == pytest.approx(fp32_base.eager_ms)
+    # the flags took effect: eager's GEMM on TF32 tensor cores is clearly faster than in fp32
+    assert tf32_base.eager_ms < 0.8 * fp32_base.eager_ms, (tf32_base, fp32_base)

@@ -290,8 +290,7 @@ class WorkerPool:
         return self._marked(result, opts)
 
     def _marked(self, result: VerifyResult, opts: VerifyOptions) -> VerifyResult:
-        """Every result names the track it was verified in; an unconfined run says so in its summary
-        and is held for review."""
+        """Names the track it was verified in; an unconfined run says so in its summary and is held for review."""
         result = result.model_copy(update={"track": opts.track})
         if self.sandbox.confined:
             return result
@@ -358,8 +357,7 @@ class WorkerPool:
             )
             return self._ended(w, problem, source, opts, cid, t0, Verdict.invalid, reply.phase,
                                f"invalid (forged_result): {finding.message}", [finding])
-        result = result.model_copy(update={"track": opts.track})  # the track the pool asked for
-        self._keep_baseline(body.model_copy(update={"result": result}), w, problem)
+        self._keep_baseline(body, w, problem, opts.track.value)
         w.output.settle()
         result = result.model_copy(update={
             "output": w.output.take(opts.max_output_chars),
@@ -408,15 +406,14 @@ class WorkerPool:
             problem_error=failed.text, elapsed_s=round(time.monotonic() - t0, 3),
         )
 
-    def _keep_baseline(self, body: VerifyReply, w: WorkerProcess, problem: Problem) -> None:
+    def _keep_baseline(self, body: VerifyReply, w: WorkerProcess, problem: Problem, track: str) -> None:
         """Stores a baseline the worker measured, under the key the server knows (this problem,
         the worker's GPU and torch as it said at start), never under one the worker names."""
         base, info = body.baseline, w.info
         if base is None or info is None or body.result.verdict in (Verdict.invalid, Verdict.crashed):
             return
         BaselineCache(self.cache_dir).put(base.model_copy(update={
-            "problem_hash": problem.hash, "device": info.device, "torch_version": info.torch_version,
-            "track": body.result.track.value}))
+            "problem_hash": problem.hash, "device": info.device, "torch_version": info.torch_version, "track": track}))
 
     def _answer_build(self, w: WorkerProcess, rid: str, ask: BuildAsk, timeout_s: float) -> None:
         """Builds what a worker's `load_inline` asked for (in a sandbox of its own) and answers."""

@@ -209,7 +209,8 @@ class Disassembler:
         return found, ""
 
     def _run(self, binary: Path, timeout_s: float) -> tuple[int, str]:
-        from kb_mcp.harness.sandbox import Grant, Sandbox, new_scratch
+        from kb_mcp.harness.sandbox import Grant, Sandbox
+        from kb_mcp.harness.scratch import new_scratch
 
         assert isinstance(self.sandbox, Sandbox)
         scratch = new_scratch("sass")

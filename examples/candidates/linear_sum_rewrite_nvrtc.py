@@ -5,7 +5,8 @@ change between calls, so nothing derived from them is kept), then each row of x 
 column sums. Three kernels: partial column sums over chunks of W's rows (coalesced: neighbouring
 threads read neighbouring columns), the chunks and the bias summed (in double), and one block per
 row of x for the dot product (a Python float reaches NVRTC kernels as a double). It reads W and x
-once: about 1/out_features of the GEMM's arithmetic.
+once: about 1/out_features of the GEMM's arithmetic (at the problem's sizes ~0.06 ms of reads on an
+H100; the call's host time, three launches and three allocations, is most of what it measures).
 The parameters keep nn.Linear's values under other names (`w`, `b`).
 """
 
@@ -99,9 +100,11 @@ class ModelNew(nn.Module):
         c = torch.empty(cols + 1, device=x.device, dtype=torch.float32)
         out = torch.empty(batch, 1, device=x.device, dtype=torch.float32)
         col_blocks = (cols + THREADS - 1) // THREADS
+        stream = torch.cuda.current_stream()  # looked up once: each launch would otherwise look it up again
         _kernel("colsum_partial")(grid=(col_blocks, chunks, 1), block=(THREADS, 1, 1),
-                                  args=[w, part, rows, cols, per_chunk])
+                                  args=[w, part, rows, cols, per_chunk], stream=stream)
         _kernel("colsum_finish")(grid=(col_blocks + 1, 1, 1), block=(THREADS, 1, 1),
-                                 args=[part, b, c, cols, chunks, rows])
-        _kernel("row_dot")(grid=(batch, 1, 1), block=(THREADS, 1, 1), args=[x, c, out, cols, self.scale])
+                                 args=[part, b, c, cols, chunks, rows], stream=stream)
+        _kernel("row_dot")(grid=(batch, 1, 1), block=(THREADS, 1, 1), args=[x, c, out, cols, self.scale],
+                           stream=stream)
         return out

@@ -18,6 +18,7 @@ from kb_mcp.harness.plausibility import (
     work_bound,
     work_census_from_profiles,
 )
+from kb_mcp.harness.shapes import size_constants
 from kb_mcp.harness.verdict import CompileResult, FindingCode, InputSetCheck, Timings, decide
 from kb_mcp.kb.models import Verdict
 
@@ -123,3 +124,54 @@ def test_an_escalated_result_counts_with_its_evidence_or_is_held_with_the_reason
     held = unsettled(["speedup 100.0x"], "its own work could not be measured (ncu was not found)")
     verdict, flagged, summary = decide(OK, SETS, [held], t)
     assert verdict == Verdict.faster and flagged and "ncu was not found" in summary
+
+
+def _linear_sum_sizes() -> tuple[int, int, int]:
+    source = (Path(__file__).resolve().parents[2] / "examples" / "problems" / "linear_sum.py").read_text()
+    sizes = size_constants(source)
+    return sizes["BATCH"], sizes["IN_FEATURES"], sizes["OUT_FEATURES"]
+
+
+def test_linear_sum_leaves_its_exact_rewrite_room_above_the_gpu_tests_threshold() -> None:
+    # tests/harness/test_evidence_gpu.py escalates at 4x. Eager's FP32 GEMM cannot beat the H100 SXM's
+    # non-tensor peak (132 SMs x 128 lanes x 2 FLOPs at 1.98 GHz); the rewrite's call from Python
+    # costs at most ~0.45 ms of host time in the worker. Twice the threshold at least.
+    batch, cols, rows = _linear_sum_sizes()
+    eager_ms = 2 * batch * cols * rows / (132 * 128 * 2 * 1.98e9) * 1e3
+    assert eager_ms / 0.45 > 2 * 4.0
+
+
+def test_linear_sum_rewrite_at_its_sizes_is_clear_of_its_own_work_bound() -> None:
+    # The three kernels of examples/candidates/linear_sum_rewrite_nvrtc.py and the bytes they move.
+    batch, cols, rows = _linear_sum_sizes()
+    chunks = 64
+    census = WorkCensus(available=True, kernels=[
+        KernelWork(name="colsum_partial", dram_read_bytes=4.0 * rows * cols, dram_write_bytes=4.0 * chunks * cols,
+                   warp_instructions=rows * cols / 32 * 6),
+        KernelWork(name="colsum_finish", dram_read_bytes=4.0 * (chunks * cols + rows),
+                   dram_write_bytes=4.0 * (cols + 1), warp_instructions=chunks * cols / 32 * 8),
+        KernelWork(name="row_dot", dram_read_bytes=4.0 * (batch * cols + cols + 1), dram_write_bytes=4.0 * batch,
+                   warp_instructions=batch * cols / 32 * 8),
+    ])
+    bound = work_bound(census, H100)
+    assert bound is not None and bound.limit == "dram"
+    # W once, x beyond the L2 a kernel may find it in: ~44 us. The escalation has something to check...
+    assert 0.03 < bound.ms < 0.06
+    # ...and honest kernels moving all of it at 93 % of the peak (~65 us), let alone with the host's
+    # time for the call, stay far above the impossible line.
+    honest_ms = census.dram_bytes / (0.93 * (H100.dram_bytes_per_s or 0.0)) * 1e3
+    assert impossible_time(honest_ms, bound) is None
+
+
+def test_a_gemm_hidden_from_the_events_cannot_fit_in_a_millisecond() -> None:
+    # tests/adversarial/cheats/linear_sum_hidden_stream.py: its own GEMM on a side stream. Its FFMAs
+    # alone (one warp instruction per 32 multiply-adds) exceed 4 ms of the H100's issue rate.
+    batch, cols, rows = _linear_sum_sizes()
+    census = WorkCensus(available=True, kernels=[
+        KernelWork(name="gemm_rowsum", dram_read_bytes=4.0 * (batch + rows) * cols, dram_write_bytes=0.0,
+                   warp_instructions=batch * cols * rows / 32),
+    ])
+    bound = work_bound(census, H100)
+    assert bound is not None and bound.limit == "issue" and bound.ms > 4.0
+    found = impossible_time(1.0, bound)
+    assert found is not None and "warp instructions" in found.message

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from kb_mcp.harness.shapes import size_constants, variants
 
@@ -68,3 +71,20 @@ def test_variants_halve_every_size_then_each_alone_and_run() -> None:
 
 def test_a_problem_without_sizes_has_no_second_shape() -> None:
     assert variants("import torch\ndef get_inputs():\n    return [torch.rand(4, 4)]\n") == []
+
+
+def test_the_linear_sum_example_halves_its_sizes_and_its_reference_runs_there() -> None:
+    # The second shape the evidence of its exact rewrite uses (tests/harness/test_evidence_gpu.py).
+    source = (Path(__file__).resolve().parents[2] / "examples" / "problems" / "linear_sum.py").read_text()
+    assert size_constants(source) == {"BATCH": 8192, "IN_FEATURES": 4096, "OUT_FEATURES": 4096}
+    plan = variants(source)[0]
+    assert plan.describe() == "BATCH=4096 (was 8192), IN_FEATURES=2048 (was 4096), OUT_FEATURES=2048 (was 4096)"
+    ns = _run(plan.source)
+    init = ns["get_init_inputs"]()
+    assert init == [2048, 2048, 0.5]  # the scale is no size: unchanged
+    (x,) = ns["get_inputs"]()
+    assert tuple(x.shape) == (4096, 2048)
+    model = ns["Model"](*init)
+    with torch.no_grad():
+        out = model(x[:4])
+    assert tuple(out.shape) == (4, 1) and torch.isfinite(out).all()

@@ -27,12 +27,12 @@ import torch.nn as nn
 
 SRC = r"""
 extern "C" __global__ void linear_fp32(const float* x, const float* w, const float* b, float* y,
-                                       int M, int N, int K, float offset) {
+                                       int M, int N, int K, double offset) {  // Python float: a double
     const int n = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
     if (n >= N) return;
     float acc = 0.f;
     for (int k = 0; k < K; ++k) acc = fmaf(x[m * K + k], w[n * K + k], acc);
-    y[m * N + n] = acc + b[n] + offset;
+    y[m * N + n] = acc + b[n] + (float)offset;
 }
 """
 

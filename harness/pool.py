@@ -13,7 +13,9 @@ Only this side writes anything shared: builds a worker asks for are made by the 
 (`harness.builds`) and published read-only; a baseline a worker measured is checked and stored
 here; the KB and artifacts are the tools' business. Frames on the channel are authenticated per
 request (see `harness.channel`); a frame that fails, arrives out of order or disagrees with the
-request ends the request as `invalid` with `forged_result`.
+request ends the request as `invalid` with `forged_result`. The pool words no verdict itself: each
+of these endings is a typed `verdict.Failure` that `verdict.judge` decides, as it decides the
+worker's own evidence.
 
 Timing happens in a process that has never started a profiler session: the kernel census, which
 needs one, runs in a census worker of its own (`harness.worker.census`). A verify worker that
@@ -63,7 +65,17 @@ from kb_mcp.harness.protocol import (
 )
 from kb_mcp.harness.sandbox import Sandbox, detect
 from kb_mcp.harness.scratch import sweep_scratch
-from kb_mcp.harness.verdict import CompileResult, Finding, FindingCode, VerifyOptions, VerifyResult
+from kb_mcp.harness.verdict import (
+    CompileResult,
+    Evidence,
+    Failure,
+    FailureKind,
+    Finding,
+    FindingCode,
+    VerifyOptions,
+    VerifyResult,
+    judge,
+)
 from kb_mcp.harness.work import take_work_census
 from kb_mcp.kb import paths
 from kb_mcp.kb.models import Verdict
@@ -270,11 +282,9 @@ class WorkerPool:
         try:
             parse_candidate(source)
         except CandidateError as exc:
-            return VerifyResult(
-                candidate_id=cid, problem=problem.name, problem_hash=problem.hash, verdict=Verdict.compile_error,
-                summary=f"compile error: {exc}", compile=CompileResult(ok=False, messages=[str(exc)]), phase="static",
-                track=opts.track,
-            )
+            return _judged(problem, cid, Evidence(compile=CompileResult(ok=False, messages=[str(exc)]),
+                                                  failure=Failure(kind=FailureKind.malformed, detail=str(exc))),
+                           phase="static", track=opts.track)
         with self._lock:
             w = self._ready()
             if self.no_cuda or opts.compile_only or not (w.info and w.info.cuda):
@@ -340,23 +350,21 @@ class WorkerPool:
                 raise ForgedFrame("the result names another candidate or problem than the one sent")
         except TimeoutError:
             phase = reply.phase
-            return self._ended(w, problem, source, opts, cid, t0, Verdict.timeout, phase,
-                               f"timeout: no answer within {self._limit(phase, opts):.0f} s while "
-                               f"{_PHASE_WORDS.get(phase, phase)}; the worker was killed and replaced")
+            return self._ended(w, problem, source, opts, cid, t0, phase, Failure(
+                kind=FailureKind.timed_out, where=_PHASE_WORDS.get(phase, phase), limit_s=self._limit(phase, opts)))
         except ChannelClosed:
             phase = reply.phase
             code = w.proc.wait(timeout=30)
-            return self._ended(w, problem, source, opts, cid, t0, Verdict.crashed, phase,
-                               f"crashed: the worker died ({describe_exit(code)}) while "
-                               f"{_PHASE_WORDS.get(phase, phase)}; it was replaced")
+            return self._ended(w, problem, source, opts, cid, t0, phase, Failure(
+                kind=FailureKind.worker_died, where=_PHASE_WORDS.get(phase, phase), detail=describe_exit(code)))
         except (ForgedFrame, ValidationError) as exc:
             finding = Finding(
                 code=FindingCode.forged_result, source="runtime",
                 message=(f"the result channel carried data the harness did not send ({exc}); writing to the "
                          "worker's channel or faking its messages is not allowed"),
             )
-            return self._ended(w, problem, source, opts, cid, t0, Verdict.invalid, reply.phase,
-                               f"invalid (forged_result): {finding.message}", [finding])
+            return self._ended(w, problem, source, opts, cid, t0, reply.phase, Failure(kind=FailureKind.forged_frame),
+                               [finding])
         self._keep_baseline(body, w, problem, opts.track.value)
         w.output.settle()
         result = result.model_copy(update={
@@ -400,11 +408,8 @@ class WorkerPool:
     @staticmethod
     def _problem_result(problem: Problem, cid: str, failed: ProblemFailed, t0: float) -> VerifyResult:
         """The result when the problem's own code failed: no verdict on the candidate (the tool stores none)."""
-        return VerifyResult(
-            candidate_id=cid, problem=problem.name, problem_hash=problem.hash, verdict=Verdict.crashed,
-            summary=f"the problem failed: {failed.text}", compile=CompileResult(ok=True), phase="import",
-            problem_error=failed.text, elapsed_s=round(time.monotonic() - t0, 3),
-        )
+        return _judged(problem, cid, Evidence(failure=Failure(kind=FailureKind.problem_failed, detail=failed.text)),
+                       phase="import", problem_error=failed.text, elapsed_s=round(time.monotonic() - t0, 3))
 
     def _keep_baseline(self, body: VerifyReply, w: WorkerProcess, problem: Problem, track: str) -> None:
         """Stores a baseline the worker measured, under the key the server knows (this problem,
@@ -437,7 +442,7 @@ class WorkerPool:
         with self._lock:
             reply = self._take_census(problem, source, opts, candidate_id(problem, source))
         if isinstance(reply, ProblemFailed):
-            return CensusReply(verdict=Verdict.crashed, summary=f"crashed: the problem failed: {reply.text}")
+            return CensusReply(failure=Failure(kind=FailureKind.census_problem_failed, detail=reply.text))
         return reply
 
     def _census_worker(self) -> WorkerProcess:
@@ -485,7 +490,6 @@ class WorkerPool:
                 if attempt:
                     raise WorkerError("the census worker does not take requests") from None
                 self._replace_census(w)
-        where = "the census worker runs one forward under the profiler, in a process of its own"
         exchange = ReplyReader(w, rid, key, lambda phase: self._census_limit(phase, opts), "census")
 
         def on_ask(ask: Any) -> None:
@@ -501,20 +505,15 @@ class WorkerPool:
         except TimeoutError:
             phase = exchange.phase
             self._replace_census(w)
-            return CensusReply(
-                verdict=Verdict.timeout, elapsed_s=round(time.monotonic() - t0, 3),
-                summary=(f"timeout: no answer within {self._census_limit(phase, opts):.0f} s while "
-                         f"{CENSUS_WORDS.get(phase, phase)} ({where}); it was killed and replaced"),
-            )
+            return CensusReply(elapsed_s=round(time.monotonic() - t0, 3), failure=Failure(
+                kind=FailureKind.census_timed_out, where=CENSUS_WORDS.get(phase, phase),
+                limit_s=self._census_limit(phase, opts)))
         except ChannelClosed:
             phase = exchange.phase
             code = w.proc.wait(timeout=30)
             self._replace_census(w)
-            return CensusReply(
-                verdict=Verdict.crashed, elapsed_s=round(time.monotonic() - t0, 3),
-                summary=(f"crashed: the census worker died ({describe_exit(code)}) while "
-                         f"{CENSUS_WORDS.get(phase, phase)} ({where}); it was replaced"),
-            )
+            return CensusReply(elapsed_s=round(time.monotonic() - t0, 3), failure=Failure(
+                kind=FailureKind.census_died, where=CENSUS_WORDS.get(phase, phase), detail=describe_exit(code)))
         except (ForgedFrame, ValidationError) as exc:
             self._replace_census(w)
             finding = Finding(
@@ -522,8 +521,8 @@ class WorkerPool:
                 message=(f"the census worker's channel carried data the harness did not send ({exc}); writing "
                          "to the harness's channels or faking its messages is not allowed"),
             )
-            return CensusReply(findings=[finding], verdict=Verdict.invalid, elapsed_s=round(time.monotonic() - t0, 3),
-                               summary=f"invalid (forged_result): {finding.message}")
+            return CensusReply(findings=[finding], failure=Failure(kind=FailureKind.forged_frame),
+                               elapsed_s=round(time.monotonic() - t0, 3))
         if retire:
             self._replace_census(w)
         if isinstance(reply, ProblemFailed):
@@ -541,11 +540,10 @@ class WorkerPool:
             self._replace(w)  # it waits for an answer that will not come
             raise
         if isinstance(reply, ProblemFailed):  # it loaded in the verify worker: not deterministic
-            reply = CensusReply(verdict=Verdict.crashed,
-                                summary=f"crashed: the problem failed in the census worker ({reply.text})")
+            reply = CensusReply(failure=Failure(kind=FailureKind.census_problem_diverged, detail=reply.text))
         if reply.clean:
             self._settle_starts()
-        if reply.verdict is None and units:
+        if reply.failure is None and units:
             arch = w.info.arch if w.info else ""
             reply = reply.model_copy(update={"precision": self.compile_only.precision_of(
                 units, arch, self.builds, opts.compile_timeout_s)})
@@ -566,8 +564,8 @@ class WorkerPool:
             pass  # the verify worker is gone: the next read says how
 
     def _ended(self, w: WorkerProcess, problem: Problem, source: str, opts: VerifyOptions, cid: str, t0: float,
-               verdict: Verdict, phase: str, summary: str, findings: list[Finding] | None = None) -> VerifyResult:
-        """The result when the worker did not answer properly: it is replaced, the verdict says why."""
+               phase: str, failure: Failure, findings: list[Finding] | None = None) -> VerifyResult:
+        """The result when the worker did not answer properly: it is replaced; `judge` words why."""
         self._replace(w)
         w.output.settle()
         built = phase in ("check", "census", "timing", "baselines")
@@ -580,9 +578,18 @@ class WorkerPool:
         # The GPU it ran on: a timeout or crash there is a GPU verdict, stored as one (its verdict key
         # and strength depend on it), not a compile-only one.
         gpu = w.info is not None and w.info.cuda and not self.no_cuda and not opts.compile_only
-        return VerifyResult(
-            candidate_id=cid, problem=problem.name, problem_hash=problem.hash, verdict=verdict, summary=summary,
-            compile=compile, findings=findings or [], phase=phase, output=w.output.take(opts.max_output_chars),
+        return _judged(
+            problem, cid, Evidence(compile=compile, findings=findings or [], failure=failure),
+            phase=phase, output=w.output.take(opts.max_output_chars),
             elapsed_s=round(time.monotonic() - t0, 3), worker_replaced=True,
             device=w.info.device if gpu and w.info else "", arch=w.info.arch if gpu and w.info else "",
         )
+
+
+def _judged(problem: Problem, cid: str, evidence: Evidence, **fields: Any) -> VerifyResult:
+    """The result of an ending the pool saw (or a failed problem): `judge` decides its verdict and
+    summary from the evidence, as it does for the worker's own pipeline."""
+    judgement = judge(evidence)
+    return VerifyResult(candidate_id=cid, problem=problem.name, problem_hash=problem.hash, verdict=judgement.verdict,
+                        summary=judgement.summary, flagged=judgement.flagged, compile=evidence.compile,
+                        findings=evidence.findings, **fields)

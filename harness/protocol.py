@@ -33,7 +33,7 @@ from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.plausibility import WorkCensus
 from kb_mcp.harness.precision import PrecisionEvidence
 from kb_mcp.harness.problem import Problem
-from kb_mcp.harness.verdict import Finding, VerifyOptions, VerifyResult
+from kb_mcp.harness.verdict import Evidence, Failure, Finding, Judgement, VerifyOptions, VerifyResult, judge
 from kb_mcp.kb.models import Verdict
 
 __all__ = [
@@ -138,8 +138,9 @@ class CensusReply(_Message):
     kind: Literal["census"] = "census"
     census: dict[str, Any] | None = None  # an `integrity_runtime.KernelCensus`, as JSON
     findings: list[Finding] = Field(default_factory=list)  # the census worker's own integrity findings
-    verdict: Verdict | None = None  # set when no census could be taken: crashed, timeout or invalid
-    summary: str = ""  # what happened, when `verdict` is set
+    # Set when no census could be taken (the census worker's or the pool's account of how it
+    # ended); `verdict.judge` words it, as it does every other ending.
+    failure: Failure | None = None
     pid: int | None = None  # the census worker that answered (its pid inside its sandbox)
     elapsed_s: float = 0.0
     work: WorkCensus | None = None  # the answer to a `CensusAsk(counters=True)` (`harness.work`)
@@ -148,9 +149,25 @@ class CensusReply(_Message):
     precision: PrecisionEvidence | None = None
 
     @property
+    def judgement(self) -> Judgement | None:
+        """How no census could be taken, judged (`verdict.judge`: crashed, timeout or invalid); None
+        when one was."""
+        return None if self.failure is None else judge(Evidence(findings=self.findings, failure=self.failure))
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """The judgement's verdict, or None when a census was taken."""
+        return None if self.judgement is None else self.judgement.verdict
+
+    @property
+    def summary(self) -> str:
+        """The judgement's summary, or empty when a census was taken."""
+        return "" if self.judgement is None else self.judgement.summary
+
+    @property
     def clean(self) -> bool:
         """True when the census ran and the census worker saw nothing wrong."""
-        return self.verdict is None and not self.findings
+        return self.failure is None and not self.findings
 
 
 class BuildReply(_Message):

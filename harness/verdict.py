@@ -7,7 +7,6 @@ each names, in docs/architecture.md.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from enum import Enum
 from typing import Any, Literal
@@ -367,44 +366,6 @@ def assess_options(options: VerifyOptions, *, gpu: bool, tolerance_loosened: str
     return OptionsAssessment(options=kept, strength=strength, loosened=list(dict.fromkeys(loosened)))
 
 
-class Caps(BaseModel):
-    """Server-side bounds on the limits a caller may ask for (beyond them a request is refused).
-
-    Set by the server's operator through `KB_MCP_MAX_TIMEOUT_S` and `KB_MCP_MAX_COMPILE_TIMEOUT_S`.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    timeout_s: float = 600.0
-    compile_timeout_s: float = 1200.0
-
-    @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> Caps:
-        """The caps this server runs with (defaults where the variables are unset)."""
-        env = os.environ if environ is None else environ
-        values: dict[str, float] = {}
-        for field, var in (("timeout_s", "KB_MCP_MAX_TIMEOUT_S"), ("compile_timeout_s",
-                                                                   "KB_MCP_MAX_COMPILE_TIMEOUT_S")):
-            if env.get(var):
-                try:
-                    values[field] = float(env[var])
-                except ValueError as exc:
-                    raise ValueError(f"${var} must be a number of seconds, got {env[var]!r}") from exc
-        return cls(**values)
-
-    def refusal(self, options: VerifyOptions) -> str | None:
-        """Why `options` ask for more than this server allows, or None when they do not."""
-        over = [
-            f"options.{name}={getattr(options, name):g} is above this server's cap of {cap:g} s"
-            for name, cap in (("timeout_s", self.timeout_s), ("compile_timeout_s", self.compile_timeout_s))
-            if getattr(options, name) > cap
-        ]
-        if not over:
-            return None
-        return ("; ".join(over) + ". Ask for at most the cap (limits above the defaults also flag the verdict "
-                "and keep it out of scores); the server's operator sets the caps")
-
-
 def decide(
     compile: CompileResult,
     input_sets: list[InputSetCheck],
@@ -478,8 +439,11 @@ def decide(
 
 
 class FailureKind(str, Enum):
-    """How a run ended before the candidate could be judged on its outputs."""
+    """How a run ended before the candidate could be judged on its outputs. Every ending of a
+    verification or a census is one of these (worded by `judge`, nowhere else)."""
 
+    # The candidate, in the verify worker's stages:
+    malformed = "malformed"  # the source is no candidate (empty, not Python, no ModelNew): `harness.candidate`
     build_failed = "build_failed"  # a build of the candidate failed (the compile result says how)
     syntax_error = "syntax_error"  # the candidate's Python does not parse
     no_model = "no_model"  # the candidate defines no class ModelNew
@@ -488,47 +452,84 @@ class FailureKind(str, Enum):
     exited = "exited"  # it tried to end the worker (SystemExit, KeyboardInterrupt)
     raised = "raised"  # any other exception
     problem_output = "problem_output"  # the problem's Model returned something other than tensors
-    reported = "reported"  # another process (the census worker) ended it, with its own verdict
+    # The problem's own code failed: the result carries `problem_error`, no verdict on the candidate.
+    problem_failed = "problem_failed"
+    # The verify worker, as the pool saw it end:
+    timed_out = "timed_out"  # no answer within `limit_s` while `where`; killed
+    worker_died = "worker_died"  # the process ended (`detail`: how) while `where`
+    forged_frame = "forged_frame"  # its channel carried data the harness did not send (a forged_result finding)
+    internal_error = "internal_error"  # the harness itself raised (`detail`)
+    # The census worker (`harness.worker.census`), as it or the pool saw it end:
+    census_raised = "census_raised"  # the candidate raised there (`where`, `detail`)
+    census_context_broken = "census_context_broken"  # its CUDA context broke during the census
+    census_timed_out = "census_timed_out"
+    census_died = "census_died"
+    census_problem_failed = "census_problem_failed"  # the problem failed there (a census asked for alone)
+    census_problem_diverged = "census_problem_diverged"  # the problem loaded in the verify worker, not there
+    census_internal_error = "census_internal_error"
 
 
-_FAILURE_VERDICT = {
-    FailureKind.build_failed: Verdict.compile_error, FailureKind.syntax_error: Verdict.compile_error,
-    FailureKind.no_model: Verdict.compile_error,
+_CENSUS_WORKER = "the census worker runs one forward under the profiler, in a process of its own"
+# The verdict and summary of each kind, formatted with the Failure's fields (`judged` handles the
+# kinds whose summary reads more than the Failure).
+_WORDING: dict[FailureKind, tuple[Verdict, str]] = {
+    FailureKind.malformed: (Verdict.compile_error, "compile error: {detail}"),
+    FailureKind.syntax_error: (Verdict.compile_error, "compile error: {detail}"),
+    FailureKind.no_model: (Verdict.compile_error, "compile error: {detail}"),
+    FailureKind.out_of_memory: (Verdict.crashed, "crashed: {where} ran out of GPU memory: {detail}"),
+    FailureKind.exited: (Verdict.crashed, "crashed: {where} tried to exit the worker ({detail})"),
+    FailureKind.raised: (Verdict.crashed, "crashed: {where} raised {detail}"),
+    FailureKind.problem_output: (Verdict.crashed, "crashed: {detail}"),
+    FailureKind.problem_failed: (Verdict.crashed, "the problem failed: {detail}"),
+    FailureKind.timed_out: (Verdict.timeout, "timeout: no answer within {limit_s:.0f} s while {where}; the worker "
+                                             "was killed and replaced"),
+    FailureKind.worker_died: (Verdict.crashed, "crashed: the worker died ({detail}) while {where}; it was replaced"),
+    FailureKind.internal_error: (Verdict.crashed, "crashed: internal harness error ({detail}); the worker was "
+                                                  "replaced"),
+    FailureKind.census_raised: (Verdict.crashed, "crashed: {where} raised {detail} in the census worker (where one "
+                                                 "forward runs under the profiler, in a process of its own), "
+                                                 "although it passed the checks"),
+    FailureKind.census_context_broken: (Verdict.crashed, "crashed: the CUDA context of the census worker broke "
+                                                         "during the census"),
+    FailureKind.census_timed_out: (Verdict.timeout, "timeout: no answer within {limit_s:.0f} s while {where} ("
+                                                    + _CENSUS_WORKER + "); it was killed and replaced"),
+    FailureKind.census_died: (Verdict.crashed, "crashed: the census worker died ({detail}) while {where} ("
+                                               + _CENSUS_WORKER + "); it was replaced"),
+    FailureKind.census_problem_failed: (Verdict.crashed, "crashed: the problem failed: {detail}"),
+    FailureKind.census_problem_diverged: (Verdict.crashed, "crashed: the problem failed in the census worker "
+                                                           "({detail})"),
+    FailureKind.census_internal_error: (Verdict.crashed, "crashed: internal error of the census worker ({detail}); "
+                                                         "it was replaced"),
 }
 
 
 class Failure(BaseModel):
-    """A stage's evidence that the run cannot go on: what failed, where, and what it said."""
+    """A stage's (or the pool's) evidence that the run cannot go on: what failed, where, and what it said."""
 
     model_config = ConfigDict(extra="forbid")
 
     kind: FailureKind
-    where: str = ""  # e.g. "importing the candidate", "ModelNew.forward"
-    detail: str = ""  # the error, one line or a short traceback
+    where: str = ""  # e.g. "importing the candidate", "ModelNew.forward", the phase a worker was in
+    detail: str = ""  # the error, one line or a short traceback; how a worker exited
     context_healthy: bool = True  # the CUDA context still computes correctly afterwards
-    verdict: Verdict | None = None  # `reported` only: the verdict the other process gave
+    limit_s: float = 0.0  # timed_out, census_timed_out: the limit the phase ran under
 
-    def judged(self, compile: CompileResult) -> tuple[Verdict, str]:
-        """Its verdict and summary (see `judge`)."""
-        k, where, detail = self.kind, self.where, self.detail
-        if k == FailureKind.reported:
-            return self.verdict or Verdict.crashed, detail
+    def judged(self, evidence: Evidence) -> tuple[Verdict, str]:
+        """Its verdict and summary (see `judge`); a build failure and a forged frame read the rest
+        of the evidence (the compiler's first message, the forged_result finding)."""
+        k = self.kind
         if k == FailureKind.build_failed:
-            first = compile.messages[0] if compile.messages else "build failed"
-            return Verdict.compile_error, f"compile error: {first}"
-        if k in _FAILURE_VERDICT:
-            return _FAILURE_VERDICT[k], f"compile error: {detail}"
-        if k == FailureKind.out_of_memory:
-            return Verdict.crashed, f"crashed: {where} ran out of GPU memory: {detail}"
+            messages = evidence.compile.messages
+            return Verdict.compile_error, f"compile error: {messages[0] if messages else 'build failed'}"
         if k == FailureKind.cuda_error:
             state = ("the CUDA context survived" if self.context_healthy
                      else "the CUDA context is corrupted; worker replaced")
-            return Verdict.crashed, f"crashed: {where} raised a CUDA error ({state}): {detail}"
-        if k == FailureKind.exited:
-            return Verdict.crashed, f"crashed: {where} tried to exit the worker ({detail})"
-        if k == FailureKind.problem_output:
-            return Verdict.crashed, f"crashed: {detail}"
-        return Verdict.crashed, f"crashed: {where} raised {detail}"
+            return Verdict.crashed, f"crashed: {self.where} raised a CUDA error ({state}): {self.detail}"
+        if k == FailureKind.forged_frame:
+            forged = [f.message for f in evidence.findings if f.code == FindingCode.forged_result]
+            return Verdict.invalid, f"invalid (forged_result): {forged[0] if forged else self.detail}"
+        verdict, wording = _WORDING[k]
+        return verdict, wording.format(where=self.where, detail=self.detail, limit_s=self.limit_s)
 
 
 class Evidence(BaseModel):
@@ -561,11 +562,13 @@ class Judgement(BaseModel):
 
 
 def judge(evidence: Evidence) -> Judgement:
-    """The one place a verification's evidence becomes its verdict (both paths: the GPU worker's
-    stages and the compile-only path). A failure decides it (`Failure.judged`); else `decide` on
+    """The one place evidence becomes a verdict and its summary: the GPU worker's stages, the
+    compile-only path, and every other ending (the pool's timeouts, dead workers and forged frames,
+    a failed problem, the census worker's endings, the harness's own errors), which arrive as a
+    `Failure` with no other evidence. A failure decides it (`Failure.judged`); else `decide` on
     the findings, the input sets and, on a GPU run that reached them, the timings."""
     if evidence.failure is not None:
-        verdict, summary = evidence.failure.judged(evidence.compile)
+        verdict, summary = evidence.failure.judged(evidence)
         return Judgement(verdict=verdict, flagged=False, summary=summary)
     verdict, flagged, summary = decide(evidence.compile, evidence.input_sets, evidence.findings, evidence.timings,
                                        gpu=evidence.timings is not None, loosened=evidence.loosened)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.harness.verdict import Caps, CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
+from kb_mcp.harness.caps import Caps
+from kb_mcp.harness.verdict import CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
 from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
 from kb_mcp.tools.context import ToolContext

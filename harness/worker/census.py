@@ -33,11 +33,10 @@ import torch
 
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import CensusReply, ProblemFailed
-from kb_mcp.harness.verdict import Finding, VerifyOptions
+from kb_mcp.harness.verdict import Failure, FailureKind, Finding, VerifyOptions
 from kb_mcp.harness.worker import integrity_runtime as rt
 from kb_mcp.harness.worker.loading import load_module, short_traceback
 from kb_mcp.harness.worker.values import clone_inputs, secret_seed
-from kb_mcp.kb.models import Verdict
 
 
 def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions,
@@ -46,30 +45,13 @@ def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions,
 
     `env` is the census worker's `verify.WorkerEnv`. Without CUDA the forward still runs (on CPU
     tensors), and the census says it saw no GPU. A problem that fails to import is the problem's
-    failure (ProblemFailed), not the candidate's.
+    failure (ProblemFailed), not the candidate's. How a census that could not be taken ended is a
+    `verdict.Failure` in the reply (`judge` words it).
     """
     t0 = time.perf_counter()
-    device = "cuda" if env.cuda else "cpu"
     if env.builders is not None:
         env.builders.reset()
-    names: list[str] = []
-    files: tuple[str, ...] = ()
-    before = rt.ThreadCensus.take()
-    census: Any = None
-    threads: list[Finding] | None = None
-    verdict: Verdict | None = None
-    summary = ""
-    where = "importing the candidate"
-
-    def load(text: str, stem: str) -> Any:
-        name = f"{stem}_{next(env.counter)}"
-        names.append(name)
-        return load_module(text, name, env.workdir)
-
-    def sync() -> None:
-        if env.cuda:
-            env.snapshot.trusted.synchronize()
-
+    run = _CensusRun(env)
     if env.cuda:
         # A clean L2 state first, so that whatever is found afterwards is the candidate's doing: a
         # census worker that never reset it reported a persisting set-aside of 9830400 bytes on an
@@ -77,15 +59,61 @@ def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions,
         rt.reset_l2_persistence()
     report("import")
     try:
-        pmod = load(problem.source, "kbmcp_census_problem")
+        pmod = run.load(problem.source, "kbmcp_census_problem")
     except Exception as exc:  # noqa: BLE001 - the problem's own failure: no candidate code has run yet
-        sys.modules.pop(names[-1], None)
-        return ProblemFailed(stage="import", error=short_traceback(exc, (str(env.workdir / f"{names[-1]}.py"),))), True
-    try:
-        cmod = load(source, "kbmcp_census_candidate")
-        files = (str(getattr(cmod, "__file__", "")),)
-        report("construct")
-        where = "constructing ModelNew"
+        sys.modules.pop(run.names[-1], None)
+        failed = ProblemFailed(stage="import", error=short_traceback(exc, (str(env.workdir / f"{run.names[-1]}.py"),)))
+        return failed, True
+    failure = run.forward(pmod, source, options, report)
+    findings, broken = run.leftovers()
+    broken = run.cleanup() or broken
+    reply = CensusReply(
+        census=run.census.model_dump(mode="json") if run.census is not None else None, findings=findings,
+        failure=failure or broken, pid=os.getpid(), elapsed_s=round(time.perf_counter() - t0, 3),
+    )
+    return reply, not reply.clean
+
+
+class _CensusRun:
+    """One census in the census worker: the modules it imported, and what the forward left."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.device = "cuda" if env.cuda else "cpu"
+        self.names: list[str] = []  # modules imported (dropped by `cleanup`)
+        self.files: tuple[str, ...] = ()  # the candidate's file, for its tracebacks
+        self.before = rt.ThreadCensus.take()
+        self.census: Any = None
+        self.threads: list[Finding] | None = None  # counted before the profiler session starts its own
+
+    def load(self, text: str, stem: str) -> Any:
+        name = f"{stem}_{next(self.env.counter)}"
+        self.names.append(name)
+        return load_module(text, name, self.env.workdir)
+
+    def _sync(self) -> None:
+        if self.env.cuda:
+            self.env.snapshot.trusted.synchronize()
+
+    def forward(self, pmod: Any, source: str, options: VerifyOptions, report: Callable[[str], None]) -> Failure | None:
+        """Imports and constructs the candidate, then runs forward once and once under the profiler;
+        what it raised on the way is a `census_raised` failure."""
+        where = "importing the candidate"
+        try:
+            cmod = self.load(source, "kbmcp_census_candidate")
+            self.files = (str(getattr(cmod, "__file__", "")),)
+            report("construct")
+            where = "constructing ModelNew"
+            model, xs = self._construct(pmod, cmod)
+            report("census")
+            where = "ModelNew.forward"
+            self._take(model, xs, options)
+        except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything, exits included
+            return Failure(kind=FailureKind.census_raised, where=where, detail=short_traceback(exc, self.files))
+        return None
+
+    def _construct(self, pmod: Any, cmod: Any) -> tuple[Any, list[Any]]:
+        device = self.device
         init = [x.to(device) if isinstance(x, torch.Tensor) else x for x in pmod.get_init_inputs()]
         torch.manual_seed(secret_seed())
         model = cmod.ModelNew(*init).to(device).eval()
@@ -94,47 +122,45 @@ def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions,
             xs = list(pmod.get_inputs())
         xs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in xs]
         torch.manual_seed(secret_seed())
-        report("census")
-        where = "ModelNew.forward"
+        return model, xs
+
+    def _take(self, model: Any, xs: list[Any], options: VerifyOptions) -> None:
         with torch.no_grad():
             model(*clone_inputs(xs))  # first call: lazy builds and one-time set-up, as in the checks
-            sync()
+            self._sync()
             # Threads are counted up to here: a profiler session may start threads of its own.
-            threads = rt.thread_findings(before, rt.ThreadCensus.take(), "import, construction and forward")
+            self.threads = rt.thread_findings(self.before, rt.ThreadCensus.take(), "import, construction and forward")
             args = clone_inputs(xs)
-            if env.cuda:
-                census = rt.census(lambda: model(*args), rt.expand_runtime_allow(options.allow))
+            if self.env.cuda:
+                self.census = rt.census(lambda: model(*args), rt.expand_runtime_allow(options.allow))
             else:  # the same call, with nothing for a profiler to see
                 model(*args)
-                census = rt.census(lambda: None)
-            sync()
-    except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything, exits included
-        verdict = Verdict.crashed
-        summary = (f"crashed: {where} raised {short_traceback(exc, files)} in the census worker (where one forward "
-                   "runs under the profiler, in a process of its own), although it passed the checks")
-    findings: list[Finding] = []
-    if threads is None:
-        threads = rt.thread_findings(before, rt.ThreadCensus.take(), "import, construction and forward")
-    findings += threads
-    findings += env.snapshot.verify()
-    if env.cuda:
-        try:
-            findings += rt.l2_findings(rt.l2_state())
-            rt.reset_l2_persistence()
-        except Exception:  # noqa: BLE001 - a broken context: retire below
-            verdict = verdict or Verdict.crashed
-            summary = summary or "crashed: the CUDA context of the census worker broke during the census"
-    for name in names:
-        sys.modules.pop(name, None)
-    gc.collect()
-    if env.cuda:
-        try:
-            torch.cuda.empty_cache()
-        except Exception:  # noqa: BLE001
-            verdict = verdict or Verdict.crashed
-    reply = CensusReply(
-        census=census.model_dump(mode="json") if census is not None else None,
-        findings=findings, verdict=verdict, summary=summary, pid=os.getpid(),
-        elapsed_s=round(time.perf_counter() - t0, 3),
-    )
-    return reply, not reply.clean
+                self.census = rt.census(lambda: None)
+            self._sync()
+
+    def leftovers(self) -> tuple[list[Finding], Failure | None]:
+        """The census worker's own findings (threads, trusted functions, L2 persistence), and a
+        broken CUDA context if reading the L2 state failed."""
+        threads = self.threads
+        if threads is None:
+            threads = rt.thread_findings(self.before, rt.ThreadCensus.take(), "import, construction and forward")
+        findings = threads + self.env.snapshot.verify()
+        if self.env.cuda:
+            try:
+                findings += rt.l2_findings(rt.l2_state())
+                rt.reset_l2_persistence()
+            except Exception:  # noqa: BLE001 - a broken context: the worker retires
+                return findings, Failure(kind=FailureKind.census_context_broken)
+        return findings, None
+
+    def cleanup(self) -> Failure | None:
+        """Drops the imported modules and the cached GPU memory; a CUDA context that fails to is broken."""
+        for name in self.names:
+            sys.modules.pop(name, None)
+        gc.collect()
+        if self.env.cuda:
+            try:
+                torch.cuda.empty_cache()
+            except Exception:  # noqa: BLE001
+                return Failure(kind=FailureKind.census_context_broken)
+        return None

@@ -253,22 +253,20 @@ def _check_problem(env: Any, problem: Any) -> ProblemChecked | ProblemFailed:
 
 
 def _internal_error(req: Any, exc: BaseException) -> Any:
-    from kb_mcp.harness.verdict import CompileResult, VerifyResult
-    from kb_mcp.kb.models import Verdict
+    """The reply when the harness itself raised on `req`: a crash, worded by `verdict.judge`."""
+    from kb_mcp.harness.verdict import Evidence, Failure, FailureKind, VerifyResult, judge
 
+    detail = f"{type(exc).__name__}: {str(exc)[:300]}"
     if isinstance(req, CensusRequest):
-        return CensusReply(
-            verdict=Verdict.crashed, pid=os.getpid(),
-            summary=f"crashed: internal error of the census worker ({type(exc).__name__}: {str(exc)[:300]}); it was "
-                    "replaced",
-        )
+        return CensusReply(failure=Failure(kind=FailureKind.census_internal_error, detail=detail), pid=os.getpid())
+    evidence = Evidence(failure=Failure(kind=FailureKind.internal_error, detail=detail))
+    judgement = judge(evidence)
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:]
     problem = getattr(req, "problem", None)
     return VerifyReply(result=VerifyResult(
         candidate_id=str(getattr(req, "candidate_id", "")), problem=problem.name if problem else "",
-        problem_hash=problem.hash if problem else "", verdict=Verdict.crashed,
-        summary=f"crashed: internal harness error ({type(exc).__name__}: {str(exc)[:300]}); the worker was replaced",
-        compile=CompileResult(ok=True), output=text,
+        problem_hash=problem.hash if problem else "", verdict=judgement.verdict, summary=judgement.summary,
+        compile=evidence.compile, output=text,
     ))
 
 

@@ -387,9 +387,8 @@ class GpuVerification:
         reply = self.ask_census(units=list(self.env.builders.sources))
         if reply.census is not None:
             self.guard.last_census = KernelCensus.model_validate(reply.census)
-        if reply.verdict is not None:
-            return Found(reply.findings, failure=Failure(kind=FailureKind.reported, verdict=reply.verdict,
-                                                         detail=reply.summary))
+        if reply.failure is not None:  # how the census ended, judged here like any other failure
+            return Found(reply.findings, failure=reply.failure)
         lowered = precision_findings(reply.precision, self.options.track, sorted(self.checker.dtypes))
         return Found(reply.findings + lowered + self.guard.findings())
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from kb_mcp.harness import verdict as verdict_module
 from kb_mcp.harness.plausibility import plausibility_findings
+from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.harness.verdict import (
-    Caps,
     CompileResult,
+    Evidence,
+    Failure,
+    FailureKind,
     Finding,
     FindingCode,
     InputSetCheck,
@@ -18,6 +24,7 @@ from kb_mcp.harness.verdict import (
     VerifyResult,
     assess_options,
     decide,
+    judge,
 )
 from kb_mcp.kb.models import Strength, Verdict
 
@@ -171,11 +178,94 @@ def test_records_of_other_options_have_other_keys_and_a_loosened_one_is_flagged(
     assert sorted([weak, loose, standard], key=lambda r: r.order)[-1] is standard
 
 
-def test_caps_bound_the_limits_a_caller_may_ask_for() -> None:
-    caps = Caps.from_env({"KB_MCP_MAX_TIMEOUT_S": "300"})
-    assert caps.refusal(VerifyOptions(timeout_s=300)) is None
-    refusal = caps.refusal(VerifyOptions(timeout_s=3600))
-    assert refusal is not None and "timeout_s=3600" in refusal and "cap of 300" in refusal
-    assert Caps().refusal(VerifyOptions(compile_timeout_s=3000)) is not None
-    with pytest.raises(ValueError, match="KB_MCP_MAX_TIMEOUT_S"):
-        Caps.from_env({"KB_MCP_MAX_TIMEOUT_S": "lots"})
+# -- every ending is a typed Failure, worded by judge alone -------------------------------------------
+
+_CENSUS = "the census worker runs one forward under the profiler, in a process of its own"
+_FORGED = Finding(code=FindingCode.forged_result,
+                  message="the result channel carried data the harness did not send (bad MAC); writing to the "
+                          "worker's channel or faking its messages is not allowed")
+# kind -> (the failure's fields, extra evidence, the verdict and the summary the harness gave before
+# the endings became typed: wordings callers and tests read).
+ENDINGS: dict[FailureKind, tuple[dict[str, object], dict[str, object], Verdict, str]] = {
+    FailureKind.malformed: ({"detail": "c.py: the candidate source is empty"}, {}, Verdict.compile_error,
+                            "compile error: c.py: the candidate source is empty"),
+    FailureKind.build_failed: ({}, {"compile": CompileResult(ok=False, messages=["k.cu(3): error"])},
+                               Verdict.compile_error, "compile error: k.cu(3): error"),
+    FailureKind.syntax_error: ({"detail": "Python syntax error at line 2: invalid syntax"}, {},
+                               Verdict.compile_error, "compile error: Python syntax error at line 2: invalid syntax"),
+    FailureKind.no_model: ({"detail": "the candidate defines no class ModelNew"}, {}, Verdict.compile_error,
+                           "compile error: the candidate defines no class ModelNew"),
+    FailureKind.out_of_memory: ({"where": "ModelNew.forward", "detail": "CUDA out of memory"}, {}, Verdict.crashed,
+                                "crashed: ModelNew.forward ran out of GPU memory: CUDA out of memory"),
+    FailureKind.cuda_error: ({"where": "ModelNew.forward", "detail": "illegal address"}, {}, Verdict.crashed,
+                             "crashed: ModelNew.forward raised a CUDA error (the CUDA context survived): illegal "
+                             "address"),
+    FailureKind.exited: ({"where": "constructing ModelNew", "detail": "SystemExit"}, {}, Verdict.crashed,
+                         "crashed: constructing ModelNew tried to exit the worker (SystemExit)"),
+    FailureKind.raised: ({"where": "importing the candidate", "detail": "ValueError: no"}, {}, Verdict.crashed,
+                         "crashed: importing the candidate raised ValueError: no"),
+    FailureKind.problem_output: ({"detail": "the problem's Model returned a list"}, {}, Verdict.crashed,
+                                 "crashed: the problem's Model returned a list"),
+    FailureKind.problem_failed: ({"detail": "ImportError: x"}, {}, Verdict.crashed,
+                                 "the problem failed: ImportError: x"),
+    FailureKind.timed_out: ({"where": "running ModelNew.forward on the input sets", "limit_s": 120.0}, {},
+                            Verdict.timeout, "timeout: no answer within 120 s while running ModelNew.forward on the "
+                                             "input sets; the worker was killed and replaced"),
+    FailureKind.worker_died: ({"where": "constructing ModelNew", "detail": "killed by SIGSEGV"}, {}, Verdict.crashed,
+                              "crashed: the worker died (killed by SIGSEGV) while constructing ModelNew; it was "
+                              "replaced"),
+    FailureKind.forged_frame: ({}, {"findings": [_FORGED]}, Verdict.invalid,
+                               f"invalid (forged_result): {_FORGED.message}"),
+    FailureKind.internal_error: ({"detail": "KeyError: 'x'"}, {}, Verdict.crashed,
+                                 "crashed: internal harness error (KeyError: 'x'); the worker was replaced"),
+    FailureKind.census_raised: ({"where": "ModelNew.forward", "detail": "RuntimeError: boom"}, {}, Verdict.crashed,
+                                "crashed: ModelNew.forward raised RuntimeError: boom in the census worker (where one "
+                                "forward runs under the profiler, in a process of its own), although it passed the "
+                                "checks"),
+    FailureKind.census_context_broken: ({}, {}, Verdict.crashed,
+                                        "crashed: the CUDA context of the census worker broke during the census"),
+    FailureKind.census_timed_out: ({"where": "running forward for the kernel census", "limit_s": 3.0}, {},
+                                   Verdict.timeout, "timeout: no answer within 3 s while running forward for the "
+                                                    f"kernel census ({_CENSUS}); it was killed and replaced"),
+    FailureKind.census_died: ({"where": "constructing ModelNew for the kernel census", "detail": "killed by SIGABRT"},
+                              {}, Verdict.crashed, "crashed: the census worker died (killed by SIGABRT) while "
+                                                   f"constructing ModelNew for the kernel census ({_CENSUS}); it was "
+                                                   "replaced"),
+    FailureKind.census_problem_failed: ({"detail": "ImportError: x"}, {}, Verdict.crashed,
+                                        "crashed: the problem failed: ImportError: x"),
+    FailureKind.census_problem_diverged: ({"detail": "ImportError: x"}, {}, Verdict.crashed,
+                                          "crashed: the problem failed in the census worker (ImportError: x)"),
+    FailureKind.census_internal_error: ({"detail": "KeyError: 'x'"}, {}, Verdict.crashed,
+                                        "crashed: internal error of the census worker (KeyError: 'x'); it was "
+                                        "replaced"),
+}
+
+
+@pytest.mark.parametrize("kind", list(FailureKind))
+def test_judge_words_every_ending_as_the_harness_always_did(kind: FailureKind) -> None:
+    assert kind in ENDINGS, f"{kind.value}: add its wording to ENDINGS"
+    fields, extra, verdict, summary = ENDINGS[kind]
+    judged = judge(Evidence(failure=Failure(kind=kind, **fields), **extra))  # type: ignore[arg-type]
+    assert (judged.verdict, judged.summary, judged.flagged) == (verdict, summary, False)
+    assert judged.settled
+
+
+def test_a_census_reply_is_judged_from_its_failure() -> None:
+    taken = CensusReply(census={"available": True}, findings=[_FORGED])
+    assert (taken.verdict, taken.summary, taken.clean) == (None, "", False)
+    ended = CensusReply(failure=Failure(kind=FailureKind.census_context_broken))
+    assert ended.verdict == Verdict.crashed and ended.summary == ENDINGS[FailureKind.census_context_broken][3]
+    # Over the channel the census worker sends a kind, never a verdict: none of its kinds can claim a speedup.
+    assert "verdict" not in CensusReply.model_fields and "verdict" not in Failure.model_fields
+    assert {ENDINGS[k][2] for k in FailureKind} <= {Verdict.compile_error, Verdict.crashed, Verdict.timeout,
+                                                    Verdict.invalid}
+
+
+def test_no_module_of_the_harness_decides_a_verdict_but_verdict_py() -> None:
+    root = Path(verdict_module.__file__).resolve().parent
+    assert (root / "pool.py").is_file() and (root / "worker" / "census.py").is_file()
+    deciding = re.compile(r"verdict\s*=\s*Verdict\.")
+    found = [f"{p.relative_to(root)}:{n}" for p in sorted(root.rglob("*.py")) if p.name != "verdict.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if deciding.search(line)]
+    assert not found, f"a verdict decided outside harness/verdict.py's judge: {found}"
+    assert deciding.search("    verdict=Verdict.crashed,")  # the check can fail

@@ -151,9 +151,10 @@ def test_judge_reads_failures_and_findings() -> None:
     built = judge(Evidence(compile=CompileResult(ok=False, messages=["k.cu(3): error"]),
                            failure=Failure(kind=FailureKind.build_failed)))
     assert (built.verdict, built.summary) == (Verdict.compile_error, "compile error: k.cu(3): error")
-    census = Failure(kind=FailureKind.reported, verdict=Verdict.timeout, detail="timeout: census")
+    census = Failure(kind=FailureKind.census_timed_out, where="running forward for the kernel census", limit_s=3)
     reported = judge(Evidence(failure=census))
-    assert (reported.verdict, reported.summary) == (Verdict.timeout, "timeout: census")
+    assert reported.verdict == Verdict.timeout
+    assert reported.summary.startswith("timeout: no answer within 3 s while running forward for the kernel census")
     pending = judge(Evidence(compile=ok))
     assert pending.verdict == Verdict.needs_gpu and not pending.settled
     lowered = judge(Evidence(compile=ok, findings=[Finding(code=FindingCode.precision_lowered, message="tf32")]))

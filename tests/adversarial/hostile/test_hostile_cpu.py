@@ -104,7 +104,7 @@ def test_the_sandbox_stops_what_the_allow_list_would_miss(world: ServerWorld, wo
         CompilerRun(label="nvcc", filename="i.cu", text=f'#include "{world.home}/.ssh/id_rsa"\n',
                     argv=("nvcc", "-c", "i.cu", "-o", "i.o")),
     ]
-    (_rc_wrap, log_wrap), (rc_inc, log_inc) = compiler._run_all(runs, 300)
+    (_rc_wrap, log_wrap, _), (rc_inc, log_inc, _) = compiler._run_all(runs, 300)  # (rc, log, SASS precisions)
     assert rc_inc != 0 and "No such file" in log_inc, log_inc
     world.assert_untouched(before, log_wrap, log_inc)
 

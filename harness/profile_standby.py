@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kb_mcp.harness.protocol import CLAIMED_FILE, READY_FILE, SPEC_FILE, DriverSpec
-from kb_mcp.harness.scratch import process_alive
+from kb_mcp.kb.owners import process_alive
 
 ENV_STANDBY = "KB_MCP_PROFILE_STANDBY"  # "0" turns standby drivers off (every profile starts cold)
 DEFAULT_IDLE_S = 900.0

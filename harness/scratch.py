@@ -9,7 +9,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["new_scratch", "process_alive", "scratch_root", "sweep_scratch"]
+from kb_mcp.kb.owners import process_alive
+
+__all__ = ["new_scratch", "scratch_root", "sweep_scratch"]
 
 
 def scratch_root() -> Path:
@@ -34,14 +36,3 @@ def sweep_scratch() -> None:
             continue
         if pid != os.getpid() and not process_alive(pid):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this machine (as this process sees it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, but another user's: cannot be ours, yet not gone either
-        return True
-    return True

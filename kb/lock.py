@@ -26,6 +26,7 @@ from typing import Any
 import filelock
 
 from kb_mcp.kb.errors import KBConflictError, KBLockTimeout, storage_error
+from kb_mcp.kb.owners import process_alive
 
 ENV_LOCK_TIMEOUT = "KB_MCP_LOCK_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
@@ -152,7 +153,7 @@ class KBLock:
             stamp = datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
             when = f" since {stamp} ({_ago(time.time() - since)} ago)"
         who = f"pid {pid} on host {host}" + (f" (`{info.get('command')}`)" if info.get("command") else "") + when
-        if host == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
+        if host == socket.gethostname() and isinstance(pid, int) and not process_alive(pid):
             return f"{who} recorded itself last but has exited; the holder now is unknown"
         return who
 
@@ -170,16 +171,6 @@ class KBLock:
             f"Do not delete the lock file: that lets two writers in at once. Waiting longer: set {ENV_LOCK_TIMEOUT} "
             "(seconds)",
         )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _ago(seconds: float) -> str:

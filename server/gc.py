@@ -11,13 +11,14 @@ and the scratch folder of a worker process that is still running (only its old f
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from kb_mcp.kb.owners import process_alive
 
 if TYPE_CHECKING:  # `kb-mcp kb` reads `Limits` for its help; the store and job records load when gc runs
     from kb_mcp.kb.store import KBStore
@@ -90,16 +91,6 @@ def _age_s(path: Path, now: float) -> float:
         return 0.0
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # ---- rules --------------------------------------------------------------------------------------
 
 
@@ -141,7 +132,7 @@ def worker_scratch(ctx: GcScope, report: GcReport) -> Iterator[Item]:
     if not root.is_dir():
         return
     for folder in root.iterdir():
-        if folder.name.isdigit() and not _pid_alive(int(folder.name)):
+        if folder.name.isdigit() and not process_alive(int(folder.name)):
             yield Item(folder, _size(folder), f"scratch of worker {folder.name}, which has exited")
             continue
         for path in folder.rglob("*") if folder.is_dir() else ():

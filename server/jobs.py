@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.kb.errors import ErrorInfo
 from kb_mcp.kb.models import utcnow
+from kb_mcp.kb.owners import process_alive
 from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
 from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.base import Progress
@@ -128,13 +129,7 @@ def _owner_alive(owner: str) -> bool:
     host, _, pid_text = owner.rpartition(":")
     if host != socket.gethostname() or not pid_text.isdigit():
         return True  # another machine's process: we cannot tell, so we do not guess
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_alive(int(pid_text))
 
 
 def _digest(key: str) -> str:

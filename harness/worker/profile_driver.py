@@ -46,7 +46,8 @@ from kb_mcp.harness.protocol import (
     DriverReport,
     DriverSpec,
 )
-from kb_mcp.harness.scratch import process_alive
+from kb_mcp.harness.toolchain import truncate
+from kb_mcp.kb.owners import process_alive
 
 POLL_S = 0.005  # how often a standby driver looks for its spec (a stat call: cheap)
 
@@ -57,9 +58,8 @@ def _fail(spec: DriverSpec, stage: str, exc: BaseException | str, code: int, **i
         message = f"{type(exc).__name__}: {exc}\n{tail}"
     else:
         message = exc
-    if len(message) > 4000:  # keep the exception line (what failed) and the traceback (where)
-        message = message[:1500] + "\n[...]\n" + message[-2400:]
-    report = DriverReport(ok=False, stage=stage, error=message, **info)
+    # head and tail: the exception line (what failed) and the traceback (where)
+    report = DriverReport(ok=False, stage=stage, error=truncate(message, 4000), **info)
     Path(spec.report_path).write_text(report.model_dump_json())
     return code
 

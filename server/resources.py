@@ -112,6 +112,7 @@ def _register_records(server: MCPServer[Any], ctx: ToolContext) -> None:
         "candidate_id, problem, verdict, speedup over the better baseline, device, outcomes recorded.",
         mime_type=JSON,
     )
+    @_worded
     def candidates() -> str:
         return kb_views.candidates_overview(ctx.store).model_dump_json(exclude_none=True)
 
@@ -124,6 +125,7 @@ def _register_records(server: MCPServer[Any], ctx: ToolContext) -> None:
         "it) and the outcomes recorded with it.",
         mime_type=JSON,
     )
+    @_worded
     def candidate(candidate_id: str) -> str:
         detail = kb_views.candidate_detail(ctx.store, ctx.candidates_dir, candidate_id)
         if detail is None:
@@ -138,6 +140,7 @@ def _register_records(server: MCPServer[Any], ctx: ToolContext) -> None:
         "verdict, speedup, candidate, agent, analysis.",
         mime_type=JSON,
     )
+    @_worded
     def outcomes() -> str:
         return kb_views.outcomes_overview(ctx.store).model_dump_json(exclude_none=True)
 

@@ -123,6 +123,25 @@ async def test_the_same_documents_are_resources(kb: Path) -> None:
         assert campaigns["campaigns"][0]["name"] == "overnight"
 
 
+async def test_a_kb_damaged_while_serving_is_worded_by_every_resource_that_reads_it(tmp_path: Path) -> None:
+    kb = tmp_path / "kb.json"
+    _seed(kb)
+    journal = Path(str(kb) + ".journal")
+    async with Client(stdio_params(kb)) as client:
+        # another writer's damaged line, followed by a valid one: corruption, not a torn end
+        lines = journal.read_bytes().splitlines(keepends=True)
+        bad = bytearray(lines[0])
+        bad[30] ^= 0x01
+        with journal.open("ab") as f:
+            f.write(bytes(bad) + lines[0])
+        for uri in ("kb://states", "kb://stats", "kb://candidates", "kb://candidate/c_mid0000000000002",
+                    "kb://outcomes"):
+            with pytest.raises(MCPError) as err:
+                await client.read_resource(uri)
+            assert "the KB cannot be read (environment's to fix)" in err.value.error.message, (uri, err.value.error)
+            assert str(journal) in err.value.error.message
+
+
 @pytest.mark.parametrize(("mode", "code"), [("legacy", -32002), ("auto", -32602)])
 async def test_a_missing_resource_has_its_protocol_versions_code(kb: Path, mode: str, code: int) -> None:
     # -32002 up to protocol 2025-11-25; 2026-07-28 retired it for -32602 (SEP-2164)

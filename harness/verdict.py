@@ -48,6 +48,10 @@ class FindingCode(str, Enum):
 INCORRECT_ONLY = frozenset({FindingCode.constant_output, FindingCode.precision_lowered})
 # Findings that hold a result for review without rejecting it.
 REVIEW_ONLY = frozenset({FindingCode.implausible_speedup})
+# Findings a lowered precision explains: its error grows with the inputs' magnitude, so an honest
+# bf16 kernel passes the usual inputs and fails the stretched ones. Beside `precision_lowered` such a
+# finding is that precision's wrong answer (`incorrect`), not a cheat on the distribution.
+EXPLAINED_BY_PRECISION = frozenset({FindingCode.distribution_shortcut})
 
 
 class Finding(BaseModel):
@@ -378,7 +382,8 @@ def decide(
     """The verdict, whether it is held for review, and a one-line summary.
 
     Order: a build failure is `compile_error`; then any integrity finding that names a cheat is
-    `invalid`; then a failed input set (or a wrong-answer finding) is `incorrect`; without a GPU a
+    `invalid` (a shifted-only failure beside `precision_lowered` is that precision's error, not a
+    cheat); then a failed input set (or a wrong-answer finding) is `incorrect`; without a GPU a
     clean build is `needs_gpu`; otherwise the speedup over the better baseline decides between
     `faster` and `slower`. `loosened` (a note that the caller loosened the tolerance) and
     review-only findings set the flag without changing the verdict.
@@ -389,7 +394,9 @@ def decide(
     if not compile.ok:
         first = compile.messages[0] if compile.messages else "the build failed"
         return Verdict.compile_error, False, f"compile error: {first}"
-    cheats = [f for f in findings if f.code not in INCORRECT_ONLY and f.code not in REVIEW_ONLY]
+    lowered = any(f.code == FindingCode.precision_lowered for f in findings)
+    cheats = [f for f in findings if f.code not in INCORRECT_ONLY and f.code not in REVIEW_ONLY
+              and not (lowered and f.code in EXPLAINED_BY_PRECISION)]
     if cheats:
         codes = sorted({f.code.value for f in cheats})
         return Verdict.invalid, flagged, f"invalid ({', '.join(codes)}): {cheats[0].message}{tail}"

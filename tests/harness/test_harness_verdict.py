@@ -75,6 +75,23 @@ def test_wrong_answers_are_incorrect_and_name_the_first_failing_set() -> None:
     assert verdict == Verdict.incorrect and "bf16" in summary
 
 
+def test_a_lowered_precision_explains_a_shifted_only_failure_but_not_other_cheats() -> None:
+    sets = GOOD_SETS[:5] + [InputSetCheck(index=5, kind="shifted", passed=False, mismatched=3, numel=10,
+                                          message="3 of 10 off")]
+    shortcut = Finding(code=FindingCode.distribution_shortcut, message="wrong only on the shifted inputs")
+    lowered = Finding(code=FindingCode.precision_lowered, message="computes in bf16 (HMMA.BF16 in its SASS)",
+                      source="static")
+    # alone, a shifted-only failure is a cheat on the distribution
+    assert decide(OK, sets, [shortcut], None)[0] == Verdict.invalid
+    # beside a lowered precision it is that precision's error: a wrong answer, named as such
+    verdict, _, summary = decide(OK, sets, [shortcut, lowered], None)
+    assert verdict == Verdict.incorrect and "precision_lowered" in summary and "set 5 (shifted)" in summary
+    # any other cheat still makes it invalid
+    side = Finding(code=FindingCode.unsynchronized_work, message="side stream")
+    verdict, _, summary = decide(OK, sets, [shortcut, lowered, side], None)
+    assert verdict == Verdict.invalid and "unsynchronized_work" in summary
+
+
 def test_speedup_decides_faster_or_slower_against_the_better_baseline() -> None:
     assert decide(OK, GOOD_SETS, [], timings(0.5, 1.0, 0.4))[0] == Verdict.slower  # compile beats it
     verdict, flagged, summary = decide(OK, GOOD_SETS, [], timings(0.2, 1.0, 0.4))

@@ -63,6 +63,10 @@ def _conditions(scratch: Path) -> list[tuple[str, Any]]:
     bwrap = bwrap_path()
     py = [sys.executable, "-c", SNIPPET]
     conds: list[tuple[str, Any]] = [("bare", py)]
+    if shutil.which("setarch"):  # address-space layout randomization off: alignment effects per process
+        conds.append(("bare, ASLR off (setarch -R)", ["setarch", os.uname().machine, "-R", *py]))
+    if shutil.which("taskset"):  # one core: placement effects per process
+        conds.append(("bare, pinned to one core (taskset -c 3)", ["taskset", "-c", "3", *py]))
     if shutil.which("setpriv"):
         conds.append(("bare as uid 65534 (setpriv)", ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                                                        *py]))
@@ -108,10 +112,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", help="JSON file for the raw results")
+    parser.add_argument("--only", action="append", default=[],
+                        help="run only the conditions whose label contains this text (repeatable; bare always runs)")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="kbmcp-launch-probe-"))
     os.chmod(scratch, 0o777)
-    conds = _conditions(scratch)
+    conds = [(label, how) for label, how in _conditions(scratch)
+             if label == "bare" or not args.only or any(text in label for text in args.only)]
     print(f"date: {time.strftime('%Y-%m-%d %H:%MZ', time.gmtime())}  conditions: {len(conds)}  rounds: {args.rounds}",
           flush=True)
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in conds}

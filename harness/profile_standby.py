@@ -5,7 +5,9 @@ importing torch and creating the CUDA context (7.5 of 10.5 s for a one-kernel ca
 H100, docs/benchmarks.md). After each profile the profiler therefore starts the next driver
 in standby (`profile_driver --standby`): it pays that start-up while the agent is writing the
 next candidate, then waits for a spec in its rendezvous folder. A request hands the spec over
-and only pays for loading, warm-up, the profiled forward and the report.
+and only pays for loading, warm-up, the profiled forward and the report. A server on a GPU machine
+starts one the same way when it starts (`profiler.start_standby`, from `kb_mcp.server.prewarm`), for
+the options of a request that sets none, so that its first profile is warm too.
 
 The pool keeps at most one standby, for one `StandbyKey` (the ncu command line it was started
 with); a request with other options drains it and runs cold, so two ncu sessions of one pool
@@ -122,7 +124,8 @@ def sweep(root: Path) -> None:
 
 
 class StandbyPool:
-    """At most one standby driver, started after each profile for the next one (thread-safe)."""
+    """At most one standby driver, started after each profile for the next one, and by a server at
+    its start for its first one (thread-safe)."""
 
     def __init__(self, root: Path, *, idle_s: float = DEFAULT_IDLE_S) -> None:
         self.root = root
@@ -135,6 +138,10 @@ class StandbyPool:
         self.disabled_reason: str | None = None  # e.g. counters refused: no point in standing by
         sweep(root)
 
+    @property
+    def waiting(self) -> Standby | None:
+        """The standby waiting now, if any (it stays in the pool; `take` hands it out)."""
+        return self._waiting
 
     def metrics(self, wanted: Sequence[str]) -> list[str]:
         """`wanted` without the metrics dropped before."""
@@ -155,10 +162,12 @@ class StandbyPool:
 
     def launch(self, key: StandbyKey, launcher: Launcher) -> Standby | None:
         """Starts a standby for `key` unless one waits already, the pool is closed, or disabled."""
-        if self._closed or self.disabled_reason is not None or not standby_enabled():
+        if self.disabled_reason is not None or not standby_enabled():
             return None
         with self._lock:
-            if self._waiting is not None:
+            # Checked under the lock: a pool closed meanwhile (its server stopping) starts nothing
+            # that no one would stop.
+            if self._closed or self._waiting is not None:
                 return None
             folder = self.root / f"standby-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             folder.mkdir(parents=True, exist_ok=True)
@@ -196,5 +205,6 @@ class StandbyPool:
 
     def close(self) -> None:
         """Stops the waiting standby and starts no more."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
         self.drain()

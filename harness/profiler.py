@@ -348,6 +348,27 @@ def _run_on_standby(
         standby.close()
 
 
+def standby_key(ncu: str, options: ProfileOptions, cache_dir: Path | None, pool: StandbyPool | None) -> StandbyKey:
+    """The ncu command line a profile with `options` runs, as a standby for it must have been started
+    with: the metrics the parser reads less those this pool saw refused, and the build cache."""
+    wanted = ncu_parse.requested_metrics()
+    metrics = pool.metrics(wanted) if pool is not None else wanted
+    return StandbyKey(ncu, options.source_counters, options.max_kernels, tuple(metrics), str(cache_dir))
+
+
+def start_standby(pool: StandbyPool, options: ProfileOptions, cache_dir: Path, sandbox: Sandbox) -> Standby | None:
+    """Starts a driver in standby for the next profile with `options` before any profile ran (a
+    server's start), exactly as a profile starts one for the next: the same key, the same launch.
+    None where none is started: no ncu, counters not asked for, or the pool's rules (one waits
+    already, closed, disabled, standby turned off)."""
+    ncu = find_ncu() if options.counters else None
+    if ncu is None:
+        return None  # that profile runs the timeline in a fresh process: nothing to wait for it
+    spawner = Spawner(sandbox, cache_dir, ncu)
+    key = standby_key(ncu, options, spawner.cache_dir, pool)
+    return pool.launch(key, standby_launcher(ncu, key, pool, spawner))
+
+
 def standby_launcher(ncu: str, key: StandbyKey, pool: StandbyPool, spawner: Spawner) -> Callable[[Path], NcuProcess]:
     """How the pool starts the next standby: the same ncu command line, the driver waiting in `folder`
     (its scratch: the only place it writes)."""
@@ -452,9 +473,8 @@ def _profile_ncu(ncu: str, spec: DriverSpec, spawner: Spawner, work: Path, repor
     report = Path(str(report_base) + ".ncu-rep")  # where the caller keeps it
     made = Path(str(work / "report") + ".ncu-rep")  # where ncu writes it, inside the sandbox's scratch
     report.parent.mkdir(parents=True, exist_ok=True)
-    wanted = ncu_parse.requested_metrics()
-    metrics = standby.metrics(wanted) if standby is not None else wanted
-    key = StandbyKey(ncu, options.source_counters, options.max_kernels, tuple(metrics), str(spawner.cache_dir))
+    key = standby_key(ncu, options, spawner.cache_dir, standby)
+    metrics = list(key.metrics)
     waiting = standby.take(key) if standby is not None else None
     first = (_run_on_standby(waiting, spec_ncu, made, options, work / "ncu.log", progress)
              if waiting is not None else None)

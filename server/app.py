@@ -7,6 +7,7 @@ all use it, so every way in sees the same tools, schemas and error messages.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,7 +17,7 @@ from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from kb_mcp.server import prompts, resources, tasks
+from kb_mcp.server import prewarm, prompts, resources, tasks
 from kb_mcp.server.about import package_version
 from kb_mcp.server.gpu import gpu_summary
 from kb_mcp.server.job_tools import server_specs
@@ -57,6 +58,7 @@ class KbMcpServer(MCPServer[Any]):
         self.specs: dict[str, ToolSpec] = {spec.name: spec for spec in specs}
         self.jobs = jobs
         self.task_tools: frozenset[str] = frozenset()  # set by tasks.install
+        self.profiler_warmup: threading.Thread | None = None  # set as it starts (server.prewarm)
         super().__init__(**kwargs)
 
     @property
@@ -103,6 +105,9 @@ def build_server(
         interrupted = jobs.recover()
         if interrupted:
             log.info("marked %d job(s) of stopped servers interrupted: %s", len(interrupted), ", ".join(interrupted))
+        # In the background: the client's handshake is answered while the driver starts (prewarm).
+        if isinstance(server, KbMcpServer):
+            server.profiler_warmup = prewarm.warm_profiler(ctx)
         yield None
 
     server = KbMcpServer(

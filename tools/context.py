@@ -43,6 +43,8 @@ class ToolContext:
         # Made here, not on first use: two threads racing to create it would get two lanes.
         self.gpu_lane = GpuLane()
         """The one GPU lane of this context: every profile and timing holds it (tools.lane)."""
+        self.closed = False
+        """Set by `close`: a closed context starts no more profiling drivers."""
 
     @cached_property
     def store(self) -> KBStore:
@@ -74,8 +76,9 @@ class ToolContext:
     @cached_property
     def profilers(self) -> StandbyPool | None:
         """Profiling drivers started ahead of the next profile_kernel call (see harness.profile_standby);
-        None when this context was made without them."""
-        if not self.standby_profiler:
+        None when this context was made without them, or is closed (a driver started in the
+        background as its server stopped would have no one to stop it)."""
+        if not self.standby_profiler or self.closed:
             return None
         from kb_mcp.harness.profile_standby import StandbyPool
 
@@ -107,6 +110,7 @@ class ToolContext:
 
     def close(self) -> None:
         """Stops worker processes and a waiting profiling driver, if any were started."""
+        self.closed = True
         pool = self.__dict__.pop("workers", None)
         if pool is not None:
             pool.close()

@@ -12,8 +12,16 @@ from kb_mcp.harness.gpu_probe import no_gpu_reason
 from kb_mcp.harness.ncu_import import ReportImportError, import_report
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
+from kb_mcp.harness.profile_standby import Standby
 from kb_mcp.harness.profile_store import ProfileStore, new_profile_id
-from kb_mcp.harness.profiler import NoGpuError, ProblemFailedError, ProfileOptions, ProfilerError, profile
+from kb_mcp.harness.profiler import (
+    NoGpuError,
+    ProblemFailedError,
+    ProfileOptions,
+    ProfilerError,
+    profile,
+    start_standby,
+)
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.disclosure import redact_model, secret_in
@@ -30,10 +38,12 @@ throughput (% of peak), DRAM throughput, occupancy and what limits it, the domin
 the profiler's own findings with estimated speedups. Set detail=true for every kernel with all
 metrics. Durations are taken at locked base clocks with flushed caches: use them to compare kernels,
 not as speedups (compile_and_verify times candidates). A one-kernel candidate takes about 4-5 s on an
-H100 (a server's first profile about 10 s: it starts Python and torch; later ones find a profiling
-process already started), each further kernel launch about 1 s more; a model with hundreds of launches
-takes minutes (run it as a job then, or lower max_kernels). Without counter
-access the result has counters_available=false, the reason, and timings only. Already have an
+H100, the server's first call included: the server keeps a profiling process started (Python, torch,
+CUDA) for the next call from its own start on; a call right after the server started waits for the
+rest of that start-up, and one with source_counters or another max_kernels starts its own (about
+10 s). Each further kernel launch adds about 1 s; a model with hundreds of launches takes minutes (run
+it as a job then, or lower max_kernels). Without counter access the result has
+counters_available=false, the reason, and timings only. Already have an
 Nsight Compute report? Pass `report` (a .ncu-rep file, or its CSV export: raw page, details page or
 both) instead: it is read as it is, nothing runs, no GPU needed, and the profile_id works the same.
 Without a GPU (and without `report`) it answers at once with status needs_gpu, after checking the
@@ -218,8 +228,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         return needs_gpu(problem, candidate_source, missing_gpu)
     store = ProfileStore(ctx.profiles_dir)
     profile_id = new_profile_id()
-    options = ProfileOptions(warmup=req.warmup, counters=req.counters, source_counters=req.source_counters,
-                             max_kernels=req.max_kernels, timeout_s=req.timeout_s)
+    options = profile_options(req)
     try:
         sandbox = ctx.sandbox
     except RuntimeError as exc:  # SandboxUnavailable: says what to do
@@ -238,6 +247,30 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     store.save(prof)
     progress(1, 1, f"profiled {len(prof.kernels)} kernel(s)")
     return _result(prof, req)
+
+
+def profile_options(req: Request) -> ProfileOptions:
+    """How a request profiles (what a waiting driver must have been started for)."""
+    return ProfileOptions(warmup=req.warmup, counters=req.counters, source_counters=req.source_counters,
+                          max_kernels=req.max_kernels, timeout_s=req.timeout_s)
+
+
+def prewarm(ctx: ToolContext) -> Standby | None:
+    """Starts a profiling driver in standby for a request that sets no options, so that the first
+    profile of a server is warm too (`kb_mcp.server.prewarm` calls it as the server starts).
+
+    It only starts the process: the driver imports torch and creates its CUDA context on its own
+    and then waits, launching nothing until it is handed a spec. The launch holds the GPU lane as
+    the launch after a profile does (a timing waits for its start-up through `settle_profiler`).
+    None when this context keeps no standby or the pool starts none (see `profiler.start_standby`).
+    Raises SandboxUnavailable (a RuntimeError) where candidates cannot be confined.
+    """
+    pool = ctx.profilers
+    if pool is None:
+        return None
+    options = profile_options(Request.model_construct())  # every field at its default, as a bare request
+    with ctx.gpu_lane.hold("profiling driver warm-up"):
+        return start_standby(pool, options, ctx.cache_dir, ctx.sandbox)
 
 
 def _disclosable(prof: Profile, *, keep_report: bool) -> Profile:

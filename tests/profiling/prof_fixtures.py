@@ -3,6 +3,8 @@ unlike `conftest`, cannot pick up another folder's helpers)."""
 
 from __future__ import annotations
 
+import stat
+import sys
 from pathlib import Path
 
 from kb_mcp.harness.ncu_parse import parse_ncu_csv
@@ -26,3 +28,15 @@ def shared_file(name: str) -> Path:
     path = SHARED / name
     assert path.is_file(), f"missing fixture {path}"
     return path
+
+
+def pass_through_ncu(folder: Path) -> Path:
+    """An `ncu` in `folder` that runs its target without profiling (the profiler's own logic is under
+    test): point KB_MCP_NCU at it."""
+    script = folder / "ncu"
+    script.write_text(
+        f"#!{sys.executable}\nimport os, sys\nargs = sys.argv[1:]\n"
+        f"i = args.index({sys.executable!r})\nos.execv(args[i], args[i:])\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script

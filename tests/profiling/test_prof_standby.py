@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from prof_fixtures import PROBLEMS
+from prof_fixtures import PROBLEMS, pass_through_ncu
 
 from kb_mcp.harness import profiler
 from kb_mcp.harness.problem import load_problem
@@ -148,19 +148,8 @@ def test_folders_of_dead_owners_are_swept(tmp_path: Path) -> None:
     assert not stale.exists() and mine.exists()
 
 
-def _pass_through_ncu(tmp_path: Path) -> Path:
-    """An `ncu` that runs its target without profiling (the profiler's own logic is under test)."""
-    script = tmp_path / "ncu"
-    script.write_text(
-        f"#!{sys.executable}\nimport os, sys\nargs = sys.argv[1:]\n"
-        f"i = args.index({sys.executable!r})\nos.execv(args[i], args[i:])\n"
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return script
-
-
 def test_profile_hands_the_next_request_to_the_standby(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(profiler.ENV_NCU, str(_pass_through_ncu(tmp_path)))
+    monkeypatch.setenv(profiler.ENV_NCU, str(pass_through_ncu(tmp_path)))
     problem = load_problem(str(PROBLEMS / "relu_mul_add.py"))
     pool = StandbyPool(tmp_path / "pool")
     kw = dict(cache_dir=tmp_path / "cache", options=profiler.ProfileOptions(timeout_s=240), standby=pool)

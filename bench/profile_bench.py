@@ -8,7 +8,8 @@ For each (problem, candidate) pair it runs, on the same GPU:
   profile_kernel  the tool function end to end (ncu restricted to the NVTX range, export, parse, store)
                   in a server that has profiled before: the driver it started after the previous call
                   is waiting (the bench waits until it is ready, as an agent's think time would)
-  cold            the same with no driver waiting (a server's first profile, or `kb-mcp call`)
+  cold            the same with no driver waiting (`kb-mcp call`, standby off, or other options; a
+                  fresh server's first profile is bench/first_profile_bench.py's)
   timeline        profile_kernel with counters=false (torch.profiler timings only)
   full, range     `ncu --set full` on the same driver, restricted to the same NVTX range
   full, plain     `ncu --set full` on the same driver, no filter (every kernel, warm-up included)
@@ -86,7 +87,7 @@ def bench_pair(problem: str, candidate: str | None, repeat: int, ncu: str) -> di
         return time.perf_counter() - start, result
 
     _timed(driver, env)  # first run pays one-time costs (bytecode, extension builds) for every method alike
-    tool()  # the server's first profile: leaves a driver waiting for the next
+    tool()  # a first profile (this context warmed none): leaves a driver waiting for the next
     runs, ready = [], []
     for _ in range(repeat):
         start = time.perf_counter()

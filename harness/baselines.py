@@ -58,6 +58,9 @@ class Baseline(BaseModel):
     eager_ms: float
     eager_runs: int
     eager_issue_ms: float | None = None  # median host time to issue the eager call (see `launch_bound`)
+    # eager's device time (`kernels.DeviceTime`), measured in the census worker; added to a cached
+    # baseline by the server where it lacks it (files written before it existed are kept)
+    eager_device_ms: float | None = None
     compile_ms: float | None = None  # None: not measured, or torch.compile failed (see compile_note)
     compile_runs: int = 0
     compile_note: str = ""

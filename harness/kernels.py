@@ -1,6 +1,7 @@
 """What a candidate's forward ran, as plain data (server side, no torch): the PyTorch ops it may run
 (`ALLOWED_OPS`), and the kernel census (`KernelCensus`: the GPU kernels one forward launched, sorted into
-the candidate's own, vendor-library and PyTorch ones) with the findings drawn from it.
+the candidate's own, vendor-library and PyTorch ones) with the findings drawn from it, and the
+device time of one forward (`DeviceTime`: what its kernels took on the GPU, whatever the host did).
 
 The census is taken in the census worker (`harness.worker.census`, `harness.worker.profiling`); the
 pool carries it to the verify worker in `protocol.CensusReply`.
@@ -69,6 +70,24 @@ class KernelCensus(BaseModel):
     library: list[str] = Field(default_factory=list)  # vendor-library kernels launched outside any PyTorch op
     torch_ops: list[str] = Field(default_factory=list)  # PyTorch ops that launched kernels
     unattributed: list[str] = Field(default_factory=list)  # PyTorch kernels whose launching op the profiler lost
+    note: str = ""
+
+
+class DeviceTime(BaseModel):
+    """The device time of one forward: per run, the summed durations of the GPU kernels, copies and
+    sets it launched, as the profiler's activity records (CUPTI) give them; the median over the runs.
+
+    It does not depend on the host process (launch costs, the Python around the call), which the
+    end-to-end event time of a launch-bound call does. Kernels that overlap on several streams each
+    count in full: it is the device's busy time, not the span of the call. Measured in the census
+    worker (`harness.worker.profiling.measure_device_time`), never where candidates are timed.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    ms: float | None = None  # None: not measured (`note` says why)
+    kernels: int = 0  # kernels, copies and sets in one run (the most any run had)
+    runs: int = 0  # profiled runs the median is over
     note: str = ""
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kb_mcp.harness.baselines import BaselineCache
+from kb_mcp.harness.baselines import Baseline, BaselineCache
 from kb_mcp.harness.builds import BuildService
 from kb_mcp.harness.candidate import CandidateError, parse_candidate, static_units, style_of
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
@@ -102,6 +102,7 @@ CENSUS_WORDS = {
     "import": "importing the candidate for the kernel census",
     "construct": "constructing ModelNew for the kernel census",
     "census": "running forward for the kernel census",
+    "reference": "measuring the reference's device time (in the census worker)",
 }
 
 
@@ -432,15 +433,16 @@ class WorkerPool:
 
     # -- the kernel census --------------------------------------------------------------------
 
-    def census(self, problem: Problem, source: str, options: VerifyOptions | None = None) -> CensusReply:
-        """The kernel census of one forward of `source`, taken in the census worker (started if
-        needed). `verify` takes it itself, between the checks and the timing; this entry point
-        serves callers that want the census alone. Never raises for a misbehaving candidate or
-        problem (the reply's verdict says what happened); raises WorkerError when no census worker
-        starts."""
+    def census(self, problem: Problem, source: str, options: VerifyOptions | None = None,
+               reference_device: bool = False) -> CensusReply:
+        """The kernel census of one forward of `source` and its device time (with `reference_device`,
+        the reference's too), taken in the census worker (started if needed). `verify` takes it
+        itself, between the checks and the timing; this entry point serves callers that want the
+        census alone. Never raises for a misbehaving candidate or problem (the reply's verdict says
+        what happened); raises WorkerError when no census worker starts."""
         opts = options or VerifyOptions()
         with self._lock:
-            reply = self._take_census(problem, source, opts, candidate_id(problem, source))
+            reply = self._take_census(problem, source, opts, candidate_id(problem, source), reference_device)
         if isinstance(reply, ProblemFailed):
             return CensusReply(failure=Failure(kind=FailureKind.census_problem_failed, detail=reply.text))
         return reply
@@ -475,11 +477,13 @@ class WorkerPool:
     def _census_limit(self, phase: str, opts: VerifyOptions) -> float:
         return opts.compile_timeout_s if phase in ("queued", "import", "construct") else opts.timeout_s
 
-    def _take_census(self, problem: Problem, source: str, opts: VerifyOptions, cid: str) -> CensusReply | ProblemFailed:
+    def _take_census(self, problem: Problem, source: str, opts: VerifyOptions, cid: str,
+                     reference_device: bool = False) -> CensusReply | ProblemFailed:
         t0 = time.monotonic()
         rid = uuid.uuid4().hex
         key = new_key()
-        request = CensusRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts, candidate_id=cid)
+        request = CensusRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts, candidate_id=cid,
+                                reference_device=reference_device)
         for attempt in range(2):
             w = self._census_worker()
             w.output.reset()
@@ -533,15 +537,20 @@ class WorkerPool:
                        cid: str, units: list[Any]) -> None:
         """Takes the census for the verify worker `w` (waiting on request `rid`) and answers it,
         once nothing else of the pool is starting up (the verify worker times right after), with
-        what the SASS of the candidate's builds `units` computes in (`CompileOnly.precision_of`)."""
+        what the SASS of the candidate's builds `units` computes in (`CompileOnly.precision_of`).
+        The reference's device time is measured there too where the cached baseline lacks it, and
+        added to that baseline (`_keep_reference_device`)."""
+        cached = self._cached_baseline(w, problem, opts)
         try:
-            reply = self._take_census(problem, source, opts, cid)
+            reply = self._take_census(problem, source, opts, cid,
+                                      reference_device=cached is None or cached.eager_device_ms is None)
         except WorkerError:
             self._replace(w)  # it waits for an answer that will not come
             raise
         if isinstance(reply, ProblemFailed):  # it loaded in the verify worker: not deterministic
             reply = CensusReply(failure=Failure(kind=FailureKind.census_problem_diverged, detail=reply.text))
         if reply.clean:
+            self._keep_reference_device(cached, reply)
             self._settle_starts()
         if reply.failure is None and units:
             arch = w.info.arch if w.info else ""
@@ -551,6 +560,23 @@ class WorkerPool:
             send(w.sock, CensusAnswer(rid=rid, reply=reply), POOL_KEY)
         except OSError:
             pass  # the verify worker is gone: the next read says how
+
+    def _cached_baseline(self, w: WorkerProcess, problem: Problem, opts: VerifyOptions) -> Baseline | None:
+        """The baseline cached for this problem on `w`'s GPU and torch, in the request's track."""
+        info = w.info
+        if info is None:
+            return None
+        return BaselineCache(self.cache_dir).get(problem.hash, info.device, info.torch_version, need_compile=False,
+                                                 track=opts.track.value)
+
+    def _keep_reference_device(self, cached: Baseline | None, reply: CensusReply) -> None:
+        """Adds the reference's device time to a cached baseline that lacks it (a new baseline
+        gets it from the verify worker, which has the same reply). It was measured before any
+        candidate code ran in the census worker, and the census came back clean."""
+        ref = reply.reference_device
+        if cached is None or cached.eager_device_ms is not None or ref is None or ref.ms is None:
+            return
+        BaselineCache(self.cache_dir).put(cached.model_copy(update={"eager_device_ms": ref.ms}))
 
     def _answer_work(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions) -> None:
         """Takes the work census (`harness.work`: hardware counters of one forward, under ncu in

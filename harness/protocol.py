@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.candidate import SourceUnit
+from kb_mcp.harness.kernels import DeviceTime
 from kb_mcp.harness.plausibility import WorkCensus
 from kb_mcp.harness.precision import PrecisionEvidence
 from kb_mcp.harness.problem import Problem
@@ -100,13 +101,15 @@ class VerifyRequest(_Request):
 
 
 class CensusRequest(_Request):
-    """One forward of a candidate under the profiler (census workers)."""
+    """One forward of a candidate under the profiler (census workers), then its device time; with
+    `reference_device`, the reference's device time first (before any candidate code runs there)."""
 
     kind: Literal["census"] = "census"
     problem: Problem
     source: str
     options: VerifyOptions
     candidate_id: str
+    reference_device: bool = False  # the pool asks for it where the cached baseline lacks it
 
 
 class ProblemRequest(_Request):
@@ -147,6 +150,10 @@ class CensusReply(_Message):
     # What the SASS of the candidate's builds shows (`harness.precision`), read by the server in the
     # sandbox and added by the pool: the verify worker judges it against the track and the dtypes.
     precision: PrecisionEvidence | None = None
+    # The device time of the candidate's forward (after the census), and of the reference's where
+    # the request asked for it (`kernels.DeviceTime`; measured there, never in the verify worker).
+    device: DeviceTime | None = None
+    reference_device: DeviceTime | None = None
 
     @property
     def judgement(self) -> Judgement | None:

@@ -192,7 +192,11 @@ class InputSetCheck(BaseModel):
 
 
 class Timings(BaseModel):
-    """Medians of CUDA-event-timed runs (L2 flushed before each, fresh inputs each run)."""
+    """Medians of CUDA-event-timed runs (L2 flushed before each, fresh inputs each run): the
+    end-to-end times the verdict is decided on. Beside them the device times (`kernels.DeviceTime`:
+    the GPU durations of the kernels one forward launched, summed; measured under the profiler in
+    the census worker), which do not move with the host process as end-to-end launch-bound times do.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -217,6 +221,21 @@ class Timings(BaseModel):
     eager_cached_ms: float | None = None  # the cached eager figure, where eager was re-timed beside the candidate
     eager_drift: float | None = None  # re-timed / cached eager (above 1: the host is slower now than when cached)
     compile_scaled: bool = False  # compile_ms is the cached figure times eager_drift (see note)
+    # Device times (docs/harness.md, "Device time"); None where unknown (the note says why):
+    candidate_device_ms: float | None = None
+    candidate_kernels: int | None = None  # kernels, copies and sets one forward of the candidate launched
+    eager_device_ms: float | None = None
+    speedup_device_vs_eager: float | None = None  # eager_device_ms / candidate_device_ms
+
+    @property
+    def device_summary(self) -> str:
+        """The device times in a few words ("" when the candidate's is unknown)."""
+        if self.candidate_device_ms is None:
+            return ""
+        text = f"device {self.candidate_device_ms:.4g} ms"
+        if self.eager_device_ms is not None and self.speedup_device_vs_eager is not None:
+            text += f" vs eager {self.eager_device_ms:.4g} ms ({self.speedup_device_vs_eager:.2f}x)"
+        return text
 
 
 class VerifyResult(BaseModel):
@@ -265,6 +284,8 @@ class VerifyResult(BaseModel):
             eager_ms=t.eager_ms if t else None,
             compile_ms=t.compile_ms if t else None,
             speedup_vs_baseline=t.speedup_vs_baseline if t else None,
+            device_ms=t.candidate_device_ms if t else None,
+            eager_device_ms=t.eager_device_ms if t else None,
             flagged=self.flagged or bool(assessed.loosened),
             findings=[f.code.value for f in self.findings],
             options=assessed.options,
@@ -384,9 +405,10 @@ def decide(
     Order: a build failure is `compile_error`; then any integrity finding that names a cheat is
     `invalid` (a shifted-only failure beside `precision_lowered` is that precision's error, not a
     cheat); then a failed input set (or a wrong-answer finding) is `incorrect`; without a GPU a
-    clean build is `needs_gpu`; otherwise the speedup over the better baseline decides between
-    `faster` and `slower`. `loosened` (a note that the caller loosened the tolerance) and
-    review-only findings set the flag without changing the verdict.
+    clean build is `needs_gpu`; otherwise the speedup over the better baseline (end-to-end times)
+    decides between `faster` and `slower`; the device times are shown beside it, never decide.
+    `loosened` (a note that the caller loosened the tolerance) and review-only findings set the
+    flag without changing the verdict.
     """
     flagged = bool(loosened) or any(f.code in REVIEW_ONLY for f in findings)
     notes = ([loosened] if loosened else []) + [f.message for f in findings if f.code in REVIEW_ONLY][:1]
@@ -432,11 +454,12 @@ def decide(
     skipped = [f"{c.kind}: {c.message}" for c in input_sets if c.skipped and c.message]
     notes_tail = f"; not run: {'; '.join(dict.fromkeys(skipped))}" if skipped else ""
     evidence_tail = f"; evidence: {'; '.join(timings.evidence)}" if timings.evidence else ""
+    device = f"; {timings.device_summary}" if timings.device_summary else ""
     return (
         verdict,
         flagged,
         f"{verdict.value}: {timings.candidate_ms:.4g} ms vs {base} "
-        f"{min(x for x in (timings.eager_ms, timings.compile_ms) if x is not None):.4g} ms ({speedup:.2f}x); "
+        f"{min(x for x in (timings.eager_ms, timings.compile_ms) if x is not None):.4g} ms ({speedup:.2f}x){device}; "
         f"{len(ran)} input sets correct{notes_tail}{evidence_tail}{tail}",
     )
 

@@ -443,6 +443,10 @@ class CandidateRecord(BaseModel):
     eager_ms: float | None = None
     compile_ms: float | None = None  # torch.compile baseline, when measured
     speedup_vs_baseline: float | None = None  # over the better of eager and torch.compile
+    # Device times (the summed GPU durations of one forward's kernels; `Timings`): shown beside
+    # time_ms and eager_ms, which decide; None where unknown
+    device_ms: float | None = None
+    eager_device_ms: float | None = None
     flagged: bool = False  # held for review (implausible speedup, loosened options): never moves a score
     findings: list[str] = Field(default_factory=list)  # integrity finding codes
     # The verdict key (docs/architecture.md): the options that bear on the verdict and differ from

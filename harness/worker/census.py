@@ -11,7 +11,12 @@ run.
 
 In the census worker the candidate is imported (its builds come from the shared content-hashed
 cache), ModelNew is constructed, forward runs once (lazy builds and first-call set-up happen
-there) and then once under the profiler. The answer is the census plus the census worker's own
+there) and then once under the profiler. Then its device time (`kernels.DeviceTime`,
+`profiling.measure_device_time`): up to `profiling.DEVICE_RUNS` more calls on the same inputs, the
+L2 flushed before each, in one more profiler session. Where the pool asks (`CensusRequest.
+reference_device`: the cached baseline lacks it), the reference's device time is measured the
+same way first, right after the problem is imported and before any candidate code runs here, in
+the track's numerics. The answer is the census plus the census worker's own
 integrity findings (trusted functions replaced, threads left running, L2 persistence); the census
 worker retires after any of them or after the candidate raised. The kernel findings proper
 (`library_call`, `no_custom_kernel`) are drawn from the census by the timing worker, with the
@@ -31,17 +36,22 @@ from typing import Any
 
 import torch
 
+from kb_mcp.harness.kernels import DeviceTime
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import CensusReply, ProblemFailed
 from kb_mcp.harness.verdict import Failure, FailureKind, Finding, VerifyOptions
 from kb_mcp.harness.worker import integrity_runtime as rt
 from kb_mcp.harness.worker.loading import load_module, short_traceback
+from kb_mcp.harness.worker.profiling import measure_device_time
+from kb_mcp.harness.worker.timing import L2Flusher
+from kb_mcp.harness.worker.tracks import track_numerics
 from kb_mcp.harness.worker.values import clone_inputs, secret_seed
 
 
-def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions,
-               report: Callable[[str], None]) -> tuple[CensusReply | ProblemFailed, bool]:
-    """Census of one candidate's forward (census worker side); returns (reply, retire_worker).
+def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions, report: Callable[[str], None],
+               reference_device: bool = False) -> tuple[CensusReply | ProblemFailed, bool]:
+    """Census of one candidate's forward and its device time (census worker side), with the
+    reference's device time first where `reference_device`; returns (reply, retire_worker).
 
     `env` is the census worker's `verify.WorkerEnv`. Without CUDA the forward still runs (on CPU
     tensors), and the census says it saw no GPU. A problem that fails to import is the problem's
@@ -64,12 +74,17 @@ def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions,
         sys.modules.pop(run.names[-1], None)
         failed = ProblemFailed(stage="import", error=short_traceback(exc, (str(env.workdir / f"{run.names[-1]}.py"),)))
         return failed, True
+    reference = None
+    if reference_device:
+        report("reference")
+        reference = run.reference_device(pmod, options)
     failure = run.forward(pmod, source, options, report)
     findings, broken = run.leftovers()
     broken = run.cleanup() or broken
     reply = CensusReply(
         census=run.census.model_dump(mode="json") if run.census is not None else None, findings=findings,
         failure=failure or broken, pid=os.getpid(), elapsed_s=round(time.perf_counter() - t0, 3),
+        device=run.device_time, reference_device=reference,
     )
     return reply, not reply.clean
 
@@ -84,6 +99,7 @@ class _CensusRun:
         self.files: tuple[str, ...] = ()  # the candidate's file, for its tracebacks
         self.before = rt.ThreadCensus.take()
         self.census: Any = None
+        self.device_time: DeviceTime | None = None
         self.threads: list[Finding] | None = None  # counted before the profiler session starts its own
 
     def load(self, text: str, stem: str) -> Any:
@@ -95,16 +111,44 @@ class _CensusRun:
         if self.env.cuda:
             self.env.snapshot.trusted.synchronize()
 
+    def _device_time(self, call: Callable[[], Any], options: VerifyOptions) -> DeviceTime:
+        """`call`'s device time (`profiling.measure_device_time`) in the track's numerics, the L2
+        flushed before each run as the timer flushes it."""
+        if not self.env.cuda:
+            return DeviceTime(note="no CUDA device: device time not measured")
+        flusher = L2Flusher(int(self.env.props.L2_cache_size))
+        try:
+            with track_numerics(options.track, None):
+                return measure_device_time(call, flusher)
+        finally:
+            del flusher
+
+    def reference_device(self, pmod: Any, options: VerifyOptions) -> DeviceTime:
+        """The reference's device time (its Model, eager), before any candidate code runs here; the
+        problem's own code failing leaves it unknown, with a note (the verify worker judges the problem)."""
+        if not self.env.cuda:
+            return DeviceTime(note="no CUDA device: device time not measured")
+        try:
+            ref, xs = self._construct(pmod, pmod.Model)
+            with torch.no_grad():
+                with track_numerics(options.track, None):
+                    ref(*xs)  # first call: lazy set-up (library handles, autotuning), as the timer's warm-up
+                self._sync()
+                return self._device_time(lambda: ref(*xs), options)
+        except Exception as exc:  # noqa: BLE001 - the problem's code: anything may go wrong
+            return DeviceTime(note=f"the reference raised while its device time was measured: "
+                                   f"{type(exc).__name__}: {str(exc)[:200]}")
+
     def forward(self, pmod: Any, source: str, options: VerifyOptions, report: Callable[[str], None]) -> Failure | None:
-        """Imports and constructs the candidate, then runs forward once and once under the profiler;
-        what it raised on the way is a `census_raised` failure."""
+        """Imports and constructs the candidate, then runs forward once, once under the profiler and
+        then for its device time; what it raised on the way is a `census_raised` failure."""
         where = "importing the candidate"
         try:
             cmod = self.load(source, "kbmcp_census_candidate")
             self.files = (str(getattr(cmod, "__file__", "")),)
             report("construct")
             where = "constructing ModelNew"
-            model, xs = self._construct(pmod, cmod)
+            model, xs = self._construct(pmod, cmod.ModelNew)
             report("census")
             where = "ModelNew.forward"
             self._take(model, xs, options)
@@ -112,11 +156,12 @@ class _CensusRun:
             return Failure(kind=FailureKind.census_raised, where=where, detail=short_traceback(exc, self.files))
         return None
 
-    def _construct(self, pmod: Any, cmod: Any) -> tuple[Any, list[Any]]:
+    def _construct(self, pmod: Any, cls: Any) -> tuple[Any, list[Any]]:
+        """`cls` (ModelNew, or the problem's Model) built from the problem's init inputs, and one input set."""
         device = self.device
         init = [x.to(device) if isinstance(x, torch.Tensor) else x for x in pmod.get_init_inputs()]
         torch.manual_seed(secret_seed())
-        model = cmod.ModelNew(*init).to(device).eval()
+        model = cls(*init).to(device).eval()
         torch.manual_seed(secret_seed())
         with torch.device(device):
             xs = list(pmod.get_inputs())
@@ -137,6 +182,8 @@ class _CensusRun:
                 model(*args)
                 self.census = rt.census(lambda: None)
             self._sync()
+            # The same inputs each run: only the device's time is read, not the outputs.
+            self.device_time = self._device_time(lambda: model(*args), options)
 
     def leftovers(self) -> tuple[list[Finding], Failure | None]:
         """The census worker's own findings (threads, trusted functions, L2 persistence), and a

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from kb_mcp.harness.baselines import Baseline
+from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.harness.verdict import Failure, FailureKind, Finding, FindingCode, InputSetCheck, Timings
 from kb_mcp.harness.worker.integrity import IntegrityGuard
 from kb_mcp.harness.worker.perturb import ParamMapping, map_parameters, parameter_infos, perturb
@@ -438,10 +439,13 @@ class Checker:
         cand = Series(self.cand, self._gen(refs), runs, warm, check)
         return time_with_reference(timer, cand, self.ref, self._gen(None), base, quick)
 
-    def timings(self, stats: RunStats, eager: RunStats | None, base: Baseline | None) -> Timings:
+    def timings(self, stats: RunStats, eager: RunStats | None, base: Baseline | None,
+                census: CensusReply | None = None) -> Timings:
         """Candidate timings against eager and torch.compile (`timing.timings_against`) and the
         roofline bound. Without a cached baseline, `eager` (timed in this verdict) is the new eager
-        figure; torch.compile is measured here, and both are cached (not for quick runs)."""
+        figure; torch.compile is measured here, and both are cached (not for quick runs). Beside
+        them the device times the census worker measured (`census`): the candidate's, and eager's
+        (measured there now, else the cached baseline's)."""
         v = self.v
         env = v.env
         timer = env.timer
@@ -466,10 +470,13 @@ class Checker:
             base = Baseline(problem_hash=v.problem.hash, device=env.device, torch_version=env.torch_version,
                             eager_ms=eager.median_ms, eager_runs=len(eager.gpu_ms),
                             eager_issue_ms=eager.issue_median_ms, compile_ms=compile_ms,
-                            compile_runs=compile_runs, compile_note=compile_note)
+                            compile_runs=compile_runs, compile_note=compile_note,
+                            eager_device_ms=census.reference_device.ms if census and census.reference_device else None)
             if not quick:
                 v.new_baseline = base  # the server keeps it: this process may not write the shared cache
         bw = dram_bandwidth(env.props)
         bound = roofline_ms(self.io_bytes, self.flops, bw, peak_flops(env.device, self.dtype))
-        return timings_against(stats, eager, base, cached, want_compile=want_compile, quick=quick, bound_ms=bound)
+        return timings_against(stats, eager, base, cached, want_compile=want_compile, quick=quick, bound_ms=bound,
+                               device=census.device if census is not None else None,
+                               eager_device=census.reference_device if census is not None else None)
 

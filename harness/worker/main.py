@@ -218,7 +218,7 @@ def _handle(env: Any, req: Any, channel: Channel) -> tuple[Any, bool]:
     from kb_mcp.harness.worker import census, verify
 
     if isinstance(req, CensusRequest):
-        return census.run_census(env, req.problem, req.source, req.options, channel.phase)
+        return census.run_census(env, req.problem, req.source, req.options, channel.phase, req.reference_device)
     if isinstance(req, ProblemRequest):
         return _check_problem(env, req.problem), False
     assert isinstance(req, VerifyRequest)

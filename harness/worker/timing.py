@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from kb_mcp.harness.baselines import MAX_EAGER_DRIFT, Baseline, launch_bound
+from kb_mcp.harness.kernels import DeviceTime
 from kb_mcp.harness.verdict import Timings
 from kb_mcp.harness.worker.integrity_runtime import Trusted
 
@@ -347,8 +348,10 @@ def timings_against(
     want_compile: bool,
     quick: bool,
     bound_ms: float | None,
+    device: DeviceTime | None = None,
+    eager_device: DeviceTime | None = None,
 ) -> Timings:
-    """The candidate's timings against its baselines.
+    """The candidate's timings against its baselines, and the device times beside them.
 
     `eager` is the reference's series timed in this verdict (`time_with_reference`: interleaved
     with the candidate's where the reference is launch-bound), or None where the cached figure
@@ -358,6 +361,10 @@ def timings_against(
     the same drift (a launch-bound reference's compiled call is host-bound as well, and compiling
     it again would cost seconds), unless the re-timed figure is slower than the cached one by more
     than `MAX_EAGER_DRIFT`: then the cached figures stand, and the note says so.
+
+    `device` and `eager_device` are the device times the census worker measured (`DeviceTime`):
+    the candidate's, and the reference's where it was measured in this verdict; else eager's comes
+    from the baseline (`Baseline.eager_device_ms`). Unknown ones stay None, their note in `note`.
     """
     cand = candidate.median_ms
     eager_ms = base.eager_ms
@@ -385,6 +392,8 @@ def timings_against(
                          "cached "
                          "figures are used (a reference slowed from inside the process must not make a speedup)")
     best = min(x for x in (eager_ms, compile_ms) if x is not None)
+    device_fields, device_notes = _device_fields(device, eager_device, base)
+    notes += device_notes
     return Timings(
         candidate_ms=round(cand, 6), candidate_min_ms=round(candidate.min_ms, 6),
         candidate_host_ms=round(candidate.host_median_ms, 6), runs=len(candidate.gpu_ms),
@@ -395,8 +404,26 @@ def timings_against(
         bound_ms=None if bound_ms is None else round(bound_ms, 6), note="; ".join(notes),
         launch_bound=base.launch_bound, eager_retimed=retimed,
         eager_cached_ms=None if cached_ms is None else round(cached_ms, 6),
-        eager_drift=None if drift is None else round(drift, 4), compile_scaled=scaled,
+        eager_drift=None if drift is None else round(drift, 4), compile_scaled=scaled, **device_fields,
     )
+
+
+def _device_fields(device: DeviceTime | None, eager_device: DeviceTime | None,
+                   base: Baseline) -> tuple[dict[str, Any], list[str]]:
+    """`Timings`' device-time fields, and notes on those left unknown."""
+    notes: list[str] = []
+    cand = device.ms if device is not None else None
+    eager = eager_device.ms if eager_device is not None and eager_device.ms is not None else base.eager_device_ms
+    if device is not None and cand is None:
+        notes.append(f"device time unknown: {device.note}")
+    if eager is None and eager_device is not None and eager_device.note:
+        notes.append(f"eager's device time unknown: {eager_device.note}")
+    fields = {
+        "candidate_device_ms": cand, "candidate_kernels": device.kernels if cand is not None and device else None,
+        "eager_device_ms": None if eager is None else round(eager, 6),
+        "speedup_device_vs_eager": round(eager / cand, 4) if eager is not None and cand else None,
+    }
+    return fields, notes
 
 
 # Peak dense throughput per dtype family (FLOP/s) used for the roofline bound: the fastest any

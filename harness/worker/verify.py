@@ -183,6 +183,7 @@ class GpuVerification:
         self.base: Baseline | None = None
         self.stats: RunStats | None = None
         self.eager: RunStats | None = None
+        self.census: CensusReply | None = None  # the census worker's answer (with the device times)
 
     # -- what the checker records into -------------------------------------------------------
 
@@ -384,7 +385,7 @@ class GpuVerification:
         from kb_mcp.harness.worker.integrity_runtime import KernelCensus
 
         assert self.guard is not None and self.env.builders is not None and self.checker is not None
-        reply = self.ask_census(units=list(self.env.builders.sources))
+        reply = self.census = self.ask_census(units=list(self.env.builders.sources))
         if reply.census is not None:
             self.guard.last_census = KernelCensus.model_validate(reply.census)
         if reply.failure is not None:  # how the census ended, judged here like any other failure
@@ -446,7 +447,7 @@ class GpuVerification:
         env, checker = self.env, self.checker
         assert checker is not None and self.stats is not None
         with torch.no_grad():
-            timings = checker.timings(self.stats, self.eager, self.base)
+            timings = checker.timings(self.stats, self.eager, self.base, self.census)
         if self.new_baseline is not None:
             self.new_baseline = self.new_baseline.model_copy(update={"track": self.options.track.value,
                                                                      "numerics": numerics()})

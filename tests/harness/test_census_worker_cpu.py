@@ -68,6 +68,16 @@ def test_the_census_runs_the_forward_in_a_process_of_its_own(pool: WorkerPool, r
     assert pool._census is not None
     assert (pool._census.scratch / "forward-ran-in").read_text().split() == [str(census.sandbox_pid)] * 2
     assert state["verify"].profiler_sessions == 0
+    # no device time without a GPU, and the reference's only where asked for
+    assert reply.device is not None and reply.device.ms is None and "no CUDA device" in reply.device.note
+    assert reply.reference_device is None
+
+
+def test_the_reference_device_time_is_measured_there_where_asked_for(pool: WorkerPool, relu_problem) -> None:
+    reply = pool.census(relu_problem, _candidate(), reference_device=True)
+    assert reply.clean, reply
+    assert reply.reference_device is not None and reply.reference_device.ms is None
+    assert "no CUDA device" in reply.reference_device.note
 
 
 @pytest.mark.parametrize(

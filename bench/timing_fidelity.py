@@ -10,9 +10,14 @@ One run, on a GPU:
       harness but its `Timer` (CUDA events, L2 flush, fresh inputs per run, median) and its
       builders (so that the load_inline build comes from the same cache): the same callables, as
       many runs as the worker took. Eager is timed first and again last in that process (drift).
+      Then, in a phase of its own after every event timing (a profiler session raises the host
+      cost of later launches), the device time of each callable, measured as the census worker
+      measures it (`profiling.measure_device_time`: same runs, same summing function).
 Prints bare and worker medians side by side with their ratio (target: within 5-10 %), the
-speedups over eager both ways, and where a one-kernel candidate's time goes in a bare process
-(timer floor, allocation, stream lookup, the pybind call, the module call).
+device times bare and in the worker side by side (end-to-end launch-bound figures vary between
+fresh processes by up to 1.5x, bare ones included; device times should agree), the speedups over
+eager both ways, and where a one-kernel candidate's time goes in a bare process (timer floor,
+allocation, stream lookup, the pybind call, the module call).
 
 `--cache DIR` reuses a build cache (e.g. the adversarial suite's) so the load_inline candidate is
 not built again; the baselines cached there are removed first, so eager is measured afresh.
@@ -27,6 +32,7 @@ example candidates are the project's own).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -63,6 +69,7 @@ def _bare(spec: dict[str, Any]) -> dict[str, Any]:
     from kb_mcp.harness.worker.compile import Builders
     from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
     from kb_mcp.harness.worker.loading import load_module
+    from kb_mcp.harness.worker.profiling import measure_device_time
     from kb_mcp.harness.worker.timing import L2Flusher, Timer, guards_active
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -89,16 +96,22 @@ def _bare(spec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"guards": guards_active(), "pid": os.getpid()}
     with torch.no_grad():
         out["eager"] = series(ref, spec["runs"]["eager"])
+        models: dict[str, Any] = {"eager": ref}
         modules: dict[str, Any] = {}
         for label, file in spec["candidates"]:
             mod = load_module((CANDIDATES / file).read_text(), f"bare_{len(modules)}", work)
             modules[label] = mod
             model = mod.ModelNew(*init).cuda().eval()
+            models[label] = model
             out[label] = series(model, spec["runs"][label])
         out["eager again"] = series(ref, spec["runs"]["eager"])
         inline = modules.get("chain load_inline")
         if inline is not None:
             out["breakdown"] = _breakdown(inline, init, make, series)
+        # Last: the profiler's sessions would slow every event-timed launch after them.
+        out["device"] = {}
+        for label, fn in models.items():
+            out["device"][label] = measure_device_time(functools.partial(fn, *make(0)), timer.flush).model_dump()
     return out
 
 
@@ -159,6 +172,8 @@ def _through_pool(cache: Path, mode: str) -> tuple[dict[str, Any], dict[str, Any
                     "findings": [f.code.value for f in res.findings], "wall_s": round(wall, 3), "phases": steps,
                     "candidate_ms": t.candidate_ms if t else None, "eager_ms": t.eager_ms if t else None,
                     "runs": t.runs if t else None, "speedup_vs_eager": t.speedup_vs_eager if t else None,
+                    "candidate_device_ms": t.candidate_device_ms if t else None,
+                    "eager_device_ms": t.eager_device_ms if t else None,
                 }
         state = {role: reply.model_dump() for role, reply in pool.state().items()}
     return results, {"info": info, "state": state}
@@ -208,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if tmp is not None:
         tmp.cleanup()
     rows, width = _print_medians(bare, by_mode, modes, pool_state)
+    device_rows = _print_device_times(bare, by_mode, modes, width)
     speedups = _print_speedups(bare, worker, width)
     _print_notes(bare, worker, pool_state)
     print(f"total {time.perf_counter() - t0:.1f} s")
@@ -219,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": pool_state["info"].get("device"), "pool": pool_state, "worker": worker, "by_sandbox": by_mode,
             "bare": bare, "speedups": speedups,
             "rows": [{"what": n, "bare_ms": b_ms, "worker_ms": w_ms} for n, b_ms, w_ms in rows],
+            "device_rows": [{"what": n, "bare_ms": b_ms, "worker_ms": w} for n, b_ms, w in device_rows],
         }, indent=1, default=str))
     return 0
 
@@ -263,6 +280,30 @@ def _print_medians(bare: dict[str, Any], by_mode: dict[str, dict[str, Any]], mod
         both = f" {_ratio(w['on'], w['off']):>8}" if len(modes) == 2 else ""
         print(f"{name:<{width}} {b_ms:9.4f}{cells}{both}")
     return rows, width
+
+
+def _print_device_times(bare: dict[str, Any], by_mode: dict[str, dict[str, Any]], modes: list[str],
+                        width: int) -> list[tuple[str, float | None, dict[str, float | None]]]:
+    """Device times (summed kernel durations, profiled), bare process beside each sandbox mode's worker."""
+    rows: list[tuple[str, float | None, dict[str, float | None]]] = []
+    for problem, candidates in CASES:
+        device = bare[problem].get("device", {})
+        first = candidates[0][0]
+        rows.append((f"eager {problem}", device.get("eager", {}).get("ms"),
+                     {m: by_mode[m][first]["eager_device_ms"] for m in modes}))
+        for label, _ in candidates:
+            rows.append((label, device.get(label, {}).get("ms"),
+                         {m: by_mode[m][label]["candidate_device_ms"] for m in modes}))
+    heads = "".join(f" {'sandbox ' + m:>12} {m + '/bare':>9}" for m in modes)
+    print(f"\n{'device time, ms':<{width}} {'bare':>9}{heads}")
+    nan = float("nan")
+    for name, b_ms, w in rows:
+        cells = "".join(f" {w[m] if w[m] is not None else nan:12.4f} {_ratio(w[m], b_ms):>9}" for m in modes)
+        print(f"{name:<{width}} {b_ms if b_ms is not None else nan:9.4f}{cells}")
+    notes = {d.get("note") for p, _ in CASES for d in bare[p].get("device", {}).values() if d.get("note")}
+    if notes:
+        print("  bare device time notes: " + "; ".join(sorted(notes)))
+    return rows
 
 
 def _print_speedups(bare: dict[str, Any], worker: dict[str, Any], width: int) -> dict[str, dict[str, float | None]]:

@@ -69,6 +69,7 @@ class KernelPick(BaseModel):
 
     candidate_id: str
     time_ms: float | None
+    device_ms: float | None = None  # its device time (shown beside time_ms, which ranks)
     origin: str  # "initial" or "iNNN/sNNN"
     verified: bool  # correct and timed on a GPU (False in compile-only runs)
 
@@ -88,6 +89,10 @@ class ProblemResult(BaseModel):
     best_speedup: float | None = None
     best_vs_eager: float | None = None
     best_vs_compile: float | None = None
+    # Device times beside the end-to-end ones above (which decide and rank): eager's, the best kernel's
+    eager_device_ms: float | None = None
+    best_device_ms: float | None = None
+    best_vs_eager_device: float | None = None
     best: KernelPick | None = None
     initial_verdict: Verdict | None = None  # the harness's verdict on the first kernel (an eval's solution)
     valid: bool = False
@@ -110,6 +115,7 @@ class TrackSummary(BaseModel):
     speedup_vs_eager: SpeedupStats
     speedup_vs_compile: SpeedupStats
     fast_p: dict[str, float]
+    speedup_vs_eager_device: SpeedupStats = Field(default_factory=SpeedupStats)  # device times
 
 
 class OptimizationUsage(BaseModel):
@@ -168,6 +174,7 @@ class CampaignReport(BaseModel):
     speedup_vs_eager: SpeedupStats
     speedup_vs_compile: SpeedupStats
     initial_speedup: SpeedupStats
+    speedup_vs_eager_device: SpeedupStats = Field(default_factory=SpeedupStats)  # device times
     fast_p: dict[str, float]  # threshold -> fraction of all problems
     optimizations: list[OptimizationUsage]
     state_visits: dict[str, int]
@@ -211,7 +218,9 @@ def pick_best(initial: InitialRecord | None, steps: Sequence[StepRecord]) -> Ker
     timed = [u for u in units if usable(u)]
     if timed:
         best, best_ms = min(((u, _timed_ms(u)) for u in timed), key=lambda pair: pair[1])
-        return KernelPick(candidate_id=best.candidate_id or "", time_ms=best_ms, origin=_origin(best), verified=True)
+        device_ms = best.final.record.device_ms if best.final is not None else None
+        return KernelPick(candidate_id=best.candidate_id or "", time_ms=best_ms, device_ms=device_ms,
+                          origin=_origin(best), verified=True)
     accepted = [u for u in units if u.accepted and u.candidate_id]
     if not accepted:
         return None
@@ -223,14 +232,16 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
-def _baselines(units: Iterable[UnitRecord]) -> tuple[float | None, float | None]:
-    """The latest eager and torch.compile times any attempt of the problem measured."""
-    eager = compiled = None
+def _baselines(units: Iterable[UnitRecord]) -> tuple[float | None, float | None, float | None]:
+    """The latest eager and torch.compile times, and eager's device time, any attempt of the problem measured."""
+    eager = compiled = eager_device = None
     for unit in units:
         for attempt in unit.attempts:
-            eager = attempt.record.eager_ms if attempt.record.eager_ms is not None else eager
-            compiled = attempt.record.compile_ms if attempt.record.compile_ms is not None else compiled
-    return eager, compiled
+            r = attempt.record
+            eager = r.eager_ms if r.eager_ms is not None else eager
+            compiled = r.compile_ms if r.compile_ms is not None else compiled
+            eager_device = r.eager_device_ms if r.eager_device_ms is not None else eager_device
+    return eager, compiled, eager_device
 
 
 def problem_result(problem: str, initial: InitialRecord | None, steps: Sequence[StepRecord],
@@ -239,12 +250,13 @@ def problem_result(problem: str, initial: InitialRecord | None, steps: Sequence[
     problem with no verdict yet)."""
     units: list[UnitRecord] = ([initial] if initial else []) + list(steps)
     tracks = [a.record.track.value for u in units for a in u.attempts]
-    eager, compiled = _baselines(units)
+    eager, compiled, eager_device = _baselines(units)
     present = [t for t in (eager, compiled) if t is not None]
     baseline = min(present) if present else None
     best = pick_best(initial, steps)
     initial_ms = initial.final.record.time_ms if initial is not None and usable(initial) else None  # type: ignore[union-attr]
     best_ms = best.time_ms if best is not None and best.verified else None
+    best_device = best.device_ms if best is not None and best.verified else None
     tokens = TokenLedger()
     for unit in units:
         tokens.merge(unit.tokens)
@@ -259,6 +271,9 @@ def problem_result(problem: str, initial: InitialRecord | None, steps: Sequence[
         best_speedup=_ratio(baseline, best_ms),
         best_vs_eager=_ratio(eager, best_ms),
         best_vs_compile=_ratio(compiled, best_ms),
+        eager_device_ms=eager_device,
+        best_device_ms=best_device,
+        best_vs_eager_device=_ratio(eager_device, best_device),
         best=best,
         initial_verdict=initial.verdict if initial is not None else None,
         valid=best_ms is not None,
@@ -280,6 +295,8 @@ def track_summary(results: Sequence[ProblemResult]) -> TrackSummary:
         speedup=SpeedupStats.of([r.best_speedup for r in results if r.best_speedup is not None]),
         speedup_vs_eager=SpeedupStats.of([r.best_vs_eager for r in results if r.best_vs_eager is not None]),
         speedup_vs_compile=SpeedupStats.of([r.best_vs_compile for r in results if r.best_vs_compile is not None]),
+        speedup_vs_eager_device=SpeedupStats.of([r.best_vs_eager_device for r in results
+                                                 if r.best_vs_eager_device is not None]),
         fast_p={f"{p:g}": fast_p(results, p) for p in FAST_P_MARKS},
     )
 
@@ -414,6 +431,7 @@ def build_report(
         speedup=head.speedup,
         speedup_vs_eager=head.speedup_vs_eager,
         speedup_vs_compile=head.speedup_vs_compile,
+        speedup_vs_eager_device=head.speedup_vs_eager_device,
         initial_speedup=SpeedupStats.of([r.initial_speedup for r in grouped.get(config.track.value, [])
                                          if r.initial_speedup is not None]),
         fast_p=head.fast_p,

@@ -27,6 +27,18 @@ def _stats_row(label: str, s: SpeedupStats) -> str:
     return f"| {label} | {s.n} | {_x(s.geomean)} | {_x(s.mean)} | {_x(s.median)} | {_x(s.min)} | {_x(s.max)} |"
 
 
+DEVICE_ROW = "eager, device time (informative)"
+
+
+def _device_rows(s: SpeedupStats) -> list[str]:
+    """The speedup over eager in device time (kernel durations summed), where any was measured."""
+    return [_stats_row(DEVICE_ROW, s)] if s.n else []
+
+
+DEVICE_NOTE = ("Device time: the summed GPU durations of the kernels one forward launched (profiled in the census "
+               "worker); it does not move with the host process as the end-to-end times do, which decide.")
+
+
 def _header(report: CampaignReport) -> list[str]:
     c = report.config
     if c.kind == "eval":
@@ -56,6 +68,7 @@ def _summary(report: CampaignReport) -> list[str]:
         _stats_row("best of eager/compile", report.speedup),
         _stats_row("eager", report.speedup_vs_eager),
         _stats_row("torch.compile", report.speedup_vs_compile),
+        *_device_rows(report.speedup_vs_eager_device),
     ] + _other_tracks(report)
 
 
@@ -69,7 +82,7 @@ def _other_tracks(report: CampaignReport) -> list[str]:
                 f"{s.problems} problems, valid rate {_pct(s.valid_rate)}", "",
                 "| over | n | geomean | mean | median | min | max |", "|---|---|---|---|---|---|---|",
                 _stats_row("best of eager/compile", s.speedup), _stats_row("eager", s.speedup_vs_eager),
-                _stats_row("torch.compile", s.speedup_vs_compile)]
+                _stats_row("torch.compile", s.speedup_vs_compile), *_device_rows(s.speedup_vs_eager_device)]
     return out
 
 
@@ -77,13 +90,14 @@ def _eval_body(report: CampaignReport, lines: list[str]) -> str:
     """An eval's report: no LLM and no steps, so no optimizations, states, KB growth or tokens."""
     lines += [*_summary(report), "", "## Problems", "",
               "| problem | verdict | eager ms | compile ms | solution ms | vs eager | vs torch.compile | vs the "
-              "better |",
-              "|---|---|---|---|---|---|---|---|"]
+              "better | eager device ms | solution device ms | vs eager (device) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report.problems:
         verdict = r.initial_verdict.value if r.initial_verdict else "(no solution)"
         lines.append(f"| {r.problem} | {verdict} | {_ms(r.eager_ms)} | {_ms(r.compile_ms)} | {_ms(r.best_ms)} | "
-                     f"{_x(r.best_vs_eager)} | {_x(r.best_vs_compile)} | {_x(r.best_speedup)} |")
-    lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in PLOTS), ""]
+                     f"{_x(r.best_vs_eager)} | {_x(r.best_vs_compile)} | {_x(r.best_speedup)} | "
+                     f"{_ms(r.eager_device_ms)} | {_ms(r.best_device_ms)} | {_x(r.best_vs_eager_device)} |")
+    lines += ["", DEVICE_NOTE, "", "Plots: " + ", ".join(f"![{p}]({p})" for p in PLOTS), ""]
     return "\n".join(lines)
 
 
@@ -118,6 +132,7 @@ def _overview(report: CampaignReport) -> list[str]:
         _stats_row("best of eager/compile", report.speedup),
         _stats_row("eager", report.speedup_vs_eager),
         _stats_row("torch.compile", report.speedup_vs_compile),
+        *_device_rows(report.speedup_vs_eager_device),
         _stats_row("(initial kernel) best of eager/compile", report.initial_speedup),
         *_other_tracks(report),
         "",
@@ -129,17 +144,18 @@ def _problems(report: CampaignReport) -> list[str]:
         "## Problems",
         "",
         "| problem | eager ms | compile ms | initial ms | best ms | initial speedup | best speedup | best kernel | "
-        "steps (valid / improved) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "steps (valid / improved) | eager device ms | best device ms | best vs eager (device) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report.problems:
         best = "-" if r.best is None else f"{r.best.origin}{'' if r.best.verified else ' (unverified)'}"
         lines.append(
             f"| {r.problem} | {_ms(r.eager_ms)} | {_ms(r.compile_ms)} | {_ms(r.initial_ms)} | {_ms(r.best_ms)} | "
             f"{_x(r.initial_speedup)} | {_x(r.best_speedup)} | {best} | {r.steps} ({r.valid_steps} / "
-            f"{r.improved_steps}) |"
+            f"{r.improved_steps}) | {_ms(r.eager_device_ms)} | {_ms(r.best_device_ms)} | "
+            f"{_x(r.best_vs_eager_device)} |"
         )
-    return lines
+    return lines + ["", DEVICE_NOTE]
 
 
 def _optimizations(report: CampaignReport) -> list[str]:

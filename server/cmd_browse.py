@@ -161,6 +161,8 @@ def _candidate(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pri
             f"eager {r.eager_ms:.4g} ms" if r.eager_ms is not None else "",
             f"torch.compile {r.compile_ms:.4g} ms" if r.compile_ms is not None else "",
             f"{_x(r.speedup_vs_baseline)} over the better baseline" if r.speedup_vs_baseline is not None else "",
+            f"device {r.device_ms:.4g} ms" + (f" vs eager {r.eager_device_ms:.4g} ms" if r.eager_device_ms else "")
+            if r.device_ms is not None else "",
         ) if p)
         where = f"verified {r.created_at:%Y-%m-%d %H:%M} on {r.device or 'no GPU'} {r.arch}".rstrip()
         console.print(where + (f": {timing}" if timing else ""))

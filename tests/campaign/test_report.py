@@ -161,3 +161,24 @@ def test_kb_growth_keeps_start_and_end_and_stays_bounded() -> None:
     assert [p.outcomes for p in points] == sorted(p.outcomes for p in points)
     short = kb_growth(snap(0), steps[:5], [])
     assert [p.outcomes for p in short] == [0, 1, 2, 3, 4, 5]
+
+
+def test_device_times_are_shown_beside_the_end_to_end_ones_and_never_rank(tmp_path: Path) -> None:
+    store = _write_campaign(tmp_path / "camp")
+    path = tmp_path / "camp" / "raw" / "steps" / "pa" / "i000_s000.json"  # c_a1, pa's best kernel
+    data = json.loads(path.read_text())
+    data["attempts"][0]["record"] |= {"device_ms": 0.05, "eager_device_ms": 0.4}
+    path.write_text(json.dumps(data))
+    report = report_from_store(store)
+    by = {r.problem: r for r in report.problems}
+    pa = by["pa"]
+    assert (pa.best_ms, pa.best_device_ms, pa.eager_device_ms) == (0.8, 0.05, 0.4)
+    assert pa.best is not None and pa.best.device_ms == 0.05
+    assert math.isclose(pa.best_vs_eager_device, 8.0) and math.isclose(pa.best_speedup, 1.0 / 0.8)
+    assert by["pb"].best_device_ms is None and by["pb"].best_vs_eager_device is None
+    assert report.speedup_vs_eager_device.n == 1 and math.isclose(report.speedup_vs_eager_device.geomean, 8.0)
+    write_report(report, store.report_dir)
+    markdown = (store.report_dir / "report.md").read_text()
+    assert "| eager, device time (informative) | 1 | 8.00x |" in markdown
+    assert "| best vs eager (device) |" in markdown and "| 0.4 | 0.05 | 8.00x |" in markdown
+    assert "Device time: the summed GPU durations" in markdown

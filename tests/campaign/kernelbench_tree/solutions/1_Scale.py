@@ -6,9 +6,10 @@ import torch
 import torch.nn as nn
 
 KERNEL = r"""
-extern "C" __global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y, float factor, int n) {
+extern "C" __global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y, double factor, int n) {
+    // a Python float arrives as a C double
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = x[i] * factor;
+    if (i < n) y[i] = x[i] * (float)factor;
 }
 """
 

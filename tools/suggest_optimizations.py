@@ -150,6 +150,13 @@ class Result(BaseModel):
     kb_text_notice: str = Field(UNTRUSTED_NOTICE, description="how to treat the text other agents wrote")
 
 
+def _confidence(score: Score, cal: Calibration) -> float:
+    """The share of the estimate that rests on measurements (0 for a score with neither measurements
+    nor a prior that still counts: a retired prior whose measurements a merge took out)."""
+    evidence = score.weight + score.prior_weight * cal.prior_samples
+    return round(score.weight / evidence, 3) if evidence > 0 else 0.0
+
+
 def _why(state: State, opt: Optimization, score: Score) -> str:
     parts = [opt.when_helps.strip() or f"Listed for {state.name}."]
     if score.attempts:
@@ -193,7 +200,7 @@ def _suggestion(view: KBView, state: State, score: Score, next_states: list[Lead
         why_it_fits=_why(state, opt, score),
         cost=opt.cost,
         expected_speedup=round(math.exp(post.mean), 3),
-        confidence=round(score.weight / (score.weight + score.prior_weight * cal.prior_samples), 3),
+        confidence=_confidence(score, cal),
         success_chance=round(post.p_ok, 3),
         samples=score.samples,
         attempts=score.attempts,

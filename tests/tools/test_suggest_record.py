@@ -89,6 +89,19 @@ def test_suggest_uses_measured_per_arch_scores(ctx: ToolContext) -> None:
     assert other_arch.suggestions[0].scored_on == ALL_ARCH  # no ampere data: pooled score stands in
 
 
+def test_a_score_with_neither_measurements_nor_a_prior_that_counts_is_suggested_with_no_confidence(
+        ctx: ToolContext) -> None:
+    # a retired prior (its truth changed) whose measurements a merge took out: nothing rests on anything
+    with ctx.store.transaction() as tx:
+        score = tx.get_score(STATE, OPT, ALL_ARCH)
+        assert score is not None
+        tx.put_score(score.model_copy(update={"prior_weight": 0.0}))
+    others = [sc.optimization_id for sc in ctx.store.candidates(STATE) if sc.optimization_id != OPT]
+    res = so.run(ctx, so.Request(state_id=STATE, k=1, seed=3, exclude=others))
+    (retired,) = res.suggestions
+    assert retired.id == OPT and retired.confidence == 0.0 and retired.samples == 0
+
+
 # ---- record_outcome ----------------------------------------------------------------------------------
 
 

@@ -271,14 +271,6 @@ def _draw(post: Posterior, rng: random.Random, temperature: float, follow_on: fl
     return _worth(min(1.0, max(0.0, p_ok)), mu, follow_on)
 
 
-def sampled_utility(
-    score: Score, rng: random.Random, temperature: float = DEFAULT_TEMPERATURE, follow_on: float = 0.0,
-    calibration: Calibration | None = None,
-) -> float:
-    """One posterior draw of the utility; temperature scales the draw's distance from the mean."""
-    return _draw(posterior(score, calibration), rng, temperature, follow_on)
-
-
 # ---- selection ------------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ import statistics
 import pytest
 
 from kb_mcp.kb.models import Score, Verdict
+from kb_mcp.policy.select import Calibration, influence_band
 from kb_mcp.policy.update import (
     CLIENT_MAX_WEIGHT,
     MAX_CREDITED_SPEEDUP,
@@ -127,6 +128,43 @@ def test_a_change_from_a_measured_estimate_retires_the_prior_and_an_early_contra
     left = _run(_fresh(0.5), [(Verdict.slower, math.exp(-0.5))] * 6, band=None)
     further = _run(left, [(Verdict.slower, math.exp(-1.2))] * 3, band=None)
     assert further.mean_log_speedup < -1.0 and further.prior_weight == 1.0
+
+
+NOISE = 0.27  # one outcome's spread around its truth in bench/learning_sim.py (measurement and problem)
+
+
+def _noisy(score: Score, truth: float, n: int, rng: random.Random) -> Score:
+    """`score` after n outcomes drawn around `truth`, each within the band `record_outcome` passes."""
+    for _ in range(n):
+        x = rng.gauss(truth, NOISE)
+        band = influence_band(score, Calibration())
+        score = apply_outcome(score, Verdict.faster if x > 0 else Verdict.slower, math.exp(x), client="a", band=band)
+    return score
+
+
+def test_a_score_whose_truth_drops_two_spreads_is_back_near_the_new_truth_within_six_outcomes() -> None:
+    errors = []
+    for seed in range(40):
+        rng = random.Random(seed)
+        settled = _noisy(_fresh(0.4), 0.4, 30, rng)
+        errors.append(_noisy(settled, -0.15, 6, rng).posterior_mean_log_speedup + 0.15)
+    # with every sample at full weight the mean would still sit 30/36 of the way back at 0.4 (+0.46)
+    assert statistics.fmean(errors) < 0.12, statistics.fmean(errors)
+    assert sum(e < 0.2 for e in errors) >= 30, sorted(errors)
+
+
+def test_a_stationary_score_is_not_reset_by_noise() -> None:
+    resets = outcomes = 0
+    for seed in range(10):
+        rng = random.Random(f"still-{seed}")
+        score = _noisy(_fresh(0.3), 0.3, 20, rng)
+        for _ in range(200):
+            before = score.weight
+            score = _noisy(score, 0.3, 1, rng)
+            resets += score.weight < before - 0.5  # a detected change keeps only the run that showed it
+            outcomes += 1
+        assert abs(score.mean_log_speedup - 0.3) < 0.25
+    assert resets <= 0.005 * outcomes, resets
 
 
 def test_another_clients_outliers_never_discount_a_clients_samples() -> None:

@@ -28,8 +28,10 @@ Regimes: `bandit` (single steps on fresh problems, 900 rollouts, three prior kin
 (trajectories of several steps per problem, lineage and phase ordering matter), `transfer` (a KB
 trained on one problem set, tested on another), `arch` (two GPU families with correlated truths),
 `drift` and `drift_shuffle` (the truth changes mid-stream; beside it, the same rule in a world where
-the changed truth always held), `poison` (a client crediting a harmful optimization against a
-deliberately 100x slow parent). Every figure is a mean over seeds with a 95 % t-interval.
+the changed truth always held; levels as shares of the oracle's gain and as the gap closed between
+uniform and the oracle, the scale on which a level before a change compares with one after it),
+`poison` (a client crediting a harmful optimization against a deliberately 100x slow parent). Every
+figure is a mean over seeds with a 95 % t-interval.
 
 The code: `learnsim.world` (the hidden truth), `learnsim.rules` (the rules), `learnsim.regimes`
 (one seed's runs), `learnsim.report` and `learnsim.plots` (the tables and figures).

@@ -63,14 +63,16 @@ def _bandit(plt: Any, bandit: list[dict[str, Any]], kinds: list[str]) -> Any:
 
 
 def _drift(plt: Any, rows: list[dict[str, Any]]) -> Any:
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for name in DRIFT_CURVE:
-        ks = sorted({k for row in rows for k in row[name]})
-        _band(ax, ks, [interval([row[name][k] for row in rows if k in row[name]]) for k in ks], name)
-    ax.axvline(0.5, color="black", lw=0.8, ls=":")
-    ax.set_xlabel("problems of a state since the truth changed")
-    ax.set_ylabel("share of oracle gain")
-    ax.legend(loc="lower right", fontsize="small")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for ax, (scale, label) in zip(axes, (("share", "share of oracle gain"), ("gap", "gap closed, uniform to oracle"))):
+        for name in DRIFT_CURVE:
+            curves = [row[scale][name] for row in rows]
+            ks = sorted({k for c in curves for k in c})
+            _band(ax, ks, [interval([c[k] for c in curves if k in c]) for k in ks], name)
+        ax.axvline(0.5, color="black", lw=0.8, ls=":")
+        ax.set_xlabel("problems of a state since the truth changed")
+        ax.set_ylabel(label)
+    axes[0].legend(loc="lower right", fontsize="small")
     return fig
 
 

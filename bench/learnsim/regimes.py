@@ -39,6 +39,13 @@ def share(gains: Sequence[float], best: Sequence[float]) -> float:
     return sum(gains) / total if total > 0 else float("nan")
 
 
+def gap_closed(gains: Sequence[float], uniform: Sequence[float], best: Sequence[float]) -> float:
+    """Share of the gap between uniform's gain and the oracle's closed over a window (uniform 0,
+    oracle 1, whatever the options are worth)."""
+    gap = sum(best) - sum(uniform)
+    return (sum(gains) - sum(uniform)) / gap if gap > 0 else float("nan")
+
+
 def bandit_stream(world: World, seed: int, rules: dict[str, Any], rollouts: int, *, tag: str,
                   states: Sequence[str] | None = None, arches: Sequence[str] = ("hopper",),
                   drift_at: int | None = None, drift_kind: str = "lose-best", start: int = 0) -> dict[str, Any]:
@@ -164,13 +171,19 @@ DRIFT_CURVE = ("uniform", "old rule", "new rule", "new rule, no change")
 
 
 def run_drift(world: World, seed: int, folder: Path, rollouts: int, kind: str = "lose-best") -> dict[str, Any]:
-    """A stream whose truth changes half-way; per state, the share by problems since the change.
+    """A stream whose truth changes half-way; per state, the level by problems since the change, on
+    two scales: "share" (of the oracle's gain) and "gap" (of the gap between uniform and the oracle
+    closed, `gap_closed`).
+
+    Only the gap scale compares the level before a change with the level after it: the share's zero
+    is "no gain", and a change that takes away each state's best optimization leaves options worth
+    less next to the best, so even uniform, whose choices ignore the world, falls from 0.20 to 0.05
+    of the oracle's gain. On the gap scale uniform is 0 and the oracle 1 in either world.
 
     Beside it, the control "new rule, no change": the same rule on the same stream in a world where
-    the changed truth held from the first rollout (its priors aligned with it). Its share over the
-    same problems is the level the rule reaches in the changed world, had nothing changed: a change
-    that takes away each state's best optimization also leaves a world where the best is harder to
-    tell from the rest, which no rule can undo."""
+    the changed truth held from the first rollout (its priors aligned with it). Its level over the
+    same problems is the level the rule reaches in the changed world, had nothing changed (a world
+    whose best is nearer the rest is also harder to learn, which no rule can undo)."""
     priors = make_priors(world, "aligned", seed)
     rules = {"old rule": LegacyRule(priors), "new rule": ToolRule(new_kb(folder, f"drift-{kind}", priors))}
     at = rollouts // 2
@@ -181,7 +194,8 @@ def run_drift(world: World, seed: int, folder: Path, rollouts: int, kind: str = 
     unchanged = bandit_stream(changed, seed, {"new rule": control}, rollouts, tag="drift")
     out["new rule, no change"] = unchanged["new rule"]
     oracle = dict.fromkeys(DRIFT_CURVE, out["oracle"]) | {"new rule, no change": unchanged["oracle"]}
-    curves: dict[str, dict[int, list[tuple[float, float]]]] = {name: defaultdict(list) for name in DRIFT_CURVE}
+    uniform = dict.fromkeys(DRIFT_CURVE, out["uniform"]) | {"new rule, no change": unchanged["uniform"]}
+    curves: dict[str, dict[int, list[tuple[float, float, float]]]] = {name: defaultdict(list) for name in DRIFT_CURVE}
     by_state: dict[str, list[int]] = defaultdict(list)
     for t, s in enumerate(out["state"]):
         by_state[s].append(t)
@@ -193,8 +207,12 @@ def run_drift(world: World, seed: int, folder: Path, rollouts: int, kind: str = 
         visits = [(-k, t) for k, t in list(enumerate(reversed(pre), 1))[:10]] + list(enumerate(post[:30], 1))
         for k, t in visits:
             for name in curves:
-                curves[name][k].append((out[name][t], oracle[name][t]))
-    return {name: {k: share([g for g, _ in v], [b for _, b in v]) for k, v in c.items()} for name, c in curves.items()}
+                curves[name][k].append((out[name][t], uniform[name][t], oracle[name][t]))
+    return {
+        "share": {name: {k: share([g for g, _, _ in v], [b for _, _, b in v]) for k, v in c.items()}
+                  for name, c in curves.items()},
+        "gap": {name: {k: gap_closed(*zip(*v)) for k, v in c.items()} for name, c in curves.items()},
+    }
 
 
 def run_multistep(world: World, seed: int, folder: Path, problems: int, horizon: int) -> dict[str, Any]:

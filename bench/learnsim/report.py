@@ -23,7 +23,11 @@ DRIFT_WHAT = {
 }
 DRIFT_KS = (1, 3, 5, 10, 15, 20, 30)
 RECOVERED = 0.9
-"""Recovered: the 3-problem mean share is back at this fraction of the reference level."""
+"""Recovered: the 3-problem mean level is back at this fraction of the reference level."""
+DRIFT_SCALES = {
+    "share": "share of the oracle's gain",
+    "gap": "gap closed between uniform and the oracle (the scale a level before the change compares on)",
+}
 
 
 def report(results: Rows, cfg: Config, out_dir: Path, wall: float) -> str:
@@ -89,28 +93,41 @@ def _drift(results: Rows, cfg: Config, key: str) -> list[str]:
     lines = [
         f"Drift ({key}: aligned priors; after {cfg.drift_rollouts // 2} of {cfg.drift_rollouts} rollouts "
         f"{DRIFT_WHAT[key]}):",
-        "share of the oracle's gain by problems of a state since the change; 'no change': the new rule on the same",
-        "problems in a world whose changed truth held from the start (the level it reaches there had nothing changed)",
-        f"{'rule':<21}{'before':>14}" + "".join(f"{'+' + str(k):>14}" for k in DRIFT_KS)
-        + f"{'recovered by':>14}{'vs no change':>14}",
+        "level by problems of a state since the change; 'no change': the new rule on the same problems in a world",
+        "whose changed truth held from the start (the level it reaches there had nothing changed)",
     ]
+    for scale, what in DRIFT_SCALES.items():
+        lines += [f"{what}:", f"{'rule':<21}{'before':>14}" + "".join(f"{'+' + str(k):>14}" for k in DRIFT_KS)
+                  + f"{'recovered by':>14}{'vs no change':>14}"]
+        lines += _drift_rows([row[scale] for row in rows])
+    gap = [row["gap"] for row in rows]
+    before = level(gap, "new rule", range(-10, 0))
+    at15 = statistics.fmean(row["new rule"][15] for row in gap if 15 in row["new rule"])
+    lines.append(f"new rule, gap scale: {at15:.2f} at +15 against {before:.2f} before ({at15 / before:.0%}); "
+                 f"back to {RECOVERED:.0%} of the level before by problem {recovery(gap, 'new rule', before)}")
+    return [*lines, ""]
+
+
+def _drift_rows(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per rule: the level before, at DRIFT_KS, and when it is back (`recovery`)."""
+    lines = []
     control = level(rows, "new rule, no change", range(1, 31))
     for name in DRIFT_CURVE:
         pre = [statistics.fmean([row[name][k] for k in range(-10, 0) if k in row[name]]) for row in rows]
         cells = [fmt(pre)] + [fmt([row[name].get(k, math.nan) for row in rows]) for k in DRIFT_KS]
-        own = recovery(rows, name, level(rows, name, range(-10, 0)))
+        own = recovery(rows, name, level(rows, name, range(-10, 0))) if name != "uniform" else ""
         against = recovery(rows, name, control) if name == "new rule" else ""
         lines.append(f"{name:<21}" + "".join(f"{c:>14}" for c in cells) + f"{own:>14}{against:>14}")
-    return [*lines, ""]
+    return lines
 
 
 def level(rows: Sequence[dict[str, Any]], name: str, ks: Sequence[int]) -> float:
-    """The mean share of `name` over the problems `ks` of a state (relative to the change), over seeds."""
+    """The mean level of `name` over the problems `ks` of a state (relative to the change), over seeds."""
     return statistics.fmean(statistics.fmean([row[name][k] for k in ks if k in row[name]]) for row in rows)
 
 
 def recovery(rows: Sequence[dict[str, Any]], name: str, reference: float) -> str:
-    """Problems after the change until the 3-problem mean share is back at RECOVERED x `reference`."""
+    """Problems after the change until the 3-problem mean level is back at RECOVERED x `reference`."""
     curve = {k: statistics.fmean(row[name][k] for row in rows if k in row[name]) for k in range(1, 31)
              if any(k in row[name] for row in rows)}
     for k in range(1, 29):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from learnsim.regimes import quick_comparison  # noqa: E402
+from learnsim.regimes import gap_closed, quick_comparison  # noqa: E402
 
 
 def test_the_new_rule_beats_the_old_one_on_the_same_seeds(tmp_path: Path) -> None:
@@ -20,3 +21,14 @@ def test_the_new_rule_beats_the_old_one_on_the_same_seeds(tmp_path: Path) -> Non
     mean = {name: sum(r[name] for r in runs) / len(runs) for name in ("uniform", "old rule", "new rule")}
     assert mean["new rule"] - mean["old rule"] > 0.15, mean
     assert mean["old rule"] > mean["uniform"], mean  # the comparison itself is meaningful
+
+
+def test_the_gap_scale_puts_uniform_at_zero_and_the_oracle_at_one_whatever_the_options_are_worth() -> None:
+    best, uniform = [0.5, 0.3], [0.1, -0.2]
+    assert gap_closed(uniform, uniform, best) == 0.0 and gap_closed(best, uniform, best) == 1.0
+    # the same choices in a world where every option is worth 0.3 less: the share of the oracle's gain
+    # falls, the gap closed does not
+    chosen = [0.4, 0.1]
+    lower = [[x - 0.3 for x in xs] for xs in (chosen, uniform, best)]
+    assert math.isclose(gap_closed(chosen, uniform, best), gap_closed(*lower))
+    assert sum(lower[0]) / sum(lower[2]) < sum(chosen) / sum(best)

@@ -65,8 +65,8 @@ class Request(BaseModel):
     )
     temperature: float = Field(
         DEFAULT_TEMPERATURE, ge=0.0, le=MAX_TEMPERATURE,
-        description="spread of the draw from the evidence: 1 = as the evidence says (default), 0 = best posterior mean "
-                    "only, 2+ = explore more",
+        description="spread of the draw from the evidence: 1 = sample the posterior as the evidence says, 0.5 = half "
+                    "its spread (default), 0 = best posterior mean only, 2+ = explore more",
     )
     arch: str | None = Field(
         None, description="GPU arch of the target (sm_90, 9.0 or hopper); scores of that family are used where measured"

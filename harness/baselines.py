@@ -114,3 +114,10 @@ class BaselineCache:
             tmp = p.with_suffix(f".tmp{os.getpid()}")
             tmp.write_text(json.dumps(baseline.model_dump(mode="json"), indent=1))
             os.replace(tmp, p)
+
+    def add_reference_device(self, cached: Baseline | None, device_ms: float | None) -> None:
+        """Adds the reference's device time to a cached baseline that lacks it (a new baseline gets
+        it from the verify worker, which has the same census reply)."""
+        if cached is None or cached.eager_device_ms is not None or device_ms is None:
+            return
+        self.put(cached.model_copy(update={"eager_device_ms": device_ms}))

@@ -43,6 +43,7 @@ from kb_mcp.harness.builds import BuildService
 from kb_mcp.harness.candidate import CandidateError, parse_candidate, static_units, style_of
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
 from kb_mcp.harness.compile_only import CompileOnly
+from kb_mcp.harness.phases import CENSUS_WORDS, PHASE_WORDS, PHASES
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
 from kb_mcp.harness.protocol import (
@@ -82,28 +83,6 @@ from kb_mcp.kb.models import Verdict
 from kb_mcp.kb.progress import Progress, no_progress
 
 __all__ = ["PHASES", "WorkerError", "WorkerPool", "describe_exit", "no_progress"]
-
-
-PHASES = ("static", "import", "construct", "check", "census", "timing", "baselines", "evidence", "compile")
-_PHASE_WORDS = {
-    "queued": "waiting for the worker to start on it",
-    "static": "running static checks",
-    "import": "importing and building the candidate",
-    "construct": "constructing ModelNew",
-    "check": "running ModelNew.forward on the input sets",
-    "census": "listing the kernels one forward launches (in the census worker)",
-    "timing": "timing ModelNew.forward (interleaved with the reference where eager is timed anew)",
-    "baselines": "timing the torch.compile baseline (first verdict of a problem) and comparing",
-    "evidence": "checking a result above the review threshold further (more inputs, weights, a second shape, its work)",
-    "compile": "compiling the candidate's CUDA sources",
-}
-CENSUS_WORDS = {
-    "queued": "waiting for the census worker",
-    "import": "importing the candidate for the kernel census",
-    "construct": "constructing ModelNew for the kernel census",
-    "census": "running forward for the kernel census",
-    "reference": "measuring the reference's device time (in the census worker)",
-}
 
 
 def _kill_all(workers: list[WorkerProcess]) -> None:
@@ -324,14 +303,14 @@ class WorkerPool:
         steps = len(PHASES)
 
         def on_phase(phase: str) -> None:
-            progress(PHASES.index(phase) if phase in PHASES else 0, steps, _PHASE_WORDS.get(phase, phase))
+            progress(PHASES.index(phase) if phase in PHASES else 0, steps, PHASE_WORDS.get(phase, phase))
 
         def on_ask(ask: Any) -> None:
             if isinstance(ask, CensusAsk) and ask.counters:
                 progress(PHASES.index("evidence"), steps, "counting the candidate's work under Nsight Compute")
                 self._answer_work(w, rid, problem, source, opts)
             elif isinstance(ask, CensusAsk):
-                progress(PHASES.index("census"), steps, _PHASE_WORDS["census"])
+                progress(PHASES.index("census"), steps, PHASE_WORDS["census"])
                 self._answer_census(w, rid, problem, source, opts, cid, ask.units)
             else:
                 progress(PHASES.index("import"), steps, f"building {ask.unit.name} (load_inline) in the build sandbox")
@@ -352,12 +331,12 @@ class WorkerPool:
         except TimeoutError:
             phase = reply.phase
             return self._ended(w, problem, source, opts, cid, t0, phase, Failure(
-                kind=FailureKind.timed_out, where=_PHASE_WORDS.get(phase, phase), limit_s=self._limit(phase, opts)))
+                kind=FailureKind.timed_out, where=PHASE_WORDS.get(phase, phase), limit_s=self._limit(phase, opts)))
         except ChannelClosed:
             phase = reply.phase
             code = w.proc.wait(timeout=30)
             return self._ended(w, problem, source, opts, cid, t0, phase, Failure(
-                kind=FailureKind.worker_died, where=_PHASE_WORDS.get(phase, phase), detail=describe_exit(code)))
+                kind=FailureKind.worker_died, where=PHASE_WORDS.get(phase, phase), detail=describe_exit(code)))
         except (ForgedFrame, ValidationError) as exc:
             finding = Finding(
                 code=FindingCode.forged_result, source="runtime",
@@ -539,7 +518,7 @@ class WorkerPool:
         once nothing else of the pool is starting up (the verify worker times right after), with
         what the SASS of the candidate's builds `units` computes in (`CompileOnly.precision_of`).
         The reference's device time is measured there too where the cached baseline lacks it, and
-        added to that baseline (`_keep_reference_device`)."""
+        added to that baseline (`BaselineCache.add_reference_device`)."""
         cached = self._cached_baseline(w, problem, opts)
         try:
             reply = self._take_census(problem, source, opts, cid,
@@ -550,7 +529,9 @@ class WorkerPool:
         if isinstance(reply, ProblemFailed):  # it loaded in the verify worker: not deterministic
             reply = CensusReply(failure=Failure(kind=FailureKind.census_problem_diverged, detail=reply.text))
         if reply.clean:
-            self._keep_reference_device(cached, reply)
+            # measured before any candidate code ran in the census worker, and the census came back clean
+            BaselineCache(self.cache_dir).add_reference_device(
+                cached, reply.reference_device.ms if reply.reference_device else None)
             self._settle_starts()
         if reply.failure is None and units:
             arch = w.info.arch if w.info else ""
@@ -568,15 +549,6 @@ class WorkerPool:
             return None
         return BaselineCache(self.cache_dir).get(problem.hash, info.device, info.torch_version, need_compile=False,
                                                  track=opts.track.value)
-
-    def _keep_reference_device(self, cached: Baseline | None, reply: CensusReply) -> None:
-        """Adds the reference's device time to a cached baseline that lacks it (a new baseline
-        gets it from the verify worker, which has the same reply). It was measured before any
-        candidate code ran in the census worker, and the census came back clean."""
-        ref = reply.reference_device
-        if cached is None or cached.eager_device_ms is not None or ref is None or ref.ms is None:
-            return
-        BaselineCache(self.cache_dir).put(cached.model_copy(update={"eager_device_ms": ref.ms}))
 
     def _answer_work(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions) -> None:
         """Takes the work census (`harness.work`: hardware counters of one forward, under ncu in
@@ -599,7 +571,7 @@ class WorkerPool:
             ok=built,
             style=style_of(static_units(source)),
             messages=[] if built else ["the build did not finish: the worker ended while "
-                                       f"{_PHASE_WORDS.get(phase, phase)}"],
+                                       f"{PHASE_WORDS.get(phase, phase)}"],
         )
         # The GPU it ran on: a timeout or crash there is a GPU verdict, stored as one (its verdict key
         # and strength depend on it), not a compile-only one.

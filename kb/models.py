@@ -402,7 +402,7 @@ class Strength(str, Enum):
 
     Only `standard` verdicts (and `compile_only` ones reached before anything ran) move scores;
     every other strength is kept under its own verdict key and shown, never credited. The
-    options that lead to each strength are decided in `kb_mcp.harness.verdict.assess_options`.
+    options that lead to each strength are decided in `kb_mcp.harness.options.assess_options`.
     """
 
     loosened = "loosened"  # the caller relaxed a check (tolerance, allow-list, review threshold, limits)

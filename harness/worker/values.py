@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.verdict import TRACK_TOLERANCE, VerifyOptions
+from kb_mcp.harness.options import TRACK_TOLERANCE, VerifyOptions
 
 # (atol in units of the reference's RMS, rtol) per output dtype. fp32 is strict: the reference runs
 # with TF32 off, and a candidate that computes in TF32/bf16 shows errors near 1e-3 and fails here.
@@ -52,7 +52,7 @@ def leaves(out: Any) -> list[Any] | None:
 def tolerance_for(dtype: torch.dtype, problem_atol: float | None, problem_rtol: float | None,
                   options: VerifyOptions) -> tuple[float, float, str]:
     """(atol, rtol, loosened-note) for an output of `dtype`: the dtype's (or the problem's own),
-    raised to the track's floor (`verdict.TRACK_TOLERANCE`) on a low-precision track."""
+    raised to the track's floor (`options.TRACK_TOLERANCE`) on a low-precision track."""
     name = str(dtype).replace("torch.", "")
     base_a, base_r = DEFAULT_TOLERANCES.get(name, (0.0, 0.0))
     if problem_atol is not None:

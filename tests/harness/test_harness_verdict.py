@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from kb_mcp.harness import options as options_module
 from kb_mcp.harness import verdict as verdict_module
+from kb_mcp.harness.options import assess_options
 from kb_mcp.harness.plausibility import plausibility_findings
 from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.harness.verdict import (
@@ -22,7 +24,6 @@ from kb_mcp.harness.verdict import (
     Timings,
     VerifyOptions,
     VerifyResult,
-    assess_options,
     decide,
     judge,
 )
@@ -138,7 +139,7 @@ def test_record_carries_the_servers_numbers() -> None:
 
 def test_every_option_is_classified() -> None:
     # A new option must be decided here, not fall through to the conservative default unnoticed.
-    assert set(VerifyOptions.model_fields) == set(verdict_module._EFFECTS)
+    assert set(VerifyOptions.model_fields) == set(options_module._EFFECTS)
 
 
 @pytest.mark.parametrize(

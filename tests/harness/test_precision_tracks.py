@@ -11,6 +11,7 @@ import pytest
 import torch
 from harness_helpers import FIXTURES, fixture_source
 
+from kb_mcp.harness.options import TRACK_TOLERANCE, assess_options
 from kb_mcp.harness.pool import WorkerPool
 from kb_mcp.harness.precision import (
     PrecisionEvidence,
@@ -21,7 +22,6 @@ from kb_mcp.harness.precision import (
     sass_precisions,
 )
 from kb_mcp.harness.verdict import (
-    TRACK_TOLERANCE,
     CompileResult,
     Evidence,
     Failure,
@@ -29,7 +29,6 @@ from kb_mcp.harness.verdict import (
     Finding,
     FindingCode,
     VerifyOptions,
-    assess_options,
     judge,
 )
 from kb_mcp.harness.worker.values import DEFAULT_TOLERANCES, tolerance_for

@@ -32,6 +32,9 @@ from kb_mcp.kb.models import (
 from kb_mcp.kb.ops import FP32, KBOp, PutMeta, PutRecord, from_wire
 from kb_mcp.kb.tables import Tables, decode_score, score_op
 
+TRACK_ALARMS = "track_alarms"
+"""Meta field: per "track/arch family", the level of its change detector (files without it: all 0)."""
+
 
 class KBStats(BaseModel):
     """Sizes and activity of a KB, for `kb-mcp kb stats` and the `kb://stats` resource."""
@@ -69,6 +72,12 @@ class KBView:
     def meta(self) -> dict[str, Any]:
         """The file's meta record (format, schema version, applied journal sequence, kb id)."""
         return dict(self._t.meta)
+
+    def track_alarm(self, track: Track, family: str) -> float:
+        """Level of the change detector of one track and arch family (`policy.update.track_alarm_after`),
+        kept in the meta record's TRACK_ALARMS field; 0 in files that never stored one."""
+        alarms = self._t.meta.get(TRACK_ALARMS) or {}
+        return float(alarms.get(f"{Track(track).value}/{family}", 0.0))
 
     # ---- states -------------------------------------------------------------------------------
 
@@ -359,6 +368,12 @@ class Transaction(KBView):
         """Stores the server's verdict on a candidate under its verdict key (compile_and_verify does
         this): it replaces only a verdict checked with the same options on the same device."""
         self._do(PutRecord("candidates", record.key, record.model_dump(mode="json")))
+
+    def set_track_alarm(self, track: Track, family: str, level: float) -> None:
+        """Stores the level of one track's and arch family's change detector (`track_alarm`)."""
+        alarms = dict(self._t.meta.get(TRACK_ALARMS) or {})
+        alarms[f"{Track(track).value}/{family}"] = level
+        self._do(PutMeta({**self._t.meta, TRACK_ALARMS: alarms}))
 
     def set_meta(self, **values: Any) -> None:
         """Updates fields of the meta record (format and sequence fields are the store's own)."""

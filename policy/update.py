@@ -22,6 +22,13 @@ optimization it is credited to are the caller's claims:
   summed (a one-sided CUSUM, `Score.run`); past CHANGE_THRESHOLD the truth has likely changed, and
   that client's older samples give way to the run: two outliers in a row, or a few outcomes well
   off on one side, and the estimate follows. A lone outlier stays bounded.
+* **Many changes at once are noticed.** A new GPU, a new compiler or a bad batch moves many scores
+  of a track together. The outcomes' distances from their estimates, summed over the whole track and
+  arch family (a one-sided CUSUM, `track_alarm_after`; the level is kept in the KB's meta record),
+  rise past TRACK_ALARM when many scores surprise at once; while they do, a score's own detector
+  calls a fall at ALARMED_THRESHOLD instead of CHANGE_THRESHOLD (one outcome 3 sd below), so the
+  changed scores are relearnt from their first outcomes. Only falls: a good optimization's change
+  upward is found by drawing it, a bad one's fall costs every draw until it is seen.
 * **No client dominates.** Each client's samples carry at most CLIENT_MAX_WEIGHT of weight in a
   score: beyond it, the client's own older samples are discounted, never other clients'.
 * **Drift is followed.** The whole score carries at most MAX_WEIGHT: beyond it every sample is
@@ -63,6 +70,15 @@ much as any prior may count for, `policy.select.MAX_PRIOR_SAMPLES`): a prior tha
 truth says nothing about the new one (`_prior_outdated`)."""
 CHANGE_STEP = 3.0
 """The most one outcome adds to that sum (below the threshold: a lone outlier never signals a change)."""
+TRACK_ALLOWANCE = 0.8
+"""Surprise per outcome (`surprise`) the track's detector ignores: about twice what outcomes show on
+average when nothing changed (0.4 for a normal distance), so one score's noise keeps it near zero."""
+TRACK_ALARM = 5.0
+"""Surprise summed over a track and arch family beyond which many of its scores changed at once."""
+TRACK_ALARM_CAP = 15.0
+"""The most the track's detector holds: an alarm outlasts the surprises that raised it by ~20 outcomes."""
+ALARMED_THRESHOLD = 2.5
+"""CHANGE_THRESHOLD for falls while the track is alarmed: one outcome 3 sd below its estimate."""
 MAX_CLIENTS = 16
 """Clients tracked per score; the lightest are pooled under UNNAMED_CLIENT beyond it."""
 UNNAMED_CLIENT = ""
@@ -173,12 +189,36 @@ def _with_clients(score: Score, clients: Mapping[str, Stats], update: dict[str, 
     )
 
 
+def _standardized(raw: float, lo: float, hi: float) -> float:
+    centre, sd = (lo + hi) / 2.0, max((hi - lo) / (2.0 * INFLUENCE_SDS), 1e-9)
+    return (raw - centre) / sd
+
+
+def surprise(raw: float, lo: float, hi: float) -> float:
+    """How far one measured log-speedup lies from its score's estimate, as change detection counts
+    it: standard deviations of the band (`lo`, `hi`) beyond CHANGE_ALLOWANCE, at most CHANGE_STEP
+    (below CHANGE_THRESHOLD: one outcome alone never signals a change)."""
+    return min(CHANGE_STEP, max(0.0, abs(_standardized(raw, lo, hi)) - CHANGE_ALLOWANCE))
+
+
+def track_alarm_after(level: float, raw: float, band: tuple[float, float]) -> float:
+    """A track's (and arch family's) change detector after one more timed outcome, `raw` its
+    log-speedup and `band` its score's influence band: a one-sided CUSUM of the outcomes' surprise
+    beyond TRACK_ALLOWANCE, held at most at TRACK_ALARM_CAP. One score's outliers come and go; many
+    scores surprising at once raise it past TRACK_ALARM, where it stays while they keep surprising."""
+    return min(TRACK_ALARM_CAP, max(0.0, level + surprise(raw, *band) - TRACK_ALLOWANCE))
+
+
+def track_alarmed(level: float) -> bool:
+    """Whether a track's change detector (`track_alarm_after`) says many of its scores changed."""
+    return level >= TRACK_ALARM
+
+
 def _run_after(run: ChangeRun | None, client: str, raw: float, lo: float, hi: float) -> ChangeRun | None:
     """The change-detection run after one more outcome (a one-sided CUSUM in band units); None when
     the outcomes show nothing (the last one within the allowance and no run going on)."""
-    centre, sd = (lo + hi) / 2.0, max((hi - lo) / (2.0 * INFLUENCE_SDS), 1e-9)
-    z = (raw - centre) / sd
-    step = min(CHANGE_STEP, max(0.0, abs(z) - CHANGE_ALLOWANCE))  # one outcome alone never signals a change
+    z = _standardized(raw, lo, hi)
+    step = surprise(raw, lo, hi)
     if run is None or run.client != client or (run.cusum > 0) != (z > 0):
         if step == 0.0:
             return None
@@ -211,10 +251,12 @@ def _bounded_rates(ok: float, fail: float) -> tuple[float, float]:
 
 def apply_outcome(
     score: Score, verdict: Verdict, speedup: float | None, when: datetime | None = None, *,
-    client: str = UNNAMED_CLIENT, band: tuple[float, float] | None = None,
+    client: str = UNNAMED_CLIENT, band: tuple[float, float] | None = None, alarmed: bool = False,
 ) -> Score:
     """`score` after one outcome with this verdict and (for valid verdicts) measured speedup,
-    recorded by `client`; `band` bounds the credited log-speedup (default: `influence_band`)."""
+    recorded by `client`; `band` bounds the credited log-speedup (default: `influence_band`).
+    `alarmed`: many scores of its track changed lately (`track_alarmed`), so a smaller fall signals
+    a change of this one."""
     if not counts_toward_score(verdict):
         return score
     clients = _client_stats(score)
@@ -229,7 +271,7 @@ def apply_outcome(
         x = max(lo, min(hi, raw))
         own = clients.get(client, (0.0, 0.0, 0.0))
         run = _run_after(score.run, client, raw, lo, hi)
-        if run is not None and abs(run.cusum) > CHANGE_THRESHOLD:
+        if run is not None and (abs(run.cusum) > CHANGE_THRESHOLD or (alarmed and run.cusum < -ALARMED_THRESHOLD)):
             # The truth has likely changed (a new compiler, a new driver): this client's older samples
             # give way to the run that showed it, so the estimate follows at once. No client can
             # discount another's samples, and a lone outlier stays bounded.

@@ -25,7 +25,15 @@ from kb_mcp.kb.models import (
 from kb_mcp.kb.provenance import optimization_is_verified, outcome_is_verified
 from kb_mcp.kb.view import KBView, Transaction
 from kb_mcp.policy.select import CalibrationSums, calibrate, influence_band
-from kb_mcp.policy.update import MAX_CREDITED_SPEEDUP, apply_outcome, counts_toward_score, credited_log_speedup
+from kb_mcp.policy.update import (
+    MAX_CREDITED_SPEEDUP,
+    apply_outcome,
+    clip_log_speedup,
+    counts_toward_score,
+    credited_log_speedup,
+    track_alarm_after,
+    track_alarmed,
+)
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 
@@ -295,9 +303,16 @@ def _move_scores(tx: Transaction, req: Request, cand: CandidateRecord, opt_id: s
     # the selection draws from (the state's scores on this family and track)
     cal = calibrate(tx.candidate_stats(req.state_id, family, track),
                     CalibrationSums(*tx.calibration_sums(track)))
+    level = tx.track_alarm(track, family)
+    alarmed = track_alarmed(level)
     for arch in dict.fromkeys((family, ALL_ARCH)):
         base = _base_score(tx, req.state_id, opt_id, arch, track)
         band = influence_band(base, cal)
+        if arch == family and speedup is not None and speedup > 0 and cand.verdict.is_valid:
+            # the family's score says how surprising this outcome is (the pooled one mixes families)
+            after = track_alarm_after(level, clip_log_speedup(speedup), band)
+            if after != level:  # nothing is written while the track is quiet
+                tx.set_track_alarm(track, family, after)
         if arch == ALL_ARCH and speedup is not None and speedup > 0:
             credited = math.exp(credited_log_speedup(speedup, base, band))
             if abs(math.log(credited / speedup)) > 1e-9:
@@ -305,7 +320,7 @@ def _move_scores(tx: Transaction, req: Request, cand: CandidateRecord, opt_id: s
                          "within "
                          f"a band around its estimate): the pooled score counts {credited:.3g}x, the outcome "
                          f"keeps {speedup:.3g}x. ")
-        tx.put_score(apply_outcome(base, cand.verdict, speedup, client=client, band=band))
+        tx.put_score(apply_outcome(base, cand.verdict, speedup, client=client, band=band, alarmed=alarmed))
     if req.next_state_id and cand.verdict.is_valid:
         tx.bump_transition(req.state_id, opt_id, req.next_state_id)
     return note

@@ -138,3 +138,17 @@ def test_merge_pools_within_each_track(tmp_path: Path) -> None:
     assert fp16.mean_log_speedup == pytest.approx((math.log(2.0 / 1.25) + math.log(2.0 / 1.5)) / 2)
     fp32 = KBStore.open(a).get_score(STATE, OPT, "hopper")
     assert fp32 is not None and fp32.samples == 1 and fp32.mean_log_speedup == pytest.approx(math.log(2.0))
+
+
+def test_the_track_change_detector_is_kept_per_track_and_family_and_old_files_read_as_quiet(kb_path: Path) -> None:
+    ctx = ToolContext(kb_path, client_name="t")
+    with ctx.store.read() as view:
+        assert view.track_alarm(Track.fp32, "hopper") == 0.0, "no stored level: quiet"
+        opts = sorted(s.optimization_id for s in view.candidates(STATE, "hopper"))[:4]
+    for i, opt in enumerate(opts):  # many scores far below their estimates at once: the track is alarmed
+        _verdict(ctx, f"c_slow{i}", time_ms=16.0)
+        _record(ctx, f"c_slow{i}", opt)
+    reopened = KBStore.open(kb_path)
+    with reopened.read() as view:
+        assert update.track_alarmed(view.track_alarm(Track.fp32, "hopper")), "kept in the file"
+        assert view.track_alarm(Track.bf16, "hopper") == 0.0 and view.track_alarm(Track.fp32, "ampere") == 0.0

@@ -16,11 +16,15 @@ from kb_mcp.policy.update import (
     MAX_CREDITED_SPEEDUP,
     MAX_WEIGHT,
     RETIRE_WEIGHT,
+    TRACK_ALARM,
     apply_outcome,
     empty_like,
     merge_scores,
     subtract_scores,
+    track_alarm_after,
+    track_alarmed,
 )
+from kb_mcp.policy.update import influence_band as update_band
 
 WIDE = (-50.0, 50.0)  # a band that clips nothing
 
@@ -217,3 +221,43 @@ def test_a_score_written_before_weights_existed_counts_every_outcome_once() -> N
     new = apply_outcome(old, Verdict.faster, math.exp(0.4), client="a", band=WIDE)
     assert new.clients[""][0] == pytest.approx(CLIENT_MAX_WEIGHT), "the unnamed history is bounded like any client's"
     assert new.samples == 11
+
+
+def _alarm_after(outcomes: list[float], band: tuple[float, float]) -> list[float]:
+    levels, level = [], 0.0
+    for x in outcomes:
+        level = track_alarm_after(level, x, band)
+        levels.append(level)
+    return levels
+
+
+def test_the_track_detector_fires_on_a_track_wide_change_and_not_on_one_scores_noise() -> None:
+    band = (-3 * NOISE, 3 * NOISE)  # outcomes scored against estimates at 0, one outcome's sd NOISE
+    for seed in range(5):
+        rng = random.Random(seed)
+        quiet = _alarm_after([rng.gauss(0.0, NOISE) for _ in range(2000)], band)
+        assert not any(track_alarmed(v) for v in quiet), "noise around the estimates never raises the alarm"
+    lone = _alarm_after([0.0] * 10 + [-5 * NOISE] + [0.0] * 10, band)
+    assert max(lone) < TRACK_ALARM, "one score's outlier alone does not either"
+    for seed in range(5):
+        rng = random.Random(seed)
+        moved = _alarm_after([rng.gauss(-3 * NOISE, NOISE) for _ in range(6)], band)
+        assert track_alarmed(moved[-1]), "many scores 3 sd below their estimates at once: the alarm is up"
+    fading = _alarm_after([-3 * NOISE] * 6 + [0.0] * 40, band)
+    assert track_alarmed(fading[10]) and not track_alarmed(fading[-1]), "and it fades once outcomes stop surprising"
+
+
+def test_an_alarmed_track_follows_a_fall_from_one_outcome_and_a_rise_as_before() -> None:
+    rng = random.Random(3)
+    settled = _run(_fresh(0.5), [(Verdict.faster, math.exp(rng.gauss(0.5, NOISE))) for _ in range(8)], band=None)
+    lo, hi = update_band(settled)  # the band apply_outcome scores outcomes against by default
+    sd = (hi - lo) / 6.0
+    fall = math.exp(settled.mean_log_speedup - 3.2 * sd)
+    quiet = apply_outcome(settled, Verdict.faster, fall, client="a")
+    alarmed = apply_outcome(settled, Verdict.faster, fall, client="a", alarmed=True)
+    assert quiet.weight == pytest.approx(CLIENT_MAX_WEIGHT) and quiet.run is not None, "one fall: a bounded step"
+    assert alarmed.weight == pytest.approx(1.0) and alarmed.run is None, "alarmed: the fall is a change"
+    assert alarmed.mean_log_speedup == pytest.approx(math.log(fall))
+    rise = math.exp(settled.mean_log_speedup + 3.2 * sd)
+    up = apply_outcome(settled, Verdict.faster, rise, client="a", alarmed=True)
+    assert up.weight == pytest.approx(CLIENT_MAX_WEIGHT), "a rise is found by drawing it: no reset on one outcome"

@@ -32,11 +32,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -328,45 +326,32 @@ def _f(value: float | None, width: int, suffix: str = "") -> str:
     return f"{'-':>{width}s}" if value is None else f"{value:{width - len(suffix)}.3f}{suffix}"
 
 
-class TrackSummary(BaseModel):
-    """Geomean and fast_p of one track (tracks are never ranked together)."""
+def summarize(runs: list[ProblemRun]) -> dict[str, Any]:
+    """Per track, the campaign report's summary (`campaign.report.track_summary`: valid rate,
+    geomean speedups, fast_p over every problem attempted); tracks are never ranked together."""
+    from kb_mcp.campaign.report import track_summary
 
-    model_config = ConfigDict(extra="forbid")
-
-    track: str
-    problems: int
-    valid: int
-    geomean_vs_baseline: float | None
-    geomean_vs_eager: float | None
-    fast_0: float
-    fast_1: float
-    fast_2: float
-
-
-def summarize(runs: list[ProblemRun]) -> list[TrackSummary]:
-    """Per track: geomean speedups over the valid solutions, fast_p over every problem attempted
-    (fast_0 = correct, fast_1 = correct and faster than the better baseline, fast_2 = twice as fast)."""
-    out = []
+    out: dict[str, Any] = {}
     for track in TRACKS:
         mine = [r for r in runs if r.track == track]
-        if not mine:
-            continue
-        valid = [r for r in mine if r.verdict in ("faster", "slower")]
-        best = [r.speedup_vs_baseline for r in valid if r.speedup_vs_baseline]
-        eager = [r.speedup_vs_eager for r in valid if r.speedup_vs_eager]
-        out.append(TrackSummary(
-            track=track, problems=len(mine), valid=len(valid), geomean_vs_baseline=_geomean(best),
-            geomean_vs_eager=_geomean(eager), fast_0=len(valid) / len(mine),
-            fast_1=sum(1 for s in best if s > 1.0) / len(mine), fast_2=sum(1 for s in best if s > 2.0) / len(mine)))
+        if mine:
+            out[track] = track_summary([_result(r) for r in mine])
     return out
 
 
-def _geomean(values: Sequence[float | None]) -> float | None:
-    logs = [math.log(v) for v in values if v]
-    return math.exp(sum(logs) / len(logs)) if logs else None
+def _result(r: ProblemRun) -> Any:
+    """One problem's run as the campaign report's `ProblemResult` (the solution is its only kernel)."""
+    from kb_mcp.campaign.report import ProblemResult
+
+    valid = r.verdict in ("faster", "slower")
+    return ProblemResult(problem=r.key, eager_ms=r.eager_ms, compile_ms=r.compile_ms, best_ms=r.time_ms,
+                         best_speedup=r.speedup_vs_baseline if valid else None,
+                         best_vs_eager=r.speedup_vs_eager if valid else None,
+                         best_vs_compile=r.speedup_vs_compile if valid else None, valid=valid,
+                         compiled=r.verdict not in (None, "compile_error"), track=r.track)
 
 
-def table(runs: list[ProblemRun], summaries: list[TrackSummary]) -> str:
+def table(runs: list[ProblemRun], summaries: dict[str, Any]) -> str:
     """The side-by-side table and the per-track summary, as printed and as report.md holds it."""
     lines = [f"{'problem':12s} {'track':5s} {'verdict':>11s} {'eager ms':>9s} {'compile ms':>10s} {'ours ms':>9s} "
              f"{'/eager':>8s} {'/compile':>8s} {'/better':>8s}  {'state':26s} {'optimization':28s} fault/note"]
@@ -377,10 +362,11 @@ def table(runs: list[ProblemRun], summaries: list[TrackSummary]) -> str:
             f"{_f(r.speedup_vs_baseline, 8, 'x')}  {(r.state_id or '-')[:26]:26s} {r.optimization_id[:28]:28s} "
             + (f"{r.fault}: " if r.fault else "") + r.note[:160])
     lines.append("")
-    for s in summaries:
-        lines.append(f"track {s.track}: {s.valid}/{s.problems} valid; geomean over the better baseline "
-                     f"{_f(s.geomean_vs_baseline, 0, 'x').strip()}, over eager {_f(s.geomean_vs_eager, 0, 'x').strip()}"
-                     f"; fast_0 {s.fast_0:.0%}, fast_1 {s.fast_1:.0%}, fast_2 {s.fast_2:.0%}")
+    for track, s in summaries.items():
+        lines.append(f"track {track}: {round(s.valid_rate * s.problems)}/{s.problems} valid; geomean over the better "
+                     f"baseline {_f(s.speedup.geomean, 0, 'x').strip()}, over eager "
+                     f"{_f(s.speedup_vs_eager.geomean, 0, 'x').strip()}; fast_0 {s.fast_p['0']:.0%}, "
+                     f"fast_1 {s.fast_p['1']:.0%}, fast_2 {s.fast_p['2']:.0%}")
     return "\n".join(lines)
 
 
@@ -465,7 +451,7 @@ def write_outputs(out: Path, runs: list[ProblemRun], device: str, budget: Budget
         "device": device, "wall_s": wall, "kb": str(kb_path), "compile_only": compile_only,
         "runs": [r.model_dump(mode="json") | {"speedup_vs_eager": r.speedup_vs_eager,
                                                "speedup_vs_compile": r.speedup_vs_compile} for r in runs],
-        "tracks": [s.model_dump(mode="json") for s in summaries]}, indent=1))
+        "tracks": {track: s.model_dump(mode="json") for track, s in summaries.items()}}, indent=1))
     return text
 
 

@@ -529,7 +529,8 @@ class WorkerPool:
         if isinstance(reply, ProblemFailed):  # it loaded in the verify worker: not deterministic
             reply = CensusReply(failure=Failure(kind=FailureKind.census_problem_diverged, detail=reply.text))
         if reply.clean:
-            # measured before any candidate code ran in the census worker, and the census came back clean
+            # measured before this candidate's code ran there, and the census came back clean (earlier
+            # candidates may have run in that worker: like all device time, informative only)
             BaselineCache(self.cache_dir).add_reference_device(
                 cached, reply.reference_device.ms if reply.reference_device else None)
             self._settle_starts()

@@ -15,8 +15,9 @@ there) and then once under the profiler. Then its device time (`kernels.DeviceTi
 `profiling.measure_device_time`): up to `profiling.DEVICE_RUNS` more calls on the same inputs, the
 L2 flushed before each, in one more profiler session. Where the pool asks (`CensusRequest.
 reference_device`: the cached baseline lacks it), the reference's device time is measured the
-same way first, right after the problem is imported and before any candidate code runs here, in
-the track's numerics. The answer is the census plus the census worker's own
+same way first, right after the problem is imported and before this candidate's code runs here, in
+the track's numerics (earlier candidates may have run in this worker: device time is informative
+only). The answer is the census plus the census worker's own
 integrity findings (trusted functions replaced, threads left running, L2 persistence); the census
 worker retires after any of them or after the candidate raised. The kernel findings proper
 (`library_call`, `no_custom_kernel`) are drawn from the census by the timing worker, with the
@@ -117,14 +118,11 @@ class _CensusRun:
         if not self.env.cuda:
             return DeviceTime(note="no CUDA device: device time not measured")
         flusher = L2Flusher(int(self.env.props.L2_cache_size))
-        try:
-            with track_numerics(options.track, None):
-                return measure_device_time(call, flusher)
-        finally:
-            del flusher
+        with track_numerics(options.track, None):
+            return measure_device_time(call, flusher)
 
     def reference_device(self, pmod: Any, options: VerifyOptions) -> DeviceTime:
-        """The reference's device time (its Model, eager), before any candidate code runs here; the
+        """The reference's device time (its Model, eager), before this candidate's code runs here; the
         problem's own code failing leaves it unknown, with a note (the verify worker judges the problem)."""
         if not self.env.cuda:
             return DeviceTime(note="no CUDA device: device time not measured")

@@ -426,10 +426,11 @@ class WorkerPool:
             return CensusReply(failure=Failure(kind=FailureKind.census_problem_failed, detail=reply.text))
         return reply
 
-    def _census_worker(self) -> WorkerProcess:
+    def _census_worker(self, untouched: bool = False) -> WorkerProcess:
+        """The census worker, ready; with `untouched`, one no candidate has run in yet."""
         for attempt in range(2):
             w = self._census
-            if w is None or not w.alive():
+            if w is None or not w.alive() or (untouched and w.served):
                 if w is not None:
                     self._drop(w)
                 w = self._census = self._new("census")
@@ -464,10 +465,13 @@ class WorkerPool:
         request = CensusRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts, candidate_id=cid,
                                 reference_device=reference_device)
         for attempt in range(2):
-            w = self._census_worker()
+            # The reference's device time is cached and shown beside every later candidate's: it is
+            # taken where no candidate has run, so nothing one left behind there can bend it.
+            w = self._census_worker(untouched=reference_device)
             w.output.reset()
             try:
                 send(w.sock, request, POOL_KEY)
+                w.served += 1
                 break
             except OSError:  # it died while idle (killed from outside): a fresh one takes the request
                 if attempt:
@@ -517,8 +521,9 @@ class WorkerPool:
         """Takes the census for the verify worker `w` (waiting on request `rid`) and answers it,
         once nothing else of the pool is starting up (the verify worker times right after), with
         what the SASS of the candidate's builds `units` computes in (`CompileOnly.precision_of`).
-        The reference's device time is measured there too where the cached baseline lacks it, and
-        added to that baseline (`BaselineCache.add_reference_device`)."""
+        The reference's device time is measured there too where the cached baseline lacks it (in a
+        census worker no candidate has run in: `_census_worker(untouched=True)`), and added to that
+        baseline (`BaselineCache.add_reference_device`)."""
         cached = self._cached_baseline(w, problem, opts)
         try:
             reply = self._take_census(problem, source, opts, cid,
@@ -529,8 +534,8 @@ class WorkerPool:
         if isinstance(reply, ProblemFailed):  # it loaded in the verify worker: not deterministic
             reply = CensusReply(failure=Failure(kind=FailureKind.census_problem_diverged, detail=reply.text))
         if reply.clean:
-            # measured before this candidate's code ran there, and the census came back clean (earlier
-            # candidates may have run in that worker: like all device time, informative only)
+            # measured in a census worker no candidate had run in, before this candidate's code ran
+            # there, and the census came back clean
             BaselineCache(self.cache_dir).add_reference_device(
                 cached, reply.reference_device.ms if reply.reference_device else None)
             self._settle_starts()

@@ -160,6 +160,7 @@ class WorkerProcess:
         self.session = new_key()
         self.info: WorkerInfo | None = None
         self.started = time.monotonic()
+        self.served = 0  # candidates sent to it: a census worker that served none is untouched by them
         send(parent, Init(key=self.session.hex()), POOL_KEY)
 
     @property

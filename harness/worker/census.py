@@ -16,10 +16,11 @@ there) and then once under the profiler. Then its device time (`kernels.DeviceTi
 L2 flushed before each, in one more profiler session. Where the pool asks (`CensusRequest.
 reference_device`: the cached baseline lacks it), the reference's device time is measured the
 same way first, right after the problem is imported and before this candidate's code runs here, in
-the track's numerics (earlier candidates may have run in this worker: device time is informative
-only). The answer is the census plus the census worker's own
-integrity findings (trusted functions replaced, threads left running, L2 persistence); the census
-worker retires after any of them or after the candidate raised. The kernel findings proper
+the track's numerics; the pool sends such a request only to a census worker no candidate has run in
+yet (`WorkerPool._census_worker`), since the figure is cached and shown beside later candidates'.
+The answer is the census plus the census worker's own integrity findings (trusted functions
+replaced, threads left running, L2 persistence); the census worker retires after any of them or
+after the candidate raised. The kernel findings proper
 (`library_call`, `no_custom_kernel`) are drawn from the census by the timing worker, with the
 candidate's allow-list, as `IntegrityGuard.findings` always did.
 

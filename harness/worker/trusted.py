@@ -28,6 +28,8 @@ def _watched_modules() -> list[str]:
         "torch.testing", "torch.testing._comparison", "torch.nn.functional", "torch.nn.modules.module",
         "torch.autograd", "torch.autograd.grad_mode", "torch.random", "torch.utils._python_dispatch",
         "torch.profiler", "torch.autograd.profiler", "numpy", "numpy.testing",
+        # what the census's kernel list and device time are read from (`worker.profiling`)
+        "torch.profiler.profiler", "torch.autograd.profiler_util", "torch._C._autograd", "torch._C._profiler",
     ]
     names += sorted(n for n in sys.modules if n.startswith("kb_mcp.harness"))
     return [n for n in names if n in sys.modules]
@@ -42,6 +44,7 @@ def _watched_classes() -> list[tuple[str, type]]:
     ]
     if hasattr(torch, "cuda"):
         classes += [("torch.cuda.Event", torch.cuda.Event), ("torch.cuda.Stream", torch.cuda.Stream)]
+    classes += _profiler_classes()
     conn = sys.modules.get("multiprocessing.connection")
     if conn is not None:
         classes += [("multiprocessing.connection.Connection", conn.Connection)]
@@ -51,6 +54,24 @@ def _watched_classes() -> list[tuple[str, type]]:
             if isinstance(value, type) and getattr(value, "__module__", "") == modname:
                 classes.append((f"{modname}.{attr}", value))
     return classes
+
+
+def _profiler_classes() -> list[tuple[str, type]]:
+    """The profiler's classes the census reads its kernels and durations through: a candidate that
+    rescales `_KinetoEvent.duration_ns` would otherwise fake its own device time (and, in a census
+    worker that outlives it, later ones')."""
+    import torch.autograd.profiler as autograd_profiler
+    import torch.profiler as profiler
+
+    names = {
+        "torch._C._autograd._KinetoEvent": getattr(torch._C._autograd, "_KinetoEvent", None),
+        "torch._C._autograd._ProfilerResult": getattr(torch._C._autograd, "_ProfilerResult", None),
+        "torch.profiler.profile": profiler.profile,
+        "torch.profiler.profiler._KinetoProfile": getattr(profiler.profiler, "_KinetoProfile", None),
+        "torch.autograd.profiler.profile": autograd_profiler.profile,
+        "torch.autograd.profiler.record_function": autograd_profiler.record_function,
+    }
+    return [(name, klass) for name, klass in names.items() if isinstance(klass, type)]
 
 
 def _is_watched_value(value: object) -> bool:

@@ -80,6 +80,30 @@ def test_the_reference_device_time_is_measured_there_where_asked_for(pool: Worke
     assert "no CUDA device" in reply.reference_device.note
 
 
+def test_the_reference_device_time_is_taken_where_no_candidate_has_run(pool: WorkerPool, relu_problem) -> None:
+    # A mark no integrity check looks for (plain data), and a note of whether the process has it.
+    forward = (
+        "import builtins\n"
+        "open(os.path.expanduser('~/marked'), 'a').write(str(hasattr(builtins, '_kbmcp_mark')) + ' ')\n"
+        "builtins._kbmcp_mark = 1"
+    )
+    assert pool.census(relu_problem, _candidate(forward)).clean
+    touched = pool.state()["census"].info.pid
+    restarts = pool.census_restarts
+
+    reply = pool.census(relu_problem, _candidate(forward), reference_device=True)
+    assert reply.clean and reply.reference_device is not None, reply
+    fresh = pool.state()["census"].info.pid
+    assert fresh != touched and pool.census_restarts == restarts  # a fresh worker, not a fault's replacement
+    assert pool._census is not None
+    # forward runs twice per census: no mark before its first call there, its own after
+    assert (pool._census.scratch / "marked").read_text().split() == ["False", "True"]
+
+    assert pool.census(relu_problem, _candidate(forward)).clean  # without the reference: kept
+    assert pool.state()["census"].info.pid == fresh
+    assert (pool._census.scratch / "marked").read_text().split() == ["False", "True", "True", "True"]
+
+
 @pytest.mark.parametrize(
     ("forward", "verdict", "words"),
     [

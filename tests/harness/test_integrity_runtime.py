@@ -129,6 +129,24 @@ def test_snapshot_catches_replaced_functions_and_settings(pristine: TrustedSnaps
     assert torch.cuda.Event.elapsed_time is original
 
 
+def test_the_profiler_the_census_reads_is_watched(pristine: TrustedSnapshot) -> None:
+    # A candidate that rescales the profiler's event durations would fake its device time.
+    from kb_mcp.harness.worker.profiling import measure_device_time
+
+    event = torch._C._autograd._KinetoEvent
+    original = event.duration_ns
+    try:
+        event.duration_ns = lambda self: 1  # type: ignore[method-assign]
+        messages = " ".join(f.message for f in pristine.verify() if f.code == C.harness_tampering)
+        assert "torch._C._autograd._KinetoEvent.duration_ns" in messages
+    finally:
+        pristine.restore()
+    assert event.duration_ns is original and pristine.verify() == []
+    # and the census's own sessions leave it as it was
+    measure_device_time(lambda: torch.randn(64).exp(), lambda: None, runs=2)
+    assert pristine.verify() == []
+
+
 def test_snapshot_quiet_after_ordinary_torch_work(pristine: TrustedSnapshot) -> None:
     # Lazy imports and first uses inside PyTorch must not look like tampering.
     with OpRecorder():

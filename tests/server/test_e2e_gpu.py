@@ -2,12 +2,14 @@
 profile -> classify -> suggest -> compile_and_verify -> record - on an example problem with a faster
 hand-written kernel, and the KB shows the new outcome.
 
-The problem is `examples/problems/elementwise_chain_small.py` (40 elementwise ops, one kernel each
-in eager PyTorch) and the candidate `examples/candidates/elementwise_chain_small_load_inline.py` (the whole
-chain in one kernel of a C++ extension). It is timed with the default options, so against the better
-of eager and torch.compile, which fuses the chain too: the extension's launch costs a few
-microseconds, where an NVRTC kernel's launch from Python costs about as much as torch.compile's
-fused kernel (0.131 ms against 0.097 ms on an H100), so only the extension wins reliably.
+The problem is `examples/problems/linear_sum.py` (a linear layer summed over its outputs) and the
+candidate `examples/candidates/linear_sum_rewrite_nvrtc.py` (its exact rewrite, x . colsum(W) + sum(b)).
+It is timed with the default options, so against the better of eager and torch.compile, and
+counts with no hold though it beats the reference's own roofline (the bound comes from the work the
+candidate does). torch.compile cannot make that rewrite, so the margin (about 12x on an H100) does
+not hang on per-call host costs. A fused elementwise chain, the earlier choice, did:
+its one launch and torch.compile's fused kernel both take about 0.12 ms end to end, and which one
+wins varies by process.
 
 Timings of each step go to `$OUT/e2e_gpu.json` when OUT is set (scripts/gpu-check.sh sets it).
 """
@@ -26,8 +28,8 @@ from kb_mcp.clients.mcp_client import call_json, stdio_params
 from kb_mcp.kb.store import KBStore
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBLEM = ROOT / "examples" / "problems" / "elementwise_chain_small.py"
-CANDIDATE = ROOT / "examples" / "candidates" / "elementwise_chain_small_load_inline.py"
+PROBLEM = ROOT / "examples" / "problems" / "linear_sum.py"
+CANDIDATE = ROOT / "examples" / "candidates" / "linear_sum_rewrite_nvrtc.py"
 PROFILE_LIMIT_S = 300.0
 
 pytestmark = pytest.mark.gpu
@@ -58,7 +60,7 @@ async def test_a_client_drives_one_round_on_the_gpu(kb_path: Path) -> None:
         assert profile["kernels"], profile
         assert progress, "the profile job reported no progress while job_status waited"
 
-        # 2. classify: the whole forward (40 launches) or else the heaviest kernel
+        # 2. classify: the whole forward or else the heaviest kernel
         t = time.perf_counter()
         classified = await call_json(client, "classify_state", {"profile_id": profile["profile_id"]})
         timed("classify", t)
@@ -66,13 +68,13 @@ async def test_a_client_drives_one_round_on_the_gpu(kb_path: Path) -> None:
         state = overall.get("state_id") or classified["kernels"][0]["state_id"]
         assert state, classified
 
-        # 3. suggest: prefer a fusion optimization, which is what the candidate does
+        # 3. suggest: prefer an algorithmic optimization, which is what the candidate does
         t = time.perf_counter()
         suggested = await call_json(client, "suggest_optimizations", {"state_id": state, "k": 10, "temperature": 0})
         timed("suggest", t)
         assert suggested["suggestions"], suggested
-        fusion = [s for s in suggested["suggestions"] if s["category"] == "fusion"]
-        optimization = (fusion or suggested["suggestions"])[0]["id"]
+        algorithm = [s for s in suggested["suggestions"] if s["category"] == "algorithm"]
+        optimization = (algorithm or suggested["suggestions"])[0]["id"]
 
         # 4. verify and time the hand-written kernel
         t = time.perf_counter()
@@ -84,7 +86,7 @@ async def test_a_client_drives_one_round_on_the_gpu(kb_path: Path) -> None:
         )
         timed("compile_and_verify", t)
         assert verified["record"]["verdict"] == "faster", verified
-        assert verified["timings"]["speedup_vs_baseline"] > 1.0
+        assert verified["timings"]["speedup_vs_baseline"] > 3.0 and not verified["record"]["flagged"], verified
 
         # 5. record: the score moves on the server's own measurement
         t = time.perf_counter()
@@ -92,8 +94,8 @@ async def test_a_client_drives_one_round_on_the_gpu(kb_path: Path) -> None:
             client,
             "record_outcome",
             {"state_id": state, "optimization_id": optimization, "candidate_id": verified["record"]["candidate_id"],
-             "analysis": "one kernel for the whole chain instead of 40 launches",
-             "lesson": "a chain of tiny elementwise ops is launch-bound: fuse it into one kernel"},
+             "analysis": "the sum over the outputs needs only the column sums of W, not the GEMM",
+             "lesson": "a sum over a linear layer's outputs is x . colsum(W) + sum(b): skip the GEMM"},
         )
         timed("record_outcome", t)
         assert recorded["recorded"] and recorded["score_moved"], recorded
@@ -105,7 +107,7 @@ async def test_a_client_drives_one_round_on_the_gpu(kb_path: Path) -> None:
         detail = json.loads((await client.read_resource(f"kb://state/{state}")).contents[0].text)  # type: ignore[union-attr]
         entry = next(o for o in detail["optimizations"] if o["optimization"]["id"] == optimization)
         assert entry["score"]["samples"] == 1 and entry["score"]["successes"] == 1
-        assert any("launch-bound" in lesson for lesson in entry["lessons"])
+        assert any("colsum(W)" in lesson for lesson in entry["lessons"])
 
     # and the KB file itself, read by a fresh store as any other server would
     outcome = KBStore.open(kb_path).get_outcome(recorded["outcome_id"])

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kb_mcp.kb.models import CandidateRecord, Verdict
+from kb_mcp.kb.models import CandidateRecord, Track, Verdict
 from learnsim.rules import LegacyRule, Step, ToolRule, copy_kb, new_kb, seed_of
 from learnsim.world import (
     ARCHES,
@@ -164,7 +164,45 @@ def run_poison(world: World, seed: int, folder: Path, bandit: dict[str, Any]) ->
             options = world.options[s]
             out["old rule"].append(legacy.probabilities(s, options, "hopper")[options.index(h)])
             out["new rule"].append(new.first_draw(s, h, "hopper"))
-    return {"state": s, "harmful": h, "true_mu": world.mu[(s, h)], **out}
+    return {"state": s, "harmful": h, "true_mu": world.mu[(s, h)], **out,
+            "suppress": run_suppress(world, seed, folder, bandit, s)}
+
+
+SUPPRESS_ALARM_RECORDS = 24
+"""Surprising outcomes the attacker records across the track before suppressing (enough to raise it)."""
+
+
+def run_suppress(world: World, seed: int, folder: Path, bandit: dict[str, Any], s: str) -> dict[str, Any]:
+    """A client credits real, slow candidates (the state's worst effect, measured) to the best
+    optimization of state `s`, to push it out of the first draws: its first-draw probability after
+    n = 0, 1, 4 such records, on a quiet track and on one whose change alarm the same client raised
+    first with SUPPRESS_ALARM_RECORDS slow outcomes credited to the best of the other states."""
+    best = max(world.options[s], key=lambda a: world.mu[(s, a)])
+    worst = min(world.mu[(s, a)] for a in world.options[s])
+    out: dict[str, Any] = {}
+    for case in ("quiet", "alarmed"):
+        rule = ToolRule(copy_kb(Path(bandit["_kb_aligned"]), folder / f"suppress-{case}.json"), client=MALLORY)
+        noise = random.Random(f"suppress-{seed}")
+        if case == "alarmed":
+            others = sorted(o for o in world.options if o != s)
+            for i in range(SUPPRESS_ALARM_RECORDS):
+                o = others[i % len(others)]
+                top = max(world.options[o], key=lambda a: world.mu[(o, a)])
+                x = min(world.mu[(o, a)] for a in world.options[o]) + noise.gauss(0, NOISE_SD)
+                rule.learn(Step(state=o, arch="hopper", key=f"{seed}-alarm-{i}", problem=f"mallory-a{i}"), top,
+                           Verdict.faster if x > 0 else Verdict.slower, x)
+        with rule.ctx.store.read() as view:
+            out[f"{case}_alarm_level"] = view.track_alarm(Track.fp32, "hopper")
+        probs = []
+        for n in range(5):
+            if n:
+                x = worst + noise.gauss(0, NOISE_SD)
+                rule.learn(Step(state=s, arch="hopper", key=f"{seed}-suppress-{case}-{n}", problem=f"mallory-s{n}"),
+                           best, Verdict.faster if x > 0 else Verdict.slower, x)
+            if n in (0, 1, 4):
+                probs.append(rule.first_draw(s, best, "hopper"))
+        out[case] = probs
+    return out
 
 
 DRIFT_CURVE = ("uniform", "old rule", "new rule", "new rule, no change")

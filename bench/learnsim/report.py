@@ -83,6 +83,22 @@ def _poison(results: Rows) -> list[str]:
     ]
     for name in ("old rule", "new rule"):
         lines.append(f"{name:<10}" + "".join(f"{fmt([row[name][i] for row in rows], 3):>18}" for i in range(3)))
+    return [*lines, "", *_suppress([row["suppress"] for row in rows if "suppress" in row])]
+
+
+def _suppress(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = [
+        "Suppression: first-draw probability of the best optimization of the most visited state, after n records",
+        "of real slow candidates credited to it by one client; 'alarmed': that client first raised the track's",
+        "change alarm with slow outcomes credited to the other states' best (new rule, KB: aligned, 900 rollouts)",
+        f"{'track':<10}{'alarm level':>18}{'n = 0':>18}{'n = 1':>18}{'n = 4':>18}",
+    ]
+    for case in ("quiet", "alarmed"):
+        level = fmt([row[f"{case}_alarm_level"] for row in rows], 1)
+        lines.append(f"{case:<10}{level:>18}" + "".join(f"{fmt([row[case][i] for row in rows], 3):>18}"
+                                                       for i in range(3)))
     return [*lines, ""]
 
 

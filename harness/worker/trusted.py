@@ -6,6 +6,7 @@ after each one."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import sys
 import threading
 from collections.abc import Callable
@@ -72,6 +73,38 @@ def _profiler_classes() -> list[tuple[str, type]]:
         "torch.autograd.profiler.record_function": autograd_profiler.record_function,
     }
     return [(name, klass) for name, klass in names.items() if isinstance(klass, type)]
+
+
+# Module-level state of the harness that changes while it works (caches, the profiler's counters):
+# not a table a candidate could loosen.
+_MUTABLE_STATE = frozenset({"_PROBED", "_PROFILER_STATE", "_LAUNCHER"})
+
+
+def _harness_tables() -> list[tuple[str, str, object]]:
+    """The harness's own data (tolerances, device peaks, run counts, allow-lists): (module, name, value)
+    for every module-level value of its modules that is not code. A candidate that loosened one of
+    them (`DEFAULT_TOLERANCES["float32"] = (1, 1)`) would loosen its own checks."""
+    out = []
+    for name in sorted(n for n in sys.modules if n.startswith("kb_mcp.harness")):
+        for attr, value in list(vars(sys.modules[name]).items()):
+            if attr.startswith("__") or attr in _MUTABLE_STATE or _is_watched_value(value):
+                continue
+            out.append((name, attr, value))
+    return out
+
+
+_PLAIN = (int, float, complex, str, bytes, bool, type(None), enum.Enum, tuple, list, dict, set, frozenset)
+
+
+def _fingerprint(value: object) -> str:
+    """What a table holds, to see it edited in place (its identity stays). Only plain data: other
+    objects (a lock says whether it is held, a compiled pattern cannot be edited) count by identity."""
+    if not isinstance(value, _PLAIN):
+        return ""
+    try:
+        return repr(value)
+    except Exception as exc:  # noqa: BLE001 - an object whose repr fails is compared by identity only
+        return f"<unrepresentable {type(exc).__name__}>"
 
 
 def _is_watched_value(value: object) -> bool:
@@ -148,6 +181,7 @@ class TrustedSnapshot:
     owners: tuple[tuple[str, object], ...]  # owner name -> the module/class object itself
     settings: tuple[tuple[str, object], ...]
     trusted: Trusted
+    tables: tuple[tuple[str, str, object, str], ...] = ()  # (module, name, value, fingerprint): the harness's data
 
     @classmethod
     def capture(cls) -> TrustedSnapshot:
@@ -194,7 +228,8 @@ class TrustedSnapshot:
             isfinite=torch.isfinite,
             equal=torch.equal,
         )
-        return cls(tuple(entries), tuple(owners), settings, trusted)
+        tables = tuple((m, a, v, _fingerprint(v)) for m, a, v in _harness_tables())
+        return cls(tuple(entries), tuple(owners), settings, trusted, tables)
 
     def with_settings_now(self, keys: tuple[str, ...]) -> TrustedSnapshot:
         """This snapshot with the settings `keys` as they are now: the harness set them itself (a
@@ -226,9 +261,27 @@ class TrustedSnapshot:
         getters = _settings()
         return [(k, v, _safe(getters[k])) for k, v in self.settings if _safe(getters[k]) != v]
 
+    def table_changes(self) -> list[tuple[str, str]]:
+        """(module, name) for every table of the harness rebound, deleted or edited in place."""
+        missing = object()
+        out = []
+        for module, attr, original, print_ in self.tables:
+            now = vars(sys.modules[module]).get(attr, missing) if module in sys.modules else missing
+            if now is not original or _fingerprint(now) != print_:
+                out.append((module, attr))
+        return out
+
     def verify(self) -> list[Finding]:
-        """Findings for every trusted function replaced and every global setting changed."""
-        findings: list[Finding] = []
+        """Findings for every trusted function replaced, harness table changed and global setting changed."""
+        findings: list[Finding] = [
+            Finding(
+                code=FindingCode.harness_tampering,
+                message=(f"`{module}.{attr}` was changed; the harness's tolerances, limits and tables must "
+                         "stay as they were. Leave the harness's modules alone"),
+                source="runtime",
+            )
+            for module, attr in self.table_changes()
+        ]
         for owner, attr, _original, now in self.changes():
             what = "deleted" if now is None else f"replaced by {describe(now)}"
             findings.append(
@@ -257,7 +310,12 @@ class TrustedSnapshot:
         return findings
 
     def restore(self) -> None:
-        """Best-effort undo of replaced functions (the worker should still be retired after tampering)."""
+        """Best-effort undo of replaced functions and rebound tables (a table edited in place stays so:
+        the worker must be retired after tampering in any case)."""
+        changed = set(self.table_changes())
+        for module, attr, original, _print in self.tables:
+            if (module, attr) in changed and module in sys.modules:
+                setattr(sys.modules[module], attr, original)
         owner_objs = dict(self.owners)
         for owner, attr, original, _now in self.changes():
             if owner == "sys.modules":

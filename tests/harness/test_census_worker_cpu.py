@@ -142,6 +142,21 @@ def test_tampering_and_threads_in_the_census_worker_are_findings_and_retire_it(p
     assert pool.census(relu_problem, _candidate()).clean
 
 
+def test_a_loosened_harness_table_is_tampering_in_a_real_worker(pool: WorkerPool, relu_problem) -> None:
+    # Spelled so that no static check sees it; the worker's snapshot covers the harness's data too.
+    forward = (
+        "import sys\n"
+        "sys.modules['kb_mcp.harness.worker.' + 'values'].DEFAULT_TOLERANCES['float32'] = (1.0, 1.0)"
+    )
+    restarts = pool.census_restarts
+    reply = pool.census(relu_problem, _candidate(forward))
+    assert not reply.clean
+    messages = [f.message for f in reply.findings if f.code == FindingCode.harness_tampering]
+    assert any("kb_mcp.harness.worker.values.DEFAULT_TOLERANCES" in m for m in messages), reply.findings
+    assert pool.census_restarts == restarts + 1
+    assert pool.census(relu_problem, _candidate()).clean
+
+
 def test_the_worker_reads_the_answers_of_its_own_request() -> None:
     pool_end, worker_end = socket.socketpair()
     try:

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import kb_mcp.harness.worker.checks as checks
+import kb_mcp.harness.worker.values as values
 from kb_mcp.harness.verdict import Finding, FindingCode
 from kb_mcp.harness.worker.integrity import RETIRE_WORKER, IntegrityGuard, dedupe
 from kb_mcp.harness.worker.integrity_runtime import (
@@ -145,6 +147,22 @@ def test_the_profiler_the_census_reads_is_watched(pristine: TrustedSnapshot) -> 
     # and the census's own sessions leave it as it was
     measure_device_time(lambda: torch.randn(64).exp(), lambda: None, runs=2)
     assert pristine.verify() == []
+
+
+def test_the_harness_tables_are_watched(pristine: TrustedSnapshot) -> None:
+    # A candidate that loosened a tolerance or a limit would loosen its own checks.
+    float32 = values.DEFAULT_TOLERANCES["float32"]
+    lowered = checks.LOWERED_PRECISION_ERR
+    try:
+        values.DEFAULT_TOLERANCES["float32"] = (1.0, 1.0)  # edited in place: the same dict
+        checks.LOWERED_PRECISION_ERR = 1.0  # rebound
+        found = {f.message.split("`")[1] for f in pristine.verify() if f.code == C.harness_tampering}
+        assert found == {"kb_mcp.harness.worker.values.DEFAULT_TOLERANCES",
+                         "kb_mcp.harness.worker.checks.LOWERED_PRECISION_ERR"}
+    finally:
+        values.DEFAULT_TOLERANCES["float32"] = float32
+        pristine.restore()
+    assert lowered == checks.LOWERED_PRECISION_ERR and pristine.verify() == []
 
 
 def test_snapshot_quiet_after_ordinary_torch_work(pristine: TrustedSnapshot) -> None:

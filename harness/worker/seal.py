@@ -3,7 +3,8 @@
 The reference is timed in the process the candidate ran in (a first baseline, and a launch-bound
 reference again beside every candidate), so a candidate could slow it down to make a speedup:
 replace `Model.forward` or a function of the problem's module, set `forward` on the instance, or
-hook the reference's modules. `ReferenceSeal.changes` lists any of that before timing.
+hook the reference's modules. It could as well shrink the problem's sizes, which `get_inputs` reads
+at call time, or widen its `ATOL`. `ReferenceSeal.changes` lists any of that before timing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,25 @@ def _code_attrs(namespace: dict[str, Any]) -> dict[str, Any]:
     """The functions, classes, modules and descriptors of a namespace: what would change a call's speed."""
     return {k: v for k, v in namespace.items()
             if k != "__dict__" and (callable(v) or isinstance(v, (ModuleType, property, staticmethod, classmethod)))}
+
+
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset)
+
+
+def _data_attrs(namespace: dict[str, Any]) -> dict[str, Any]:
+    """The problem module's immutable module-level values: its sizes (`batch_size`, `BATCH`), which
+    `get_inputs` reads at call time, and its `ATOL`/`RTOL`. Mutable containers are left out: a
+    problem's own code may keep a cache in one."""
+    return {k: v for k, v in namespace.items() if not k.startswith("__") and isinstance(v, _IMMUTABLE)}
+
+
+def _data_diff(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    changed = [
+        f"problem module: {k} {'removed' if k not in now else f'changed from {before[k]!r} to {now[k]!r}'}"[:200]
+        for k in before
+        if k not in now or (now[k] is not before[k] and (type(now[k]) is not type(before[k]) or now[k] != before[k]))
+    ]
+    return changed + [f"problem module: {k} added"[:200] for k in now if k not in before]
 
 
 def _instance_state(ref: torch.nn.Module) -> dict[str, tuple[type, dict[str, Any], tuple[int, ...]]]:
@@ -64,17 +84,19 @@ class ReferenceSeal:
     classes: dict[str, dict[str, Any]]
     hooks: set[int]
     instances: dict[str, tuple[type, dict[str, Any], tuple[int, ...]]] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)  # the module's sizes and tolerances (`_data_attrs`)
 
     @classmethod
     def of_problem(cls, pmod: ModuleType) -> ReferenceSeal:
-        """The problem module's code and its classes' attributes, and the global forward hooks."""
+        """The problem module's code, sizes and tolerances, its classes' attributes, and the global
+        forward hooks."""
         module = _code_attrs(vars(pmod))
         classes = {
             k: _code_attrs(dict(vars(v)))
             for k, v in module.items()
             if isinstance(v, type) and v.__module__ == pmod.__name__
         }
-        return cls(module=module, classes=classes, hooks=_global_hooks())
+        return cls(module=module, classes=classes, hooks=_global_hooks(), data=_data_attrs(vars(pmod)))
 
     def seal_instance(self, ref: torch.nn.Module) -> None:
         """Adds the reference instance (and its submodules) as built."""
@@ -86,6 +108,7 @@ class ReferenceSeal:
         A lazy module becoming its `cls_to_become`, or dropping the hook that did it, is not a
         change; only added hooks count."""
         found = _diff("problem module: ", self.module, _code_attrs(vars(pmod)))
+        found += _data_diff(self.data, _data_attrs(vars(pmod)))
         for name, attrs in self.classes.items():
             klass = self.module[name]
             found += _diff(f"{name}.", attrs, _code_attrs(dict(vars(klass))))

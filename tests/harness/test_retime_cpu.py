@@ -279,7 +279,7 @@ def _slow_forward(self: torch.nn.Module, *args: object) -> object:
 
 
 @pytest.mark.parametrize("tamper", ["class_forward", "class_call", "instance_forward", "module_function",
-                                    "submodule_hook", "global_hook", "submodule_forward"])
+                                    "submodule_hook", "global_hook", "submodule_forward", "sizes", "tolerance"])
 def test_a_candidate_that_slows_the_reference_is_seen(tmp_path: Path, tamper: str) -> None:
     pmod, ref, seal = _problem(tmp_path)
     handles = []
@@ -301,6 +301,12 @@ def test_a_candidate_that_slows_the_reference_is_seen(tmp_path: Path, tamper: st
     elif tamper == "global_hook":
         handles.append(torch.nn.modules.module.register_module_forward_hook(lambda *a: None))
         want = "global forward hook added"
+    elif tamper == "sizes":  # get_inputs reads it at call time: a tiny problem, timed for the real one
+        pmod.ROWS = 2
+        want = "problem module: ROWS changed from 2048 to 2"
+    elif tamper == "tolerance":  # the checks read it after the candidate's import
+        pmod.ATOL = 1.0
+        want = "problem module: ATOL added"
     else:
         ref.fc2.forward = lambda x: x
         want = "Model.fc2: forward added"

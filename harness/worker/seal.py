@@ -35,13 +35,25 @@ def _data_attrs(namespace: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in namespace.items() if not k.startswith("__") and isinstance(v, _IMMUTABLE)}
 
 
-def _data_diff(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    changed = [
-        f"problem module: {k} {'removed' if k not in now else f'changed from {before[k]!r} to {now[k]!r}'}"[:200]
-        for k in before
-        if k not in now or (now[k] is not before[k] and (type(now[k]) is not type(before[k]) or now[k] != before[k]))
+def _data_change(before: object, namespace: dict[str, Any], name: str) -> str | None:
+    """How the value `name` had at the seal changed, or None. A None that became an object is a
+    problem's own lazy set-up (`_kernel = None`, compiled on the first forward), not a change."""
+    if name not in namespace:
+        return "removed"
+    now = namespace[name]
+    if now is before or (type(now) is type(before) and now == before):
+        return None
+    if before is None and not isinstance(now, _IMMUTABLE):
+        return None
+    return f"changed from {before!r} to {now!r}"
+
+
+def _data_diff(before: dict[str, Any], namespace: dict[str, Any]) -> list[str]:
+    changed = [(k, _data_change(v, namespace, k)) for k, v in before.items()]
+    added = [k for k in _data_attrs(namespace) if k not in before]
+    return [f"problem module: {k} {what}"[:200] for k, what in changed if what] + [
+        f"problem module: {k} added"[:200] for k in added
     ]
-    return changed + [f"problem module: {k} added"[:200] for k in now if k not in before]
 
 
 def _instance_state(ref: torch.nn.Module) -> dict[str, tuple[type, dict[str, Any], tuple[int, ...]]]:
@@ -108,7 +120,7 @@ class ReferenceSeal:
         A lazy module becoming its `cls_to_become`, or dropping the hook that did it, is not a
         change; only added hooks count."""
         found = _diff("problem module: ", self.module, _code_attrs(vars(pmod)))
-        found += _data_diff(self.data, _data_attrs(vars(pmod)))
+        found += _data_diff(self.data, vars(pmod))
         for name, attrs in self.classes.items():
             klass = self.module[name]
             found += _diff(f"{name}.", attrs, _code_attrs(dict(vars(klass))))

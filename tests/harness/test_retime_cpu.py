@@ -318,6 +318,23 @@ def test_a_candidate_that_slows_the_reference_is_seen(tmp_path: Path, tamper: st
     assert any(want in c for c in changes), changes
 
 
+def test_a_problem_that_sets_up_a_global_lazily_is_not_a_change(tmp_path: Path) -> None:
+    source = (
+        "import torch\nimport torch.nn as nn\n\nN = 16\n_scale = None\n\n\nclass Model(nn.Module):\n"
+        "    def forward(self, x):\n        global _scale\n        if _scale is None:\n"
+        "            _scale = torch.tensor(2.0)\n        return x * _scale\n\n\n"
+        "def get_inputs():\n    return [torch.randn(N)]\n\n\ndef get_init_inputs():\n    return []\n"
+    )
+    pmod = load_module(source, f"kbmcp_seal_global_{next(_names)}", tmp_path)
+    seal = ReferenceSeal.of_problem(pmod)
+    ref = pmod.Model()
+    seal.seal_instance(ref)
+    ref(*pmod.get_inputs())
+    assert seal.changes(pmod, ref) == []
+    pmod.N = 1  # but its sizes stay sealed
+    assert seal.changes(pmod, ref) == ["problem module: N changed from 16 to 1"]
+
+
 def test_a_lazy_module_materialising_is_not_a_change(tmp_path: Path) -> None:
     source = (
         "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"

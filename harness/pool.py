@@ -131,6 +131,8 @@ class WorkerPool:
         self._spare: WorkerProcess | None = None
         self._census: WorkerProcess | None = None
         self.census_restarts = 0  # census workers replaced after a crash, timeout or finding
+        # (problem hash, track) whose reference device time a clean census answered, known or not
+        self._reference_device_answered: set[tuple[str, str]] = set()
         self._all: list[WorkerProcess] = []
         self._finalizer = weakref.finalize(self, _kill_all, self._all)
         if prestart:
@@ -514,6 +516,8 @@ class WorkerPool:
             self._replace_census(w)
         if isinstance(reply, ProblemFailed):
             return reply
+        if reference_device and reply.clean:
+            self._reference_device_answered.add((problem.hash, opts.track.value))
         return reply.model_copy(update={"elapsed_s": round(time.monotonic() - t0, 3)})
 
     def _answer_census(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions,
@@ -525,9 +529,9 @@ class WorkerPool:
         census worker no candidate has run in: `_census_worker(untouched=True)`), and added to that
         baseline (`BaselineCache.add_reference_device`)."""
         cached = self._cached_baseline(w, problem, opts)
+        wanted = self.reference_device_wanted(problem, opts, cached)
         try:
-            reply = self._take_census(problem, source, opts, cid,
-                                      reference_device=cached is None or cached.eager_device_ms is None)
+            reply = self._take_census(problem, source, opts, cid, reference_device=wanted)
         except WorkerError:
             self._replace(w)  # it waits for an answer that will not come
             raise
@@ -547,6 +551,15 @@ class WorkerPool:
             send(w.sock, CensusAnswer(rid=rid, reply=reply), POOL_KEY)
         except OSError:
             pass  # the verify worker is gone: the next read says how
+
+    def reference_device_wanted(self, problem: Problem, opts: VerifyOptions, cached: Baseline | None) -> bool:
+        """Whether a verification's census measures the reference's device time: the cached baseline
+        lacks it, and no clean census of this pool has answered it yet. Where the profiler sees no
+        device durations it stays unknown, and asking again would start a fresh census worker
+        (`_census_worker(untouched=True)`) for every candidate."""
+        if cached is not None and cached.eager_device_ms is not None:
+            return False
+        return (problem.hash, opts.track.value) not in self._reference_device_answered
 
     def _cached_baseline(self, w: WorkerProcess, problem: Problem, opts: VerifyOptions) -> Baseline | None:
         """The baseline cached for this problem on `w`'s GPU and torch, in the request's track."""

@@ -104,6 +104,20 @@ def test_the_reference_device_time_is_taken_where_no_candidate_has_run(pool: Wor
     assert (pool._census.scratch / "marked").read_text().split() == ["False", "True", "True", "True"]
 
 
+def test_a_reference_device_time_a_clean_census_answered_is_not_asked_again(tmp_path: Path, relu_problem) -> None:
+    # Unknown here (no CUDA) as where the profiler sees no device durations: asking at every
+    # verification would start a fresh census worker for each candidate.
+    with WorkerPool(tmp_path, no_cuda=True, spare=False) as pool:
+        options = VerifyOptions()
+        assert pool.reference_device_wanted(relu_problem, options, None)
+        assert pool.census(relu_problem, _candidate("raise RuntimeError('no')"), reference_device=True).failure
+        assert pool.reference_device_wanted(relu_problem, options, None)  # that census was not clean
+        reply = pool.census(relu_problem, _candidate(), reference_device=True)
+        assert reply.clean and reply.reference_device is not None and reply.reference_device.ms is None
+        assert not pool.reference_device_wanted(relu_problem, options, None)
+        assert pool.reference_device_wanted(relu_problem, VerifyOptions(track="tf32"), None)  # per track
+
+
 @pytest.mark.parametrize(
     ("forward", "verdict", "words"),
     [

@@ -373,7 +373,7 @@ class Transaction(KBView):
         """Stores the level of one track's and arch family's change detector (`track_alarm`)."""
         alarms = dict(self._t.meta.get(TRACK_ALARMS) or {})
         alarms[f"{Track(track).value}/{family}"] = level
-        self._do(PutMeta({**self._t.meta, TRACK_ALARMS: alarms}))
+        self.set_meta(**{TRACK_ALARMS: alarms})
 
     def set_meta(self, **values: Any) -> None:
         """Updates fields of the meta record (format and sequence fields are the store's own)."""

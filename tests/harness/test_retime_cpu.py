@@ -9,6 +9,7 @@ import gc
 import itertools
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -254,7 +255,12 @@ def test_a_first_measurement_comes_from_the_interleaved_runs() -> None:
 
 
 def _problem(tmp_path: Path, name: str = "mlp") -> tuple[object, torch.nn.Module, ReferenceSeal]:
-    pmod = load_module((EXAMPLES / f"{name}.py").read_text(), f"kbmcp_seal_problem_{next(_names)}", tmp_path)
+    return _sealed((EXAMPLES / f"{name}.py").read_text(), tmp_path)
+
+
+def _sealed(source: str, tmp_path: Path) -> tuple[Any, torch.nn.Module, ReferenceSeal]:
+    """The problem `source` loaded, its reference built and sealed as the worker does."""
+    pmod = load_module(source, f"kbmcp_seal_problem_{next(_names)}", tmp_path)
     seal = ReferenceSeal.of_problem(pmod)
     ref = pmod.Model(*pmod.get_init_inputs()).eval()
     seal.seal_instance(ref)
@@ -325,10 +331,7 @@ def test_a_problem_that_sets_up_a_global_lazily_is_not_a_change(tmp_path: Path) 
         "            _scale = torch.tensor(2.0)\n        return x * _scale\n\n\n"
         "def get_inputs():\n    return [torch.randn(N)]\n\n\ndef get_init_inputs():\n    return []\n"
     )
-    pmod = load_module(source, f"kbmcp_seal_global_{next(_names)}", tmp_path)
-    seal = ReferenceSeal.of_problem(pmod)
-    ref = pmod.Model()
-    seal.seal_instance(ref)
+    pmod, ref, seal = _sealed(source, tmp_path)
     ref(*pmod.get_inputs())
     assert seal.changes(pmod, ref) == []
     pmod.N = 1  # but its sizes stay sealed
@@ -342,10 +345,7 @@ def test_a_lazy_module_materialising_is_not_a_change(tmp_path: Path) -> None:
         "        return self.fc(x)\n\n\ndef get_inputs():\n    return [torch.randn(4, 16)]\n\n\n"
         "def get_init_inputs():\n    return []\n"
     )
-    pmod = load_module(source, f"kbmcp_seal_lazy_{next(_names)}", tmp_path)
-    seal = ReferenceSeal.of_problem(pmod)
-    ref = pmod.Model()
-    seal.seal_instance(ref)
+    pmod, ref, seal = _sealed(source, tmp_path)
     with torch.no_grad():
         ref(*pmod.get_inputs())
     assert type(ref.fc) is torch.nn.Linear  # it became its cls_to_become and dropped its hook

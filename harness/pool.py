@@ -417,10 +417,9 @@ class WorkerPool:
     def census(self, problem: Problem, source: str, options: VerifyOptions | None = None,
                reference_device: bool = False) -> CensusReply:
         """The kernel census of one forward of `source` and its device time (with `reference_device`,
-        the reference's too), taken in the census worker (started if needed). `verify` takes it
-        itself, between the checks and the timing; this entry point serves callers that want the
-        census alone. Never raises for a misbehaving candidate or problem (the reply's verdict says
-        what happened); raises WorkerError when no census worker starts."""
+        the reference's too), in the census worker; for callers that want the census alone (`verify`
+        takes it between the checks and the timing). Never raises for a misbehaving candidate or
+        problem (the reply says what happened); raises WorkerError when no census worker starts."""
         opts = options or VerifyOptions()
         with self._lock:
             reply = self._take_census(problem, source, opts, candidate_id(problem, source), reference_device)
@@ -467,8 +466,7 @@ class WorkerPool:
         request = CensusRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts, candidate_id=cid,
                                 reference_device=reference_device)
         for attempt in range(2):
-            # The reference's device time is cached and shown beside every later candidate's: it is
-            # taken where no candidate has run, so nothing one left behind there can bend it.
+            # the reference's device time, cached for later candidates, is taken where none has run
             w = self._census_worker(untouched=reference_device)
             w.output.reset()
             try:
@@ -525,10 +523,11 @@ class WorkerPool:
         """Takes the census for the verify worker `w` (waiting on request `rid`) and answers it,
         once nothing else of the pool is starting up (the verify worker times right after), with
         what the SASS of the candidate's builds `units` computes in (`CompileOnly.precision_of`).
-        The reference's device time is measured there too where the cached baseline lacks it (in a
-        census worker no candidate has run in: `_census_worker(untouched=True)`), and added to that
-        baseline (`BaselineCache.add_reference_device`)."""
-        cached = self._cached_baseline(w, problem, opts)
+        The reference's device time is measured there too where wanted (`reference_device_wanted`),
+        and added to the cached baseline (`BaselineCache.add_reference_device`)."""
+        info, cache = w.info, BaselineCache(self.cache_dir)
+        cached = None if info is None else cache.get(problem.hash, info.device, info.torch_version,
+                                                     need_compile=False, track=opts.track.value)
         wanted = self.reference_device_wanted(problem, opts, cached)
         try:
             reply = self._take_census(problem, source, opts, cid, reference_device=wanted)
@@ -538,10 +537,8 @@ class WorkerPool:
         if isinstance(reply, ProblemFailed):  # it loaded in the verify worker: not deterministic
             reply = CensusReply(failure=Failure(kind=FailureKind.census_problem_diverged, detail=reply.text))
         if reply.clean:
-            # measured in a census worker no candidate had run in, before this candidate's code ran
-            # there, and the census came back clean
-            BaselineCache(self.cache_dir).add_reference_device(
-                cached, reply.reference_device.ms if reply.reference_device else None)
+            # measured where no candidate had run (`_take_census`), and the census came back clean
+            cache.add_reference_device(cached, reply.reference_device.ms if reply.reference_device else None)
             self._settle_starts()
         if reply.failure is None and units:
             arch = w.info.arch if w.info else ""
@@ -554,20 +551,11 @@ class WorkerPool:
 
     def reference_device_wanted(self, problem: Problem, opts: VerifyOptions, cached: Baseline | None) -> bool:
         """Whether a verification's census measures the reference's device time: the cached baseline
-        lacks it, and no clean census of this pool has answered it yet. Where the profiler sees no
-        device durations it stays unknown, and asking again would start a fresh census worker
-        (`_census_worker(untouched=True)`) for every candidate."""
+        lacks it and no clean census of this pool answered it yet (where the profiler sees no device
+        durations it stays unknown: asking at every verification would restart the census worker)."""
         if cached is not None and cached.eager_device_ms is not None:
             return False
         return (problem.hash, opts.track.value) not in self._reference_device_answered
-
-    def _cached_baseline(self, w: WorkerProcess, problem: Problem, opts: VerifyOptions) -> Baseline | None:
-        """The baseline cached for this problem on `w`'s GPU and torch, in the request's track."""
-        info = w.info
-        if info is None:
-            return None
-        return BaselineCache(self.cache_dir).get(problem.hash, info.device, info.torch_version, need_compile=False,
-                                                 track=opts.track.value)
 
     def _answer_work(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions) -> None:
         """Takes the work census (`harness.work`: hardware counters of one forward, under ncu in

@@ -514,8 +514,8 @@ class WorkerPool:
             self._replace_census(w)
         if isinstance(reply, ProblemFailed):
             return reply
-        if reference_device and reply.clean:
-            self._reference_device_answered.add((problem.hash, opts.track.value))
+        if reference_device and reply.clean and (reply.reference_device is None or reply.reference_device.ms is None):
+            self._reference_device_answered.add((problem.hash, opts.track.value))  # unknown here: not asked again
         return reply.model_copy(update={"elapsed_s": round(time.monotonic() - t0, 3)})
 
     def _answer_census(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions,
@@ -551,8 +551,8 @@ class WorkerPool:
 
     def reference_device_wanted(self, problem: Problem, opts: VerifyOptions, cached: Baseline | None) -> bool:
         """Whether a verification's census measures the reference's device time: the cached baseline
-        lacks it and no clean census of this pool answered it yet (where the profiler sees no device
-        durations it stays unknown: asking at every verification would restart the census worker)."""
+        lacks it and no clean census of this pool found it unknown (where the profiler sees no device
+        durations, asking at every verification would restart the census worker)."""
         if cached is not None and cached.eager_device_ms is not None:
             return False
         return (problem.hash, opts.track.value) not in self._reference_device_answered

@@ -131,8 +131,8 @@ class WorkerPool:
         self._spare: WorkerProcess | None = None
         self._census: WorkerProcess | None = None
         self.census_restarts = 0  # census workers replaced after a crash, timeout or finding
-        # (problem hash, track) whose reference device time a clean census answered, known or not
-        self._reference_device_answered: set[tuple[str, str]] = set()
+        # (problem hash, track) whose reference device time a clean census found unknown (not asked again)
+        self._reference_device_unknown: set[tuple[str, str]] = set()
         self._all: list[WorkerProcess] = []
         self._finalizer = weakref.finalize(self, _kill_all, self._all)
         if prestart:
@@ -515,7 +515,7 @@ class WorkerPool:
         if isinstance(reply, ProblemFailed):
             return reply
         if reference_device and reply.clean and (reply.reference_device is None or reply.reference_device.ms is None):
-            self._reference_device_answered.add((problem.hash, opts.track.value))  # unknown here: not asked again
+            self._reference_device_unknown.add((problem.hash, opts.track.value))
         return reply.model_copy(update={"elapsed_s": round(time.monotonic() - t0, 3)})
 
     def _answer_census(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions,
@@ -555,7 +555,7 @@ class WorkerPool:
         durations, asking at every verification would restart the census worker)."""
         if cached is not None and cached.eager_device_ms is not None:
             return False
-        return (problem.hash, opts.track.value) not in self._reference_device_answered
+        return (problem.hash, opts.track.value) not in self._reference_device_unknown
 
     def _answer_work(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions) -> None:
         """Takes the work census (`harness.work`: hardware counters of one forward, under ncu in

@@ -109,7 +109,7 @@ def _fingerprint(value: object) -> str:
 
 def _is_watched_value(value: object) -> bool:
     """Functions, methods, classes, modules and descriptors: what a cheat would swap out (not data)."""
-    if isinstance(value, (int, float, complex, str, bytes, bool, type(None), dict, list, set, tuple, frozenset)):
+    if isinstance(value, _PLAIN):
         return False
     return callable(value) or isinstance(value, (ModuleType, property, staticmethod, classmethod))
 

@@ -11,7 +11,9 @@ outcome is a `CandidateRecord` stored as `compile_and_verify` would store it, cr
 `tools.record_outcome.run`. The old rule is the policy kb-mcp shipped before (softmax over a
 utility at temperature 0.3, every sample kept at full weight, credit against any parent the
 caller names, lineage-blind exclusions), replayed in memory with its exact arithmetic. Uniform
-picks at random; the oracle knows every true effect, including the problem's own.
+picks at random; the oracle knows every true effect, including the problem's own. Beside them,
+"knows the means" takes the best by its state's true means (not the problem's own deviation), which
+it knows from the moment they change: the most any learning rule could reach.
 
 The world (one per seed), over the seed KB's 23 states and their applicable optimizations:
 
@@ -29,7 +31,9 @@ Regimes: `bandit` (single steps on fresh problems, 900 rollouts, three prior kin
 trained on one problem set, tested on another), `arch` (two GPU families with correlated truths),
 `drift` and `drift_shuffle` (the truth changes mid-stream; beside it, the same rule in a world where
 the changed truth always held; levels as shares of the oracle's gain and as the gap closed between
-uniform and the oracle, the scale on which a level before a change compares with one after it),
+uniform and the oracle, the scale on which a level before a change compares with one after it;
+the drift target judged over the problems +11-15 of a state against the level before, the
+no-change control and "knows the means"),
 `poison` (a client crediting a harmful optimization against a deliberately 100x slow parent). Every
 figure is a mean over seeds with a 95 % t-interval.
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from learnsim.regimes import DRIFT_CURVE, Config
+from learnsim.regimes import DRIFT_CURVE, MEANS, Config
 from learnsim.stats import interval
 
-COLOURS = {"uniform": "tab:gray", "old rule": "tab:orange", "new rule": "tab:blue", "new rule, no change": "tab:green"}
+COLOURS = {"uniform": "tab:gray", "old rule": "tab:orange", "new rule": "tab:blue", "new rule, no change": "tab:green",
+           MEANS: "tab:purple"}
 
 
 def plot(results: list[dict[str, Any]], cfg: Config, out_dir: Path) -> None:

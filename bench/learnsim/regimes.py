@@ -46,13 +46,19 @@ def gap_closed(gains: Sequence[float], uniform: Sequence[float], best: Sequence[
     return (sum(gains) - sum(uniform)) / gap if gap > 0 else float("nan")
 
 
+MEANS = "knows the means"
+"""A rule no learner can beat on average: it knows every state's true means (not a problem's own
+deviation from them) and always takes the best. What learning can reach in a world, however fast."""
+
+
 def bandit_stream(world: World, seed: int, rules: dict[str, Any], rollouts: int, *, tag: str,
                   states: Sequence[str] | None = None, arches: Sequence[str] = ("hopper",),
                   drift_at: int | None = None, drift_kind: str = "lose-best", start: int = 0) -> dict[str, Any]:
-    """Single steps on fresh problems. Returns per-rollout gains per rule, and the oracle's and uniform's."""
+    """Single steps on fresh problems. Returns per-rollout gains per rule, and the oracle's,
+    uniform's and MEANS's."""
     rng = random.Random(f"stream-{seed}-{tag}")
     out: dict[str, list[Any]] = {name: [] for name in rules}
-    out["oracle"], out["uniform"], out["state"], out["arch"] = [], [], [], []
+    out["oracle"], out["uniform"], out[MEANS], out["state"], out["arch"] = [], [], [], [], []
     drifted = False
     for t in range(start, start + rollouts):
         if drift_at is not None and t == drift_at and not drifted:
@@ -64,6 +70,8 @@ def bandit_stream(world: World, seed: int, rules: dict[str, Any], rollouts: int,
         gains = {a: expected_gain(world, s, a, dev, arch) for a in world.options[s]}
         out["oracle"].append(max(gains.values()))
         out["uniform"].append(statistics.fmean(gains.values()))
+        truth = world.truth(arch)
+        out[MEANS].append(gains[max(gains, key=lambda a: (1.0 - world.fail[(s, a)]) * truth[(s, a)])])
         out["state"].append(s)
         out["arch"].append(arch)
         for name, rule in rules.items():
@@ -106,7 +114,7 @@ def run_bandit(world: World, seed: int, folder: Path, rollouts: int, kinds: Sequ
         out = bandit_stream(world, seed, rules, rollouts, tag=f"b{kind}")
         row: dict[str, Any] = {}
         thirds = [(i * rollouts // 3, (i + 1) * rollouts // 3) for i in range(3)]
-        for name in ("uniform", "old rule", "new rule"):
+        for name in ("uniform", "old rule", "new rule", MEANS):
             row[name] = [share(out[name][lo:hi], out["oracle"][lo:hi]) for lo, hi in thirds]
         row["curve"] = {name: [share(out[name][i:i + 50], out["oracle"][i:i + 50]) for i in range(0, rollouts, 50)]
                         for name in ("uniform", "old rule", "new rule")}
@@ -205,7 +213,7 @@ def run_suppress(world: World, seed: int, folder: Path, bandit: dict[str, Any], 
     return out
 
 
-DRIFT_CURVE = ("uniform", "old rule", "new rule", "new rule, no change")
+DRIFT_CURVE = ("uniform", "old rule", "new rule", "new rule, no change", MEANS)
 
 
 def run_drift(world: World, seed: int, folder: Path, rollouts: int, kind: str = "lose-best") -> dict[str, Any]:
@@ -221,7 +229,8 @@ def run_drift(world: World, seed: int, folder: Path, rollouts: int, kind: str = 
     Beside it, the control "new rule, no change": the same rule on the same stream in a world where
     the changed truth held from the first rollout (its priors aligned with it). Its level over the
     same problems is the level the rule reaches in the changed world, had nothing changed (a world
-    whose best is nearer the rest is also harder to learn, which no rule can undo)."""
+    whose best is nearer the rest is also harder to learn, which no rule can undo). And MEANS, which
+    knows the state's true means from the moment they change: what any rule could reach there."""
     priors = make_priors(world, "aligned", seed)
     rules = {"old rule": LegacyRule(priors), "new rule": ToolRule(new_kb(folder, f"drift-{kind}", priors))}
     at = rollouts // 2

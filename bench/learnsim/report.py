@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from learnsim.plots import plot
-from learnsim.regimes import DRIFT_CURVE, Config
+from learnsim.regimes import DRIFT_CURVE, MEANS, Config
 from learnsim.stats import fmt
 from learnsim.world import ARCH_CORRELATION, ARCHES
 
@@ -50,7 +50,7 @@ def _bandit(results: Rows, cfg: Config) -> list[str]:
         return []
     lines = [
         f"Bandit stream (single steps on fresh problems, {cfg.rollouts} rollouts): share of the oracle's per-step gain",
-        f"{'priors':<14}{'rule':<10}{'rollouts 1-300':>18}{'301-600':>18}{'601-900':>18}{'to 90% early':>16}",
+        f"{'priors':<14}{'rule':<16}{'rollouts 1-300':>18}{'301-600':>18}{'601-900':>18}{'to 90% early':>16}",
     ]
     for kind in cfg.kinds:
         rows = [r["bandit"][kind] for r in results if kind in r.get("bandit", {})]
@@ -58,9 +58,12 @@ def _bandit(results: Rows, cfg: Config) -> list[str]:
             continue
         for name in ("uniform", "old rule", "new rule"):
             cells = "".join(f"{fmt([row[name][i] for row in rows]):>18}" for i in range(3))
-            lines.append(f"{kind:<14}{name:<10}{cells}{fmt([row['to90'][name] for row in rows], 0):>16}")
+            lines.append(f"{kind:<14}{name:<16}{cells}{fmt([row['to90'][name] for row in rows], 0):>16}")
+        if all(MEANS in row for row in rows):
+            cells = "".join(f"{fmt([row[MEANS][i] for row in rows]):>18}" for i in range(3))
+            lines.append(f"{kind:<14}{MEANS:<16}{cells}")
         oracle = fmt([row["to90"]["oracle"] for row in rows], 0)
-        lines.append(f"{kind:<14}{'oracle':<10}{'1':>18}{'1':>18}{'1':>18}{oracle:>16}")
+        lines.append(f"{kind:<14}{'oracle':<16}{'1':>18}{'1':>18}{'1':>18}{oracle:>16}")
         gaps = {
             name: [(row["to90"]["uniform"] - row["to90"][name]) / (row["to90"]["uniform"] - row["to90"]["oracle"])
                    for row in rows]
@@ -116,12 +119,43 @@ def _drift(results: Rows, cfg: Config, key: str) -> list[str]:
         lines += [f"{what}:", f"{'rule':<21}{'before':>14}" + "".join(f"{'+' + str(k):>14}" for k in DRIFT_KS)
                   + f"{'recovered by':>14}{'vs no change':>14}"]
         lines += _drift_rows([row[scale] for row in rows])
-    gap = [row["gap"] for row in rows]
-    before = level(gap, "new rule", range(-10, 0))
-    at15 = statistics.fmean(row["new rule"][15] for row in gap if 15 in row["new rule"])
-    lines.append(f"new rule, gap scale: {at15:.2f} at +15 against {before:.2f} before ({at15 / before:.0%}); "
-                 f"back to {RECOVERED:.0%} of the level before by problem {recovery(gap, 'new rule', before)}")
-    return [*lines, ""]
+    return [*lines, *_drift_windows([row["gap"] for row in rows]), ""]
+
+
+DRIFT_WINDOWS = {"before": range(-10, 0), "+1-5": range(1, 6), "+6-10": range(6, 11), "+11-15": range(11, 16),
+                 "+16-30": range(16, 31)}
+TARGET_WINDOW = "+11-15"
+"""The problems the drift target is judged over: the level there against the level before."""
+
+
+def _drift_windows(gap: Sequence[dict[str, Any]]) -> list[str]:
+    """Gap-scale means over windows of problems since the change, and the drift target judged on
+    them: against the level before (the target), the no-change control and MEANS."""
+    names = ("new rule", "new rule, no change", MEANS)
+    lines = ["gap closed, mean over problems of a state since the change:",
+             f"{'rule':<21}" + "".join(f"{w:>14}" for w in DRIFT_WINDOWS)]
+    for name in names:
+        lines.append(f"{name:<21}" + "".join(f"{fmt([_window(row[name], ks) for row in gap]):>14}"
+                                              for ks in DRIFT_WINDOWS.values()))
+    ks = DRIFT_WINDOWS[TARGET_WINDOW]
+    after = {name: level(gap, name, ks) for name in names}
+    before = level(gap, "new rule", DRIFT_WINDOWS["before"])
+    paired = [_window(row["new rule"], ks) - _window(row["new rule, no change"], ks) for row in gap]
+    lines += [
+        f"drift target: the new rule over {TARGET_WINDOW} at {RECOVERED:.0%} of its level before "
+        f"({RECOVERED * before:.3f}): {after['new rule']:.3f}, {after['new rule'] / before:.0%} of it; "
+        f"back to {RECOVERED:.0%} of the level before by problem {recovery(gap, 'new rule', before)}",
+        f"  against the no-change control over {TARGET_WINDOW} ({after['new rule, no change']:.3f}): "
+        f"{after['new rule'] / after['new rule, no change']:.0%}, paired {fmt(paired, 3)}; against {MEANS} "
+        f"({after[MEANS]:.3f}): {after['new rule'] / after[MEANS]:.0%} (before: "
+        f"{before / level(gap, MEANS, DRIFT_WINDOWS['before']):.0%})",
+    ]
+    return lines
+
+
+def _window(curve: dict[int, float], ks: Sequence[int]) -> float:
+    values = [curve[k] for k in ks if k in curve]
+    return statistics.fmean(values) if values else math.nan
 
 
 def _drift_rows(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -139,7 +173,7 @@ def _drift_rows(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def level(rows: Sequence[dict[str, Any]], name: str, ks: Sequence[int]) -> float:
     """The mean level of `name` over the problems `ks` of a state (relative to the change), over seeds."""
-    return statistics.fmean(statistics.fmean([row[name][k] for k in ks if k in row[name]]) for row in rows)
+    return statistics.fmean(_window(row[name], ks) for row in rows)
 
 
 def recovery(rows: Sequence[dict[str, Any]], name: str, reference: float) -> str:

@@ -11,7 +11,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from learnsim.regimes import gap_closed, quick_comparison  # noqa: E402
+from learnsim.regimes import MEANS, bandit_stream, gap_closed, quick_comparison  # noqa: E402
+from learnsim.world import make_world  # noqa: E402
 
 
 def test_the_new_rule_beats_the_old_one_on_the_same_seeds(tmp_path: Path) -> None:
@@ -32,3 +33,14 @@ def test_the_gap_scale_puts_uniform_at_zero_and_the_oracle_at_one_whatever_the_o
     lower = [[x - 0.3 for x in xs] for xs in (chosen, uniform, best)]
     assert math.isclose(gap_closed(chosen, uniform, best), gap_closed(*lower))
     assert sum(lower[0]) / sum(lower[2]) < sum(chosen) / sum(best)
+
+
+def test_the_rule_that_knows_the_means_follows_a_change_of_truth_at_once() -> None:
+    # What the drift figures are judged against: it must take the new best from the first problem
+    # after the change; a rule holding the old truth would take the old best, now each state's worst.
+    at, n = 300, 600
+    out = bandit_stream(make_world(3), 3, {}, n, tag="means", drift_at=at)
+    assert all(m <= o + 1e-12 for m, o in zip(out[MEANS], out["oracle"]))
+    for lo, hi in ((0, at), (at, n)):
+        closed = gap_closed(out[MEANS][lo:hi], out["uniform"][lo:hi], out["oracle"][lo:hi])
+        assert closed > 0.8, (lo, closed)

@@ -70,8 +70,8 @@ def bandit_stream(world: World, seed: int, rules: dict[str, Any], rollouts: int,
         gains = {a: expected_gain(world, s, a, dev, arch) for a in world.options[s]}
         out["oracle"].append(max(gains.values()))
         out["uniform"].append(statistics.fmean(gains.values()))
-        truth = world.truth(arch)
-        out[MEANS].append(gains[max(gains, key=lambda a: (1.0 - world.fail[(s, a)]) * truth[(s, a)])])
+        typical = dict.fromkeys(world.options[s], 0.0)  # a problem with no deviation of its own
+        out[MEANS].append(gains[max(gains, key=lambda a: expected_gain(world, s, a, typical, arch))])
         out["state"].append(s)
         out["arch"].append(arch)
         for name, rule in rules.items():

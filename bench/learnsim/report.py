@@ -59,9 +59,8 @@ def _bandit(results: Rows, cfg: Config) -> list[str]:
         for name in ("uniform", "old rule", "new rule"):
             cells = "".join(f"{fmt([row[name][i] for row in rows]):>18}" for i in range(3))
             lines.append(f"{kind:<14}{name:<16}{cells}{fmt([row['to90'][name] for row in rows], 0):>16}")
-        if all(MEANS in row for row in rows):
-            cells = "".join(f"{fmt([row[MEANS][i] for row in rows]):>18}" for i in range(3))
-            lines.append(f"{kind:<14}{MEANS:<16}{cells}")
+        cells = "".join(f"{fmt([row[MEANS][i] for row in rows]):>18}" for i in range(3))
+        lines.append(f"{kind:<14}{MEANS:<16}{cells}")
         oracle = fmt([row["to90"]["oracle"] for row in rows], 0)
         lines.append(f"{kind:<14}{'oracle':<16}{'1':>18}{'1':>18}{'1':>18}{oracle:>16}")
         gaps = {
@@ -163,9 +162,9 @@ def _drift_rows(rows: Sequence[dict[str, Any]]) -> list[str]:
     lines = []
     control = level(rows, "new rule, no change", range(1, 31))
     for name in DRIFT_CURVE:
-        pre = [statistics.fmean([row[name][k] for k in range(-10, 0) if k in row[name]]) for row in rows]
+        pre = [_window(row[name], DRIFT_WINDOWS["before"]) for row in rows]
         cells = [fmt(pre)] + [fmt([row[name].get(k, math.nan) for row in rows]) for k in DRIFT_KS]
-        own = recovery(rows, name, level(rows, name, range(-10, 0))) if name != "uniform" else ""
+        own = recovery(rows, name, statistics.fmean(pre)) if name != "uniform" else ""
         against = recovery(rows, name, control) if name == "new rule" else ""
         lines.append(f"{name:<21}" + "".join(f"{c:>14}" for c in cells) + f"{own:>14}{against:>14}")
     return lines

@@ -80,6 +80,8 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _arguments(argv)
+    if args.tmp is not None:  # a folder the caller named but has not made yet is made, as --out is
+        Path(args.tmp).mkdir(parents=True, exist_ok=True)
     cfg = Config(rollouts=args.rollouts, kinds=tuple(args.kinds), regimes=tuple(args.regimes), tmp=args.tmp)
     if args.quick:
         cfg = Config(rollouts=min(args.rollouts, 450), kinds=tuple(args.kinds), regimes=tuple(args.regimes),

@@ -44,3 +44,14 @@ def test_the_rule_that_knows_the_means_follows_a_change_of_truth_at_once() -> No
     for lo, hi in ((0, at), (at, n)):
         closed = gap_closed(out[MEANS][lo:hi], out["uniform"][lo:hi], out["oracle"][lo:hi])
         assert closed > 0.8, (lo, closed)
+
+
+def test_the_command_makes_the_folders_it_is_told_to_use(tmp_path: Path, capsys: object) -> None:
+    # a KB folder the caller names but has not made yet is made, not a traceback from a worker
+    import learning_sim
+
+    work, out = tmp_path / "not" / "made" / "yet", tmp_path / "out"
+    code = learning_sim.main(["--quick", "--seeds", "1", "--jobs", "1", "--regimes", "transfer",
+                              "--out", str(out), "--tmp", str(work)])
+    assert code == 0 and work.is_dir() and not any(work.iterdir())  # each seed cleans up after itself
+    assert "Transfer" in (out / "summary.txt").read_text()

@@ -46,7 +46,7 @@ def test_the_rule_that_knows_the_means_follows_a_change_of_truth_at_once() -> No
         assert closed > 0.8, (lo, closed)
 
 
-def test_the_command_makes_the_folders_it_is_told_to_use(tmp_path: Path, capsys: object) -> None:
+def test_the_command_makes_the_folders_it_is_told_to_use(tmp_path: Path) -> None:
     # a KB folder the caller names but has not made yet is made, not a traceback from a worker
     import learning_sim
 

@@ -38,22 +38,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kb_mcp.harness.baselines import Baseline, BaselineCache
+from kb_mcp.harness.baselines import BaselineCache
 from kb_mcp.harness.builds import BuildService
 from kb_mcp.harness.candidate import CandidateError, parse_candidate, static_units, style_of
+from kb_mcp.harness.census_side import CensusSide
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
 from kb_mcp.harness.compile_only import CompileOnly
-from kb_mcp.harness.phases import CENSUS_WORDS, PHASE_WORDS, PHASES
+from kb_mcp.harness.gpu_memory import DeviceMemory
+from kb_mcp.harness.phases import PHASE_WORDS, PHASES
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
 from kb_mcp.harness.protocol import (
     FROM_WORKER,
     BuildAnswer,
     BuildAsk,
-    CensusAnswer,
     CensusAsk,
-    CensusReply,
-    CensusRequest,
     PingReply,
     PingRequest,
     ProblemChecked,
@@ -77,7 +76,6 @@ from kb_mcp.harness.verdict import (
     VerifyResult,
     judge,
 )
-from kb_mcp.harness.work import take_work_census
 from kb_mcp.kb import paths
 from kb_mcp.kb.models import Verdict
 from kb_mcp.kb.progress import Progress, no_progress
@@ -93,7 +91,7 @@ def _kill_all(workers: list[WorkerProcess]) -> None:
             pass
 
 
-class WorkerPool:
+class WorkerPool(CensusSide):
     """A warm harness worker (one: candidates share one GPU) and the requests sent to it.
 
     Besides the active worker the pool keeps a spare (same role, idle until a fault makes it the
@@ -278,7 +276,9 @@ class WorkerPool:
                     # Bytes nobody asked for: a previous candidate left something writing to the channel.
                     self._replace(w)
                     w = self._ready()
-                result = self._request(w, problem, source, opts, cid, progress, t0)
+                with DeviceMemory(w.info.uuid if w.info else "") as device:
+                    result = self._request(w, problem, source, opts, cid, progress, t0)
+                result = _with_device_memory(result, device)
         return self._marked(result, opts)
 
     def _marked(self, result: VerifyResult, opts: VerifyOptions) -> VerifyResult:
@@ -391,7 +391,8 @@ class WorkerPool:
     def _problem_result(problem: Problem, cid: str, failed: ProblemFailed, t0: float) -> VerifyResult:
         """The result when the problem's own code failed: no verdict on the candidate (the tool stores none)."""
         return _judged(problem, cid, Evidence(failure=Failure(kind=FailureKind.problem_failed, detail=failed.text)),
-                       phase="import", problem_error=failed.text, elapsed_s=round(time.monotonic() - t0, 3))
+                       phase="import", problem_error=failed.text, too_large=failed.too_large,
+                       elapsed_s=round(time.monotonic() - t0, 3))
 
     def _keep_baseline(self, body: VerifyReply, w: WorkerProcess, problem: Problem, track: str) -> None:
         """Stores a baseline the worker measured, under the key the server knows (this problem,
@@ -411,162 +412,6 @@ class WorkerPool:
             send(w.sock, BuildAnswer(rid=rid, reply=reply), POOL_KEY)
         except OSError:
             pass  # the worker is gone: the next read says how
-
-    # -- the kernel census --------------------------------------------------------------------
-
-    def census(self, problem: Problem, source: str, options: VerifyOptions | None = None,
-               reference_device: bool = False) -> CensusReply:
-        """The kernel census of one forward of `source` and its device time (with `reference_device`,
-        the reference's too), in the census worker; for callers that want the census alone (`verify`
-        takes it between the checks and the timing). Never raises for a misbehaving candidate or
-        problem (the reply says what happened); raises WorkerError when no census worker starts."""
-        opts = options or VerifyOptions()
-        with self._lock:
-            reply = self._take_census(problem, source, opts, candidate_id(problem, source), reference_device)
-        if isinstance(reply, ProblemFailed):
-            return CensusReply(failure=Failure(kind=FailureKind.census_problem_failed, detail=reply.text))
-        return reply
-
-    def _census_worker(self, untouched: bool = False) -> WorkerProcess:
-        """The census worker, ready; with `untouched`, one no candidate has run in yet."""
-        for attempt in range(2):
-            w = self._census
-            if w is None or not w.alive() or (untouched and w.served):
-                if w is not None:
-                    self._drop(w)
-                w = self._census = self._new("census")
-            try:
-                w.wait_ready(self.start_timeout_s)
-            except WorkerError:
-                self._drop(w)
-                self._census = None
-                if attempt:
-                    raise
-                continue
-            if w.reader.pending():  # bytes nobody asked for: start afresh
-                self._replace_census(w)
-                continue
-            if w.alive():
-                return w
-        raise WorkerError("the census worker exited right after starting")
-
-    def _replace_census(self, w: WorkerProcess) -> None:
-        self._drop(w)
-        self.census_restarts += 1
-        self._census = self._new("census")
-
-    def _census_limit(self, phase: str, opts: VerifyOptions) -> float:
-        return opts.compile_timeout_s if phase in ("queued", "import", "construct") else opts.timeout_s
-
-    def _take_census(self, problem: Problem, source: str, opts: VerifyOptions, cid: str,
-                     reference_device: bool = False) -> CensusReply | ProblemFailed:
-        t0 = time.monotonic()
-        rid = uuid.uuid4().hex
-        key = new_key()
-        request = CensusRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts, candidate_id=cid,
-                                reference_device=reference_device)
-        for attempt in range(2):
-            # the reference's device time, cached for later candidates, is taken where none has run
-            w = self._census_worker(untouched=reference_device)
-            w.output.reset()
-            try:
-                send(w.sock, request, POOL_KEY)
-                w.served += 1
-                break
-            except OSError:  # it died while idle (killed from outside): a fresh one takes the request
-                if attempt:
-                    raise WorkerError("the census worker does not take requests") from None
-                self._replace_census(w)
-        exchange = ReplyReader(w, rid, key, lambda phase: self._census_limit(phase, opts), "census")
-
-        def on_ask(ask: Any) -> None:
-            if not isinstance(ask, BuildAsk):
-                raise ForgedFrame("the census worker asked for a census")
-            self._answer_build(w, rid, ask, opts.compile_timeout_s)
-
-        try:
-            frame = exchange.read(lambda phase: None, on_ask)
-            if not isinstance(frame.body, (CensusReply, ProblemFailed)):
-                raise ForgedFrame(f"a {frame.body.kind!r} result arrived for a census request")
-            reply, retire = frame.body, frame.retire
-        except TimeoutError:
-            phase = exchange.phase
-            self._replace_census(w)
-            return CensusReply(elapsed_s=round(time.monotonic() - t0, 3), failure=Failure(
-                kind=FailureKind.census_timed_out, where=CENSUS_WORDS.get(phase, phase),
-                limit_s=self._census_limit(phase, opts)))
-        except ChannelClosed:
-            phase = exchange.phase
-            code = w.proc.wait(timeout=30)
-            self._replace_census(w)
-            return CensusReply(elapsed_s=round(time.monotonic() - t0, 3), failure=Failure(
-                kind=FailureKind.census_died, where=CENSUS_WORDS.get(phase, phase), detail=describe_exit(code)))
-        except (ForgedFrame, ValidationError) as exc:
-            self._replace_census(w)
-            finding = Finding(
-                code=FindingCode.forged_result, source="runtime",
-                message=(f"the census worker's channel carried data the harness did not send ({exc}); writing "
-                         "to the harness's channels or faking its messages is not allowed"),
-            )
-            return CensusReply(findings=[finding], failure=Failure(kind=FailureKind.forged_frame),
-                               elapsed_s=round(time.monotonic() - t0, 3))
-        if retire:
-            self._replace_census(w)
-        if isinstance(reply, ProblemFailed):
-            return reply
-        if reference_device and reply.clean and (reply.reference_device is None or reply.reference_device.ms is None):
-            self._reference_device_unknown.add((problem.hash, opts.track.value))
-        return reply.model_copy(update={"elapsed_s": round(time.monotonic() - t0, 3)})
-
-    def _answer_census(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions,
-                       cid: str, units: list[Any]) -> None:
-        """Takes the census for the verify worker `w` (waiting on request `rid`) and answers it,
-        once nothing else of the pool is starting up (the verify worker times right after), with
-        what the SASS of the candidate's builds `units` computes in (`CompileOnly.precision_of`).
-        The reference's device time is measured there too where wanted (`reference_device_wanted`),
-        and added to the cached baseline (`BaselineCache.add_reference_device`)."""
-        info, cache = w.info, BaselineCache(self.cache_dir)
-        cached = None if info is None else cache.get(problem.hash, info.device, info.torch_version,
-                                                     need_compile=False, track=opts.track.value)
-        wanted = self.reference_device_wanted(problem, opts, cached)
-        try:
-            reply = self._take_census(problem, source, opts, cid, reference_device=wanted)
-        except WorkerError:
-            self._replace(w)  # it waits for an answer that will not come
-            raise
-        if isinstance(reply, ProblemFailed):  # it loaded in the verify worker: not deterministic
-            reply = CensusReply(failure=Failure(kind=FailureKind.census_problem_diverged, detail=reply.text))
-        if reply.clean:
-            # measured where no candidate had run (`_take_census`), and the census came back clean
-            cache.add_reference_device(cached, reply.reference_device.ms if reply.reference_device else None)
-            self._settle_starts()
-        if reply.failure is None and units:
-            arch = w.info.arch if w.info else ""
-            reply = reply.model_copy(update={"precision": self.compile_only.precision_of(
-                units, arch, self.builds, opts.compile_timeout_s)})
-        try:
-            send(w.sock, CensusAnswer(rid=rid, reply=reply), POOL_KEY)
-        except OSError:
-            pass  # the verify worker is gone: the next read says how
-
-    def reference_device_wanted(self, problem: Problem, opts: VerifyOptions, cached: Baseline | None) -> bool:
-        """Whether a verification's census measures the reference's device time: the cached baseline
-        lacks it and no clean census of this pool found it unknown (where the profiler sees no device
-        durations, asking at every verification would restart the census worker)."""
-        if cached is not None and cached.eager_device_ms is not None:
-            return False
-        return (problem.hash, opts.track.value) not in self._reference_device_unknown
-
-    def _answer_work(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions) -> None:
-        """Takes the work census (`harness.work`: hardware counters of one forward, under ncu in
-        the sandbox) for the verify worker `w` and answers it; an unavailable one says why."""
-        census = take_work_census(problem, source, cache_dir=self.cache_dir, sandbox=self.sandbox,
-                                  timeout_s=opts.timeout_s)
-        self._settle_starts()
-        try:
-            send(w.sock, CensusAnswer(rid=rid, reply=CensusReply(work=census)), POOL_KEY)
-        except OSError:
-            pass  # the verify worker is gone: the next read says how
 
     def _ended(self, w: WorkerProcess, problem: Problem, source: str, opts: VerifyOptions, cid: str, t0: float,
                phase: str, failure: Failure, findings: list[Finding] | None = None) -> VerifyResult:
@@ -589,6 +434,15 @@ class WorkerPool:
             elapsed_s=round(time.monotonic() - t0, 3), worker_replaced=True,
             device=w.info.device if gpu and w.info else "", arch=w.info.arch if gpu and w.info else "",
         )
+
+
+def _with_device_memory(result: VerifyResult, device: DeviceMemory) -> VerifyResult:
+    """The device's memory in use during the request (every process, sampled here) added to the
+    worker's own memory report."""
+    if result.memory is None or device.peak is None:
+        return result
+    return result.model_copy(update={"memory": result.memory.model_copy(update={
+        "device_peak_bytes": device.peak, "device_idle_bytes": device.idle})})
 
 
 def _judged(problem: Problem, cid: str, evidence: Evidence, **fields: Any) -> VerifyResult:

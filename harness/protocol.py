@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.kernels import DeviceTime
+from kb_mcp.harness.memory import TooLarge
 from kb_mcp.harness.plausibility import WorkCensus
 from kb_mcp.harness.precision import PrecisionEvidence
 from kb_mcp.harness.problem import Problem
@@ -65,6 +66,7 @@ class WorkerInfo(_Message):
     arch: str = ""
     torch_version: str = ""
     python: str = ""
+    uuid: str = ""  # the GPU's UUID as the driver names it ("GPU-..."), where torch reports it
 
 
 class Init(_Message):
@@ -146,6 +148,7 @@ class CensusReply(_Message):
     failure: Failure | None = None
     pid: int | None = None  # the census worker that answered (its pid inside its sandbox)
     elapsed_s: float = 0.0
+    peak_bytes: int | None = None  # the most its allocator reserved during the census
     work: WorkCensus | None = None  # the answer to a `CensusAsk(counters=True)` (`harness.work`)
     # What the SASS of the candidate's builds shows (`harness.precision`), read by the server in the
     # sandbox and added by the pool: the verify worker judges it against the track and the dtypes.
@@ -264,14 +267,17 @@ class ProblemFailed(_Message):
     """The problem's own code failed (import, `Model` construction, its inputs): no candidate is to blame."""
 
     kind: Literal["problem_failed"] = "problem_failed"
-    stage: Literal["import", "construct", "inputs"]
+    stage: Literal["import", "construct", "inputs", "too_large"]
     error: str
+    too_large: TooLarge | None = None  # stage too_large: the numbers (`harness.memory`)
 
     @property
     def text(self) -> str:
         """What failed, as `VerifyResult.problem_error` says it."""
+        if self.too_large is not None:
+            return self.too_large.text
         what = {"import": "its module failed to import", "construct": "its Model failed to construct",
-                "inputs": "its inputs failed"}[self.stage]
+                "inputs": "its inputs failed", "too_large": "it is too large for this GPU"}[self.stage]
         return f"{what}: {self.error}"
 
 

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.harness.memory import MemoryReport, TooLarge
 from kb_mcp.harness.options import VerifyOptions, assess_options
 from kb_mcp.kb.models import DEFAULT_TRACK, CandidateRecord, Track, Verdict
 
@@ -193,9 +194,11 @@ class VerifyResult(BaseModel):
     # The problem itself failed (its module or its Model raised before any candidate code ran):
     # the verdict then says nothing about the candidate, and the server stores none.
     problem_error: str = ""
+    too_large: TooLarge | None = None  # the problem does not fit this GPU (then `problem_error` says so too)
     elapsed_s: float = 0.0
     worker_replaced: bool = False
     track: Track = DEFAULT_TRACK  # the precision track it was verified in (its tolerance, its scores)
+    memory: MemoryReport | None = None  # its footprint, the plan and the peak it took (`harness.memory`)
 
     def record(self, options: VerifyOptions) -> CandidateRecord:
         """The KB's record of this verdict (what `record_outcome` reads), keyed by the options it

@@ -149,6 +149,10 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         raise ToolError(f"the harness worker is unavailable: {exc}") from exc
     # Nothing the worker said leaves this process, or reaches the KB or the artifacts, unredacted.
     result = redact_model(result)
+    if result.too_large is not None:  # the problem's limit on this GPU: no verdict on the candidate to store
+        raise ToolError(f"the problem {problem.path or '(given as source text)'} cannot be verified on this GPU: "
+                        f"{result.too_large.text}. Nothing was recorded against the candidate; run it on a GPU with "
+                        "more free memory, or with smaller sizes")
     if result.problem_error:  # the problem's fault: no verdict on the candidate exists to store
         raise problem_failed(problem, result.problem_error, "the candidate was not judged and nothing was recorded.")
     record = result.record(req.options)

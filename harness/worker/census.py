@@ -43,11 +43,12 @@ from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import CensusReply, ProblemFailed
 from kb_mcp.harness.verdict import Failure, FailureKind, Finding, VerifyOptions
 from kb_mcp.harness.worker import integrity_runtime as rt
+from kb_mcp.harness.worker.footprint import start_request
 from kb_mcp.harness.worker.loading import load_module, short_traceback
 from kb_mcp.harness.worker.profiling import measure_device_time
 from kb_mcp.harness.worker.timing import L2Flusher
 from kb_mcp.harness.worker.tracks import track_numerics
-from kb_mcp.harness.worker.values import clone_inputs, secret_seed
+from kb_mcp.harness.worker.values import secret_seed
 
 
 def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions, report: Callable[[str], None],
@@ -63,6 +64,9 @@ def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions, 
     t0 = time.perf_counter()
     if env.builders is not None:
         env.builders.reset()
+    peaks: list[int] = []
+    if env.cuda:
+        start_request(peaks)
     run = _CensusRun(env)
     if env.cuda:
         # A clean L2 state first, so that whatever is found afterwards is the candidate's doing: a
@@ -87,6 +91,7 @@ def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions, 
         census=run.census.model_dump(mode="json") if run.census is not None else None, findings=findings,
         failure=failure or broken, pid=os.getpid(), elapsed_s=round(time.perf_counter() - t0, 3),
         device=run.device_time, reference_device=reference,
+        peak_bytes=run.peak if env.cuda else None,
     )
     return reply, not reply.clean
 
@@ -103,6 +108,7 @@ class _CensusRun:
         self.census: Any = None
         self.device_time: DeviceTime | None = None
         self.threads: list[Finding] | None = None  # counted before the profiler session starts its own
+        self.peak: int | None = None  # the most the allocator reserved (taken before the cached blocks go back)
 
     def load(self, text: str, stem: str) -> Any:
         name = f"{stem}_{next(self.env.counter)}"
@@ -124,19 +130,25 @@ class _CensusRun:
 
     def reference_device(self, pmod: Any, options: VerifyOptions) -> DeviceTime:
         """The reference's device time (its Model, eager), before this candidate's code runs here; the
-        problem's own code failing leaves it unknown, with a note (the verify worker judges the problem)."""
+        problem's own code failing leaves it unknown, with a note (the verify worker judges the problem).
+        Its model and inputs are gone, and their blocks given back, before the candidate's forward."""
         if not self.env.cuda:
             return DeviceTime(note="no CUDA device: device time not measured")
         try:
-            ref, xs = self._construct(pmod, pmod.Model)
-            with torch.no_grad():
-                with track_numerics(options.track, None):
-                    ref(*xs)  # first call: lazy set-up (library handles, autotuning), as the timer's warm-up
-                self._sync()
-                return self._device_time(lambda: ref(*xs), options)
+            return self._reference_time(pmod, options)
         except Exception as exc:  # noqa: BLE001 - the problem's code: anything may go wrong
             return DeviceTime(note=f"the reference raised while its device time was measured: "
                                    f"{type(exc).__name__}: {str(exc)[:200]}")
+        finally:
+            torch.cuda.empty_cache()
+
+    def _reference_time(self, pmod: Any, options: VerifyOptions) -> DeviceTime:
+        ref, xs = self._construct(pmod, pmod.Model)
+        with torch.no_grad():
+            with track_numerics(options.track, None):
+                ref(*xs)  # first call: lazy set-up (library handles, autotuning), as the timer's warm-up
+            self._sync()
+            return self._device_time(lambda: ref(*xs), options)
 
     def forward(self, pmod: Any, source: str, options: VerifyOptions, report: Callable[[str], None]) -> Failure | None:
         """Imports and constructs the candidate, then runs forward once, once under the profiler and
@@ -169,12 +181,14 @@ class _CensusRun:
         return model, xs
 
     def _take(self, model: Any, xs: list[Any], options: VerifyOptions) -> None:
+        # One input set on the device: only which kernels run and how long they take are read here, so
+        # every call gets the same set (a candidate writing into it only changes its own census).
         with torch.no_grad():
-            model(*clone_inputs(xs))  # first call: lazy builds and one-time set-up, as in the checks
+            model(*xs)  # first call: lazy builds and one-time set-up, as in the checks
             self._sync()
             # Threads are counted up to here: a profiler session may start threads of its own.
             self.threads = rt.thread_findings(self.before, rt.ThreadCensus.take(), "import, construction and forward")
-            args = clone_inputs(xs)
+            args = xs
             if self.env.cuda:
                 self.census = rt.census(lambda: model(*args), rt.expand_runtime_allow(options.allow))
             else:  # the same call, with nothing for a profiler to see
@@ -206,6 +220,7 @@ class _CensusRun:
         gc.collect()
         if self.env.cuda:
             try:
+                self.peak = torch.cuda.max_memory_reserved()
                 torch.cuda.empty_cache()
             except Exception:  # noqa: BLE001
                 return Failure(kind=FailureKind.census_context_broken)

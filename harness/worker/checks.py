@@ -17,15 +17,19 @@ when the reference itself is not finite there, that set is skipped.
 
 from __future__ import annotations
 
+import gc
 import itertools
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kb_mcp.harness.baselines import Baseline
+from kb_mcp.harness.memory import Footprint, MemoryPlan
 from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.harness.verdict import Failure, FailureKind, Finding, FindingCode, InputSetCheck, Timings
+from kb_mcp.harness.worker.footprint import PeakMeter, first_float, nbytes
 from kb_mcp.harness.worker.integrity import IntegrityGuard
 from kb_mcp.harness.worker.perturb import ParamMapping, map_parameters, parameter_infos, perturb
 from kb_mcp.harness.worker.timing import (
@@ -42,8 +46,10 @@ from kb_mcp.harness.worker.values import (
     LOWERED_PRECISION_ERR,
     MAX_PERTURBED_INPUTS,
     PUBLIC_SEED,
+    all_finite,
     clone_inputs,
     compare,
+    digest,
     largest,
     leaves,
     overlaps,
@@ -63,6 +69,23 @@ class Halted(Exception):
         self.failure = failure
         self.retire = retire
 
+@dataclass
+class _SetRecord:
+    """What is kept of a secret input set once it is dropped: its check, its seed (to make it again)
+    and digests of the reference's and the candidate's outputs (`values.digest`)."""
+
+    check: InputSetCheck
+    seed: int
+    ref: list[tuple[int, int, int]] | None
+    out: list[tuple[int, int, int]] | None
+
+
+def digests(out: Any) -> list[tuple[int, int, int]] | None:
+    """Digests of an output's tensors (None for an output that is no tensor or tuple of them)."""
+    ls = leaves(out)
+    return None if ls is None else [digest(t) for t in ls]
+
+
 class Checker:
     """Input sets, checks and timing of one candidate against its reference."""
 
@@ -78,11 +101,17 @@ class Checker:
         self.atol = getattr(pmod, "ATOL", None)
         self.rtol = getattr(pmod, "RTOL", None)
         self.sync = guard.trusted.synchronize
-        self.alive: list[Any] = []  # reference outputs stay alive while the candidate runs
-        self.io_bytes = 0
-        self.flops = 0.0
-        self.dtype: torch.dtype = torch.float32
-        self.dtypes: set[str] = set()  # the problem's floating dtypes (inputs, outputs, parameters)
+        self.alive: list[Any] = []  # the current set's reference output stays alive while the candidate runs
+        fp: Footprint = v.footprint
+        plan: MemoryPlan = v.plan
+        self.footprint = fp
+        self.host_pristine = plan.pristine == "host"  # pristine copies in host memory (`harness.memory`)
+        self.poison_copies = plan.poison_copies
+        self.ref_keeps_inputs: bool | None = None  # the reference leaves its inputs alone (seen on the first set)
+        self.io_bytes = fp.input_bytes + fp.output_bytes
+        self.flops = fp.flops
+        self.dtype: torch.dtype = getattr(torch, fp.dtype, torch.float32)
+        self.dtypes: set[str] = set(fp.dtypes)  # the problem's floating dtypes (inputs, outputs, parameters)
         self.lowered: list[int] = []  # failed sets whose errors look like a lower precision
         self.mapping: ParamMapping | None = None  # Model's parameters to ModelNew's (`perturb.map_parameters`)
         self.ref_params: dict[str, torch.nn.Parameter] = {}
@@ -120,15 +149,40 @@ class Checker:
     # -- runs -------------------------------------------------------------------------------
 
     def ref_run(self, xs: list[Any]) -> Any:
-        """The reference output for `xs` (on a clone), kept alive."""
-        out = self.ref(*clone_inputs(xs))
-        self.alive.append(out)
+        """The reference output for `xs`, kept alive while the candidate runs on the same set: on a
+        clone of `xs`, or on `xs` itself where the pristine copy is on the host (`one_set`). The
+        first run measures eager's peak memory (`Footprint.eager_peak_bytes`) and whether the
+        reference writes into its inputs."""
+        args = xs if self.host_pristine else clone_inputs(xs)
+        if self.footprint.eager_peak_bytes is None:
+            with PeakMeter(self.v.peaks) as meter:
+                out = self.ref(*args)
+            self.footprint = self.v.footprint = self.footprint.model_copy(update={
+                "eager_peak_bytes": self.footprint.param_bytes + nbytes(xs) + meter.extra})
+            if not self.host_pristine:
+                self.ref_keeps_inputs = all(same(a, x) for a, x in zip(args, xs) if isinstance(x, torch.Tensor))
+                del args
+        else:
+            out = self.ref(*args)
+        self.alive = [out]
         return out
+
+    def ref_args(self, xs: list[Any]) -> list[Any]:
+        """What the reference runs on outside the checks (the timed series' references): `xs` itself
+        where it was seen to leave its inputs alone, else a clone."""
+        return xs if self.ref_keeps_inputs is True else clone_inputs(xs)
+
+    def release(self) -> None:
+        """Drops what the checks held and gives the cached blocks back, before another process (the
+        census worker) or another phase (timing, torch.compile) needs the device's memory."""
+        self.alive = []
+        gc.collect()
+        torch.cuda.empty_cache()
 
     def cand_run(self, args: list[Any], ref_out: Any, watch: bool = True) -> Any:
         """One candidate call on `args` with the allocator poisoned in blocks the output's size."""
         ls = leaves(ref_out) or []
-        poison_allocator([t.untyped_storage().nbytes() for t in ls] * 2)
+        poison_allocator([t.untyped_storage().nbytes() for t in ls] * self.poison_copies)
         self.sync()
         try:
             if watch:
@@ -222,34 +276,87 @@ class Checker:
         return check
 
     def one_set(self, index: int, kind: str, xs: list[Any]) -> tuple[InputSetCheck, Any, Any, list[Any]]:
-        """Reference, then candidate on a clone, then the check. Returns (check, ref_out, out, args)."""
+        """Reference, then candidate, then the check. Returns (check, ref_out, out, args)."""
+        pristine = self.keep_pristine(xs)
         ref_out = self.ref_run(xs)
-        args = clone_inputs(xs)
+        chk, out, args = self.cand_check(index, kind, xs, pristine, ref_out)
+        return chk, ref_out, out, args
+
+    def keep_pristine(self, xs: list[Any]) -> list[Any]:
+        """The copy of `xs` the candidate's inputs are checked against: `xs` itself (the candidate gets
+        a clone), or, where the plan keeps pristine copies on the host, a copy there (taken before
+        the reference runs on `xs`)."""
+        return [x.cpu() if isinstance(x, torch.Tensor) else x for x in xs] if self.host_pristine else xs
+
+    def cand_check(self, index: int, kind: str, xs: list[Any], pristine: list[Any],
+                   ref_out: Any) -> tuple[InputSetCheck, Any, list[Any]]:
+        """The candidate on set `xs` (after the reference), then the check. Returns (check, out, args).
+
+        With pristine copies on the host the candidate gets `xs` itself, put back first where the
+        reference wrote into it; the reference's inputs are then the candidate's own, so only the
+        reference's output is memory the candidate's output may not share."""
+        if self.host_pristine:
+            changed = [i for i, (x, p) in enumerate(zip(xs, pristine))
+                       if isinstance(x, torch.Tensor) and not same(x, p)]
+            if self.ref_keeps_inputs is None:
+                self.ref_keeps_inputs = not changed
+            for i in changed:
+                xs[i].copy_(pristine[i])
+            args, ref_inputs = xs, []
+        else:
+            args, ref_inputs = clone_inputs(xs), xs
         out = self.cand_run(args, ref_out)
-        return self.check(index, kind, ref_out, out, args, xs, xs), ref_out, out, args
+        return self.check(index, kind, ref_out, out, args, pristine, ref_inputs), out, args
+
+    def finite_set(self, xs: list[Any], skipped: InputSetCheck) -> InputSetCheck | None:
+        """A set the reference may not be finite on (another distribution, perturbed parameters): the
+        check of the candidate on it, or None where the reference is not finite there (`skipped`,
+        recorded in its place, says so)."""
+        pristine = self.keep_pristine(xs)
+        ref_out = self.ref_run(xs)
+        if not all(all_finite(t) for t in leaves(ref_out) or [] if t.is_floating_point()):
+            self._record(skipped)
+            return None
+        return self.cand_check(skipped.index, skipped.kind, xs, pristine, ref_out)[0]
 
     def run_sets(self) -> None:
-        """Every input set and the derived checks (caching, repeat, census, shortcuts)."""
+        """Every input set and the derived checks (caching, repeat, census, shortcuts), one set on the
+        device at a time: each is made from its seed, checked and dropped, and what a later check
+        needs of it is its seed or a digest (`values.digest`), except set 1's input buffers, which the
+        caching check writes set 2's values into."""
         v = self.v
         opts = v.options
         index = itertools.count()
-        public_xs = self.make_inputs(PUBLIC_SEED)
-        self._measure(public_xs)
-        public, public_ref, public_out, public_args = self.one_set(next(index), "public_seed", public_xs)
-        secret: list[tuple[InputSetCheck, list[Any], Any, Any, list[Any]]] = []
+        if self.footprint.method == "device":
+            self._measure(self.make_inputs(PUBLIC_SEED))
+        public = self.one_set(next(index), "public_seed", self.make_inputs(PUBLIC_SEED))[0]
+        secret: list[_SetRecord] = []
+        kept: list[Any] | None = None  # set 1's input buffers
         for k in range(opts.input_sets):
-            xs = self.make_inputs(secret_seed())
+            seed = secret_seed()
+            xs = self.make_inputs(seed)
             chk, ref_out, out, args = self.one_set(next(index), "secret", xs)
-            secret.append((chk, xs, ref_out, out, args))
-            if k == 1:
-                self._reused_buffers(next(index), secret[0], secret[1])
+            secret.append(_SetRecord(chk, seed, digests(ref_out), digests(out)))
+            if k == 0:
+                kept = args
+            elif k == 1 and kept is not None:
+                self._reused_buffers(next(index), (secret[0], kept), (chk, xs, ref_out))
+                kept = None
+            del xs, chk, ref_out, out, args
+        kept = None
         for s in opts.seeds:
             self.one_set(next(index), "user_seed", self.make_inputs(int(s)))
         self._shifted(next(index))
-        # The first (public) set again: does it still agree?
-        repeat = self._repeat(next(index), (public, public_xs, public_ref, public_out, public_args))
-        # What the pattern of failures says.
-        secret_failed = [c for c, *_ in secret if not c.passed]
+        # The first (public) set again, made again from its seed: does it still agree?
+        repeat = self._repeat(next(index), public)
+        self._patterns(public, repeat, secret, index)
+
+    def _patterns(self, public: InputSetCheck, repeat: InputSetCheck, secret: list[_SetRecord],
+                  index: Iterator[int]) -> None:
+        """What the pattern of failures says (seed prediction, ignored inputs, lowered precision),
+        with the perturbed parameters' set in between."""
+        v = self.v
+        secret_failed = [r.check for r in secret if not r.check.passed]
         if public.passed and repeat.passed and secret_failed and len(secret_failed) == len(secret):
             v.findings.append(Finding(
                 code=FindingCode.seed_prediction,
@@ -272,18 +379,17 @@ class Checker:
                          "arithmetic error)"),
             ))
 
-    def _reused_buffers(self, index: int, first: tuple, second: tuple) -> None:
+    def _reused_buffers(self, index: int, first: tuple[_SetRecord, list[Any]], second: tuple) -> None:
         """Set 2's values written into set 1's input buffers (same pointers, shapes): must give set 2's output."""
-        _, _, _, out1, args1 = first
-        _, xs2, ref2, _, _ = second
+        record1, args1 = first
+        chk2, xs2, ref2 = second
         for a, x in zip(args1, xs2):
             if isinstance(a, torch.Tensor) and isinstance(x, torch.Tensor) and a.shape == x.shape:
                 a.copy_(x)
         out = self.cand_run(args1, ref2)
         chk = self.check(index, "reused_buffers", ref2, out)
-        if not chk.passed and first[0].passed and second[0].passed:
-            stale = leaves(out1) or []
-            same_as_before = all(same(a, b) for a, b in zip(leaves(out) or [], stale)) if stale else False
+        if not chk.passed and record1.check.passed and chk2.passed:
+            same_as_before = record1.out is not None and digests(out) == record1.out
             self.v.findings.append(Finding(
                 code=FindingCode.result_caching,
                 message=("given new values in the same input buffers, forward returned "
@@ -292,16 +398,11 @@ class Checker:
             ))
 
     def _shifted(self, index: int) -> None:
-        xs = self.make_inputs(secret_seed(), shifted=True)
-        ref_out = self.ref(*clone_inputs(xs))
-        if not all(bool(torch.isfinite(t).all().item()) for t in leaves(ref_out) or [] if t.is_floating_point()):
-            self._record(InputSetCheck(index=index, kind="shifted", passed=True,
-                                       message="skipped: the reference is not finite on the shifted distribution"))
+        chk = self.finite_set(self.make_inputs(secret_seed(), shifted=True), InputSetCheck(
+            index=index, kind="shifted", passed=True,
+            message="skipped: the reference is not finite on the shifted distribution"))
+        if chk is None:
             return
-        self.alive.append(ref_out)
-        args = clone_inputs(xs)
-        out = self.cand_run(args, ref_out)
-        chk = self.check(index, "shifted", ref_out, out, args, xs, xs)
         others = [s for s in self.v.sets if s.kind in ("public_seed", "secret")]
         if not chk.passed and all(s.passed for s in others):
             self.v.findings.append(Finding(
@@ -310,13 +411,10 @@ class Checker:
                          f"({chk.message}); the kernel must be correct for any valid input"),
             ))
 
-    def _repeat(self, index: int, first: tuple) -> InputSetCheck:
-        """A set again: does a second run on the same inputs agree with the first?"""
-        chk1, xs, ref_out, _out1, _ = first
-        args = clone_inputs(xs)
-        out = self.cand_run(args, ref_out)
-        chk = self.check(index, "repeat", ref_out, out, args, xs, xs)
-        if chk1.passed and not chk.passed:
+    def _repeat(self, index: int, first: InputSetCheck) -> InputSetCheck:
+        """The public set again (made again from its seed): does a second run on the same inputs agree?"""
+        chk = self.one_set(index, "repeat", self.make_inputs(PUBLIC_SEED))[0]
+        if first.passed and not chk.passed:
             self.v.findings.append(Finding(
                 code=FindingCode.stateful_forward,
                 message=(f"a later call on the same inputs as the first is wrong ({chk.message}); forward must "
@@ -341,16 +439,11 @@ class Checker:
         if not mapping.groups:
             return
         perturb(mapping, self.ref_params, self.cand_params, secret_seed())
-        xs = self.make_inputs(secret_seed())
-        ref_out = self.ref(*clone_inputs(xs))
-        if not all(bool(torch.isfinite(t).all().item()) for t in leaves(ref_out) or [] if t.is_floating_point()):
-            self._record(InputSetCheck(index=next(index), kind="perturbed", passed=True, skipped=True,
-                                       message="the reference is not finite with perturbed parameters"))
+        chk = self.finite_set(self.make_inputs(secret_seed()), InputSetCheck(
+            index=next(index), kind="perturbed", passed=True, skipped=True,
+            message="the reference is not finite with perturbed parameters"))
+        if chk is None:
             return
-        self.alive.append(ref_out)
-        args = clone_inputs(xs)
-        out = self.cand_run(args, ref_out)
-        chk = self.check(next(index), "perturbed", ref_out, out, args, xs, xs)
         others = [s for s in v.sets if s.kind != "perturbed"]
         if not chk.passed and all(s.passed for s in others):
             shared = [n for group in mapping.groups for n in group.ref]
@@ -362,22 +455,26 @@ class Checker:
                          "copies made in __init__ go stale when parameters change)"),
             ))
 
-    def _ignored_inputs(self, secret: list[tuple]) -> None:
-        """On a failure: is some input ignored? Swap one input at a time and see if the output moves."""
+    def _ignored_inputs(self, secret: list[_SetRecord]) -> None:
+        """On a failure: is some input ignored? Swap one input at a time between the first two secret
+        sets (made again from their seeds) and see if the output moves."""
         if len(secret) < 2:
             return
-        _, xs_a, ref_a, out_a, _ = secret[0]
-        _, xs_b, _, _, _ = secret[1]
+        a, b = secret[0], secret[1]
+        xs_a = self.make_inputs(a.seed)
         tensor_idx = [i for i, x in enumerate(xs_a) if isinstance(x, torch.Tensor)][:MAX_PERTURBED_INPUTS]
         for i in tensor_idx:
-            if xs_a[i].shape != xs_b[i].shape:
+            x_b = self.make_inputs(b.seed)[i]  # only the one input is kept
+            if xs_a[i].shape != x_b.shape:
                 continue
             mixed = list(xs_a)
-            mixed[i] = xs_b[i]
+            mixed[i] = x_b
             ref_m = self.ref(*clone_inputs(mixed))
-            out_m = self.cand_run(clone_inputs(mixed), ref_m, watch=False)
-            ref_moved = not all(same(a, b) for a, b in zip(leaves(ref_m) or [], leaves(ref_a) or []))
-            cand_still = all(same(a, b) for a, b in zip(leaves(out_m) or [], leaves(out_a) or []))
+            ref_moved = digests(ref_m) != a.ref
+            ref_m = None
+            out_m = self.cand_run(clone_inputs(mixed), None, watch=False)
+            cand_still = digests(out_m) == a.out
+            del out_m, mixed, x_b
             if ref_moved and cand_still:
                 self.v.findings.append(Finding(
                     code=FindingCode.ignores_inputs,
@@ -388,25 +485,27 @@ class Checker:
     # -- timing -----------------------------------------------------------------------------
 
     def _measure(self, xs: list[Any]) -> None:
-        """Bytes in and out and FLOPs of the reference, for the roofline bound."""
+        """Bytes in and out and FLOPs of the reference, for the roofline bound, measured on the GPU
+        where the meta device could not run its forward (`harness.worker.footprint`)."""
         from torch.utils.flop_counter import FlopCounterMode
 
         with FlopCounterMode(display=False) as fc:
-            out = self.ref(*clone_inputs(xs))
+            out = self.ref(*(xs if self.host_pristine else clone_inputs(xs)))
         self.flops = float(fc.get_total_flops())
         tensors = [x for x in xs if isinstance(x, torch.Tensor)] + (leaves(out) or [])
-        self.io_bytes = sum(t.numel() * t.element_size() for t in tensors)
-        floats = [t for t in tensors if t.is_floating_point()]
-        if floats:
-            self.dtype = floats[0].dtype
+        self.io_bytes = nbytes(tensors)
+        self.dtype = getattr(torch, first_float(tensors), torch.float32)
         params = [p for p in self.ref.parameters() if p.is_floating_point()]
-        self.dtypes = {str(t.dtype).replace("torch.", "") for t in floats + params}
+        self.dtypes = {str(t.dtype).replace("torch.", "") for t in tensors + params if t.is_floating_point()}
+        self.footprint = self.v.footprint = self.footprint.model_copy(update={
+            "output_bytes": nbytes(leaves(out) or []), "flops": self.flops, "dtypes": sorted(self.dtypes),
+            "dtype": str(self.dtype).replace("torch.", "")})
 
     def _gen(self, with_ref: dict[int, Any] | None) -> Callable[[int], list[Any]]:
         def make(i: int) -> list[Any]:
             xs = self.make_inputs(secret_seed())
             if with_ref is not None and i >= 0:
-                with_ref[i] = self.ref(*clone_inputs(xs))
+                with_ref[i] = self.ref(*self.ref_args(xs))
             return xs
 
         return make

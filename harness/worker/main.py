@@ -164,6 +164,7 @@ def _setup(cache_dir: Path, scratch: Path, no_cuda: bool, role: str,
         env.props = props
         env.device = props.name
         env.arch = f"sm_{props.major}{props.minor}"
+        env.uuid = _uuid(props)
     if cuda or role == "census":
         # Builds go through the pool: this process may not write the shared cache.
         env.builders = compile.Builders(cache_dir, env.arch or compile.DEFAULT_ARCH, ask_build,
@@ -198,9 +199,18 @@ def _setup(cache_dir: Path, scratch: Path, no_cuda: bool, role: str,
     gc.freeze()
     info = WorkerInfo(
         pid=os.getpid(), sandbox_pid=os.getpid(), role=role, cuda=cuda, device=env.device, arch=env.arch,
-        torch_version=torch.__version__, python=sys.version.split()[0],
+        torch_version=torch.__version__, python=sys.version.split()[0], uuid=env.uuid,
     )
     return env, info
+
+
+def _uuid(props: Any) -> str:
+    """The device's UUID as the driver writes it (`GPU-xxxxxxxx-...`), or '' where torch has none."""
+    raw = getattr(props, "uuid", None)
+    if raw is None:
+        return ""
+    text = str(raw)
+    return text if text.startswith("GPU-") else f"GPU-{text}"
 
 
 def _processes() -> set[int]:

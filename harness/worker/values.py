@@ -9,6 +9,7 @@ options override both (a looser value flags the result for review).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,9 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 PUBLIC_SEED = 42  # the seed KernelBench-style harnesses use; a candidate may guess it, which is the point
 POISON_BYTE = 0xFF  # 0xFFFF.. is NaN in every float format, and not the canonical NaN kernels produce
 MAX_PERTURBED_INPUTS = 6
+# Elements per chunk of a comparison (256 MiB of float32): the checks' own temporaries stay a few
+# chunks, where whole-tensor arithmetic on an output of several GB needed several times its size.
+CHUNK_ELEMENTS = 1 << 26
 # A failing fp32/fp64 output whose largest error is at most this fraction of its RMS looks like
 # lowered precision (TF32 ~1e-3, bf16 ~1e-2) rather than a wrong algorithm.
 LOWERED_PRECISION_ERR = 3e-2
@@ -87,11 +91,87 @@ class Comparison:
     message: str = ""
 
 
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """`t` as one flat run of elements (a view where it is contiguous, else one copy)."""
+    t = t.detach()
+    return t.view(-1) if t.is_contiguous() else t.reshape(-1)
+
+
+def chunks(n: int, size: int | None = None) -> Iterator[slice]:
+    """Slices covering `n` elements, `CHUNK_ELEMENTS` at a time: a statistic over an output of
+    many GB then needs temporaries of one chunk, not several of the output's size."""
+    step = size or CHUNK_ELEMENTS
+    for start in range(0, max(n, 1), step):
+        yield slice(start, min(n, start + step))
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every element of a floating tensor is finite (a chunk at a time)."""
+    ft = flat(t)
+    return all(bool(torch.isfinite(ft[part]).all().item()) for part in chunks(ft.numel()))
+
+
 def poison_count(t: torch.Tensor) -> int:
+    """How many elements of `t` still hold the allocator's poison (every byte `POISON_BYTE`)."""
     if t.numel() == 0:
         return 0
-    raw = t.detach().contiguous().view(-1).view(torch.uint8).view(-1, t.element_size())
-    return int((raw == POISON_BYTE).all(dim=1).sum().item())
+    raw = flat(t).view(torch.uint8).view(-1, t.element_size())
+    rows = raw.shape[0]
+    return sum(int((raw[part] == POISON_BYTE).all(dim=1).sum().item()) for part in chunks(rows))
+
+
+def _rms(rflat: torch.Tensor) -> float:
+    """The RMS of the finite values of a flat reference, over chunks (1.0 where it is 0 or undefined)."""
+    n = rflat.numel()
+    if n <= CHUNK_ELEMENTS:  # one chunk: the same arithmetic as always
+        finite = torch.isfinite(rflat)
+        if bool(finite.all().item()):
+            scale = float(rflat.pow(2).mean().sqrt().item()) if n else 1.0
+        else:
+            scale = float(rflat[finite].pow(2).mean().sqrt().item()) if bool(finite.any()) else 1.0
+    else:
+        total, count = 0.0, 0
+        for part in chunks(n):
+            x = rflat[part].double()
+            keep = torch.isfinite(x)
+            total += float(x[keep].pow(2).sum().item())
+            count += int(keep.sum().item())
+        scale = (total / count) ** 0.5 if count else 1.0
+    return 1.0 if scale == 0.0 or scale != scale else scale
+
+
+@dataclass
+class _Tally:
+    """What the chunks of one comparison add up to."""
+
+    mismatched: int = 0
+    nonfinite: int = 0
+    max_abs: float | None = None
+    max_rel: float | None = None
+    c_range: tuple[float, float] = (float("inf"), float("-inf"))
+    r_range: tuple[float, float] = (float("inf"), float("-inf"))
+    all_finite: bool = True
+
+    def add(self, cf: torch.Tensor, rf: torch.Tensor, atol: float, rtol: float, scale: float, detail: bool) -> None:
+        finite_r, finite_c = torch.isfinite(rf), torch.isfinite(cf)
+        diff = (cf - rf).abs()
+        ok = (diff <= (atol * scale + rtol * rf.abs())) & finite_c
+        bad = int((~ok).sum().item())
+        self.mismatched += bad
+        if not detail and not bad:
+            return
+        self.nonfinite += int((~finite_c).sum().item())
+        both = finite_c & finite_r
+        if bool(both.any()):
+            self.max_abs = max(self.max_abs or 0.0, float(diff[both].max().item()))
+        big = both & (rf.abs() > 1e-3 * scale)
+        if bool(big.any()):
+            self.max_rel = max(self.max_rel or 0.0, float((diff[big] / rf[big].abs()).max().item()))
+        if bool(finite_c.all()) and bool(finite_r.all()) and cf.numel():
+            self.c_range = (min(self.c_range[0], float(cf.min().item())), max(self.c_range[1], float(cf.max().item())))
+            self.r_range = (min(self.r_range[0], float(rf.min().item())), max(self.r_range[1], float(rf.max().item())))
+        else:
+            self.all_finite = False
 
 
 def compare(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float, detail: bool = True) -> Comparison:
@@ -99,41 +179,45 @@ def compare(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float, detail: 
 
     `detail=False` (the re-check of timed outputs) decides pass or fail by the same arithmetic but
     skips the statistics of a passing output (error maxima, constant-output test); a failing one
-    gets them all, for its message.
+    gets them all, for its message. Large outputs are compared a chunk at a time (`chunks`), so the
+    comparison's own memory stays a few chunks whatever the output's size.
     """
     n = r.numel()
     if not r.is_floating_point() and not r.is_complex():
-        poison = poison_count(c)
-        bad = int((c != r).sum().item())
-        return Comparison(passed=bad == 0, mismatched=bad, numel=n, poison=poison,
-                          max_abs=float((c.long() - r.long()).abs().max().item()) if n else 0.0,
-                          message="" if bad == 0 else f"{bad} of {n} elements differ (exact match required)")
+        return _compare_exact(c, r)
     work = torch.float64 if r.dtype == torch.float64 else torch.float32
-    rf = r.detach().to(work)
-    cf = c.detach().to(work)
-    finite_r = torch.isfinite(rf)
-    finite_c = torch.isfinite(cf)
-    if bool(finite_r.all().item()):  # the usual case: no mask to gather through
-        scale = float(rf.pow(2).mean().sqrt().item()) if n else 1.0
-    else:
-        scale = float(rf[finite_r].pow(2).mean().sqrt().item()) if bool(finite_r.any()) else 1.0
-    if scale == 0.0 or scale != scale:
-        scale = 1.0
-    diff = (cf - rf).abs()
-    ok = diff <= (atol * scale + rtol * rf.abs())
-    ok &= finite_c
-    if not detail and bool(ok.all().item()):
-        return Comparison(passed=True, numel=n)
-    mismatched = int((~ok).sum().item())
-    nonfinite = int((~finite_c).sum().item())
+    cflat, rflat = flat(c), flat(r)
+    scale = _rms(rflat.to(work) if n <= CHUNK_ELEMENTS else rflat)
+    tally = _Tally()
+    for part in chunks(n):
+        tally.add(cflat[part].to(work), rflat[part].to(work), atol, rtol, scale, detail)
+    if not detail:
+        if not tally.mismatched:
+            return Comparison(passed=True, numel=n)
+        return compare(c, r, atol, rtol)  # a failure gets every statistic, over every chunk
     # Poison bytes are NaN in every float format, so only a failing float output can hold any.
-    poison = poison_count(c) if mismatched else 0
-    both = finite_c & finite_r
-    max_abs = float(diff[both].max().item()) if bool(both.any()) else None
-    big = both & (rf.abs() > 1e-3 * scale)
-    max_rel = float((diff[big] / rf[big].abs()).max().item()) if bool(big.any()) else None
-    constant = n > 1 and bool(finite_c.all()) and float(cf.max().item()) == float(cf.min().item()) and \
-        bool(finite_r.all()) and float(rf.max().item()) != float(rf.min().item())
+    poison = poison_count(c) if tally.mismatched else 0
+    constant = (n > 1 and tally.all_finite and tally.c_range[0] == tally.c_range[1]
+                and tally.r_range[0] != tally.r_range[1])
+    return _comparison(tally, n, scale, poison, constant)
+
+
+def _compare_exact(c: torch.Tensor, r: torch.Tensor) -> Comparison:
+    """Integer (and bool) outputs: every element must match exactly."""
+    n = r.numel()
+    cflat, rflat = flat(c), flat(r)
+    bad, max_abs = 0, 0.0
+    for part in chunks(n):
+        cc, rr = cflat[part], rflat[part]
+        bad += int((cc != rr).sum().item())
+        if cc.numel():
+            max_abs = max(max_abs, float((cc.long() - rr.long()).abs().max().item()))
+    return Comparison(passed=bad == 0, mismatched=bad, numel=n, poison=poison_count(c), max_abs=max_abs if n else 0.0,
+                      message="" if bad == 0 else f"{bad} of {n} elements differ (exact match required)")
+
+
+def _comparison(tally: _Tally, n: int, scale: float, poison: int, constant: bool) -> Comparison:
+    mismatched, nonfinite, max_abs = tally.mismatched, tally.nonfinite, tally.max_abs
     message = ""
     if mismatched:
         parts = [f"{mismatched} of {n} elements outside the tolerance"]
@@ -144,7 +228,7 @@ def compare(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float, detail: 
         if max_abs is not None:
             parts.append(f"max abs err {max_abs:.3g} (scale {scale:.3g})")
         message = "; ".join(parts)
-    return Comparison(passed=mismatched == 0, max_abs=max_abs, max_rel=max_rel,
+    return Comparison(passed=mismatched == 0, max_abs=max_abs, max_rel=tally.max_rel,
                       scaled=None if max_abs is None else max_abs / scale, mismatched=mismatched, numel=n,
                       nonfinite=nonfinite, poison=poison, constant=constant, message=message)
 
@@ -182,14 +266,35 @@ def clone_inputs(xs: list[Any]) -> list[Any]:
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same values, bit for bit where both are NaN; `b` may live on
+    the host (a pristine copy kept there): it is compared a chunk at a time on `a`'s device."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if torch.equal(a, b):
-        return True
-    if a.is_floating_point():
-        return bool(((a == b) | (a.isnan() & b.isnan())).all().item())
-    return False
+    fa, fb = flat(a), flat(b)
+    for part in chunks(fa.numel()):
+        x, y = fa[part], fb[part].to(fa.device, non_blocking=False)
+        if torch.equal(x, y):
+            continue
+        if not x.is_floating_point() or not bool(((x == y) | (x.isnan() & y.isnan())).all().item()):
+            return False
+    return True
 
+
+def digest(t: torch.Tensor) -> tuple[int, int, int]:
+    """A fingerprint of `t`'s bytes (shape, dtype and two weighted sums of its 32-bit words): whether
+    two outputs are the same without keeping the first one alive on the device."""
+    raw = flat(t).view(torch.uint8)
+    pad = (-raw.numel()) % 4
+    if pad:
+        raw = torch.cat([raw, raw.new_zeros(pad)])
+    words = raw.view(torch.int32)
+    first = second = 0
+    for part in chunks(words.numel()):
+        w = words[part].long()
+        idx = torch.arange(part.start, part.stop, device=w.device, dtype=torch.int64)
+        first += int((w * (idx * 2 + 1)).sum().item())
+        second += int((w * ((idx * 0x9E3779B1) % 0x7FFFFFFF + 1)).sum().item())
+    return hash((tuple(t.shape), str(t.dtype))), first, second
 
 
 def largest(values: Any) -> float | None:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from kb_mcp.harness.baselines import Baseline, BaselineCache
+from kb_mcp.harness.memory import Footprint, MemoryPlan, MemoryReport, TooLarge, plan
 from kb_mcp.harness.precision import precision_findings
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import CensusReply, ProblemFailed
@@ -56,6 +57,7 @@ from kb_mcp.harness.verdict import (
 from kb_mcp.harness.worker.checks import Checker, Halted
 from kb_mcp.harness.worker.compile import Builders
 from kb_mcp.harness.worker.evidence import escalate
+from kb_mcp.harness.worker.footprint import device_free, measure, request_peak, start_request
 from kb_mcp.harness.worker.integrity import IntegrityGuard, dedupe
 from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
 from kb_mcp.harness.worker.loading import load_module, short_traceback
@@ -74,6 +76,7 @@ class WorkerEnv:
     cuda: bool
     device: str = ""
     arch: str = ""
+    uuid: str = ""  # the GPU's UUID (`GPU-...`), where torch reports it
     torch_version: str = torch.__version__
     snapshot: TrustedSnapshot | None = None
     builders: Builders | None = None
@@ -103,11 +106,26 @@ class WorkerEnv:
 
 
 class ProblemBroken(Exception):
-    """The problem's own code failed before any candidate code ran."""
+    """The problem's own code failed before any candidate code ran (or it does not fit this GPU)."""
 
-    def __init__(self, stage: str, exc: BaseException, files: tuple[str, ...] = ()) -> None:
+    def __init__(self, stage: str, exc: BaseException | None, files: tuple[str, ...] = (),
+                 too_large: TooLarge | None = None) -> None:
         super().__init__(stage)
-        self.failure = ProblemFailed(stage=stage, error=short_traceback(exc, files))
+        error = short_traceback(exc, files) if exc is not None else ""
+        self.failure = ProblemFailed(stage=stage, error=error or (too_large.text if too_large else ""),
+                                     too_large=too_large)
+
+
+def _oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc)
+
+
+def too_large_now(footprint: Footprint, what: str = "eager") -> TooLarge:
+    """The refusal when the problem's own allocations ran out of memory: the numbers as they are now."""
+    torch.cuda.empty_cache()
+    free, total = device_free()
+    return TooLarge(what=what, needed_bytes=footprint.eager_bytes, free_bytes=free, total_bytes=total,
+                    footprint=footprint)
 
 
 def _is_cuda_error(exc: BaseException) -> bool:
@@ -184,6 +202,9 @@ class GpuVerification:
         self.stats: RunStats | None = None
         self.eager: RunStats | None = None
         self.census: CensusReply | None = None  # the census worker's answer (with the device times)
+        self.footprint = Footprint()  # measured on the meta device as the problem is loaded (`_reference`)
+        self.plan = MemoryPlan()
+        self.peaks: list[int] = []  # allocator peaks carried across resets (`footprint.PeakMeter`)
 
     # -- what the checker records into -------------------------------------------------------
 
@@ -219,7 +240,16 @@ class GpuVerification:
             input_sets=e.input_sets, findings=dedupe(e.findings), timings=e.timings, tolerance=self.tolerance,
             device=env.device, arch=env.arch, torch_version=env.torch_version, phase=self.phase,
             loosened=e.loosened, elapsed_s=round(time.perf_counter() - self.t0, 3), track=self.options.track,
+            memory=self.memory_report(),
         )
+
+    def memory_report(self) -> MemoryReport | None:
+        """The footprint, the plan and the peaks this verification took (the device's is the pool's to add)."""
+        if not self.env.cuda:
+            return None
+        census = self.census.peak_bytes if self.census is not None else None
+        return MemoryReport(footprint=self.footprint, plan=self.plan, verify_peak_bytes=request_peak(self.peaks),
+                            census_peak_bytes=census)
 
     def _compile_result(self) -> Any:
         assert self.env.builders is not None
@@ -265,6 +295,8 @@ class GpuVerification:
         """The whole pipeline, in the request's precision track; never raises for candidate
         misbehaviour. A problem that fails before the candidate runs gives ProblemFailed (and a
         fresh worker: the problem's code ran here)."""
+        if self.env.cuda:
+            start_request(self.peaks)
         try:
             with track_numerics(self.options.track, self.env.snapshot) as snapshot:
                 result = self._run(snapshot)
@@ -320,23 +352,39 @@ class GpuVerification:
         except Exception as exc:
             raise ProblemBroken("import", exc, (str(self.env.workdir / f"{self.modules[-1]}.py"),)) from exc
         files = (str(getattr(pmod, "__file__", "")),)
+        self._plan(pmod)
         seed = secret_seed()
         try:
             init = [x.cuda() if isinstance(x, torch.Tensor) else x for x in pmod.get_init_inputs()]
             torch.manual_seed(seed)
             ref = pmod.Model(*init).cuda().eval()
         except Exception as exc:
+            if _oom(exc):
+                raise ProblemBroken("too_large", None, too_large=too_large_now(self.footprint)) from exc
             raise ProblemBroken("construct", exc, files) from exc
         try:
             torch.manual_seed(secret_seed())
             with torch.device("cuda"):
                 pmod.get_inputs()
         except Exception as exc:
+            if _oom(exc):
+                raise ProblemBroken("too_large", None, too_large=too_large_now(self.footprint)) from exc
             raise ProblemBroken("inputs", exc, files) from exc
         self.pmod, self.ref, self.init, self.seed = pmod, ref, init, seed
         self.seal = ReferenceSeal.of_problem(pmod)  # before the candidate's code runs
         self.seal.seal_instance(ref)
         return Found()
+
+    def _plan(self, pmod: Any) -> None:
+        """The problem's footprint (meta device) and the plan of this verification within the device's
+        free memory (`harness.memory.plan`); a problem that does not fit is refused as its own limit.
+        Raises ProblemBroken."""
+        self.footprint = measure(pmod)
+        free, total = device_free()
+        planned = plan(self.footprint, free, total)
+        if isinstance(planned, TooLarge):
+            raise ProblemBroken("too_large", None, too_large=planned)
+        self.plan = planned
 
     def _candidate(self) -> Found:
         """The candidate imported (its builds recorded); it must define ModelNew."""
@@ -385,6 +433,7 @@ class GpuVerification:
         from kb_mcp.harness.worker.integrity_runtime import KernelCensus
 
         assert self.guard is not None and self.env.builders is not None and self.checker is not None
+        self.checker.release()  # the census worker runs a forward of its own on the same device
         reply = self.census = self.ask_census(units=list(self.env.builders.sources))
         if reply.census is not None:
             self.guard.last_census = KernelCensus.model_validate(reply.census)
@@ -446,6 +495,7 @@ class GpuVerification:
         their plausibility."""
         env, checker = self.env, self.checker
         assert checker is not None and self.stats is not None
+        checker.release()  # torch.compile's buffers come next
         with torch.no_grad():
             timings = checker.timings(self.stats, self.eager, self.base, self.census)
         if self.new_baseline is not None:

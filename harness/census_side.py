@@ -1,0 +1,206 @@
+"""The census side of the worker pool (server side): the census worker, and the answers the pool
+gives a verify worker that asks for a kernel census or a work census mid-request.
+
+`WorkerPool` (`harness.pool`) is this class plus the verify workers; the census worker runs one
+forward under the profiler in a process of its own (`harness.worker.census`), so that the verify
+worker's timings are those of a process that never profiled.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from kb_mcp.harness.baselines import Baseline, BaselineCache
+from kb_mcp.harness.builds import BuildService
+from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
+from kb_mcp.harness.compile_only import CompileOnly
+from kb_mcp.harness.phases import CENSUS_WORDS
+from kb_mcp.harness.problem import Problem, candidate_id
+from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
+from kb_mcp.harness.protocol import BuildAsk, CensusAnswer, CensusReply, CensusRequest, ProblemFailed
+from kb_mcp.harness.sandbox import Sandbox
+from kb_mcp.harness.verdict import Failure, FailureKind, Finding, FindingCode, VerifyOptions
+from kb_mcp.harness.work import take_work_census
+
+__all__ = ["CensusSide"]
+
+
+class CensusSide:
+    """The census worker of a `WorkerPool` and the census answers it gives (see the module's docstring)."""
+
+    # Provided by WorkerPool:
+    cache_dir: Path
+    sandbox: Sandbox
+    builds: BuildService
+    compile_only: CompileOnly
+    start_timeout_s: float
+    census_restarts: int
+    _lock: threading.Lock
+    _census: WorkerProcess | None
+    _reference_device_unknown: set[tuple[str, str]]
+    _new: Callable[..., WorkerProcess]
+    _drop: Callable[[WorkerProcess], None]
+    _replace: Callable[[WorkerProcess], None]
+    _settle_starts: Callable[[], None]
+    _answer_build: Callable[[WorkerProcess, str, BuildAsk, float], None]
+
+    def census(self, problem: Problem, source: str, options: VerifyOptions | None = None,
+               reference_device: bool = False) -> CensusReply:
+        """The kernel census of one forward of `source` and its device time (with `reference_device`,
+        the reference's too), in the census worker; for callers that want the census alone (`verify`
+        takes it between the checks and the timing). Never raises for a misbehaving candidate or
+        problem (the reply says what happened); raises WorkerError when no census worker starts."""
+        opts = options or VerifyOptions()
+        with self._lock:
+            reply = self._take_census(problem, source, opts, candidate_id(problem, source), reference_device)
+        if isinstance(reply, ProblemFailed):
+            return CensusReply(failure=Failure(kind=FailureKind.census_problem_failed, detail=reply.text))
+        return reply
+
+    def _census_worker(self, untouched: bool = False) -> WorkerProcess:
+        """The census worker, ready; with `untouched`, one no candidate has run in yet."""
+        for attempt in range(2):
+            w = self._census
+            if w is None or not w.alive() or (untouched and w.served):
+                if w is not None:
+                    self._drop(w)
+                w = self._census = self._new("census")
+            try:
+                w.wait_ready(self.start_timeout_s)
+            except WorkerError:
+                self._drop(w)
+                self._census = None
+                if attempt:
+                    raise
+                continue
+            if w.reader.pending():  # bytes nobody asked for: start afresh
+                self._replace_census(w)
+                continue
+            if w.alive():
+                return w
+        raise WorkerError("the census worker exited right after starting")
+
+    def _replace_census(self, w: WorkerProcess) -> None:
+        self._drop(w)
+        self.census_restarts += 1
+        self._census = self._new("census")
+
+    def _census_limit(self, phase: str, opts: VerifyOptions) -> float:
+        return opts.compile_timeout_s if phase in ("queued", "import", "construct") else opts.timeout_s
+
+    def _take_census(self, problem: Problem, source: str, opts: VerifyOptions, cid: str,
+                     reference_device: bool = False) -> CensusReply | ProblemFailed:
+        t0 = time.monotonic()
+        rid = uuid.uuid4().hex
+        key = new_key()
+        request = CensusRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts, candidate_id=cid,
+                                reference_device=reference_device)
+        for attempt in range(2):
+            # the reference's device time, cached for later candidates, is taken where none has run
+            w = self._census_worker(untouched=reference_device)
+            w.output.reset()
+            try:
+                send(w.sock, request, POOL_KEY)
+                w.served += 1
+                break
+            except OSError:  # it died while idle (killed from outside): a fresh one takes the request
+                if attempt:
+                    raise WorkerError("the census worker does not take requests") from None
+                self._replace_census(w)
+        exchange = ReplyReader(w, rid, key, lambda phase: self._census_limit(phase, opts), "census")
+
+        def on_ask(ask: Any) -> None:
+            if not isinstance(ask, BuildAsk):
+                raise ForgedFrame("the census worker asked for a census")
+            self._answer_build(w, rid, ask, opts.compile_timeout_s)
+
+        try:
+            frame = exchange.read(lambda phase: None, on_ask)
+            if not isinstance(frame.body, (CensusReply, ProblemFailed)):
+                raise ForgedFrame(f"a {frame.body.kind!r} result arrived for a census request")
+            reply, retire = frame.body, frame.retire
+        except TimeoutError:
+            phase = exchange.phase
+            self._replace_census(w)
+            return CensusReply(elapsed_s=round(time.monotonic() - t0, 3), failure=Failure(
+                kind=FailureKind.census_timed_out, where=CENSUS_WORDS.get(phase, phase),
+                limit_s=self._census_limit(phase, opts)))
+        except ChannelClosed:
+            phase = exchange.phase
+            code = w.proc.wait(timeout=30)
+            self._replace_census(w)
+            return CensusReply(elapsed_s=round(time.monotonic() - t0, 3), failure=Failure(
+                kind=FailureKind.census_died, where=CENSUS_WORDS.get(phase, phase), detail=describe_exit(code)))
+        except (ForgedFrame, ValidationError) as exc:
+            self._replace_census(w)
+            finding = Finding(
+                code=FindingCode.forged_result, source="runtime",
+                message=(f"the census worker's channel carried data the harness did not send ({exc}); writing "
+                         "to the harness's channels or faking its messages is not allowed"),
+            )
+            return CensusReply(findings=[finding], failure=Failure(kind=FailureKind.forged_frame),
+                               elapsed_s=round(time.monotonic() - t0, 3))
+        if retire:
+            self._replace_census(w)
+        if isinstance(reply, ProblemFailed):
+            return reply
+        if reference_device and reply.clean and (reply.reference_device is None or reply.reference_device.ms is None):
+            self._reference_device_unknown.add((problem.hash, opts.track.value))
+        return reply.model_copy(update={"elapsed_s": round(time.monotonic() - t0, 3)})
+
+    def _answer_census(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions,
+                       cid: str, units: list[Any]) -> None:
+        """Takes the census for the verify worker `w` (waiting on request `rid`) and answers it,
+        once nothing else of the pool is starting up (the verify worker times right after), with
+        what the SASS of the candidate's builds `units` computes in (`CompileOnly.precision_of`).
+        The reference's device time is measured there too where wanted (`reference_device_wanted`),
+        and added to the cached baseline (`BaselineCache.add_reference_device`)."""
+        info, cache = w.info, BaselineCache(self.cache_dir)
+        cached = None if info is None else cache.get(problem.hash, info.device, info.torch_version,
+                                                     need_compile=False, track=opts.track.value)
+        wanted = self.reference_device_wanted(problem, opts, cached)
+        try:
+            reply = self._take_census(problem, source, opts, cid, reference_device=wanted)
+        except WorkerError:
+            self._replace(w)  # it waits for an answer that will not come
+            raise
+        if isinstance(reply, ProblemFailed):  # it loaded in the verify worker: not deterministic
+            reply = CensusReply(failure=Failure(kind=FailureKind.census_problem_diverged, detail=reply.text))
+        if reply.clean:
+            # measured where no candidate had run (`_take_census`), and the census came back clean
+            cache.add_reference_device(cached, reply.reference_device.ms if reply.reference_device else None)
+            self._settle_starts()
+        if reply.failure is None and units:
+            arch = w.info.arch if w.info else ""
+            reply = reply.model_copy(update={"precision": self.compile_only.precision_of(
+                units, arch, self.builds, opts.compile_timeout_s)})
+        try:
+            send(w.sock, CensusAnswer(rid=rid, reply=reply), POOL_KEY)
+        except OSError:
+            pass  # the verify worker is gone: the next read says how
+
+    def reference_device_wanted(self, problem: Problem, opts: VerifyOptions, cached: Baseline | None) -> bool:
+        """Whether a verification's census measures the reference's device time: the cached baseline
+        lacks it and no clean census of this pool found it unknown (where the profiler sees no device
+        durations, asking at every verification would restart the census worker)."""
+        if cached is not None and cached.eager_device_ms is not None:
+            return False
+        return (problem.hash, opts.track.value) not in self._reference_device_unknown
+
+    def _answer_work(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions) -> None:
+        """Takes the work census (`harness.work`: hardware counters of one forward, under ncu in
+        the sandbox) for the verify worker `w` and answers it; an unavailable one says why."""
+        census = take_work_census(problem, source, cache_dir=self.cache_dir, sandbox=self.sandbox,
+                                  timeout_s=opts.timeout_s)
+        self._settle_starts()
+        try:
+            send(w.sock, CensusAnswer(rid=rid, reply=CensusReply(work=census)), POOL_KEY)
+        except OSError:
+            pass  # the verify worker is gone: the next read says how

@@ -1,0 +1,88 @@
+"""The memory plan of a verification (`harness.memory`): pure arithmetic over a footprint and the free memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from kb_mcp.harness.memory import GIB, Footprint, MemoryPlan, MemoryReport, TooLarge, fits_eager, plan, reserve
+
+H100 = int(79.2 * GIB)  # what torch reports as an H100's total
+
+
+def fp(inputs: float, output: float, params: float = 0.0, peak: float | None = None) -> Footprint:
+    return Footprint(input_bytes=int(inputs * GIB), output_bytes=int(output * GIB), param_bytes=int(params * GIB),
+                     eager_peak_bytes=None if peak is None else int(peak * GIB))
+
+
+def test_a_small_problem_keeps_its_pristine_copies_on_the_device() -> None:
+    got = plan(fp(0.1, 0.1, 0.05), free_bytes=int(75 * GIB), total_bytes=H100)
+    assert isinstance(got, MemoryPlan)
+    assert got.pristine == "device" and got.poison_copies == 2
+    assert got.needed_bytes <= got.free_bytes
+
+
+def test_a_large_problem_keeps_them_on_the_host_before_it_is_refused() -> None:
+    # 16 GiB of inputs: two sets on the device (plus outputs, reserve) no longer fit 45 GiB
+    got = plan(fp(16, 4), free_bytes=int(45 * GIB), total_bytes=H100)
+    assert isinstance(got, MemoryPlan) and got.pristine == "host"
+    # with the reserve counted, the plan never claims more than is free
+    assert got.needed_bytes <= int(45 * GIB)
+
+
+def test_sets_of_a_gigabyte_and_more_keep_their_pristine_copy_on_the_host() -> None:
+    assert plan(fp(0.99, 1), int(75 * GIB), H100).pristine == "device"  # type: ignore[union-attr]
+    assert plan(fp(1.0, 1), int(75 * GIB), H100).pristine == "host"  # type: ignore[union-attr]
+
+
+def test_the_plan_counts_both_models_parameters_the_outputs_and_the_reserve() -> None:
+    f = fp(0.5, 2, 3)
+    got = plan(f, free_bytes=int(75 * GIB), total_bytes=H100)
+    assert isinstance(got, MemoryPlan)
+    expected = 2 * f.param_bytes + 2 * f.output_bytes + 2 * f.input_bytes + f.output_bytes + reserve(H100)
+    assert got.needed_bytes == expected
+
+
+def test_a_problem_whose_eager_forward_does_not_fit_is_refused_with_its_numbers() -> None:
+    got = plan(fp(60, 20), free_bytes=int(75 * GIB), total_bytes=H100)
+    assert isinstance(got, TooLarge) and got.what == "eager"
+    text = got.text
+    assert "too large for this GPU" in text and "needs about 80.0 GiB" in text
+    assert "75.0 GiB free of 79.2 GiB" in text
+    assert "inputs 60.0 GiB" in text and "output 20.0 GiB" in text
+
+
+def test_eager_that_fits_but_no_verification_is_refused_as_a_verification() -> None:
+    # eager (30 + 10 + 1) fits 50 GiB; two models and two outputs do not, in any mode
+    got = plan(fp(30, 10, 1), free_bytes=int(50 * GIB), total_bytes=H100)
+    assert isinstance(got, TooLarge) and got.what == "verification"
+    assert "eager fits" in got.text
+    assert fits_eager(got.footprint, int(50 * GIB))
+
+
+def test_a_measured_eager_peak_counts_over_the_sizes() -> None:
+    sizes = fp(10, 10, 0)
+    measured = fp(10, 10, 0, peak=60)
+    assert isinstance(plan(sizes, int(75 * GIB), H100), MemoryPlan)
+    assert isinstance(plan(measured, int(75 * GIB), H100), TooLarge)
+    assert measured.eager_bytes == int(60 * GIB) and sizes.eager_bytes == int(20 * GIB)
+
+
+@pytest.mark.parametrize("free", [2, 10, 40, 75])
+def test_a_plan_never_needs_more_than_is_free(free: float) -> None:
+    for inputs in (0.001, 0.5, 4, 8, 16):
+        got = plan(fp(inputs, inputs / 2, 0.1), int(free * GIB), H100)
+        if isinstance(got, MemoryPlan):
+            assert got.needed_bytes <= int(free * GIB)
+        else:
+            assert got.needed_bytes > 0 and got.free_bytes == int(free * GIB)
+
+
+def test_the_report_prefers_the_device_peak_and_falls_back_to_the_workers() -> None:
+    f = fp(1, 1)
+    p = plan(f, int(75 * GIB), H100)
+    assert isinstance(p, MemoryPlan)
+    both = MemoryReport(footprint=f, plan=p, verify_peak_bytes=int(3 * GIB), census_peak_bytes=int(2 * GIB))
+    assert both.peak_gib == 5.0
+    sampled = both.model_copy(update={"device_peak_bytes": int(7.5 * GIB)})
+    assert sampled.peak_gib == 7.5
+    assert MemoryReport(footprint=f, plan=p).peak_gib is None

@@ -22,9 +22,12 @@ import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 from filelock import FileLock
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.harness.memory import Footprint, TooLarge, gib
 
 PROTOCOL = 2  # bump when the timing protocol changes, so stale baselines are re-measured (2: issue time)
 
@@ -121,3 +124,36 @@ class BaselineCache:
         if cached is None or cached.eager_device_ms is not None or device_ms is None:
             return
         self.put(cached.model_copy(update={"eager_device_ms": device_ms}))
+
+
+BaselineStatus = Literal["ok", "too_large", "problem_error", "harness_error", "needs_gpu"]
+
+
+class BaselineRun(BaseModel):
+    """The outcome of timing one problem's baselines alone (`WorkerPool.baselines`; `kb-mcp eval --baselines`).
+
+    `status`: `ok` (timed; `baseline` holds it), `too_large` (the problem's limit on this GPU, with
+    the numbers), `problem_error` (the problem's own code failed), `harness_error` (the harness failed
+    to answer: ours to fix), `needs_gpu` (no GPU here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem: str
+    problem_hash: str
+    status: BaselineStatus
+    baseline: Baseline | None = None
+    footprint: Footprint | None = None
+    too_large: TooLarge | None = None
+    note: str = ""
+    device: str = ""
+    peak_bytes: int | None = Field(None, description="the most the worker's allocator reserved")
+    device_peak_bytes: int | None = Field(None, description="the device's memory in use at its highest (NVML)")
+    device_idle_bytes: int | None = Field(None, description="the device's memory in use when the run began")
+    elapsed_s: float = 0.0
+
+    @property
+    def peak_gib(self) -> float | None:
+        """The run's peak above the device's idle level where NVML told it, else the worker's own."""
+        if self.device_peak_bytes is not None and self.device_idle_bytes is not None:
+            return gib(self.device_peak_bytes - self.device_idle_bytes)
+        return gib(self.peak_bytes)

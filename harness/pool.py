@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kb_mcp.harness.baselines import BaselineCache
+from kb_mcp.harness.baselines import BaselineCache, BaselineRun
 from kb_mcp.harness.builds import BuildService
 from kb_mcp.harness.candidate import CandidateError, parse_candidate, static_units, style_of
 from kb_mcp.harness.census_side import CensusSide
@@ -50,6 +50,8 @@ from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
 from kb_mcp.harness.protocol import (
     FROM_WORKER,
+    BaselineReply,
+    BaselineRequest,
     BuildAnswer,
     BuildAsk,
     CensusAsk,
@@ -280,6 +282,64 @@ class WorkerPool(CensusSide):
                     result = self._request(w, problem, source, opts, cid, progress, t0)
                 result = _with_device_memory(result, device)
         return self._marked(result, opts)
+
+    def baselines(self, problem: Problem, options: VerifyOptions | None = None,
+                  progress: Progress = no_progress) -> BaselineRun:
+        """Times `problem`'s eager and torch.compile baselines alone in a verify worker (no candidate),
+        caches them like a verification's, and says how it went (`BaselineRun.status`). Never raises
+        for the problem's own failures; raises WorkerError when no worker can be started at all."""
+        opts = options or VerifyOptions()
+        t0 = time.monotonic()
+        with self._lock:
+            w = self._ready()
+            info = w.info
+            if self.no_cuda or info is None or not info.cuda:
+                return BaselineRun(problem=problem.name, problem_hash=problem.hash, status="needs_gpu",
+                                   note="no CUDA GPU in the worker: baselines are timed on a GPU only")
+            with DeviceMemory(info.uuid) as device:
+                run = self._baseline_request(w, problem, opts, progress)
+        run = run.model_copy(update={"device": info.device, "device_peak_bytes": device.peak,
+                                     "device_idle_bytes": device.idle, "elapsed_s": round(time.monotonic() - t0, 3)})
+        if run.baseline is not None:
+            BaselineCache(self.cache_dir).put(run.baseline.model_copy(update={
+                "problem_hash": problem.hash, "device": info.device, "torch_version": info.torch_version,
+                "track": opts.track.value}))
+        return run
+
+    def _baseline_request(self, w: WorkerProcess, problem: Problem, opts: VerifyOptions,
+                          progress: Progress) -> BaselineRun:
+        rid, key = uuid.uuid4().hex, new_key()
+        send(w.sock, BaselineRequest(rid=rid, key=key.hex(), problem=problem, options=opts), POOL_KEY)
+        run = BaselineRun(problem=problem.name, problem_hash=problem.hash, status="harness_error")
+        limit = max(600.0, opts.timeout_s)
+        reply = ReplyReader(w, rid, key, lambda phase: limit, "baselines")
+        try:
+            frame = reply.read(lambda phase: progress(0, None, PHASE_WORDS.get(phase, phase)), lambda ask: None)
+        except TimeoutError:
+            self._replace(w)
+            return run.model_copy(update={"note": f"no answer within {limit:.0f} s while {reply.phase}"})
+        except ChannelClosed:
+            code = w.proc.wait(timeout=30)
+            self._replace(w)
+            return run.model_copy(update={"note": f"the worker died ({describe_exit(code)}) while {reply.phase}"})
+        except (ForgedFrame, ValidationError) as exc:
+            self._replace(w)
+            return run.model_copy(update={"note": f"the worker's answer was malformed ({exc})"})
+        body = frame.body
+        if frame.retire:
+            self._replace(w)
+        if isinstance(body, ProblemFailed):
+            status = "too_large" if body.too_large is not None else "problem_error"
+            return run.model_copy(update={"status": status, "note": body.text, "too_large": body.too_large})
+        if isinstance(body, VerifyReply):  # the worker's own error, worded as a verdict
+            return run.model_copy(update={"note": body.result.summary})
+        if not isinstance(body, BaselineReply):
+            return run.model_copy(update={"note": f"the worker answered {body.kind!r}"})
+        if body.too_large is not None:
+            return run.model_copy(update={"status": "too_large", "note": body.too_large.text,
+                                          "too_large": body.too_large, "footprint": body.footprint})
+        return run.model_copy(update={"status": "ok", "baseline": body.baseline, "footprint": body.footprint,
+                                      "peak_bytes": body.peak_bytes})
 
     def _marked(self, result: VerifyResult, opts: VerifyOptions) -> VerifyResult:
         """Names the track it was verified in; an unconfined run says so in its summary and is held for review."""

@@ -9,7 +9,8 @@ as an untyped dict.
 Over the worker channel (`harness.channel`: length-prefixed JSON frames, HMAC-signed, numbered):
 
 * pool -> worker, signed with `channel.POOL_KEY`: `Init` (the session key), then one request at
-  a time (`VerifyRequest`, `CensusRequest`, `ProblemRequest`, `PingRequest`, `ExitRequest`) and
+  a time (`VerifyRequest`, `CensusRequest`, `BaselineRequest`, `ProblemRequest`, `PingRequest`,
+  `ExitRequest`) and
   the answers to what the worker asks mid-request (`CensusAnswer`, `BuildAnswer`).
 * worker -> pool, signed with the request's own key and numbered from 0: `Phase` (progress),
   `CensusAsk` and `BuildAsk` (the worker waits for the answer), then one `ResultFrame` whose body is
@@ -31,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.kernels import DeviceTime
-from kb_mcp.harness.memory import TooLarge
+from kb_mcp.harness.memory import Footprint, TooLarge
 from kb_mcp.harness.plausibility import WorkCensus
 from kb_mcp.harness.precision import PrecisionEvidence
 from kb_mcp.harness.problem import Problem
@@ -39,6 +40,7 @@ from kb_mcp.harness.verdict import Evidence, Failure, Finding, Judgement, Verify
 from kb_mcp.kb.models import Verdict
 
 __all__ = [
+    "BaselineReply", "BaselineRequest",
     "BuildAnswer", "BuildAsk", "BuildReply", "BuildReport", "BuildSpec", "CensusAnswer", "CensusAsk",
     "CensusReply", "CensusRequest", "DriverReport", "DriverSpec", "ExitRequest",
     "FROM_WORKER", "Hello", "Init", "PingReply", "PingRequest", "Phase", "ProblemChecked", "ProblemFailed",
@@ -112,6 +114,15 @@ class CensusRequest(_Request):
     options: VerifyOptions
     candidate_id: str
     reference_device: bool = False  # the pool asks for it where the cached baseline lacks it
+
+
+class BaselineRequest(_Request):
+    """Time the problem's eager and torch.compile baselines alone, without a candidate (`kb-mcp eval
+    --baselines`; `harness.worker.baseline_run`)."""
+
+    kind: Literal["baseline"] = "baseline"
+    problem: Problem
+    options: VerifyOptions
 
 
 class ProblemRequest(_Request):
@@ -249,6 +260,18 @@ class VerifyReply(_Message):
     baseline: Baseline | None = None
 
 
+class BaselineReply(_Message):
+    """The answer to a `BaselineRequest`: the baseline (None where the problem is too large), the
+    problem's footprint and the peak the worker's allocator reserved."""
+
+    kind: Literal["baseline"] = "baseline"
+    baseline: Baseline | None = None
+    footprint: Footprint
+    too_large: TooLarge | None = None
+    peak_bytes: int | None = None
+    elapsed_s: float = 0.0
+
+
 class PingReply(_Message):
     """The worker's start-up info and how many profiler sessions the harness started in it."""
 
@@ -267,7 +290,7 @@ class ProblemFailed(_Message):
     """The problem's own code failed (import, `Model` construction, its inputs): no candidate is to blame."""
 
     kind: Literal["problem_failed"] = "problem_failed"
-    stage: Literal["import", "construct", "inputs", "too_large"]
+    stage: Literal["import", "construct", "inputs", "forward", "too_large"]
     error: str
     too_large: TooLarge | None = None  # stage too_large: the numbers (`harness.memory`)
 
@@ -277,12 +300,13 @@ class ProblemFailed(_Message):
         if self.too_large is not None:
             return self.too_large.text
         what = {"import": "its module failed to import", "construct": "its Model failed to construct",
-                "inputs": "its inputs failed", "too_large": "it is too large for this GPU"}[self.stage]
+                "inputs": "its inputs failed", "forward": "its Model's forward failed",
+                "too_large": "it is too large for this GPU"}[self.stage]
         return f"{what}: {self.error}"
 
 
 ResultBody = Annotated[
-    VerifyReply | CensusReply | PingReply | ProblemChecked | ProblemFailed, Field(discriminator="kind")
+    VerifyReply | CensusReply | BaselineReply | PingReply | ProblemChecked | ProblemFailed, Field(discriminator="kind")
 ]
 
 
@@ -299,7 +323,8 @@ FROM_WORKER: TypeAdapter[Any] = TypeAdapter(
 )
 TO_WORKER: TypeAdapter[Any] = TypeAdapter(
     Annotated[
-        Init | VerifyRequest | CensusRequest | ProblemRequest | PingRequest | ExitRequest | CensusAnswer | BuildAnswer,
+        Init | VerifyRequest | CensusRequest | BaselineRequest | ProblemRequest | PingRequest | ExitRequest
+        | CensusAnswer | BuildAnswer,
         Field(discriminator="kind"),
     ]
 )

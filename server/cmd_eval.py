@@ -3,6 +3,7 @@ through the harness, without an LLM, and write the campaign report.
 
     kb-mcp eval ~/KernelBench --level 1 --problems 1-20,40 --solutions runs/mine
     kb-mcp eval tests/campaign/problems --solutions my_kernels --compile-only
+    kb-mcp eval ~/KernelBench --baselines          # eager and torch.compile of every problem (no solutions)
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help=f"eval name: its folder is <kb artifacts>/evals/NAME (default {DEFAULT_NAME})")
     p.add_argument("--out", help="eval folder (overrides --name)")
     p.add_argument("--compile-only", action="store_true", help="no GPU: compile each solution, time nothing")
+    p.add_argument("--baselines", action="store_true",
+                   help="time eager and torch.compile of every selected problem on this GPU into <folder>/"
+                        "baselines.json (also what an eval given no --solutions does); a rerun skips problems done")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
     p.set_defaults(func=run)
 
@@ -60,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
 
     kb_path = paths.resolve_kb_path(args.kb)
     folder = eval_dir(kb_path, args.name, args.out)
+    if args.baselines or args.solutions is None:
+        return run_baselines(args, kb_path, folder)
     options = EvalOptions(problems=list(args.problems), solutions=args.solutions, level=args.level, ids=args.ids,
                           track=Track(args.track), compile_only=args.compile_only)
     ctx = ToolContext(kb_path, client_name="kb-mcp eval")
@@ -78,6 +84,52 @@ def run(args: argparse.Namespace) -> int:
         ctx.close()
     print(summary(result))
     return 0
+
+
+def run_baselines(args: argparse.Namespace, kb_path: Path, folder: Path) -> int:
+    """`--baselines` (or no --solutions): the table of eager and torch.compile times, resumable."""
+    from kb_mcp.campaign.baselines_eval import BaselinesError, baselines_table
+    from kb_mcp.campaign.selection import SelectionError, select_problems
+    from kb_mcp.kb.models import Track
+    from kb_mcp.server.campaign_console import ConsoleProgress
+    from kb_mcp.server.gpu import detect_gpus
+    from kb_mcp.tools.context import ToolContext
+
+    try:  # the caller's mistakes first, whatever the machine
+        select_problems([*args.problems], level=args.level, ids=args.ids)
+    except SelectionError as exc:
+        print(f"kb-mcp eval: {exc}", file=sys.stderr)
+        return 2
+    if args.compile_only or not detect_gpus():
+        print("kb-mcp eval: timing baselines needs a CUDA GPU, and there is none here"
+              + (" (--compile-only)" if args.compile_only else "") + "; give --solutions to compile solutions "
+              "without one", file=sys.stderr)
+        return 2
+    out = folder / "baselines.json"
+    ctx = ToolContext(kb_path, client_name="kb-mcp eval")
+    try:
+        with ConsoleProgress(enabled=not args.no_progress) as console:
+            rows = baselines_table(out, ctx, [*args.problems], level=args.level, ids=args.ids,
+                                   track=Track(args.track), progress=console.update, log=console.log)
+    except BaselinesError as exc:
+        print(f"kb-mcp eval: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted; every finished problem is in {out}. Rerun the same command to continue.", file=sys.stderr)
+        return 130
+    finally:
+        ctx.close()
+    print(baselines_summary(rows, out))
+    return 0
+
+
+def baselines_summary(rows: list, out: Path) -> str:
+    """Counts by status, and the table's path."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.status] = counts.get(row.status, 0) + 1
+    text = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    return f"{len(rows)} problems: {text}\ntable: {out}"
 
 
 def summary(result: object) -> str:

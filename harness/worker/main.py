@@ -38,6 +38,7 @@ from typing import Any
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, FrameReader, send
 from kb_mcp.harness.protocol import (
     TO_WORKER,
+    BaselineRequest,
     BuildAnswer,
     BuildAsk,
     BuildReply,
@@ -231,6 +232,12 @@ def _handle(env: Any, req: Any, channel: Channel) -> tuple[Any, bool]:
         return census.run_census(env, req.problem, req.source, req.options, channel.phase, req.reference_device)
     if isinstance(req, ProblemRequest):
         return _check_problem(env, req.problem), False
+    if isinstance(req, BaselineRequest):
+        from kb_mcp.harness.worker.baseline_run import run_baselines
+
+        if not env.cuda:
+            raise RuntimeError("this worker has no GPU: baselines are timed on a GPU only")
+        return run_baselines(env, req.problem, req.options, channel.phase)
     assert isinstance(req, VerifyRequest)
     if not env.cuda:
         raise RuntimeError("this worker has no GPU: the pool checks candidates without one itself (compile-only)")
@@ -310,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if isinstance(req, ExitRequest):
             return 0
-        if not isinstance(req, (VerifyRequest, CensusRequest, ProblemRequest, PingRequest)):
+        if not isinstance(req, (VerifyRequest, CensusRequest, BaselineRequest, ProblemRequest, PingRequest)):
             return 2  # an answer nobody asked for: the pool is confused, start afresh
         channel.begin(req.rid, bytes.fromhex(req.key))
         if isinstance(req, PingRequest):

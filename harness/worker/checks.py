@@ -153,6 +153,7 @@ class Checker:
         clone of `xs`, or on `xs` itself where the pristine copy is on the host (`one_set`). The
         first run measures eager's peak memory (`Footprint.eager_peak_bytes`) and whether the
         reference writes into its inputs."""
+        self.alive = []  # the last set's output goes before this one's is made
         args = xs if self.host_pristine else clone_inputs(xs)
         if self.footprint.eager_peak_bytes is None:
             with PeakMeter(self.v.peaks) as meter:

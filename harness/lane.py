@@ -5,7 +5,7 @@ Two measurements sharing a GPU each measure the other's interference, and a base
 it skews every later speedup of that problem in a shared KB. So everything that times or profiles
 holds the lane: the GPU tools for their whole call (`tools.base.on_gpu_lane`), and the harness
 itself around each GPU request (`WorkerPool.verify` and `census`, `profiler.profile`, the work
-census), so that a direct caller (`kb-mcp eval`, a bench, a test) cannot go around it. Holds are
+census), so that a direct caller of the harness (a bench, a test, a script) cannot go around it. Holds are
 re-entrant within a thread: the harness's hold inside a tool's is the tool's.
 
 A hold is taken in two steps: this process's own lock (its threads take turns), then the GPU's

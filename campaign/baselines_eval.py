@@ -4,7 +4,7 @@ problem, timed on this GPU the way verifications time them, into one JSON table.
 The table KernelBench users keep per GPU: one row per problem with its level, name, status (`ok`,
 `too_large` with the numbers, `problem_error`, `harness_error`, or `needs_gpu` without a GPU), the
 two medians in milliseconds and the peak GPU memory the run took. Each problem is timed in a verify
-worker (`WorkerPool.baselines`) while this process holds the GPU lane, and its baseline is cached
+worker (`WorkerPool.baselines`) holding the machine-wide GPU lane, and its baseline is cached
 exactly as a verification's first measurement would be, so later verdicts of the problem on this GPU
 are judged against the same figures.
 
@@ -28,6 +28,7 @@ from kb_mcp.harness.baselines import BaselineRun, BaselineStatus
 from kb_mcp.harness.problem import ProblemError, load_problem
 from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb.models import DEFAULT_TRACK, Track
+from kb_mcp.kb.progress import Progress
 from kb_mcp.tools.context import ToolContext
 
 __all__ = ["BaselineRow", "BaselinesError", "baselines_table", "eta_text", "read_table"]
@@ -118,7 +119,7 @@ def baselines_table(out: Path, ctx: ToolContext, problems: list[str | Path], *, 
     for i, ref in enumerate(todo):
         show(ref.name, i, len(todo), eta_text(elapsed, len(todo) - i))
         t0 = time.monotonic()
-        row = _one(ctx, ref, track)
+        row = _one(ctx, ref, track, _Relay(show, ref.name, i, len(todo)))
         elapsed.append(time.monotonic() - t0)
         rows[(ref.level, ref.name)] = row
         _write(out, sorted(rows.values(), key=lambda r: (r.level or 0, _number(r.problem), r.problem)))
@@ -127,13 +128,22 @@ def baselines_table(out: Path, ctx: ToolContext, problems: list[str | Path], *, 
     return sorted(rows.values(), key=lambda r: (r.level or 0, _number(r.problem), r.problem))
 
 
-def _one(ctx: ToolContext, ref: ProblemRef, track: Track) -> BaselineRow:
+class _Relay:
+    """A run's progress (the lane's waits, its phases) shown as the problem's line of the eval's progress."""
+
+    def __init__(self, show: ProgressFn, name: str, index: int, total: int) -> None:
+        self.show, self.name, self.index, self.total = show, name, index, total
+
+    def __call__(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        self.show(self.name, self.index, self.total, message or "")
+
+
+def _one(ctx: ToolContext, ref: ProblemRef, track: Track, progress: Progress) -> BaselineRow:
     try:
         problem = load_problem(str(ref.path))
     except ProblemError as exc:
         return BaselineRow(level=ref.level, problem=ref.name, status="problem_error", note=str(exc), track=track)
-    with ctx.gpu_lane.hold(f"baselines of {ref.name}"):
-        run = ctx.workers.baselines(problem, VerifyOptions(track=track))
+    run = ctx.workers.baselines(problem, VerifyOptions(track=track), progress)  # it holds the GPU lane
     return row_of(ref, run, track)
 
 

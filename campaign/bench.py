@@ -67,7 +67,8 @@ class Bench:
         self.track = track  # every candidate is verified, and every suggestion drawn, in this precision track
         self._arch_seen: str | None = None  # the arch the harness reported, once a candidate ran
         # Parallel trajectories overlap their LLM work but take turns on the GPU: the GPU tools
-        # hold the ToolContext's GPU lane, shared with every client of this server.
+        # hold the GPU lane, shared with every client of this server and every kb-mcp process
+        # measuring on the same GPU.
 
     @property
     def arch_hint(self) -> str | None:

@@ -8,6 +8,11 @@ a warm verdict fast. The cache is a JSON file per key under `<cache>/baselines`,
 atomically under a file lock, so several workers and servers share it safely. A measurement
 that failed (torch.compile cannot compile the model) is cached too, with its reason.
 
+Only the pool stores a baseline, and only one measured while the verification held the GPU alone
+(the machine-wide GPU lane, `harness.lane`): a figure measured beside another process's work would
+skew every later speedup of the problem. A result whose baseline was not stored says why
+(`Timings.baseline_not_cached`).
+
 A cached figure is only as good as the minute it was taken in. GPU-bound calls time the same
 within ~6 % across processes and minutes on the H100; launch-bound ones (the host issuing many
 small kernels) move by up to 1.9x (`bench/timing_env_probe.py`, docs/benchmarks.md). So the
@@ -48,6 +53,13 @@ def launch_bound(event_ms: float, issue_ms: float | None) -> bool:
     if issue_ms is None or event_ms <= 0:
         return False
     return issue_ms >= LAUNCH_BOUND_FRACTION * event_ms
+
+
+def not_cached(why: str) -> str:
+    """What a result says of a baseline it measured that was not cached because the measurement did
+    not hold the GPU alone (the machine-wide GPU lane, `harness.lane`): `why` says why it did not."""
+    return (f"the baseline measured in this run was not cached: it did not hold the GPU alone ({why}); "
+            "the next verification of this problem measures it again")
 
 
 class Baseline(BaseModel):

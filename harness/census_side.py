@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kb_mcp.harness import lane
 from kb_mcp.harness.baselines import Baseline, BaselineCache
 from kb_mcp.harness.builds import BuildService
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
@@ -58,7 +59,7 @@ class CensusSide:
         takes it between the checks and the timing). Never raises for a misbehaving candidate or
         problem (the reply says what happened); raises WorkerError when no census worker starts."""
         opts = options or VerifyOptions()
-        with self._lock:
+        with lane.hold(f"census {problem.name}"), self._lock:
             reply = self._take_census(problem, source, opts, candidate_id(problem, source), reference_device)
         if isinstance(reply, ProblemFailed):
             return CensusReply(failure=Failure(kind=FailureKind.census_problem_failed, detail=reply.text))

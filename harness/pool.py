@@ -21,7 +21,8 @@ Timing happens in a process that has never started a profiler session: the kerne
 needs one, runs in a census worker of its own (`harness.worker.census`). A verify worker that
 reaches the census asks the pool and waits; the pool asks the census worker, waits until no
 worker of the pool is still starting up, and only then answers, so that nothing else of the
-harness runs while the verify worker times.
+harness runs while the verify worker times. Each request holds the machine-wide GPU lane (before the
+pool's own lock, `harness.lane`): no other kb-mcp process measures on that GPU meanwhile either.
 
 Without a GPU (or with `options.compile_only`) nothing of the candidate runs: its CUDA sources
 are read statically and compiled in the sandbox (`harness.compile_only`).
@@ -38,7 +39,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kb_mcp.harness.baselines import BaselineCache, BaselineRun
+from kb_mcp.harness import lane
+from kb_mcp.harness.baselines import BaselineCache, BaselineRun, not_cached
 from kb_mcp.harness.builds import BuildService
 from kb_mcp.harness.candidate import CandidateError, parse_candidate, static_units, style_of
 from kb_mcp.harness.census_side import CensusSide
@@ -47,7 +49,7 @@ from kb_mcp.harness.compile_only import CompileOnly
 from kb_mcp.harness.gpu_memory import DeviceMemory
 from kb_mcp.harness.phases import PHASE_WORDS, PHASES
 from kb_mcp.harness.problem import Problem, candidate_id
-from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
+from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, kill_all
 from kb_mcp.harness.protocol import (
     FROM_WORKER,
     BaselineReply,
@@ -83,14 +85,6 @@ from kb_mcp.kb.models import Verdict
 from kb_mcp.kb.progress import Progress, no_progress
 
 __all__ = ["PHASES", "WorkerError", "WorkerPool", "describe_exit", "no_progress"]
-
-
-def _kill_all(workers: list[WorkerProcess]) -> None:
-    for w in workers:
-        try:
-            w.kill()
-        except Exception:  # noqa: BLE001 - best effort at interpreter exit
-            pass
 
 
 class WorkerPool(CensusSide):
@@ -134,7 +128,7 @@ class WorkerPool(CensusSide):
         # (problem hash, track) whose reference device time a clean census found unknown (not asked again)
         self._reference_device_unknown: set[tuple[str, str]] = set()
         self._all: list[WorkerProcess] = []
-        self._finalizer = weakref.finalize(self, _kill_all, self._all)
+        self._finalizer = weakref.finalize(self, kill_all, self._all)
         if prestart:
             self._spawn()
 
@@ -267,7 +261,7 @@ class WorkerPool(CensusSide):
             return _judged(problem, cid, Evidence(compile=CompileResult(ok=False, messages=[str(exc)]),
                                                   failure=Failure(kind=FailureKind.malformed, detail=str(exc))),
                            phase="static", track=opts.track)
-        with self._lock:
+        with lane.hold(f"verify {problem.name}", progress), self._lock:
             w = self._ready()
             if self.no_cuda or opts.compile_only or not (w.info and w.info.cuda):
                 failed = self._check_problem(w, problem, opts)
@@ -281,6 +275,7 @@ class WorkerPool(CensusSide):
                 with DeviceMemory(w.info.uuid if w.info else "") as device:
                     result = self._request(w, problem, source, opts, cid, progress, t0)
                 result = _with_device_memory(result, device)
+                self._settle_starts()  # a worker started meanwhile starts CUDA under the lane, not beside others
         return self._marked(result, opts)
 
     def baselines(self, problem: Problem, options: VerifyOptions | None = None,
@@ -290,7 +285,7 @@ class WorkerPool(CensusSide):
         for the problem's own failures; raises WorkerError when no worker can be started at all."""
         opts = options or VerifyOptions()
         t0 = time.monotonic()
-        with self._lock:
+        with lane.hold(f"baselines of {problem.name}", progress), self._lock:
             w = self._ready()
             info = w.info
             if self.no_cuda or info is None or not info.cuda:
@@ -298,12 +293,17 @@ class WorkerPool(CensusSide):
                                    note="no CUDA GPU in the worker: baselines are timed on a GPU only")
             with DeviceMemory(info.uuid) as device:
                 run = self._baseline_request(w, problem, opts, progress)
+            self._settle_starts()
+            held = lane.current()
         run = run.model_copy(update={"device": info.device, "device_peak_bytes": device.peak,
                                      "device_idle_bytes": device.idle, "elapsed_s": round(time.monotonic() - t0, 3)})
-        if run.baseline is not None:
-            BaselineCache(self.cache_dir).put(run.baseline.model_copy(update={
-                "problem_hash": problem.hash, "device": info.device, "torch_version": info.torch_version,
-                "track": opts.track.value}))
+        if run.baseline is None:
+            return run
+        if held is None or not held.alone:  # measured beside whatever else ran on the GPU: not a baseline to keep
+            return run.model_copy(update={"note": not_cached(held.why_not if held else "the GPU lane was not held")})
+        BaselineCache(self.cache_dir).put(run.baseline.model_copy(update={
+            "problem_hash": problem.hash, "device": info.device, "torch_version": info.torch_version,
+            "track": opts.track.value}))
         return run
 
     def _baseline_request(self, w: WorkerProcess, problem: Problem, opts: VerifyOptions,
@@ -407,7 +407,7 @@ class WorkerPool(CensusSide):
             )
             return self._ended(w, problem, source, opts, cid, t0, reply.phase, Failure(kind=FailureKind.forged_frame),
                                [finding])
-        self._keep_baseline(body, w, problem, opts.track.value)
+        result = self._keep_baseline(body, w, problem, opts.track.value)
         w.output.settle()
         result = result.model_copy(update={
             "output": w.output.take(opts.max_output_chars),
@@ -454,14 +454,19 @@ class WorkerPool(CensusSide):
                        phase="import", problem_error=failed.text, too_large=failed.too_large,
                        elapsed_s=round(time.monotonic() - t0, 3))
 
-    def _keep_baseline(self, body: VerifyReply, w: WorkerProcess, problem: Problem, track: str) -> None:
-        """Stores a baseline the worker measured, under the key the server knows (this problem,
-        the worker's GPU and torch as it said at start), never under one the worker names."""
-        base, info = body.baseline, w.info
-        if base is None or info is None or body.result.verdict in (Verdict.invalid, Verdict.crashed):
-            return
+    def _keep_baseline(self, body: VerifyReply, w: WorkerProcess, problem: Problem, track: str) -> VerifyResult:
+        """Stores a measured baseline under the key the server knows (this problem, the worker's GPU and torch
+        as it said at start, never one the worker names) if it held the GPU alone; else the result says why."""
+        base, info, held, result = body.baseline, w.info, lane.current(), body.result
+        if base is None or info is None or result.verdict in (Verdict.invalid, Verdict.crashed):
+            return result
+        if held is None or not held.alone:
+            why = not_cached(held.why_not if held else "the GPU lane was not held")
+            return result.model_copy(update={"timings": result.timings and result.timings.model_copy(
+                update={"baseline_not_cached": why})})
         BaselineCache(self.cache_dir).put(base.model_copy(update={
             "problem_hash": problem.hash, "device": info.device, "torch_version": info.torch_version, "track": track}))
+        return result
 
     def _answer_build(self, w: WorkerProcess, rid: str, ask: BuildAsk, timeout_s: float) -> None:
         """Builds what a worker's `load_inline` asked for (in a sandbox of its own) and answers."""

@@ -61,6 +61,15 @@ def describe_exit(code: int | None) -> str:
     return f"exit status {code}"
 
 
+def kill_all(workers: list[WorkerProcess]) -> None:
+    """Kills every worker of the list (a pool's finalizer, at interpreter exit: best effort)."""
+    for w in workers:
+        try:
+            w.kill()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
+
 class Output:
     """Drains a worker's stdout/stderr pipe on a thread, keeping head and tail since the last reset."""
 

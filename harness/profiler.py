@@ -34,7 +34,7 @@ from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.harness import ncu_parse
+from kb_mcp.harness import lane, ncu_parse
 from kb_mcp.harness.ncu_parse import counters_blocked_reason, kernels_from_trace, unknown_metrics
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_model import KernelProfile, Profile
@@ -450,14 +450,15 @@ def profile(
         elif ncu is None:
             reason = ("ncu (Nsight Compute) was not found: per-kernel timings only; install Nsight Compute or set "
                       "KB_MCP_NCU")
-        if ncu is not None:
-            result = _profile_ncu(ncu, spec, spawner, work, report_base, problem, cand_id, profile_id, options,
-                                  standby, progress, notes, start)
-            if isinstance(result, Profile):
-                return result
-            reason = result
-        return _profile_timeline(spec, spawner, work, problem, cand_id, profile_id, options, progress, notes,
-                                 reason, start)
+        with lane.hold(f"profile {problem.name}", progress):  # a GPU tool holds it already; a direct caller now
+            if ncu is not None:
+                result = _profile_ncu(ncu, spec, spawner, work, report_base, problem, cand_id, profile_id, options,
+                                      standby, progress, notes, start)
+                if isinstance(result, Profile):
+                    return result
+                reason = result
+            return _profile_timeline(spec, spawner, work, problem, cand_id, profile_id, options, progress, notes,
+                                     reason, start)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -141,6 +141,7 @@ class Timings(BaseModel):
     speedup_vs_compile: float | None = None
     speedup_vs_baseline: float | None = None  # over the better of eager and torch.compile
     baseline_cached: bool = False
+    baseline_not_cached: str = ""  # why a baseline measured in this run was not cached (not measured alone)
     quick: bool = False  # timing=False: a few runs only
     bound_ms: float | None = None  # the reference's roofline (its FLOPs at peak, I/O through DRAM); None if unknown
     work_bound_ms: float | None = None  # the candidate's own measured work at peak (`harness.plausibility`)

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from kb_mcp.harness import ncu_parse
+from kb_mcp.harness import lane, ncu_parse
 from kb_mcp.harness.plausibility import WORK_METRICS, WorkCensus, work_census_from_profiles
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profiler import (
@@ -48,7 +48,8 @@ def take_work_census(problem: Problem, source: str, *, cache_dir: Path, sandbox:
         return WorkCensus(available=False, note="Nsight Compute (ncu) was not found; install it or set KB_MCP_NCU")
     work = new_scratch("work")
     try:
-        census = _run(ncu, problem, source, work, cache_dir, sandbox, timeout_s, progress)
+        with lane.hold(f"work census {problem.name}", progress):  # inside a verification's hold: the same one
+            census = _run(ncu, problem, source, work, cache_dir, sandbox, timeout_s, progress)
     except Exception as exc:  # noqa: BLE001 - a failed census is a note, never the server's crash
         census = WorkCensus(available=False, note=f"the profiling run failed: {type(exc).__name__}: {str(exc)[:300]}")
     finally:

@@ -291,6 +291,33 @@ def check_sandbox() -> Check:
     return Check(name="sandbox", status=Status.ok, summary=sandbox.describe() + as_root)
 
 
+def check_lane() -> Check:
+    """The GPU lane: the key this process's GPU takes turns under with every kb-mcp of the machine,
+    whether the lane folder serves them all, and who holds it now (`harness.lane`)."""
+    import socket
+
+    from kb_mcp.harness.gpu_key import gpu_key
+    from kb_mcp.harness.lane_file import LaneFile, LaneUnavailable, lane_dir
+
+    key = gpu_key()
+    if key is None:
+        return Check(name="GPU lane", status=Status.info,
+                     summary="no GPU visible: nothing is timed, and each process's lane is its own")
+    try:
+        folder = lane_dir()
+    except LaneUnavailable as exc:
+        return Check(name="GPU lane", status=Status.warn, summary=f"not machine-wide: {exc}",
+                     fix="make the folder usable as the line says: meanwhile two kb-mcp processes may time on the "
+                     "GPU at once, and no baseline is cached")
+    holder = LaneFile(folder, key.key).holder()
+    now = f"; held now by {holder.describe(socket.gethostname())}" if holder else "; free"
+    summary = f"GPU {key.key} ({key.source}{': ' + key.note if key.note else ''}), lock files in {folder}{now}"
+    if key.source == "fallback":
+        return Check(name="GPU lane", status=Status.warn, summary=summary,
+                     fix="make nvidia-smi runnable for every kb-mcp, so that each keys the GPU by its UUID")
+    return Check(name="GPU lane", status=Status.ok, summary=summary)
+
+
 def _kb_source(kb_arg: str | None) -> str:
     if kb_arg:
         return "--kb"
@@ -355,6 +382,7 @@ def run_checks(kb_arg: str | None, *, require_gpu: bool = False, on_check: Calla
         lambda: check_nvcc(machine, require_gpu),
         lambda: check_ncu(machine, require_gpu),
         check_sandbox,
+        check_lane,
         lambda: check_kb(kb_arg),
         check_cache,
     ]

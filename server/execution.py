@@ -8,7 +8,7 @@ they are (see `kb_mcp.kb.errors`).
 
 Direct MCP calls and background jobs both go through `ToolRunner`, so they report errors in the
 same words; `ToolFailure.info` is the structured form MCP clients get. GPU tools take turns on the
-GPU lane of the ToolContext (tools.lane).
+GPU lane (tools.lane: machine-wide per GPU, harness.lane).
 """
 
 from __future__ import annotations
@@ -143,8 +143,9 @@ def parse_request(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:
 class ToolRunner:
     """Calls tool functions for one server (or CLI) process, sharing its ToolContext.
 
-    GPU tools take turns on the context's GPU lane inside their own `run` (tools.lane), so a
-    campaign calling the tool functions directly takes turns with MCP calls and jobs too.
+    GPU tools take turns on the GPU lane inside their own `run` (tools.lane), so a campaign calling
+    the tool functions directly takes turns with MCP calls and jobs too, and with every other
+    kb-mcp process measuring on the same GPU.
     """
 
     def __init__(self, ctx: ToolContext) -> None:

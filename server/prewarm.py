@@ -4,7 +4,9 @@ After each profile the profiler starts the next driver in standby (`harness.prof
 a server's first profile found none and paid the driver's start-up (Python, torch, the CUDA
 context under ncu: about 7.5 of its ~10 s). So `kb-mcp serve`, on a machine with a GPU, starts one
 standby for the options of a request that sets none (`profile_kernel.prewarm`), in a thread: the
-server answers its client meanwhile, and a failure is logged and costs only that warm start.
+server answers its client meanwhile, and a failure is logged and costs only that warm start. The
+launch and the driver's start-up hold the GPU lane, so a timing of this server or of another
+kb-mcp process on the GPU waits for them instead of running beside a new CUDA context.
 `KB_MCP_PROFILE_STANDBY=0` turns it off with the other standbys; a context made without them
 (`kb-mcp call`) starts none.
 

@@ -260,8 +260,9 @@ def prewarm(ctx: ToolContext) -> Standby | None:
     profile of a server is warm too (`kb_mcp.server.prewarm` calls it as the server starts).
 
     It only starts the process: the driver imports torch and creates its CUDA context on its own
-    and then waits, launching nothing until it is handed a spec. The launch holds the GPU lane as
-    the launch after a profile does (a timing waits for its start-up through `settle_profiler`).
+    and then waits, launching nothing until it is handed a spec. The GPU lane is held for the
+    launch and that start-up (at most `PREWARM_LANE_S`): another process's timing beside a new CUDA
+    context would be disturbed by it, as this process's are (`settle_profiler`).
     None when this context keeps no standby or the pool starts none (see `profiler.start_standby`).
     Raises SandboxUnavailable (a RuntimeError) where candidates cannot be confined.
     """
@@ -270,7 +271,13 @@ def prewarm(ctx: ToolContext) -> Standby | None:
         return None
     options = profile_options(Request.model_construct())  # every field at its default, as a bare request
     with ctx.gpu_lane.hold("profiling driver warm-up"):
-        return start_standby(pool, options, ctx.cache_dir, ctx.sandbox)
+        standby = start_standby(pool, options, ctx.cache_dir, ctx.sandbox)
+        if standby is not None:
+            pool.wait_ready(PREWARM_LANE_S)
+        return standby
+
+
+PREWARM_LANE_S = 120.0  # a cold machine's first `import torch` can take a minute
 
 
 def _disclosable(prof: Profile, *, keep_report: bool) -> Profile:

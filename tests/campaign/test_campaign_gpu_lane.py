@@ -1,5 +1,5 @@
-"""One GPU lane per server: a campaign job and a client's verifications in one real `kb-mcp serve`
-process take turns, never overlapping.
+"""The GPU lane inside one server: a campaign job and a client's verifications in one real `kb-mcp
+serve` process take turns, never overlapping (between servers: tests/server/test_two_servers_lane.py).
 
 No GPU is needed to see it: compile-only verification holds the lane for a real nvcc build, and
 the server logs each hold of the lane with a monotonic timestamp. The campaign's holds run in its
@@ -24,14 +24,11 @@ from fakellm.campaign_script import campaign_script
 
 from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.clients.mcp_client import call_json, connect_http, serve_command
+from kb_mcp.harness.lane import LaneSpan, overlapping, read_spans
 
 pytestmark = [pytest.mark.slow]
 
 CANDIDATE = (ROOT / "examples" / "candidates" / "swish_nvrtc.py").read_text()
-LANE = re.compile(
-    r"gpu lane: (?P<who>\w+) (?P<what>entered|left) after (?:waiting )?(?P<secs>[\d.]+) s "
-    r"\[t=(?P<t>[\d.]+) thread=(?P<thread>[^\]]+)\]"
-)
 READY = re.compile(r"serving http (http://\S+/mcp) ")
 
 
@@ -73,9 +70,9 @@ async def _campaign_beside_client(url: str, arguments: dict[str, object], option
     return status, calls
 
 
-def _run(tmp_path: Path, compile_only: bool) -> tuple[dict, int, list[tuple[dict[str, str], dict[str, str]]]]:
+def _run(tmp_path: Path, compile_only: bool) -> tuple[dict, int, list[LaneSpan]]:
     """A campaign job beside a verifying client in one server; the job's status, the client's
-    verifications, and the lane's holds (entry, exit) from the server's log."""
+    verifications, and the lane's holds from the server's log."""
     kb, log = tmp_path / "kb.json", tmp_path / "server.log"
     with FakeLLMServer(campaign_script()) as llm:
         env = {
@@ -92,13 +89,9 @@ def _run(tmp_path: Path, compile_only: bool) -> tuple[dict, int, list[tuple[dict
         finally:
             proc.terminate()
             proc.wait(30)
-    events = [m.groupdict() for m in LANE.finditer(log.read_text(errors="replace"))]
-    # One holder at a time: every entry is followed by that holder's exit before the next entry.
-    assert [e["what"] for e in events] == ["entered", "left"] * (len(events) // 2), events
-    holds = list(zip(events[::2], events[1::2]))
-    assert all(a["who"] == b["who"] and a["thread"] == b["thread"] for a, b in holds)
-    times = [float(e["t"]) for e in events]
-    assert times == sorted(times)
+    holds = read_spans(log.read_text(errors="replace"))
+    # One holder at a time: no two holds intersect.
+    assert overlapping(holds) == [], overlapping(holds)
     return status, client_calls, holds
 
 
@@ -113,24 +106,24 @@ def test_campaign_job_and_client_take_turns_on_one_lane(tmp_path: Path) -> None:
     assert status["status"] == "succeeded", status
     # Every verification of both went through the lane.
     campaign_verifications = _campaign_verifications(tmp_path)
-    campaign_holds = [a for a, _ in holds if a["thread"].startswith("kb-mcp-")]
-    client_holds = [a for a, _ in holds if not a["thread"].startswith("kb-mcp-")]
+    campaign_holds = [a for a in holds if a.thread.startswith("kb-mcp-")]
+    client_holds = [a for a in holds if not a.thread.startswith("kb-mcp-")]
     assert campaign_verifications >= 3 and client_calls >= 1
     assert len(campaign_holds) == campaign_verifications
     assert len(client_holds) == client_calls
-    assert {a["who"] for a, _ in holds} == {"compile_and_verify"}
+    assert {a.what for a in holds} == {"compile_and_verify"}
     # And they did contend: someone waited for the other.
-    assert any(float(a["secs"]) > 0 for a, _ in holds)
+    assert any(a.waited_s > 0 for a in holds)
 
 
 @pytest.mark.gpu
 def test_campaign_profiles_and_timings_take_turns_with_a_client_on_the_gpu(tmp_path: Path) -> None:
     status, client_calls, holds = _run(tmp_path, compile_only=False)
     assert status["status"] == "succeeded", status
-    campaign = [a for a, _ in holds if a["thread"].startswith("kb-mcp-")]
-    client = [a for a, _ in holds if not a["thread"].startswith("kb-mcp-")]
+    campaign = [a for a in holds if a.thread.startswith("kb-mcp-")]
+    client = [a for a in holds if not a.thread.startswith("kb-mcp-")]
     # the campaign's timings and its profiles both held the lane, and so did every client timing
-    assert sum(a["who"] == "compile_and_verify" for a in campaign) == _campaign_verifications(tmp_path)
-    assert any(a["who"] == "profile_kernel" for a in campaign)
-    assert len(client) == client_calls >= 1 and {a["who"] for a in client} == {"compile_and_verify"}
-    assert any(float(a["secs"]) > 0 for a, _ in holds)
+    assert sum(a.what == "compile_and_verify" for a in campaign) == _campaign_verifications(tmp_path)
+    assert any(a.what == "profile_kernel" for a in campaign)
+    assert len(client) == client_calls >= 1 and {a.what for a in client} == {"compile_and_verify"}
+    assert any(a.waited_s > 0 for a in holds)

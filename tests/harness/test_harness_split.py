@@ -37,10 +37,11 @@ def test_the_server_side_imports_neither_torch_nor_the_worker_side(path: Path) -
 
 def test_the_worker_side_reaches_the_server_side_only_through_pure_modules() -> None:
     """What runs in the sandbox may use the shared vocabulary (protocol, problem, verdict, toolchain,
-    ...), never what starts processes or writes shared state (pool, builds, compile-only, profiler)."""
+    ...), never what starts processes or writes shared state (pool, builds, compile-only, profiler, the
+    GPU lane)."""
     spawning = {"kb_mcp.harness.pool", "kb_mcp.harness.process", "kb_mcp.harness.builds",
                 "kb_mcp.harness.compile_only", "kb_mcp.harness.profiler", "kb_mcp.harness.profile_standby",
-                "kb_mcp.harness.profile_store", "kb_mcp.kb.store"}
+                "kb_mcp.harness.profile_store", "kb_mcp.harness.lane", "kb_mcp.harness.lane_file", "kb_mcp.kb.store"}
     bad = [(p.name, line, name) for p in WORKER_SIDE for line, name in _imports(p)
            if any(name == s or name.startswith(s + ".") for s in spawning)]
     assert bad == []

@@ -35,10 +35,11 @@ def _folders(ctx: ToolContext) -> list[Path]:
 
 def test_the_warmed_driver_is_the_one_a_default_request_takes(
         ctx: ToolContext, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="kb_mcp.tools.lane")
+    caplog.set_level(logging.INFO, logger="kb_mcp.harness.lane")
     standby = profile_kernel.prewarm(ctx)
     assert standby is not None and ctx.profilers is not None and ctx.profilers.waiting is standby
     assert "gpu lane: profiling driver warm-up entered" in caplog.text  # launched under the lane, as after a profile
+    assert standby.ready()  # and its start-up ran under the lane too (no other process's timing beside it)
     # What a request with only a problem computes, through the function profile_kernel.run uses.
     request = profile_kernel.Request(problem=str(PROBLEM))
     options = profile_kernel.profile_options(request)

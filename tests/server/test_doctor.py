@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from kb_mcp.harness import lane
 from kb_mcp.server.doctor import Status, counters_restricted, parse_smi, torch_cuda_build
 
-NAMES = ["kb-mcp", "GPU", "PyTorch", "nvcc", "ncu", "sandbox", "KB", "cache"]
+NAMES = ["kb-mcp", "GPU", "PyTorch", "nvcc", "ncu", "sandbox", "GPU lane", "KB", "cache"]
 
 # nvidia-smi on an H100 machine (driver 580), as `--query-gpu=name,driver_version --format=csv,noheader`
 # and the header of plain `nvidia-smi`
@@ -118,3 +121,19 @@ def test_the_sandbox_check_is_the_harness_own(tmp_path: Path) -> None:
     confined = sandbox("bwrap")  # this machine has bubblewrap (the sandbox tests need it)
     assert confined["status"] == "ok" and confined["summary"].startswith("bubblewrap (uid 65534")
     assert ("no process-count limit" in confined["summary"]) == (os.geteuid() == 0)
+
+
+def test_the_gpu_lane_check_names_its_key_and_who_holds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lanes = {"KB_MCP_LANE_KEY": "doctor-test", "KB_MCP_LANE_DIR": str(tmp_path / "lanes")}
+    for name, value in lanes.items():
+        monkeypatch.setenv(name, value)
+    with lane.hold("compile_and_verify"):
+        report = json.loads(_doctor(["--json"], tmp_path / "kb.json", lanes).stdout)
+    check = next(c for c in report["checks"] if c["name"] == "GPU lane")
+    assert check["status"] == "ok"
+    assert check["summary"].startswith("GPU doctor-test (explicit: named by KB_MCP_LANE_KEY)")
+    assert "held now by compile_and_verify (`" in check["summary"] and f"pid {os.getpid()}," in check["summary"]
+    no_gpu = {"KB_MCP_LANE_KEY": "", "CUDA_VISIBLE_DEVICES": "-1"}
+    hidden = json.loads(_doctor(["--json"], tmp_path / "kb.json", no_gpu).stdout)
+    check = next(c for c in hidden["checks"] if c["name"] == "GPU lane")
+    assert check["status"] == "info" and check["summary"].startswith("no GPU visible")

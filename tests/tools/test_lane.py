@@ -1,10 +1,12 @@
-"""The GPU lane: one holder at a time across threads, waiting reported as progress (and
-cancellable there), re-entrant within a thread, each hold logged with timestamps."""
+"""The GPU lane as the tools hold it: one holder at a time across threads (and contexts) of a
+process, waiting reported as progress (and cancellable there), re-entrant within a thread, each hold
+logged with timestamps. Across processes: tests/harness/test_machine_lane.py."""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import re
 import threading
 import time
@@ -70,7 +72,9 @@ def test_a_waiting_caller_hears_who_holds_it_and_can_stop_waiting() -> None:
             pytest.fail("entered a held lane")
     release.set()
     t.join()
-    assert messages == ["waiting for the GPU: profile_kernel is running in this server"]
+    assert len(messages) == 1
+    assert re.fullmatch(r"waiting for the GPU(?: \S+)?: profile_kernel is running in this process "
+                        rf"\(pid {os.getpid()}, since \d\d:\d\d:\d\d UTC\)", messages[0]), messages
     with lane.hold("compile_and_verify"):  # the stopped waiter left nothing held
         assert lane.holder == "compile_and_verify"
     assert lane.holder == ""
@@ -78,19 +82,30 @@ def test_a_waiting_caller_hears_who_holds_it_and_can_stop_waiting() -> None:
 
 def test_reentrant_within_a_thread() -> None:
     lane = GpuLane()
-    with lane.hold("outer"):
-        with lane.hold("inner"):
-            assert lane.holder == "outer"
+    with lane.hold("outer") as outer:
+        with lane.hold("inner") as inner:
+            assert lane.holder == "outer" and inner is outer
         assert lane.holder == "outer"
     assert lane.holder == ""
 
 
+def test_two_contexts_of_a_process_hold_one_lane() -> None:
+    """Two ToolContexts of one process (two KBs, say) still share one GPU: one lane."""
+    first, second = GpuLane(), GpuLane()
+    with first.hold("compile_and_verify"):
+        assert second.holder == "compile_and_verify"
+        with second.hold("profile_kernel"):  # the same thread: re-entrant, not a second holder
+            assert first.holder == "compile_and_verify"
+
+
 def test_each_hold_is_logged_with_its_wait_and_time(caplog: pytest.LogCaptureFixture) -> None:
     lane = GpuLane()
-    with caplog.at_level(logging.INFO, logger="kb_mcp.tools.lane"):
+    with caplog.at_level(logging.INFO, logger="kb_mcp.harness.lane"):
         with lane.hold("compile_and_verify"):
             pass
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2
-    assert re.fullmatch(r"gpu lane: compile_and_verify entered after waiting 0\.000 s \[t=[\d.]+ thread=.+\]", lines[0])
-    assert re.fullmatch(r"gpu lane: compile_and_verify left after [\d.]+ s \[t=[\d.]+ thread=.+\]", lines[1])
+    stamp = rf"pid={os.getpid()} t=[\d.]+ wall=\S+ thread=.+"
+    assert re.fullmatch(rf"gpu lane: compile_and_verify entered after waiting [\d.]+ s \[gpu=\S+ scope=\w+ {stamp}\]",
+                        lines[0]), lines
+    assert re.fullmatch(rf"gpu lane: compile_and_verify left after [\d.]+ s \[gpu=\S+ scope=\w+ {stamp}\]", lines[1])

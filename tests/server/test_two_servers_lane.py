@@ -1,0 +1,98 @@
+"""Two `kb-mcp serve` processes on one KB and machine (two agents, each with its own server; or
+`kb-mcp eval` beside a server) verifying at once never overlap on a GPU: the GPU lane is
+machine-wide. Both servers' lane logs, on the machine-wide monotonic clock, prove it, and a client
+that waits is told, through its progress, which server holds the GPU.
+
+On CPU (`nvcc`) compile-only verification holds the lane for a real nvcc build, under an explicit
+GPU key (`KB_MCP_LANE_KEY`); on a GPU (`gpu`) the servers check and time for real on the GPU's UUID.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+import anyio
+import pytest
+from serverproc import HttpServer, http_server
+
+from kb_mcp.clients.mcp_client import call_json, connect_http
+from kb_mcp.harness import lane
+from kb_mcp.harness.gpu_key import ENV_LANE_KEY
+from kb_mcp.harness.lane_file import ENV_LANE_DIR
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBLEM = ROOT / "examples" / "problems" / "swish.py"
+CANDIDATE = (ROOT / "examples" / "candidates" / "swish_nvrtc.py").read_text()
+CALLS = 2  # per server
+
+pytestmark = [pytest.mark.slow]
+
+
+async def _client(url: str, tag: str, compile_only: bool, said: list[str], verdicts: list[str]) -> None:
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        said.append(message or "")
+
+    async with connect_http(url) as client:
+        for i in range(CALLS):
+            # a new kernel text each time: a real build, never a cache hit
+            source = CANDIDATE.replace('KERNEL = r"""\n', f'KERNEL = r"""\n// {tag} {i}\n', 1)
+            result = await call_json(client, "compile_and_verify", {
+                "problem": str(PROBLEM), "candidate": source, "options": {"compile_only": compile_only},
+            }, progress=progress, timeout_s=600)
+            verdicts.append(result["record"]["verdict"])
+
+
+async def _verify_at_once(servers: list[HttpServer], compile_only: bool) -> tuple[list[list[str]], list[str]]:
+    said: list[list[str]] = [[] for _ in servers]
+    verdicts: list[str] = []
+    run = uuid.uuid4().hex[:6]
+    async with anyio.create_task_group() as tg:
+        for i, server in enumerate(servers):
+            tg.start_soon(_client, server.url, f"{run}-{i}", compile_only, said[i], verdicts)
+    return said, verdicts
+
+
+def _two_servers_verify(tmp_path: Path, env: dict[str, str], compile_only: bool
+                        ) -> tuple[list[lane.LaneSpan], list[int], list[list[str]], list[str]]:
+    kb = tmp_path / "kb.json"  # one KB: the shared-KB case
+    env = {**env, "KB_MCP_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    with http_server(kb, env=env) as first, http_server(kb, env=env) as second:
+        said, verdicts = anyio.run(_verify_at_once, [first, second], compile_only)
+        pids = [first.proc.pid, second.proc.pid]
+    spans = lane.read_spans(first.stderr + second.stderr)
+    return spans, pids, said, verdicts
+
+
+def _check(spans: list[lane.LaneSpan], pids: list[int], said: list[list[str]], gpu: str) -> None:
+    assert lane.overlapping(spans) == [], lane.overlapping(spans)
+    assert all(s.machine and s.gpu == gpu for s in spans), spans
+    verifications = [s for s in spans if s.what == "compile_and_verify"]
+    assert sorted(s.pid for s in verifications) == sorted(pids * CALLS)  # each call held the lane, once
+    assert any(s.waited_s > 0.05 for s in verifications)  # and they did contend
+    # A waiting client was told which server held the GPU (the other one: its pid).
+    told = [(i, m) for i, messages in enumerate(said) for m in messages
+            if m.startswith(f"waiting for the GPU {gpu}: compile_and_verify (`kb-mcp --kb ")]
+    assert told, said
+    assert all(re.search(rf"pid {pids[1 - i]}, .*since \d\d:\d\d:\d\d UTC", m) for i, m in told), told
+
+
+@pytest.mark.nvcc
+def test_two_servers_verifying_at_once_take_turns(tmp_path: Path) -> None:
+    key = f"test-{uuid.uuid4().hex[:8]}"
+    spans, pids, said, verdicts = _two_servers_verify(
+        tmp_path, {ENV_LANE_KEY: key, ENV_LANE_DIR: str(tmp_path / "lanes")}, compile_only=True)
+    assert verdicts == ["needs_gpu"] * 2 * CALLS
+    _check(spans, pids, said, key)
+
+
+@pytest.mark.gpu
+def test_two_servers_timing_at_once_never_share_the_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_LANE_KEY, raising=False)
+    monkeypatch.delenv(ENV_LANE_DIR, raising=False)  # the machine's own lane folder
+    spans, pids, said, verdicts = _two_servers_verify(tmp_path, {}, compile_only=False)
+    assert set(verdicts) <= {"faster", "slower"} and len(verdicts) == 2 * CALLS, verdicts
+    (gpu,) = {s.gpu for s in spans}
+    assert gpu.startswith(("GPU-", "MIG-")), gpu
+    _check(spans, pids, said, gpu)

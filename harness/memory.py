@@ -26,22 +26,26 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["FIXED_OVERHEAD_BYTES", "GIB", "HOST_PRISTINE_BYTES", "Footprint", "MemoryPlan", "MemoryReport", "TooLarge",
-           "fits_eager", "gib", "plan", "reserve"]
+__all__ = [
+    "DEVICE_PRISTINE_MAX_BYTES", "FIXED_OVERHEAD_BYTES", "GIB", "Footprint", "MemoryPlan", "MemoryReport", "TooLarge",
+    "bound", "fits_eager", "gib", "plan", "reserve",
+]
 
 GIB = float(1 << 30)
 # Kept free beyond what a plan counts: the candidate's and the reference's intermediates (unknown
 # before they run), the allocator's rounding and fragmentation, library workspaces (cuBLAS, cuDNN).
 RESERVE_FRACTION = 0.08
 RESERVE_MIN_BYTES = 1 << 30
-# Input sets of this size and more keep their pristine copy on the host even where the device has
-# room: a verification then holds at most eager's peak plus two outputs (the reference's, kept alive,
-# and a second poisoned block of the candidate's output size) on the device, at the cost of a copy to
-# the host and a chunked upload-and-compare per set (about a second per GiB).
-HOST_PRISTINE_BYTES = 1 << 30
-# What a verification may take on the device beyond eager's peak and two input sets, every harness
-# process together (measured: docs/benchmarks.md, "Memory"): the CUDA contexts are counted in the
-# device's idle figure, so this is the allocators' rounding, library workspaces and torch.compile's.
+# Only a problem whose input set plus twice its output stays under this keeps its pristine copies on the
+# device (beside the candidate's clone); larger ones keep them on the host, so that a verification holds
+# at most eager's peak plus two outputs (the reference's, kept alive while the candidate runs, and a
+# second poisoned block of the output's size) on the device, at the cost of a copy to the host and a
+# chunked upload-and-compare per set (about a second per GiB).
+DEVICE_PRISTINE_MAX_BYTES = 512 << 20
+# What a verification may take on the device beyond eager's peak and two of the larger of one input
+# set and one output (`bound`), every harness process together, above the device's idle level (where
+# the workers' CUDA contexts are counted): the allocators' rounding, library workspaces, torch.compile's
+# own buffers. Measured: docs/benchmarks.md, "GPU memory".
 FIXED_OVERHEAD_BYTES = 1 << 30
 
 
@@ -136,6 +140,12 @@ class MemoryReport(BaseModel):
         return gib(sum(parts)) if parts else None
 
 
+def bound(footprint: Footprint) -> int:
+    """The most a verification takes on the device above its idle level, every harness process
+    together: eager's peak, two of the larger of one input set and one output, and the fixed overhead."""
+    return footprint.eager_bytes + 2 * max(footprint.input_bytes, footprint.output_bytes) + FIXED_OVERHEAD_BYTES
+
+
 def reserve(total_bytes: int) -> int:
     """What a plan keeps free on a device of `total_bytes` (see RESERVE_FRACTION)."""
     return max(RESERVE_MIN_BYTES, int(RESERVE_FRACTION * total_bytes))
@@ -162,7 +172,8 @@ def plan(footprint: Footprint, free_bytes: int, total_bytes: int) -> MemoryPlan 
     intermediates = max(0, eager - fp.param_bytes - fp.input_bytes - fp.output_bytes)
     common = 2 * fp.param_bytes + intermediates + 2 * fp.output_bytes
     modes = (("device", 2, 2), ("host", 1, 2), ("host", 1, 1))
-    for pristine, sets, poison in modes if fp.input_bytes < HOST_PRISTINE_BYTES else modes[1:]:
+    small = fp.input_bytes + 2 * fp.output_bytes < DEVICE_PRISTINE_MAX_BYTES
+    for pristine, sets, poison in modes if small else modes[1:]:
         # poison: the candidate's output reuses one of the poisoned blocks; the rest stay cached
         need = common + sets * fp.input_bytes + (poison - 1) * fp.output_bytes + spare
         if need <= free_bytes:

@@ -116,6 +116,7 @@ class Checker:
         self.mapping: ParamMapping | None = None  # Model's parameters to ModelNew's (`perturb.map_parameters`)
         self.ref_params: dict[str, torch.nn.Parameter] = {}
         self.cand_params: dict[str, torch.nn.Parameter] = {}
+        self._stale = False  # the reused-buffer run returned set 1's output again (`_reused_buffers`)
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -323,8 +324,8 @@ class Checker:
     def run_sets(self) -> None:
         """Every input set and the derived checks (caching, repeat, census, shortcuts), one set on the
         device at a time: each is made from its seed, checked and dropped, and what a later check
-        needs of it is its seed or a digest (`values.digest`), except set 1's input buffers, which the
-        caching check writes set 2's values into."""
+        needs of it is its seed or a digest (`values.digest`); set 1's input buffers are kept only for
+        the caching check right after set 1 (new values written into them)."""
         v = self.v
         opts = v.options
         index = itertools.count()
@@ -332,19 +333,17 @@ class Checker:
             self._measure(self.make_inputs(PUBLIC_SEED))
         public = self.one_set(next(index), "public_seed", self.make_inputs(PUBLIC_SEED))[0]
         secret: list[_SetRecord] = []
-        kept: list[Any] | None = None  # set 1's input buffers
+        reused: InputSetCheck | None = None
         for k in range(opts.input_sets):
             seed = secret_seed()
-            xs = self.make_inputs(seed)
-            chk, ref_out, out, args = self.one_set(next(index), "secret", xs)
+            chk, ref_out, out, args = self.one_set(next(index), "secret", self.make_inputs(seed))
             secret.append(_SetRecord(chk, seed, digests(ref_out), digests(out)))
-            if k == 0:
-                kept = args
-            elif k == 1 and kept is not None:
-                self._reused_buffers(next(index), (secret[0], kept), (chk, xs, ref_out))
-                kept = None
-            del xs, chk, ref_out, out, args
-        kept = None
+            del ref_out, out
+            if k == 0:  # set 1's own buffers get new values next: a result cached on them shows
+                reused = self._reused_buffers(next(index), args, secret[0])
+            del args
+        if reused is not None and len(secret) > 1:
+            self._caching_finding(reused, secret[0], secret[1])
         for s in opts.seeds:
             self.one_set(next(index), "user_seed", self.make_inputs(int(s)))
         self._shifted(next(index))
@@ -380,23 +379,33 @@ class Checker:
                          "arithmetic error)"),
             ))
 
-    def _reused_buffers(self, index: int, first: tuple[_SetRecord, list[Any]], second: tuple) -> None:
-        """Set 2's values written into set 1's input buffers (same pointers, shapes): must give set 2's output."""
-        record1, args1 = first
-        chk2, xs2, ref2 = second
-        for a, x in zip(args1, xs2):
+    def _reused_buffers(self, index: int, args1: list[Any], first: _SetRecord) -> InputSetCheck:
+        """New values from a fresh secret seed written into set 1's own input buffers (the same
+        pointers and shapes the candidate saw): its output must be the new values' output. Set 1's
+        other tensors are gone by then, so this costs no more memory than a set of its own."""
+        xs = self.make_inputs(secret_seed())
+        for a, x in zip(args1, xs):
             if isinstance(a, torch.Tensor) and isinstance(x, torch.Tensor) and a.shape == x.shape:
                 a.copy_(x)
-        out = self.cand_run(args1, ref2)
-        chk = self.check(index, "reused_buffers", ref2, out)
-        if not chk.passed and record1.check.passed and chk2.passed:
-            same_as_before = record1.out is not None and digests(out) == record1.out
-            self.v.findings.append(Finding(
-                code=FindingCode.result_caching,
-                message=("given new values in the same input buffers, forward returned "
-                         + ("its previous result" if same_as_before else "a wrong result")
-                         + ": results must not be cached on pointers, shapes or earlier calls"),
-            ))
+        del xs
+        # ref_run clones where pristine copies stay on the device; on the host path it runs on what it gets
+        ref_out = self.ref_run(clone_inputs(args1) if self.host_pristine and not self.ref_keeps_inputs else args1)
+        out = self.cand_run(args1, ref_out)
+        chk = self.check(index, "reused_buffers", ref_out, out)
+        self._stale = first.out is not None and digests(out) == first.out
+        return chk
+
+    def _caching_finding(self, reused: InputSetCheck, first: _SetRecord, second: _SetRecord) -> None:
+        """`result_caching` where set 1's buffers with new values gave a wrong output although set 1
+        and set 2 (fresh buffers) were both right."""
+        if reused.passed or not first.check.passed or not second.check.passed:
+            return
+        self.v.findings.append(Finding(
+            code=FindingCode.result_caching,
+            message=("given new values in the same input buffers, forward returned "
+                     + ("its previous result" if self._stale else "a wrong result")
+                     + ": results must not be cached on pointers, shapes or earlier calls"),
+        ))
 
     def _shifted(self, index: int) -> None:
         chk = self.finite_set(self.make_inputs(secret_seed(), shifted=True), InputSetCheck(

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from kb_mcp.harness.memory import GIB, Footprint, MemoryPlan, MemoryReport, TooLarge, fits_eager, plan, reserve
+from kb_mcp.harness.memory import (
+    FIXED_OVERHEAD_BYTES,
+    GIB,
+    Footprint,
+    MemoryPlan,
+    MemoryReport,
+    TooLarge,
+    bound,
+    fits_eager,
+    plan,
+    reserve,
+)
 
 H100 = int(79.2 * GIB)  # what torch reports as an H100's total
 
@@ -29,13 +40,20 @@ def test_a_large_problem_keeps_them_on_the_host_before_it_is_refused() -> None:
     assert got.needed_bytes <= int(45 * GIB)
 
 
-def test_sets_of_a_gigabyte_and_more_keep_their_pristine_copy_on_the_host() -> None:
-    assert plan(fp(0.99, 1), int(75 * GIB), H100).pristine == "device"  # type: ignore[union-attr]
-    assert plan(fp(1.0, 1), int(75 * GIB), H100).pristine == "host"  # type: ignore[union-attr]
+def test_only_small_problems_keep_their_pristine_copies_on_the_device() -> None:
+    # input + 2 x output under 512 MiB
+    assert plan(fp(0.2, 0.1), int(75 * GIB), H100).pristine == "device"  # type: ignore[union-attr]
+    assert plan(fp(0.2, 0.16), int(75 * GIB), H100).pristine == "host"  # type: ignore[union-attr]
+    assert plan(fp(1.0, 0.001), int(75 * GIB), H100).pristine == "host"  # type: ignore[union-attr]
+
+
+def test_the_bound_counts_the_larger_of_an_input_set_and_an_output() -> None:
+    assert bound(fp(1, 3, peak=5)) == int(5 * GIB) + 2 * int(3 * GIB) + FIXED_OVERHEAD_BYTES
+    assert bound(fp(4, 0.5)) == int(4.5 * GIB) + 2 * int(4 * GIB) + FIXED_OVERHEAD_BYTES
 
 
 def test_the_plan_counts_both_models_parameters_the_outputs_and_the_reserve() -> None:
-    f = fp(0.5, 2, 3)
+    f = fp(0.1, 0.1, 3)
     got = plan(f, free_bytes=int(75 * GIB), total_bytes=H100)
     assert isinstance(got, MemoryPlan)
     expected = 2 * f.param_bytes + 2 * f.output_bytes + 2 * f.input_bytes + f.output_bytes + reserve(H100)

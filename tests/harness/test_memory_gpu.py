@@ -1,13 +1,14 @@
 """GPU memory as a resource of the pool, on a GPU: the footprint before anything runs, a refusal with
 numbers where even eager cannot fit, one input set at a time, and a peak within the stated bound
-(eager's peak, two input sets and `FIXED_OVERHEAD_BYTES`, every harness process together)."""
+(`memory.bound`: eager's peak, two of the larger of an input set and an output, and
+`FIXED_OVERHEAD_BYTES`, every harness process together)."""
 
 from __future__ import annotations
 
 import pytest
 from harness_helpers import fixture_source
 
-from kb_mcp.harness.memory import FIXED_OVERHEAD_BYTES, GIB
+from kb_mcp.harness.memory import GIB, bound
 from kb_mcp.harness.pool import WorkerPool
 from kb_mcp.harness.problem import parse_problem
 from kb_mcp.harness.verdict import VerifyOptions
@@ -70,7 +71,8 @@ def test_through_the_tool_a_too_large_problem_stores_nothing(tmp_path) -> None:
         with pytest.raises(ToolError, match="cannot be verified on this GPU") as caught:
             tool.run(ctx, tool.Request(problem=str(problem), candidate=fixture_source("relu_nvrtc.py")))
         assert "Nothing was recorded" in str(caught.value) and "GiB free of" in str(caught.value)
-        assert ctx.store.read().list_candidates() == []
+        with ctx.store.read() as kb:
+            assert kb.list_candidates() == []
     finally:
         ctx.close()
 
@@ -83,18 +85,18 @@ def test_a_large_problem_verifies_one_set_at_a_time_within_the_bound(pool: Worke
     assert memory is not None
     fp = memory.footprint
     assert fp.method == "meta" and fp.input_bytes == 2 << 30 and fp.output_bytes == 2 << 30
-    assert memory.plan.pristine == "host"  # sets of a GiB and more keep their pristine copy on the host
+    assert memory.plan.pristine == "host"  # large sets keep their pristine copy on the host
     assert fp.eager_peak_bytes is not None and (4 << 30) <= fp.eager_peak_bytes <= (4 << 30) + (256 << 20)
     assert memory.verify_peak_bytes is not None and memory.verify_peak_bytes <= memory.plan.needed_bytes
-    bound = fp.eager_peak_bytes + 2 * fp.input_bytes + FIXED_OVERHEAD_BYTES
+    limit = bound(fp)  # eager's peak, two of the larger of a set and an output, the fixed overhead
     if memory.device_peak_bytes is not None:  # NVML: every process on the device
         assert memory.device_idle_bytes is not None
         taken = memory.device_peak_bytes - memory.device_idle_bytes
-        print(f"device peak above idle {taken / GIB:.2f} GiB; bound {bound / GIB:.2f} GiB; "
+        print(f"device peak above idle {taken / GIB:.2f} GiB; bound {limit / GIB:.2f} GiB; "
               f"verify worker {memory.verify_peak_bytes / GIB:.2f} GiB; census {memory.census_peak_bytes}")
-        assert taken <= bound, (taken / GIB, bound / GIB)
+        assert taken <= limit, (taken / GIB, limit / GIB)
     else:
-        assert memory.verify_peak_bytes + (memory.census_peak_bytes or 0) <= bound
+        assert memory.verify_peak_bytes + (memory.census_peak_bytes or 0) <= limit
 
 
 def test_after_a_verification_no_worker_holds_large_allocations(pool: WorkerPool) -> None:

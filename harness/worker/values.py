@@ -30,9 +30,10 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 PUBLIC_SEED = 42  # the seed KernelBench-style harnesses use; a candidate may guess it, which is the point
 POISON_BYTE = 0xFF  # 0xFFFF.. is NaN in every float format, and not the canonical NaN kernels produce
 MAX_PERTURBED_INPUTS = 6
-# Elements per chunk of a comparison (256 MiB of float32): the checks' own temporaries stay a few
-# chunks, where whole-tensor arithmetic on an output of several GB needed several times its size.
-CHUNK_ELEMENTS = 1 << 26
+# Elements per chunk of a comparison (64 MiB of float32): the checks' own temporaries stay a few
+# chunks (a few hundred MiB), where whole-tensor arithmetic on an output of several GB needed several
+# times its size; a digest's int64 temporaries take an eighth of a chunk at a time.
+CHUNK_ELEMENTS = 1 << 24
 # A failing fp32/fp64 output whose largest error is at most this fraction of its RMS looks like
 # lowered precision (TF32 ~1e-3, bf16 ~1e-2) rather than a wrong algorithm.
 LOWERED_PRECISION_ERR = 3e-2
@@ -289,7 +290,7 @@ def digest(t: torch.Tensor) -> tuple[int, int, int]:
         raw = torch.cat([raw, raw.new_zeros(pad)])
     words = raw.view(torch.int32)
     first = second = 0
-    for part in chunks(words.numel()):
+    for part in chunks(words.numel(), max(1, CHUNK_ELEMENTS // 8)):
         w = words[part].long()
         idx = torch.arange(part.start, part.stop, device=w.device, dtype=torch.int64)
         first += int((w * (idx * 2 + 1)).sum().item())

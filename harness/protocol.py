@@ -261,17 +261,19 @@ class ProblemChecked(_Message):
 
 
 class ProblemFailed(_Message):
-    """The problem's own code failed (import, `Model` construction, its inputs): no candidate is to blame."""
+    """The problem's own code failed (import, `Model` construction, its inputs, or its `Model` raising
+    later on inputs of its own distribution, with no frame of the candidate's in the traceback): no
+    candidate is to blame."""
 
     kind: Literal["problem_failed"] = "problem_failed"
-    stage: Literal["import", "construct", "inputs"]
+    stage: Literal["import", "construct", "inputs", "reference"]
     error: str
 
     @property
     def text(self) -> str:
         """What failed, as `VerifyResult.problem_error` says it."""
         what = {"import": "its module failed to import", "construct": "its Model failed to construct",
-                "inputs": "its inputs failed"}[self.stage]
+                "inputs": "its inputs failed", "reference": "its Model raised on an input set of its own"}[self.stage]
         return f"{what}: {self.error}"
 
 

@@ -26,6 +26,7 @@ import torch
 from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.harness.verdict import Failure, FailureKind, Finding, FindingCode, InputSetCheck, Timings
+from kb_mcp.harness.worker.fault import Halted, is_cuda_error, is_out_of_memory
 from kb_mcp.harness.worker.integrity import IntegrityGuard
 from kb_mcp.harness.worker.perturb import ParamMapping, map_parameters, parameter_infos, perturb
 from kb_mcp.harness.worker.timing import (
@@ -53,15 +54,6 @@ from kb_mcp.harness.worker.values import (
     tolerance_for,
 )
 
-
-class Halted(Exception):
-    """Unwinds the input sets when the candidate (or the problem's Model) failed. It carries the
-    evidence, not a verdict: the check stage returns `failure` and `verdict.judge` decides."""
-
-    def __init__(self, failure: Failure, retire: bool = False) -> None:
-        super().__init__(failure.detail)
-        self.failure = failure
-        self.retire = retire
 
 class Checker:
     """Input sets, checks and timing of one candidate against its reference."""
@@ -126,10 +118,13 @@ class Checker:
         return out
 
     def cand_run(self, args: list[Any], ref_out: Any, watch: bool = True) -> Any:
-        """One candidate call on `args` with the allocator poisoned in blocks the output's size."""
+        """One candidate call on `args` with the allocator poisoned in blocks the output's size. What
+        the call raises, or leaves for the synchronize to report, is the candidate's (`fault.Blame`)."""
         ls = leaves(ref_out) or []
         poison_allocator([t.untyped_storage().nbytes() for t in ls] * 2)
         self.sync()
+        blame = self.v.blame
+        blame.checked_call()
         try:
             if watch:
                 with self.guard.watch():
@@ -137,8 +132,8 @@ class Checker:
             else:
                 out = self.cand(*args)
             self.sync()
-        except BaseException as exc:  # noqa: BLE001
-            raise self.v._failure(exc, "ModelNew.forward") from None
+        except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything
+            raise blame.inside(exc, blame.last) from None
         return out
 
     # -- checks -----------------------------------------------------------------------------
@@ -435,9 +430,20 @@ class Checker:
 
         quick = not v.options.timing
         warm = 1 if quick else v.options.warmup_runs
-        runs = timer.runs_for(self.cand, self._gen(None), quick, v.options.timed_runs)
-        cand = Series(self.cand, self._gen(refs), runs, warm, check)
+        runs = timer.runs_for(self.cand, self._named(self._gen(None)), quick, v.options.timed_runs)
+        cand = Series(self.cand, self._named(self._gen(refs)), runs, warm, check)
         return time_with_reference(timer, cand, self.ref, self._gen(None), base, quick)
+
+    def _named(self, make: Callable[[int], list[Any]]) -> Callable[[int], list[Any]]:
+        """`make`, telling `fault.Blame` which call of the candidate comes next (outside the timed region)."""
+        blame = self.v.blame
+
+        def named(i: int) -> list[Any]:
+            xs = make(i)
+            blame.calling(f"ModelNew.forward (timed run {i})" if i >= 0 else "ModelNew.forward (a warm-up run)")
+            return xs
+
+        return named
 
     def timings(self, stats: RunStats, eager: RunStats | None, base: Baseline | None,
                 census: CensusReply | None = None) -> Timings:
@@ -465,7 +471,9 @@ class Checker:
                     cruns = QUICK_RUNS if quick else timer.runs_for(compiled, make, False, None)
                     cstats = timer.series(compiled, make, cruns, 1 if quick else v.options.warmup_runs)
                     compile_ms, compile_runs = cstats.median_ms, len(cstats.gpu_ms)
-                except Exception as exc:  # noqa: BLE001 - torch.compile cannot handle every model
+                except Exception as exc:  # torch.compile cannot handle every model
+                    if is_cuda_error(exc) or is_out_of_memory(exc):
+                        raise  # not torch.compile's limit: whose fault it is, `fault.Blame` decides
                     compile_note = f"torch.compile failed: {type(exc).__name__}: {str(exc)[:300]}"
             base = Baseline(problem_hash=v.problem.hash, device=env.device, torch_version=env.torch_version,
                             eager_ms=eager.median_ms, eager_runs=len(eager.gpu_ms),

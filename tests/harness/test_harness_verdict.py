@@ -256,6 +256,22 @@ ENDINGS: dict[FailureKind, tuple[dict[str, object], dict[str, object], Verdict, 
     FailureKind.census_internal_error: ({"detail": "KeyError: 'x'"}, {}, Verdict.crashed,
                                         "crashed: internal error of the census worker (KeyError: 'x'); it was "
                                         "replaced"),
+    # Kinds that came with issue 24 (their numbers are worded from `Failure.memory`: test_fault_cpu).
+    FailureKind.memory_hoarded: ({"where": "ModelNew.forward (timed run 2)", "detail": "CUDA out of memory"}, {},
+                                 Verdict.crashed, "crashed: ModelNew holds GPU memory beyond its share after "
+                                                  "ModelNew.forward (timed run 2), so the harness could not allocate "
+                                                  "what it needed: CUDA out of memory"),
+    FailureKind.harness_out_of_memory: ({"where": "timing", "detail": "CUDA out of memory"}, {}, Verdict.crashed,
+                                        "not judged: the GPU ran out of memory while timing (CUDA out of memory): the "
+                                        "machine's limit, not the candidate's fault, and nothing was stored"),
+    FailureKind.shifted_inputs_rejected: ({"where": "inputs with every input negated", "detail": "CUDA error: "
+                                                                                                 "device-side assert "
+                                                                                                 "triggered"}, {},
+                                          Verdict.crashed, "not judged: the problem's Model raised a CUDA error on "
+                                          "the harness's different-distribution inputs (inputs with every input "
+                                          "negated): CUDA error: device-side assert triggered. Where the problem "
+                                          "accepts only inputs like get_inputs' own, define get_shifted_inputs() in "
+                                          "it to choose that set; nothing was stored"),
 }
 
 
@@ -266,6 +282,20 @@ def test_judge_words_every_ending_as_the_harness_always_did(kind: FailureKind) -
     judged = judge(Evidence(failure=Failure(kind=kind, **fields), **extra))  # type: ignore[arg-type]
     assert (judged.verdict, judged.summary, judged.flagged) == (verdict, summary, False)
     assert judged.settled
+
+
+def test_only_the_machines_and_the_harnesss_endings_are_not_judged() -> None:
+    assert {k for k in FailureKind if judge(Evidence(failure=Failure(kind=k))).not_judged} == {
+        FailureKind.harness_out_of_memory, FailureKind.shifted_inputs_rejected}
+    assert not judge(Evidence()).not_judged
+
+
+def test_a_census_context_broken_late_names_the_candidates_last_call() -> None:
+    broken = Failure(kind=FailureKind.census_context_broken, where="ModelNew.forward",
+                     detail="CUDA error: an illegal memory access was encountered")
+    assert judge(Evidence(failure=broken)).summary == (
+        "crashed: the CUDA context of the census worker broke after ModelNew.forward: CUDA error: an illegal memory "
+        "access was encountered")
 
 
 def test_a_census_reply_is_judged_from_its_failure() -> None:

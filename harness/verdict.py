@@ -82,6 +82,9 @@ class CompileUnit(BaseModel):
     log: str = ""  # compiler output (truncated)
     # Kernel symbol -> lowered precisions its SASS computes in (`harness.precision`); None: not read.
     precisions: dict[str, list[str]] | None = None
+    # Compile-only: why it could not be compiled fully on this machine (a header torch or the toolkit
+    # lacks here, `toolchain.machine_limit`); no error of the candidate's was found, so `ok` holds.
+    limited: str = ""
 
 
 class CompileResult(BaseModel):
@@ -276,11 +279,13 @@ def decide(
         return Verdict.incorrect, flagged, f"incorrect{extra}: {what}{tail}"
     if not gpu:
         n = len(compile.units)
+        limits = [f"{u.name}: {u.limited}" for u in compile.units if u.limited]
+        limited = f"; not compiled fully here, this machine's limit: {'; '.join(limits)}" if limits else ""
         return (
             Verdict.needs_gpu,
             flagged,
             f"compiled ({n} unit{'s' if n != 1 else ''}, {compile.arch or 'default arch'}); verification and timing "
-            "need a GPU",
+            f"need a GPU{limited}",
         )
     if timings is None or timings.speedup_vs_baseline is None:
         raise ValueError("a verified candidate needs timings with a baseline speedup to get a verdict")

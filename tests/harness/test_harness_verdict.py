@@ -15,6 +15,7 @@ from kb_mcp.harness.plausibility import plausibility_findings
 from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.harness.verdict import (
     CompileResult,
+    CompileUnit,
     Evidence,
     Failure,
     FailureKind,
@@ -296,6 +297,16 @@ def test_a_census_context_broken_late_names_the_candidates_last_call() -> None:
     assert judge(Evidence(failure=broken)).summary == (
         "crashed: the CUDA context of the census worker broke after ModelNew.forward: CUDA error: an illegal memory "
         "access was encountered")
+
+
+def test_a_unit_this_machine_cannot_compile_fully_is_needs_gpu_with_the_note() -> None:
+    unit = CompileUnit(kind="load_inline", name="ext", limited="c10/cuda/impl/cuda_cmake_macros.h, which "
+                       "<c10/cuda/CUDAStream.h> includes, is missing here (torch here is the CPU build, without its "
+                       "CUDA headers)")
+    verdict, flagged, summary = decide(CompileResult(ok=True, arch="sm_90a", units=[unit]), [], [], None, gpu=False)
+    assert verdict == Verdict.needs_gpu and not flagged
+    assert summary == ("compiled (1 unit, sm_90a); verification and timing need a GPU; not compiled fully here, this "
+                       f"machine's limit: ext: {unit.limited}")
 
 
 def test_a_census_reply_is_judged_from_its_failure() -> None:

@@ -10,9 +10,11 @@ on pointers or shapes fail there). Then the patterns: public-only passes (`seed_
 shifted-only failures (`distribution_shortcut`), small errors everywhere (`precision_lowered`),
 parameters perturbed in both models (`ignores_inputs`).
 
-A problem may define `get_shifted_inputs()` for the different-distribution set; otherwise the
-floating inputs of a fresh set are rescaled (sign kept, magnitudes stretched 1.5-4.5x unevenly), and
-when the reference itself is not finite there, that set is skipped.
+A problem may define `get_shifted_inputs()` for the different-distribution set; otherwise two sets
+vary the floating inputs of fresh sets (`harness.worker.distributions`: signs mixed per element with
+zeros, values around activation knees and magnitudes 1/8-8x; every input negated and stretched),
+each with a gentler fallback where the reference is not finite, and skipped (saying so) where the
+fallback is not finite either.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import torch
 from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.harness.verdict import Failure, FailureKind, Finding, FindingCode, InputSetCheck, Timings
-from kb_mcp.harness.worker.fault import Halted, is_cuda_error, is_out_of_memory
+from kb_mcp.harness.worker.distributions import SETS, Variant, vary
+from kb_mcp.harness.worker.fault import Halted, ProblemBroken, first_line, is_cuda_error, is_out_of_memory
 from kb_mcp.harness.worker.integrity import IntegrityGuard
 from kb_mcp.harness.worker.perturb import ParamMapping, map_parameters, parameter_infos, perturb
 from kb_mcp.harness.worker.timing import (
@@ -98,16 +101,8 @@ class Checker:
 
     @staticmethod
     def _shift(xs: list[Any], seed: int) -> list[Any]:
-        g = torch.Generator(device="cuda")
-        g.manual_seed(seed ^ 0x5DEECE66D)
-        out = []
-        for x in xs:
-            if isinstance(x, torch.Tensor) and x.is_floating_point():
-                factor = 1.5 + 1.5 * float(torch.rand((), generator=g, device="cuda").item())
-                stretch = 1.0 + torch.rand(x.shape, generator=g, device="cuda", dtype=torch.float32)
-                x = (x.float() * factor * stretch).to(x.dtype)
-            out.append(x)
-        return out
+        """`xs` of a different distribution: the first variant of `distributions.SETS`."""
+        return vary(xs, seed, SETS[0][0])
 
     # -- runs -------------------------------------------------------------------------------
 
@@ -240,7 +235,7 @@ class Checker:
                 self._reused_buffers(next(index), secret[0], secret[1])
         for s in opts.seeds:
             self.one_set(next(index), "user_seed", self.make_inputs(int(s)))
-        self._shifted(next(index))
+        self._shifted(index)
         # The first (public) set again: does it still agree?
         repeat = self._repeat(next(index), (public, public_xs, public_ref, public_out, public_args))
         # What the pattern of failures says.
@@ -286,24 +281,65 @@ class Checker:
                          + ": results must not be cached on pointers, shapes or earlier calls"),
             ))
 
-    def _shifted(self, index: int) -> None:
-        xs = self.make_inputs(secret_seed(), shifted=True)
-        ref_out = self.ref(*clone_inputs(xs))
-        if not all(bool(torch.isfinite(t).all().item()) for t in leaves(ref_out) or [] if t.is_floating_point()):
-            self._record(InputSetCheck(index=index, kind="shifted", passed=True,
-                                       message="skipped: the reference is not finite on the shifted distribution"))
+    def _shifted(self, index: Iterator[int]) -> None:
+        """The sets of a different distribution: the problem's own `get_shifted_inputs()` where it
+        defines one, else `distributions.SETS` (signs, zeros, knees, magnitudes), each variant tried
+        in turn until the reference is finite on it. Wrong only there is `distribution_shortcut`,
+        naming what differed."""
+        if callable(getattr(self.pmod, "get_shifted_inputs", None)):
+            self._one_shifted(next(index), [None])
+            return
+        for variants in SETS:
+            self._one_shifted(next(index), list(variants))
+
+    def _one_shifted(self, index: int, variants: list[Variant | None]) -> None:
+        """One different-distribution set: the first of `variants` (None: the problem's own) on
+        which the reference is finite, or a skipped check saying why none was used."""
+        why: list[str] = []
+        for variant in variants:
+            seed = secret_seed()
+            xs = (self.make_inputs(seed, shifted=True) if variant is None
+                  else vary(self.make_inputs(seed), seed, variant))
+            name = "the problem's get_shifted_inputs()" if variant is None else variant.name
+            ref_out, refused = self._reference_on(xs, name, problems_own=variant is None)
+            if ref_out is not None:
+                break
+            why.append(f"{refused} on inputs with {name}")
+        else:
+            self._record(InputSetCheck(index=index, kind="shifted", passed=True, skipped=True,
+                                       message="; ".join(why)))
             return
         self.alive.append(ref_out)
         args = clone_inputs(xs)
         out = self.cand_run(args, ref_out)
         chk = self.check(index, "shifted", ref_out, out, args, xs, xs)
+        chk.message = f"{name}: {chk.message}" if chk.message else name
         others = [s for s in self.v.sets if s.kind in ("public_seed", "secret")]
         if not chk.passed and all(s.passed for s in others):
             self.v.findings.append(Finding(
                 code=FindingCode.distribution_shortcut,
-                message=("correct on the usual input distribution but wrong on inputs of a different distribution "
-                         f"({chk.message}); the kernel must be correct for any valid input"),
+                message=(f"correct on the usual input distribution but wrong on inputs with {chk.message}; the "
+                         "kernel must be correct for any valid input"),
             ))
+
+    def _reference_on(self, xs: list[Any], name: str, problems_own: bool) -> tuple[Any, str]:
+        """The reference's output on a different-distribution set, or None and why it cannot be used
+        (it raised, or it is not finite there). A CUDA error there ends the run (the context may be
+        spoiled), and is not the candidate's: the problem's Model rejects the harness's inputs, or
+        fails on its own `get_shifted_inputs()`."""
+        try:
+            ref_out = self.ref(*clone_inputs(xs))
+            finite = all(bool(torch.isfinite(t).all().item()) for t in leaves(ref_out) or [] if t.is_floating_point())
+        except Exception as exc:  # the problem's Model may refuse values it was never given
+            if is_out_of_memory(exc):
+                raise  # whose fault it is, `fault.Blame` decides
+            if problems_own and is_cuda_error(exc):
+                raise ProblemBroken("reference", exc, (str(getattr(self.pmod, "__file__", "")),)) from exc
+            if not is_cuda_error(exc):
+                return None, f"the reference raised {type(exc).__name__}"
+            raise Halted(Failure(kind=FailureKind.shifted_inputs_rejected, where=f"inputs with {name}",
+                                 detail=first_line(exc)), retire=True) from None
+        return (ref_out, "") if finite else (None, "the reference is not finite")
 
     def _repeat(self, index: int, first: tuple) -> InputSetCheck:
         """A set again: does a second run on the same inputs agree with the first?"""

@@ -127,7 +127,9 @@ class Checker:
             else:
                 out = self.cand(*args)
             self.sync()
-        except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything
+        except BaseException as exc:  # candidate code may raise anything
+            if is_out_of_memory(exc):
+                raise  # weighed in the stage loop, once the sets the checks hold are let go (`fault.Blame`)
             raise blame.inside(exc, blame.last) from None
         return out
 

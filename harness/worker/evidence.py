@@ -38,7 +38,7 @@ from kb_mcp.harness.plausibility import (
 )
 from kb_mcp.harness.verdict import Finding, InputSetCheck, Timings
 from kb_mcp.harness.worker.checks import Checker
-from kb_mcp.harness.worker.fault import is_cuda_error
+from kb_mcp.harness.worker.fault import is_cuda_error, is_out_of_memory
 from kb_mcp.harness.worker.timing import dram_bandwidth
 from kb_mcp.harness.worker.values import clone_inputs, compare, largest, leaves, secret_seed, tolerance_for
 
@@ -167,8 +167,10 @@ def _one_shape_set(v: Any, at: Checker, index: Any, where: str) -> str:
     try:
         out = at.cand(*clone_inputs(xs))
         at.sync()
-    except Exception as exc:  # noqa: BLE001
-        if is_cuda_error(exc):  # running out of memory included: `fault.Blame` weighs what it holds
+    except Exception as exc:  # a candidate may support only the problem's sizes
+        if is_out_of_memory(exc):
+            raise  # weighed in the stage loop, once the harness's sets are let go (`fault.Blame`)
+        if is_cuda_error(exc):
             raise v._failure(exc, f"ModelNew.forward at a {where}") from None
         return _skip(at, index, f"{where}: ModelNew raised there ({type(exc).__name__}); not checked")
     except BaseException as exc:  # noqa: BLE001

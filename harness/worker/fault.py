@@ -231,7 +231,7 @@ class Blame:
             return GpuMemory(asked=asked_bytes(str(exc)), share=self.share)
         free, total = torch.cuda.mem_get_info()
         reserved = torch.cuda.memory_reserved()
-        fraction = torch.cuda.get_per_process_memory_fraction()
+        fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda: 1.0)()  # torch >= 2.5
         if fraction < 1.0:  # this process may use only part of the device (`set_per_process_memory_fraction`)
             free = min(free, max(0, int(fraction * total) - reserved))
         return GpuMemory(asked=asked_bytes(str(exc)), free=int(free), total=int(total),

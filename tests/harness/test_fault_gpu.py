@@ -139,7 +139,7 @@ class ModelNew(nn.Module):
         self.k(grid=((n + 255) // 256, 1, 1), block=(256, 1, 1), args=[x, y, n])
         if not ModelNew.kept:  # a cache that takes nearly everything the GPU has free
             free, _ = torch.cuda.mem_get_info()
-            ModelNew.kept.append(torch.empty(free - (4 << 20), dtype=torch.uint8, device="cuda"))
+            ModelNew.kept.append(torch.empty(free - (64 << 20), dtype=torch.uint8, device="cuda"))
         return y
 '''
 
@@ -173,6 +173,7 @@ def test_the_harness_running_out_of_memory_through_no_fault_of_the_candidates_gi
     sets do not fit, and the honest candidate, holding nothing, is not judged."""
     problem = load_problem(FIXTURES / "memory_hog_problem.py")
     with WorkerPool(tmp_path, spare=False) as own:
+        own.state()  # every worker of the pool started (their CUDA contexts taken) before the problem fills the GPU
         result = own.verify(problem, fixture_source("relu_nvrtc.py"), QUICK)
     # Refused up front as too large for the memory left, or run until the harness ran out: either
     # way nothing is held against the candidate.

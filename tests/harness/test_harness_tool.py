@@ -115,6 +115,7 @@ def test_on_the_gpu_the_harness_running_out_of_memory_is_no_verdict_and_nothing_
     768 MiB free) said `crashed` against the candidate; now nothing is stored, and the error says why."""
     gpu_ctx = ToolContext(tmp_path / "kb.json", cache_dir=tmp_path / "cache")
     try:
+        gpu_ctx.workers.state()  # every worker started before the problem fills the GPU
         with pytest.raises(ToolError) as caught:
             tool.run(gpu_ctx, tool.Request(problem=str(FIXTURES / "memory_hog_problem.py"),
                                            candidate=fixture_source("relu_nvrtc.py")))

@@ -12,7 +12,10 @@ be read this way; the result says so.
 Each compiler run's result is cached under `<cache>/compile_only`, keyed by its source, command
 line and toolchain, all computed here: fixing the CUDA part of an extension does not redo the check
 of its C++ part. The verdict is `needs_gpu` (it compiles) or `compile_error` with the compilers'
-messages, lines pointing into the candidate's strings (`cuda_sources(12)`, `kernel.cu(4)`).
+messages, lines pointing into the candidate's strings (`cuda_sources(12)`, `kernel.cu(4)`). A unit
+whose compilers failed only on headers this machine lacks (`toolchain.machine_limit`: the CPU build
+of torch has no CUDA headers, a toolkit installed without a library's) is not the candidate's
+error: it stays `needs_gpu`, with that note (`CompileUnit.limited`).
 
 What nvcc built is disassembled in the same sandbox role (`harness.precision.Disassembler`,
 `cuobjdump -sass`): a kernel computing on the tensor cores in a precision the request's track does
@@ -49,6 +52,7 @@ from kb_mcp.harness.toolchain import (
     extension_name,
     flag_refusals,
     light_variants,
+    machine_limit,
     missing_declarations,
     truncate,
 )
@@ -174,7 +178,8 @@ class CompileOnly:
                 found = [f"{u.name}: {m}" for m in diagnostics(u.log)]
                 messages += found or [f"{u.name}: compilation failed (see log)"]
         if all(u.ok for u in compiled):
-            messages += [f"{u.name}: {m}" for u in compiled for m in diagnostics(u.log)]
+            messages += [f"{u.name}: not compiled here: {u.limited}" for u in compiled if u.limited]
+            messages += [f"{u.name}: {m}" for u in compiled if not u.limited for m in diagnostics(u.log)]
         return CompileResult(
             ok=all(u.ok for u in compiled), style=style_of(units), arch=arch,
             seconds=round(time.perf_counter() - t0, 3), cached=all(u.cached for u in compiled),
@@ -195,9 +200,12 @@ class CompileOnly:
             ok = all(rc == 0 for rc, _, _ in outs)
             if not ok and light and len(variants) > 1 and missing_declarations("\n".join(t for _, t, _ in outs)):
                 continue
+            # A run that failed only on headers this machine lacks says nothing against the candidate.
+            limits = [machine_limit(text, tc.torch_cuda_headers) for rc, text, _ in outs if rc != 0]
+            limited = "; ".join(limits) if limits and all(limits) else ""
             read = [sass for _, _, sass in outs if sass is not None]
-            precisions = {k: v for sass in read for k, v in sass.items()} if ok and read else None
-            return CompileUnit(kind=unit.kind, name=unit.name, ok=ok, cached=cached,
+            precisions = {k: v for sass in read for k, v in sass.items()} if (ok or limited) and read else None
+            return CompileUnit(kind=unit.kind, name=unit.name, ok=ok or bool(limited), limited=limited, cached=cached,
                                seconds=round(time.perf_counter() - t0, 3), kernels=kernel_names(unit.cuda_source),
                                log="\n".join(text for _, text, _ in outs if text.strip()), precisions=precisions)
         raise AssertionError("unreachable")  # pragma: no cover

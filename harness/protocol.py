@@ -287,10 +287,12 @@ class ProblemChecked(_Message):
 
 
 class ProblemFailed(_Message):
-    """The problem's own code failed (import, `Model` construction, its inputs): no candidate is to blame."""
+    """The problem's own code failed (import, `Model` construction, its inputs, or its `Model` raising
+    later on inputs of its own distribution, with no frame of the candidate's in the traceback): no
+    candidate is to blame."""
 
     kind: Literal["problem_failed"] = "problem_failed"
-    stage: Literal["import", "construct", "inputs", "forward", "too_large"]
+    stage: Literal["import", "construct", "inputs", "forward", "reference", "too_large"]
     error: str
     too_large: TooLarge | None = None  # stage too_large: the numbers (`harness.memory`)
 
@@ -301,6 +303,7 @@ class ProblemFailed(_Message):
             return self.too_large.text
         what = {"import": "its module failed to import", "construct": "its Model failed to construct",
                 "inputs": "its inputs failed", "forward": "its Model's forward failed",
+                "reference": "its Model raised on an input set of its own",
                 "too_large": "it is too large for this GPU"}[self.stage]
         return f"{what}: {self.error}"
 

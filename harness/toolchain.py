@@ -50,6 +50,12 @@ class ToolchainInfo(BaseModel):
     include_roots: list[str] = Field(default_factory=list)  # folders an include folder may lie in
     cuobjdump: str | None = None  # path, or None: the SASS of built code cannot be read (`harness.precision`)
     nvdisasm: str | None = None  # what cuobjdump runs to print SASS
+    # The CUDA toolkit's include folder, which load_inline gives the host compiler of a CUDA
+    # extension (torch's `include_paths("cuda")`); empty where there is no toolkit.
+    cuda_includes: list[str] = Field(default_factory=list)
+    # Whether torch here has its CUDA headers (the CPU build of torch lacks the ones a CUDA build
+    # generates, `TORCH_CUDA_BUILD_ONLY`): a candidate that needs them cannot be compiled here.
+    torch_cuda_headers: bool = True
 
     @property
     def ident(self) -> str:
@@ -410,6 +416,84 @@ def compile_runs(unit: SourceUnit, arch: str, tc: ToolchainInfo, light: bool) ->
         runs.append(CompilerRun(label="nvcc", filename="cuda.cu", text=cuda_cu, argv=(
             nvcc, f"-arch={arch}", "-c", "-o", "cuda.o", *defines, *sys_incs, *tc.nvcc_common,
             "--compiler-options", "-fPIC", *cuda_flags, "cuda.cu")))
+    with_cuda = unit.with_cuda if unit.with_cuda is not None else bool(unit.cuda_source)
+    host_incs = sys_incs + [x for inc in (tc.cuda_includes if with_cuda else []) for x in ("-isystem", inc)]
     runs.append(CompilerRun(label="c++", filename="main.cpp", text=main_cpp, argv=(
-        tc.cxx, "-fsyntax-only", *defines, *sys_incs, "-fPIC", f"-std={tc.std}", *_joined(unit.cflags), "main.cpp")))
+        tc.cxx, "-fsyntax-only", *defines, *host_incs, "-fPIC", f"-std={tc.std}", *_joined(unit.cflags), "main.cpp")))
     return runs
+
+
+# ---------------------------------------------------------------------------------------------
+# Headers missing on this machine: its limit, not the candidate's error
+
+# Headers a CUDA build of torch generates and the CPU build lacks (the CPU build ships the rest of
+# torch's CUDA headers, which include these).
+TORCH_CUDA_BUILD_ONLY = frozenset({"c10/cuda/impl/cuda_cmake_macros.h", "ATen/cuda/CUDAConfig.h"})
+# Headers of the CUDA toolkit's libraries, which a toolkit installed without them lacks.
+CUDA_LIBRARY_HEADERS = frozenset({
+    "cublas.h", "cublas_v2.h", "cublasLt.h", "cublasXt.h", "cusparse.h", "cusparseLt.h", "cufft.h", "cufftXt.h",
+    "curand.h", "curand_kernel.h", "curand_philox4x32_x.h", "cusolverDn.h", "cusolverSp.h", "cusolver_common.h",
+    "cudnn.h", "cudnn_frontend.h", "nvrtc.h", "nccl.h", "nvToolsExt.h", "nvtx3/nvToolsExt.h", "nvjpeg.h", "npp.h",
+    "cufile.h", "cutensor.h", "nvJitLink.h", "cusparse_v2.h", "cuda_runtime_api.h", "cuda_runtime.h", "cuda.h",
+})
+_INCLUDED_FROM = re.compile(r"^(?:In file included|\s+) from (?P<file>.+?):\d+[:,]\s*$")
+_NO_SUCH = re.compile(r"^(?P<file>.+?):\d+(?::\d+)?: (?:fatal )?error: (?P<name>[^\s:]+): No such file or directory")
+_CANNOT_OPEN = re.compile(r'^(?P<file>.+?)\(\d+\): catastrophic error: cannot open source file "(?P<name>[^"]+)"')
+_ERROR_COUNT = re.compile(r"^\d+ (?:catastrophic )?errors? detected in the compilation of")  # nvcc's tally
+
+
+def machine_limit(log: str, torch_cuda_headers: bool) -> str:
+    """Why a failed compiler run says nothing against the candidate, or "" when it does.
+
+    Only a header missing on this machine is its limit, and every error of the run must be one.
+    A header is missing here, not nowhere, when a header the candidate named exists and one of its
+    own includes does not (the compiler names the including file by its path in the toolchain's
+    folders), or when the candidate names one directly that is known to exist elsewhere: one a CUDA
+    build of torch generates where this torch lacks them (`TORCH_CUDA_BUILD_ONLY`), or one of a CUDA
+    library (`CUDA_LIBRARY_HEADERS`). Any other header the candidate names and no folder has is
+    its error, as is every other error.
+    """
+    notes: list[str] = []
+    chain: list[str] = []
+    for raw in log.splitlines():
+        line = raw.rstrip()
+        included = _INCLUDED_FROM.match(line)
+        if included:
+            chain.append(included.group("file"))
+            continue
+        missing = _NO_SUCH.match(line) or _CANNOT_OPEN.match(line)
+        if missing:
+            note = _missing_here(missing.group("name"), missing.group("file"), chain, torch_cuda_headers)
+            if not note:
+                return ""
+            notes.append(note)
+        elif _is_error(line):
+            return ""  # an error of the candidate's own
+        chain = []
+    return "; ".join(dict.fromkeys(notes))
+
+
+def _is_error(line: str) -> bool:
+    """A compiler's error line (not a warning, nor nvcc's tally of the errors)."""
+    m = _DIAG.search(line)
+    return bool(m and m.group(1).lower() == "error" and diagnostics(line) and not _ERROR_COUNT.match(line.strip()))
+
+
+def _header_name(path: str) -> str:
+    """A toolchain header's path as a candidate names it (`c10/cuda/CUDAStream.h`)."""
+    return path.rsplit("/include/", 1)[-1]
+
+
+def _missing_here(name: str, where: str, chain: list[str], torch_cuda_headers: bool) -> str:
+    """The note for header `name` missing, included from `where` (after the include `chain`,
+    innermost first), or "" when that is the candidate's error."""
+    torch_lacks = name in TORCH_CUDA_BUILD_ONLY and not torch_cuda_headers
+    torch_cuda = torch_lacks or (not torch_cuda_headers and name.startswith(("c10/cuda/", "ATen/cuda/")))
+    why = "torch here is the CPU build, without its CUDA headers" if torch_cuda else "this machine's toolchain lacks it"
+    if os.path.isabs(where):  # a header of the toolchain's includes it: the candidate named one that exists
+        own = [f for f in chain if not os.path.isabs(f)]
+        named = chain[chain.index(own[0]) - 1] if own and chain.index(own[0]) > 0 else where
+        return f"{name}, which <{_header_name(named)}> includes, is missing here ({why})"
+    if torch_lacks or name in CUDA_LIBRARY_HEADERS:
+        return f"<{name}> is missing here ({why})"
+    return ""

@@ -83,6 +83,9 @@ class CompileUnit(BaseModel):
     log: str = ""  # compiler output (truncated)
     # Kernel symbol -> lowered precisions its SASS computes in (`harness.precision`); None: not read.
     precisions: dict[str, list[str]] | None = None
+    # Compile-only: why it could not be compiled fully on this machine (a header torch or the toolkit
+    # lacks here, `toolchain.machine_limit`); no error of the candidate's was found, so `ok` holds.
+    limited: str = ""
 
 
 class CompileResult(BaseModel):
@@ -196,6 +199,10 @@ class VerifyResult(BaseModel):
     # the verdict then says nothing about the candidate, and the server stores none.
     problem_error: str = ""
     too_large: TooLarge | None = None  # the problem does not fit this GPU (then `problem_error` says so too)
+    # The machine or the harness, not the candidate, ended the run (`verdict.NOT_JUDGED`: the GPU
+    # ran out of memory through no fault of the candidate's, ...): the summary says why, the verdict
+    # says nothing about the candidate, and the server stores none.
+    not_judged: str = ""
     elapsed_s: float = 0.0
     worker_replaced: bool = False
     track: Track = DEFAULT_TRACK  # the precision track it was verified in (its tolerance, its scores)
@@ -276,11 +283,13 @@ def decide(
         return Verdict.incorrect, flagged, f"incorrect{extra}: {what}{tail}"
     if not gpu:
         n = len(compile.units)
+        limits = [f"{u.name}: {u.limited}" for u in compile.units if u.limited]
+        limited = f"; not compiled fully here, this machine's limit: {'; '.join(limits)}" if limits else ""
         return (
             Verdict.needs_gpu,
             flagged,
             f"compiled ({n} unit{'s' if n != 1 else ''}, {compile.arch or 'default arch'}); verification and timing "
-            "need a GPU",
+            f"need a GPU{limited}",
         )
     if timings is None or timings.speedup_vs_baseline is None:
         raise ValueError("a verified candidate needs timings with a baseline speedup to get a verdict")
@@ -321,6 +330,13 @@ class FailureKind(str, Enum):
     problem_output = "problem_output"  # the problem's Model returned something other than tensors
     # The problem's own code failed: the result carries `problem_error`, no verdict on the candidate.
     problem_failed = "problem_failed"
+    # Running out of GPU memory (`worker.fault`, with the numbers in `memory`): the candidate's when
+    # it holds more than its share, else the machine's (`NOT_JUDGED`: no verdict on the candidate).
+    memory_hoarded = "memory_hoarded"  # the harness's allocation failed because the candidate holds too much
+    harness_out_of_memory = "harness_out_of_memory"  # the GPU was short, and not through the candidate
+    # The problem's Model hit a CUDA error on the harness's own different-distribution inputs: a
+    # limit of the harness's check for this problem (`NOT_JUDGED`).
+    shifted_inputs_rejected = "shifted_inputs_rejected"
     # The verify worker, as the pool saw it end:
     timed_out = "timed_out"  # no answer within `limit_s` while `where`; killed
     worker_died = "worker_died"  # the process ended (`detail`: how) while `where`
@@ -335,6 +351,11 @@ class FailureKind(str, Enum):
     census_problem_diverged = "census_problem_diverged"  # the problem loaded in the verify worker, not there
     census_internal_error = "census_internal_error"
 
+
+# Endings that say nothing about the candidate and are not its fault (the machine or the harness
+# ended the run): the result carries the summary in `VerifyResult.not_judged`, and the server
+# stores no verdict (as for `problem_failed`, whose result carries `problem_error`).
+NOT_JUDGED = frozenset({FailureKind.harness_out_of_memory, FailureKind.shifted_inputs_rejected})
 
 _CENSUS_WORKER = "the census worker runs one forward under the profiler, in a process of its own"
 # The verdict and summary of each kind, formatted with the Failure's fields (`judged` handles the
@@ -367,7 +388,41 @@ _WORDING: dict[FailureKind, tuple[Verdict, str]] = {
                                                            "({detail})"),
     FailureKind.census_internal_error: (Verdict.crashed, "crashed: internal error of the census worker ({detail}); "
                                                          "it was replaced"),
+    # Worded from `Failure.memory` (`Failure._memory_words`); these stand where the numbers are missing.
+    FailureKind.memory_hoarded: (Verdict.crashed, "crashed: ModelNew holds GPU memory beyond its share after {where}, "
+                                                  "so the harness could not allocate what it needed: {detail}"),
+    FailureKind.harness_out_of_memory: (Verdict.crashed, "not judged: the GPU ran out of memory while {where} "
+                                                         "({detail}): the machine's limit, not the candidate's fault, "
+                                                         "and nothing was stored"),
+    FailureKind.shifted_inputs_rejected: (Verdict.crashed, "not judged: the problem's Model raised a CUDA error on "
+                                                           "the harness's different-distribution inputs ({where}): "
+                                                           "{detail}. Where the problem accepts only inputs like "
+                                                           "get_inputs' own, define get_shifted_inputs() in it to "
+                                                           "choose that set; nothing was stored"),
 }
+
+
+def gib(n: int | None) -> str:
+    """Bytes as GiB, for summaries."""
+    return "an unknown amount" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+class GpuMemory(BaseModel):
+    """The GPU's memory when an allocation failed (bytes; `worker.fault` measures and decides)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    asked: int | None = None  # what the failing allocation asked for (None: not said)
+    free: int = 0  # free on the device
+    total: int = 0
+    held: int = 0  # what the candidate holds: the allocator's bytes beyond the level before its import
+    share: int = 0  # what it may hold: the reference's parameters, two input sets and outputs, a workspace
+    process: int = 0  # what this process's allocator has reserved
+
+    @property
+    def others(self) -> int:
+        """What other processes (and CUDA contexts) hold."""
+        return max(0, self.total - self.free - self.process)
 
 
 class Failure(BaseModel):
@@ -380,6 +435,7 @@ class Failure(BaseModel):
     detail: str = ""  # the error, one line or a short traceback; how a worker exited
     context_healthy: bool = True  # the CUDA context still computes correctly afterwards
     limit_s: float = 0.0  # timed_out, census_timed_out: the limit the phase ran under
+    memory: GpuMemory | None = None  # out_of_memory, memory_hoarded, harness_out_of_memory: the numbers
 
     def judged(self, evidence: Evidence) -> tuple[Verdict, str]:
         """Its verdict and summary (see `judge`); a build failure and a forged frame read the rest
@@ -395,8 +451,29 @@ class Failure(BaseModel):
         if k == FailureKind.forged_frame:
             forged = [f.message for f in evidence.findings if f.code == FindingCode.forged_result]
             return Verdict.invalid, f"invalid (forged_result): {forged[0] if forged else self.detail}"
+        if k == FailureKind.census_context_broken and self.detail:
+            after = self.where or "the candidate ran"
+            return Verdict.crashed, f"crashed: the CUDA context of the census worker broke after {after}: {self.detail}"
+        if self.memory is not None:
+            return Verdict.crashed, self._memory_words(self.memory)
         verdict, wording = _WORDING[k]
         return verdict, wording.format(where=self.where, detail=self.detail, limit_s=self.limit_s)
+
+    def _memory_words(self, m: GpuMemory) -> str:
+        """The summary of running out of GPU memory, with the numbers (whose fault: `worker.fault`)."""
+        device = f"{gib(m.free)} of {gib(m.total)} free"
+        if self.kind == FailureKind.harness_out_of_memory:
+            return (f"not judged: the GPU ran out of memory while {self.where} ({gib(m.asked)} asked, {device}; this "
+                    f"process holds {gib(m.process)}, ModelNew {gib(m.held)} of it, within its share of "
+                    f"{gib(m.share)}; other processes {gib(m.others)}): the machine's limit, not the candidate's "
+                    "fault, and nothing was stored. Free GPU memory, or verify on a GPU with more")
+        if self.kind == FailureKind.memory_hoarded:
+            return (f"crashed: ModelNew holds {gib(m.held)} of GPU memory after {self.where}, beyond its share of "
+                    f"{gib(m.share)} (the reference's parameters, two input sets with their outputs, a workspace), so "
+                    f"the harness could not allocate {gib(m.asked)} ({device}); free what ModelNew keeps between "
+                    "calls")
+        return (f"crashed: {self.where} ran out of GPU memory: {self.detail} (ModelNew holds {gib(m.held)}, its share "
+                f"{gib(m.share)}; {device})")
 
 
 class Evidence(BaseModel):
@@ -420,6 +497,7 @@ class Judgement(BaseModel):
     verdict: Verdict
     flagged: bool
     summary: str
+    not_judged: bool = False  # the machine or the harness ended the run (`NOT_JUDGED`): nothing is stored
 
     @property
     def settled(self) -> bool:
@@ -436,7 +514,8 @@ def judge(evidence: Evidence) -> Judgement:
     the findings, the input sets and, on a GPU run that reached them, the timings."""
     if evidence.failure is not None:
         verdict, summary = evidence.failure.judged(evidence)
-        return Judgement(verdict=verdict, flagged=False, summary=summary)
+        return Judgement(verdict=verdict, flagged=False, summary=summary,
+                         not_judged=evidence.failure.kind in NOT_JUDGED)
     verdict, flagged, summary = decide(evidence.compile, evidence.input_sets, evidence.findings, evidence.timings,
                                        gpu=evidence.timings is not None, loosened=evidence.loosened)
     return Judgement(verdict=verdict, flagged=flagged, summary=summary)

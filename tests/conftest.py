@@ -46,6 +46,50 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     return home
 
 
+# Words the harness keeps for defects of its own (`harness.worker.main._internal_error`): a verdict
+# that says them in any test is a bug of ours, whatever the test checks (issue 24).
+INTERNAL_ERRORS = ("internal harness error", "internal error of the census worker")
+_UNCHECKED: dict[str, object] = {}
+
+
+def assert_no_internal_error(summary: str) -> None:
+    """Fails the test on a verdict that blames the harness itself."""
+    found = [w for w in INTERNAL_ERRORS if w in summary]
+    assert not found, f"the harness reported a defect of its own: {summary}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every verdict and census a worker pool gives in any test is checked for an internal error.
+    The pool's methods are wrapped once for the whole session, not per test: the harness's trusted
+    snapshot (`worker.trusted`), which tests also capture in this process, sees the same functions
+    throughout."""
+    from kb_mcp.harness.pool import WorkerPool
+
+    verify, census = WorkerPool.verify, WorkerPool.census
+    _UNCHECKED.update(verify=verify, census=census)
+
+    def checked_verify(self: WorkerPool, *args: object, **kwargs: object) -> object:
+        result = verify(self, *args, **kwargs)  # type: ignore[arg-type]
+        assert_no_internal_error(result.summary)
+        return result
+
+    def checked_census(self: WorkerPool, *args: object, **kwargs: object) -> object:
+        reply = census(self, *args, **kwargs)  # type: ignore[arg-type]
+        assert_no_internal_error(reply.summary)
+        return reply
+
+    WorkerPool.verify = checked_verify  # type: ignore[assignment,method-assign]
+    WorkerPool.census = checked_census  # type: ignore[assignment,method-assign]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The pool's own methods back."""
+    from kb_mcp.harness.pool import WorkerPool
+
+    for name, method in _UNCHECKED.items():
+        setattr(WorkerPool, name, method)
+
+
 @pytest.fixture
 def kb_path(tmp_path: Path) -> Path:
     """A path for a fresh KB file (not yet created)."""

@@ -155,6 +155,9 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
                         "more free memory, or with smaller sizes")
     if result.problem_error:  # the problem's fault: no verdict on the candidate exists to store
         raise problem_failed(problem, result.problem_error, "the candidate was not judged and nothing was recorded.")
+    if result.not_judged:  # the machine's or the harness's limit, not the candidate's: nothing to store either
+        raise ToolError(f"{result.not_judged} (problem {problem.path or '(given as source text)'}; verify again "
+                        "once the cause is gone)")
     record = result.record(req.options)
     path = save_candidate(ctx, result, record, candidate)
     committed = store_verdict(ctx, record)

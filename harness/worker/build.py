@@ -29,6 +29,7 @@ from typing import Any
 from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.protocol import BuildReport, BuildSpec
 from kb_mcp.harness.toolchain import (
+    TORCH_CUDA_BUILD_ONLY,
     ToolchainInfo,
     cuda_arch_list,
     extension_name,
@@ -104,12 +105,19 @@ def probe() -> ToolchainInfo:
         roots.append(os.path.join(cuda_home, "include"))
     roots += [str(p) for p in Path("/usr/local").glob("cuda*/include")]
     roots += [str(p) for p in Path("/usr/local").glob("cuda*/targets/*/include")]
+    # The toolkit's include folder, as load_inline gives it to the host compiler of a CUDA extension.
+    homes = [os.path.join(cuda_home, "include")] if cuda_home else []
+    homes += ["/usr/local/cuda/include", *sorted(str(p) for p in Path("/usr/local").glob("cuda*/include"))]
+    cuda_includes = [h for h in homes if os.path.isfile(os.path.join(h, "cuda_runtime_api.h"))][:1]
+    torch_cuda_headers = any(os.path.isfile(os.path.join(inc, *name.split("/"))) for inc in includes
+                             for name in TORCH_CUDA_BUILD_ONLY)
     return ToolchainInfo(
         torch_version=torch.__version__, includes=includes, std="c++20" if (major, minor) >= (2, 12) else "c++17",
         nvcc_common=list(cpp_extension.COMMON_NVCC_FLAGS), abi=int(bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
         nvcc=nvcc, cxx=shutil.which("c++") or shutil.which("g++") or "c++", nvcc_version=version,
         include_roots=sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)}),
         cuobjdump=find_cuda_tool("cuobjdump", cuda_home), nvdisasm=find_cuda_tool("nvdisasm", cuda_home),
+        cuda_includes=cuda_includes, torch_cuda_headers=torch_cuda_headers,
     )
 
 

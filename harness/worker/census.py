@@ -43,6 +43,7 @@ from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import CensusReply, ProblemFailed
 from kb_mcp.harness.verdict import Failure, FailureKind, Finding, VerifyOptions
 from kb_mcp.harness.worker import integrity_runtime as rt
+from kb_mcp.harness.worker.fault import Blame, first_line, is_out_of_memory, raised_in, tensor_bytes
 from kb_mcp.harness.worker.footprint import start_request
 from kb_mcp.harness.worker.loading import load_module, short_traceback
 from kb_mcp.harness.worker.profiling import measure_device_time
@@ -109,6 +110,7 @@ class _CensusRun:
         self.device_time: DeviceTime | None = None
         self.threads: list[Finding] | None = None  # counted before the profiler session starts its own
         self.peak: int | None = None  # the most the allocator reserved (taken before the cached blocks go back)
+        self.blame = Blame()  # whose fault running out of memory is (`fault.Blame`), and the last call
 
     def load(self, text: str, stem: str) -> Any:
         name = f"{stem}_{next(self.env.counter)}"
@@ -152,19 +154,35 @@ class _CensusRun:
 
     def forward(self, pmod: Any, source: str, options: VerifyOptions, report: Callable[[str], None]) -> Failure | None:
         """Imports and constructs the candidate, then runs forward once, once under the profiler and
-        then for its device time; what it raised on the way is a `census_raised` failure."""
+        then for its device time; what it raised on the way is a `census_raised` failure, and running
+        out of GPU memory in the harness's own allocations is weighed by `fault.Blame`."""
         where = "importing the candidate"
+        self.blame.started(self.env.cuda)
+        self.blame.calling(where)
         try:
             cmod = self.load(source, "kbmcp_census_candidate")
-            self.files = (str(getattr(cmod, "__file__", "")),)
+            self.files = self.blame.candidate_files = (str(getattr(cmod, "__file__", "")),)
             report("construct")
             where = "constructing ModelNew"
+            self.blame.calling(where)
             model, xs = self._construct(pmod, cmod.ModelNew)
+            self.blame.reference_bytes = tensor_bytes(list(model.parameters()))
+            self.blame.set_bytes = lambda: 2 * tensor_bytes(xs)  # inputs, and outputs about their size
             report("census")
             where = "ModelNew.forward"
+            self.blame.calling(where)
             self._take(model, xs, options)
         except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything, exits included
-            return Failure(kind=FailureKind.census_raised, where=where, detail=short_traceback(exc, self.files))
+            if not self.files:
+                self.files = self.blame.candidate_files = (str(self.env.workdir / f"{self.names[-1]}.py"),)
+            detail = short_traceback(exc, self.files)
+            if self.env.cuda and is_out_of_memory(exc):
+                own = where != "ModelNew.forward" or raised_in(exc, self.files)
+                memory = self.blame.out_of_memory(exc, own_call=own, where=where if own else (
+                    "taking the kernel census in the census worker (the harness's own allocation)")).failure
+                if memory.kind != FailureKind.out_of_memory:
+                    return memory  # the machine's, or the candidate holding more than its share
+            return Failure(kind=FailureKind.census_raised, where=where, detail=detail)
         return None
 
     def _construct(self, pmod: Any, cls: Any) -> tuple[Any, list[Any]]:
@@ -209,9 +227,13 @@ class _CensusRun:
             try:
                 findings += rt.l2_findings(rt.l2_state())
                 rt.reset_l2_persistence()
-            except Exception:  # noqa: BLE001 - a broken context: the worker retires
-                return findings, Failure(kind=FailureKind.census_context_broken)
+            except Exception as exc:  # noqa: BLE001 - a broken context: the worker retires
+                return findings, self._broken(exc)
         return findings, None
+
+    def _broken(self, exc: BaseException) -> Failure:
+        """The CUDA context broke after the candidate's last call (a kernel's fault, reported late)."""
+        return Failure(kind=FailureKind.census_context_broken, where=self.blame.last, detail=first_line(exc))
 
     def cleanup(self) -> Failure | None:
         """Drops the imported modules and the cached GPU memory; a CUDA context that fails to is broken."""
@@ -222,6 +244,6 @@ class _CensusRun:
             try:
                 self.peak = torch.cuda.max_memory_reserved()
                 torch.cuda.empty_cache()
-            except Exception:  # noqa: BLE001
-                return Failure(kind=FailureKind.census_context_broken)
+            except Exception as exc:  # noqa: BLE001
+                return self._broken(exc)
         return None

@@ -10,38 +10,31 @@ on pointers or shapes fail there). Then the patterns: public-only passes (`seed_
 shifted-only failures (`distribution_shortcut`), small errors everywhere (`precision_lowered`),
 parameters perturbed in both models (`ignores_inputs`).
 
-A problem may define `get_shifted_inputs()` for the different-distribution set; otherwise the
-floating inputs of a fresh set are rescaled (sign kept, magnitudes stretched 1.5-4.5x unevenly), and
-when the reference itself is not finite there, that set is skipped.
+A problem may define `get_shifted_inputs()` for the different-distribution set; otherwise two sets
+vary the floating inputs of fresh sets (`harness.worker.distributions`: signs mixed per element with
+zeros, values around activation knees and magnitudes 1/8-8x; every input negated and stretched),
+each with a gentler fallback where the reference is not finite, and skipped (saying so) where the
+fallback is not finite either.
 """
 
 from __future__ import annotations
 
 import gc
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.memory import Footprint, MemoryPlan
-from kb_mcp.harness.protocol import CensusReply
-from kb_mcp.harness.verdict import Failure, FailureKind, Finding, FindingCode, InputSetCheck, Timings
-from kb_mcp.harness.worker.footprint import PeakMeter, first_float, nbytes
+from kb_mcp.harness.verdict import Failure, FailureKind, Finding, FindingCode, InputSetCheck
+from kb_mcp.harness.worker.distributions import SETS, Variant, vary
+from kb_mcp.harness.worker.fault import Halted, ProblemBroken, first_line, is_cuda_error, is_out_of_memory
+from kb_mcp.harness.worker.footprint import PeakMeter, nbytes
 from kb_mcp.harness.worker.integrity import IntegrityGuard
 from kb_mcp.harness.worker.perturb import ParamMapping, map_parameters, parameter_infos, perturb
-from kb_mcp.harness.worker.timing import (
-    QUICK_RUNS,
-    RunStats,
-    Series,
-    dram_bandwidth,
-    peak_flops,
-    roofline_ms,
-    time_with_reference,
-    timings_against,
-)
+from kb_mcp.harness.worker.timed_checks import TimedChecks
 from kb_mcp.harness.worker.values import (
     LOWERED_PRECISION_ERR,
     MAX_PERTURBED_INPUTS,
@@ -60,15 +53,6 @@ from kb_mcp.harness.worker.values import (
 )
 
 
-class Halted(Exception):
-    """Unwinds the input sets when the candidate (or the problem's Model) failed. It carries the
-    evidence, not a verdict: the check stage returns `failure` and `verdict.judge` decides."""
-
-    def __init__(self, failure: Failure, retire: bool = False) -> None:
-        super().__init__(failure.detail)
-        self.failure = failure
-        self.retire = retire
-
 @dataclass
 class _SetRecord:
     """What is kept of a secret input set once it is dropped: its check, its seed (to make it again)
@@ -86,7 +70,7 @@ def digests(out: Any) -> list[tuple[int, int, int]] | None:
     return None if ls is None else [digest(t) for t in ls]
 
 
-class Checker:
+class Checker(TimedChecks):
     """Input sets, checks and timing of one candidate against its reference."""
 
     def __init__(self, v: Any, pmod: Any, ref: torch.nn.Module, cand: torch.nn.Module,
@@ -136,16 +120,8 @@ class Checker:
 
     @staticmethod
     def _shift(xs: list[Any], seed: int) -> list[Any]:
-        g = torch.Generator(device="cuda")
-        g.manual_seed(seed ^ 0x5DEECE66D)
-        out = []
-        for x in xs:
-            if isinstance(x, torch.Tensor) and x.is_floating_point():
-                factor = 1.5 + 1.5 * float(torch.rand((), generator=g, device="cuda").item())
-                stretch = 1.0 + torch.rand(x.shape, generator=g, device="cuda", dtype=torch.float32)
-                x = (x.float() * factor * stretch).to(x.dtype)
-            out.append(x)
-        return out
+        """`xs` of a different distribution: the first variant of `distributions.SETS`."""
+        return vary(xs, seed, SETS[0][0])
 
     # -- runs -------------------------------------------------------------------------------
 
@@ -182,10 +158,13 @@ class Checker:
         torch.cuda.empty_cache()
 
     def cand_run(self, args: list[Any], ref_out: Any, watch: bool = True) -> Any:
-        """One candidate call on `args` with the allocator poisoned in blocks the output's size."""
+        """One candidate call on `args` with the allocator poisoned in blocks the output's size. What
+        the call raises, or leaves for the synchronize to report, is the candidate's (`fault.Blame`)."""
         ls = leaves(ref_out) or []
         poison_allocator([t.untyped_storage().nbytes() for t in ls] * self.poison_copies)
         self.sync()
+        blame = self.v.blame
+        blame.checked_call()
         try:
             if watch:
                 with self.guard.watch():
@@ -193,8 +172,10 @@ class Checker:
             else:
                 out = self.cand(*args)
             self.sync()
-        except BaseException as exc:  # noqa: BLE001
-            raise self.v._failure(exc, "ModelNew.forward") from None
+        except BaseException as exc:  # candidate code may raise anything
+            if is_out_of_memory(exc):
+                raise  # weighed in the stage loop, once the sets the checks hold are let go (`fault.Blame`)
+            raise blame.inside(exc, blame.last) from None
         return out
 
     # -- checks -----------------------------------------------------------------------------
@@ -347,7 +328,7 @@ class Checker:
             self._caching_finding(reused, secret[0], secret[1])
         for s in opts.seeds:
             self.one_set(next(index), "user_seed", self.make_inputs(int(s)))
-        self._shifted(next(index))
+        self._shifted(index)
         # The first (public) set again, made again from its seed: does it still agree?
         repeat = self._repeat(next(index), public)
         self._patterns(public, repeat, secret, index)
@@ -408,19 +389,63 @@ class Checker:
                      + ": results must not be cached on pointers, shapes or earlier calls"),
         ))
 
-    def _shifted(self, index: int) -> None:
-        chk = self.finite_set(self.make_inputs(secret_seed(), shifted=True), InputSetCheck(
-            index=index, kind="shifted", passed=True,
-            message="skipped: the reference is not finite on the shifted distribution"))
-        if chk is None:
+    def _shifted(self, index: Iterator[int]) -> None:
+        """The sets of a different distribution: the problem's own `get_shifted_inputs()` where it
+        defines one, else `distributions.SETS` (signs, zeros, knees, magnitudes), each variant tried
+        in turn until the reference is finite on it. Wrong only there is `distribution_shortcut`,
+        naming what differed."""
+        if callable(getattr(self.pmod, "get_shifted_inputs", None)):
+            self._one_shifted(next(index), [None])
             return
+        for variants in SETS:
+            self._one_shifted(next(index), list(variants))
+
+    def _one_shifted(self, index: int, variants: list[Variant | None]) -> None:
+        """One different-distribution set: the first of `variants` (None: the problem's own) on
+        which the reference is finite, or a skipped check saying why none was used."""
+        why: list[str] = []
+        for variant in variants:
+            seed = secret_seed()
+            xs = (self.make_inputs(seed, shifted=True) if variant is None
+                  else vary(self.make_inputs(seed), seed, variant))
+            name = "the problem's get_shifted_inputs()" if variant is None else variant.name
+            pristine = self.keep_pristine(xs)
+            ref_out, refused = self._reference_on(xs, name, problems_own=variant is None)
+            if ref_out is not None:
+                break
+            why.append(f"{refused} on inputs with {name}")
+        else:
+            self._record(InputSetCheck(index=index, kind="shifted", passed=True, skipped=True,
+                                       message="; ".join(why)))
+            return
+        chk = self.cand_check(index, "shifted", xs, pristine, ref_out)[0]
+        chk.message = f"{name}: {chk.message}" if chk.message else name
         others = [s for s in self.v.sets if s.kind in ("public_seed", "secret")]
         if not chk.passed and all(s.passed for s in others):
             self.v.findings.append(Finding(
                 code=FindingCode.distribution_shortcut,
-                message=("correct on the usual input distribution but wrong on inputs of a different distribution "
-                         f"({chk.message}); the kernel must be correct for any valid input"),
+                message=(f"correct on the usual input distribution but wrong on inputs with {chk.message}; the "
+                         "kernel must be correct for any valid input"),
             ))
+
+    def _reference_on(self, xs: list[Any], name: str, problems_own: bool) -> tuple[Any, str]:
+        """The reference's output on a different-distribution set, or None and why it cannot be used
+        (it raised, or it is not finite there). A CUDA error there ends the run (the context may be
+        spoiled), and is not the candidate's: the problem's Model rejects the harness's inputs, or
+        fails on its own `get_shifted_inputs()`."""
+        try:
+            ref_out = self.ref_run(xs)
+            finite = all(all_finite(t) for t in leaves(ref_out) or [] if t.is_floating_point())
+        except Exception as exc:  # the problem's Model may refuse values it was never given
+            if is_out_of_memory(exc):
+                raise  # whose fault it is, `fault.Blame` decides
+            if problems_own and is_cuda_error(exc):
+                raise ProblemBroken("reference", exc, (str(getattr(self.pmod, "__file__", "")),)) from exc
+            if not is_cuda_error(exc):
+                return None, f"the reference raised {type(exc).__name__}"
+            raise Halted(Failure(kind=FailureKind.shifted_inputs_rejected, where=f"inputs with {name}",
+                                 detail=first_line(exc)), retire=True) from None
+        return (ref_out, "") if finite else (None, "the reference is not finite")
 
     def _repeat(self, index: int, first: InputSetCheck) -> InputSetCheck:
         """The public set again (made again from its seed): does a second run on the same inputs agree?"""
@@ -492,101 +517,3 @@ class Checker:
                     message=f"the output does not change when input {i} changes (the reference's does): input {i} is "
                             "ignored",
                 ))
-
-    # -- timing -----------------------------------------------------------------------------
-
-    def _measure(self, xs: list[Any]) -> None:
-        """Bytes in and out and FLOPs of the reference, for the roofline bound, measured on the GPU
-        where the meta device could not run its forward (`harness.worker.footprint`)."""
-        from torch.utils.flop_counter import FlopCounterMode
-
-        with FlopCounterMode(display=False) as fc:
-            out = self.ref(*(xs if self.host_pristine else clone_inputs(xs)))
-        self.flops = float(fc.get_total_flops())
-        tensors = [x for x in xs if isinstance(x, torch.Tensor)] + (leaves(out) or [])
-        self.io_bytes = nbytes(tensors)
-        self.dtype = getattr(torch, first_float(tensors), torch.float32)
-        params = [p for p in self.ref.parameters() if p.is_floating_point()]
-        self.dtypes = {str(t.dtype).replace("torch.", "") for t in tensors + params if t.is_floating_point()}
-        self.footprint = self.v.footprint = self.footprint.model_copy(update={
-            "output_bytes": nbytes(leaves(out) or []), "flops": self.flops, "dtypes": sorted(self.dtypes),
-            "dtype": str(self.dtype).replace("torch.", "")})
-
-    def _gen(self, with_ref: dict[int, Any] | None) -> Callable[[int], list[Any]]:
-        def make(i: int) -> list[Any]:
-            xs = self.make_inputs(secret_seed())
-            if with_ref is not None and i >= 0:
-                with_ref[i] = self.ref(*self.ref_args(xs))
-            return xs
-
-        return make
-
-    def time_candidate(self, base: Baseline | None) -> tuple[RunStats, RunStats | None]:
-        """The timed series of the candidate, every output re-checked against its reference, and
-        the reference's eager series where eager is timed now (`timing.time_with_reference`: a
-        first measurement, and a cached launch-bound reference re-timed beside the candidate)."""
-        v, timer = self.v, self.v.env.timer
-        assert timer is not None
-        refs: dict[int, Any] = {}
-
-        def check(i: int, out: Any) -> str | None:
-            r = refs.pop(i)
-            rl, cl = leaves(r) or [], leaves(out)
-            if cl is None or len(cl) != len(rl):
-                return "wrong output type"
-            for c, rr in zip(cl, rl):
-                if type(c) is not torch.Tensor or c.shape != rr.shape or c.dtype != rr.dtype or c.device != rr.device:
-                    return f"output {type(c).__name__} {tuple(c.shape)} {c.dtype} on {c.device}"
-                atol, rtol, _ = tolerance_for(rr.dtype, self.atol, self.rtol, v.options)
-                cm = compare(c, rr, atol, rtol, detail=False)
-                if not cm.passed:
-                    return cm.message
-            return None
-
-        quick = not v.options.timing
-        warm = 1 if quick else v.options.warmup_runs
-        runs = timer.runs_for(self.cand, self._gen(None), quick, v.options.timed_runs)
-        cand = Series(self.cand, self._gen(refs), runs, warm, check)
-        return time_with_reference(timer, cand, self.ref, self._gen(None), base, quick)
-
-    def timings(self, stats: RunStats, eager: RunStats | None, base: Baseline | None,
-                census: CensusReply | None = None) -> Timings:
-        """Candidate timings against eager and torch.compile (`timing.timings_against`) and the
-        roofline bound. Without a cached baseline, `eager` (timed in this verdict) is the new eager
-        figure; torch.compile is measured here, and both are cached (not for quick runs). Beside
-        them the device times the census worker measured (`census`): the candidate's, and eager's
-        (measured there now, else the cached baseline's)."""
-        v = self.v
-        env = v.env
-        timer = env.timer
-        assert timer is not None
-        quick = not v.options.timing
-        want_compile = v.options.compile_baseline
-        cached = base is not None
-        if base is None:
-            assert eager is not None
-            compile_ms: float | None = None
-            compile_runs = 0
-            compile_note = ""
-            if want_compile:
-                make = self._gen(None)
-                try:
-                    compiled = torch.compile(self.ref)
-                    cruns = QUICK_RUNS if quick else timer.runs_for(compiled, make, False, None)
-                    cstats = timer.series(compiled, make, cruns, 1 if quick else v.options.warmup_runs)
-                    compile_ms, compile_runs = cstats.median_ms, len(cstats.gpu_ms)
-                except Exception as exc:  # noqa: BLE001 - torch.compile cannot handle every model
-                    compile_note = f"torch.compile failed: {type(exc).__name__}: {str(exc)[:300]}"
-            base = Baseline(problem_hash=v.problem.hash, device=env.device, torch_version=env.torch_version,
-                            eager_ms=eager.median_ms, eager_runs=len(eager.gpu_ms),
-                            eager_issue_ms=eager.issue_median_ms, compile_ms=compile_ms,
-                            compile_runs=compile_runs, compile_note=compile_note,
-                            eager_device_ms=census.reference_device.ms if census and census.reference_device else None)
-            if not quick:
-                v.new_baseline = base  # the server keeps it: this process may not write the shared cache
-        bw = dram_bandwidth(env.props)
-        bound = roofline_ms(self.io_bytes, self.flops, bw, peak_flops(env.device, self.dtype))
-        return timings_against(stats, eager, base, cached, want_compile=want_compile, quick=quick, bound_ms=bound,
-                               device=census.device if census is not None else None,
-                               eager_device=census.reference_device if census is not None else None)
-

@@ -38,6 +38,7 @@ from kb_mcp.harness.plausibility import (
 )
 from kb_mcp.harness.verdict import Finding, InputSetCheck, Timings
 from kb_mcp.harness.worker.checks import Checker
+from kb_mcp.harness.worker.fault import is_cuda_error, is_out_of_memory
 from kb_mcp.harness.worker.timing import dram_bandwidth
 from kb_mcp.harness.worker.values import clone_inputs, compare, largest, leaves, secret_seed, tolerance_for
 
@@ -115,19 +116,22 @@ def second_shape(v: Any, checker: Checker, index: Any) -> str:
         try:
             found = _reference_at(v, plan)
             break
-        except Exception as exc:  # noqa: BLE001 - the problem does not allow this shape: try the next
-            if "CUDA error" in str(exc):  # not a shape the problem refuses: the context may be spoiled
-                raise v._failure(exc, "the reference at a second shape") from None
+        except Exception as exc:  # the problem does not allow this shape: try the next
+            if is_cuda_error(exc):  # not a shape the problem refuses: whose fault it is, `fault.Blame` decides
+                raise
             continue
     if found is None:
         return f"no second shape (the reference does not run at {plans[0].describe()})"
     plan, pmod, init, seed, ref = found
     where = f"second shape {plan.describe()}"
     torch.manual_seed(seed)
+    v.blame.calling(f"constructing ModelNew at a {where}")
     try:
         with checker.guard.watch_setup():
             cand = type(checker.cand)(*init).cuda().eval()
     except Exception as exc:  # noqa: BLE001 - a candidate may support only the problem's sizes
+        if is_cuda_error(exc):
+            raise v._failure(exc, f"constructing ModelNew at a {where}") from None
         return _skip(checker, index, f"{where}: ModelNew does not construct there ({type(exc).__name__}); not checked")
     except BaseException as exc:  # noqa: BLE001 - exits and interrupts end the verification
         raise v._failure(exc, "constructing ModelNew at a second shape") from None
@@ -159,11 +163,14 @@ def _one_shape_set(v: Any, at: Checker, index: Any, where: str) -> str:
     """One input set at the second shape; returns a note when the candidate cannot run there."""
     xs = at.make_inputs(secret_seed())
     ref_out = at.ref_run(xs)
+    v.blame.calling(f"ModelNew.forward at a {where}")
     try:
         out = at.cand(*clone_inputs(xs))
         at.sync()
-    except Exception as exc:  # noqa: BLE001
-        if "CUDA error" in str(exc) or type(exc).__name__ in ("AcceleratorError", "CudaError"):
+    except Exception as exc:  # a candidate may support only the problem's sizes
+        if is_out_of_memory(exc):
+            raise  # weighed in the stage loop, once the harness's sets are let go (`fault.Blame`)
+        if is_cuda_error(exc):
             raise v._failure(exc, f"ModelNew.forward at a {where}") from None
         return _skip(at, index, f"{where}: ModelNew raised there ({type(exc).__name__}); not checked")
     except BaseException as exc:  # noqa: BLE001

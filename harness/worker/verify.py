@@ -20,7 +20,11 @@ settled (a failure, a cheat, a wrong answer) and then stops; no stage decides a 
 All stages run in the numerics of the request's precision track (`harness.worker.tracks`).
 
 The problem is imported, its `Model` built and one input set made before any candidate code runs:
-a failure there is the problem's (`protocol.ProblemFailed`), never the candidate's crash.
+a failure there is the problem's (`protocol.ProblemFailed`), never the candidate's crash. Once the
+candidate's code ran, an exception a stage lets out is sorted in one place (`fault.Blame.halt`,
+called by the stage loop): the candidate's (its own code on the stack, any CUDA error, running out
+of memory while it holds more than its share), the problem's, the machine's (out of memory through
+no fault of the candidate's: no verdict), or a defect of ours, which the worker reports as such.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import torch
 
 from kb_mcp.harness.baselines import Baseline, BaselineCache
 from kb_mcp.harness.memory import Footprint, MemoryPlan, MemoryReport, TooLarge, plan
+from kb_mcp.harness.phases import PHASE_WORDS
 from kb_mcp.harness.precision import precision_findings
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import CensusReply, ProblemFailed
@@ -57,10 +62,11 @@ from kb_mcp.harness.verdict import (
 from kb_mcp.harness.worker.checks import Checker, Halted
 from kb_mcp.harness.worker.compile import Builders
 from kb_mcp.harness.worker.evidence import escalate
+from kb_mcp.harness.worker.fault import Blame, ProblemBroken, tensor_bytes
 from kb_mcp.harness.worker.footprint import device_free, measure, request_peak, start_request
 from kb_mcp.harness.worker.integrity import IntegrityGuard, dedupe
 from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
-from kb_mcp.harness.worker.loading import load_module, short_traceback
+from kb_mcp.harness.worker.loading import load_module
 from kb_mcp.harness.worker.seal import ReferenceSeal
 from kb_mcp.harness.worker.timing import RunStats, Timer, guards_active
 from kb_mcp.harness.worker.tracks import numerics, track_numerics
@@ -105,17 +111,6 @@ class WorkerEnv:
         return BaselineCache(self.cache_dir)
 
 
-class ProblemBroken(Exception):
-    """The problem's own code failed before any candidate code ran (or it does not fit this GPU)."""
-
-    def __init__(self, stage: str, exc: BaseException | None, files: tuple[str, ...] = (),
-                 too_large: TooLarge | None = None) -> None:
-        super().__init__(stage)
-        error = short_traceback(exc, files) if exc is not None else ""
-        self.failure = ProblemFailed(stage=stage, error=error or (too_large.text if too_large else ""),
-                                     too_large=too_large)
-
-
 def _oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc)
 
@@ -126,21 +121,6 @@ def too_large_now(footprint: Footprint, what: str = "eager") -> TooLarge:
     free, total = device_free()
     return TooLarge(what=what, needed_bytes=footprint.eager_bytes, free_bytes=free, total_bytes=total,
                     footprint=footprint)
-
-
-def _is_cuda_error(exc: BaseException) -> bool:
-    name = type(exc).__name__
-    text = str(exc)
-    return name in ("AcceleratorError", "CudaError") or "CUDA error" in text or "cudaError" in text
-
-
-def _context_healthy() -> bool:
-    try:
-        torch.cuda.synchronize()
-        x = torch.ones(8, device="cuda")
-        return float((x + 1).sum().item()) == 16.0
-    except Exception:  # noqa: BLE001 - any CUDA failure means the context is unusable
-        return False
 
 
 @dataclass
@@ -182,7 +162,6 @@ class GpuVerification:
         self.report = report
         self.evidence = Evidence()
         self.retire = False
-        self.files: tuple[str, ...] = ()
         self.tolerance: dict[str, float] = {}
         self.t0 = time.perf_counter()
         self.phase = "static"
@@ -205,6 +184,12 @@ class GpuVerification:
         self.footprint = Footprint()  # measured on the meta device as the problem is loaded (`_reference`)
         self.plan = MemoryPlan()
         self.peaks: list[int] = []  # allocator peaks carried across resets (`footprint.PeakMeter`)
+        # Whose fault an exception is once the candidate's code ran (`fault.Blame`), with what it
+        # needs to know: the candidate's file, the problem's, and the GPU memory each may hold.
+        self.input_bytes = 0  # one input set of the problem
+        self.blame = Blame(lambda: self._compile_result().ok)
+        self.blame.set_bytes = lambda: max(self.input_bytes, self.checker.io_bytes if self.checker is not None else 0)
+        self.blame.release = self._release
 
     # -- what the checker records into -------------------------------------------------------
 
@@ -241,6 +226,7 @@ class GpuVerification:
             device=env.device, arch=env.arch, torch_version=env.torch_version, phase=self.phase,
             loosened=e.loosened, elapsed_s=round(time.perf_counter() - self.t0, 3), track=self.options.track,
             memory=self.memory_report(),
+            not_judged=judgement.summary if judgement.not_judged else "",
         )
 
     def memory_report(self) -> MemoryReport | None:
@@ -256,38 +242,32 @@ class GpuVerification:
         return self.env.builders.result()
 
     def _failure(self, exc: BaseException, what: str) -> Halted:
-        """What an exception from candidate code is evidence of (a build that failed, a crash), and
-        whether the worker must be replaced; `verdict.Failure.judged` words the verdict."""
-        def failed(kind: FailureKind, detail: str = "", retire: bool = False, healthy: bool = True) -> Halted:
-            return Halted(Failure(kind=kind, where=what, detail=detail, context_healthy=healthy), retire)
-
-        if not self._compile_result().ok:
-            return failed(FailureKind.build_failed)
-        if isinstance(exc, SyntaxError):
-            return failed(FailureKind.syntax_error, f"Python syntax error at line {exc.lineno}: {exc.msg}")
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc):
-            torch.cuda.empty_cache()
-            return failed(FailureKind.out_of_memory, first)
-        if _is_cuda_error(exc):
-            # Even a context that still answers may hold the candidate's stray state: replace the worker.
-            return failed(FailureKind.cuda_error, first, retire=True, healthy=_context_healthy())
-        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
-            return failed(FailureKind.exited, type(exc).__name__, retire=True)
-        return failed(FailureKind.raised, short_traceback(exc, self.files), retire=not _context_healthy())
+        """What an exception raised while the candidate's code ran (`what`) is evidence of: the one
+        decision of `fault.Blame`, used where the harness calls the candidate itself."""
+        return self.blame.inside(exc, what)
 
     def _load(self, source: str, stem: str) -> Any:
         name = f"{stem}_{next(self.env.counter)}"
         self.modules.append(name)
         return load_module(source, name, self.env.workdir)
 
+    def _release(self) -> None:
+        """Lets go of what the harness keeps across input sets (the reference outputs), so that what
+        is left allocated after a failed step is the reference's and the candidate's own."""
+        if self.checker is not None:
+            self.checker.alive.clear()
+
     def cleanup(self) -> None:
-        """Drops the modules this verification imported (fresh namespace for the next one)."""
+        """Drops the modules this verification imported (fresh namespace for the next one). A CUDA
+        context the candidate broke fails here too: the worker is then replaced."""
         for name in self.modules:
             sys.modules.pop(name, None)
         gc.collect()
         if self.env.cuda:
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.empty_cache()
+            except Exception:  # noqa: BLE001 - a broken context: the verdict already says why
+                self.retire = True
 
     # -- the pipeline --------------------------------------------------------------------------
 
@@ -327,7 +307,7 @@ class GpuVerification:
         for stage in self.stages():
             if stage.phase is not None:
                 self._phase(stage.phase)
-            found = stage.run()
+            found = self._attributed(stage)
             self.evidence.findings += found.findings
             self.evidence.failure = found.failure
             self.evidence.timings = found.timings or self.evidence.timings
@@ -336,6 +316,25 @@ class GpuVerification:
             if found.failure is not None or (stage.gate and judge(self.evidence).settled):
                 break
         return self._result(judge(self.evidence))
+
+    def _attributed(self, stage: Stage) -> Found:
+        """Runs one stage; an exception it lets out is the candidate's, the problem's or the
+        machine's as `fault.Blame.halt` decides (once the candidate's code ran), else a defect of
+        ours, raised on (the worker reports an internal harness error)."""
+        try:
+            return stage.run()
+        except ProblemBroken:
+            raise
+        except Halted as halted:
+            return Found(failure=halted.failure, retire=halted.retire)
+        except BaseException as exc:  # sorted by whose fault it is, or raised on
+            doing = PHASE_WORDS.get(self.phase, self.phase)
+            decided = self.blame.halt(exc, doing)
+            if decided is None:
+                raise
+            if isinstance(decided, ProblemBroken):
+                raise decided from exc
+            return Found(failure=decided.failure, retire=decided.retire)
 
     # -- the stages ----------------------------------------------------------------------------
 
@@ -365,12 +364,14 @@ class GpuVerification:
         try:
             torch.manual_seed(secret_seed())
             with torch.device("cuda"):
-                pmod.get_inputs()
+                self.input_bytes = tensor_bytes(pmod.get_inputs())
         except Exception as exc:
             if _oom(exc):
                 raise ProblemBroken("too_large", None, too_large=too_large_now(self.footprint)) from exc
             raise ProblemBroken("inputs", exc, files) from exc
         self.pmod, self.ref, self.init, self.seed = pmod, ref, init, seed
+        self.blame.problem_files = files
+        self.blame.reference_bytes = tensor_bytes([*ref.parameters(), *ref.buffers()])
         self.seal = ReferenceSeal.of_problem(pmod)  # before the candidate's code runs
         self.seal.seal_instance(ref)
         return Found()
@@ -389,14 +390,16 @@ class GpuVerification:
     def _candidate(self) -> Found:
         """The candidate imported (its builds recorded); it must define ModelNew."""
         assert self.guard is not None
+        self.blame.started(self.env.cuda)
+        self.blame.calling("importing the candidate")
         try:
             with self.guard.watch_setup():
                 self.cmod = self._load(self.source, "kbmcp_candidate")
         except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything
-            self.files = (str(self.env.workdir / f"{self.modules[-1]}.py"),)
+            self.blame.candidate_files = (str(self.env.workdir / f"{self.modules[-1]}.py"),)
             halted = self._failure(exc, "importing the candidate")
             return Found(failure=halted.failure, retire=halted.retire)
-        self.files = (str(getattr(self.cmod, "__file__", "")),)
+        self.blame.candidate_files = (str(getattr(self.cmod, "__file__", "")),)
         if not isinstance(getattr(self.cmod, "ModelNew", None), type):
             return Found(failure=Failure(kind=FailureKind.no_model, detail="the candidate defines no class ModelNew"))
         return Found()
@@ -404,6 +407,7 @@ class GpuVerification:
     def _construct(self) -> Found:
         """ModelNew built with the reference's weight seed, then attached to the integrity guard."""
         assert self.guard is not None
+        self.blame.calling("constructing ModelNew")
         try:
             with self.guard.watch_setup():
                 torch.manual_seed(self.seed)
@@ -418,11 +422,8 @@ class GpuVerification:
         """The input sets and the checks (`harness.worker.checks`)."""
         assert self.guard is not None
         self.checker = Checker(self, self.pmod, self.ref, self.cand, self.guard)
-        try:
-            with torch.no_grad():
-                self.checker.run_sets()
-        except Halted as halted:
-            return Found(failure=halted.failure, retire=halted.retire)
+        with torch.no_grad():
+            self.checker.run_sets()
         found = self.guard.findings()
         return Found(found, retire=IntegrityGuard.retire_worker(self.findings + found))
 
@@ -507,10 +508,7 @@ class GpuVerification:
             # against the state the trusted baseline left.
             env.snapshot = TrustedSnapshot.capture()
         # A result that looks too good gets more evidence, which accepts or rejects it (`evidence`).
-        try:
-            found = escalate(self, checker, timings)
-        except Halted as halted:
-            return Found(failure=halted.failure, retire=halted.retire)
+        found = escalate(self, checker, timings)
         found += self.guard.findings() if self.guard is not None else []
         return Found(found, timings=timings,
                      retire=self.retire or IntegrityGuard.retire_worker(self.findings + found))

@@ -37,7 +37,8 @@ class Case:
 
     @property
     def problem_path(self) -> Path:
-        return PROBLEMS / f"{self.problem}.py"
+        """An example problem (`examples/problems/<name>.py`), or one of this suite's own (`problems/<name>`)."""
+        return HERE / f"{self.problem}.py" if self.problem.startswith("problems/") else PROBLEMS / f"{self.problem}.py"
 
     @property
     def id(self) -> str:

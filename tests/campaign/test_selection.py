@@ -103,9 +103,13 @@ def test_run_campaign_takes_the_same_selection() -> None:
 
 @pytest.mark.skipif(not (REAL / "level1").is_dir(), reason=f"no KernelBench checkout at {REAL} ($KB_MCP_KERNELBENCH)")
 def test_real_kernelbench_levels_load_unchanged() -> None:
-    """KernelBench's own files (inputs made on the CPU, module-level sizes) load through our loader."""
+    """KernelBench's own files (inputs made on the CPU, module-level sizes) load through our loader.
+
+    Every level the checkout holds loads (levels 1 and 2 at least; level 3 where present).
+    """
     refs = select_problems([REAL], ids="1-100")
-    assert {r.level for r in refs} == {1, 2} and len(refs) >= 150
+    levels = {r.level for r in refs}
+    assert {1, 2} <= levels <= {1, 2, 3, 4} and len(refs) >= 150
     for ref in refs:
         problem = load_problem(str(ref.path))
         assert problem.name == ref.name and ref.id is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from harness_helpers import fixture_source
 
+from kb_mcp.harness.builds import toolchain
 from kb_mcp.harness.candidate import SourceUnit, static_units
 from kb_mcp.harness.compile_only import CompileOnly
 from kb_mcp.harness.pool import WorkerPool
@@ -14,6 +15,7 @@ from kb_mcp.harness.toolchain import (
     build_target,
     diagnostics,
     inline_sources,
+    machine_limit,
     missing_declarations,
     needs_torch_headers,
     nvrtc_capability,
@@ -92,3 +94,131 @@ def test_load_inline_candidate_is_compiled_and_its_errors_point_at_its_lines(rel
         assert bad.verdict == Verdict.compile_error
         assert any("cuda_sources(" in m and "error" in m for m in bad.compile.messages), bad.compile.messages
         assert bad.compile.seconds < good.compile.seconds  # the unchanged C++ part came from the cache
+
+
+# Compiler logs recorded on a machine with the CPU build of torch 2.13 and a CUDA 13 toolkit
+# without cuSPARSE (the paths shortened).
+TORCH = "/venv/lib/python3.11/site-packages/torch/include"
+NO_CMAKE_MACROS = f"""In file included from {TORCH}/c10/cuda/CUDADeviceAssertionHost.h:4,
+                 from {TORCH}/c10/cuda/CUDAException.h:4,
+                 from {TORCH}/c10/cuda/CUDAFunctions.h:13,
+                 from {TORCH}/c10/cuda/CUDAStream.h:8,
+                 from cuda_sources:2:
+{TORCH}/c10/cuda/CUDAMacros.h:9:10: fatal error: c10/cuda/impl/cuda_cmake_macros.h: No such file or directory
+    9 | #include <c10/cuda/impl/cuda_cmake_macros.h>
+      |          ^~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+compilation terminated.
+"""
+NO_CUSPARSE = f"""In file included from {TORCH}/ATen/cuda/CUDAContext.h:4,
+                 from cpp_sources:1:
+{TORCH}/ATen/cuda/CUDAContextLight.h:10:10: fatal error: cusparse.h: No such file or directory
+   10 | #include <cusparse.h>
+      |          ^~~~~~~~~~~~
+compilation terminated.
+"""
+UNDECLARED = """cuda_sources(3): error: identifier "undeclared_y" is undefined
+  __attribute__((global)) void k(float* x) { x[0] = undeclared_y; }
+                                                    ^
+
+1 error detected in the compilation of "cuda.cu".
+"""
+NOWHERE = """cuda_sources:2:10: fatal error: ATen/cuda/NoSuchHeader.h: No such file or directory
+compilation terminated.
+"""
+
+
+def test_a_header_missing_under_one_the_candidate_named_is_the_machines_limit() -> None:
+    note = machine_limit(NO_CMAKE_MACROS, torch_cuda_headers=False)
+    assert note == ("c10/cuda/impl/cuda_cmake_macros.h, which <c10/cuda/CUDAStream.h> includes, is missing here "
+                    "(torch here is the CPU build, without its CUDA headers)")
+    assert machine_limit(NO_CUSPARSE, torch_cuda_headers=False) == (
+        "cusparse.h, which <ATen/cuda/CUDAContext.h> includes, is missing here (this machine's toolchain lacks it)")
+    # one header of the candidate's, no chain: the fatal error is in the header it named
+    direct = f"In file included from cpp_sources:1:\n{TORCH}/c10/cuda/CUDAStream.h:4:10: fatal error: " \
+             "cuda_runtime_api.h: No such file or directory\ncompilation terminated.\n"
+    assert machine_limit(direct, torch_cuda_headers=True).startswith(
+        "cuda_runtime_api.h, which <c10/cuda/CUDAStream.h> includes, is missing here")
+
+
+def test_a_header_the_candidate_names_is_its_error_unless_known_to_exist_elsewhere() -> None:
+    assert machine_limit(NOWHERE, torch_cuda_headers=False) == ""
+    generated = "cuda_sources:1:10: fatal error: ATen/cuda/CUDAConfig.h: No such file or directory\n"
+    assert machine_limit(generated, torch_cuda_headers=False).startswith("<ATen/cuda/CUDAConfig.h> is missing here")
+    assert machine_limit(generated, torch_cuda_headers=True) == ""  # this torch has them: it does not exist
+    edg = 'kernel.cu(3): catastrophic error: cannot open source file "curand_kernel.h"\n\n1 catastrophic error ' \
+          'detected in the compilation of "kernel.cu".\nCompilation terminated.\n'
+    assert machine_limit(edg, torch_cuda_headers=True).startswith("<curand_kernel.h> is missing here")
+    library = "kernel.cu:3:10: fatal error: curand_kernel.h: No such file or directory\n"
+    assert machine_limit(library, torch_cuda_headers=True) == (
+        "<curand_kernel.h> is missing here (this machine's toolchain lacks it)")
+
+
+def test_any_other_error_in_the_run_is_the_candidates() -> None:
+    assert machine_limit(UNDECLARED, torch_cuda_headers=False) == ""
+    assert machine_limit(UNDECLARED + NO_CUSPARSE, torch_cuda_headers=False) == ""
+    assert machine_limit(NO_CUSPARSE + "cpp_sources:7:3: error: 'y' was not declared in this scope\n", False) == ""
+    assert machine_limit("", torch_cuda_headers=False) == ""  # a failure that says nothing is not explained
+
+
+# A load_inline candidate whose C++ and CUDA parts include torch's CUDA headers, as KernelBench
+# solutions do for the current stream.
+CUDA_HEADERS = """
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+CPP = \"\"\"
+#include <ATen/cuda/CUDAContext.h>
+void launch_relu(const float* x, float* y, long long n);
+torch::Tensor relu_forward(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    launch_relu(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    return y;
+}
+\"\"\"
+
+CUDA = \"\"\"
+#include <c10/cuda/CUDAStream.h>
+__global__ void relu_kernel(const float* x, float* y, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = fmaxf(x[i], BODY);
+}
+void launch_relu(const float* x, float* y, long long n) {
+    relu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(x, y, n);
+}
+\"\"\"
+
+_ext = load_inline(name="kbmcp_test_relu_cuda_headers", cpp_sources=CPP, cuda_sources=CUDA,
+                   functions=["relu_forward"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return _ext.relu_forward(x)
+"""
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_torchs_cuda_headers_missing_here_is_needs_gpu_and_a_real_error_stays_a_compile_error(
+        relu_problem, tmp_path) -> None:
+    """Issue 24: on the CPU build of torch a candidate including c10/cuda or ATen/cuda headers was a
+    compile_error (`c10/cuda/impl/cuda_cmake_macros.h: No such file`). It is this machine's limit."""
+    with WorkerPool(tmp_path, no_cuda=True) as pool:
+        if toolchain(pool.sandbox).torch_cuda_headers:
+            pytest.skip("torch here has its CUDA headers: nothing is missing to test")
+        limited = pool.verify(relu_problem, CUDA_HEADERS.replace("BODY", "0.0f"))
+        assert limited.verdict == Verdict.needs_gpu, limited.summary
+        [unit] = limited.compile.units
+        assert unit.ok and "is missing here" in unit.limited and unit.limited in limited.summary
+        assert "<c10/cuda/CUDAStream.h>" in unit.limited or "<ATen/cuda/CUDAContext.h>" in unit.limited
+        # an undeclared name in the kernel: nvcc reports it wherever the headers are (here, the CUDA
+        # part's headers would stop it first; the C++ part's alone do not)
+        wrong = CUDA_HEADERS.replace("BODY", "undeclared_y").replace("#include <c10/cuda/CUDAStream.h>", "") \
+            .replace("c10::cuda::getCurrentCUDAStream()", "0")
+        bad = pool.verify(relu_problem, wrong)
+        assert bad.verdict == Verdict.compile_error, bad.summary
+        assert "undeclared_y" in bad.summary
+        nowhere = pool.verify(relu_problem, CUDA_HEADERS.replace("c10/cuda/CUDAStream.h", "ATen/cuda/NoSuchHeader.h")
+                              .replace("BODY", "0.0f"))
+        assert nowhere.verdict == Verdict.compile_error and "NoSuchHeader.h" in nowhere.summary, nowhere.summary

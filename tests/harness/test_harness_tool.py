@@ -109,6 +109,25 @@ def test_on_the_gpu_a_model_that_fails_to_construct_is_the_problems_error(tmp_pa
         gpu_ctx.close()
 
 
+@pytest.mark.gpu
+def test_on_the_gpu_the_harness_running_out_of_memory_is_no_verdict_and_nothing_is_stored(tmp_path) -> None:
+    """Issue 24: the harness's own allocations failing on a GPU others filled (the problem leaves
+    768 MiB free) said `crashed` against the candidate; now nothing is stored, and the error says why."""
+    gpu_ctx = ToolContext(tmp_path / "kb.json", cache_dir=tmp_path / "cache")
+    try:
+        gpu_ctx.workers.state()  # every worker started before the problem fills the GPU
+        with pytest.raises(ToolError) as caught:
+            tool.run(gpu_ctx, tool.Request(problem=str(FIXTURES / "memory_hog_problem.py"),
+                                           candidate=fixture_source("relu_nvrtc.py")))
+        message = str(caught.value)
+        assert "not judged" in message or "failed before any candidate code ran" in message, message
+        assert "internal harness error" not in message
+        with gpu_ctx.store.read() as view:
+            assert view.list_candidates() == []
+    finally:
+        gpu_ctx.close()
+
+
 @pytest.mark.nvcc
 def test_a_hung_kb_lock_holder_does_not_lose_the_verdict(ctx, monkeypatch) -> None:
     """Another process holds the KB lock and hangs: the verdict comes back at once, waits on disk,

@@ -15,6 +15,7 @@ from kb_mcp.harness.plausibility import plausibility_findings
 from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.harness.verdict import (
     CompileResult,
+    CompileUnit,
     Evidence,
     Failure,
     FailureKind,
@@ -256,6 +257,22 @@ ENDINGS: dict[FailureKind, tuple[dict[str, object], dict[str, object], Verdict, 
     FailureKind.census_internal_error: ({"detail": "KeyError: 'x'"}, {}, Verdict.crashed,
                                         "crashed: internal error of the census worker (KeyError: 'x'); it was "
                                         "replaced"),
+    # Kinds that came with issue 24 (their numbers are worded from `Failure.memory`: test_fault_cpu).
+    FailureKind.memory_hoarded: ({"where": "ModelNew.forward (timed run 2)", "detail": "CUDA out of memory"}, {},
+                                 Verdict.crashed, "crashed: ModelNew holds GPU memory beyond its share after "
+                                                  "ModelNew.forward (timed run 2), so the harness could not allocate "
+                                                  "what it needed: CUDA out of memory"),
+    FailureKind.harness_out_of_memory: ({"where": "timing", "detail": "CUDA out of memory"}, {}, Verdict.crashed,
+                                        "not judged: the GPU ran out of memory while timing (CUDA out of memory): the "
+                                        "machine's limit, not the candidate's fault, and nothing was stored"),
+    FailureKind.shifted_inputs_rejected: ({"where": "inputs with every input negated", "detail": "CUDA error: "
+                                                                                                 "device-side assert "
+                                                                                                 "triggered"}, {},
+                                          Verdict.crashed, "not judged: the problem's Model raised a CUDA error on "
+                                          "the harness's different-distribution inputs (inputs with every input "
+                                          "negated): CUDA error: device-side assert triggered. Where the problem "
+                                          "accepts only inputs like get_inputs' own, define get_shifted_inputs() in "
+                                          "it to choose that set; nothing was stored"),
 }
 
 
@@ -266,6 +283,30 @@ def test_judge_words_every_ending_as_the_harness_always_did(kind: FailureKind) -
     judged = judge(Evidence(failure=Failure(kind=kind, **fields), **extra))  # type: ignore[arg-type]
     assert (judged.verdict, judged.summary, judged.flagged) == (verdict, summary, False)
     assert judged.settled
+
+
+def test_only_the_machines_and_the_harnesss_endings_are_not_judged() -> None:
+    assert {k for k in FailureKind if judge(Evidence(failure=Failure(kind=k))).not_judged} == {
+        FailureKind.harness_out_of_memory, FailureKind.shifted_inputs_rejected}
+    assert not judge(Evidence()).not_judged
+
+
+def test_a_census_context_broken_late_names_the_candidates_last_call() -> None:
+    broken = Failure(kind=FailureKind.census_context_broken, where="ModelNew.forward",
+                     detail="CUDA error: an illegal memory access was encountered")
+    assert judge(Evidence(failure=broken)).summary == (
+        "crashed: the CUDA context of the census worker broke after ModelNew.forward: CUDA error: an illegal memory "
+        "access was encountered")
+
+
+def test_a_unit_this_machine_cannot_compile_fully_is_needs_gpu_with_the_note() -> None:
+    unit = CompileUnit(kind="load_inline", name="ext", limited="c10/cuda/impl/cuda_cmake_macros.h, which "
+                       "<c10/cuda/CUDAStream.h> includes, is missing here (torch here is the CPU build, without its "
+                       "CUDA headers)")
+    verdict, flagged, summary = decide(CompileResult(ok=True, arch="sm_90a", units=[unit]), [], [], None, gpu=False)
+    assert verdict == Verdict.needs_gpu and not flagged
+    assert summary == ("compiled (1 unit, sm_90a); verification and timing need a GPU; not compiled fully here, this "
+                       f"machine's limit: ext: {unit.limited}")
 
 
 def test_a_census_reply_is_judged_from_its_failure() -> None:

@@ -1,0 +1,159 @@
+"""The timed half of a candidate's checks (worker side): its timed series, every output re-checked,
+the reference's eager series where eager is timed now, torch.compile's where none is cached, and the
+roofline bound (`harness.worker.checks.Checker` is this class plus the input sets and checks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kb_mcp.harness.baselines import Baseline
+from kb_mcp.harness.memory import Footprint
+from kb_mcp.harness.protocol import CensusReply
+from kb_mcp.harness.verdict import Timings
+from kb_mcp.harness.worker.fault import is_cuda_error, is_out_of_memory
+from kb_mcp.harness.worker.footprint import first_float, nbytes
+from kb_mcp.harness.worker.timing import (
+    QUICK_RUNS,
+    RunStats,
+    Series,
+    dram_bandwidth,
+    peak_flops,
+    roofline_ms,
+    time_with_reference,
+    timings_against,
+)
+from kb_mcp.harness.worker.values import clone_inputs, compare, leaves, secret_seed, tolerance_for
+
+__all__ = ["TimedChecks"]
+
+
+class TimedChecks:
+    """The timing part of `Checker` (see the module's docstring)."""
+
+    # Provided by Checker:
+    v: Any
+    ref: torch.nn.Module
+    cand: torch.nn.Module
+    atol: float | None
+    rtol: float | None
+    host_pristine: bool
+    footprint: Footprint
+    io_bytes: int
+    flops: float
+    dtype: torch.dtype
+    dtypes: set[str]
+    make_inputs: Callable[..., list[Any]]
+    ref_args: Callable[[list[Any]], list[Any]]
+
+    def _measure(self, xs: list[Any]) -> None:
+        """Bytes in and out and FLOPs of the reference, for the roofline bound, measured on the GPU
+        where the meta device could not run its forward (`harness.worker.footprint`)."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as fc:
+            out = self.ref(*(xs if self.host_pristine else clone_inputs(xs)))
+        self.flops = float(fc.get_total_flops())
+        tensors = [x for x in xs if isinstance(x, torch.Tensor)] + (leaves(out) or [])
+        self.io_bytes = nbytes(tensors)
+        self.dtype = getattr(torch, first_float(tensors), torch.float32)
+        params = [p for p in self.ref.parameters() if p.is_floating_point()]
+        self.dtypes = {str(t.dtype).replace("torch.", "") for t in tensors + params if t.is_floating_point()}
+        self.footprint = self.v.footprint = self.footprint.model_copy(update={
+            "output_bytes": nbytes(leaves(out) or []), "flops": self.flops, "dtypes": sorted(self.dtypes),
+            "dtype": str(self.dtype).replace("torch.", "")})
+
+    def _gen(self, with_ref: dict[int, Any] | None) -> Callable[[int], list[Any]]:
+        def make(i: int) -> list[Any]:
+            xs = self.make_inputs(secret_seed())
+            if with_ref is not None and i >= 0:
+                with_ref[i] = self.ref(*self.ref_args(xs))
+            return xs
+
+        return make
+
+    def time_candidate(self, base: Baseline | None) -> tuple[RunStats, RunStats | None]:
+        """The timed series of the candidate, every output re-checked against its reference, and
+        the reference's eager series where eager is timed now (`timing.time_with_reference`: a
+        first measurement, and a cached launch-bound reference re-timed beside the candidate)."""
+        v, timer = self.v, self.v.env.timer
+        assert timer is not None
+        refs: dict[int, Any] = {}
+
+        def check(i: int, out: Any) -> str | None:
+            r = refs.pop(i)
+            rl, cl = leaves(r) or [], leaves(out)
+            if cl is None or len(cl) != len(rl):
+                return "wrong output type"
+            for c, rr in zip(cl, rl):
+                if type(c) is not torch.Tensor or c.shape != rr.shape or c.dtype != rr.dtype or c.device != rr.device:
+                    return f"output {type(c).__name__} {tuple(c.shape)} {c.dtype} on {c.device}"
+                atol, rtol, _ = tolerance_for(rr.dtype, self.atol, self.rtol, v.options)
+                cm = compare(c, rr, atol, rtol, detail=False)
+                if not cm.passed:
+                    return cm.message
+            return None
+
+        quick = not v.options.timing
+        warm = 1 if quick else v.options.warmup_runs
+        runs = timer.runs_for(self.cand, self._named(self._gen(None)), quick, v.options.timed_runs)
+        cand = Series(self.cand, self._named(self._gen(refs)), runs, warm, check)
+        return time_with_reference(timer, cand, self.ref, self._gen(None), base, quick)
+
+    def _named(self, make: Callable[[int], list[Any]]) -> Callable[[int], list[Any]]:
+        """`make`, telling `fault.Blame` which call of the candidate comes next (outside the timed region)."""
+        blame = self.v.blame
+
+        def named(i: int) -> list[Any]:
+            xs = make(i)
+            blame.calling(f"ModelNew.forward (timed run {i})" if i >= 0 else "ModelNew.forward (a warm-up run)")
+            return xs
+
+        return named
+
+    def timings(self, stats: RunStats, eager: RunStats | None, base: Baseline | None,
+                census: CensusReply | None = None) -> Timings:
+        """Candidate timings against eager and torch.compile (`timing.timings_against`) and the
+        roofline bound. Without a cached baseline, `eager` (timed in this verdict) is the new eager
+        figure; torch.compile is measured here, and both are cached (not for quick runs). Beside
+        them the device times the census worker measured (`census`): the candidate's, and eager's
+        (measured there now, else the cached baseline's)."""
+        v = self.v
+        env = v.env
+        timer = env.timer
+        assert timer is not None
+        quick = not v.options.timing
+        want_compile = v.options.compile_baseline
+        cached = base is not None
+        if base is None:
+            assert eager is not None
+            compile_ms: float | None = None
+            compile_runs = 0
+            compile_note = ""
+            if want_compile:
+                make = self._gen(None)
+                try:
+                    compiled = torch.compile(self.ref)
+                    cruns = QUICK_RUNS if quick else timer.runs_for(compiled, make, False, None)
+                    cstats = timer.series(compiled, make, cruns, 1 if quick else v.options.warmup_runs)
+                    compile_ms, compile_runs = cstats.median_ms, len(cstats.gpu_ms)
+                except Exception as exc:  # torch.compile cannot handle every model
+                    if is_cuda_error(exc) or is_out_of_memory(exc):
+                        raise  # not torch.compile's limit: whose fault it is, `fault.Blame` decides
+                    compile_note = f"torch.compile failed: {type(exc).__name__}: {str(exc)[:300]}"
+            base = Baseline(problem_hash=v.problem.hash, device=env.device, torch_version=env.torch_version,
+                            eager_ms=eager.median_ms, eager_runs=len(eager.gpu_ms),
+                            eager_issue_ms=eager.issue_median_ms, compile_ms=compile_ms,
+                            compile_runs=compile_runs, compile_note=compile_note,
+                            eager_device_ms=census.reference_device.ms if census and census.reference_device else None)
+            if not quick:
+                v.new_baseline = base  # the server keeps it: this process may not write the shared cache
+        bw = dram_bandwidth(env.props)
+        bound = roofline_ms(self.io_bytes, self.flops, bw, peak_flops(env.device, self.dtype))
+        return timings_against(stats, eager, base, cached, want_compile=want_compile, quick=quick, bound_ms=bound,
+                               device=census.device if census is not None else None,
+                               eager_device=census.reference_device if census is not None else None)
+

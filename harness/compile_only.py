@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -227,7 +229,8 @@ class CompileOnly:
                 results[i] = (rc, truncate(log), sass)
                 if rc != -9:  # a killed compiler says nothing about the source: never cache it
                     path = self.store / f"{runs[i].key(ident)}.json"
-                    tmp = path.with_suffix(".tmp")
+                    # one temporary file per writer: checks ahead (other threads) may write the same entry
+                    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
                     tmp.write_text(json.dumps({"rc": rc, "log": results[i][1], "sass": sass}))
                     tmp.replace(path)
         return [results[i] for i in range(len(runs))], not todo

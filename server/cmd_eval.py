@@ -3,6 +3,7 @@ through the harness, without an LLM, and write the campaign report.
 
     kb-mcp eval ~/KernelBench --level 1 --problems 1-20,40 --solutions runs/mine
     kb-mcp eval tests/campaign/problems --solutions my_kernels --compile-only
+    kb-mcp eval ~/KernelBench --level 2 --solutions runs/mine --build-jobs 0   # serial: no builds ahead
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Match a solution file to each selected problem by name (the problem's file name, or KernelBench's "
             "level_<L>_problem_<N>_sample_<S>_kernel.py), verify and time each through compile_and_verify, and write "
             "the campaign report: speedup over eager, over torch.compile and over the better of the two, valid rate, "
-            "geomean, fast_p. Rerunning with the same --name/--out skips solutions already evaluated."
+            "geomean, fast_p. While one solution verifies on the GPU, the next ones' load_inline extensions are built "
+            "ahead on the CPU cores; progress shows the ETA. Rerunning with the same --name/--out skips solutions "
+            "already evaluated."
         ),
     )
     p.add_argument("problems", nargs="+", metavar="PROBLEMS",
@@ -45,6 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help=f"eval name: its folder is <kb artifacts>/evals/NAME (default {DEFAULT_NAME})")
     p.add_argument("--out", help="eval folder (overrides --name)")
     p.add_argument("--compile-only", action="store_true", help="no GPU: compile each solution, time nothing")
+    p.add_argument("--build-jobs", type=int, metavar="N",
+                   help="solutions built ahead at once while the GPU verifies (0: none, one after another; "
+                        "default: what the CPU cores and memory hold)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
     p.set_defaults(func=run)
 
@@ -60,8 +66,11 @@ def run(args: argparse.Namespace) -> int:
 
     kb_path = paths.resolve_kb_path(args.kb)
     folder = eval_dir(kb_path, args.name, args.out)
+    if args.build_jobs is not None and args.build_jobs < 0:
+        print("kb-mcp eval: --build-jobs takes 0 (no builds ahead) or more", file=sys.stderr)
+        return 2
     options = EvalOptions(problems=list(args.problems), solutions=args.solutions, level=args.level, ids=args.ids,
-                          track=Track(args.track), compile_only=args.compile_only)
+                          track=Track(args.track), compile_only=args.compile_only, build_jobs=args.build_jobs)
     ctx = ToolContext(kb_path, client_name="kb-mcp eval")
     try:
         with ConsoleProgress(enabled=not args.no_progress) as console:

@@ -25,8 +25,8 @@ went, and then:
 Without a GPU (`--compile-only`, or none here) the verifications are the compile-only path's and hold
 no GPU time: the ratio is printed but means nothing; the run shows the pipeline working and the verdicts
 agreeing. The solutions in bench/eval_pipeline_solutions are ten level-2 problems' load_inline
-kernels (plain GEMM or convolution with the problem's epilogue; KernelBench style, so each cold
-build takes tens of seconds). Writes eval_pipeline.json to --out.
+kernels (plain GEMM or convolution with the problem's epilogue; torch/extension.h on the C++ side, so
+each cold build takes real time). Writes eval_pipeline.json to --out.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 An eval's problems take turns on the GPU, one after another; what is left is the number of problems
 still to verify times what one took. The first problem is no measure of the rest: it pays the cold
 start (its own build could not be made ahead of anything) while the later ones find their builds
-made. So the estimate uses the median time of the problems after the first once there are any,
-the first problem's alone (said as such) before that, and says "ETA unknown" until a problem has
-finished. Problems that need no verification (no solution, evaluated already) cost nothing and are
-not counted.
+made. So the estimate uses the mean time of the problems after the first once there are any (the
+pace: where builds, not the GPU, set it, a problem whose build was made beside another's takes no
+time and the next one a whole build, and only their mean is the pace), the first problem's alone
+(said as such) before that, and says "ETA unknown" until a problem has finished. Problems that need
+no verification (no solution, evaluated already) cost nothing and are not counted.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Eta:
         if not self.times:
             return None
         later = self.times[1:]
-        return statistics.median(later) if later else self.times[0]
+        return statistics.fmean(later) if later else self.times[0]
 
     def remaining(self, running_for: float = 0.0) -> float | None:
         """Seconds left, the running verification (`running_for` seconds in) counted as at least

@@ -1,5 +1,5 @@
 """The eval's ETA (`campaign/eta.py`): unknown until a problem finished, the first problem's time
-said as such, then the median of the later ones (the first pays the cold start)."""
+said as such, then the mean of the later ones (the first pays the cold start)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_the_first_problem_alone_gives_a_rough_estimate_said_as_such() -> None:
 
 def test_later_problems_set_the_pace_and_the_running_one_counts() -> None:
     eta = Eta(6)
-    for seconds in (60, 20, 22, 100):  # the first (cold) is left out; one slow problem does not move the median
+    for seconds in (60, 20, 22, 24):  # the first (cold) is left out
         eta.finished(seconds)
     assert eta.per_problem() == 22
     assert eta.left == 2
@@ -45,3 +45,12 @@ def test_later_problems_set_the_pace_and_the_running_one_counts() -> None:
 
 def test_nothing_to_verify_is_done_at_once() -> None:
     assert Eta(0).text() == "done"
+
+
+def test_where_builds_set_the_pace_the_estimate_is_their_pace() -> None:
+    """Two builds at a time, each slower than a verification: every other problem finds its build
+    made (a second), the next waits a whole build (30 s); the pace is their mean, not either."""
+    eta = Eta(11)
+    for seconds in (55, 1, 30, 1, 30):
+        eta.finished(seconds)
+    assert eta.per_problem() == 15.5 and eta.remaining() == 6 * 15.5

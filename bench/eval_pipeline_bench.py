@@ -3,11 +3,13 @@ GPU's verifications.
 
     source .whl/prelude.sh && python3 bench/eval_pipeline_bench.py ../shared/kernelbench --out "$OUT" \\
         [--solutions bench/eval_pipeline_solutions] [--level 2] [--problems 9,12,29] [--build-jobs N] \\
-        [--pipelined-first] [--compile-only]
+        [--serial-first] [--compile-only]
 
 In one process, the same problems and solutions go through `kb-mcp eval` (`campaign.evaluate`) twice:
-serially (`build_jobs=0`: each verification builds its own extension while the GPU waits) and
-pipelined (the next solutions built ahead on the CPU cores while one verifies). Each run has a KB, a
+pipelined (the next solutions built ahead on the CPU cores while one verifies), then serially
+(`build_jobs=0`: each verification builds its own extension while the GPU waits); the pipelined run
+goes first, so that it is the one whose compilers read their headers cold, and so that its numbers
+are written (eval_pipeline.json, after each run) even if the serial run is cut short. Each run has a KB, a
 cache (build cache, compile-only cache, baselines) and an eval folder of its own, so both start cold;
 each starts its worker pool (and probes the compilers) before its clock starts, so neither wall time
 holds start-up, which is the same for both. It prints, per problem, both verdicts and where the time
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--level", type=int, default=2, help="KernelBench level (default 2)")
     parser.add_argument("--problems", dest="ids", help="problem ids (default: those the solutions folder has)")
     parser.add_argument("--build-jobs", type=int, default=None, help="builds ahead at once (default: the eval's)")
-    parser.add_argument("--pipelined-first", action="store_true", help="run the pipelined eval first")
+    parser.add_argument("--serial-first", action="store_true", help="run the serial eval first")
     parser.add_argument("--compile-only", action="store_true", help="no GPU: compile-only verifications")
     parser.add_argument("--out", type=Path, help="folder for eval_pipeline.json (and the runs' folders)")
     parser.add_argument("--verbose", action="store_true", help="print every progress update")
@@ -224,12 +226,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--build-jobs must be at least 1 for the pipelined run")
     root = (args.out or Path(tempfile.mkdtemp(prefix="eval-pipeline-"))).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    order = [("pipelined", jobs), ("serial", 0)] if args.pipelined_first else [("serial", 0), ("pipelined", jobs)]
-    runs = {mode: run_mode(mode, n, args, root) for mode, n in order}
+    order = [("serial", 0), ("pipelined", jobs)] if args.serial_first else [("pipelined", jobs), ("serial", 0)]
+    runs: dict[str, ModeRun] = {}
+    out: dict[str, Any] = {"order": [m for m, _ in order], "summary": None, "runs": {}}
+    for mode, n in order:
+        runs[mode] = run_mode(mode, n, args, root)
+        out["runs"][mode] = runs[mode].model_dump()
+        (root / "eval_pipeline.json").write_text(json.dumps(out, indent=1))  # what was measured so far
+        print(f"[{mode}] wall {runs[mode].wall_s:.1f} s, GPU time of the verifications {runs[mode].gpu_s:.1f} s",
+              file=sys.stderr, flush=True)
     serial, piped = runs["serial"], runs["pipelined"]
     print(report(serial, piped, args.compile_only))
-    headline = summary(serial, piped, args.compile_only)
-    out = {"order": [m for m, _ in order], "summary": headline, "runs": {m: r.model_dump() for m, r in runs.items()}}
+    out["summary"] = headline = summary(serial, piped, args.compile_only)
     (root / "eval_pipeline.json").write_text(json.dumps(out, indent=1))
     print(f"written: {root / 'eval_pipeline.json'}")
     return 0 if headline["verdicts_agree"] else 1

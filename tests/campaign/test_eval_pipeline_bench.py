@@ -29,7 +29,7 @@ def test_the_bench_runs_both_evals_and_their_verdicts_agree(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verdicts agree: yes" in proc.stdout and "(no GPU: not meaningful)" in proc.stdout
     data = json.loads((tmp_path / "eval_pipeline.json").read_text())
-    assert data["order"] == ["serial", "pipelined"]
+    assert data["order"] == ["pipelined", "serial"]
     serial, piped = data["runs"]["serial"], data["runs"]["pipelined"]
     assert serial["build_jobs"] == 0 and piped["build_jobs"] == 2
     assert [p["verdict"] for p in piped["problems"]] == ["needs_gpu", "needs_gpu", None]

@@ -33,15 +33,40 @@ from kb_mcp.harness.toolchain import DEFAULT_ARCH, build_target, extension_name,
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
 def gpu_target(info: WorkerInfo) -> AheadTarget:
     """What builds ahead target on a GPU machine, for this worker's arch (none here: the default) and torch."""
     return AheadTarget(compile_only=False, arch=info.arch or DEFAULT_ARCH, torch_version=info.torch_version)
 
 
+class RecordingBuilds(BuildService):
+    """The pool's build service, recording what the worker asks it for. With `build` off it answers
+    without building: a CUDA extension cannot be built with this machine's CPU-only torch, and what
+    is compared then is the name."""
+
+    def __init__(self, *args: object, build: bool = True) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.asked: list[tuple[SourceUnit, str, str]] = []
+        self.really = build
+
+    def build(self, unit: SourceUnit, arch: str, torch_version: str, timeout_s: float = 600.0) -> BuildReply:
+        self.asked.append((unit, arch, torch_version))
+        if self.really:
+            return super().build(unit, arch, torch_version, timeout_s)
+        return BuildReply(ok=False, refused="recorded by the test, not built")
+
+
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerPool]:
     with WorkerPool(tmp_path_factory.mktemp("ahead-cache"), no_cuda=True, spare=False) as p:
+        p.builds = RecordingBuilds(p.cache_dir, p.sandbox)
         yield p
+
+
+def _asked(pool: WorkerPool) -> list[tuple[SourceUnit, str, str]]:
+    builds = pool.builds
+    assert isinstance(builds, RecordingBuilds)
+    return builds.asked
 
 
 def test_an_extension_built_ahead_is_found_by_the_worker_without_a_build(pool: WorkerPool, relu_problem) -> None:
@@ -55,11 +80,11 @@ def test_an_extension_built_ahead_is_found_by_the_worker_without_a_build(pool: W
     assert unit.cflags == ["-O2", "-DKBMCP_ANSWER=42"] and not unit.implicit_headers
     name = extension_name(unit, False, info.torch_version, build_target(DEFAULT_ARCH))
     assert ahead.service.published(name).is_file()
-    before = pool.builds.builds
+    before, asked = pool.builds.builds, len(_asked(pool))
     # the census worker imports the candidate with the worker's builder: found by name, loaded, called
     reply = pool.census(relu_problem, source)
     assert reply.failure is None and reply.clean, reply
-    assert pool.builds.builds == before  # the pool built nothing
+    assert len(_asked(pool)) == asked and pool.builds.builds == before  # not even asked for; nothing rebuilt
     assert ahead.build(source).cached == 1  # and building it ahead again finds it too
 
 
@@ -72,24 +97,12 @@ def test_a_build_that_fails_ahead_is_not_published_and_the_worker_reports_its_ow
     [unit] = inline_units_ahead(source)
     assert not ahead.service.published(extension_name(unit, False, info.torch_version,
                                                       build_target(DEFAULT_ARCH))).exists()
-    before = pool.builds.builds
+    before, asked = pool.builds.builds, len(_asked(pool))
     reply = pool.census(relu_problem, source)
-    assert pool.builds.builds == before + 1  # the worker asked, the pool built (and failed) as without ahead
+    # the worker asked, the pool built (and failed) as it would have without the build ahead
+    assert len(_asked(pool)) == asked + 1 and pool.builds.builds == before + 1
     assert reply.failure is not None and "Error building extension 'kbmcp_answer'" in reply.failure.detail
     assert "expected" in reply.failure.detail  # the compiler's own words reach the candidate's account
-
-
-class RecordingBuilds(BuildService):
-    """The pool's build service, recording what the worker asks for. A CUDA extension cannot be built
-    with this machine's CPU-only torch, so it answers without building: what is compared is the name."""
-
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
-        self.asked: list[tuple[SourceUnit, str, str]] = []
-
-    def build(self, unit: SourceUnit, arch: str, torch_version: str, timeout_s: float = 600.0) -> BuildReply:
-        self.asked.append((unit, arch, torch_version))
-        return BuildReply(ok=False, refused="recorded by the test, not built")
 
 
 def _names(unit: SourceUnit, torch_version: str, arch: str) -> list[str]:
@@ -129,7 +142,7 @@ REAL = sorted((ROOT / "bench" / "eval_pipeline_solutions" / "level2").glob("*.py
 @pytest.fixture(scope="module")
 def recording_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerPool]:
     with WorkerPool(tmp_path_factory.mktemp("names-cache"), no_cuda=True, spare=False) as p:
-        p.builds = RecordingBuilds(p.cache_dir, p.sandbox)
+        p.builds = RecordingBuilds(p.cache_dir, p.sandbox, build=False)
         yield p
 
 

@@ -154,14 +154,27 @@ def test_an_interrupted_eval_leaves_no_compiler_running(tmp_path: Path) -> None:
     assert gone(COMPILERS)
 
 
-SQUARE = '''"""3_Square in load_inline (KernelBench style, torch/extension.h in the CUDA source): y = x * x."""
+SQUARE = '''"""3_Square in load_inline: y = x * x (torch's headers on the C++ side, a plain CUDA launcher)."""
 
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
+CPP = r"""
+void launch_square(const float* x, float* y, long long n, void* stream);
+
+torch::Tensor forward(torch::Tensor x, int64_t stream) {
+    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32, "x: float32 on the GPU");
+    x = x.contiguous();
+    auto y = torch::empty_like(x);
+    if (x.numel() > 0) {
+        launch_square(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), reinterpret_cast<void*>(stream));
+    }
+    return y;
+}
+"""
+
 CUDA = r"""
-#include <torch/extension.h>
 #include <cuda_runtime.h>
 
 __global__ void square(const float* __restrict__ x, float* __restrict__ y, long long n) {
@@ -169,20 +182,12 @@ __global__ void square(const float* __restrict__ x, float* __restrict__ y, long 
     if (i < n) y[i] = x[i] * x[i];
 }
 
-torch::Tensor forward(torch::Tensor x, int64_t stream) {
-    x = x.contiguous();
-    auto y = torch::empty_like(x);
-    const long long n = x.numel();
-    if (n > 0) {
-        square<<<(unsigned)((n + 255) / 256), 256, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
-            x.data_ptr<float>(), y.data_ptr<float>(), n)MISSING;
-    }
-    return y;
+void launch_square(const float* x, float* y, long long n, void* stream) {
+    square<<<(unsigned)((n + 255) / 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, y, n)MISSING;
 }
 """
 
-_ext = load_inline(name="NAME", cpp_sources="torch::Tensor forward(torch::Tensor x, int64_t stream);",
-                   cuda_sources=CUDA, functions=["forward"])
+_ext = load_inline(name="NAME", cpp_sources=CPP, cuda_sources=CUDA, functions=["forward"])
 
 
 class ModelNew(nn.Module):

@@ -185,7 +185,7 @@ def report(serial: ModeRun, piped: ModeRun, compile_only: bool) -> str:
     lines = [table(serial, piped), "",
              f"device: {piped.device or 'none (compile-only)'}; builds ahead: {piped.build_jobs} at a time",
              f"wall: serial {serial.wall_s:.1f} s, pipelined {piped.wall_s:.1f} s "
-             f"({s['speedup_over_serial']}x faster); worker start-up before each clock: "
+             f"(serial / pipelined: {s['speedup_over_serial']}); worker start-up before each clock: "
              f"{serial.start_s:.1f} s / {piped.start_s:.1f} s",
              f"GPU time of the verifications (lane held, builds excluded): pipelined {piped.gpu_s:.1f} s, "
              f"serial {serial.gpu_s:.1f} s",

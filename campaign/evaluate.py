@@ -11,29 +11,42 @@ candidate id) and rebuilds the report.
 
 A problem without a solution file is listed with the reason; its baselines are not timed here
 (the harness times eager and torch.compile inside a verification).
+
+The eval is pipelined (`campaign.eval_pipeline`): while the GPU verifies one solution, the next
+solutions' `load_inline` extensions are built ahead on the remaining CPU cores, by the harness's build
+service, into the cache the worker looks them up in (`harness.ahead`), so cold builds hide behind
+verifications. A build ahead is never a verdict: the verification runs as it would without it, and a
+solution whose build failed ahead is built and judged by the verification itself. `build_jobs` 0 is
+the serial eval. Progress shows each problem's phase and the whole run's ETA (`campaign.eta`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.campaign.bench import attempt_from
+from kb_mcp.campaign.eta import OVERALL, Eta
+from kb_mcp.campaign.eval_pipeline import Pipeline
 from kb_mcp.campaign.models import CampaignConfig, CampaignStatus, InitialRecord
 from kb_mcp.campaign.report import CampaignReport, report_from_store
 from kb_mcp.campaign.report_render import write_report
 from kb_mcp.campaign.selection import ProblemRef, SelectionError, match_solution, select_problems
 from kb_mcp.campaign.store import CampaignError, CampaignStore
-from kb_mcp.harness.problem import ProblemError, candidate_id, load_problem
+from kb_mcp.harness.ahead import AheadOutcome, BuildsAhead, default_jobs, target_for
+from kb_mcp.harness.problem import Problem, ProblemError, candidate_id, load_problem
 from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb.models import DEFAULT_TRACK, Track, Verdict
 from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext
 
-ProgressFn = Callable[[str, int, int, str], None]  # (problem, done, total, message), as a campaign's
+ProgressFn = Callable[[str, int, int, str], None]  # (problem, done, total, message), as a campaign's;
+# the problem `eta.OVERALL` carries the whole run's (verifications done, to do, the ETA)
 LogFn = Callable[[str], None]
 
 
@@ -52,6 +65,21 @@ class EvalOptions(BaseModel):
     ids: str | None = Field(None, description="problem ids and ranges, e.g. 1-20,40")
     track: Track = Field(DEFAULT_TRACK, description="precision track the solutions are verified in")
     compile_only: bool = Field(False, description="compile only (no GPU): verdict needs_gpu, nothing timed")
+    build_jobs: int | None = Field(
+        None, ge=0, le=256,
+        description="solutions built ahead at once while the GPU verifies (0: none, the serial eval; default: what "
+                    "the CPU cores and memory hold, harness.ahead.default_jobs)")
+
+
+class StepTimes(BaseModel):
+    """Where one problem's time went (seconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    wall_s: float  # the whole step: waiting for its builds ahead, then its verification
+    wait_s: float = 0.0  # waiting for its builds ahead, before the verification started
+    verify_s: float = 0.0  # the verification (GPU lane held), less the time its worker spent building
+    build_s: float = 0.0  # building inside the verification (what was not built ahead; NVRTC included)
 
 
 class EvalLine(BaseModel):
@@ -64,6 +92,7 @@ class EvalLine(BaseModel):
     verdict: Verdict | None = None
     speedup: float | None = None  # over the better of eager and torch.compile
     note: str = ""
+    times: StepTimes | None = None  # for problems verified in this run
 
 
 class EvalResult(BaseModel):
@@ -105,7 +134,8 @@ def evaluate(
     progress: ProgressFn | None = None,
     log: LogFn | None = None,
 ) -> EvalResult:
-    """Verifies each selected problem's solution through the harness and writes the report in `folder`.
+    """Verifies each selected problem's solution through the harness and writes the report in `folder`,
+    building the next solutions ahead while one verifies (`options.build_jobs`; see the module docstring).
 
     `have_gpu` (the caller's look for a GPU) only words the note of a problem without a solution.
     """
@@ -122,7 +152,7 @@ def evaluate(
     try:
         _write_status(store, ctx, refs, options, "running")
         run = _Run(store, ctx, solutions, options, have_gpu, progress or _quiet, log or _silent, len(refs))
-        lines = [run.one(ref, i) for i, ref in enumerate(refs)]
+        lines = run.all([run.plan(ref, i) for i, ref in enumerate(refs)])
         _write_status(store, ctx, refs, options, "finished")
         report = report_from_store(store)
         write_report(report, store.report_dir)
@@ -154,6 +184,20 @@ def _write_status(store: CampaignStore, ctx: ToolContext, refs: list[ProblemRef]
     store.write_status(status)
 
 
+@dataclass
+class _Planned:
+    """One selected problem, matched and read before anything runs."""
+
+    index: int
+    ref: ProblemRef
+    solution: Path | None = None
+    problem: Problem | None = None
+    source: str = ""
+    done: EvalLine | None = None  # decided without a verification: no solution, not a problem, evaluated already
+    message: str = ""  # its progress message, when decided so
+    say: bool = False  # whether the log says why
+
+
 class _Run:
     """One eval's fixed settings, so each problem's step reads as a short method."""
 
@@ -161,41 +205,119 @@ class _Run:
                  have_gpu: bool, progress: ProgressFn, log: LogFn, total: int) -> None:
         self.store, self.ctx, self.solutions, self.options = store, ctx, solutions, options
         self.have_gpu, self.progress, self.log, self.total = have_gpu, progress, log, total
+        self.eta = Eta(0)
+        self.pipe: Pipeline[str, AheadOutcome] = Pipeline(_nothing, 0)
+        # The per-problem step, after the problem's builds ahead are done: (its line, seconds its
+        # worker spent building, seconds the step took). An eval of another kind sets its own.
+        self.step: Callable[[_Planned, Callable[[str], None]], tuple[EvalLine, float, float]] = self.verify
 
     def _say(self, index: int, name: str, text: str) -> None:
         self.log(f"[{index + 1}/{self.total}] {name}: {text}")
 
-    def one(self, ref: ProblemRef, index: int) -> EvalLine:
-        """Evaluates one problem (or says why it could not) and stores its record."""
+    def plan(self, ref: ProblemRef, index: int) -> _Planned:
+        """Matches the problem's solution and reads both (nothing runs), or says why it needs no verification."""
         name = ref.name
         self.progress(name, 0, 1, "matching a solution")
         solution = match_solution(ref, self.solutions) if self.solutions is not None else None
         if solution is None:
-            note = self._no_solution_note()
-            self._say(index, name, note)
-            self.progress(name, 1, 1, "no solution")
-            return EvalLine(problem=name, note=note)
+            return _Planned(index, ref, done=EvalLine(problem=name, note=self._no_solution_note()),
+                            message="no solution", say=True)
         try:
             problem = load_problem(str(ref.path))
         except ProblemError as exc:
-            self._say(index, name, str(exc))
-            self.progress(name, 1, 1, "not a problem file")
-            return EvalLine(problem=name, solution=str(solution), note=str(exc))
+            return _Planned(index, ref, solution, done=EvalLine(problem=name, solution=str(solution), note=str(exc)),
+                            message="not a problem file", say=True)
         source = solution.read_text(errors="replace")
         existing = self.store.initials().get(name)
         if existing is not None and existing.candidate_id == candidate_id(problem, source) and existing.final:
-            self.progress(name, 1, 1, f"already evaluated: {existing.verdict.value if existing.verdict else '-'}")
-            return _line(name, solution, existing, "already evaluated in this folder")
-        self.progress(name, 0, 1, f"verifying {solution.name}")
-        record = _verify(self.ctx, problem, ref, solution, self.options)
-        self.store.write_initial(record)
-        if record.candidate_id:
-            self.store.save_kernel(name, record.candidate_id, source)
-        line = _line(name, solution, record, record.error or "")
-        self._say(index, name, (line.verdict.value if line.verdict else "error")
+            return _Planned(index, ref, solution, problem, source,
+                            done=_line(name, solution, existing, "already evaluated in this folder"),
+                            message=f"already evaluated: {existing.verdict.value if existing.verdict else '-'}")
+        return _Planned(index, ref, solution, problem, source)
+
+    def all(self, plan: list[_Planned]) -> list[EvalLine]:
+        """Each problem's step in order, the next solutions built ahead meanwhile."""
+        todo = [p for p in plan if p.done is None]
+        self.eta = Eta(len(todo))
+        builder = self._builder(todo)
+        jobs = self._jobs() if builder is not None else 0
+        with Pipeline(builder.build if builder else _nothing, jobs, builder.stop if builder else _none,
+                      self.log) as self.pipe:
+            if builder is not None:
+                ahead = [p for p in todo if builder.units(p.source)]
+                for p in ahead:
+                    self.pipe.submit(p.index, p.source)
+                if ahead:
+                    target = builder.target
+                    self.log(f"building {len(ahead)} solution(s) ahead, {jobs} at a time, for "
+                             + ("compile-only checks" if target.compile_only else
+                                f"{target.arch}, torch {target.torch_version}") + ", while the verifications run")
+            return [self.one(p) for p in plan]
+
+    def _jobs(self) -> int:
+        return default_jobs() if self.options.build_jobs is None else self.options.build_jobs
+
+    def _builder(self, todo: list[_Planned]) -> BuildsAhead | None:
+        """What builds ahead, for the GPU and torch of the pool's worker (started here: the first
+        verification needs it anyway); None for a serial eval, or when no worker starts (each
+        verification then says why)."""
+        if not todo or not self._jobs():
+            return None
+        try:
+            pool = self.ctx.workers
+            info = pool.info()
+        except RuntimeError as exc:  # no sandbox, no worker: the verifications report it
+            self.log(f"no builds ahead: {exc}")
+            return None
+        options = _verify_options(self.options)
+        return BuildsAhead(pool.cache_dir, pool.sandbox, target_for(info, options, pool.no_cuda),
+                           options.compile_timeout_s)
+
+    def _report(self, name: str, message: str, started: float) -> None:
+        """The problem's progress (a step under way since `started`), and the whole run's."""
+        self.progress(name, 0, 1, message)
+        self._overall(time.monotonic() - started)
+
+    def _overall(self, running_for: float = 0.0) -> None:
+        """The whole run's progress: verifications done of those to do, the ETA, builds ahead."""
+        built, ahead = self.pipe.counts()
+        extra = f" · {built}/{ahead} built ahead" if ahead else ""
+        self.progress(OVERALL, len(self.eta.times), self.eta.todo, self.eta.text(running_for) + extra)
+
+    def one(self, p: _Planned) -> EvalLine:
+        """Evaluates one problem (or says why it needs no verification): waits for its builds ahead,
+        then runs the step (`self.step`), timing both."""
+        name = p.ref.name
+        if p.done is not None:
+            if p.say:
+                self._say(p.index, name, p.done.note)
+            self.progress(name, 1, 1, p.message)
+            return p.done
+        t0 = time.monotonic()
+        self._overall()
+        waited, _ = self.pipe.claim(
+            p.index, lambda s: self._report(name, f"waiting for its build ahead ({s:.0f} s)", t0))
+        line, build_s, step_s = self.step(p, lambda text: self._report(name, text, t0))
+        wall = time.monotonic() - t0
+        self.eta.finished(wall)
+        times = StepTimes(wall_s=round(wall, 3), wait_s=round(waited, 3), build_s=round(build_s, 3),
+                          verify_s=round(max(0.0, step_s - build_s), 3))
+        self._say(p.index, name, (line.verdict.value if line.verdict else "error")
                   + (f", {line.speedup:.2f}x" if line.speedup else "") + (f" ({line.note})" if line.note else ""))
         self.progress(name, 1, 1, line.verdict.value if line.verdict else "error")
-        return line
+        self._overall()
+        return line.model_copy(update={"times": times})
+
+    def verify(self, p: _Planned, report: Callable[[str], None]) -> tuple[EvalLine, float, float]:
+        """The eval's step: the solution through compile_and_verify, its record stored; (its line, the
+        seconds its worker spent building, the seconds the verification took)."""
+        assert p.solution is not None
+        report(f"verifying {p.solution.name}")
+        record, build_s, verify_s = _verify(self.ctx, p, self.options, report)
+        self.store.write_initial(record)
+        if record.candidate_id:
+            self.store.save_kernel(p.ref.name, record.candidate_id, p.source)
+        return _line(p.ref.name, p.solution, record, record.error or ""), build_s, verify_s
 
     def _no_solution_note(self) -> str:
         found = ("no solutions folder given" if self.solutions is None else
@@ -205,17 +327,38 @@ class _Run:
         return f"{found}; its baselines are timed only beside a solution"
 
 
-def _verify(ctx: ToolContext, problem: object, ref: ProblemRef, solution: Path, options: EvalOptions) -> InitialRecord:
-    request = compile_and_verify.Request(problem=str(ref.path), candidate=str(solution),
+def _nothing(source: str) -> AheadOutcome:
+    """Work ahead of a serial eval: none."""
+    return AheadOutcome()
+
+
+def _none() -> None:
+    """Nothing to stop."""
+
+
+def _verify(ctx: ToolContext, p: _Planned, options: EvalOptions,
+            phase: Callable[[str], None]) -> tuple[InitialRecord, float, float]:
+    """The solution through compile_and_verify: (its record, seconds its worker spent building,
+    seconds the verification took)."""
+    assert p.problem is not None
+    request = compile_and_verify.Request(problem=str(p.ref.path), candidate=str(p.solution),
                                          options=_verify_options(options))
-    base = dict(problem=ref.name, problem_hash=problem.hash, problem_path=str(ref.path))  # type: ignore[attr-defined]
+    base = dict(problem=p.ref.name, problem_hash=p.problem.hash, problem_path=str(p.ref.path))
+
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        phase(message or "verifying")
+
+    t0 = time.monotonic()
     try:
-        result = compile_and_verify.run(ctx, request)
+        result = compile_and_verify.run(ctx, request, progress)
     except ToolError as exc:
-        return InitialRecord(**base, error=f"compile_and_verify refused it: {exc}")
+        return InitialRecord(**base, error=f"compile_and_verify refused it: {exc}"), 0.0, time.monotonic() - t0
+    seconds = time.monotonic() - t0
     attempt = attempt_from(result)
+    attempt.wall_s = round(seconds, 3)
     stored = result.record
-    return InitialRecord(**base, attempts=[attempt], accepted=stored.verdict.is_valid and not stored.flagged)
+    record = InitialRecord(**base, attempts=[attempt], accepted=stored.verdict.is_valid and not stored.flagged)
+    return record, result.compile.seconds, seconds
 
 
 def _line(name: str, solution: Path, record: InitialRecord, note: str) -> EvalLine:

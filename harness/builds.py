@@ -27,6 +27,7 @@ from filelock import FileLock
 
 from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.protocol import BuildReply, BuildReport, BuildSpec
+from kb_mcp.harness.running import Running, Stopped
 from kb_mcp.harness.sandbox import Grant, Sandbox
 from kb_mcp.harness.scratch import new_scratch
 from kb_mcp.harness.toolchain import (
@@ -39,6 +40,7 @@ from kb_mcp.harness.toolchain import (
 )
 
 REPORT_LIMIT = 4 << 20  # a build report is small; a larger file is not the build process's
+_STOPPED = "the build was stopped before it finished (the work it was for was cancelled); nothing was published"
 
 
 class ToolchainError(RuntimeError):
@@ -85,11 +87,16 @@ def _copy_regular(src: Path, dest_dir: Path, name: str) -> None:
 
 
 class BuildService:
-    """Builds `load_inline` units for workers, in the sandbox, into the shared cache."""
+    """Builds `load_inline` units for workers, in the sandbox, into the shared cache.
 
-    def __init__(self, cache_dir: Path, sandbox: Sandbox) -> None:
+    `running` holds the build processes it starts: the pool's service keeps its own; builds ahead
+    (`harness.ahead`) use one that a cancelled eval stops, at a lower CPU priority.
+    """
+
+    def __init__(self, cache_dir: Path, sandbox: Sandbox, running: Running | None = None) -> None:
         self.ext_dir = cache_dir / "torch_extensions"
         self.sandbox = sandbox
+        self.running = running or Running()
         self.builds = 0  # builds run (cache misses), for tests and status
 
     def published(self, ext: str) -> Path:
@@ -122,6 +129,8 @@ class BuildService:
             for light, ext in names:  # another server may have built it while this one waited
                 if self.published(ext).is_file():
                     return BuildReply(ok=True, ext=ext, light=light, cached=True)
+            if self.running.stopped:
+                return BuildReply(ok=False, log=_STOPPED)
             reply = self._run(unit, arch, timeout_s, dict(names))
         return reply.model_copy(update={"seconds": round(time.monotonic() - t0, 3)})
 
@@ -133,9 +142,11 @@ class BuildService:
             spec = BuildSpec(unit=unit, arch=arch, out_dir=str(out_dir), report_path=str(scratch / "report.json"))
             (scratch / "spec.json").write_text(spec.model_dump_json())
             self.builds += 1
-            code, output = self.sandbox.run(
-                [sys.executable, "-m", "kb_mcp.harness.worker.build", str(scratch / "spec.json")],
+            code, output = self.running.run(
+                self.sandbox, [sys.executable, "-m", "kb_mcp.harness.worker.build", str(scratch / "spec.json")],
                 Grant(role="build", scratch=scratch), timeout_s=timeout_s)
+            if self.running.stopped:
+                return BuildReply(ok=False, log=_STOPPED)
             report_path = Path(spec.report_path)
             if code == -9 or not report_path.is_file() or report_path.stat().st_size > REPORT_LIMIT:
                 why = f"the build was stopped after {timeout_s:.0f} s" if code == -9 else ("the build process ended "
@@ -150,6 +161,8 @@ class BuildService:
                 return BuildReply(ok=False, log="the build process reported a library the server did not ask for")
             _copy_regular(so, self.published(ext).parent, f"{ext}.so")
             return BuildReply(ok=True, ext=ext, light=report.light, log=report.log)
+        except Stopped:
+            return BuildReply(ok=False, log=_STOPPED)
         except (OSError, ValueError) as exc:
             return BuildReply(ok=False, log=f"the build could not be published: {exc}")
         finally:

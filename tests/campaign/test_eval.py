@@ -86,7 +86,7 @@ def test_an_eval_in_another_track_is_its_own_key_and_its_own_folder(first_run) -
     tmp, _ = first_run
     out = tmp / "tf32"
     proc = _eval(tmp, str(TREE), "--solutions", str(SOLUTIONS), "--level", "1", "--problems", "1",
-                 "--compile-only", "--track", "tf32", "--out", str(out))
+                 "--compile-only", "--track", "tf32", "--out", str(out), "--build-jobs", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [record] = CampaignStore(out).initials().values()
     stored = record.final.record
@@ -111,6 +111,7 @@ def test_an_eval_in_another_track_is_its_own_key_and_its_own_folder(first_run) -
         (["--problems", "7"], "none with ids 7"),
         (["--solutions", "/no/such/dir"], "solutions folder not found"),
         (["--level", "5"], "has no level5 folder"),
+        (["--build-jobs", "-1"], "--build-jobs takes 0 (no builds ahead) or more"),
     ],
 )
 def test_unusable_arguments_are_the_callers_to_fix(tmp_path: Path, args: list[str], message: str) -> None:

@@ -8,6 +8,7 @@ that the harness refuses clearly where no sandbox can be built.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -132,6 +133,29 @@ def test_a_process_outlives_the_thread_that_started_it(sandbox: Sandbox) -> None
     finally:
         sb.kill_group(started[0])
         started[0].wait(10)
+
+
+def test_an_interrupted_wait_kills_what_it_waited_for(sandbox: Sandbox) -> None:
+    """Ctrl-C while `Sandbox.run` waits (a build, a compiler) ends the process too, not only the wait;
+    and work that may wait runs at the niceness its limits give."""
+    marker = f"kbmcp-interrupted-{os.getpid()}"
+    previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        signal.alarm(2)
+        with pytest.raises(KeyboardInterrupt):
+            sandbox.run([sys.executable, "-c", f"import time; time.sleep(60)  # {marker}"],
+                        Grant(role="tool", scratch=new_scratch("test")), timeout_s=120)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_mentioning(marker) == []
+    limits = dataclasses.replace(sb.limits_for("build"), nice=7)
+    code, out = sandbox.run([sys.executable, "-c", "import os; print(os.nice(0))"],
+                            Grant(role="build", scratch=new_scratch("test")), timeout_s=60, limits=limits)
+    assert code == 0 and int(out.strip().splitlines()[-1]) == os.nice(0) + 7
 
 
 def _processes_mentioning(text: str) -> list[int]:

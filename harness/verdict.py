@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.harness.options import VerifyOptions, assess_options
+from kb_mcp.harness.probing import PrecisionCheck
 from kb_mcp.kb.models import DEFAULT_TRACK, CandidateRecord, Track, Verdict
 
 
@@ -196,6 +197,8 @@ class VerifyResult(BaseModel):
     elapsed_s: float = 0.0
     worker_replaced: bool = False
     track: Track = DEFAULT_TRACK  # the precision track it was verified in (its tolerance, its scores)
+    # Kernels on tensor cores below the track's precision, and what the precision probes found (`harness.probing`).
+    precision: PrecisionCheck | None = None
 
     def record(self, options: VerifyOptions) -> CandidateRecord:
         """The KB's record of this verdict (what `record_outcome` reads), keyed by the options it
@@ -232,6 +235,7 @@ def decide(
     *,
     gpu: bool = True,
     loosened: str = "",
+    precision: PrecisionCheck | None = None,
 ) -> tuple[Verdict, bool, str]:
     """The verdict, whether it is held for review, and a one-line summary.
 
@@ -241,7 +245,9 @@ def decide(
     clean build is `needs_gpu`; otherwise the speedup over the better baseline (end-to-end times)
     decides between `faster` and `slower`; the device times are shown beside it, never decide.
     `loosened` (a note that the caller loosened the tolerance) and review-only findings set the
-    flag without changing the verdict.
+    flag without changing the verdict. `precision` (kernels on tensor cores below the track's
+    precision) is named in a valid or needs_gpu summary: the scheme the probes saw, or that they
+    will judge it on a GPU; a failed check arrives as its `precision_lowered` finding.
     """
     flagged = bool(loosened) or any(f.code in REVIEW_ONLY for f in findings)
     notes = ([loosened] if loosened else []) + [f.message for f in findings if f.code in REVIEW_ONLY][:1]
@@ -268,15 +274,16 @@ def decide(
             what = f"{len(failed)} of {len(input_sets)} input sets failed; first {what}"
         else:
             what = wrong[0].message
-        extra = f" ({', '.join(sorted({f.code.value for f in wrong}))})" if wrong and failed else ""
+        extra = f" ({', '.join(sorted({f.code.value for f in wrong}))})" if wrong else ""
         return Verdict.incorrect, flagged, f"incorrect{extra}: {what}{tail}"
     if not gpu:
         n = len(compile.units)
+        pending = f"; {precision.pending_note()}" if precision is not None and precision.status == "pending" else ""
         return (
             Verdict.needs_gpu,
             flagged,
             f"compiled ({n} unit{'s' if n != 1 else ''}, {compile.arch or 'default arch'}); verification and timing "
-            "need a GPU",
+            f"need a GPU{pending}",
         )
     if timings is None or timings.speedup_vs_baseline is None:
         raise ValueError("a verified candidate needs timings with a baseline speedup to get a verdict")
@@ -288,6 +295,8 @@ def decide(
     notes_tail = f"; not run: {'; '.join(dict.fromkeys(skipped))}" if skipped else ""
     evidence_tail = f"; evidence: {'; '.join(timings.evidence)}" if timings.evidence else ""
     device = f"; {timings.device_summary}" if timings.device_summary else ""
+    if precision is not None and precision.status == "passed":
+        evidence_tail += f"; precision: {precision.scheme()}; {precision.evidence()}"
     return (
         verdict,
         flagged,
@@ -406,6 +415,7 @@ class Evidence(BaseModel):
     timings: Timings | None = None  # set by the last stage of a GPU run: then the speedup decides
     failure: Failure | None = None  # a stage ended the run
     loosened: str = ""  # the caller's tolerance is looser than the problem's (a note)
+    precision: PrecisionCheck | None = None  # kernels below the track's precision, and the probes' numbers
 
 
 class Judgement(BaseModel):
@@ -434,5 +444,6 @@ def judge(evidence: Evidence) -> Judgement:
         verdict, summary = evidence.failure.judged(evidence)
         return Judgement(verdict=verdict, flagged=False, summary=summary)
     verdict, flagged, summary = decide(evidence.compile, evidence.input_sets, evidence.findings, evidence.timings,
-                                       gpu=evidence.timings is not None, loosened=evidence.loosened)
+                                       gpu=evidence.timings is not None, loosened=evidence.loosened,
+                                       precision=evidence.precision)
     return Judgement(verdict=verdict, flagged=flagged, summary=summary)

@@ -72,9 +72,10 @@ Status = Literal["pending", "passed", "failed", "unjudged"]
 
 class ProbeError(BaseModel):
     """One probe's numbers: the candidate's and the strict reference's errors against the float64
-    reference (of the worst output), the floor, and their ratio (None: the probe did not run)."""
+    reference (of the worst output), the floor, and their ratio (None: the probe did not run). An
+    infinite error (a non-finite output) travels as the string "Infinity", not as JSON null."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
     probe: str
     ratio: float | None = None
@@ -128,11 +129,15 @@ class PrecisionCheck(BaseModel):
             return (f"{kinds} tensor-core instructions with an error at the strict reference's level "
                     f"({ratio}, bound {_x(self.bound)}): an error-compensated scheme such as {example}")
         if self.status == "failed" and worst is not None and worst.ratio is not None:
+            probe = f"{worst.probe} ({PROBE_WORDS[worst.probe]})" if worst.probe in PROBE_WORDS else worst.probe
+            if math.isinf(worst.ratio):
+                return (f"{kinds} tensor-core instructions whose output is not finite, or not the reference's shape, "
+                        f"on {probe}, where the strict reference's is")
             if worst.ratio >= PLAIN_RATIO:
-                return (f"plain {kinds}: its error is {_x(worst.ratio)} the strict reference's on {worst.probe}, "
-                        f"as {kinds} without compensation gives (bound {_x(self.bound)})")
-            return (f"{kinds} with partial compensation: its error is {_x(worst.ratio)} the strict reference's "
-                    f"on {worst.probe}, above the bound of {_x(self.bound)}")
+                return (f"plain {kinds}: its error is {_x(worst.ratio)} the strict reference's on {probe}, as {kinds} "
+                        f"without compensation gives (bound {_x(self.bound)})")
+            return (f"{kinds} with partial compensation: its error is {_x(worst.ratio)} the strict reference's on "
+                    f"{probe}, above the bound of {_x(self.bound)}")
         return f"{kinds} tensor-core instructions"
 
     def evidence(self) -> str:

@@ -298,6 +298,10 @@ def test_a_candidate_that_is_not_finite_on_a_probe_fails_it() -> None:
     check = probed(ref, Simulated(ref, overflowing), make)
     assert check.status == "failed" and math.isinf(ratios(check)["mixed_magnitudes"]), ratios(check)
     assert ratios(check)["own"] <= PROBE_BOUND
+    assert "output is not finite" in check.scheme() and "mixed_magnitudes (the inputs scaled" in check.scheme()
+    # the evidence travels as JSON (worker to server, tool results): an infinite ratio stays one
+    again = PrecisionCheck.model_validate_json(check.model_dump_json())
+    assert math.isinf(ratios(again)["mixed_magnitudes"]) and again == check
 
 
 def test_the_strict_reference_runs_with_tf32_off_on_every_track_and_the_candidate_in_its_tracks() -> None:

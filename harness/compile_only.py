@@ -19,8 +19,11 @@ error: it stays `needs_gpu`, with that note (`CompileUnit.limited`).
 
 What nvcc built is disassembled in the same sandbox role (`harness.precision.Disassembler`,
 `cuobjdump -sass`): a kernel computing on the tensor cores in a precision the request's track does
-not allow (for the problem's dtypes as its source names them) is `precision_lowered`, so the
-verdict is `incorrect` before anything ran. The verdict comes from `verdict.judge`, as on a GPU.
+not allow (for the problem's dtypes as its source names them) is not judged here: an error-
+compensated scheme (3xTF32) computes on such instructions at float32's accuracy, which only its
+numbers show. The result carries the pending check (`VerifyResult.precision`) and the `needs_gpu`
+summary says that precision probes on a GPU will judge it. The verdict comes from `verdict.judge`,
+as on a GPU.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from pathlib import Path
 from kb_mcp.harness.builds import BuildService, ToolchainError, toolchain
 from kb_mcp.harness.candidate import INLINE_BUILDERS, NVRTC_BUILDERS, SourceUnit, kernel_names, static_units, style_of
 from kb_mcp.harness.integrity_static import check_source
-from kb_mcp.harness.precision import Disassembler, PrecisionEvidence, dtypes_named, evidence_of, precision_findings
+from kb_mcp.harness.precision import Disassembler, PrecisionEvidence, dtypes_named, evidence_of, precision_check
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.running import Running
 from kb_mcp.harness.sandbox import Grant, Sandbox, kill_group
@@ -109,7 +112,7 @@ class CompileOnly:
 
     def verify(self, problem: Problem, source: str, options: VerifyOptions, candidate_id: str,
                progress: Progress) -> VerifyResult:
-        """The compile-only verdict on `source` (needs_gpu or compile_error)."""
+        """The compile-only verdict on `source` (needs_gpu or compile_error; invalid for static findings)."""
         t0 = time.monotonic()
         progress(0, 8, "running static checks")
         findings = check_source(source, options.allow)
@@ -122,9 +125,9 @@ class CompileOnly:
             comp = comp.model_copy(update={"messages": comp.messages + [
                 f"builder call at line {n} builds sources computed at run time: not compiled here (compile-only "
                 "reads the candidate without running it); a GPU machine builds them" for n in computed[:4]]})
-        if comp.ok:
-            findings += precision_findings(evidence_of(comp.units), options.track, dtypes_named(problem.source))
-        judgement = judge(Evidence(compile=comp, findings=findings))
+        precision = precision_check(evidence_of(comp.units), options.track, dtypes_named(problem.source)) \
+            if comp.ok else None
+        judgement = judge(Evidence(compile=comp, findings=findings, precision=precision))
         try:
             torch_version = toolchain(self.sandbox).torch_version
         except ToolchainError:
@@ -134,7 +137,7 @@ class CompileOnly:
             candidate_id=candidate_id, problem=problem.name, problem_hash=problem.hash, verdict=judgement.verdict,
             summary=judgement.summary, flagged=judgement.flagged, compile=comp, findings=findings, arch=gpu_arch,
             torch_version=torch_version, phase="compile", elapsed_s=round(time.monotonic() - t0, 3),
-            track=options.track,
+            track=options.track, precision=precision,
         )
 
     def precision_of(self, units: list[SourceUnit], arch: str, builds: BuildService,

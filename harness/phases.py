@@ -9,7 +9,8 @@ from __future__ import annotations
 
 __all__ = ["CENSUS_WORDS", "PHASES", "PHASE_WORDS"]
 
-PHASES = ("static", "import", "construct", "check", "census", "timing", "baselines", "evidence", "compile")
+PHASES = ("static", "import", "construct", "check", "census", "probes", "timing", "baselines", "evidence",
+          "compile")
 PHASE_WORDS = {
     "queued": "waiting for the worker to start on it",
     "static": "running static checks",
@@ -17,6 +18,7 @@ PHASE_WORDS = {
     "construct": "constructing ModelNew",
     "check": "running ModelNew.forward on the input sets",
     "census": "listing the kernels one forward launches (in the census worker)",
+    "probes": "probing the precision of ModelNew.forward against a float64 reference",
     "timing": "timing ModelNew.forward (interleaved with the reference where eager is timed anew)",
     "baselines": "timing the torch.compile baseline (first verdict of a problem) and comparing",
     "evidence": "checking a result above the review threshold further (more inputs, weights, a second shape, its work)",

@@ -483,7 +483,7 @@ class WorkerPool(CensusSide):
         """The result when the worker did not answer properly: it is replaced; `judge` words why."""
         self._replace(w)
         w.output.settle()
-        built = phase in ("check", "census", "timing", "baselines")
+        built = phase in ("check", "census", "probes", "timing", "baselines")
         compile = CompileResult(
             ok=built,
             style=style_of(static_units(source)),

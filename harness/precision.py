@@ -16,9 +16,16 @@ object file or a shared library; the tensor-core instructions name their input t
 
 Which precisions a verification allows (`allowed`): those of its track (`fp32` none; `tf32` TF32;
 `bf16` TF32 and bf16; `fp16` TF32 and fp16), and those no lower than the problem's own floating
-dtype (a bf16 problem computes in bf16 on the strict track too). fp8 and integer tensor-core math
-is never allowed: no track has it. Packed half arithmetic outside the tensor cores (`HFMA2`) is not
+dtype (a bf16 problem computes in bf16 on the strict track too). No track allows fp8 or integer
+tensor-core math as such. Packed half arithmetic outside the tensor cores (`HFMA2`) is not
 read: ptxas also uses `HFMA2.MMA` to move constants in plain fp32 code.
+
+The SASS decides which kernels need more evidence, not the verdict (`precision_check`): an
+error-compensated scheme (3xTF32, BF16x9) computes on TF32 or bf16 instructions at float32's
+accuracy (an emulation on fp8 or integer instructions could too), so kernels beyond what the track
+allows get precision probes (`harness.probing`, run on a GPU by
+`harness.worker.probes`), whose numbers decide (`precision_findings`). Without a GPU the check stays
+pending and the verdict says the probes will judge it.
 
 `Disassembler` runs `cuobjdump` in the sandbox (role `compiler`, the file copied into a scratch
 folder of its own), never in the server's process, and caches the precisions found per file
@@ -39,6 +46,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.harness.probing import PrecisionCheck, kernel_list
 from kb_mcp.harness.verdict import Finding, FindingCode
 from kb_mcp.kb.models import Track
 
@@ -146,26 +154,45 @@ def evidence_of(units: Iterable[object]) -> PrecisionEvidence:
     return ev
 
 
-def precision_findings(evidence: PrecisionEvidence | None, track: Track, dtypes: Iterable[str] = ()) -> list[Finding]:
-    """`precision_lowered` for every kernel computing in a precision the track (and the problem's
-    own dtypes) does not allow."""
+def beyond_track(evidence: PrecisionEvidence | None, track: Track, dtypes: Iterable[str] = ()) -> dict[str, list[str]]:
+    """Per kernel, the lowered precisions its SASS shows that the track (and the problem's own
+    dtypes) does not allow; kernels within the track are left out."""
     if evidence is None:
-        return []
+        return {}
     ok = allowed(track, list(dtypes))
     bad = {k: [p for p in ps if p not in ok] for k, ps in evidence.kernels.items()}
-    bad = {k: ps for k, ps in bad.items() if ps}
-    if not bad:
+    return {k: ps for k, ps in bad.items() if ps}
+
+
+def precision_check(evidence: PrecisionEvidence | None, track: Track,
+                    dtypes: Iterable[str] = ()) -> PrecisionCheck | None:
+    """The pending precision check of the kernels beyond the track (None: none is): the probes
+    decide it on a GPU (`harness.worker.probes`), the compile-only path leaves it pending."""
+    bad = beyond_track(evidence, track, dtypes)
+    return PrecisionCheck(track=track, kernels=bad) if bad else None
+
+
+def precision_findings(check: PrecisionCheck | None, dtypes: Iterable[str] = ()) -> list[Finding]:
+    """`precision_lowered` when the probes found the kernels less accurate than the track's
+    reference (with their evidence), or when no probe could judge them (then the SASS alone
+    decides, as it did before probes existed); nothing while pending or passed."""
+    if check is None or check.status in ("pending", "passed"):
         return []
-    kinds = sorted({p for ps in bad.values() for p in ps}, key=PRECISIONS.index)
-    names = ", ".join(f"{k} ({'/'.join(ps)})" for k, ps in list(bad.items())[:4]) + (" ..." if len(bad) > 4 else "")
+    kinds = check.precisions
     fits = [t.value for t in Track if set(kinds) <= allowed(t, list(dtypes))]
     where = f"verify it in the {' or '.join(fits)} track" if fits else "no track allows it"
-    return [Finding(
-        code=FindingCode.precision_lowered, source="static",
-        message=(f"the kernels {names} compute on the tensor cores in {'/'.join(kinds)} (their SASS), which the "
-                 f"{track.value} track does not allow, even where the outputs pass its tolerance; compute in the "
-                 f"track's precision, or {where}"),
-    )]
+    sass = (f"the kernels {kernel_list(check.kernels)} compute on the tensor cores in {'/'.join(kinds)} (their "
+            "SASS)")
+    if check.status == "failed":
+        message = (f"{sass}, and the precision probes show {check.scheme()}; {check.evidence()}. Compute in the "
+                   f"track's precision, compensate the lowered operands (split each into a high part and a "
+                   f"remainder, sum the cross products, small terms first), or {where}")
+    else:
+        message = (f"{sass}, which the {check.track.value} track does not allow, even where the outputs pass its "
+                   f"tolerance, and the precision probes could not judge them ({check.note}); compute in the "
+                   f"track's precision, or {where}")
+    return [Finding(code=FindingCode.precision_lowered, source="runtime" if check.probes else "static",
+                    message=message)]
 
 
 def _digest(path: Path) -> str:

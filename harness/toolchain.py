@@ -413,8 +413,11 @@ def compile_runs(unit: SourceUnit, arch: str, tc: ToolchainInfo, light: bool) ->
         cuda_flags = _joined(unit.nvcc_options)
         if not any(f.startswith(("-std", "--std")) for f in cuda_flags):
             cuda_flags.append(f"-std={tc.std}")
+        # One target, as the GPU build (TORCH_CUDA_ARCH_LIST) has: `-arch=sm_90a -c` would also embed
+        # compute_90 PTX, where wgmma does not assemble.
+        target = f"-gencode=arch=compute_{arch.removeprefix('sm_')},code={arch}"
         runs.append(CompilerRun(label="nvcc", filename="cuda.cu", text=cuda_cu, argv=(
-            nvcc, f"-arch={arch}", "-c", "-o", "cuda.o", *defines, *sys_incs, *tc.nvcc_common,
+            nvcc, target, "-c", "-o", "cuda.o", *defines, *sys_incs, *tc.nvcc_common,
             "--compiler-options", "-fPIC", *cuda_flags, "cuda.cu")))
     with_cuda = unit.with_cuda if unit.with_cuda is not None else bool(unit.cuda_source)
     host_incs = sys_incs + [x for inc in (tc.cuda_includes if with_cuda else []) for x in ("-isystem", inc)]

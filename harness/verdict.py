@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.harness.memory import MemoryReport, TooLarge
 from kb_mcp.harness.options import VerifyOptions, assess_options
+from kb_mcp.harness.probing import PrecisionCheck
 from kb_mcp.kb.models import DEFAULT_TRACK, CandidateRecord, Track, Verdict
 
 
@@ -207,6 +208,8 @@ class VerifyResult(BaseModel):
     worker_replaced: bool = False
     track: Track = DEFAULT_TRACK  # the precision track it was verified in (its tolerance, its scores)
     memory: MemoryReport | None = None  # its footprint, the plan and the peak it took (`harness.memory`)
+    # Kernels on tensor cores below the track's precision, and what the precision probes found (`harness.probing`).
+    precision: PrecisionCheck | None = None
 
     def record(self, options: VerifyOptions) -> CandidateRecord:
         """The KB's record of this verdict (what `record_outcome` reads), keyed by the options it
@@ -243,6 +246,7 @@ def decide(
     *,
     gpu: bool = True,
     loosened: str = "",
+    precision: PrecisionCheck | None = None,
 ) -> tuple[Verdict, bool, str]:
     """The verdict, whether it is held for review, and a one-line summary.
 
@@ -252,7 +256,9 @@ def decide(
     clean build is `needs_gpu`; otherwise the speedup over the better baseline (end-to-end times)
     decides between `faster` and `slower`; the device times are shown beside it, never decide.
     `loosened` (a note that the caller loosened the tolerance) and review-only findings set the
-    flag without changing the verdict.
+    flag without changing the verdict. `precision` (kernels on tensor cores below the track's
+    precision) is named in a valid or needs_gpu summary: the scheme the probes saw, or that they
+    will judge it on a GPU; a failed check arrives as its `precision_lowered` finding.
     """
     flagged = bool(loosened) or any(f.code in REVIEW_ONLY for f in findings)
     notes = ([loosened] if loosened else []) + [f.message for f in findings if f.code in REVIEW_ONLY][:1]
@@ -279,17 +285,18 @@ def decide(
             what = f"{len(failed)} of {len(input_sets)} input sets failed; first {what}"
         else:
             what = wrong[0].message
-        extra = f" ({', '.join(sorted({f.code.value for f in wrong}))})" if wrong and failed else ""
+        extra = f" ({', '.join(sorted({f.code.value for f in wrong}))})" if wrong else ""
         return Verdict.incorrect, flagged, f"incorrect{extra}: {what}{tail}"
     if not gpu:
         n = len(compile.units)
         limits = [f"{u.name}: {u.limited}" for u in compile.units if u.limited]
         limited = f"; not compiled fully here, this machine's limit: {'; '.join(limits)}" if limits else ""
+        pending = f"; {precision.pending_note()}" if precision is not None and precision.status == "pending" else ""
         return (
             Verdict.needs_gpu,
             flagged,
             f"compiled ({n} unit{'s' if n != 1 else ''}, {compile.arch or 'default arch'}); verification and timing "
-            f"need a GPU{limited}",
+            f"need a GPU{limited}{pending}",
         )
     if timings is None or timings.speedup_vs_baseline is None:
         raise ValueError("a verified candidate needs timings with a baseline speedup to get a verdict")
@@ -301,6 +308,8 @@ def decide(
     notes_tail = f"; not run: {'; '.join(dict.fromkeys(skipped))}" if skipped else ""
     evidence_tail = f"; evidence: {'; '.join(timings.evidence)}" if timings.evidence else ""
     device = f"; {timings.device_summary}" if timings.device_summary else ""
+    if precision is not None and precision.status == "passed":
+        evidence_tail += f"; precision: {precision.scheme()}; {precision.evidence()}"
     return (
         verdict,
         flagged,
@@ -487,6 +496,7 @@ class Evidence(BaseModel):
     timings: Timings | None = None  # set by the last stage of a GPU run: then the speedup decides
     failure: Failure | None = None  # a stage ended the run
     loosened: str = ""  # the caller's tolerance is looser than the problem's (a note)
+    precision: PrecisionCheck | None = None  # kernels below the track's precision, and the probes' numbers
 
 
 class Judgement(BaseModel):
@@ -517,5 +527,6 @@ def judge(evidence: Evidence) -> Judgement:
         return Judgement(verdict=verdict, flagged=False, summary=summary,
                          not_judged=evidence.failure.kind in NOT_JUDGED)
     verdict, flagged, summary = decide(evidence.compile, evidence.input_sets, evidence.findings, evidence.timings,
-                                       gpu=evidence.timings is not None, loosened=evidence.loosened)
+                                       gpu=evidence.timings is not None, loosened=evidence.loosened,
+                                       precision=evidence.precision)
     return Judgement(verdict=verdict, flagged=flagged, summary=summary)

@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.harness.caps import Caps
+from kb_mcp.harness.probing import PrecisionCheck
 from kb_mcp.harness.verdict import CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
 from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
@@ -33,7 +34,10 @@ compile_error / timeout / crashed / needs_gpu), timings, and `strength`. Keep th
 for a verdict that counts: only a `standard` one (GPU, full timing, default checks) moves KB scores;
 quick timing, stricter or other settings are kept under their own key and never credited, and
 loosened ones (allow-list, looser tolerance, higher review threshold or limits) are `flagged`. Also
-a one-line summary, compiler messages, integrity findings, timings and speedups. Without a GPU the
+a one-line summary, compiler messages, integrity findings, timings and speedups. Tensor-core
+instructions below the track's precision (TF32 or bf16 in the fp32 track) are accepted only when
+precision probes against a float64 reference show the track's accuracy, as an error-compensated
+scheme (3xTF32) reaches; `precision` holds their numbers. Without a GPU the
 candidate is compiled with nvcc and the verdict is needs_gpu. Set detail=true for per-input-set
 errors, full compiler logs and the candidate's output. The first call starts a worker (seconds); a
 cold load_inline build or a first torch.compile baseline of a problem can take tens of seconds."""
@@ -111,6 +115,9 @@ class Result(BaseModel):
     correctness: Correctness
     findings: list[Finding] = private(default_factory=list)
     timings: Timings | None = None
+    precision: PrecisionCheck | None = Field(
+        None, description="kernels on tensor cores below the track's precision (their SASS), and the precision "
+        "probes' numbers that judged them: status, per probe the error ratio against the track's reference")
     tolerance: dict[str, float] = Field(default_factory=dict)
     candidate_path: str = Field(description="where the server keeps this candidate's source")
     output: str = private("", description="the candidate's stdout/stderr (detail, or when it crashed / timed out)")
@@ -232,6 +239,7 @@ def summarize(result: VerifyResult, record: CandidateRecord, standing: Candidate
         ),
         findings=result.findings,
         timings=result.timings,
+        precision=result.precision,
         tolerance=result.tolerance,
         candidate_path=path,
         output=output if show_output else "",

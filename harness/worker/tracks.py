@@ -12,7 +12,9 @@ The rule (docs/harness.md, "Precision tracks"):
   half precision (`harness.precision.TRACK_ALLOWS`), checked at the track's tolerance.
 
 Every worker starts in the strict settings (`worker.main`) and returns to them after each
-verification, so the baselines a worker times between verifications are strict ones.
+verification, so the baselines a worker times between verifications are strict ones. The precision
+probes' reference runs in the strict settings on every track (`strict_numerics`): the probes hold a
+kernel computing below its track's precision to the strict reference's accuracy.
 """
 
 from __future__ import annotations
@@ -54,6 +56,16 @@ def numerics() -> dict[str, object]:
         "cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
+
+
+@contextmanager
+def strict_numerics(track: Track) -> Iterator[None]:
+    """The strict settings for the duration (the precision probes' reference), then `track`'s again."""
+    set_numerics(DEFAULT_TRACK)
+    try:
+        yield
+    finally:
+        set_numerics(track)
 
 
 @contextmanager

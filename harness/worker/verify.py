@@ -6,7 +6,9 @@ least five from secret seeds drawn with `os.urandom` only when each set is made,
 and one of a different distribution). A candidate that passed everything then waits for the
 kernel census, which the pool takes in its census worker (`harness.worker.census`: this process
 never starts a profiler session, so that its timings are those of a clean process), with the
-server's reading of the SASS of its builds (`harness.precision`). Then the guards left active, the
+server's reading of the SASS of its builds (`harness.precision`); kernels that compute on the tensor
+cores below the track's precision then get the precision probes (`harness.worker.probes`), whose
+numbers decide. Then the guards left active, the
 reference's seal (`harness.worker.seal`: the reference must be as the problem defines it, since it
 is timed here too), timing (see `harness.worker.timing`; eager interleaved with the candidate where
 it is timed anew: the first measurement, and a launch-bound reference every time) and baselines
@@ -44,7 +46,7 @@ import torch
 from kb_mcp.harness.baselines import Baseline, BaselineCache
 from kb_mcp.harness.memory import Footprint, MemoryPlan, MemoryReport, TooLarge, plan
 from kb_mcp.harness.phases import PHASE_WORDS
-from kb_mcp.harness.precision import precision_findings
+from kb_mcp.harness.precision import precision_check, precision_findings
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import CensusReply, ProblemFailed
 from kb_mcp.harness.verdict import (
@@ -67,9 +69,10 @@ from kb_mcp.harness.worker.footprint import device_free, measure, request_peak, 
 from kb_mcp.harness.worker.integrity import IntegrityGuard, dedupe
 from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
 from kb_mcp.harness.worker.loading import load_module
+from kb_mcp.harness.worker.probes import run_probes
 from kb_mcp.harness.worker.seal import ReferenceSeal
 from kb_mcp.harness.worker.timing import RunStats, Timer, guards_active
-from kb_mcp.harness.worker.tracks import numerics, track_numerics
+from kb_mcp.harness.worker.tracks import numerics, strict_numerics, track_numerics
 from kb_mcp.harness.worker.values import secret_seed
 
 
@@ -227,6 +230,7 @@ class GpuVerification:
             loosened=e.loosened, elapsed_s=round(time.perf_counter() - self.t0, 3), track=self.options.track,
             memory=self.memory_report(),
             not_judged=judgement.summary if judgement.not_judged else "",
+            precision=e.precision,
         )
 
     def memory_report(self) -> MemoryReport | None:
@@ -294,7 +298,8 @@ class GpuVerification:
         return [
             Stage("static", self._static), Stage("import", self._reference), Stage(None, self._candidate),
             Stage("construct", self._construct), Stage("check", self._check, gate=True),
-            Stage("census", self._census, gate=True), Stage(None, self._leftovers, gate=True),
+            Stage("census", self._census, gate=True), Stage("probes", self._probes, gate=True),
+            Stage(None, self._leftovers, gate=True),
             Stage(None, self._sealed, gate=True), Stage("timing", self._timing, gate=True),
             Stage("baselines", self._baselines),
         ]
@@ -440,8 +445,24 @@ class GpuVerification:
             self.guard.last_census = KernelCensus.model_validate(reply.census)
         if reply.failure is not None:  # how the census ended, judged here like any other failure
             return Found(reply.findings, failure=reply.failure)
-        lowered = precision_findings(reply.precision, self.options.track, sorted(self.checker.dtypes))
-        return Found(reply.findings + lowered + self.guard.findings())
+        self.evidence.precision = precision_check(reply.precision, self.options.track, sorted(self.checker.dtypes))
+        return Found(reply.findings + self.guard.findings())
+
+    def _probes(self) -> Found:
+        """Kernels on the tensor cores below the track's precision (the census's SASS) are judged by
+        their numbers: the precision probes (`harness.worker.probes`), one at a time."""
+        check, checker, guard = self.evidence.precision, self.checker, self.guard
+        if check is None:
+            return Found()
+        assert checker is not None and guard is not None
+        try:
+            check = run_probes(check, self.ref, lambda: checker.make_inputs(secret_seed()), checker.cand_run,
+                               numerics=lambda: strict_numerics(self.options.track))
+        except Halted as halted:
+            return Found(failure=halted.failure, retire=halted.retire)
+        self.evidence.precision = check
+        found = precision_findings(check, sorted(checker.dtypes)) + guard.findings()
+        return Found(found, retire=IntegrityGuard.retire_worker(self.findings + found))
 
     def _leftovers(self) -> Found:
         """Checked before timing: a mode or trace function left behind by the candidate would slow

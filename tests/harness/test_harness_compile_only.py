@@ -83,6 +83,16 @@ def test_wgmma_code_compiles_for_the_arch_specific_target_only(tmp_path) -> None
 
 
 @pytest.mark.nvcc
+def test_a_load_inline_wgmma_extension_compiles_for_the_arch_specific_target_alone(tmp_path) -> None:
+    # `-arch=sm_90a -c` would embed compute_90 PTX too, where wgmma does not assemble; the GPU build has one target
+    [unit] = static_units(fixture_source("linear_wgmma_tf32.py"))
+    built = CompileOnly(tmp_path, detect()).compile([unit], build_target("sm_90"))
+    assert built.ok and built.arch == "sm_90a", built.messages
+    [cu] = built.units
+    assert cu.precisions is not None and list(cu.precisions.values()) == [["tf32"]]
+
+
+@pytest.mark.nvcc
 @pytest.mark.slow
 def test_load_inline_candidate_is_compiled_and_its_errors_point_at_its_lines(relu_problem, tmp_path) -> None:
     with WorkerPool(tmp_path, no_cuda=True) as pool:

@@ -18,16 +18,20 @@ from kb_mcp.harness.precision import (
     allowed,
     dtypes_named,
     instruction_precision,
+    precision_check,
     precision_findings,
     sass_precisions,
 )
+from kb_mcp.harness.probing import PrecisionCheck, ProbeError, judged
 from kb_mcp.harness.verdict import (
     CompileResult,
+    CompileUnit,
     Evidence,
     Failure,
     FailureKind,
     Finding,
     FindingCode,
+    Timings,
     VerifyOptions,
     judge,
 )
@@ -77,19 +81,36 @@ def test_what_each_track_allows() -> None:
     assert "fp8" not in allowed(Track.fp16, ["float16", "bfloat16"])  # no track allows fp8
 
 
-def test_precision_findings_follow_the_track() -> None:
+def test_kernels_beyond_the_track_get_a_precision_check_not_a_verdict() -> None:
     ev = PrecisionEvidence()
     ev.merge("linear", sass_precisions(_sass("wmma_kernels.sm_90a.sass")))
     tf32_only = PrecisionEvidence(kernels={"k": ["tf32"]})
-    [f] = precision_findings(tf32_only, Track.fp32)
-    assert f.code == FindingCode.precision_lowered and "tf32" in f.message and "tf32 or bf16 or fp16 track" in f.message
-    assert precision_findings(tf32_only, Track.tf32) == []
-    [bf] = precision_findings(PrecisionEvidence(kernels={"k": ["bf16"]}), Track.tf32)
-    assert "bf16" in bf.message
-    assert precision_findings(PrecisionEvidence(kernels={"k": ["bf16"]}), Track.bf16) == []
-    assert precision_findings(PrecisionEvidence(kernels={"k": ["bf16"]}), Track.fp32, ["bfloat16"]) == []
-    assert precision_findings(ev, Track.fp16)  # mm_bf16 is not allowed in fp16
-    assert precision_findings(None, Track.fp32) == []
+    check = precision_check(tf32_only, Track.fp32)
+    assert check is not None and check.status == "pending" and check.kernels == {"k": ["tf32"]}
+    assert precision_findings(check) == []  # pending: the probes decide, on a GPU
+    assert precision_check(tf32_only, Track.tf32) is None
+    bf16 = PrecisionEvidence(kernels={"k": ["bf16"]})
+    assert precision_check(bf16, Track.tf32) is not None
+    assert precision_check(bf16, Track.bf16) is None and precision_check(bf16, Track.fp32, ["bfloat16"]) is None
+    fp16_track = precision_check(ev, Track.fp16)
+    assert fp16_track is not None and set(fp16_track.kernels) == {"mm_bf16"}  # bf16 is not allowed in fp16
+    assert precision_check(None, Track.fp32) is None
+
+
+def test_precision_findings_follow_the_probes() -> None:
+    check = PrecisionCheck(track=Track.fp32, kernels={"k": ["tf32"]})
+    passed = judged(check, [ProbeError(probe="own", ratio=1.1, reference_rms=1e-7, reference_max=1e-6)])
+    assert precision_findings(passed) == []
+    failed = judged(check, [ProbeError(probe="own", ratio=1.1e3, reference_rms=1e-7, reference_max=1e-6),
+                            ProbeError(probe="low_bits", note="the float64 reference is not finite on these inputs")])
+    [f] = precision_findings(failed)
+    assert f.code == FindingCode.precision_lowered and f.source == "runtime"
+    assert "k (tf32)" in f.message and "plain TF32" in f.message and "own 1.1e+03x" in f.message
+    assert "low_bits (the float64 reference is not finite" in f.message and "tf32 or bf16 or fp16 track" in f.message
+    blind = judged(check, [ProbeError(probe="own", note="the float64 reference ran out of GPU memory")])
+    [b] = precision_findings(blind)  # no probe ran: the SASS decides, as before the probes
+    assert b.code == FindingCode.precision_lowered and "(their SASS)" in b.message
+    assert "could not judge them (no probe could run)" in b.message
 
 
 def test_the_dtypes_a_problem_names() -> None:
@@ -158,6 +179,27 @@ def test_judge_reads_failures_and_findings() -> None:
     assert pending.verdict == Verdict.needs_gpu and not pending.settled
     lowered = judge(Evidence(compile=ok, findings=[Finding(code=FindingCode.precision_lowered, message="tf32")]))
     assert lowered.verdict == Verdict.incorrect and lowered.settled
+    assert lowered.summary == "incorrect (precision_lowered): tf32"
+
+
+def test_judge_names_the_precision_evidence() -> None:
+    check = PrecisionCheck(track=Track.fp32, kernels={"linear_mma": ["tf32"]})
+    built = CompileResult(ok=True, arch="sm_90a", units=[CompileUnit(kind="nvrtc", name="linear_mma")])
+    pending = judge(Evidence(compile=built, precision=check))
+    assert pending.verdict == Verdict.needs_gpu
+    assert pending.summary.endswith("verification and timing need a GPU; the kernels linear_mma (tf32) compute on "
+                                    "the tensor cores in tf32 (their SASS), which the fp32 track accepts only at "
+                                    "the strict reference's accuracy: precision probes on a GPU will judge them")
+    probes = [ProbeError(probe=p, ratio=r, reference_rms=1e-7, reference_max=1e-6)
+              for p, r in (("own", 1.02), ("low_bits", 0.9), ("mixed_magnitudes", 1.3), ("same_sign", 1.1))]
+    timed = Timings(candidate_ms=1.0, candidate_min_ms=1.0, candidate_host_ms=1.0, runs=10, eager_ms=2.0,
+                    speedup_vs_baseline=2.0)
+    faster = judge(Evidence(compile=built, timings=timed, precision=judged(check, probes)))
+    assert faster.verdict == Verdict.faster
+    assert ("precision: TF32 tensor-core instructions with an error at the strict reference's level (worst 1.3x, "
+            "bound 32x): an error-compensated scheme such as 3xTF32") in faster.summary
+    assert ("probes (error against a float64 reference / the strict reference's, TF32 off): own 1.02x, low_bits "
+            "0.9x") in faster.summary
 
 
 # -- the compile-only path: SASS read in the sandbox, a score key per track -------------------------
@@ -179,25 +221,46 @@ def test_compile_only_reads_the_precision_and_keys_each_track_apart(ctx) -> None
         pytest.skip("no cuobjdump (CUDA toolkit or the nvidia-cuda-cuobjdump wheel)")
     problem, candidate = str(FIXTURES / "linear_offset_problem.py"), fixture_source("linear_mma_tf32.py")
     strict = tool.run(ctx, tool.Request(problem=problem, candidate=candidate))
-    assert strict.record.verdict == Verdict.incorrect and strict.record.track == Track.fp32
-    assert strict.record.findings == ["precision_lowered"] and "HMMA" not in strict.summary
-    assert "linear_mma_tf32 (tf32)" in strict.summary and "tf32 track does not allow" not in strict.summary
+    # TF32 instructions in the fp32 track: not a verdict without a GPU, where the precision probes judge it
+    assert strict.record.verdict == Verdict.needs_gpu and strict.record.track == Track.fp32
+    assert strict.record.findings == [] and "HMMA" not in strict.summary
+    assert "linear_mma_tf32 (tf32)" in strict.summary and "precision probes on a GPU will judge" in strict.summary
+    assert strict.precision is not None and strict.precision.status == "pending"
+    assert strict.precision.kernels == {"linear_mma_tf32": ["tf32"]} and strict.precision.probes == []
     tf32 = tool.run(ctx, tool.Request(problem=problem, candidate=candidate, options=VerifyOptions(track=Track.tf32)))
-    assert tf32.record.verdict == Verdict.needs_gpu and tf32.record.track == Track.tf32
+    assert tf32.record.verdict == Verdict.needs_gpu and tf32.record.track == Track.tf32 and tf32.precision is None
+    assert "precision probes" not in tf32.summary
     assert tf32.record.options == {"track": "tf32"} and tf32.record.strength == Strength.compile_only
     assert tf32.record.key != strict.record.key  # two keys: neither verdict replaces the other
     with ctx.store.read() as kb:
         stored = {v.track: v.verdict for v in kb.candidate_verdicts(strict.record.candidate_id)}
-    assert stored == {Track.fp32: Verdict.incorrect, Track.tf32: Verdict.needs_gpu}
-    # the bf16 candidate: lowered in tf32, allowed in bf16; the plain fp32 one is fine everywhere
+    assert stored == {Track.fp32: Verdict.needs_gpu, Track.tf32: Verdict.needs_gpu}
+    # the bf16 candidate: to be probed in tf32, allowed in bf16; the plain fp32 one is fine everywhere
     bf16 = fixture_source("linear_mma_bf16.py")
-    assert tool.run(ctx, tool.Request(problem=problem, candidate=bf16, options=VerifyOptions(track=Track.tf32))
-                    ).record.verdict == Verdict.incorrect
-    assert tool.run(ctx, tool.Request(problem=problem, candidate=bf16, options=VerifyOptions(track=Track.bf16))
-                    ).record.verdict == Verdict.needs_gpu
+    in_tf32 = tool.run(ctx, tool.Request(problem=problem, candidate=bf16, options=VerifyOptions(track=Track.tf32)))
+    assert in_tf32.record.verdict == Verdict.needs_gpu and in_tf32.precision is not None
+    assert in_tf32.precision.kernels == {"linear_mma_bf16": ["bf16"]}
+    in_bf16 = tool.run(ctx, tool.Request(problem=problem, candidate=bf16, options=VerifyOptions(track=Track.bf16)))
+    assert in_bf16.record.verdict == Verdict.needs_gpu and in_bf16.precision is None
     relu = tool.run(ctx, tool.Request(problem=str(FIXTURES / "relu_problem.py"),
                                       candidate=fixture_source("relu_nvrtc.py")))
     assert relu.record.verdict == Verdict.needs_gpu and relu.compile.ok
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize(("fixture", "kernel"), [("linear_mma_3xtf32.py", "linear_mma_3xtf32"),
+                                                 ("linear_wgmma_3xtf32.py", "linear_wgmma")])
+def test_the_3xtf32_candidates_build_for_sm_90a_and_wait_for_their_probes(ctx, fixture: str, kernel: str) -> None:
+    from kb_mcp.harness.builds import toolchain
+
+    if toolchain(ctx.workers.sandbox).cuobjdump is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or the nvidia-cuda-cuobjdump wheel)")
+    problem = str(FIXTURES / "linear_offset_problem.py")
+    result = tool.run(ctx, tool.Request(problem=problem, candidate=fixture_source(fixture)))
+    assert result.record.verdict == Verdict.needs_gpu and result.compile.ok and result.record.findings == []
+    assert result.precision is not None and result.precision.status == "pending", result.summary
+    [(symbol, precisions)] = result.precision.kernels.items()
+    assert kernel in symbol and precisions == ["tf32"]  # TF32 tensor-core instructions: the probes decide
 
 
 @pytest.mark.nvcc

@@ -1,5 +1,7 @@
-"""Precision tracks on a real GPU: tensor-core candidates judged by the SASS of what they built, and
-the strict track's reference and baselines timed with TF32 off (as the worker reports it)."""
+"""Precision tracks on a real GPU: tensor-core candidates below their track's precision (their SASS)
+judged by the precision probes (plain TF32 and bf16 fail them with the evidence, 3xTF32 on mma.sync
+and on wgmma passes), and the strict track's reference and baselines timed with TF32 off (as the
+worker reports it)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from harness_helpers import FIXTURES, fixture_source
 
 from kb_mcp.harness.baselines import BaselineCache
 from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.probing import PROBE_BOUND, PROBES, PrecisionCheck
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.verdict import FindingCode, VerifyOptions
+from kb_mcp.harness.verdict import FindingCode, VerifyOptions, VerifyResult
 from kb_mcp.kb.models import Track, Verdict
 
 pytestmark = pytest.mark.gpu
@@ -68,20 +71,43 @@ def _quick(track: Track) -> VerifyOptions:
     return VerifyOptions(timing=False, compile_baseline=False, track=track)
 
 
-def _lowered_by_sass(result) -> bool:
-    return any(f.code == FindingCode.precision_lowered and "(their SASS)" in f.message for f in result.findings)
+@pytest.fixture(scope="module")
+def linear_offset_loose():
+    return load_problem(str(FIXTURES / "linear_offset_loose_problem.py"))
+
+
+def _probed(result: VerifyResult, status: str) -> PrecisionCheck:
+    """The result's precision check, every probe run, with `status`."""
+    check = result.precision
+    assert check is not None and check.status == status, (result.summary, check)
+    assert [p.probe for p in check.probes] == list(PROBES) and all(p.ran for p in check.probes), check.probes
+    return check
+
+
+def _lowered_by_probes(result: VerifyResult, kind: str, margin: float) -> None:
+    """`incorrect (precision_lowered)` from the probes: plain `kind` arithmetic, its worst error at
+    least `margin` times the bound, the SASS and the probes' numbers in the finding."""
+    assert result.verdict == Verdict.incorrect, result.summary
+    assert result.summary.startswith("incorrect (precision_lowered): "), result.summary
+    check = _probed(result, "failed")
+    worst = check.worst
+    assert worst is not None and worst.ratio is not None and worst.ratio >= margin * PROBE_BOUND, check.probes
+    assert check.scheme().startswith(f"plain {kind}"), check.scheme()
+    [finding] = [f for f in result.findings if f.code == FindingCode.precision_lowered]
+    assert "(their SASS)" in finding.message and f"plain {kind}" in finding.message and "own " in finding.message
 
 
 @pytest.mark.parametrize("fixture", ["linear_mma_tf32.py", "linear_wgmma_tf32.py"])
-def test_a_tf32_candidate_is_lowered_in_fp32_and_passes_in_tf32(pool: WorkerPool, linear_offset, fixture: str) -> None:
+def test_a_tf32_candidate_is_lowered_in_fp32_by_its_probes_and_passes_in_tf32(pool: WorkerPool, linear_offset,
+                                                                              fixture: str) -> None:
     source = fixture_source(fixture)
     strict = pool.verify(linear_offset, source, _quick(Track.fp32))
-    assert strict.verdict == Verdict.incorrect and strict.track == Track.fp32, strict.summary
-    # its outputs pass the strict tolerance here (the offset loosens the scale): the SASS is the evidence
+    assert strict.track == Track.fp32
+    # its outputs pass the strict tolerance here (the offset loosens the scale): the SASS asks, the probes show it
     assert all(s.passed for s in strict.input_sets), strict.summary
-    assert _lowered_by_sass(strict) and "tf32" in strict.summary, strict.findings
+    _lowered_by_probes(strict, "TF32", margin=8)
     tf32 = pool.verify(linear_offset, source, _quick(Track.tf32))
-    assert tf32.verdict in VALID and tf32.findings == [], tf32.summary
+    assert tf32.verdict in VALID and tf32.findings == [] and tf32.precision is None, tf32.summary
     assert tf32.track == Track.tf32 and tf32.tolerance == {"atol": 1e-2, "rtol": 1e-2}
     assert tf32.record(_quick(Track.tf32)).track == Track.tf32
 
@@ -89,11 +115,33 @@ def test_a_tf32_candidate_is_lowered_in_fp32_and_passes_in_tf32(pool: WorkerPool
 def test_a_bf16_candidate_passes_in_bf16_and_is_lowered_in_fp32_and_tf32(pool: WorkerPool, linear_offset) -> None:
     source = fixture_source("linear_mma_bf16.py")
     bf16 = pool.verify(linear_offset, source, _quick(Track.bf16))
-    assert bf16.verdict in VALID and bf16.findings == [], bf16.summary
+    assert bf16.verdict in VALID and bf16.findings == [] and bf16.precision is None, bf16.summary
     for track in (Track.fp32, Track.tf32):
+        # on this problem its errors fail the stretched inputs already (the checks say precision_lowered)
         lowered = pool.verify(linear_offset, source, _quick(track))
         assert lowered.verdict == Verdict.incorrect, lowered.summary
         assert any(f.code == FindingCode.precision_lowered for f in lowered.findings), lowered.findings
+
+
+def test_a_bf16_candidate_within_the_tolerance_is_lowered_by_its_probes(pool: WorkerPool,
+                                                                        linear_offset_loose) -> None:
+    source = fixture_source("linear_mma_bf16.py")
+    for track in (Track.fp32, Track.tf32):  # the probes hold every track to the strict reference's accuracy
+        lowered = pool.verify(linear_offset_loose, source, _quick(track))
+        assert all(s.passed for s in lowered.input_sets), lowered.summary
+        _lowered_by_probes(lowered, "BF16", margin=40)
+
+
+@pytest.mark.parametrize("fixture", ["linear_mma_3xtf32.py", "linear_wgmma_3xtf32.py"])
+def test_a_3xtf32_candidate_passes_the_probes_in_fp32(pool: WorkerPool, linear_offset, fixture: str) -> None:
+    result = pool.verify(linear_offset, fixture_source(fixture), _quick(Track.fp32))
+    assert result.verdict in VALID and result.findings == [], result.summary
+    check = _probed(result, "passed")
+    assert check.precisions == ["tf32"] and len(check.kernels) == 1, check.kernels
+    worst = check.worst
+    assert worst is not None and worst.ratio is not None and worst.ratio <= PROBE_BOUND / 2, check.probes
+    assert "precision: TF32 tensor-core instructions with an error at the strict reference's level" in result.summary
+    assert "3xTF32" in result.summary and "mixed_magnitudes " in result.summary
 
 
 def test_strict_baselines_are_timed_with_tf32_off_and_tf32_ones_with_it_on(pool: WorkerPool, tmp_path: Path) -> None:

@@ -153,7 +153,7 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
     r = _cli("--kb", str(kb), "kb", "init")
     assert r.returncode == 0 and "created and seeded" in r.stdout and "23 states" in r.stdout
     r = _cli("--kb", str(kb), "kb", "stats")
-    assert r.returncode == 0 and "optimizations" in r.stdout and "74" in r.stdout
+    assert r.returncode == 0 and "optimizations" in r.stdout and "75" in r.stdout
     r = _cli("--kb", str(kb), "kb", "show", "memory_bandwidth_saturated", "--arch", "sm_90")
     assert r.returncode == 0 and "flash_attention_tiling" in r.stdout and "x2.00" in r.stdout
     r = _cli("--kb", str(kb), "kb", "show", "memory_bandwith")

@@ -8,7 +8,14 @@ from pathlib import Path
 
 from kb_mcp.harness.profile_model import KernelMetrics
 from kb_mcp.kb.models import ALL_ARCH, SECONDARY_OF
-from kb_mcp.kb.seed import SEED_PRIOR_WEIGHT, seed_optimizations, seed_scores, seed_states
+from kb_mcp.kb.seed import (
+    SEED_LESSON_CHARS,
+    SEED_PRIOR_WEIGHT,
+    seed_lessons,
+    seed_optimizations,
+    seed_scores,
+    seed_states,
+)
 from kb_mcp.kb.store import KBStore
 
 ARCH_DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
@@ -68,3 +75,24 @@ def test_seed_scores_are_small_weight_priors(kb_path: Path) -> None:
     for s in scores[:20]:
         got = store.get_score(s.state_id, s.optimization_id, ALL_ARCH)
         assert got is not None and got.prior and got.prior_mean_log_speedup == s.prior_mean_log_speedup
+
+
+def test_seed_lessons_are_short_trusted_and_about_an_optimization_where_it_applies(kb_path: Path) -> None:
+    lessons = seed_lessons()
+    assert lessons and all(x.source == "seed" and 0 < len(x.text) <= SEED_LESSON_CHARS for x in lessons)
+    opts = {o.id: o for o in seed_optimizations()}
+    assert all(x.state_id in opts[x.optimization_id].applicable_states for x in lessons)
+    assert len({x.id for x in lessons}) == len(lessons)
+    store = KBStore.open(kb_path)
+    for x in lessons:
+        assert x.id in {stored.id for stored in store.lessons(x.state_id, x.optimization_id)}
+
+
+def test_the_seed_knows_compensated_fp32_on_tensor_cores() -> None:
+    [opt] = [o for o in seed_optimizations() if o.id == "compensated_fp32_tensor_cores"]
+    assert "tensor_cores_idle" in opt.applicable_states and opt.category == "tensor_core"
+    for words in ("3xTF32", "cvt.rna.tf32.f32", "lo = tf32(x - hi)", "small terms first", "wgmma", "BF16x9",
+                  "afresh", "precision probes"):
+        assert words in opt.description, words
+    texts = " ".join(x.text for x in seed_lessons() if x.optimization_id == opt.id)
+    assert "hi = tf32(x)" in texts and "lo*hi' + hi*lo' + hi*hi'" in texts and "fresh accumulator" in texts

@@ -66,6 +66,17 @@ def test_suggest_seed_exclude_and_greedy(ctx: ToolContext) -> None:
     assert top.id not in [s.id for s in rest.suggestions]
 
 
+def test_suggest_offers_compensated_fp32_for_idle_tensor_cores_in_the_fp32_track(ctx: ToolContext) -> None:
+    res = so.run(ctx, so.Request(state_id="tensor_cores_idle", k=10, arch="sm_90", track="fp32", temperature=0.0))
+    [offered] = [s for s in res.suggestions if s.id == "compensated_fp32_tensor_cores"]
+    assert "hi = tf32(x)" in offered.what_to_do and offered.expected_speedup > 1.0
+    assert len(offered.lessons) == 2 and all(x.source == "seed" for x in offered.lessons)
+    assert any("lo*hi' + hi*lo' + hi*hi'" in x.text for x in offered.lessons)
+    assert "fp32 track" in offered.why_it_fits
+    mma = next(s for s in res.suggestions if s.id == "use_tensor_cores_mma")
+    assert "compensated_fp32_tensor_cores: Strict-FP32 matmul on tensor cores" in " ".join(mma.follow_ups)
+
+
 def test_suggest_errors_are_actionable(ctx: ToolContext) -> None:
     with pytest.raises(ToolError, match="memory_bandwidth_saturated"):
         so.run(ctx, so.Request(state_id="memory_bandwith_saturated"))

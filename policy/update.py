@@ -18,6 +18,11 @@ optimization it is credited to are the caller's claims:
   (never less than MIN_SD; `record_outcome` passes the band of the selection's calibrated posterior,
   `policy.select.influence_band`). One record moves a score of weight W by at most the band's
   half-width / (W + 1), however extreme it is.
+* **What rests on a slow start climbs slowly.** A credit whose parent was slower than the reference
+  (`policy.credit`) is trusted as far as the candidate's speedup over the reference; what it claims
+  beyond that counts at most START_SDS predictive deviations above the estimate (`start_ceiling`),
+  for the score and its change detection alike. An outcome weighing less than one sample (a start
+  far slower than the reference) counts as that share and calls no change.
 * **Changes are detected.** Consecutive outcomes of one client on one side of the estimate are
   summed (a one-sided CUSUM, `Score.run`); past CHANGE_THRESHOLD the truth has likely changed, and
   that client's older samples give way to the run: two outliers in a row, or a few outcomes well

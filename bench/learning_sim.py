@@ -26,19 +26,26 @@ The world (one per seed), over the seed KB's 23 states and their applicable opti
 * the KB's priors are set aligned with the truth, uninformative (all neutral) or misleading (the
   truth's ranking reversed) before the first rollout.
 
-Regimes: `bandit` (single steps on fresh problems, 900 rollouts, three prior kinds), `multistep`
+Regimes: `bandit` (single steps on fresh problems, 900 rollouts, three prior kinds), `start` (the
+bandit stream with aligned priors, each problem's first kernel 1-4x or 1-10x slower than the
+reference, log-uniform, and the step recorded against it; the shipped credit rule beside the one before
+it, which counted every parent slower than the reference as the reference: `policy.credit.EAGER_CAP`,
+through the same `record_outcome`), `multistep`
 (trajectories of several steps per problem, lineage and phase ordering matter), `transfer` (a KB
 trained on one problem set, tested on another), `arch` (two GPU families with correlated truths),
 `drift` and `drift_shuffle` (the truth changes mid-stream; beside it, the same rule in a world where
 the changed truth always held; levels as shares of the oracle's gain and as the gap closed between
 uniform and the oracle, the scale on which a level before a change compares with one after it;
-the drift target judged over the problems +11-15 of a state against the level before, the
-no-change control and "knows the means"),
-`poison` (a client crediting a harmful optimization against a deliberately 100x slow parent). Every
-figure is a mean over seeds with a 95 % t-interval.
+the drift target judged against the no-change control, the level the rule reaches in the changed
+world: back at 90 % of it within 15 problems of a state, and at 90 % of it over problems +11-15;
+beside it, the level before the change and "knows the means"),
+`poison` (a client crediting a harmful optimization with ordinary candidates recorded against parents it
+verified deliberately slow: 100x, poisoning, or 10x, sandbagging: as slow as the shipped rule counts a
+first kernel in full; both credit rules). Every figure is a mean over seeds with a 95 % t-interval.
 
-The code: `learnsim.world` (the hidden truth), `learnsim.rules` (the rules), `learnsim.regimes`
-(one seed's runs), `learnsim.report` and `learnsim.plots` (the tables and figures).
+The code: `learnsim.world` (the hidden truth), `learnsim.rules` (the rules), `learnsim.regimes` and
+`learnsim.starts` (the regimes), `learnsim.run` (one seed's runs), `learnsim.report` and `learnsim.plots`
+(the tables and figures).
 """
 
 from __future__ import annotations
@@ -54,8 +61,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # learnsim/ beside this file, however it is run
 
-from learnsim.regimes import Config, run_seed
 from learnsim.report import report
+from learnsim.run import Config, run_seed
 
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -150,6 +150,7 @@ class Tables:
         self.transitions_by_state: dict[str, list[str]] = {}
         self.verdicts_by_candidate: dict[str, list[str]] = {}
         self.outcomes_by_candidate: dict[str, list[str]] = {}  # a kernel's lineage (policy.lineage)
+        self.verdicts_by_problem: dict[str, list[str]] = {}  # a problem's first kernels (policy.lineage)
 
     # ---- loading and saving -------------------------------------------------------------
 
@@ -256,10 +257,13 @@ class Tables:
             self.transitions_by_state.setdefault(doc["state_id"], []).append(key)
         elif table == "candidates":
             self.verdicts_by_candidate.setdefault(doc["candidate_id"], []).append(key)
+            self.verdicts_by_problem.setdefault(doc.get("problem_hash", ""), []).append(key)
         elif table == "outcomes":
             self.outcomes_by_candidate.setdefault(doc["candidate_id"], []).append(key)
 
     def _unindex(self, table: str, key: str, doc: dict[str, Any]) -> None:
+        if table == "candidates":
+            _drop(self.verdicts_by_problem, doc.get("problem_hash", ""), key)
         index: dict[Any, list[str]] | None = None
         group: Any = None
         if table == "states":
@@ -273,17 +277,22 @@ class Tables:
         elif table == "outcomes":
             index, group = self.outcomes_by_candidate, doc["candidate_id"]
         if index is not None:
-            keys = index.get(group, [])
-            if key in keys:
-                keys.remove(key)
-            if not keys:
-                index.pop(group, None)
+            _drop(index, group, key)
 
     # ---- raw reads --------------------------------------------------------------------------
 
     def score_doc(self, state_id: str, arch: str = ALL_ARCH, track: str = FP32) -> ScoreDoc | None:
         """The score document of (state, arch, track), if any."""
         return self.scores.get((state_id, arch, track))
+
+
+def _drop(index: dict[Any, list[str]], group: Any, key: str) -> None:
+    """`key` out of `index[group]`, and the group out of the index once it is empty."""
+    keys = index.get(group, [])
+    if key in keys:
+        keys.remove(key)
+    if not keys:
+        index.pop(group, None)
 
 
 def signature_key(state_doc: dict[str, Any]) -> str:

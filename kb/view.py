@@ -267,6 +267,12 @@ class KBView:
         found = [CandidateRecord.model_validate(recs[k]) for k in self._t.verdicts_by_candidate.get(candidate_id, [])]
         return sorted(found, key=lambda r: r.order, reverse=True)
 
+    def problem_verdicts(self, problem_hash: str) -> list[CandidateRecord]:
+        """Every stored verdict on a candidate of one problem (by its content hash), oldest first."""
+        recs = self._t.records["candidates"]
+        found = [CandidateRecord.model_validate(recs[k]) for k in self._t.verdicts_by_problem.get(problem_hash, [])]
+        return sorted(found, key=lambda r: r.created_at)
+
     def get_candidate(self, candidate_id: str) -> CandidateRecord | None:
         """The server's strongest stored verdict on a candidate, or None (weaker ones never shadow it)."""
         found = self.candidate_verdicts(candidate_id)

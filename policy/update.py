@@ -18,6 +18,11 @@ optimization it is credited to are the caller's claims:
   (never less than MIN_SD; `record_outcome` passes the band of the selection's calibrated posterior,
   `policy.select.influence_band`). One record moves a score of weight W by at most the band's
   half-width / (W + 1), however extreme it is.
+* **What rests on a slow start climbs slowly.** A credit whose parent was slower than the reference
+  (`policy.credit`) is trusted as far as the candidate's speedup over the reference; what it claims
+  beyond that counts at most START_SDS predictive deviations above the estimate (`start_ceiling`),
+  for the score and its change detection alike. An outcome weighing less than one sample (a start
+  far slower than the reference) counts as that share and calls no change.
 * **Changes are detected.** Consecutive outcomes of one client on one side of the estimate are
   summed (a one-sided CUSUM, `Score.run`); past CHANGE_THRESHOLD the truth has likely changed, and
   that client's older samples give way to the run: two outliers in a row, or a few outcomes well
@@ -59,6 +64,11 @@ MAX_WEIGHT = 16.0
 """Effective samples a score holds at most: older ones are discounted beyond it (drift)."""
 CLIENT_MAX_WEIGHT = 8.0
 """Effective samples one client holds at most in one score."""
+START_SDS = 0.5
+"""What a credit gains from a start slower than the reference (`policy.credit`) counts at most up to
+this many standard deviations above the score's estimate: the caller chose how slow the start was,
+so its records may lift a score only slowly, while an honest slow lineage, scattered around the
+truth, gives up little (what lies above the estimate counts as at most half a deviation above it)."""
 CHANGE_ALLOWANCE = 0.5
 """Standard deviations of each outcome's distance from the estimate that change detection ignores."""
 CHANGE_THRESHOLD = 4.0
@@ -111,13 +121,15 @@ def influence_band(score: Score) -> tuple[float, float]:
     return centre - half, centre + half
 
 
-def credited_log_speedup(speedup: float, score: Score | None = None, band: tuple[float, float] | None = None) -> float:
-    """What one outcome with this measured speedup contributes to `score` (log space, clipped)."""
+def credited_log_speedup(speedup: float, score: Score | None = None, band: tuple[float, float] | None = None,
+                         trusted: float | None = None) -> float:
+    """What one outcome with this measured speedup contributes to `score` (log space, clipped; with
+    `trusted` below it, what rests on a slow start held at `start_ceiling`, see `apply_outcome`)."""
     x = clip_log_speedup(speedup)
     if score is None and band is None:
         return x
     lo, hi = band if band is not None else influence_band(score)  # type: ignore[arg-type]
-    return max(lo, min(hi, x))
+    return _claimed(max(lo, min(hi, x)), (lo, hi), trusted)
 
 
 # ---- weighted statistics -------------------------------------------------------------------------
@@ -249,14 +261,42 @@ def _bounded_rates(ok: float, fail: float) -> tuple[float, float]:
 # ---- the update -----------------------------------------------------------------------------------
 
 
+def start_ceiling(band: tuple[float, float]) -> float:
+    """The most the part of a credit resting on a start slower than the reference counts (log
+    units): the estimate plus START_SDS of the band's standard deviations."""
+    lo, hi = band
+    return (lo + hi) / 2.0 + START_SDS * (hi - lo) / (2.0 * INFLUENCE_SDS)
+
+
+def _claimed(raw: float, band: tuple[float, float], trusted: float | None) -> float:
+    """`raw` (a clipped log-speedup) with what rests on the caller's choice of start held at
+    `start_ceiling`, but never below the `trusted` speedup's clipped log (None: all of it is trusted)."""
+    if trusted is None or trusted <= 0:
+        return raw
+    return min(raw, max(start_ceiling(band), clip_log_speedup(trusted)))
+
+
+def detected_log_speedup(speedup: float, band: tuple[float, float], trusted: float | None = None) -> float:
+    """The log-speedup change detection sees for one outcome (a score's own and the track's): the
+    measurement clipped to ±log(MAX_CREDITED_SPEEDUP), and, for a credit that rests in part on a
+    start slower than the reference (`trusted`, the speedup over the reference, below it: see
+    `policy.credit.Credit`), held as the score holds it: the caller chose that start, so its claims
+    may not call a change that the credit itself would not make."""
+    return _claimed(clip_log_speedup(speedup), band, trusted)
+
+
 def apply_outcome(
     score: Score, verdict: Verdict, speedup: float | None, when: datetime | None = None, *,
     client: str = UNNAMED_CLIENT, band: tuple[float, float] | None = None, alarmed: bool = False,
+    weight: float = 1.0, trusted: float | None = None,
 ) -> Score:
     """`score` after one outcome with this verdict and (for valid verdicts) measured speedup,
     recorded by `client`; `band` bounds the credited log-speedup (default: `influence_band`).
     `alarmed`: many scores of its track changed lately (`track_alarmed`), so a smaller fall signals
-    a change of this one."""
+    a change of this one. `weight` (0-1] and `trusted` come from `policy.credit.credit`: the speedup
+    counts as `weight` of one sample (an outcome that weighs less than one takes no part in change
+    detection), and beyond the `trusted` speedup (over the reference; None: all of it) at most
+    START_SDS above the estimate (`start_ceiling`), for the score and its change detection alike."""
     if not counts_toward_score(verdict):
         return score
     clients = _client_stats(score)
@@ -266,12 +306,14 @@ def apply_outcome(
     cf, vf = score.compile_failures, score.verify_failures
     prior_weight = score.prior_weight
     if verdict.is_valid and speedup is not None and speedup > 0 and math.isfinite(speedup):
-        raw = clip_log_speedup(speedup)
         lo, hi = band if band is not None else influence_band(score)
-        x = max(lo, min(hi, raw))
+        x = credited_log_speedup(speedup, band=(lo, hi), trusted=trusted)
+        w = min(1.0, max(1e-6, weight))
         own = clients.get(client, (0.0, 0.0, 0.0))
-        run = _run_after(score.run, client, raw, lo, hi)
-        if run is not None and (abs(run.cusum) > CHANGE_THRESHOLD or (alarmed and run.cusum < -ALARMED_THRESHOLD)):
+        if w >= 1.0:
+            run = _run_after(score.run, client, detected_log_speedup(speedup, (lo, hi), trusted), lo, hi)
+        if w >= 1.0 and run is not None and (abs(run.cusum) > CHANGE_THRESHOLD
+                                             or (alarmed and run.cusum < -ALARMED_THRESHOLD)):
             # The truth has likely changed (a new compiler, a new driver): this client's older samples
             # give way to the run that showed it, so the estimate follows at once. No client can
             # discount another's samples, and a lone outlier stays bounded.
@@ -279,9 +321,9 @@ def apply_outcome(
                 prior_weight = 0.0
             own, run = (float(run.n), run.mean, 0.0), None
         else:
-            if own[0] + 1.0 > CLIENT_MAX_WEIGHT:  # make room by discounting this client's own past
-                own = _scaled(own, max(0.0, CLIENT_MAX_WEIGHT - 1.0) / own[0])
-            own = _pool(own, (1.0, x, 0.0))
+            if own[0] + w > CLIENT_MAX_WEIGHT:  # make room by discounting this client's own past
+                own = _scaled(own, max(0.0, CLIENT_MAX_WEIGHT - w) / own[0])
+            own = _pool(own, (w, x, 0.0))
         clients[client] = own
         clients = _bounded(clients)
         samples += 1

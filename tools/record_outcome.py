@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -24,13 +23,16 @@ from kb_mcp.kb.models import (
 )
 from kb_mcp.kb.provenance import optimization_is_verified, outcome_is_verified
 from kb_mcp.kb.view import KBView, Transaction
+from kb_mcp.policy import credit
+from kb_mcp.policy.credit import Credit, CreditBasis, CreditRule, Lineage
+from kb_mcp.policy.lineage import start_of
 from kb_mcp.policy.select import CalibrationSums, calibrate, influence_band
 from kb_mcp.policy.update import (
     MAX_CREDITED_SPEEDUP,
     apply_outcome,
-    clip_log_speedup,
     counts_toward_score,
     credited_log_speedup,
+    detected_log_speedup,
     track_alarm_after,
     track_alarmed,
 )
@@ -38,28 +40,26 @@ from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 
 NAME = "record_outcome"
-PARENT_SLACK = 1.0
-"""A parent counts as at most this many times slower than the problem's reference (eager, as timed
-beside the candidate): a deliberately slow but verified parent would otherwise buy an optimization
-whatever credit it liked. First kernels a little slower than eager are still credited in full."""
-SpeedupBasis = Literal["parent", "parent_capped", "eager"]
 DESCRIPTION = f"""\
 Record what an optimization did, so the shared Knowledge Base learns from it. Call it after
 compile_and_verify, once per candidate, with: the state id the kernel was in (from classify_state),
 the optimization you applied (its id from suggest_optimizations, or - for an idea of your own - a
 new_optimization with a name and a specific description of the code change), the candidate_id
 that compile_and_verify returned (record.candidate_id), and ideally the parent_candidate_id you
-started from (the speedup is then measured against it - it must be verified before, on the same GPU,
-and counts as at most {PARENT_SLACK:g}x slower than the problem's reference; otherwise against eager
-PyTorch) and the next state id if you profiled the new kernel (the KB learns what each optimization
-turns a kernel into). Record failures too (compile errors, wrong results): they lower the
-optimization's score where it does not work. The score moves only on the server's own stored
-verdict and timings for that candidate - you cannot and need not report a speedup - only on a
-verdict checked with compile_and_verify's default options (others are refused), and how far one
-outcome moves it is bounded. Explain in `analysis` why it helped or not; add a one-sentence `lesson`
-for the next agent when you learned something reusable (other agents see it, marked as untrusted KB
-content, only if this candidate verified). Recording the same candidate and optimization twice
-changes nothing. Returns the updated entry: expected speedup, confidence and counts."""
+started from (the speedup is then measured against it - it must be verified before, on the same
+GPU; otherwise against eager PyTorch) and the next state id if you profiled the new kernel (the KB
+learns what each optimization turns a kernel into). A kernel slower than the problem's reference is
+a fine parent: its lineage is credited with its own improvement, counted from the fastest kernel
+recorded on its way from its first kernel; a first kernel more than {credit.START_ALLOWANCE:g}x slower
+than the reference weighs less, and what a slow start adds lifts a score only slowly. Record
+failures too (compile errors, wrong results): they lower the optimization's score where it does
+not work. The score moves only on the server's own stored verdict and timings for that candidate -
+you cannot and need not report a speedup - only on a verdict checked with compile_and_verify's
+default options (others are refused), and how far one outcome moves it is bounded. Explain in
+`analysis` why it helped or not; add a one-sentence `lesson` for the next agent when you learned
+something reusable (other agents see it, marked as untrusted KB content, only if this candidate
+verified). Recording the same candidate and optimization twice changes nothing. Returns the
+updated entry: expected speedup, confidence and counts."""
 
 META = ToolMeta(
     title="Record a measured outcome in the KB",
@@ -121,10 +121,15 @@ class Result(BaseModel):
     track: Track = Field(DEFAULT_TRACK,
                          description="precision track of the candidate's verdict: the scores this outcome moved")
     speedup: float | None = Field(description="server-measured speedup credited to the optimization")
-    speedup_basis: SpeedupBasis | None = Field(
+    speedup_basis: CreditBasis | None = Field(
         None,
-        description=f"parent, parent_capped (the parent counted as {PARENT_SLACK:g}x slower than the reference at "
-                    "most) or eager"
+        description="parent; lineage_best (the parent was slower than a kernel before it on its lineage: the "
+                    "speedup counts from that kernel); parent_capped (the parent was slower than the problem's "
+                    "reference after its lineage had been faster: it counts as the reference); or eager",
+    )
+    credit_weight: float = Field(
+        1.0, description="the fraction of one outcome the speedup counts for in the score (below 1: the kernel's "
+                         "lineage started far slower than the problem's reference or its other first kernels)",
     )
     score_moved: bool
     note: str
@@ -157,12 +162,14 @@ def ineligible(cand: CandidateRecord) -> str | None:
     )
 
 
-def _measured_speedup(
-    view: KBView, cand: CandidateRecord, parent_id: str | None
-) -> tuple[float | None, SpeedupBasis | None, str]:
+def _measured_credit(
+    view: KBView, cand: CandidateRecord, parent_id: str | None, client: str, rule: CreditRule = credit.SHIPPED
+) -> tuple[Credit | None, str]:
+    """The credit of this candidate's stored verdict (`policy.credit.credit`) against the parent named,
+    read from the KB's own records, and what the caller should be told about it."""
     if not cand.verdict.is_valid or not cand.time_ms or cand.time_ms <= 0:
-        return None, None, ""
-    note = ""
+        return None, ""
+    note, lineage = "", None
     if parent_id:
         # the parent's own creditable verdict on this candidate's GPU, whatever else is stored for it
         parent = next((p for p in view.candidate_verdicts(parent_id) if p.creditable and p.device == cand.device), None)
@@ -171,18 +178,19 @@ def _measured_speedup(
             note = f"parent {parent_id} is not a verified candidate of the same problem timed on the same GPU; "
         elif parent.created_at > cand.created_at:
             note = f"parent {parent_id} was verified after this candidate, so it cannot be where it started; "
-        else:
-            eager = cand.eager_ms
-            if eager and parent.time_ms > PARENT_SLACK * eager:
-                return PARENT_SLACK * eager / cand.time_ms, "parent_capped", (
-                    f"parent {parent_id} is {parent.time_ms / eager:.3g}x slower than the problem's reference "
-                    f"(eager PyTorch); it counts as {PARENT_SLACK:g}x slower at most. "
-                )
-            return parent.time_ms / cand.time_ms, "parent", ""
-        note += "speedup is over eager PyTorch. "
-    if cand.eager_ms:
-        return cand.eager_ms / cand.time_ms, "eager", note
-    return None, None, note + "no baseline timing stored for this candidate; counted as an attempt only. "
+        elif parent.eager_ms:
+            lineage = start_of(view, parent, client)
+        else:  # no reference timing beside the parent: nothing says how slow it was
+            lineage = Lineage(parent_ms=parent.time_ms, best_ms=parent.time_ms, root_ms=1.0, root_eager_ms=1.0)
+        if lineage is None:
+            note += "speedup is over eager PyTorch. "
+    found = credit.credit(cand.time_ms, cand.eager_ms, lineage, rule)
+    if found is None:
+        return None, note + "no baseline timing stored for this candidate; counted as an attempt only. "
+    if found.why:
+        note += f"{found.why[0].upper()}{found.why[1:]}"
+        note += f" (it counts as {found.weight:.2g} of one outcome). " if found.weight < 1 else ". "
+    return found, note
 
 
 def _resolve_optimization(tx: Transaction, req: Request, client: str) -> tuple[Optimization, bool]:
@@ -227,8 +235,10 @@ def _base_score(tx: Transaction, state_id: str, opt_id: str, arch: str, track: T
     return Score(state_id=state_id, optimization_id=opt_id, arch=arch, track=track)
 
 
-def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
-    """Records the outcome in one transaction (see DESCRIPTION)."""
+def run(ctx: ToolContext, req: Request, progress: Progress = no_progress, *,
+        rule: CreditRule = credit.SHIPPED) -> Result:
+    """Records the outcome in one transaction (see DESCRIPTION). `rule`: the credit's constants (the
+    shipped ones; the learning simulator compares the rule before through this same code)."""
     with ctx.store.transaction() as tx:
         cand = _checked_candidate(tx, req)
         opt, created = _resolve_optimization(tx, req, ctx.client_name)
@@ -237,12 +247,13 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         oid = ids.outcome_id(cand.candidate_id, opt.id)
         previous = tx.get_outcome(oid)
         if previous is not None:
-            _, basis, _ = _measured_speedup(tx, cand, previous.parent_candidate_id)
-            return _result(tx, previous, basis, recorded=False, created=False, moved=False,
+            before, _ = _measured_credit(tx, cand, previous.parent_candidate_id, previous.agent, rule)
+            return _result(tx, previous, before, recorded=False, created=False, moved=False,
                            note="already recorded: this candidate was credited to this optimization before; nothing "
                                 "changed")
 
-        speedup, basis, note = _measured_speedup(tx, cand, req.parent_candidate_id)
+        found, note = _measured_credit(tx, cand, req.parent_candidate_id, ctx.client_name, rule)
+        speedup = found.speedup if found is not None else None
         moved = counts_toward_score(cand.verdict) and cand.creditable
         if moved and speedup is not None and not 1 / MAX_CREDITED_SPEEDUP <= speedup <= MAX_CREDITED_SPEEDUP:
             note += (f"one outcome moves a score by at most {MAX_CREDITED_SPEEDUP:g}x either way: the score counts "
@@ -252,7 +263,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         if tx.get_score(req.state_id, opt.id, ALL_ARCH) is None:
             tx.put_score(Score(state_id=req.state_id, optimization_id=opt.id))  # known here, even if unmeasured
         if moved:
-            note += _move_scores(tx, req, cand, opt.id, speedup, ctx.client_name)
+            note += _move_scores(tx, req, cand, opt.id, found, ctx.client_name)
         note += _why_no_score_moved(cand, moved)
         outcome = Outcome(
             id=oid, problem=cand.problem, candidate_id=cand.candidate_id, parent_candidate_id=req.parent_candidate_id,
@@ -267,7 +278,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
                                                                                   opt) and outcome_is_verified(outcome):
             # an agent-made optimization first recorded with a failure is vouched for by this verified outcome
             tx.put_optimization(opt.model_copy(update={"outcome_id": oid}))
-        return _result(tx, outcome, basis, recorded=True, created=created, moved=moved, note=note.strip() or "recorded")
+        return _result(tx, outcome, found, recorded=True, created=created, moved=moved, note=note.strip() or "recorded")
 
 
 def _checked_candidate(tx: Transaction, req: Request) -> CandidateRecord:
@@ -294,11 +305,13 @@ def _checked_candidate(tx: Transaction, req: Request) -> CandidateRecord:
     return cand
 
 
-def _move_scores(tx: Transaction, req: Request, cand: CandidateRecord, opt_id: str, speedup: float | None,
+def _move_scores(tx: Transaction, req: Request, cand: CandidateRecord, opt_id: str, found: Credit | None,
                  client: str) -> str:
     """Applies the outcome to the arch family's score and the pooled one; returns what the note says of it."""
     note = ""
     family, track = arch_family(cand.arch), cand.track
+    speedup = found.speedup if found is not None else None
+    weight, trusted = (found.weight, found.trusted) if found is not None else (1.0, None)
     # the band one outcome may move a score within comes from the same calibrated posterior
     # the selection draws from (the state's scores on this family and track)
     cal = calibrate(tx.candidate_stats(req.state_id, family, track),
@@ -308,19 +321,22 @@ def _move_scores(tx: Transaction, req: Request, cand: CandidateRecord, opt_id: s
     for arch in dict.fromkeys((family, ALL_ARCH)):
         base = _base_score(tx, req.state_id, opt_id, arch, track)
         band = influence_band(base, cal)
-        if arch == family and speedup is not None and speedup > 0 and cand.verdict.is_valid:
+        if arch == family and speedup is not None and speedup > 0 and cand.verdict.is_valid and weight >= 1:
             # the family's score says how surprising this outcome is (the pooled one mixes families)
-            after = track_alarm_after(level, clip_log_speedup(speedup), band)
+            after = track_alarm_after(level, detected_log_speedup(speedup, band, trusted), band)
             if after != level:  # nothing is written while the track is quiet
                 tx.set_track_alarm(track, family, after)
         if arch == ALL_ARCH and speedup is not None and speedup > 0:
-            credited = math.exp(credited_log_speedup(speedup, base, band))
+            credited = math.exp(credited_log_speedup(speedup, base, band, trusted))
             if abs(math.log(credited / speedup)) > 1e-9:
+                beyond = "" if trusted is None else (
+                    f"; what it gained beyond its {trusted:.3g}x over the reference, from a slow start, only a "
+                    "little above the estimate")
                 note += (f"one outcome moves a score only so far (at most {MAX_CREDITED_SPEEDUP:g}x, and "
-                         "within "
-                         f"a band around its estimate): the pooled score counts {credited:.3g}x, the outcome "
-                         f"keeps {speedup:.3g}x. ")
-        tx.put_score(apply_outcome(base, cand.verdict, speedup, client=client, band=band, alarmed=alarmed))
+                         f"within a band around its estimate{beyond}): the pooled score counts {credited:.3g}x, "
+                         f"the outcome keeps {speedup:.3g}x. ")
+        tx.put_score(apply_outcome(base, cand.verdict, speedup, client=client, band=band, alarmed=alarmed,
+                                   weight=weight, trusted=trusted))
     if req.next_state_id and cand.verdict.is_valid:
         tx.bump_transition(req.state_id, opt_id, req.next_state_id)
     return note
@@ -354,13 +370,14 @@ def _keep_lesson(tx: Transaction, req: Request, outcome: Outcome, client: str) -
 
 
 def _result(
-    view: KBView, outcome: Outcome, basis: SpeedupBasis | None, *, recorded: bool, created: bool,
+    view: KBView, outcome: Outcome, found: Credit | None, *, recorded: bool, created: bool,
     moved: bool, note: str,
 ) -> Result:
     state_id, opt_id, track = outcome.state_id, outcome.optimization_id, outcome.track
     pooled = view.get_score(state_id, opt_id, ALL_ARCH, track) or Score(state_id=state_id, optimization_id=opt_id,
                                                                         track=track)
     entry = view.get_score(state_id, opt_id, outcome.arch, track) or pooled
+    timed = outcome.speedup is not None and found is not None
     return Result(
         outcome_id=outcome.id,
         recorded=recorded,
@@ -369,7 +386,8 @@ def _result(
         verdict=outcome.verdict,
         track=outcome.track,
         speedup=round(outcome.speedup, 4) if outcome.speedup is not None else None,
-        speedup_basis=basis if outcome.speedup is not None else None,
+        speedup_basis=found.basis if timed and found is not None else None,
+        credit_weight=round(found.weight, 4) if timed and found is not None else 1.0,
         score_moved=moved,
         note=note,
         entry=entry,

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from learnsim.regimes import DRIFT_CURVE, MEANS, Config
+from learnsim.regimes import DRIFT_CURVE, MEANS
+from learnsim.run import Config
+from learnsim.starts import ATTACKS, CREDIT_RULES
 from learnsim.stats import interval
 
 COLOURS = {"uniform": "tab:gray", "old rule": "tab:orange", "new rule": "tab:blue", "new rule, no change": "tab:green",
-           MEANS: "tab:purple"}
+           MEANS: "tab:purple", "new rule, eager cap": "tab:red"}
 
 
 def plot(results: list[dict[str, Any]], cfg: Config, out_dir: Path) -> None:
@@ -78,15 +80,17 @@ def _drift(plt: Any, rows: list[dict[str, Any]]) -> Any:
 
 
 def _poison(plt: Any, poison: list[dict[str, Any]]) -> Any:
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for name in ("old rule", "new rule"):
-        stats = [interval([p[name][i] for p in poison]) for i in range(3)]
-        ax.errorbar([0, 1, 4], [m for m, _ in stats], yerr=[h for _, h in stats], label=name, color=COLOURS[name],
-                    marker="o", capsize=3)
-    ax.axhline(0.1, color="black", lw=0.8, ls="--")
-    ax.set_xlabel("poisoned records from one client")
-    ax.set_ylabel("first-draw probability of the harmful optimization")
-    ax.legend()
+    fig, axes = plt.subplots(1, len(ATTACKS), figsize=(5 * len(ATTACKS), 3.6), sharey=True, squeeze=False)
+    for ax, (attack, slowness) in zip(axes[0], ATTACKS.items()):
+        for name in ("old rule", *CREDIT_RULES):
+            stats = [interval([p[attack][name][i] for p in poison]) for i in range(3)]
+            ax.errorbar([0, 1, 4], [m for m, _ in stats], yerr=[h for _, h in stats], label=name,
+                        color=COLOURS[name], marker="o", capsize=3)
+        ax.axhline(0.1, color="black", lw=0.8, ls="--")
+        ax.set_title(f"{attack}: parent {slowness:g}x slower than the reference")
+        ax.set_xlabel("records from one client")
+    axes[0][0].set_ylabel("first draw of the harmful optimization")
+    axes[0][0].legend()
     return fig
 
 

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 import statistics
-import tempfile
-import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kb_mcp.kb.models import CandidateRecord, Track, Verdict
+from kb_mcp.kb.models import Track, Verdict
 from learnsim.rules import LegacyRule, Step, ToolRule, copy_kb, new_kb, seed_of
 from learnsim.world import (
     ARCHES,
@@ -28,6 +24,7 @@ from learnsim.world import (
     make_priors,
     make_world,
     sample_outcome,
+    start_slowness,
 )
 
 # ---- regimes ----------------------------------------------------------------------------------------
@@ -53,9 +50,12 @@ deviation from them) and always takes the best. What learning can reach in a wor
 
 def bandit_stream(world: World, seed: int, rules: dict[str, Any], rollouts: int, *, tag: str,
                   states: Sequence[str] | None = None, arches: Sequence[str] = ("hopper",),
-                  drift_at: int | None = None, drift_kind: str = "lose-best", start: int = 0) -> dict[str, Any]:
+                  drift_at: int | None = None, drift_kind: str = "lose-best", start: int = 0,
+                  starts: str = "as eager") -> dict[str, Any]:
     """Single steps on fresh problems. Returns per-rollout gains per rule, and the oracle's,
-    uniform's and MEANS's."""
+    uniform's and MEANS's. `starts` (`world.START_SPEEDS`): how much slower than the reference each
+    problem's first kernel is; the step optimizes that kernel, recorded against it as the parent
+    (as eager: against the reference itself)."""
     rng = random.Random(f"stream-{seed}-{tag}")
     out: dict[str, list[Any]] = {name: [] for name in rules}
     out["oracle"], out["uniform"], out[MEANS], out["state"], out["arch"] = [], [], [], [], []
@@ -74,6 +74,7 @@ def bandit_stream(world: World, seed: int, rules: dict[str, Any], rollouts: int,
         out[MEANS].append(gains[max(gains, key=lambda a: expected_gain(world, s, a, typical, arch))])
         out["state"].append(s)
         out["arch"].append(arch)
+        slowness = start_slowness(starts, random.Random(f"start-{seed}-{tag}-{t}"))
         for name, rule in rules.items():
             step = Step(state=s, arch=arch, key=f"{seed}-{tag}-{name}-{t}", problem=f"p{tag}{t}")
             if isinstance(rule, LegacyRule):
@@ -82,6 +83,8 @@ def bandit_stream(world: World, seed: int, rules: dict[str, Any], rollouts: int,
                 verdict, x = sample_outcome(world, s, a, dev, random.Random(f"o-{seed}-{tag}-{t}-{a}"), arch)
                 rule.record(s, a, arch, verdict, x)
             else:
+                if slowness > 1.0:
+                    step = rule.first_kernel(step, slowness)
                 a = rule.choose(step)
                 assert a is not None, f"no suggestion in {s}"
                 verdict, x = sample_outcome(world, s, a, dev, random.Random(f"o-{seed}-{tag}-{t}-{a}"), arch)
@@ -110,7 +113,8 @@ def run_bandit(world: World, seed: int, folder: Path, rollouts: int, kinds: Sequ
     for kind in kinds:
         priors = make_priors(world, kind, seed)
         kb = new_kb(folder, f"bandit-{kind}", priors)
-        rules = {"old rule": LegacyRule(priors), "new rule": ToolRule(kb)}
+        new = ToolRule(kb)
+        rules = {"old rule": LegacyRule(priors), "new rule": new}
         out = bandit_stream(world, seed, rules, rollouts, tag=f"b{kind}")
         row: dict[str, Any] = {}
         thirds = [(i * rollouts // 3, (i + 1) * rollouts // 3) for i in range(3)]
@@ -129,6 +133,7 @@ def run_bandit(world: World, seed: int, folder: Path, rollouts: int, kinds: Sequ
         }
         result[kind] = row
         if kind == "aligned":
+            row["lean"] = new.lean(world.mu)
             result["_kb_aligned"] = str(kb)
             result["_legacy_aligned"] = rules["old rule"]
             result["_state_counts"] = _counts(out["state"])
@@ -145,35 +150,6 @@ def _counts(states: Sequence[str]) -> dict[str, int]:
 def bandit_reference(world: World, seed: int, tag: str, rollouts: int) -> dict[str, list[float]]:
     """The oracle's and uniform's expected gains on the same stream (no KB involved)."""
     return bandit_stream(world, seed, {}, rollouts, tag=tag)
-
-
-def run_poison(world: World, seed: int, folder: Path, bandit: dict[str, Any]) -> dict[str, Any]:
-    """A client credits the worst optimization of the most visited state against a 100x slow parent."""
-    counts = bandit["_state_counts"]
-    s = max(counts, key=lambda k: (counts[k], k))
-    h = min(world.options[s], key=lambda a: world.mu[(s, a)])
-    legacy: LegacyRule = bandit["_legacy_aligned"]
-    kb = copy_kb(Path(bandit["_kb_aligned"]), folder / "poison.json")
-    new = ToolRule(kb, client=MALLORY)
-    out: dict[str, list[float]] = {"old rule": [], "new rule": []}
-    noise = random.Random(f"poison-{seed}")
-    for n in range(5):
-        if n:
-            x = world.mu[(s, h)] + noise.gauss(0, NOISE_SD)  # the harmful change, really applied and timed
-            step = Step(state=s, arch="hopper", key=f"{seed}-poison-{n}", problem=f"mallory{n}")
-            parent = f"c_{seed}-poison-parent-{n}"
-            with new.ctx.store.transaction() as tx:  # a verified but deliberately slow parent
-                tx.put_candidate(CandidateRecord(candidate_id=parent, problem=step.problem, problem_hash=step.problem,
-                                                 verdict=Verdict.slower, arch="sm_90", device=ARCHES["hopper"][1],
-                                                 time_ms=100.0, eager_ms=1.0))
-            new.learn(step, h, Verdict.faster if x > 0 else Verdict.slower, x, client_parent=parent, parent_ms=1.0)
-            legacy.record(s, h, "hopper", Verdict.faster, math.log(100.0) + x)
-        if n in (0, 1, 4):
-            options = world.options[s]
-            out["old rule"].append(legacy.probabilities(s, options, "hopper")[options.index(h)])
-            out["new rule"].append(new.first_draw(s, h, "hopper"))
-    return {"state": s, "harmful": h, "true_mu": world.mu[(s, h)], **out,
-            "suppress": run_suppress(world, seed, folder, bandit, s)}
 
 
 SUPPRESS_ALARM_RECORDS = 24
@@ -386,52 +362,3 @@ def quick_comparison(seed: int, rollouts: int, n_states: int, folder: Path) -> d
     out = bandit_stream(world, seed, rules, rollouts, tag="quick", states=states)
     half = rollouts // 2
     return {name: share(out[name][half:], out["oracle"][half:]) for name in (*rules, "uniform")}
-
-
-# ---- one seed, all regimes ------------------------------------------------------------------------------
-
-
-DRIFT_KINDS = {"drift": "lose-best", "drift_shuffle": "shuffle"}
-
-
-@dataclass(frozen=True)
-class Config:
-    """What one run measures: regimes, prior kinds and sizes."""
-
-    rollouts: int = 900
-    kinds: tuple[str, ...] = ("aligned", "uninformative", "misleading")
-    regimes: tuple[str, ...] = ("bandit", "poison", "drift", "drift_shuffle", "multistep", "transfer", "arch")
-    drift_rollouts: int = 1200
-    problems: int = 120
-    horizon: int = 6
-    train: int = 300
-    test: int = 100
-    tmp: str | None = None
-
-
-def run_seed(args: tuple[int, Config]) -> dict[str, Any]:
-    """Every regime for one seed (each in its own fresh world and KB files)."""
-    seed, cfg = args
-    started = time.monotonic()
-    base = Path(tempfile.mkdtemp(prefix=f"learning-sim-{seed}-", dir=cfg.tmp))
-    try:
-        out: dict[str, Any] = {"seed": seed}
-        if "bandit" in cfg.regimes or "poison" in cfg.regimes:
-            kinds = cfg.kinds if "bandit" in cfg.regimes else ("aligned",)
-            bandit = run_bandit(make_world(seed), seed, base, cfg.rollouts, kinds)
-            out["bandit"] = {k: v for k, v in bandit.items() if not k.startswith("_")}
-            if "poison" in cfg.regimes:
-                out["poison"] = run_poison(make_world(seed), seed, base, bandit)
-        for regime, kind in DRIFT_KINDS.items():
-            if regime in cfg.regimes:
-                out[regime] = run_drift(make_world(seed), seed, base, cfg.drift_rollouts, kind)
-        if "multistep" in cfg.regimes:
-            out["multistep"] = run_multistep(make_world(seed), seed, base, cfg.problems, cfg.horizon)
-        if "transfer" in cfg.regimes:
-            out["transfer"] = run_transfer(make_world(seed), seed, base, cfg.train, cfg.test)
-        if "arch" in cfg.regimes:
-            out["arch"] = run_arch(make_world(seed), seed, base, cfg.rollouts)
-        out["wall_s"] = time.monotonic() - started
-        return out
-    finally:
-        shutil.rmtree(base, ignore_errors=True)

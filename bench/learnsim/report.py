@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from learnsim.plots import plot
-from learnsim.regimes import DRIFT_CURVE, MEANS, Config
+from learnsim.regimes import DRIFT_CURVE, MEANS
+from learnsim.run import Config
+from learnsim.starts import ATTACKS, CREDIT_RULES, START_KINDS
 from learnsim.stats import fmt
 from learnsim.world import ARCH_CORRELATION, ARCHES
 
@@ -33,7 +35,7 @@ DRIFT_SCALES = {
 def report(results: Rows, cfg: Config, out_dir: Path, wall: float) -> str:
     """The printed tables (also written to out_dir/summary.txt), the raw results and the plots."""
     lines = [f"learning_sim: {len(results)} seeds, mean ± 95 % interval over seeds; wall {wall:.0f} s", ""]
-    lines += _bandit(results, cfg) + _poison(results)
+    lines += _bandit(results, cfg) + _start(results, cfg) + _poison(results)
     for key in DRIFT_WHAT:
         lines += _drift(results, cfg, key)
     lines += _multistep(results, cfg) + _transfer(results, cfg) + _arch(results, cfg)
@@ -78,14 +80,48 @@ def _poison(results: Rows) -> list[str]:
     if not rows:
         return []
     lines = [
-        "Poisoning: first-draw probability of the worst optimization of the most visited state, after n records",
-        "credited against a verified parent 100x slower than the reference, from one client "
-        "(KB: aligned, 900 rollouts)",
-        f"{'rule':<10}{'n = 0':>18}{'n = 1':>18}{'n = 4':>18}",
+        "Poisoning and sandbagging: first-draw probability of the worst optimization of the most visited state,",
+        "after n records from one client, each an ordinary candidate (the harmful change applied and timed)",
+        "credited against a parent the client verified deliberately slow: the first kernel of a fresh problem,",
+        f"{ATTACKS['poisoning']:g}x slower than the reference (poisoning) or {ATTACKS['sandbagging']:g}x (sandbagging: "
+        "as slow as a first kernel counts in full);",
+        "'eager cap': the same tools with the credit rule before (KB: aligned, 900 rollouts)",
+        f"{'attack':<14}{'rule':<22}{'n = 0':>18}{'n = 1':>18}{'n = 4':>18}",
     ]
-    for name in ("old rule", "new rule"):
-        lines.append(f"{name:<10}" + "".join(f"{fmt([row[name][i] for row in rows], 3):>18}" for i in range(3)))
+    for attack in ATTACKS:
+        for name in ("old rule", *CREDIT_RULES):
+            cells = "".join(f"{fmt([row[attack][name][i] for row in rows], 3):>18}" for i in range(3))
+            lines.append(f"{attack:<14}{name:<22}{cells}")
     return [*lines, "", *_suppress([row["suppress"] for row in rows if "suppress" in row])]
+
+
+def _start(results: Rows, cfg: Config) -> list[str]:
+    rows = [r["start"] for r in results if "start" in r]
+    if not rows:
+        return []
+    eager = [r["bandit"]["aligned"] for r in results if "start" in r and "aligned" in r.get("bandit", {})]
+    lines = [
+        f"First kernels slower than the reference (aligned priors, the bandit stream's problems, {cfg.rollouts} "
+        "rollouts): share of the oracle's per-step gain;",
+        "each problem's first kernel is 1-4x or 1-10x slower than eager (log-uniform) and the step is recorded "
+        "against it;",
+        "'eager cap': the same tools with the credit rule before (a parent slower than the reference counts as the "
+        "reference)",
+        f"{'first kernels':<15}{'rule':<22}{'rollouts 1-300':>16}{'301-600':>16}{'601-900':>16}{'lowest seed':>13}",
+    ]
+    table = [("as eager", name, [row[name] for row in eager]) for name in ("uniform", "old rule", "new rule")
+             if eager]
+    table += [(kind, name, [row[kind][name] for row in rows]) for kind in START_KINDS
+              for name in ("uniform", "old rule", *CREDIT_RULES)]
+    for kind, name, thirds in table:
+        cells = "".join(f"{fmt([t[i] for t in thirds]):>16}" for i in range(3))
+        lines.append(f"{kind:<15}{name:<22}{cells}{min(t[2] for t in thirds):>13.2f}")
+    leans = [("as eager", "new rule", [row["lean"] for row in eager if "lean" in row])]
+    leans += [(kind, name, [row[kind]["lean"][name] for row in rows]) for kind in START_KINDS for name in CREDIT_RULES]
+    lines += ["lean: the KB's measured means less the true ones after the stream (log units; scores holding 4 "
+              "samples' weight or more)",
+              "  " + "; ".join(f"{kind}, {name}: {fmt(values)}" for kind, name, values in leans if values)]
+    return [*lines, ""]
 
 
 def _suppress(rows: list[dict[str, Any]]) -> list[str]:
@@ -118,19 +154,24 @@ def _drift(results: Rows, cfg: Config, key: str) -> list[str]:
         lines += [f"{what}:", f"{'rule':<21}{'before':>14}" + "".join(f"{'+' + str(k):>14}" for k in DRIFT_KS)
                   + f"{'recovered by':>14}{'vs no change':>14}"]
         lines += _drift_rows([row[scale] for row in rows])
-    return [*lines, *_drift_windows([row["gap"] for row in rows]), ""]
+    return [*lines, *_drift_windows([row["gap"] for row in rows], key), ""]
 
 
 DRIFT_WINDOWS = {"before": range(-10, 0), "+1-5": range(1, 6), "+6-10": range(6, 11), "+11-15": range(11, 16),
                  "+16-30": range(16, 31)}
 TARGET_WINDOW = "+11-15"
-"""The problems the drift target is judged over: the level there against the level before."""
+"""The problems the drift target is judged over: the last of the 15 problems of a state it allows."""
+TARGET_BY = 15
+"""The drift target: the rule back at RECOVERED of the no-change control within this many problems."""
+CONTROL = "new rule, no change"
 
 
-def _drift_windows(gap: Sequence[dict[str, Any]]) -> list[str]:
-    """Gap-scale means over windows of problems since the change, and the drift target judged on
-    them: against the level before (the target), the no-change control and MEANS."""
-    names = ("new rule", "new rule, no change", MEANS)
+def _drift_windows(gap: Sequence[dict[str, Any]], key: str) -> list[str]:
+    """Gap-scale means over windows of problems since the change, and recovery judged on them: the
+    drift target (for `drift`) against the no-change control, the level the rule reaches in the
+    changed world (back at RECOVERED of it within TARGET_BY problems, and RECOVERED of it over
+    TARGET_WINDOW), beside the level before the change and MEANS."""
+    names = ("new rule", CONTROL, MEANS)
     lines = ["gap closed, mean over problems of a state since the change:",
              f"{'rule':<21}" + "".join(f"{w:>14}" for w in DRIFT_WINDOWS)]
     for name in names:
@@ -139,13 +180,18 @@ def _drift_windows(gap: Sequence[dict[str, Any]]) -> list[str]:
     ks = DRIFT_WINDOWS[TARGET_WINDOW]
     after = {name: level(gap, name, ks) for name in names}
     before = level(gap, "new rule", DRIFT_WINDOWS["before"])
-    paired = [_window(row["new rule"], ks) - _window(row["new rule, no change"], ks) for row in gap]
+    back = recovery(gap, "new rule", level(gap, CONTROL, range(1, 31)))
+    held = after["new rule"] / after[CONTROL]
+    met = back != "> 28" and int(back) <= TARGET_BY and held >= RECOVERED
+    paired = [_window(row["new rule"], ks) - _window(row[CONTROL], ks) for row in gap]
+    what = f"drift target ({RECOVERED:.0%} of the no-change control within {TARGET_BY} problems)" if key == "drift" \
+        else "recovery against the no-change control"
     lines += [
-        f"drift target: the new rule over {TARGET_WINDOW} at {RECOVERED:.0%} of its level before "
-        f"({RECOVERED * before:.3f}): {after['new rule']:.3f}, {after['new rule'] / before:.0%} of it; "
-        f"back to {RECOVERED:.0%} of the level before by problem {recovery(gap, 'new rule', before)}",
-        f"  against the no-change control over {TARGET_WINDOW} ({after['new rule, no change']:.3f}): "
-        f"{after['new rule'] / after['new rule, no change']:.0%}, paired {fmt(paired, 3)}; against {MEANS} "
+        f"{what}: back at {RECOVERED:.0%} of it by problem {back}; over {TARGET_WINDOW} "
+        f"{after['new rule']:.3f} against {after[CONTROL]:.3f}, {held:.0%} of it (paired {fmt(paired, 3)}): "
+        f"{'met' if met else 'not met'}",
+        f"  against its own level before ({before:.3f}): {after['new rule'] / before:.0%} over {TARGET_WINDOW}, back "
+        f"at {RECOVERED:.0%} of it by problem {recovery(gap, 'new rule', before)}; against {MEANS} "
         f"({after[MEANS]:.3f}): {after['new rule'] / after[MEANS]:.0%} (before: "
         f"{before / level(gap, MEANS, DRIFT_WINDOWS['before']):.0%})",
     ]
@@ -160,7 +206,7 @@ def _window(curve: dict[int, float], ks: Sequence[int]) -> float:
 def _drift_rows(rows: Sequence[dict[str, Any]]) -> list[str]:
     """One line per rule: the level before, at DRIFT_KS, and when it is back (`recovery`)."""
     lines = []
-    control = level(rows, "new rule, no change", range(1, 31))
+    control = level(rows, CONTROL, range(1, 31))
     for name in DRIFT_CURVE:
         pre = [_window(row[name], DRIFT_WINDOWS["before"]) for row in rows]
         cells = [fmt(pre)] + [fmt([row[name].get(k, math.nan) for row in rows]) for k in DRIFT_KS]

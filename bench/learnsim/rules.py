@@ -7,12 +7,13 @@ import math
 import random
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Score, Verdict
 from kb_mcp.kb.store import KBStore
 from kb_mcp.policy import phase
+from kb_mcp.policy.credit import SHIPPED, CreditRule
 from kb_mcp.policy.select import CalibrationSums, first_draw_probabilities
 from kb_mcp.tools import record_outcome, suggest_optimizations
 from kb_mcp.tools.context import ToolContext
@@ -35,16 +36,31 @@ class Step:
 
 
 class ToolRule:
-    """The shipped policy: suggest_optimizations and record_outcome on a real KB file."""
+    """The shipped policy: suggest_optimizations and record_outcome on a real KB file. `credit`: the
+    credit rule record_outcome applies (the shipped one, or the rule before it, through the same code)."""
 
     name = "new rule"
 
     def __init__(self, kb: Path, client: str = HONEST, *, lineage: bool = True, arch_aware: bool = True,
-                 phase_ordering: bool = True) -> None:
+                 phase_ordering: bool = True, credit: CreditRule = SHIPPED) -> None:
         self.ctx = ToolContext(kb, client_name=client, standby_profiler=False)
         self.lineage = lineage
         self.arch_aware = arch_aware
         self.phase_ordering = phase_ordering
+        self.credit = credit
+
+    def first_kernel(self, step: Step, slowness: float, *, key: str | None = None) -> Step:
+        """`step` starting from the problem's first kernel, verified `slowness` times slower than the
+        reference (a lineage root: no outcome produced it), instead of from the reference itself."""
+        cid = f"r_{key or step.key}"
+        arch, device = ARCHES[step.arch]
+        with self.ctx.store.transaction() as tx:
+            tx.put_candidate(CandidateRecord(
+                candidate_id=cid, problem=step.problem, problem_hash=step.problem,
+                verdict=Verdict.slower if slowness > 1.0 else Verdict.faster, arch=arch, device=device,
+                time_ms=slowness, eager_ms=1.0,
+            ))
+        return replace(step, parent=cid, parent_ms=slowness)
 
     def choose(self, step: Step) -> str | None:
         req = suggest_optimizations.Request(
@@ -73,8 +89,20 @@ class ToolRule:
         record_outcome.run(self.ctx, record_outcome.Request(
             state_id=step.state, optimization_id=a, candidate_id=cid,
             parent_candidate_id=client_parent if client_parent is not None else step.parent, next_state_id=next_state,
-        ))
+        ), rule=self.credit)
         return cid
+
+    def lean(self, truth: dict[tuple[str, str], float], arch: str = "hopper", min_weight: float = 4.0) -> float:
+        """How far the KB's measured means lie from the true ones, on average (log units), over the
+        scores of `arch`'s family holding at least `min_weight` samples' weight: what a credit rule's
+        bias does to what is learnt (a problem's own deviation averages out over many problems)."""
+        errors = []
+        with self.ctx.store.read() as view:
+            for state in view.state_ids():
+                errors += [s.mean_log_speedup - truth[(state, s.optimization_id)]
+                           for s in view.candidates(state, arch) if s.weight >= min_weight
+                           and (state, s.optimization_id) in truth]
+        return sum(errors) / len(errors) if errors else math.nan
 
     def first_draw(self, state: str, opt: str, arch: str = "hopper") -> float:
         """Chance `opt` is the first suggestion in `state` (the policy's own estimate over 4000 draws)."""

@@ -24,6 +24,8 @@ ARCH_CORRELATION = 0.5  # between the two families' true means (cross-arch regim
 HONEST = "agent"
 MALLORY = "mallory"
 RULES = ("uniform", "old rule", "new rule", "oracle")
+START_SPEEDS = {"as eager": 1.0, "1-4x": 4.0, "1-10x": 10.0}
+"""How much slower than the reference each problem's first kernel is: log-uniform between 1 and this."""
 
 
 
@@ -139,6 +141,12 @@ def sample_outcome(world: World, s: str, a: str, dev: dict[str, float], rng: ran
     x = rng.gauss(mean, NOISE_SD)
     return (Verdict.faster if x > 0 else Verdict.slower), x
 
+
+
+def start_slowness(kind: str, rng: random.Random) -> float:
+    """A first kernel's time over the reference's, for the start speed `kind` (START_SPEEDS)."""
+    top = START_SPEEDS[kind]
+    return math.exp(rng.uniform(0.0, math.log(top))) if top > 1.0 else 1.0
 
 
 DRIFT_SHIFT_SD = 0.0  # every other true effect moves by this much when the truth changes

@@ -9,7 +9,7 @@ import pytest
 
 from kb_mcp.kb.models import CandidateRecord, Outcome, Verdict
 from kb_mcp.policy import phase
-from kb_mcp.policy.lineage import lineage_optimizations
+from kb_mcp.policy.lineage import first_kernels, lineage_optimizations, start_of
 from kb_mcp.tools import record_outcome as ro
 from kb_mcp.tools import suggest_optimizations as so
 from kb_mcp.tools.base import ToolError
@@ -51,6 +51,56 @@ def test_a_forged_cycle_of_parents_ends_the_walk(ctx: ToolContext) -> None:
                                    state_id=HLI, optimization_id=opt, arch="hopper", verdict=Verdict.faster))
     with ctx.store.read() as view:
         assert sorted(lineage_optimizations(view, "c_a")) == ["fuse_elementwise_chain", "grid_stride_ilp"]
+
+
+def _verified(ctx: ToolContext, cid: str, time_ms: float, *, problem_hash: str = "h") -> CandidateRecord:
+    rec = CandidateRecord(candidate_id=cid, problem="p", problem_hash=problem_hash, verdict=Verdict.slower,
+                          arch="sm_90", device="H100", time_ms=time_ms, eager_ms=2.0)
+    with ctx.store.transaction() as tx:
+        tx.put_candidate(rec)
+    return rec
+
+
+def test_the_start_of_a_lineage_is_its_first_kernel_and_its_best_the_fastest_on_the_way(ctx: ToolContext) -> None:
+    _verified(ctx, "c_root", 6.0)  # the first kernel: 3x slower than the reference, no outcome made it
+    _step(ctx, "c_1", "fuse_elementwise_chain", "c_root", time_ms=4.0)
+    _step(ctx, "c_2", "vectorize_global_access", "c_1", time_ms=12.0)  # a regression the agent kept
+    with ctx.store.read() as view:
+        parent = view.get_candidate("c_2")
+        assert parent is not None
+        start = start_of(view, parent, "agent")
+    assert (start.parent_ms, start.best_ms, start.root_ms, start.root_eager_ms) == (12.0, 4.0, 6.0, 2.0)
+    assert start.root_slowness == 3.0 and start.peers == ()
+    # a lineage recorded from the reference: the reference is its start
+    _step(ctx, "c_r1", "fuse_elementwise_chain", None, time_ms=10.0)
+    with ctx.store.read() as view:
+        parent = view.get_candidate("c_r1")
+        assert parent is not None
+        from_reference = start_of(view, parent, "agent")
+    assert from_reference.root_slowness == 1.0 and from_reference.best_ms == 2.0
+    # the first kernel is a peer's for every other client, never for its own
+    with ctx.store.read() as view:
+        assert first_kernels(view, "h", "someone else") == (3.0,)
+        assert first_kernels(view, "h", "agent") == ()
+
+
+def test_a_forged_cycle_or_an_unverified_ancestor_ends_the_walk_at_the_last_kernel_reached(ctx: ToolContext) -> None:
+    for cid, parent in (("c_x", "c_y"), ("c_y", "c_x")):
+        _verified(ctx, cid, 8.0)
+        with ctx.store.transaction() as tx:
+            tx.put_outcome(Outcome(id=f"out_{cid}", problem="p", candidate_id=cid, parent_candidate_id=parent,
+                                   state_id=HLI, optimization_id="grid_stride_ilp", arch="hopper",
+                                   verdict=Verdict.slower, agent="agent"))
+    _verified(ctx, "c_z", 5.0)
+    with ctx.store.transaction() as tx:
+        tx.put_outcome(Outcome(id="out_c_z", problem="p", candidate_id="c_z", parent_candidate_id="c_never_verified",
+                               state_id=HLI, optimization_id="grid_stride_ilp", arch="hopper", verdict=Verdict.slower))
+    with ctx.store.read() as view:
+        x, z = view.get_candidate("c_x"), view.get_candidate("c_z")
+        assert x is not None and z is not None
+        cycle, orphan = start_of(view, x, "agent"), start_of(view, z, "agent")
+    assert cycle.root_ms == 8.0 and cycle.best_ms == 8.0
+    assert (orphan.root_ms, orphan.root_slowness) == (5.0, 2.5)
 
 
 def test_suggest_leaves_out_what_the_lineage_applied(ctx: ToolContext) -> None:

@@ -261,3 +261,66 @@ def test_an_alarmed_track_follows_a_fall_from_one_outcome_and_a_rise_as_before()
     rise = math.exp(settled.mean_log_speedup + 3.2 * sd)
     up = apply_outcome(settled, Verdict.faster, rise, client="a", alarmed=True)
     assert up.weight == pytest.approx(CLIENT_MAX_WEIGHT), "a rise is found by drawing it: no reset on one outcome"
+
+
+def _from_slow_starts(truth: float, n: int, seed: int, *, slowness: float = 3.0, capped: bool = False) -> Score:
+    """A score after n honest outcomes of lineages that start `slowness` times slower than the
+    reference: real gains around `truth`, credited as the shipped rule credits them (the speedup over
+    the parent, trusted as far as the candidate's speedup over the reference) or, `capped`, as the
+    rule before did (the parent counted as the reference)."""
+    rng, score = random.Random(seed), _fresh(0.3)
+    for _ in range(n):
+        x = rng.gauss(truth, NOISE)
+        gained, over_reference = math.exp(x), math.exp(x) / slowness
+        band = influence_band(score, Calibration())
+        speedup, trusted = (over_reference, None) if capped else (gained, over_reference)
+        score = apply_outcome(score, Verdict.faster if speedup > 1 else Verdict.slower, speedup, client="a",
+                              band=band, trusted=trusted)
+    return score
+
+
+def test_honest_lineages_that_start_slow_learn_their_real_gains() -> None:
+    truths = (0.7, 0.3, -0.2)
+    learnt = {t: statistics.fmean(_from_slow_starts(t, 40, s).posterior_mean_log_speedup for s in range(10))
+              for t in truths}
+    capped = {t: statistics.fmean(_from_slow_starts(t, 40, s, capped=True).posterior_mean_log_speedup
+                                  for s in range(10)) for t in truths}
+    assert learnt[0.7] > learnt[0.3] > learnt[-0.2], learnt
+    for t in truths:
+        # what rests on the slow start counts up to half a deviation above the estimate: a small
+        # downward lean (about 0.1), where counting the parent as the reference lost log 3 (1.1)
+        assert t - 0.25 < learnt[t] < t + 0.1, (t, learnt[t])
+        assert capped[t] < t - 0.8, (t, capped[t])
+
+
+def test_what_a_deliberately_slow_start_claims_lifts_a_score_only_a_little() -> None:
+    # a client verifies a parent 10x slower than the reference, then records an ordinary candidate (0.8x
+    # of the reference) against it: it claims 8x, of which 0.8x rests on no choice of its own
+    sandbagged = _run(_fresh(0.0), [(Verdict.faster, 8.0)] * 4, client="mallory", band=None)
+    held = _fresh(0.0)
+    for _ in range(4):
+        held = apply_outcome(held, Verdict.faster, 8.0, client="mallory", trusted=0.8)
+    assert sandbagged.posterior_mean_log_speedup > 1.0, "trusted in full, four records make it a 3x optimization"
+    assert held.posterior_mean_log_speedup < 0.15, held.posterior_mean_log_speedup
+    assert held.samples == 4 and held.weight == pytest.approx(4.0)
+    # change detection sees the claims as the score holds them, within its allowance: no run builds up
+    assert held.run is None or abs(held.run.cusum) < 1e-9, held.run
+    # what it measured over the reference is never held below (within the band, +-0.6 here): a
+    # candidate 1.5x faster than the reference counts as 1.5x whatever its start
+    fast = apply_outcome(_fresh(0.0), Verdict.faster, 8.0, client="a", trusted=1.5)
+    assert fast.mean_log_speedup == pytest.approx(math.log(1.5))
+
+
+def test_an_outcome_of_reduced_weight_counts_as_that_share_and_calls_no_change() -> None:
+    settled = _run(_fresh(0.5), [(Verdict.faster, math.exp(0.5 + 0.05 * (-1) ** i)) for i in range(8)], band=None)
+    full = apply_outcome(settled, Verdict.faster, math.exp(1.0), client="b", band=WIDE)
+    tenth = apply_outcome(settled, Verdict.faster, math.exp(1.0), client="b", band=WIDE, weight=0.1)
+    assert tenth.clients["b"][0] == pytest.approx(0.1) and tenth.samples == full.samples
+    lift_full, lift_tenth = (s.mean_log_speedup - settled.mean_log_speedup for s in (full, tenth))
+    assert lift_tenth == pytest.approx(lift_full * 0.1 * 9 / 8.1)  # 0.1 / 8.1 of the way against 1 / 9
+    # far-off outcomes of reduced weight never call a change (which would replace the client's samples)
+    far = _run(settled, [], band=None)
+    for _ in range(6):
+        far = apply_outcome(far, Verdict.slower, math.exp(-1.5), client="a", weight=0.5)
+    assert far.run is None and far.clients["a"][0] == pytest.approx(CLIENT_MAX_WEIGHT)
+    assert far.mean_log_speedup > 0.0

@@ -14,7 +14,9 @@ worker for its harness-side allocations):
 * **the problem**: a Python exception from the problem's own code with no frame of the candidate's
   in it (`ProblemBroken`: no verdict on the candidate);
 * **the machine**: running out of GPU memory where the candidate is not to blame (below):
-  `harness_out_of_memory`, no verdict, nothing stored;
+  `harness_out_of_memory`, no verdict, nothing stored. Where the allocation that failed was another
+  harness process's (the census worker's), the candidate's holdings in the verifying process are
+  weighed the same way (`Blame.beside`);
 * **ours**: anything else the harness's own code raises is a defect of the harness. `halt` returns
   None and the worker reports an internal harness error.
 
@@ -225,6 +227,28 @@ class Blame:
         return Halted(Failure(kind=kind, where=where, detail=first_line(exc), memory=memory),
                       retire=memory.held > memory.share)
 
+    def beside(self, other: GpuMemory, where: str) -> Halted | None:
+        """Another process of the harness (the census worker) ran out of memory (`other`, its
+        numbers) while the candidate holds memory in this one: the candidate's fault, as for an
+        allocation of the harness's here, when it holds more than its share and keeping to it would
+        have left the other allocation room. None where it did not (the machine's limit stands)."""
+        self.release()
+        gc.collect()
+        if not (self.ran and torch.cuda.is_available()):
+            return None
+        here = GpuMemory(asked=other.asked, free=other.free, total=other.total, held=self.still_held(),
+                         share=self.share, process=torch.cuda.memory_reserved())
+        if here.held <= here.share or not memory_fault(here, own_call=False):
+            return None
+        return Halted(Failure(kind=FailureKind.memory_hoarded, where=self.last or where,
+                              detail=f"{where} ran out of GPU memory", memory=here), retire=True)
+
+    def still_held(self) -> int:
+        """What the candidate's code holds in this process's allocator now (0 before it ran)."""
+        if not self.ran or not torch.cuda.is_available():
+            return 0
+        return max(0, torch.cuda.memory_allocated() - self.base)
+
     def measure(self, exc: BaseException) -> GpuMemory:
         """The device's memory now, and what the candidate holds once the harness let go of what the
         failed step held (its frames' tensors, `release`)."""
@@ -239,7 +263,7 @@ class Blame:
         if fraction < 1.0:  # this process may use only part of the device (`set_per_process_memory_fraction`)
             free = min(free, max(0, int(fraction * total) - reserved))
         return GpuMemory(asked=asked_bytes(str(exc)), free=int(free), total=int(total),
-                         held=max(0, torch.cuda.memory_allocated() - self.base), share=self.share, process=reserved)
+                         held=self.still_held(), share=self.share, process=reserved)
 
 
 def tensor_bytes(values: Any) -> int:

@@ -266,10 +266,15 @@ class GpuVerification:
         context the candidate broke fails here too: the worker is then replaced."""
         for name in self.modules:
             sys.modules.pop(name, None)
+        # What this verification held goes with it; whatever the candidate's code still keeps alive
+        # after that (a class-level cache, a global) would shrink the next candidate's GPU.
+        self.cand = self.cmod = self.checker = None
         gc.collect()
         if self.env.cuda:
             try:
                 torch.cuda.empty_cache()
+                if self.blame.still_held() > self.blame.share:
+                    self.retire = True
             except Exception:  # noqa: BLE001 - a broken context: the verdict already says why
                 self.retire = True
 
@@ -444,9 +449,20 @@ class GpuVerification:
         if reply.census is not None:
             self.guard.last_census = KernelCensus.model_validate(reply.census)
         if reply.failure is not None:  # how the census ended, judged here like any other failure
+            hoarded = self._hoarding(reply.failure)
+            if hoarded is not None:
+                return Found(reply.findings, failure=hoarded.failure, retire=hoarded.retire)
             return Found(reply.findings, failure=reply.failure)
         self.evidence.precision = precision_check(reply.precision, self.options.track, sorted(self.checker.dtypes))
         return Found(reply.findings + self.guard.findings())
+
+    def _hoarding(self, failure: Failure) -> Halted | None:
+        """The census worker ran out of memory: where the candidate holds more than its share here,
+        that is its fault (`fault.Blame.beside`) and this worker is replaced (memory the candidate
+        keeps stays with the process). None: the census worker's own failure stands."""
+        if failure.kind != FailureKind.harness_out_of_memory or failure.memory is None:
+            return None
+        return self.blame.beside(failure.memory, "the kernel census (in the census worker)")
 
     def _probes(self) -> Found:
         """Kernels on the tensor cores below the track's precision (the census's SASS) are judged by

@@ -11,7 +11,8 @@ Each worker process keeps one warm harness pool (`harness.pool.WorkerPool`) for 
 (`HarnessPlugin`), pinned to its GPU by its environment, so its lane is that GPU's
 (`harness.gpu_key`) and its timings never share the GPU with another worker's. A worker offers one
 `GPU_RESOURCE` and runs one task at a time; the coordinator keeps at most as many tasks in flight as
-the cluster has slots, so a task assigned to a worker is a task running there.
+the cluster has slots now (workers joining a running scheduler later add theirs), so a task assigned
+to a worker is a task running there.
 
 Faults: a worker that dies while verifying (killed, out of memory, its GPU lost) has its task re-run
 on another by the scheduler, up to `ALLOWED_FAILURES` times (`allowed-failures`); a task that
@@ -31,7 +32,8 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -59,6 +61,7 @@ __all__ = ["Cluster", "HarnessPlugin", "serve_workers", "verify_on"]
 
 QUIET = logging.WARNING  # Dask's own INFO lines (each worker's start and stop) stay out of the progress
 START_TIMEOUT_S = 120.0  # for the local workers (a Python start and Dask's import each) or a scheduler's answer
+REFRESH_S = 2.0  # how old the count of the cluster's slots may be
 
 
 # -- the worker side ------------------------------------------------------------------------------
@@ -159,10 +162,11 @@ class Cluster:
         self.plan = plan
         self.private = [str(p) for p in private]
         self.retried: list[Retry] = []
-        self.capacity = 0
         self._cluster: SpecCluster | None = None
         self._client: Client | None = None
-        self._slots = threading.Semaphore(0)
+        self._slots, self._counted = 0, 0.0  # the cluster's slots, and when they were counted
+        self._in_flight = 0
+        self._turn = threading.Condition()
         self._lock = threading.Lock()
         self._config = dask.config.set({"distributed.scheduler.allowed-failures": plan.allowed_failures})
 
@@ -170,11 +174,15 @@ class Cluster:
         self._config.__enter__()
         try:
             self._client = self._connect()
-            self.capacity = self._wait_for_slots()
+            self.client.wait_for_workers(len(self.plan.workers) or 1, timeout=START_TIMEOUT_S)
+            if self.capacity < 1:
+                raise ClusterError(
+                    f"the cluster's workers offer no {GPU_RESOURCE!r} resource, so no verification can be scheduled: "
+                    f"start them with `kb-mcp worker ADDRESS` (or `dask worker ADDRESS --resources {GPU_RESOURCE}=1 "
+                    "--nthreads 1`)")
         except BaseException:
             self.close()
             raise
-        self._slots = threading.Semaphore(self.capacity)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -205,17 +213,15 @@ class Cluster:
         self._cluster = SpecCluster(workers=workers, scheduler=scheduler, name="kb-mcp", silence_logs=QUIET)
         return Client(self._cluster, timeout=START_TIMEOUT_S)
 
-    def _wait_for_slots(self) -> int:
-        """The verification slots the cluster offers, once its workers are there."""
-        wanted = len(self.plan.workers) or 1
-        self.client.wait_for_workers(wanted, timeout=START_TIMEOUT_S)
-        workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
-        slots = int(sum(w.get("resources", {}).get(GPU_RESOURCE, 0) for w in workers))
-        if slots < 1:
-            raise ClusterError(f"the cluster's workers offer no {GPU_RESOURCE!r} resource, so no verification can "
-                               "be scheduled: start them with `kb-mcp worker ADDRESS` (or `dask worker ADDRESS "
-                               f"--resources {GPU_RESOURCE}=1 --nthreads 1`)")
-        return slots
+    @property
+    def capacity(self) -> int:
+        """The verifications the cluster runs at once: its workers' slots, counted at most `REFRESH_S` ago."""
+        with self._lock:
+            if time.monotonic() - self._counted > REFRESH_S:
+                workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
+                self._slots = int(sum(w.get("resources", {}).get(GPU_RESOURCE, 0) for w in workers))
+                self._counted = time.monotonic()
+            return self._slots
 
     def worker_pids(self) -> dict[str, int]:
         """Each worker's process id, by its address."""
@@ -223,7 +229,7 @@ class Cluster:
 
     def verify(self, job: VerifyJob) -> RemoteVerdict:
         """Runs `job` on a free worker and waits for its answer; raises ClusterError where it gave none."""
-        with self._slots:
+        with self._slot():
             key = f"verify-{job.problem.name}-{os.urandom(6).hex()}"
             future = self.client.submit(verify_task, job.model_dump_json(), resources={GPU_RESOURCE: 1},
                                         pure=False, retries=0, key=key)
@@ -241,6 +247,20 @@ class Cluster:
                 f"({lost}); it is not re-run again: check the workers' logs (out of memory, a lost GPU) and rerun "
                 "to try it once more")
         return RemoteVerdict.model_validate_json(answer)
+
+    @contextmanager
+    def _slot(self) -> Iterator[None]:
+        """Holds one of the cluster's slots for the block, waiting while all are taken."""
+        with self._turn:
+            while self._in_flight >= max(1, self.capacity):
+                self._turn.wait(timeout=REFRESH_S)
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._turn:
+                self._in_flight -= 1
+                self._turn.notify()
 
     def _note_retry(self, job: VerifyJob, key: str) -> None:
         """Notes a task that was re-run after its worker died (the scheduler's count)."""

@@ -55,6 +55,7 @@ from kb_mcp.tools.context import ToolContext
 if TYPE_CHECKING:
     from kb_mcp.campaign.cluster import Cluster
 
+MAX_WAITING = 256  # problems of an eval on a cluster waiting for a worker at once (each a thread here)
 ProgressFn = Callable[[str, int, int, str], None]  # (problem, done, total, message), as a campaign's;
 # the problem `eta.OVERALL` carries the whole run's (verifications done, to do, the ETA)
 LogFn = Callable[[str], None]
@@ -349,7 +350,8 @@ class _Run:
         self.eta = Eta(len(todo), lanes=cluster.capacity)
         lines = {p.index: self.one(p) for p in plan if p.done is not None}
         self._overall()
-        with cf.ThreadPoolExecutor(max(1, cluster.capacity), thread_name_prefix="kb-mcp-remote") as pool:
+        # a thread per problem waiting its turn: the cluster lets as many run as it has slots now
+        with cf.ThreadPoolExecutor(max(1, min(len(todo), MAX_WAITING)), thread_name_prefix="kb-mcp-remote") as pool:
             running = {pool.submit(self._remote, p, cluster): p for p in todo}
             for future in cf.as_completed(running):
                 p = running[future]

@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -50,6 +50,7 @@ from kb_mcp.campaign.cluster_models import (
     VerifyJob,
     WorkerSpec,
 )
+from kb_mcp.harness.builds import toolchain
 from kb_mcp.harness.pool import WorkerError, WorkerPool
 from kb_mcp.harness.problem import candidate_id
 from kb_mcp.harness.sandbox import detect
@@ -130,6 +131,15 @@ def verify_task(job_json: str) -> str:
         error = f"the harness worker is unavailable on Dask worker {worker.name} ({socket.gethostname()}): {exc}"
     return RemoteVerdict(result=result, error=error, worker=str(worker.name), host=socket.gethostname(),
                          pid=os.getpid(), seconds=round(time.monotonic() - t0, 3)).model_dump_json()
+
+
+def _warm_harness(dask_worker: Worker) -> str:
+    """On a worker: its harness pool started and the compilers probed (what its first verification
+    would pay); the device it verifies on, and that device's UUID."""
+    pool = _harness(dask_worker)
+    info = pool.info()
+    toolchain(pool.sandbox)
+    return f"{info.device or 'no GPU'} {info.uuid or ''}".strip()
 
 
 def echo_task(payload: str) -> str:
@@ -229,24 +239,29 @@ class Cluster:
 
     def verify(self, job: VerifyJob) -> RemoteVerdict:
         """Runs `job` on a free worker and waits for its answer; raises ClusterError where it gave none."""
-        with self._slot():
-            key = f"verify-{job.problem.name}-{os.urandom(6).hex()}"
-            future = self.client.submit(verify_task, job.model_dump_json(), resources={GPU_RESOURCE: 1},
-                                        pure=False, retries=0, key=key)
-            lost: KilledWorker | None = None
-            try:
-                answer = future.result()
-            except KilledWorker as exc:
-                answer, lost = "", exc
-            finally:
-                self._note_retry(job, key)
-                future.release()
-        if lost is not None:
-            raise ClusterError(
-                f"the verification of {job.problem.name} lost its worker {self.plan.allowed_failures + 1} times "
-                f"({lost}); it is not re-run again: check the workers' logs (out of memory, a lost GPU) and rerun "
-                "to try it once more")
+        cid = candidate_id(job.problem, job.candidate)
+        answer = self._run(verify_task, job.model_dump_json(), job.problem.name, cid)
         return RemoteVerdict.model_validate_json(answer)
+
+    def echo(self, payload: str) -> str:
+        """A task that does nothing, sent as a verification is: what the path itself costs (the bench's)."""
+        return self._run(echo_task, payload, "echo", "")
+
+    def _run(self, task: Callable[[str], str], payload: str, name: str, cid: str) -> str:
+        """`task(payload)` on a free worker, holding one slot, a re-run after its worker died noted."""
+        with self._slot():
+            key = f"{task.__name__}-{name}-{os.urandom(6).hex()}"
+            future = self.client.submit(task, payload, resources={GPU_RESOURCE: 1}, pure=False, retries=0, key=key)
+            try:
+                return str(future.result())
+            except KilledWorker as exc:
+                raise ClusterError(
+                    f"the verification of {name} lost its worker {self.plan.allowed_failures + 1} times ({exc}); it "
+                    "is not re-run again: check the workers' logs (out of memory, a lost GPU) and rerun to try it "
+                    "once more") from exc
+            finally:
+                self._note_retry(name, cid, key)
+                future.release()
 
     @contextmanager
     def _slot(self) -> Iterator[None]:
@@ -262,7 +277,7 @@ class Cluster:
                 self._in_flight -= 1
                 self._turn.notify()
 
-    def _note_retry(self, job: VerifyJob, key: str) -> None:
+    def _note_retry(self, name: str, cid: str, key: str) -> None:
         """Notes a task that was re-run after its worker died (the scheduler's count)."""
         try:
             deaths = int(self.client.run_on_scheduler(_deaths, key))
@@ -270,16 +285,12 @@ class Cluster:
             return  # the scheduler is gone: nothing to note, the caller hears of it
         if deaths:
             with self._lock:
-                self.retried.append(Retry(problem=job.problem.name,
-                                          candidate_id=candidate_id(job.problem, job.candidate), deaths=deaths))
+                self.retried.append(Retry(problem=name, candidate_id=cid, deaths=deaths))
 
-    def echo(self, count: int) -> float:
-        """Seconds per task of `count` tasks that do nothing, sent the way verifications are."""
-        t0 = time.perf_counter()
-        futures = [self.client.submit(echo_task, str(i), resources={GPU_RESOURCE: 1}, pure=False)
-                   for i in range(count)]
-        self.client.gather(futures)
-        return (time.perf_counter() - t0) / max(1, count)
+    def warm(self) -> dict[str, str]:
+        """Starts every worker's harness now rather than at its first verification: each worker's device
+        (`WorkerInfo.device`, with its UUID), by worker address."""
+        return dict(self.client.run(_warm_harness))
 
     def close(self) -> None:
         """Stops the local workers and the scheduler (a joined cluster is only left)."""

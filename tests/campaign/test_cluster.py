@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from campaign_helpers import CHAIN, SWISH, campaign_command, campaign_env, run_campaign_process
+from cluster_helpers import running_on
 from fakellm import FakeLLMServer
 from fakellm.campaign_script import campaign_script
 
@@ -71,20 +72,6 @@ def test_an_eval_spreads_over_two_workers(tmp_path: Path) -> None:
     assert "3_Square" in {line.problem for line in result.lines if line.verdict is None}
 
 
-def _running_on(cluster: Cluster, timeout: float = 60.0) -> tuple[str, str]:
-    """(worker address, task key) of a verification a worker is running, once one is."""
-    def processing(dask_scheduler=None) -> dict[str, list[str]]:
-        return {ws.address: [str(ts.key) for ts in ws.processing] for ws in dask_scheduler.workers.values()}
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for address, keys in cluster.client.run_on_scheduler(processing).items():
-            if keys:
-                return address, keys[0]
-        time.sleep(0.1)
-    raise AssertionError("no verification started on the cluster")
-
-
 def test_a_worker_killed_mid_verification_has_its_problem_rerun(tmp_path: Path) -> None:
     ctx = ToolContext(tmp_path / "kb.json")
     done: dict[str, EvalResult] = {}
@@ -94,7 +81,7 @@ def test_a_worker_killed_mid_verification_has_its_problem_rerun(tmp_path: Path) 
             run = threading.Thread(target=lambda: done.update(r=evaluate(tmp_path / "out", ctx, _options(),
                                                                          cluster=cluster)))
             run.start()
-            address, key = _running_on(cluster)
+            address, key = running_on(cluster)
             time.sleep(1.0)  # well inside its verification: the worker's harness is starting
             victim = pids[address]
             os.kill(victim, signal.SIGKILL)
@@ -103,7 +90,7 @@ def test_a_worker_killed_mid_verification_has_its_problem_rerun(tmp_path: Path) 
     finally:
         ctx.close()
     result = done["r"]
-    killed = next(p for p in VERDICTS if key.startswith(f"verify-{p}-"))
+    killed = next(p for p in VERDICTS if key.startswith(f"verify_task-{p}-"))
     assert [(r.problem, r.deaths) for r in result.retried] == [(killed, 1)]
     assert f"re-run on another worker after theirs died: {killed}" in " ".join(result.report.notes)
     lines = {line.problem: line for line in result.lines}

@@ -64,7 +64,7 @@ class ModeRun(BaseModel):
     problems: list[dict[str, Any]]
 
 
-def _ids(solutions: Path, level: int) -> str | None:
+def solution_ids(solutions: Path, level: int) -> str | None:
     """The ids of the problems the solutions folder has a file for (`9_Matmul....py` -> 9); None: every one."""
     folder = solutions / f"level{level}" if (solutions / f"level{level}").is_dir() else solutions
     ids = sorted({int(p.name.split("_", 1)[0]) for p in folder.glob("*.py") if p.name.split("_", 1)[0].isdigit()})
@@ -82,6 +82,14 @@ def _warm(ctx: Any) -> tuple[float, str]:
     if info.cuda:
         pool.state()  # waits until the census worker is up too
     return time.monotonic() - t0, info.device
+
+
+def add_eval_set(parser: argparse.ArgumentParser) -> None:
+    """The arguments naming the problems and solutions a bench evaluates (this bench's and scale_bench's)."""
+    parser.add_argument("problems", nargs="+", help="a KernelBench checkout (or problem folders/files)")
+    parser.add_argument("--solutions", type=Path, default=SOLUTIONS, help="solution files, matched by name")
+    parser.add_argument("--level", type=int, default=2, help="KernelBench level (default 2)")
+    parser.add_argument("--problems", dest="ids", help="problem ids (default: those the solutions folder has)")
 
 
 def run_mode(mode: str, jobs: int, args: argparse.Namespace, root: Path) -> ModeRun:
@@ -208,10 +216,7 @@ def report(serial: ModeRun, piped: ModeRun, compile_only: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("problems", nargs="+", help="a KernelBench checkout (or problem folders/files)")
-    parser.add_argument("--solutions", type=Path, default=SOLUTIONS, help="solution files, matched by name")
-    parser.add_argument("--level", type=int, default=2, help="KernelBench level (default 2)")
-    parser.add_argument("--problems", dest="ids", help="problem ids (default: those the solutions folder has)")
+    add_eval_set(parser)
     parser.add_argument("--build-jobs", type=int, default=None, help="builds ahead at once (default: the eval's)")
     parser.add_argument("--serial-first", action="store_true", help="run the serial eval first")
     parser.add_argument("--compile-only", action="store_true", help="no GPU: compile-only verifications")
@@ -220,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from kb_mcp.harness.ahead import default_jobs
 
-    args.ids = args.ids or _ids(args.solutions, args.level)
+    args.ids = args.ids or solution_ids(args.solutions, args.level)
     jobs = default_jobs() if args.build_jobs is None else args.build_jobs
     if jobs < 1:
         parser.error("--build-jobs must be at least 1 for the pipelined run")

@@ -8,11 +8,12 @@ any other agent's. This module adapts those tools' requests and results to the c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.campaign.cluster_models import ClusterError
 from kb_mcp.campaign.models import AttemptRecord, GradientRecord, KBSnapshot, StepRecord, SuggestionRecord
 from kb_mcp.campaign.textual_gradient import run_textual_gradient
 from kb_mcp.clients.llm import LLMClient
@@ -58,11 +59,19 @@ class Offer(BaseModel):
     prompt: str
 
 
-class Bench:
-    """The tools, bound to one ToolContext (one KB, one harness worker pool)."""
+Verifier = Callable[[compile_and_verify.Request], compile_and_verify.Result]
+"""How the bench verifies a candidate: `compile_and_verify` on this process's pool, or on a cluster's
+workers (`campaign.cluster.verify_on`), its verdict stored here either way."""
 
-    def __init__(self, ctx: ToolContext, *, arch: str | None = None, track: Track = DEFAULT_TRACK) -> None:
+
+class Bench:
+    """The tools, bound to one ToolContext (one KB, one harness worker pool, or `verifier` for the
+    verifications)."""
+
+    def __init__(self, ctx: ToolContext, *, arch: str | None = None, track: Track = DEFAULT_TRACK,
+                 verifier: Verifier | None = None) -> None:
         self.ctx = ctx
+        self.verifier: Verifier = verifier or (lambda request: compile_and_verify.run(ctx, request))
         self.arch = arch
         self.track = track  # every candidate is verified, and every suggestion drawn, in this precision track
         self._arch_seen: str | None = None  # the arch the harness reported, once a candidate ran
@@ -203,9 +212,11 @@ class Bench:
             detail=True,  # per-set errors and full compiler logs feed the fix loop
         )
         try:
-            result = compile_and_verify.run(self.ctx, request)
+            result = self.verifier(request)
         except ToolError as exc:
             raise BenchError(f"compile_and_verify: {exc}") from exc
+        except ClusterError as exc:
+            raise BenchError(f"compile_and_verify on the cluster: {exc}") from exc
         if result.record.arch and result.record.device:
             self._arch_seen = result.record.arch
         return attempt_from(result)

@@ -7,7 +7,9 @@ made. So the estimate uses the mean time of the problems after the first once th
 pace: where builds, not the GPU, set it, a problem whose build was made beside another's takes no
 time and the next one a whole build, and only their mean is the pace), the first problem's alone
 (said as such) before that, and says "ETA unknown" until a problem has finished. Problems that need
-no verification (no solution, evaluated already) cost nothing and are not counted.
+no verification (no solution, evaluated already) cost nothing and are not counted. Where `lanes`
+verifications run at once (an eval on a cluster of that many GPUs), the problems after the running one
+take that much less time.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def duration(seconds: float) -> str:
 class Eta:
     """The remaining time of `todo` verifications, from the times of those finished so far."""
 
-    def __init__(self, todo: int) -> None:
+    def __init__(self, todo: int, lanes: int = 1) -> None:
         self.todo = todo
+        self.lanes = max(1, lanes)  # verifications that run at once (an eval on a cluster: its GPUs)
         self.times: list[float] = []
 
     @property
@@ -62,7 +65,7 @@ class Eta:
             return None
         if self.left == 0:
             return 0.0
-        return (self.left - 1) * each + max(each - running_for, 0.0)
+        return (self.left - 1) * each / self.lanes + max(each - running_for, 0.0)
 
     def text(self, running_for: float = 0.0) -> str:
         """`ETA 4 min 10 s`, `ETA about 9 min (from the first problem, cold start included)`, or

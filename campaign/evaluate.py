@@ -18,18 +18,25 @@ service, into the cache the worker looks them up in (`harness.ahead`), so cold b
 verifications. A build ahead is never a verdict: the verification runs as it would without it, and a
 solution whose build failed ahead is built and judged by the verification itself. `build_jobs` 0 is
 the serial eval. Progress shows each problem's phase and the whole run's ETA (`campaign.eta`).
+
+Given a cluster (`campaign.cluster`: `--gpus N`, `--cluster ADDRESS`), the verifications run on its
+workers instead, as many at once as it has GPUs, and each verdict is stored here as it comes back
+(the workers build what they verify; the KB and the folder are written by this process alone).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.campaign.bench import attempt_from
+from kb_mcp.campaign.cluster_models import ClusterError, Retry, retried_text
 from kb_mcp.campaign.eta import OVERALL, Eta
 from kb_mcp.campaign.eval_pipeline import Pipeline
 from kb_mcp.campaign.models import CampaignConfig, CampaignStatus, InitialRecord
@@ -45,6 +52,10 @@ from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext
 
+if TYPE_CHECKING:
+    from kb_mcp.campaign.cluster import Cluster
+
+MAX_WAITING = 256  # problems of an eval on a cluster waiting for a worker at once (each a thread here)
 ProgressFn = Callable[[str, int, int, str], None]  # (problem, done, total, message), as a campaign's;
 # the problem `eta.OVERALL` carries the whole run's (verifications done, to do, the ETA)
 LogFn = Callable[[str], None]
@@ -93,6 +104,7 @@ class EvalLine(BaseModel):
     speedup: float | None = None  # over the better of eager and torch.compile
     note: str = ""
     times: StepTimes | None = None  # for problems verified in this run
+    worker: str | None = None  # the cluster's worker that verified it (an eval on a cluster)
 
 
 class EvalResult(BaseModel):
@@ -105,6 +117,7 @@ class EvalResult(BaseModel):
     report_md: str
     report_json: str
     report: CampaignReport
+    retried: list[Retry] = Field(default_factory=list, description="verifications re-run after their worker died")
 
 
 def check_track(folder: Path, track: Track) -> None:
@@ -133,9 +146,11 @@ def evaluate(
     have_gpu: bool = True,
     progress: ProgressFn | None = None,
     log: LogFn | None = None,
+    cluster: Cluster | None = None,
 ) -> EvalResult:
     """Verifies each selected problem's solution through the harness and writes the report in `folder`,
-    building the next solutions ahead while one verifies (`options.build_jobs`; see the module docstring).
+    building the next solutions ahead while one verifies (`options.build_jobs`; see the module docstring),
+    or on the workers of `cluster`.
 
     `have_gpu` (the caller's look for a GPU) only words the note of a problem without a solution.
     """
@@ -152,14 +167,18 @@ def evaluate(
     try:
         _write_status(store, ctx, refs, options, "running")
         run = _Run(store, ctx, solutions, options, have_gpu, progress or _quiet, log or _silent, len(refs))
-        lines = run.all([run.plan(ref, i) for i, ref in enumerate(refs)])
+        plan = [run.plan(ref, i) for i, ref in enumerate(refs)]
+        lines = run.all(plan) if cluster is None else run.spread(plan, cluster)
         _write_status(store, ctx, refs, options, "finished")
         report = report_from_store(store)
+        retried = list(cluster.retried) if cluster is not None else []
+        if retried:  # this run's: the report of a rerun without a death will not say it again
+            report.notes.append(retried_text(retried))
         write_report(report, store.report_dir)
     finally:
         store.release()
     return EvalResult(folder=str(folder), lines=lines, report_md=str(store.report_dir / "report.md"),
-                      report_json=str(store.report_dir / "report.json"), report=report)
+                      report_json=str(store.report_dir / "report.json"), report=report, retried=retried)
 
 
 def _quiet(problem: str, done: int, total: int, message: str) -> None:
@@ -196,6 +215,17 @@ class _Planned:
     done: EvalLine | None = None  # decided without a verification: no solution, not a problem, evaluated already
     message: str = ""  # its progress message, when decided so
     say: bool = False  # whether the log says why
+
+
+@dataclass
+class _Remote:
+    """One problem's verification on a cluster, as its thread hands it back."""
+
+    record: InitialRecord
+    worker: str | None = None  # which worker verified it
+    wall_s: float = 0.0  # the step, waiting for a free worker included
+    verify_s: float = 0.0  # the verification on the worker
+    build_s: float = 0.0  # building inside it
 
 
 class _Run:
@@ -298,15 +328,58 @@ class _Run:
         waited, _ = self.pipe.claim(
             p.index, lambda s: self._report(name, f"waiting for its build ahead ({s:.0f} s)", t0))
         line, build_s, step_s = self.step(p, lambda text: self._report(name, text, t0))
-        wall = time.monotonic() - t0
+        return self._finished(p, line, time.monotonic() - t0, waited, build_s, step_s)
+
+    def _finished(self, p: _Planned, line: EvalLine, wall: float, waited: float, build_s: float,
+                  step_s: float) -> EvalLine:
+        """A problem's step is over: the ETA, the log and the progress hear of it; its line with its times."""
         self.eta.finished(wall)
         times = StepTimes(wall_s=round(wall, 3), wait_s=round(waited, 3), build_s=round(build_s, 3),
                           verify_s=round(max(0.0, step_s - build_s), 3))
-        self._say(p.index, name, (line.verdict.value if line.verdict else "error")
-                  + (f", {line.speedup:.2f}x" if line.speedup else "") + (f" ({line.note})" if line.note else ""))
-        self.progress(name, 1, 1, line.verdict.value if line.verdict else "error")
+        self._say(p.index, p.ref.name, (line.verdict.value if line.verdict else "error")
+                  + (f", {line.speedup:.2f}x" if line.speedup else "") + (f" ({line.note})" if line.note else "")
+                  + (f" [{line.worker}]" if line.worker else ""))
+        self.progress(p.ref.name, 1, 1, line.verdict.value if line.verdict else "error")
         self._overall()
         return line.model_copy(update={"times": times})
+
+    def spread(self, plan: list[_Planned], cluster: Cluster) -> list[EvalLine]:
+        """Every problem's verification on the cluster's workers, as many at once as it has slots; each
+        verdict stored here as it comes back, in the order they finish."""
+        todo = [p for p in plan if p.done is None]
+        self.eta = Eta(len(todo), lanes=cluster.capacity)
+        lines = {p.index: self.one(p) for p in plan if p.done is not None}
+        self._overall()
+        # a thread per problem waiting its turn: the cluster lets as many run as it has slots now
+        with cf.ThreadPoolExecutor(max(1, min(len(todo), MAX_WAITING)), thread_name_prefix="kb-mcp-remote") as pool:
+            running = {pool.submit(self._remote, p, cluster): p for p in todo}
+            for future in cf.as_completed(running):
+                p = running[future]
+                done = future.result()
+                self.store.write_initial(done.record)
+                if done.record.candidate_id:
+                    self.store.save_kernel(p.ref.name, done.record.candidate_id, p.source)
+                assert p.solution is not None
+                line = _line(p.ref.name, p.solution, done.record, done.record.error or "")
+                lines[p.index] = self._finished(p, line.model_copy(update={"worker": done.worker}), done.wall_s, 0.0,
+                                                done.build_s, done.verify_s)
+        return [lines[p.index] for p in plan]
+
+    def _remote(self, p: _Planned, cluster: Cluster) -> _Remote:
+        """One solution verified on a worker of the cluster, its verdict stored in the KB (in a thread of
+        this process)."""
+        from kb_mcp.campaign.cluster import verify_on
+
+        self.progress(p.ref.name, 0, 1, "waiting for a worker of the cluster")
+        t0 = time.monotonic()
+        try:
+            result, remote = verify_on(cluster, self.ctx, _request(p, self.options))
+        except ToolError as exc:
+            return _Remote(_refused(p, exc), wall_s=time.monotonic() - t0)
+        except ClusterError as exc:
+            return _Remote(InitialRecord(**_base(p), error=str(exc)), wall_s=time.monotonic() - t0)
+        return _Remote(_initial(p, result, remote.seconds), remote.where, time.monotonic() - t0, remote.seconds,
+                       result.compile.seconds)
 
     def verify(self, p: _Planned, report: Callable[[str], None]) -> tuple[EvalLine, float, float]:
         """The eval's step: the solution through compile_and_verify, its record stored; (its line, the
@@ -336,29 +409,46 @@ def _none() -> None:
     """Nothing to stop."""
 
 
+def _request(p: _Planned, options: EvalOptions) -> compile_and_verify.Request:
+    """The compile_and_verify request of a problem's solution."""
+    return compile_and_verify.Request(problem=str(p.ref.path), candidate=str(p.solution),
+                                      options=_verify_options(options))
+
+
+def _base(p: _Planned) -> dict[str, str]:
+    """The fields naming the problem in its record."""
+    assert p.problem is not None
+    return dict(problem=p.ref.name, problem_hash=p.problem.hash, problem_path=str(p.ref.path))
+
+
+def _refused(p: _Planned, exc: ToolError) -> InitialRecord:
+    """The record of a solution compile_and_verify stored no verdict on (the message says why)."""
+    return InitialRecord(**_base(p), error=f"compile_and_verify refused it: {exc}")
+
+
+def _initial(p: _Planned, result: compile_and_verify.Result, seconds: float) -> InitialRecord:
+    """The problem's first-kernel record from compile_and_verify's result (the stored verdict)."""
+    attempt = attempt_from(result)
+    attempt.wall_s = round(seconds, 3)
+    stored = result.record
+    return InitialRecord(**_base(p), attempts=[attempt], accepted=stored.verdict.is_valid and not stored.flagged)
+
+
 def _verify(ctx: ToolContext, p: _Planned, options: EvalOptions,
             phase: Callable[[str], None]) -> tuple[InitialRecord, float, float]:
     """The solution through compile_and_verify: (its record, seconds its worker spent building,
     seconds the verification took)."""
-    assert p.problem is not None
-    request = compile_and_verify.Request(problem=str(p.ref.path), candidate=str(p.solution),
-                                         options=_verify_options(options))
-    base = dict(problem=p.ref.name, problem_hash=p.problem.hash, problem_path=str(p.ref.path))
 
     def progress(done: float, total: float | None = None, message: str | None = None) -> None:
         phase(message or "verifying")
 
     t0 = time.monotonic()
     try:
-        result = compile_and_verify.run(ctx, request, progress)
+        result = compile_and_verify.run(ctx, _request(p, options), progress)
     except ToolError as exc:
-        return InitialRecord(**base, error=f"compile_and_verify refused it: {exc}"), 0.0, time.monotonic() - t0
+        return _refused(p, exc), 0.0, time.monotonic() - t0
     seconds = time.monotonic() - t0
-    attempt = attempt_from(result)
-    attempt.wall_s = round(seconds, 3)
-    stored = result.record
-    record = InitialRecord(**base, attempts=[attempt], accepted=stored.verdict.is_valid and not stored.flagged)
-    return record, result.compile.seconds, seconds
+    return _initial(p, result, seconds), result.compile.seconds, seconds
 
 
 def _line(name: str, solution: Path, record: InitialRecord, note: str) -> EvalLine:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.campaign.bench import Bench
+from kb_mcp.campaign.bench import Bench, Verifier
+from kb_mcp.campaign.cluster_models import retried_text
 from kb_mcp.campaign.loop import Campaign, CampaignAborted, CampaignStopped, ProblemProgress
 from kb_mcp.campaign.models import CampaignConfig
 from kb_mcp.campaign.problems import resolve_problems
@@ -22,7 +24,11 @@ from kb_mcp.campaign.selection import SelectionError, select_problems
 from kb_mcp.campaign.store import CampaignError, CampaignStore
 from kb_mcp.clients.llm import LLMClient, LLMConfig, Role
 from kb_mcp.kb.models import Track
+from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.context import ToolContext
+
+if TYPE_CHECKING:
+    from kb_mcp.campaign.cluster import Cluster
 
 
 class CampaignOptions(BaseModel):
@@ -122,21 +128,25 @@ def run_campaign(
     progress: ProblemProgress | None = None,
     log: Callable[[str], None] | None = None,
     ctx: ToolContext | None = None,
+    cluster: Cluster | None = None,
 ) -> CampaignResult:
     """Runs or resumes the campaign in `folder` on the KB at `kb_path`.
 
     Raises CampaignError for unusable settings, KeyboardInterrupt when interrupted (after saving).
     A run stopped by an LLM failure returns `finished=False` with the reason in `summary`. With
     `ctx` (a server's), its KB and worker pool are used and left open; otherwise one is made here.
+    With `cluster`, candidates are verified on its workers (`parallel` defaults to its GPUs then).
     """
     own_ctx = ctx is None
     if ctx is None:
         ctx = ToolContext(kb_path, client_name="kb-mcp campaign")
     store = CampaignStore(folder)
     stored = store.read_status()
+    if cluster is not None and options.parallel is None and (stored is None or stored.config.parallel == 1):
+        options = options.model_copy(update={"parallel": cluster.capacity})  # a trajectory per GPU at least
     config = options.config(stored.config if stored else None, llm_config)
     llm = LLMClient(llm_config)
-    bench = Bench(ctx, arch=config.arch, track=config.track)
+    bench = Bench(ctx, arch=config.arch, track=config.track, verifier=_verifier(ctx, cluster))
     kwargs: dict[str, object] = {}
     if progress is not None:
         kwargs["progress"] = progress
@@ -158,10 +168,12 @@ def run_campaign(
                 ctx.close()
             llm.close()
     best = sorted(str(p) for p in (folder / "best").glob("*.py")) if (folder / "best").is_dir() else []
+    retried = retried_text(cluster.retried) if cluster is not None else ""
     return CampaignResult(
         folder=str(folder),
         finished=finished,
-        summary=f"campaign {prefix}\n{summarize(report)}\nreport: {store.report_dir / 'report.md'}",
+        summary=f"campaign {prefix}\n{summarize(report)}\n" + (f"{retried}\n" if retried else "")
+        + f"report: {store.report_dir / 'report.md'}",
         report_md=str(store.report_dir / "report.md"),
         report_json=str(store.report_dir / "report.json"),
         best_kernels=best,
@@ -170,6 +182,18 @@ def run_campaign(
         problems=len(report.problems),
         report=report,
     )
+
+
+def _verifier(ctx: ToolContext, cluster: Cluster | None) -> Verifier | None:
+    """How the campaign verifies: on the cluster's workers, or (None) on this process's pool."""
+    if cluster is None:
+        return None
+    from kb_mcp.campaign.cluster import verify_on
+
+    def on_cluster(request: compile_and_verify.Request) -> compile_and_verify.Result:
+        return verify_on(cluster, ctx, request)[0]
+
+    return on_cluster
 
 
 def campaign_report(folder: Path) -> list[Path]:

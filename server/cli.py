@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run-campaign": ("kb_mcp.server.cmd_campaign", "optimize a set of problems autonomously with an LLM (resumable)"),
     "eval": ("kb_mcp.server.cmd_eval",
              "verify solution files against KernelBench problems through the harness (no LLM)"),
+    "worker": ("kb_mcp.server.cmd_worker",
+               "serve this host's GPUs to a Dask scheduler, for eval and run-campaign --cluster"),
     "doctor": ("kb_mcp.server.cmd_doctor",
                "check this machine (GPU, driver, torch, nvcc, ncu, sandbox, KB) and say how to fix what fails"),
     "install-skill": ("kb_mcp.server.cmd_skill",

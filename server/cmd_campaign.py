@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kb_mcp.clients.llm import LLMConfig, LLMNotConfigured, Role
 from kb_mcp.kb import paths
+from kb_mcp.server import cluster_args
 
 DEFAULT_NAME = "campaign"
 
@@ -58,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="campaign folder (overrides --name)")
     p.add_argument("--iterations", type=int, help="trajectories per problem (default 10)")
     p.add_argument("--steps", type=int, help="rollout steps per trajectory (default 10)")
-    p.add_argument("--parallel", type=int, help="trajectories at once (default: 1, or the GPUs visible)")
+    p.add_argument("--parallel", type=int,
+                   help="trajectories at once (default: 1, or the cluster's GPUs with --gpus/--cluster)")
     p.add_argument("--top-k", type=int, help="optimizations sampled per step (default 4)")
     p.add_argument("--temperature", type=float,
                    help="spread of the draw from the KB's posterior: 1 = posterior sampling, 0 = greedy (default 0.5)")
@@ -75,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default fp32; a campaign keeps its track)")
     p.add_argument("--report", action="store_true", help="only rebuild the report of an existing campaign")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
+    cluster_args.add_arguments(p)
     g = p.add_argument_group("LLM (any OpenAI-compatible endpoint; flags override KB_MCP_LLM_* variables)")
     g.add_argument("--llm-base-url", help="e.g. http://localhost:8000/v1 (default: $KB_MCP_LLM_BASE_URL, else OpenAI)")
     g.add_argument("--llm-api-key", help="key (default: $KB_MCP_LLM_API_KEY)")
@@ -88,6 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs (or resumes, or reports on) a campaign; returns the exit code."""
+    from kb_mcp.campaign.cluster_models import ClusterError
     from kb_mcp.campaign.loop import CampaignAborted
     from kb_mcp.campaign.runner import CampaignOptions, campaign_report, run_campaign
     from kb_mcp.campaign.store import CampaignError
@@ -133,10 +137,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
         return 2
     from kb_mcp.server.campaign_console import ConsoleProgress
+    from kb_mcp.tools.context import ToolContext
 
+    try:
+        plan = cluster_args.plan_from(args, bool(args.compile_only))
+    except CampaignError as exc:
+        print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
+        return 2
     with ConsoleProgress(enabled=not args.no_progress) as console:
         try:
-            result = run_campaign(folder, kb_path, options, llm, progress=console.update, log=console.log)
+            with cluster_args.opened(plan, ToolContext(kb_path).private_places) as cluster:
+                if plan is not None and cluster is not None:
+                    console.log(f"verifying on {plan.describe()}: {cluster.capacity} at once")
+                result = run_campaign(folder, kb_path, options, llm, progress=console.update, log=console.log,
+                                      cluster=cluster)
         except CampaignAborted:
             console.log(f"interrupted; every finished step is saved. Rerun the same command to resume ({folder}).")
             sys.stderr.flush()
@@ -149,5 +163,8 @@ def run(args: argparse.Namespace) -> int:
         except CampaignError as exc:
             console.log(f"kb-mcp run-campaign: {exc}")
             return 2
+        except ClusterError as exc:
+            console.log(f"kb-mcp run-campaign: {exc}")
+            return 3
     print(result.summary)
     return 0 if result.finished else 1

@@ -5,6 +5,7 @@ through the harness, without an LLM, and write the campaign report.
     kb-mcp eval tests/campaign/problems --solutions my_kernels --compile-only
     kb-mcp eval ~/KernelBench --baselines          # eager and torch.compile of every problem (no solutions)
     kb-mcp eval ~/KernelBench --level 2 --solutions runs/mine --build-jobs 0   # serial: no builds ahead
+    kb-mcp eval ~/KernelBench --level 1 --solutions runs/mine --gpus all       # one Dask worker per GPU
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from kb_mcp.kb import paths
+from kb_mcp.server import cluster_args
 
 DEFAULT_NAME = "eval"
 TRACKS = ("fp32", "tf32", "bf16", "fp16")  # kb.models.Track's values (kept literal: start-up stays light)
@@ -56,11 +58,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="solutions built ahead at once while the GPU verifies (0: none, one after another; "
                         "default: what the CPU cores and memory hold)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
+    cluster_args.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the eval; exit code 0 when every matched solution was evaluated, 2 for unusable arguments."""
+    from kb_mcp.campaign.cluster_models import ClusterError
     from kb_mcp.campaign.evaluate import EvalError, EvalOptions, evaluate
     from kb_mcp.campaign.store import CampaignError
     from kb_mcp.kb.models import Track
@@ -74,17 +78,28 @@ def run(args: argparse.Namespace) -> int:
         print("kb-mcp eval: --build-jobs takes 0 (no builds ahead) or more", file=sys.stderr)
         return 2
     if args.baselines or args.solutions is None:
+        if args.gpus is not None or args.cluster:
+            print("kb-mcp eval: --gpus and --cluster spread solutions' verifications; the baselines table is "
+                  "timed on one GPU (give --solutions, or leave both out)", file=sys.stderr)
+            return 2
         return run_baselines(args, kb_path, folder)
     options = EvalOptions(problems=list(args.problems), solutions=args.solutions, level=args.level, ids=args.ids,
                           track=Track(args.track), compile_only=args.compile_only, build_jobs=args.build_jobs)
     ctx = ToolContext(kb_path, client_name="kb-mcp eval")
     try:
-        with ConsoleProgress(enabled=not args.no_progress) as console:
+        plan = cluster_args.plan_from(args, args.compile_only)
+        with ConsoleProgress(enabled=not args.no_progress) as console, \
+                cluster_args.opened(plan, ctx.private_places) as cluster:
+            if plan is not None and cluster is not None:
+                console.log(f"verifying on {plan.describe()}: {cluster.capacity} at once")
             result = evaluate(folder, ctx, options, have_gpu=bool(detect_gpus()), progress=console.update,
-                              log=console.log)
+                              log=console.log, cluster=cluster)
     except (EvalError, CampaignError) as exc:
         print(f"kb-mcp eval: {exc}", file=sys.stderr)
         return 2
+    except ClusterError as exc:
+        print(f"kb-mcp eval: {exc}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print(f"interrupted; every finished problem is saved. Rerun the same command to continue ({folder}).",
               file=sys.stderr)

@@ -202,6 +202,21 @@ def test_no_module_level_torch_outside_the_harness() -> None:
     assert not bad, f"torch imported at module level: {bad}"
 
 
+DASK = ("dask", "distributed")
+DASK_EDGE = {"kb_mcp.campaign.cluster"}  # the only module that imports Dask (docs/architecture.md)
+
+
+def test_dask_only_at_the_cluster_edge() -> None:
+    """The single-GPU path never pays for Dask: only the cluster's edge module imports it."""
+    bad = [
+        f"{imp.module} (line {imp.line})"
+        for imp in all_imports()
+        if imp.target.split(".")[0] in DASK and imp.module not in DASK_EDGE
+    ]
+    assert not bad, f"Dask imported outside {sorted(DASK_EDGE)}: {bad}"
+    assert any(imp.target.split(".")[0] in DASK for m in DASK_EDGE for imp in imports_of(m, modules()[m]))
+
+
 def test_the_checks_can_fail() -> None:
     """The rules reject what they should (guards against a parser that finds nothing)."""
     table = rules()

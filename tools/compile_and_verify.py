@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.harness.caps import Caps
 from kb_mcp.harness.probing import PrecisionCheck
+from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.verdict import CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
 from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
@@ -144,16 +145,29 @@ _NEXT = {
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
     """Verifies the candidate in the worker pool, stores the source and the verdict under its
     verdict key, returns the summary."""
-    refusal = Caps.from_env().refusal(req.options)
-    if refusal:
-        raise ToolError(refusal)
-    problem = read_problem(req.problem)
-    candidate = read_source(req.candidate, "candidate").text
+    problem, candidate = prepare(req)
     ctx.settle_profiler()
     try:
         result = ctx.workers.verify(problem, candidate, req.options, progress)
     except RuntimeError as exc:  # WorkerError: no worker could start at all
         raise ToolError(f"the harness worker is unavailable: {exc}") from exc
+    return record(ctx, req, problem, candidate, result)
+
+
+def prepare(req: Request) -> tuple[Problem, str]:
+    """The request's problem and candidate text, read and checked before anything runs (a refused
+    option, a file that is not a problem: the caller's to fix, raised as ToolError)."""
+    refusal = Caps.from_env().refusal(req.options)
+    if refusal:
+        raise ToolError(refusal)
+    return read_problem(req.problem), read_source(req.candidate, "candidate").text
+
+
+def record(ctx: ToolContext, req: Request, problem: Problem, candidate: str, result: VerifyResult) -> Result:
+    """Stores a verification's verdict (this process's pool's, or one a worker of a cluster sent back
+    for the same request) with the candidate's source, and returns the summary: the one place a
+    verification becomes a stored verdict. Raises ToolError where the result holds no verdict on
+    the candidate (the problem's fault or limit, the machine's)."""
     # Nothing the worker said leaves this process, or reaches the KB or the artifacts, unredacted.
     result = redact_model(result)
     if result.too_large is not None:  # the problem's limit on this GPU: no verdict on the candidate to store
@@ -165,12 +179,12 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     if result.not_judged:  # the machine's or the harness's limit, not the candidate's: nothing to store either
         raise ToolError(f"{result.not_judged} (problem {problem.path or '(given as source text)'}; verify again "
                         "once the cause is gone)")
-    record = result.record(req.options)
-    path = save_candidate(ctx, result, record, candidate)
-    committed = store_verdict(ctx, record)
-    strongest = ctx.store.get_candidate(record.candidate_id) if committed else None
-    standing = strongest if strongest is not None and strongest.key != record.key else None
-    out = summarize(result, record, standing, str(path), req.detail)
+    stored = result.record(req.options)
+    path = save_candidate(ctx, result, stored, candidate)
+    committed = store_verdict(ctx, stored)
+    strongest = ctx.store.get_candidate(stored.candidate_id) if committed else None
+    standing = strongest if strongest is not None and strongest.key != stored.key else None
+    out = summarize(result, stored, standing, str(path), req.detail)
     if not committed:
         out.next_step = f"{VERDICT_PENDING} {out.next_step}"
     return out

@@ -64,7 +64,13 @@ class ToolContext:
         do, where it cannot be); this KB and its artifacts are among what it hides."""
         from kb_mcp.harness.sandbox import detect
 
-        return detect().with_private([self.kb_path.parent, self.artifacts_dir])
+        return detect().with_private(self.private_places)
+
+    @property
+    def private_places(self) -> list[Path]:
+        """What every sandbox verifying for this context hides from candidates, its own and those of the
+        workers of a cluster on this machine: this KB's folder and its artifacts."""
+        return [self.kb_path.parent, self.artifacts_dir]
 
     @cached_property
     def workers(self) -> WorkerPool:

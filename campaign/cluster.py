@@ -1,0 +1,334 @@
+"""Verifications spread over the GPUs of one host or of many, on Dask distributed.
+
+The coordinator (the `kb-mcp eval` or `kb-mcp run-campaign` process) starts a local cluster of one
+worker per GPU, or joins a running scheduler (`--cluster`), and sends each verification there as a
+task: a `VerifyJob` (the problem's and the candidate's text and the options; no shared file system
+is assumed) in, a `RemoteVerdict` (the harness's `VerifyResult`, and which worker gave it) out, both
+as JSON. A worker only verifies: the coordinator alone stores verdicts in the KB, through the same
+`tools.compile_and_verify.record` the single-GPU path uses.
+
+Each worker process keeps one warm harness pool (`harness.pool.WorkerPool`) for its whole life
+(`HarnessPlugin`), pinned to its GPU by its environment, so its lane is that GPU's
+(`harness.gpu_key`) and its timings never share the GPU with another worker's. A worker offers one
+`GPU_RESOURCE` and runs one task at a time; the coordinator keeps at most as many tasks in flight as
+the cluster has slots now (workers joining a running scheduler later add theirs), so a task assigned
+to a worker is a task running there.
+
+Faults: a worker that dies while verifying (killed, out of memory, its GPU lost) has its task re-run
+on another by the scheduler, up to `ALLOWED_FAILURES` times (`allowed-failures`); a task that
+returned (whatever the candidate's verdict) is never re-run, since Dask retries nothing else
+(`retries=0`). Each re-run is counted from the scheduler's own count of the workers lost under the
+task (`TaskState.suspicious`) and kept in `Cluster.retried`, which the reports list.
+
+Only this module (and `kb-mcp worker`) imports Dask; it is imported only where a cluster is asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import dask
+from distributed import Client, KilledWorker, Nanny, Scheduler, SpecCluster, Worker, WorkerPlugin, get_worker
+
+from kb_mcp.campaign.cluster_models import (
+    GPU_RESOURCE,
+    ClusterError,
+    ClusterPlan,
+    RemoteVerdict,
+    Retry,
+    VerifyJob,
+    WorkerSpec,
+)
+from kb_mcp.harness.builds import toolchain
+from kb_mcp.harness.pool import WorkerError, WorkerPool
+from kb_mcp.harness.problem import candidate_id
+from kb_mcp.harness.sandbox import detect
+from kb_mcp.kb import paths
+from kb_mcp.tools import compile_and_verify
+from kb_mcp.tools.context import ToolContext
+
+__all__ = ["Cluster", "HarnessPlugin", "serve_workers", "verify_on"]
+
+QUIET = logging.WARNING  # Dask's own INFO lines (each worker's start and stop) stay out of the progress
+START_TIMEOUT_S = 120.0  # for the local workers (a Python start and Dask's import each) or a scheduler's answer
+REFRESH_S = 2.0  # how old the count of the cluster's slots may be
+
+
+# -- the worker side ------------------------------------------------------------------------------
+
+_HARNESSES: weakref.WeakKeyDictionary[Worker, WorkerPool] = weakref.WeakKeyDictionary()
+_HARNESS_LOCK = threading.Lock()
+
+
+def _private_default() -> list[Path]:
+    """What a worker's sandbox hides where nobody said: this host's own default KB and its artifacts."""
+    kb = paths.resolve_kb_path(None)
+    return [kb.parent, paths.artifacts_dir(kb)]
+
+
+class HarnessPlugin(WorkerPlugin):
+    """Gives each worker its own warm harness pool for its whole life, and stops it with the worker.
+
+    `private` are the places the sandbox hides from candidates besides its defaults (the KB and
+    its artifacts; the coordinator's where the worker shares its host). `spare` keeps a spare
+    harness worker beside the active one (a GPU worker's instant replacement after a fault).
+    """
+
+    name = "kb-mcp-harness"
+
+    def __init__(self, private: Iterable[str | Path] = (), *, spare: bool = True) -> None:
+        self.private = [str(p) for p in private]
+        self.spare = spare
+
+    def setup(self, worker: Worker) -> None:
+        """Makes the worker's pool (its harness processes start with the first verification)."""
+        with _HARNESS_LOCK:
+            if worker not in _HARNESSES:
+                _HARNESSES[worker] = _new_pool([*map(Path, self.private), *_private_default()], self.spare)
+
+    def teardown(self, worker: Worker) -> None:
+        """Stops the worker's harness processes."""
+        with _HARNESS_LOCK:
+            pool = _HARNESSES.pop(worker, None)
+        if pool is not None:
+            pool.close()
+
+
+def _new_pool(private: list[Path], spare: bool) -> WorkerPool:
+    return WorkerPool(cache_dir=paths.cache_dir(), sandbox=detect().with_private(private), spare=spare)
+
+
+def _harness(worker: Worker) -> WorkerPool:
+    """The worker's pool; a worker started without `HarnessPlugin` (by dask-jobqueue, say) gets one
+    on its first task, hiding this host's default KB."""
+    with _HARNESS_LOCK:
+        pool = _HARNESSES.get(worker)
+        if pool is None:
+            pool = _HARNESSES[worker] = _new_pool(_private_default(), spare=True)
+        return pool
+
+
+def verify_task(job_json: str) -> str:
+    """The task a worker runs: one verification in its own pool; a `RemoteVerdict` as JSON."""
+    job = VerifyJob.model_validate_json(job_json)
+    worker = get_worker()
+    t0 = time.monotonic()
+    result, error = None, None
+    try:
+        result = _harness(worker).verify(job.problem, job.candidate, job.options)
+    except WorkerError as exc:  # no harness worker starts on this machine: the environment's, said as such
+        error = f"the harness worker is unavailable on Dask worker {worker.name} ({socket.gethostname()}): {exc}"
+    return RemoteVerdict(result=result, error=error, worker=str(worker.name), host=socket.gethostname(),
+                         pid=os.getpid(), seconds=round(time.monotonic() - t0, 3)).model_dump_json()
+
+
+def _warm_harness(dask_worker: Worker) -> str:
+    """On a worker: its harness pool started and the compilers probed (what its first verification
+    would pay); the device it verifies on, and that device's UUID."""
+    pool = _harness(dask_worker)
+    info = pool.info()
+    toolchain(pool.sandbox)
+    return f"{info.device or 'no GPU'} {info.uuid or ''}".strip()
+
+
+def echo_task(payload: str) -> str:
+    """A task that does nothing: what scheduling one costs (`bench/scale_bench.py`)."""
+    return payload
+
+
+def _deaths(key: str, dask_scheduler: Scheduler | None = None) -> int:
+    """On the scheduler: how many workers died while running the task `key`."""
+    assert dask_scheduler is not None
+    ts = dask_scheduler.tasks.get(key)
+    return int(ts.suspicious) if ts is not None else 0
+
+
+# -- the coordinator side -------------------------------------------------------------------------
+
+def _worker_options(spec: WorkerSpec, plugin: HarnessPlugin, processes: bool) -> dict[str, Any]:
+    options: dict[str, Any] = {"nthreads": 1, "resources": spec.resources, "name": spec.name,
+                               "plugins": (plugin,), "host": "127.0.0.1"}
+    if processes:  # a thread of this process cannot be pinned to a device of its own
+        options.update(env=spec.env, silence_logs=QUIET)
+    return {"cls": Nanny if processes else Worker, "options": options}
+
+
+class Cluster:
+    """The coordinator's handle on the workers: `verify(job)` from any thread, at most `capacity`
+    at once; `retried` lists what was re-run after a worker died. Use it as a context manager."""
+
+    def __init__(self, plan: ClusterPlan, private: Iterable[str | Path] = ()) -> None:
+        self.plan = plan
+        self.private = [str(p) for p in private]
+        self.retried: list[Retry] = []
+        self._cluster: SpecCluster | None = None
+        self._client: Client | None = None
+        self._slots, self._counted = 0, 0.0  # the cluster's slots, and when they were counted
+        self._in_flight = 0
+        self._turn = threading.Condition()
+        self._lock = threading.Lock()
+        self._config = dask.config.set({"distributed.scheduler.allowed-failures": plan.allowed_failures})
+
+    def __enter__(self) -> Cluster:
+        self._config.__enter__()
+        try:
+            self._client = self._connect()
+            self.client.wait_for_workers(len(self.plan.workers) or 1, timeout=START_TIMEOUT_S)
+            if self.capacity < 1:
+                raise ClusterError(
+                    f"the cluster's workers offer no {GPU_RESOURCE!r} resource, so no verification can be scheduled: "
+                    f"start them with `kb-mcp worker ADDRESS` (or `dask worker ADDRESS --resources {GPU_RESOURCE}=1 "
+                    "--nthreads 1`)")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def client(self) -> Client:
+        """The Dask client (after `__enter__`)."""
+        if self._client is None:
+            raise RuntimeError("the cluster is not started: use it as a context manager (ours to fix)")
+        return self._client
+
+    def _connect(self) -> Client:
+        if self.plan.address:
+            try:
+                return Client(self.plan.address, timeout=START_TIMEOUT_S)
+            except OSError as exc:
+                raise ClusterError(f"no Dask scheduler answered at {self.plan.address} ({exc}); start one "
+                                   "(`dask scheduler`) and its workers (`kb-mcp worker ADDRESS`), or check the "
+                                   "address") from exc
+        gpu = any(w.device is not None for w in self.plan.workers)
+        plugin = HarnessPlugin(self.private, spare=gpu)
+        workers = {w.name: _worker_options(w, plugin, self.plan.processes) for w in self.plan.workers}
+        scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False,
+                                                   "dashboard_address": "127.0.0.1:0",
+                                                   "allowed_failures": self.plan.allowed_failures}}
+        self._cluster = SpecCluster(workers=workers, scheduler=scheduler, name="kb-mcp", silence_logs=QUIET)
+        return Client(self._cluster, timeout=START_TIMEOUT_S)
+
+    @property
+    def capacity(self) -> int:
+        """The verifications the cluster runs at once: its workers' slots, counted at most `REFRESH_S` ago."""
+        with self._lock:
+            if time.monotonic() - self._counted > REFRESH_S:
+                workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
+                self._slots = int(sum(w.get("resources", {}).get(GPU_RESOURCE, 0) for w in workers))
+                self._counted = time.monotonic()
+            return self._slots
+
+    def worker_pids(self) -> dict[str, int]:
+        """Each worker's process id, by its address."""
+        return dict(self.client.run(os.getpid))
+
+    def verify(self, job: VerifyJob) -> RemoteVerdict:
+        """Runs `job` on a free worker and waits for its answer; raises ClusterError where it gave none."""
+        cid = candidate_id(job.problem, job.candidate)
+        answer = self._run(verify_task, job.model_dump_json(), job.problem.name, cid)
+        return RemoteVerdict.model_validate_json(answer)
+
+    def echo(self, payload: str) -> str:
+        """A task that does nothing, sent as a verification is: what the path itself costs (the bench's)."""
+        return self._run(echo_task, payload, "echo", "")
+
+    def _run(self, task: Callable[[str], str], payload: str, name: str, cid: str) -> str:
+        """`task(payload)` on a free worker, holding one slot, a re-run after its worker died noted."""
+        with self._slot():
+            key = f"{task.__name__}-{name}-{os.urandom(6).hex()}"
+            future = self.client.submit(task, payload, resources={GPU_RESOURCE: 1}, pure=False, retries=0, key=key)
+            try:
+                return str(future.result())
+            except KilledWorker as exc:
+                raise ClusterError(
+                    f"the verification of {name} lost its worker {self.plan.allowed_failures + 1} times ({exc}); it "
+                    "is not re-run again: check the workers' logs (out of memory, a lost GPU) and rerun to try it "
+                    "once more") from exc
+            finally:
+                self._note_retry(name, cid, key)
+                future.release()
+
+    @contextmanager
+    def _slot(self) -> Iterator[None]:
+        """Holds one of the cluster's slots for the block, waiting while all are taken."""
+        with self._turn:
+            while self._in_flight >= max(1, self.capacity):
+                self._turn.wait(timeout=REFRESH_S)
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._turn:
+                self._in_flight -= 1
+                self._turn.notify()
+
+    def _note_retry(self, name: str, cid: str, key: str) -> None:
+        """Notes a task that was re-run after its worker died (the scheduler's count)."""
+        try:
+            deaths = int(self.client.run_on_scheduler(_deaths, key))
+        except (OSError, TimeoutError):
+            return  # the scheduler is gone: nothing to note, the caller hears of it
+        if deaths:
+            with self._lock:
+                self.retried.append(Retry(problem=name, candidate_id=cid, deaths=deaths))
+
+    def warm(self) -> dict[str, str]:
+        """Starts every worker's harness now rather than at its first verification: each worker's device
+        (`WorkerInfo.device`, with its UUID), by worker address."""
+        return dict(self.client.run(_warm_harness))
+
+    def close(self) -> None:
+        """Stops the local workers and the scheduler (a joined cluster is only left)."""
+        client, self._client = self._client, None
+        cluster, self._cluster = self._cluster, None
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+        self._config.__exit__(None, None, None)
+
+
+def verify_on(cluster: Cluster, ctx: ToolContext,
+              request: compile_and_verify.Request) -> tuple[compile_and_verify.Result, RemoteVerdict]:
+    """`compile_and_verify` with the verification on a worker of the cluster: the request read and
+    checked here, the candidate verified there, its verdict stored here exactly as the tool stores its
+    own (`compile_and_verify.record`). Raises ToolError as the tool does, ClusterError where the cluster
+    gave no result."""
+    problem, candidate = compile_and_verify.prepare(request)
+    remote = cluster.verify(VerifyJob(problem=problem, candidate=candidate, options=request.options))
+    if remote.result is None:
+        raise ClusterError(remote.error or f"the worker {remote.where} sent no result (ours to fix)")
+    return compile_and_verify.record(ctx, request, problem, candidate, remote.result), remote
+
+
+async def _serve(address: str, specs: list[WorkerSpec], private: list[str]) -> None:
+    gpu = any(w.device is not None for w in specs)
+    plugin = HarnessPlugin(private, spare=gpu)
+    nannies = [Nanny(address, nthreads=1, resources=s.resources, name=f"{socket.gethostname()}-{s.name}",
+                     env=s.env, plugins=(plugin,)) for s in specs]
+    await asyncio.gather(*(n.start() for n in nannies))
+    try:
+        await asyncio.gather(*(n.finished() for n in nannies))
+    finally:
+        await asyncio.gather(*(n.close() for n in nannies), return_exceptions=True)
+
+
+def serve_workers(address: str, specs: list[WorkerSpec], private: Iterable[str | Path] = ()) -> None:
+    """Runs one worker per spec (each its own process, pinned to its GPU) for the scheduler at
+    `address`, until they are closed or this process is interrupted (`kb-mcp worker`)."""
+    asyncio.run(_serve(address, specs, [str(p) for p in private]))

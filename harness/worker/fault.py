@@ -227,11 +227,14 @@ class Blame:
         return Halted(Failure(kind=kind, where=where, detail=first_line(exc), memory=memory),
                       retire=memory.held > memory.share)
 
-    def beside(self, other: GpuMemory, where: str) -> Halted | None:
-        """Another process of the harness (the census worker) ran out of memory (`other`, its
-        numbers) while the candidate holds memory in this one: the candidate's fault, as for an
-        allocation of the harness's here, when it holds more than its share and keeping to it would
-        have left the other allocation room. None where it did not (the machine's limit stands)."""
+    def beside(self, failure: Failure, where: str) -> Halted | None:
+        """How another process of the harness (the census worker) failed, weighed here: where it
+        ran out of memory while the candidate holds memory in this one, the candidate's fault, as
+        for an allocation of the harness's here, when it holds more than its share and keeping to it
+        would have left the other allocation room. None where not (that process's failure stands)."""
+        other = failure.memory
+        if failure.kind != FailureKind.harness_out_of_memory or other is None:
+            return None
         self.release()
         gc.collect()
         if not (self.ran and torch.cuda.is_available()):

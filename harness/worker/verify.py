@@ -449,20 +449,12 @@ class GpuVerification:
         if reply.census is not None:
             self.guard.last_census = KernelCensus.model_validate(reply.census)
         if reply.failure is not None:  # how the census ended, judged here like any other failure
-            hoarded = self._hoarding(reply.failure)
-            if hoarded is not None:
+            hoarded = self.blame.beside(reply.failure, "the kernel census (in the census worker)")
+            if hoarded is not None:  # it ran out where the candidate holds more than its share here
                 return Found(reply.findings, failure=hoarded.failure, retire=hoarded.retire)
             return Found(reply.findings, failure=reply.failure)
         self.evidence.precision = precision_check(reply.precision, self.options.track, sorted(self.checker.dtypes))
         return Found(reply.findings + self.guard.findings())
-
-    def _hoarding(self, failure: Failure) -> Halted | None:
-        """The census worker ran out of memory: where the candidate holds more than its share here,
-        that is its fault (`fault.Blame.beside`) and this worker is replaced (memory the candidate
-        keeps stays with the process). None: the census worker's own failure stands."""
-        if failure.kind != FailureKind.harness_out_of_memory or failure.memory is None:
-            return None
-        return self.blame.beside(failure.memory, "the kernel census (in the census worker)")
 
     def _probes(self) -> Found:
         """Kernels on the tensor cores below the track's precision (the census's SASS) are judged by

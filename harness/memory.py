@@ -130,6 +130,8 @@ class MemoryReport(BaseModel):
     device_peak_bytes: int | None = Field(None, description="the device's memory in use at its highest during "
                                           "the request, every process included (sampled; None where unknown)")
     device_idle_bytes: int | None = Field(None, description="the device's memory in use when the request began")
+    stage_peak_bytes: dict[str, int] = Field(default_factory=dict, description=(
+        "the verify worker's allocator peak (reserved) in each stage that ran, by stage: where the peak is"))
 
     @property
     def peak_gib(self) -> float | None:

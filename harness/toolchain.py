@@ -392,6 +392,23 @@ class CompilerRun(BaseModel):
         return content_hash(self.label, self.filename, self.text, self.argv, toolchain)
 
 
+# Macros that nvcc's implicit `cuda_runtime.h` brings in from the host's <math.h>, which NVRTC does
+# not define: a kernel using them builds with nvcc and fails under NVRTC on the GPU ("identifier
+# INFINITY is undefined"), so the check with nvcc undefines them first.
+_HOST_MATH_MACROS = ("INFINITY", "NAN", "HUGE_VAL", "HUGE_VALF", "HUGE_VALL", "M_E", "M_LOG2E", "M_LOG10E", "M_LN2",
+                     "M_LN10", "M_PI", "M_PI_2", "M_PI_4", "M_1_PI", "M_2_PI", "M_2_SQRTPI", "M_SQRT2", "M_SQRT1_2")
+_MATH_INCLUDE = re.compile(r"^\s*#\s*include\s*[<\"](?:math\.h|cmath|cuda_runtime\.h|math_constants\.h)[>\"]", re.M)
+
+
+def nvrtc_view(source: str) -> str:
+    """An NVRTC source as nvcc must see it to judge it as NVRTC will: the host math macros nvcc
+    defines on its own undefined (unless the source includes those headers itself), line numbers kept."""
+    if _MATH_INCLUDE.search(source):
+        return source
+    undefs = "".join(f"#undef {m}\n" for m in _HOST_MATH_MACROS)
+    return f"{undefs}#line 1\n{source}"
+
+
 def compile_runs(unit: SourceUnit, arch: str, tc: ToolchainInfo, light: bool) -> list[CompilerRun]:
     """The compiler runs that check `unit` (NVRTC source: nvcc; load_inline: nvcc and the host
     compiler). The flags must have passed `flag_refusals`."""
@@ -402,7 +419,7 @@ def compile_runs(unit: SourceUnit, arch: str, tc: ToolchainInfo, light: bool) ->
         if not any(o.startswith(("-std", "--std")) for o in opts):
             opts.append("-std=c++17")
         incs = [f"-I{d}" for d in unit.include_dirs]
-        return [CompilerRun(label="nvcc", filename=name, text=unit.cuda_source,
+        return [CompilerRun(label="nvcc", filename=name, text=nvrtc_view(unit.cuda_source),
                             argv=(nvcc, f"-arch={arch}", "-cubin", "-o", "kernel.cubin", *incs, *opts, name))]
     main_cpp, cuda_cu = inline_sources(unit, light)
     defines = [f"-DTORCH_EXTENSION_NAME={safe_name(unit.name)}", "-DTORCH_API_INCLUDE_EXTENSION_H",

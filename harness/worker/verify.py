@@ -36,7 +36,8 @@ import itertools
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,11 @@ class Stage:
     run: Callable[[], Found]
     gate: bool = False
 
+    @property
+    def name(self) -> str:
+        """The step's name ("check", "timing", ...), as reports show it."""
+        return str(getattr(self.run, "__name__", "stage")).lstrip("_")
+
 
 class GpuVerification:
     """Verification of one candidate on the GPU; `run()` returns (result, retire_worker)."""
@@ -187,6 +193,7 @@ class GpuVerification:
         self.footprint = Footprint()  # measured on the meta device as the problem is loaded (`_reference`)
         self.plan = MemoryPlan()
         self.peaks: list[int] = []  # allocator peaks carried across resets (`footprint.PeakMeter`)
+        self.stage_peaks: dict[str, int] = {}  # each stage's own (`MemoryReport.stage_peak_bytes`)
         # Whose fault an exception is once the candidate's code ran (`fault.Blame`), with what it
         # needs to know: the candidate's file, the problem's, and the GPU memory each may hold.
         self.input_bytes = 0  # one input set of the problem
@@ -239,7 +246,7 @@ class GpuVerification:
             return None
         census = self.census.peak_bytes if self.census is not None else None
         return MemoryReport(footprint=self.footprint, plan=self.plan, verify_peak_bytes=request_peak(self.peaks),
-                            census_peak_bytes=census)
+                            census_peak_bytes=census, stage_peak_bytes=dict(self.stage_peaks))
 
     def _compile_result(self) -> Any:
         assert self.env.builders is not None
@@ -317,7 +324,8 @@ class GpuVerification:
         for stage in self.stages():
             if stage.phase is not None:
                 self._phase(stage.phase)
-            found = self._attributed(stage)
+            with self._stage_peak(stage):
+                found = self._attributed(stage)
             self.evidence.findings += found.findings
             self.evidence.failure = found.failure
             self.evidence.timings = found.timings or self.evidence.timings
@@ -326,6 +334,25 @@ class GpuVerification:
             if found.failure is not None or (stage.gate and judge(self.evidence).settled):
                 break
         return self._result(judge(self.evidence))
+
+    @contextmanager
+    def _stage_peak(self, stage: Stage) -> Iterator[None]:
+        """Notes the allocator's peak during `stage` (`MemoryReport.stage_peak_bytes`); the request's
+        own peak is kept across the reset (`footprint.PeakMeter`'s carried peaks)."""
+        if not self.env.cuda:
+            yield
+            return
+        self.peaks.append(torch.cuda.max_memory_reserved())
+        torch.cuda.reset_peak_memory_stats()
+        first = len(self.peaks)
+        try:
+            yield
+        finally:
+            try:
+                peak = max([*self.peaks[first:], torch.cuda.max_memory_reserved()])
+                self.stage_peaks[stage.name] = max(peak, self.stage_peaks.get(stage.name, 0))
+            except Exception:  # noqa: BLE001 - a context the candidate broke: the verdict says why
+                pass
 
     def _attributed(self, stage: Stage) -> Found:
         """Runs one stage; an exception it lets out is the candidate's, the problem's or the

@@ -65,6 +65,20 @@ def test_nvrtc_units_compile_and_cache(tmp_path) -> None:
     assert again.ok and again.cached and again.arch == "sm_90"
 
 
+@pytest.mark.nvcc
+def test_an_nvrtc_source_using_host_math_macros_fails_as_nvrtc_fails(tmp_path) -> None:
+    # nvcc's implicit cuda_runtime.h defines INFINITY; NVRTC on the GPU does not ("identifier is undefined")
+    body = 'extern "C" __global__ void k(float* x) {\n    x[0] = -INFINITY;\n}\n'
+    compiler = CompileOnly(tmp_path, detect())
+    bare = compiler.compile([SourceUnit(kind="nvrtc", name="k", cuda_source=body)], "sm_90")
+    assert not bare.ok and any("k.cu(2)" in m and "INFINITY" in m and "undefined" in m for m in bare.messages), \
+        bare.messages
+    spelled = body.replace("-INFINITY", "__int_as_float(0xff800000)")
+    assert compiler.compile([SourceUnit(kind="nvrtc", name="k", cuda_source=spelled)], "sm_90").ok
+    included = "#include <cuda_runtime.h>\n" + body  # NVRTC with its include path finds it too
+    assert compiler.compile([SourceUnit(kind="nvrtc", name="k", cuda_source=included)], "sm_90").ok
+
+
 def test_hopper_and_blackwell_build_for_their_arch_specific_targets() -> None:
     assert [build_target(a) for a in ("sm_90", "9.0", "sm_90a", "sm_100", "sm_120", "sm_89", "sm_80")] == [
         "sm_90a", "sm_90a", "sm_90a", "sm_100a", "sm_120a", "sm_89", "sm_80"]

@@ -92,9 +92,12 @@ def test_a_large_problem_verifies_one_set_at_a_time_within_the_bound(pool: Worke
     if memory.device_peak_bytes is not None:  # NVML: every process on the device
         assert memory.device_idle_bytes is not None
         taken = memory.device_peak_bytes - memory.device_idle_bytes
+        stages = {k: round(v / GIB, 2) for k, v in memory.stage_peak_bytes.items()}
         print(f"device peak above idle {taken / GIB:.2f} GiB; bound {limit / GIB:.2f} GiB; "
-              f"verify worker {memory.verify_peak_bytes / GIB:.2f} GiB; census {memory.census_peak_bytes}")
-        assert taken <= limit, (taken / GIB, limit / GIB)
+              f"verify worker {memory.verify_peak_bytes / GIB:.2f} GiB (by stage {stages}); "
+              f"census {memory.census_peak_bytes}")
+        assert "check" in stages and "timing" in stages, stages
+        assert taken <= limit, (taken / GIB, limit / GIB, stages)
     else:
         assert memory.verify_peak_bytes + (memory.census_peak_bytes or 0) <= limit
 

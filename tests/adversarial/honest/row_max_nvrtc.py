@@ -7,7 +7,7 @@ KERNEL = r"""
 extern "C" __global__ void row_max(const float* __restrict__ x, float* __restrict__ y, int cols) {
     __shared__ float best[256];
     const float* row = x + (long long)blockIdx.x * cols;
-    float m = -INFINITY;
+    float m = __int_as_float(0xff800000);  // -inf: NVRTC has no math.h, so no INFINITY
     for (int j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, row[j]);
     best[threadIdx.x] = m;
     __syncthreads();

@@ -34,7 +34,7 @@ from types import ModuleType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tc_fp32_sync as sync  # noqa: E402 - bench/ holds no package: the generator sits beside this script
+import tc_fp32_sync as sync  # bench/ holds no package: the generator sits beside this script
 
 ROOT = sync.ROOT
 SOLUTIONS = sync.OUT

@@ -56,7 +56,7 @@ def _linear_model(doc: str, args: str, layer: str, keep: str = "", scalars: str 
         lines.append("        # drawn after the Linear's parameters, as the reference draws it")
         lines.append(f"        self.{vector}")
     extra = "".join(line + "\n" for line in lines)
-    vec_arg = f"self.{vector.split()[0]}, " if vector else ""
+    vec_arg = f", self.{vector.split()[0]}" if vector else ""
     bias = (f"""        bias = self.{layer}.bias
         if bias is None:  # built with bias=False: the Linear adds nothing
             bias = torch.zeros(self.{layer}.out_features, device=x.device, dtype=x.dtype)
@@ -70,7 +70,8 @@ def _linear_model(doc: str, args: str, layer: str, keep: str = "", scalars: str 
         self.{layer} = nn.Linear({linear_args or ", ".join(names[:2])})
 {extra}
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-{bias}        return _ext.gemm3x(x, self.{layer}.weight, bias, {vec_arg}{scalars},
+{bias}        return _ext.gemm3x(x, self.{layer}.weight, bias{vec_arg},
+                           {scalars},
                            torch.cuda.current_stream(x.device).cuda_stream)
 '''
 
@@ -175,8 +176,8 @@ const float* column_vector(const torch::Tensor& v, const torch::Tensor& like, in
 }
 }  // namespace
 
-torch::Tensor gemm3x(torch::Tensor a, torch::Tensor b{vector_params}, double p0, double p1, double p2,
-                     int64_t stream) {
+torch::Tensor gemm3x(torch::Tensor a, torch::Tensor b{vector_params},
+                     double p0, double p1, double p2, int64_t stream) {
     TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "gemm3x: 2-D operands expected");
     a = a.contiguous();
     b = b.contiguous();
@@ -276,30 +277,31 @@ def unit_sources(b_kn: bool) -> tuple[str, str]:
     return render_cpp(b_kn, False, False), f"{VARIANT_MARK}\n#define B_KN {int(b_kn)}\n" + render_cuda("return v;")
 
 
-def expected_files() -> dict[Path, str]:
-    """Every generated file and its content."""
-    return {OUT / sol.path: render_solution(sol) for sol in SOLUTIONS}
+def expected_files(out: Path = OUT) -> dict[Path, str]:
+    """Every generated file under `out` and its content."""
+    return {out / sol.path: render_solution(sol) for sol in SOLUTIONS}
 
 
-def stale_files() -> list[Path]:
+def stale_files(out: Path = OUT) -> list[Path]:
     """Generated files missing or differing from what this script writes."""
-    return [p for p, text in expected_files().items() if not p.is_file() or p.read_text() != text]
+    return [p for p, text in expected_files(out).items() if not p.is_file() or p.read_text() != text]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when a solution differs from the core")
+    parser.add_argument("--out", type=Path, default=OUT, help="solutions folder (default: the shipped one)")
     args = parser.parse_args(argv)
     if args.check:
-        stale = stale_files()
+        stale = stale_files(args.out)
         for p in stale:
-            print(f"out of date: {p.relative_to(ROOT)} (run python bench/tc_fp32_sync.py)")
+            print(f"out of date: {p} (run python bench/tc_fp32_sync.py)")
         return 1 if stale else 0
-    for p, text in expected_files().items():
+    for p, text in expected_files(args.out).items():
         p.parent.mkdir(parents=True, exist_ok=True)
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
-            print(f"wrote {p.relative_to(ROOT)}")
+            print(f"wrote {p}")
     return 0
 
 

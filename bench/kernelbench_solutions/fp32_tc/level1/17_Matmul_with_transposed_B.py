@@ -43,8 +43,8 @@ const float* column_vector(const torch::Tensor& v, const torch::Tensor& like, in
 }
 }  // namespace
 
-torch::Tensor gemm3x(torch::Tensor a, torch::Tensor b, double p0, double p1, double p2,
-                     int64_t stream) {
+torch::Tensor gemm3x(torch::Tensor a, torch::Tensor b,
+                     double p0, double p1, double p2, int64_t stream) {
     TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "gemm3x: 2-D operands expected");
     a = a.contiguous();
     b = b.contiguous();
@@ -194,7 +194,9 @@ __device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], uint64_t da, uin
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 
 // Keeps the compiler from moving reads or writes of these registers across the asynchronous
 // wgmma (they are written by the tensor core only once wgmma.wait_group returns).
@@ -273,7 +275,8 @@ __device__ __forceinline__ void load_nk(const float* src, int rows, int K, int r
         int r, c4;
         nk_coords(t, it, r, c4);
         const int row = r0 + r, k = k0 + 4 * c4;
-        v[it] = (row < rows && k < K) ? ldg4(src + static_cast<size_t>(row) * K + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[it] = (row < rows && k < K) ? ldg4(src + static_cast<size_t>(row) * K + k)
+                                      : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 }
 
@@ -304,7 +307,8 @@ __device__ __forceinline__ void load_kn(const float* src, int N, int K, int n0, 
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int k = k0 + 4 * kq + j;
-            v[4 * blk + j] = (n < N && k < K) ? ldg4(src + static_cast<size_t>(k) * N + n) : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[4 * blk + j] =
+                (n < N && k < K) ? ldg4(src + static_cast<size_t>(k) * N + n) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
 }

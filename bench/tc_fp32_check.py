@@ -2,7 +2,8 @@
 in this process (no sandbox), printing each step and writing JSON.
 
     python bench/tc_fp32_check.py --compile-only            # no GPU: nvcc each solution for sm_90a (-Xptxas -v)
-    python bench/tc_fp32_check.py --unit                    # the GEMM core alone, small and odd shapes
+    python bench/tc_fp32_check.py --unit-only               # the GEMM core alone, small and odd shapes
+    python bench/tc_fp32_check.py --unit                    # that first, then the problems
     python bench/tc_fp32_check.py --problems level1/17,level2/12 --skip-compile
     python bench/tc_fp32_check.py --unit --variants "STAGES=2;HI_IMPLICIT=1;FRESH_D=0" --json out.json
 
@@ -521,7 +522,9 @@ def run_gpu(args: argparse.Namespace, variants: list[dict[str, str]], result: di
 
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU: use --compile-only here")
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")  # what the harness builds for an H100/H200
+    if torch.cuda.get_device_capability() != (9, 0):
+        raise SystemExit(f"wgmma needs an sm_90 GPU (H100/H200); this is {torch.cuda.get_device_name()}")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"  # what the harness builds for an H100/H200 (wgmma needs the a)
     strict_fp32()
     result["device"] = torch.cuda.get_device_name()
     folder = Path(tempfile.mkdtemp(prefix="tc_fp32_check_"))

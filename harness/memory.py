@@ -27,8 +27,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "DEVICE_PRISTINE_MAX_BYTES", "FIXED_OVERHEAD_BYTES", "GIB", "Footprint", "MemoryPlan", "MemoryReport", "TooLarge",
-    "bound", "fits_eager", "gib", "plan", "reserve",
+    "DEVICE_PRISTINE_MAX_BYTES", "FIXED_OVERHEAD_BYTES", "GIB", "Footprint", "MemoryPlan", "MemoryReport", "SetPeak",
+    "TooLarge", "bound", "fits_eager", "gib", "plan", "reserve",
 ]
 
 GIB = float(1 << 30)
@@ -117,6 +117,19 @@ class TooLarge(BaseModel):
                 f"{gib(self.free_bytes)} GiB free of {gib(self.total_bytes)} GiB")
 
 
+class SetPeak(BaseModel):
+    """The verify worker's allocator peaks over the input sets made since the last set boundary
+    (`MemoryReport.set_peaks`): what was live at most, and what the allocator reserved at most
+    (live plus cached blocks); a gap between the two is the cache's, not a tensor's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sets: str = Field(description="the kinds of the sets checked in the interval, in order ('secret+reused_buffers')")
+    start_bytes: int = Field(0, description="what was live when the interval began")
+    allocated_bytes: int
+    reserved_bytes: int
+
+
 class MemoryReport(BaseModel):
     """What a verification planned and what it took on the GPU (`VerifyResult.memory`)."""
 
@@ -132,6 +145,8 @@ class MemoryReport(BaseModel):
     device_idle_bytes: int | None = Field(None, description="the device's memory in use when the request began")
     stage_peak_bytes: dict[str, int] = Field(default_factory=dict, description=(
         "the verify worker's allocator peak (reserved) in each stage that ran, by stage: where the peak is"))
+    set_peaks: list[SetPeak] = Field(default_factory=list, description=(
+        "within the checks, the peaks from one set boundary to the next: which sets the peak is in"))
 
     @property
     def peak_gib(self) -> float | None:

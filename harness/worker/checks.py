@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.memory import Footprint, MemoryPlan
+from kb_mcp.harness.memory import Footprint, MemoryPlan, SetPeak
 from kb_mcp.harness.verdict import Failure, FailureKind, Finding, FindingCode, InputSetCheck
 from kb_mcp.harness.worker.distributions import SETS, Variant, vary
 from kb_mcp.harness.worker.fault import Halted, ProblemBroken, first_line, is_cuda_error, is_out_of_memory
@@ -97,6 +97,9 @@ class Checker(TimedChecks):
         self.dtype: torch.dtype = getattr(torch, fp.dtype, torch.float32)
         self.dtypes: set[str] = set(fp.dtypes)  # the problem's floating dtypes (inputs, outputs, parameters)
         self.lowered: list[int] = []  # failed sets whose errors look like a lower precision
+        self.set_peaks: list[SetPeak] = []  # the peaks between set boundaries (`MemoryReport.set_peaks`)
+        self._sets_noted = 0  # how many of `v.sets` the noted peaks cover
+        self._live_at_note = 0  # what was live when the last interval began
         self.mapping: ParamMapping | None = None  # Model's parameters to ModelNew's (`perturb.map_parameters`)
         self.ref_params: dict[str, torch.nn.Parameter] = {}
         self.cand_params: dict[str, torch.nn.Parameter] = {}
@@ -126,8 +129,22 @@ class Checker(TimedChecks):
         timed run finds the cache as the last one left it."""
         self.alive = []
         if torch.cuda.is_available():
+            self.note_peaks()
             torch.cuda.empty_cache()
         return self.make_inputs(seed, shifted)
+
+    def note_peaks(self) -> None:
+        """Closes the interval since the last set boundary: its allocator peaks (live and reserved)
+        under the kinds of the sets checked in it, the reserved peak carried for the stage and the
+        request (`footprint.PeakMeter`), and the peaks reset for the next interval."""
+        kinds = [s.kind for s in self.v.sets[self._sets_noted:]]
+        self._sets_noted = len(self.v.sets)
+        reserved, allocated = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
+        self.v.peaks.append(reserved)
+        self.set_peaks.append(SetPeak(sets="+".join(kinds) or "setup", start_bytes=self._live_at_note,
+                                      allocated_bytes=allocated, reserved_bytes=reserved))
+        self._live_at_note = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
 
     @staticmethod
     def _shift(xs: list[Any], seed: int) -> list[Any]:
@@ -343,6 +360,8 @@ class Checker(TimedChecks):
         # The first (public) set again, made again from its seed: does it still agree?
         repeat = self._repeat(next(index), public)
         self._patterns(public, repeat, secret, index)
+        if torch.cuda.is_available():
+            self.note_peaks()
 
     def _patterns(self, public: InputSetCheck, repeat: InputSetCheck, secret: list[_SetRecord],
                   index: Iterator[int]) -> None:
@@ -376,17 +395,24 @@ class Checker(TimedChecks):
         """New values from a fresh secret seed written into set 1's own input buffers (the same
         pointers and shapes the candidate saw): its output must be the new values' output. Set 1's
         other tensors are gone by then, so this costs no more memory than a set of its own."""
-        xs = self.make_inputs(secret_seed())
-        for a, x in zip(args1, xs):
-            if isinstance(a, torch.Tensor) and isinstance(x, torch.Tensor) and a.shape == x.shape:
-                a.copy_(x)
-        del xs
+        if torch.cuda.is_available():
+            self.note_peaks()  # this check's peak apart from set 1's
+        self._refill(args1)
         # ref_run clones where pristine copies stay on the device; on the host path it runs on what it gets
         ref_out = self.ref_run(clone_inputs(args1) if self.host_pristine and not self.ref_keeps_inputs else args1)
         out = self.cand_run(args1, ref_out)
         chk = self.check(index, "reused_buffers", ref_out, out)
         self._stale = first.out is not None and digests(out) == first.out
         return chk
+
+    def _refill(self, args1: list[Any]) -> None:
+        """Writes a fresh secret set's values into `args1`. In a function of its own so that the
+        fresh set is gone when it returns (a loop variable of the caller would keep its last tensor
+        alive: a whole input's size beside the reference and the poisoned blocks)."""
+        fresh = self.make_inputs(secret_seed())
+        for a, x in zip(args1, fresh):
+            if isinstance(a, torch.Tensor) and isinstance(x, torch.Tensor) and a.shape == x.shape:
+                a.copy_(x)
 
     def _caching_finding(self, reused: InputSetCheck, first: _SetRecord, second: _SetRecord) -> None:
         """`result_caching` where set 1's buffers with new values gave a wrong output although set 1

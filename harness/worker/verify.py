@@ -246,7 +246,8 @@ class GpuVerification:
             return None
         census = self.census.peak_bytes if self.census is not None else None
         return MemoryReport(footprint=self.footprint, plan=self.plan, verify_peak_bytes=request_peak(self.peaks),
-                            census_peak_bytes=census, stage_peak_bytes=dict(self.stage_peaks))
+                            census_peak_bytes=census, stage_peak_bytes=dict(self.stage_peaks),
+                            set_peaks=list(self.checker.set_peaks) if self.checker is not None else [])
 
     def _compile_result(self) -> Any:
         assert self.env.builders is not None

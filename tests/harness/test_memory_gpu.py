@@ -96,6 +96,11 @@ def test_a_large_problem_verifies_one_set_at_a_time_within_the_bound(pool: Worke
         print(f"device peak above idle {taken / GIB:.2f} GiB; bound {limit / GIB:.2f} GiB; "
               f"verify worker {memory.verify_peak_bytes / GIB:.2f} GiB (by stage {stages}); "
               f"census {memory.census_peak_bytes}")
+        for sp in memory.set_peaks:
+            print(f"  sets {sp.sets}: at start {sp.start_bytes / GIB:.2f}, live {sp.allocated_bytes / GIB:.2f} GiB, "
+                  f"reserved {sp.reserved_bytes / GIB:.2f} GiB")
+        worst = max(sp.reserved_bytes for sp in memory.set_peaks)
+        assert worst <= memory.stage_peak_bytes["check"]
         assert "check" in stages and "timing" in stages, stages
         assert taken <= limit, (taken / GIB, limit / GIB, stages)
     else:

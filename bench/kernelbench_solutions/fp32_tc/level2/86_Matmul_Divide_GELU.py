@@ -98,6 +98,7 @@ CUDA = r"""
 //                added to float32 registers with ordinary adds; 0: one accumulator over all of K,
 //                one stage's wgmmas kept in flight
 //   GROUP_M      tiles along M per raster group (L2 reuse of B tiles)
+//   PREFETCH     1: the producer loads the next K tile while it stores this one; 0: one at a time
 #include <cuda_runtime.h>
 #include <cstdint>
 #include <stdexcept>
@@ -120,6 +121,13 @@ CUDA = r"""
 #endif
 #ifndef B_KN
 #define B_KN 0
+#endif
+#ifndef PREFETCH
+#if B_KN
+#define PREFETCH 0  // with the 4x4 transposes a second register set spills (and measured slower)
+#else
+#define PREFETCH 1
+#endif
 #endif
 
 // What the epilogue may read besides the accumulator: a per-column bias, a second per-column
@@ -341,28 +349,56 @@ __device__ __forceinline__ void store_kn(float* hi, float* lo, int t, const floa
     }
 }
 
+// One K tile's operands from global memory into registers (zeros past K).
+__device__ __forceinline__ void load_stage(const float* __restrict__ A, const float* __restrict__ B, int M, int N,
+                                           int K, int m0, int n0, int kt, int t, float4 (&va)[NK_LOADS],
+                                           float4 (&vb)[NK_LOADS]) {
+    load_nk(A, M, K, m0, kt * BK, t, va);
+#if B_KN
+    load_kn(B, N, K, n0, kt * BK, t, vb);
+#else
+    load_nk(B, N, K, n0, kt * BK, t, vb);
+#endif
+}
+
+// Registers -> stage kt % STAGES of the ring, once the consumers have freed it; then full[s].
+__device__ __forceinline__ void store_stage(float* smem, uint32_t bars, int kt, int t, const float4 (&va)[NK_LOADS],
+                                            const float4 (&vb)[NK_LOADS]) {
+    const int s = kt % STAGES;
+    mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);  // stage s free again
+    float* st = smem + s * STAGE_FLOATS;
+    store_nk(st, st + TILE, t, va);
+#if B_KN
+    store_kn(st + 2 * TILE, st + 3 * TILE, t, vb);
+#else
+    store_nk(st + 2 * TILE, st + 3 * TILE, t, vb);
+#endif
+    fence_proxy_async();
+    mbar_arrive(bars + 8 * s);
+}
+
+// With PREFETCH the loads of tile kt + 1 are in flight while tile kt is split and stored (two
+// register sets, used alternately, so that no index into them is dynamic): the global-memory
+// latency is paid once per tile pair at most, not once per tile.
 __device__ __forceinline__ void produce(const float* __restrict__ A, const float* __restrict__ B, float* smem,
                                         uint32_t bars, int M, int N, int K, int m0, int n0, int ktiles, int t) {
+#if PREFETCH
+    float4 va0[NK_LOADS], vb0[NK_LOADS], va1[NK_LOADS], vb1[NK_LOADS];
+    if (ktiles > 0) load_stage(A, B, M, N, K, m0, n0, 0, t, va0, vb0);
+    for (int kt = 0; kt < ktiles; kt += 2) {
+        if (kt + 1 < ktiles) load_stage(A, B, M, N, K, m0, n0, kt + 1, t, va1, vb1);
+        store_stage(smem, bars, kt, t, va0, vb0);
+        if (kt + 1 >= ktiles) break;
+        if (kt + 2 < ktiles) load_stage(A, B, M, N, K, m0, n0, kt + 2, t, va0, vb0);
+        store_stage(smem, bars, kt + 1, t, va1, vb1);
+    }
+#else
     float4 va[NK_LOADS], vb[NK_LOADS];
     for (int kt = 0; kt < ktiles; ++kt) {
-        const int s = kt % STAGES, k0 = kt * BK;
-        load_nk(A, M, K, m0, k0, t, va);  // issued before the wait: the loads fly while it waits
-#if B_KN
-        load_kn(B, N, K, n0, k0, t, vb);
-#else
-        load_nk(B, N, K, n0, k0, t, vb);
-#endif
-        mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);  // stage s free again
-        float* st = smem + s * STAGE_FLOATS;
-        store_nk(st, st + TILE, t, va);
-#if B_KN
-        store_kn(st + 2 * TILE, st + 3 * TILE, t, vb);
-#else
-        store_nk(st + 2 * TILE, st + 3 * TILE, t, vb);
-#endif
-        fence_proxy_async();
-        mbar_arrive(bars + 8 * s);
+        load_stage(A, B, M, N, K, m0, n0, kt, t, va, vb);  // issued before the wait: the loads fly while it waits
+        store_stage(smem, bars, kt, t, va, vb);
     }
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -98,6 +98,9 @@ CUDA = r"""
 //                added to float32 registers with ordinary adds; 0: one accumulator over all of K,
 //                one stage's wgmmas kept in flight
 //   GROUP_M      tiles along M per raster group (L2 reuse of B tiles)
+//   SWIZZLE      1: 128-byte swizzled tiles (BK 32: a tile row is one 128-byte line, its 16-byte
+//                chunks permuted by XOR with row % 8, 8-row atoms of 1024 bytes) instead of
+//                core-matrix-interleaved ones, so the tensor core's operand reads spread over the banks
 //   PREFETCH     1: the producer loads the next K tile while it stores this one; 0: one at a time
 #include <cuda_runtime.h>
 #include <cstdint>
@@ -121,6 +124,9 @@ CUDA = r"""
 #endif
 #ifndef B_KN
 #define B_KN 0
+#endif
+#ifndef SWIZZLE
+#define SWIZZLE 0
 #endif
 #ifndef PREFETCH
 #if B_KN
@@ -159,9 +165,12 @@ constexpr int TILE = 128 * BK;                     // floats in one 128 x BK ope
 constexpr int STAGE_FLOATS = 4 * TILE;             // A_hi, A_lo, B_hi, B_lo
 constexpr int NK_LOADS = TILE / 4 / 128;           // float4s per producer thread per K-major tile
 constexpr int KN_BLOCKS = (BK / 4) * (BN / 4) / 128;  // 4x4 blocks per producer thread, K x N tile
-constexpr uint32_t LBO = 128, SBO = BK * 32;       // descriptor byte offsets (see the layout above)
-constexpr size_t SMEM_BYTES = size_t(STAGES) * STAGE_FLOATS * sizeof(float) + 2 * STAGES * sizeof(uint64_t);
+// descriptor byte offsets (see the layout above; with SWIZZLE, LBO is unused and SBO is one 8-row atom)
+constexpr uint32_t LBO = SWIZZLE ? 16 : 128, SBO = SWIZZLE ? 1024 : BK * 32;
+// + 1024: the ring is aligned to 1024 bytes inside the dynamic window (the swizzle reads address bits)
+constexpr size_t SMEM_BYTES = size_t(STAGES) * STAGE_FLOATS * sizeof(float) + 2 * STAGES * sizeof(uint64_t) + 1024;
 static_assert(BK == 16 || BK == 32, "BK must be 16 or 32");
+static_assert(!SWIZZLE || BK == 32, "the 128-byte swizzle needs BK 32 (one 128-byte line per tile row)");
 static_assert(STAGES >= 2, "at least two stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory over 227 KB: fewer STAGES or a smaller BK");
 static_assert(NK_LOADS == 4 * KN_BLOCKS, "both B orientations stage the same number of float4s");
@@ -177,8 +186,10 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // offsets, each encoded as (x & 0x3FFFF) >> 4; swizzle mode 0 (none), base offset 0.
 __device__ __forceinline__ uint64_t smem_desc(const float* p) {
     const uint64_t addr = smem_addr(p);
+    // With SWIZZLE, layout type 1 (128-byte swizzle, bits 62-63): K-major, LBO unused (16), SBO one
+    // 8-row atom of 1024 bytes; a k step inside the 128-byte row moves the start address only.
     return ((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((LBO & 0x3FFFF) >> 4) << 16) |
-           (static_cast<uint64_t>((SBO & 0x3FFFF) >> 4) << 32);
+           (static_cast<uint64_t>((SBO & 0x3FFFF) >> 4) << 32) | (static_cast<uint64_t>(SWIZZLE) << 62);
 }
 
 // d (+)= A . B for one 64 x 128 x 8 block; scale_d 0 overwrites d instead of adding to it.
@@ -276,7 +287,13 @@ __device__ __forceinline__ void nk_coords(int t, int it, int& r, int& c4) {
     c4 = (idx >> 3) % C4;
 }
 
+#if SWIZZLE
+__device__ __forceinline__ int tile_at(int r, int c4) { return r * 32 + ((c4 ^ (r & 7)) << 2); }
+constexpr int KSTEP = 8;   // floats from one k8 step to the next: 32 bytes along the row
+#else
 __device__ __forceinline__ int tile_at(int r, int c4) { return ((r >> 3) * C4 + c4) * 32 + (r & 7) * 4; }
+constexpr int KSTEP = 64;  // two core matrices of 128 bytes
+#endif
 
 // A 128 x BK slice of a rows x K row-major matrix, rows from r0, K from k0; zeros outside.
 __device__ __forceinline__ void load_nk(const float* src, int rows, int K, int r0, int k0, int t,
@@ -413,11 +430,13 @@ __device__ __forceinline__ void stage_mma(float (&d)[64], const float* st, int c
     const float* b_lo = st + 3 * TILE;
 #pragma unroll
     for (int s = 0; s < BK / 8; ++s) {  // k = 8 per instruction: two core matrices along K
-        wgmma_m64n128k8(d, smem_desc(a_lo + s * 64), smem_desc(b_hi + s * 64), s == 0 ? first_scale : 1);
-        wgmma_m64n128k8(d, smem_desc(a_hi + s * 64), smem_desc(b_lo + s * 64), 1);
+        wgmma_m64n128k8(d, smem_desc(a_lo + s * KSTEP), smem_desc(b_hi + s * KSTEP), s == 0 ? first_scale : 1);
+        wgmma_m64n128k8(d, smem_desc(a_hi + s * KSTEP), smem_desc(b_lo + s * KSTEP), 1);
     }
 #pragma unroll
-    for (int s = 0; s < BK / 8; ++s) wgmma_m64n128k8(d, smem_desc(a_hi + s * 64), smem_desc(b_hi + s * 64), 1);
+    for (int s = 0; s < BK / 8; ++s) {
+        wgmma_m64n128k8(d, smem_desc(a_hi + s * KSTEP), smem_desc(b_hi + s * KSTEP), 1);
+    }
 }
 
 __device__ __forceinline__ void consume(const float* smem, uint32_t bars, int cw, int ktiles, float (&acc)[64]) {
@@ -496,7 +515,9 @@ __device__ __forceinline__ void tile_of(int bid, int tiles_m, int tiles_n, int& 
 __global__ void __launch_bounds__(THREADS, 1)
     gemm3x_kernel(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
                   int K, EpiArgs e) {
-    extern __shared__ __align__(128) float smem[];
+    extern __shared__ __align__(128) float smem_raw[];
+    // The ring starts at a 1024-byte boundary of the shared window (SMEM_BYTES holds the slack).
+    float* const smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u) / 4;
     const uint32_t bars = smem_addr(smem + STAGES * STAGE_FLOATS);  // full[s] at +8s, empty[s] at +8(STAGES+s)
     const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
     int tm, tn;

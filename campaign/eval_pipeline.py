@@ -8,6 +8,12 @@ starting, is exactly what the step would otherwise wait for inside its verificat
 lane held). The step itself is the caller's, so an eval that times baselines instead of verifying
 solutions uses the same pipeline with a step of its own (and, with nothing to build, no work ahead).
 
+While a claim waits, the GPU would be idle (the first builds of an eval have nothing to hide behind):
+`claim(key, idle=...)` lets the caller give it other work meanwhile, one piece at a time (the eval
+times the baselines of problems not cached yet, `campaign.evaluate`), until the awaited work is done
+or the caller has nothing left. A piece already started runs to its end, so the step may start a little
+after its build is done; the seconds it took are the caller's to count, not the wait's.
+
 Work ahead is never part of an outcome: its result is only counted, and what it raised is only
 logged. Leaving the `with` block (the end, an error, Ctrl-C) cancels what has not started, calls
 `stop` (which kills the processes still running, `harness.ahead.BuildsAhead.stop`) and waits for the
@@ -67,26 +73,41 @@ class Pipeline(Generic[T, R]):
             futures = list(self._futures.values())
         return sum(f.done() for f in futures), len(futures)
 
-    def claim(self, key: Hashable, waiting: Callable[[float], None] = lambda s: None) -> tuple[float, R | None]:
+    def ready(self, key: Hashable) -> bool:
+        """Whether a claim of `key` would return at once (its work is done, or it has none)."""
+        with self._lock:
+            future = self._futures.get(key)
+        return future is None or future.done()
+
+    def claim(self, key: Hashable, waiting: Callable[[float], None] = lambda s: None,
+              idle: Callable[[], bool] | None = None) -> tuple[float, R | None]:
         """Waits until the work of `key` is done: (seconds waited, its result, or None when it had none
         or failed). `waiting(seconds)` is called every few seconds while it waits; it may raise to
-        stop the eval."""
+        stop the eval. `idle()`, while the work is not done, does one piece of the caller's own work
+        and says whether it did any (False: nothing left, it is not called again); the seconds it
+        took are not counted as waited."""
         with self._lock:
             future = self._futures.get(key)
         if future is None:
             return 0.0, None
         t0 = time.monotonic()
+        busy = 0.0
+        while idle is not None and not future.done():
+            started = time.monotonic()
+            if not idle():
+                break
+            busy += time.monotonic() - started
         while True:
             try:
                 result = future.result(timeout=WAIT_REPORT_S)
-                return time.monotonic() - t0, result
+                return time.monotonic() - t0 - busy, result
             except cf.TimeoutError:
-                waiting(time.monotonic() - t0)
+                waiting(time.monotonic() - t0 - busy)
             except cf.CancelledError:
-                return time.monotonic() - t0, None
+                return time.monotonic() - t0 - busy, None
             except Exception as exc:  # noqa: BLE001 - ours, and never the outcome's: the step builds on demand
                 self.log(f"work ahead of {key} failed ({type(exc).__name__}: {exc}); its step builds on demand")
-                return time.monotonic() - t0, None
+                return time.monotonic() - t0 - busy, None
 
     def close(self) -> None:
         """Cancels work not started, stops what runs (`stop`) and waits for the threads to end."""

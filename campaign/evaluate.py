@@ -19,6 +19,18 @@ verifications. A build ahead is never a verdict: the verification runs as it wou
 solution whose build failed ahead is built and judged by the verification itself. `build_jobs` 0 is
 the serial eval. Progress shows each problem's phase and the whole run's ETA (`campaign.eta`).
 
+The first builds hide behind nothing: the GPU would wait for them. So while a verification waits for
+its build ahead, the GPU times the baselines (eager and torch.compile) of the eval's problems that are
+not cached yet for this GPU, torch and track (`BaselinesAhead`): the waiting problem's own first, then
+the next ones in order, one at a time until the build is done. Each goes through
+`WorkerPool.baselines`, which holds the machine-wide GPU lane and caches the figures exactly as a
+verification's own first measurement would (the same worker, options and track), so the verification
+finds them cached and its verdict is the one it would have reached measuring them itself. A problem
+whose build is ready is verified at once (its baselines, when not cached, are measured inside it as
+before). Each line says whether its verification found its baseline cached (`baseline_cached`) and
+whether this eval timed it ahead (`baseline_ahead`); `StepTimes.baselines_s` is the GPU time a step's
+wait spent on them.
+
 Given a cluster (`campaign.cluster`: `--gpus N`, `--cluster ADDRESS`), the verifications run on its
 workers instead, as many at once as it has GPUs, and each verdict is stored here as it comes back
 (the workers build what they verify; the KB and the folder are written by this process alone).
@@ -45,6 +57,7 @@ from kb_mcp.campaign.report_render import write_report
 from kb_mcp.campaign.selection import ProblemRef, SelectionError, match_solution, select_problems
 from kb_mcp.campaign.store import CampaignError, CampaignStore
 from kb_mcp.harness.ahead import AheadOutcome, BuildsAhead, default_jobs, target_for
+from kb_mcp.harness.baselines import BaselineCache, BaselineRun
 from kb_mcp.harness.problem import Problem, ProblemError, candidate_id, load_problem
 from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb.models import DEFAULT_TRACK, Track, Verdict
@@ -54,6 +67,7 @@ from kb_mcp.tools.context import ToolContext
 
 if TYPE_CHECKING:
     from kb_mcp.campaign.cluster import Cluster
+    from kb_mcp.harness.pool import WorkerPool
 
 MAX_WAITING = 256  # problems of an eval on a cluster waiting for a worker at once (each a thread here)
 ProgressFn = Callable[[str, int, int, str], None]  # (problem, done, total, message), as a campaign's;
@@ -91,6 +105,9 @@ class StepTimes(BaseModel):
     wait_s: float = 0.0  # waiting for its builds ahead, before the verification started
     verify_s: float = 0.0  # the verification (GPU lane held), less the time its worker spent building
     build_s: float = 0.0  # building inside the verification (what was not built ahead; NVRTC included)
+    # timing baselines ahead (GPU lane held) while the step waited for its build: its own problem's or
+    # the next ones' (`BaselinesAhead`); not part of wait_s
+    baselines_s: float = 0.0
 
 
 class EvalLine(BaseModel):
@@ -105,6 +122,8 @@ class EvalLine(BaseModel):
     note: str = ""
     times: StepTimes | None = None  # for problems verified in this run
     worker: str | None = None  # the cluster's worker that verified it (an eval on a cluster)
+    baseline_cached: bool | None = None  # its verification found its baselines cached (None: nothing timed)
+    baseline_ahead: bool = False  # this eval timed its baselines ahead, while a build finished
 
 
 class EvalResult(BaseModel):
@@ -226,6 +245,78 @@ class _Remote:
     wall_s: float = 0.0  # the step, waiting for a free worker included
     verify_s: float = 0.0  # the verification on the worker
     build_s: float = 0.0  # building inside it
+    baseline_cached: bool | None = None  # the verification found its baselines cached (None: nothing timed)
+
+
+@dataclass
+class Pending:
+    """A problem an eval will verify, for `BaselinesAhead`: its place in the eval's order, name, problem."""
+
+    index: int
+    name: str
+    problem: Problem
+
+
+class BaselinesAhead:
+    """The baselines of an eval's problems not cached yet, timed on the GPU while a step waits for its
+    build ahead (see the module docstring): the waiting problem's own first, then the next ones in the
+    eval's order, never one whose verification has started. `pool.baselines` holds the GPU lane and
+    caches what it measured alone, as a verification's own first measurement would."""
+
+    def __init__(self, pool: WorkerPool, options: VerifyOptions, problems: list[Pending],
+                 say: Callable[[int, str, str], None]) -> None:
+        self.pool, self.options, self.say = pool, options, say
+        info = pool.info()
+        self.device, self.torch_version = info.device, info.torch_version
+        self.left = [p for p in problems if not self.cached(p.problem)]
+        self.timed: set[int] = set()  # problems (index) whose baselines this eval timed and cached
+        self.seconds = 0.0  # GPU lane time spent on them
+
+    def cached(self, problem: Problem) -> bool:
+        """Whether a verification of `problem` would find its baselines in the pool's cache."""
+        return BaselineCache(self.pool.cache_dir).get(
+            problem.hash, self.device, self.torch_version, need_compile=self.options.compile_baseline,
+            track=self.options.track.value) is not None
+
+    def idle(self, index: int, name: str, report: Callable[[str], None]) -> Callable[[], bool]:
+        """The piece of work `Pipeline.claim` gives the GPU while the build of problem `index` is not done."""
+        return lambda: self.one(index, name, report)
+
+    def one(self, index: int, name: str, report: Callable[[str], None]) -> bool:
+        """Times the baselines of the next problem not cached, from the waiting one (`index`) on; False
+        when none is left."""
+        self.left = [q for q in self.left if q.index >= index]  # earlier ones were verified
+        while self.left:
+            q = self.left.pop(0)
+            if self.cached(q.problem):  # cached meanwhile (another process verified it)
+                continue
+            report(f"its build is not done: the GPU times the baselines of {q.name} meanwhile")
+            t0 = time.monotonic()
+            try:
+                run = self.pool.baselines(q.problem, self.options,
+                                          lambda done, total=None, message=None: report(message or "baselines"))
+            except RuntimeError as exc:  # no worker starts: the verifications report it
+                self.say(q.index, q.name, f"no baselines ahead ({exc})")
+                self.left.clear()
+                return False
+            seconds = time.monotonic() - t0
+            self.seconds += seconds
+            if self.cached(q.problem):
+                self.timed.add(q.index)
+            self.say(q.index, q.name, f"{_baselines_text(run)} in {seconds:.1f} s, timed ahead while {name}'s "
+                     "build finished")
+            return True
+        return False
+
+
+def _baselines_text(run: BaselineRun) -> str:
+    """What a run of baselines ahead found, in a few words."""
+    base = run.baseline
+    if run.status == "ok" and base is not None:
+        comp = f"{base.compile_ms:.3f} ms" if base.compile_ms is not None else "failed"
+        return (f"baselines eager {base.eager_ms:.3f} ms, torch.compile {comp}"
+                + ("" if not run.note else f" ({run.note[:160]})"))
+    return f"baselines {run.status} ({run.note[:160]})"
 
 
 class _Run:
@@ -237,6 +328,7 @@ class _Run:
         self.have_gpu, self.progress, self.log, self.total = have_gpu, progress, log, total
         self.eta = Eta(0)
         self.pipe: Pipeline[str, AheadOutcome] = Pipeline(_nothing, 0)
+        self.fill: BaselinesAhead | None = None  # what the GPU does while a step waits for its build
         # The per-problem step, after the problem's builds ahead are done: (its line, seconds its
         # worker spent building, seconds the step took). An eval of another kind sets its own.
         self.step: Callable[[_Planned, Callable[[str], None]], tuple[EvalLine, float, float]] = self.verify
@@ -271,6 +363,7 @@ class _Run:
         self.eta = Eta(len(todo))
         builder = self._builder(todo)
         jobs = self._jobs() if builder is not None else 0
+        self.fill = self._baselines_ahead(todo) if builder is not None and jobs else None
         with Pipeline(builder.build if builder else _nothing, jobs, builder.stop if builder else _none,
                       self.log) as self.pipe:
             if builder is not None:
@@ -303,6 +396,25 @@ class _Run:
         return BuildsAhead(pool.cache_dir, pool.sandbox, target_for(info, options, pool.no_cuda),
                            options.compile_timeout_s)
 
+    def _baselines_ahead(self, todo: list[_Planned]) -> BaselinesAhead | None:
+        """The baselines to time while steps wait for their builds: those of `todo` not cached for the
+        pool's GPU; None without a GPU (compile-only, or a worker without CUDA)."""
+        if self.options.compile_only:
+            return None
+        try:
+            pool = self.ctx.workers
+            info = pool.info()
+        except RuntimeError:  # the verifications report it
+            return None
+        if pool.no_cuda or not info.cuda:
+            return None
+        pending = [Pending(p.index, p.ref.name, p.problem) for p in todo if p.problem is not None]
+        fill = BaselinesAhead(pool, _verify_options(self.options), pending, self._say)
+        if fill.left:
+            self.log(f"baselines of {len(fill.left)} of {len(todo)} problem(s) not cached for {info.device}: the GPU "
+                     "times them while verifications wait for their builds ahead")
+        return fill
+
     def _report(self, name: str, message: str, started: float) -> None:
         """The problem's progress (a step under way since `started`), and the whole run's."""
         self.progress(name, 0, 1, message)
@@ -325,17 +437,23 @@ class _Run:
             return p.done
         t0 = time.monotonic()
         self._overall()
+        fill = self.fill
+        before = fill.seconds if fill is not None else 0.0
         waited, _ = self.pipe.claim(
-            p.index, lambda s: self._report(name, f"waiting for its build ahead ({s:.0f} s)", t0))
+            p.index, lambda s: self._report(name, f"waiting for its build ahead ({s:.0f} s)", t0),
+            idle=fill.idle(p.index, name, lambda text: self._report(name, text, t0)) if fill is not None else None)
+        baselines_s = fill.seconds - before if fill is not None else 0.0
         line, build_s, step_s = self.step(p, lambda text: self._report(name, text, t0))
-        return self._finished(p, line, time.monotonic() - t0, waited, build_s, step_s)
+        if fill is not None and p.index in fill.timed:
+            line = line.model_copy(update={"baseline_ahead": True})
+        return self._finished(p, line, time.monotonic() - t0, waited, build_s, step_s, baselines_s)
 
     def _finished(self, p: _Planned, line: EvalLine, wall: float, waited: float, build_s: float,
-                  step_s: float) -> EvalLine:
+                  step_s: float, baselines_s: float = 0.0) -> EvalLine:
         """A problem's step is over: the ETA, the log and the progress hear of it; its line with its times."""
         self.eta.finished(wall)
         times = StepTimes(wall_s=round(wall, 3), wait_s=round(waited, 3), build_s=round(build_s, 3),
-                          verify_s=round(max(0.0, step_s - build_s), 3))
+                          verify_s=round(max(0.0, step_s - build_s), 3), baselines_s=round(baselines_s, 3))
         self._say(p.index, p.ref.name, (line.verdict.value if line.verdict else "error")
                   + (f", {line.speedup:.2f}x" if line.speedup else "") + (f" ({line.note})" if line.note else "")
                   + (f" [{line.worker}]" if line.worker else ""))
@@ -361,8 +479,8 @@ class _Run:
                     self.store.save_kernel(p.ref.name, done.record.candidate_id, p.source)
                 assert p.solution is not None
                 line = _line(p.ref.name, p.solution, done.record, done.record.error or "")
-                lines[p.index] = self._finished(p, line.model_copy(update={"worker": done.worker}), done.wall_s, 0.0,
-                                                done.build_s, done.verify_s)
+                line = line.model_copy(update={"worker": done.worker, "baseline_cached": done.baseline_cached})
+                lines[p.index] = self._finished(p, line, done.wall_s, 0.0, done.build_s, done.verify_s)
         return [lines[p.index] for p in plan]
 
     def _remote(self, p: _Planned, cluster: Cluster) -> _Remote:
@@ -379,18 +497,19 @@ class _Run:
         except ClusterError as exc:
             return _Remote(InitialRecord(**_base(p), error=str(exc)), wall_s=time.monotonic() - t0)
         return _Remote(_initial(p, result, remote.seconds), remote.where, time.monotonic() - t0, remote.seconds,
-                       result.compile.seconds)
+                       result.compile.seconds, result.timings.baseline_cached if result.timings is not None else None)
 
     def verify(self, p: _Planned, report: Callable[[str], None]) -> tuple[EvalLine, float, float]:
         """The eval's step: the solution through compile_and_verify, its record stored; (its line, the
         seconds its worker spent building, the seconds the verification took)."""
         assert p.solution is not None
         report(f"verifying {p.solution.name}")
-        record, build_s, verify_s = _verify(self.ctx, p, self.options, report)
+        record, build_s, verify_s, cached = _verify(self.ctx, p, self.options, report)
         self.store.write_initial(record)
         if record.candidate_id:
             self.store.save_kernel(p.ref.name, record.candidate_id, p.source)
-        return _line(p.ref.name, p.solution, record, record.error or ""), build_s, verify_s
+        line = _line(p.ref.name, p.solution, record, record.error or "")
+        return line.model_copy(update={"baseline_cached": cached}), build_s, verify_s
 
     def _no_solution_note(self) -> str:
         found = ("no solutions folder given" if self.solutions is None else
@@ -435,9 +554,10 @@ def _initial(p: _Planned, result: compile_and_verify.Result, seconds: float) -> 
 
 
 def _verify(ctx: ToolContext, p: _Planned, options: EvalOptions,
-            phase: Callable[[str], None]) -> tuple[InitialRecord, float, float]:
+            phase: Callable[[str], None]) -> tuple[InitialRecord, float, float, bool | None]:
     """The solution through compile_and_verify: (its record, seconds its worker spent building,
-    seconds the verification took)."""
+    seconds the verification took, whether its baselines came from the cache: None when it timed
+    nothing)."""
 
     def progress(done: float, total: float | None = None, message: str | None = None) -> None:
         phase(message or "verifying")
@@ -446,9 +566,10 @@ def _verify(ctx: ToolContext, p: _Planned, options: EvalOptions,
     try:
         result = compile_and_verify.run(ctx, _request(p, options), progress)
     except ToolError as exc:
-        return _refused(p, exc), 0.0, time.monotonic() - t0
+        return _refused(p, exc), 0.0, time.monotonic() - t0, None
     seconds = time.monotonic() - t0
-    return _initial(p, result, seconds), result.compile.seconds, seconds
+    cached = result.timings.baseline_cached if result.timings is not None else None
+    return _initial(p, result, seconds), result.compile.seconds, seconds, cached
 
 
 def _line(name: str, solution: Path, record: InitialRecord, note: str) -> EvalLine:

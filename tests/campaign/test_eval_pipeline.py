@@ -1,12 +1,14 @@
 """The pipelined eval (`campaign/eval_pipeline.py`, `campaign/evaluate.py`): builds ahead run in parallel
 in the sandbox and the worker finds them; the serial and the pipelined eval give the same verdicts; the
-progress carries the ETA; an interrupted eval leaves no compiler running. Real builds, real compilers,
-real worker processes (compile-only where a GPU would verify)."""
+progress carries the ETA; an interrupted eval leaves no compiler running; while a step waits for its
+build, the GPU times the baselines not cached (the waiting problem's first). Real builds, real
+compilers, real worker processes and threads (compile-only where a GPU would verify)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,11 +18,13 @@ from ahead_helpers import answer_candidate, descendants, gone
 
 from kb_mcp.campaign.eta import OVERALL
 from kb_mcp.campaign.eval_pipeline import Pipeline
-from kb_mcp.campaign.evaluate import EvalOptions, EvalResult, evaluate
+from kb_mcp.campaign.evaluate import BaselinesAhead, EvalOptions, EvalResult, Pending, evaluate
 from kb_mcp.harness.ahead import AheadTarget, BuildsAhead
+from kb_mcp.harness.baselines import Baseline, BaselineCache
 from kb_mcp.harness.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem
 from kb_mcp.harness.toolchain import DEFAULT_ARCH
+from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb.models import Verdict
 from kb_mcp.tools.context import ToolContext
 
@@ -224,3 +228,96 @@ def test_on_a_gpu_the_pipelined_eval_builds_ahead_and_judges_as_the_serial_one(t
     square = {line.problem: line.times for line in piped.lines}["3_Square"]
     cold = {line.problem: line.times for line in serial.lines}["3_Square"]
     assert square is not None and cold is not None and square.build_s < 2.0 < cold.build_s
+
+
+def test_a_claim_gives_the_idle_time_to_other_work_until_the_awaited_work_is_done() -> None:
+    """While the work of a key runs (a real thread), `idle` is called piece after piece; it stops being
+    called once the work is done or once it has nothing left; its time is not counted as waited."""
+    release = threading.Event()
+    pieces: list[str] = []
+
+    def work(item: str) -> str:
+        release.wait(10)
+        return item
+
+    def piece() -> bool:
+        pieces.append("piece")
+        if len(pieces) == 3:
+            release.set()  # the build finishes during the third piece
+        time.sleep(0.2)
+        return True
+
+    with Pipeline(work, 1) as pipe:
+        pipe.submit(0, "built")
+        t0 = time.monotonic()
+        waited, result = pipe.claim(0, idle=piece)
+        assert result == "built" and len(pieces) == 3  # no fourth piece: the work was done
+        assert waited < 0.2 < time.monotonic() - t0  # the pieces' 0.6 s are not waiting
+    calls: list[int] = []
+    release.clear()
+    with Pipeline(work, 1) as pipe:
+        pipe.submit(0, "late")
+
+        def nothing_left() -> bool:
+            calls.append(1)
+            threading.Timer(0.3, release.set).start()
+            return False
+
+        waited, result = pipe.claim(0, idle=nothing_left)
+        assert result == "late" and calls == [1] and waited >= 0.25  # asked once, then it waited
+    with Pipeline(work, 0) as serial:  # nothing runs ahead: nothing to wait for, no idle work
+        assert serial.claim(0, idle=piece) == (0.0, None) and len(pieces) == 3
+
+
+def _pending(index: int, name: str) -> Pending:
+    return Pending(index, name, load_problem(TREE / "KernelBench" / "level1" / f"{name}.py"))
+
+
+def test_baselines_ahead_start_with_the_waiting_problem_and_skip_cached_and_verified_ones(tmp_path: Path) -> None:
+    """A real pool (no GPU: each run says needs_gpu and caches nothing): the waiting problem's baselines
+    first, then the next ones in order; a problem cached for the pool's GPU and torch is never timed, nor
+    one whose verification has started; with none left, `one` says so."""
+    said: list[tuple[int, str, str]] = []
+    reports: list[str] = []
+    with WorkerPool(tmp_path / "cache", no_cuda=True, spare=False) as pool:
+        info = pool.info()
+        scale, add, square = _pending(0, "1_Scale"), _pending(1, "2_Add_Bias"), _pending(2, "3_Square")
+        BaselineCache(pool.cache_dir).put(Baseline(  # 2_Add_Bias is cached for this worker's GPU and torch
+            problem_hash=add.problem.hash, device=info.device, torch_version=info.torch_version, eager_ms=1.0,
+            eager_runs=10, compile_ms=1.0, compile_runs=10))
+        ahead = BaselinesAhead(pool, VerifyOptions(), [scale, add, square], lambda i, n, t: said.append((i, n, t)))
+        assert [p.name for p in ahead.left] == ["1_Scale", "3_Square"]
+        assert ahead.one(1, "2_Add_Bias", reports.append)  # 2_Add_Bias waits: 1_Scale was verified, 3_Square next
+        assert [(i, n) for i, n, _ in said] == [(2, "3_Square")]
+        assert "needs_gpu" in said[0][2] and "timed ahead while 2_Add_Bias's build finished" in said[0][2]
+        assert reports[0] == "its build is not done: the GPU times the baselines of 3_Square meanwhile"
+        assert not ahead.one(2, "3_Square", reports.append) and ahead.timed == set()  # none left; nothing cached
+        assert ahead.seconds > 0
+    with WorkerPool(tmp_path / "cache2", no_cuda=True, spare=False) as pool:
+        said.clear()
+        ahead = BaselinesAhead(pool, VerifyOptions(), [scale, add, square], lambda i, n, t: said.append((i, n, t)))
+        assert ahead.one(0, "1_Scale", reports.append) and ahead.one(0, "1_Scale", reports.append)
+        assert [n for _, n, _ in said] == ["1_Scale", "2_Add_Bias"]  # its own first, then the next in order
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_first_build_hides_behind_the_baselines_of_its_problem(tmp_path: Path) -> None:
+    """The first problem's cold load_inline build has no verification to hide behind: the GPU times its
+    baselines meanwhile (cached, so its verification finds them), and the verdict is the serial eval's,
+    whose verification measured them itself."""
+    tree = tmp_path / "tree" / "level1"
+    solutions = tmp_path / "solutions"
+    tree.mkdir(parents=True)
+    solutions.mkdir()
+    shutil.copy(TREE / "KernelBench" / "level1" / "3_Square.py", tree)
+    (solutions / "3_Square.py").write_text(SQUARE.replace("NAME", "first_square").replace("MISSING", ""))
+    logged: list[str] = []
+    piped, _, _ = _evaluate(tmp_path / "piped", 1, tree=tree, solutions=solutions, compile_only=False,
+                            log=logged.append)
+    serial, _, _ = _evaluate(tmp_path / "serial", 0, tree=tree, solutions=solutions, compile_only=False)
+    [p], [s] = piped.lines, serial.lines
+    assert _kind(p.verdict) == _kind(s.verdict) == "valid" and p.note == s.note
+    assert p.baseline_ahead and p.baseline_cached and p.times is not None and p.times.baselines_s > 0
+    assert not s.baseline_ahead and s.baseline_cached is False  # serially, measured inside the verification
+    assert any("timed ahead while 3_Square's build finished" in m for m in logged), logged
+    assert any("baselines of 1 of 1 problem(s) not cached" in m for m in logged), logged

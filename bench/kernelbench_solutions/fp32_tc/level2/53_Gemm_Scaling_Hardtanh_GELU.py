@@ -431,13 +431,17 @@ __device__ __forceinline__ void store_nk(float* hi, float* lo, int t, const floa
 }
 
 #if AREG
-// A unsplit: the consumers split it as they load their fragments.
+// A unsplit: the consumers split it as they load their fragments. The 16-byte store is spelled out:
+// written as a float4 assignment, nvcc 13 made four 4-byte stores of it for B_KN 1 and for SWIZZLE
+// (four times the store instructions, and 4-way bank conflicts in this lane order).
 __device__ __forceinline__ void store_nk_raw(float* dst, int t, const float4 (&v)[NK_LOADS]) {
 #pragma unroll
     for (int it = 0; it < NK_LOADS; ++it) {
         int r, c4;
         nk_coords(t, it, r, c4);
-        *reinterpret_cast<float4*>(dst + tile_at_cm(r, c4)) = v[it];
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(dst + tile_at_cm(r, c4))),
+                     "f"(v[it].x), "f"(v[it].y), "f"(v[it].z), "f"(v[it].w)
+                     : "memory");
     }
 }
 #endif

@@ -12,6 +12,26 @@ GPU, divided by the strict float32 reference's (TF32 off), on the problem's inpu
 mixed signs and magnitudes; times (CUDA events, L2 flushed between runs, median) of eager and
 torch.compile with TF32 off and of the candidate; GEMM TFLOP/s and the speedup over the better
 baseline. A variant is a list of the core's compile-time switches (bench/tc_fp32/gemm_core.cu).
+
+--ncu: to attribute the shared-memory (L1) traffic of the kernel on the level2/12 size (1024 x 8192
+x 8192), base and one variant, each timed launch profiled (per variant: 2 error runs, 3 warm-ups,
+--reps 1 timed; the kernel is gemm3x_kernel in every extension):
+
+    ncu --target-processes all -k regex:gemm3x_kernel --launch-count 12 --section MemoryWorkloadAnalysis_Tables \
+      --metrics l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,\
+    l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,\
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm.sum,\
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,\
+    l1tex__throughput.avg.pct_of_peak_sustained_active,\
+    sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
+      python bench/tc_fp32_check.py --problems level2/12 --variants "AREG=1" --skip-compile --reps 1
+
+Per 128 x 128 x 32 stage the producer's stores are 64 KB (AREG: 48 KB, 384 wavefronts of 128 bytes);
+the consumers' ldmatrix loads (AREG only) 16 KB, 128 wavefronts, no conflicts expected. The tensor
+core's operand reads (A and B 144 KB, AREG: B 96 KB) are not LSU traffic: they appear in the L1
+throughput and in the tables' shared-memory rows, not in the lsu counters. Metric names move
+between Nsight Compute versions: `ncu --query-metrics --chip gh100 | grep -e shared -e gmma` lists
+this one's.
 """
 
 from __future__ import annotations
@@ -92,7 +112,8 @@ def smem_bytes(cuda: str) -> int:
         m = re.search(rf"^#define {name} (\d+)", cuda, re.M)
         return int(m.group(1)) if m else default
     stages, bk = value("STAGES", 3), value("BK", 32)
-    return stages * 4 * 128 * bk * 4 + 2 * stages * 8
+    tiles = 3 if value("AREG", 0) else 4  # AREG: A once, unsplit, beside B_hi and B_lo
+    return stages * tiles * 128 * bk * 4 + 2 * stages * 8
 
 
 def nvcc_report(cuda: str, workdir: Path) -> dict[str, Any]:

@@ -90,7 +90,7 @@ CUDA = r"""
 // 8 rows x 16 bytes, K-adjacent ones 128 bytes apart (LBO), 8-row groups BK * 32 bytes apart (SBO).
 //
 // Compile-time switches (a build may define them first):
-//   STAGES       depth of the shared ring (BK 32: 2 or 3; BK 16: up to 6)
+//   STAGES       depth of the shared ring (BK 32: 2 or 3; BK 16: up to 6; AREG: 4 and 8)
 //   BK           K per stage, 16 or 32
 //   HI_IMPLICIT  0: hi = cvt.rna.tf32(x); 1: hi = x as it is (the tensor core reads the top 19 bits)
 //                and lo = tf32(x - (x with its low 13 bits cleared))
@@ -102,6 +102,33 @@ CUDA = r"""
 //                chunks permuted by XOR with row % 8, 8-row atoms of 1024 bytes) instead of
 //                core-matrix-interleaved ones, so the tensor core's operand reads spread over the banks
 //   PREFETCH     1: the producer loads the next K tile while it stores this one; 0: one at a time
+//   AREG         1: A from registers (below); 0: both operands from shared memory
+//   REGS_PRODUCER, REGS_CONSUMER  with AREG, the per-thread registers the producer warpgroup keeps
+//                and each consumer warpgroup takes (setmaxnreg); P + 2 C <= 3 x the 168 of launch
+//
+// AREG: the limit of the shared-operand design is the volume of shared-memory traffic, not bank
+// conflicts (Nsight Compute, 1024 x 8192 x 8192: L1/TEX 97%, tensor pipe 38%, stalls on the L1TEX
+// scoreboard; the 128-byte swizzle changed nothing). Per 128 x 128 x 32 stage the producer stores
+// A_hi, A_lo, B_hi, B_lo (64 KB) and each consumer's 12 wgmmas read A (2 KB each, 24 KB) and B
+// (4 KB each, 48 KB): 208 KB. With AREG the producer stores A once, unsplit (16 KB, in the
+// core-matrix layout whatever SWIZZLE says), each consumer loads its 64 x BK slice with ldmatrix
+// (8 KB, conflict-free: one 8-row core matrix is one 128-byte line) and splits it in registers
+// (cvt.rna.tf32, lo = tf32(x - hi), as the producer splits B); only B is read by the
+// tensor core from shared memory: 48 + 16 + 96 = 160 KB a stage, and a stage takes 48 KB of shared
+// memory instead of 64 (STAGES 4 fits). The A fragment of wgmma m64nNk8 .tf32 (PTX ISA, "Register
+// Fragments", figure "WGMMA .m64nNk8 register fragment layout for matrix A"): warp w of the
+// warpgroup holds rows 16w..16w+15; lane l, g = l / 4, t = l % 4, holds a0 (row g, k t),
+// a1 (row g + 8, k t), a2 (row g, k t + 4), a3 (row g + 8, k t + 4), as mma.m16n8k8's .tf32 A.
+// ldmatrix .m8n8.x4 .b16 gives lane l of matrix j the 32-bit word (row l / 4, word l % 4): with
+// matrices j = 0..3 at (rows +0, k +0), (rows +8, k +0), (rows +0, k +4), (rows +8, k +4) it
+// returns {a0, a1, a2, a3} as they are. The fragments (hi and lo of a stage's BK / 8 k steps)
+// stay in registers until wgmma.wait_group: acc 64 + fresh d 64 + A 8 BK / 8 (32 at BK 32) = 160
+// plus addresses and counters, against the 168 a thread gets at launch (384 threads). nvcc 13
+// fits a consumer in 168 without spills once setmaxnreg marks the warpgroups' parts (without the
+// instructions, 12 bytes spill), and the producer with PREFETCH needs 160 or more: 168 each, the
+// instructions as no-ops; without PREFETCH the producer keeps 104 and the consumers take 200.
+// AREG needs FRESH_D 1 (with one stage's wgmmas in flight, the next stage's fragments would need a
+// second register set).
 #include <cuda_runtime.h>
 #include <cstdint>
 #include <stdexcept>
@@ -128,12 +155,28 @@ CUDA = r"""
 #ifndef SWIZZLE
 #define SWIZZLE 0
 #endif
+#ifndef AREG
+#define AREG 0
+#endif
 #ifndef PREFETCH
 #if B_KN
 #define PREFETCH 0  // with the 4x4 transposes a second register set spills (and measured slower)
 #else
 #define PREFETCH 1
 #endif
+#endif
+// With AREG (nvcc 13, sm_90a, no spills): the producer needs 160 to 168 registers with PREFETCH (two
+// register sets of 16 float4s; 152 spills) and 104 without; a consumer fits in 168. With PREFETCH
+// 168 for both (the setmaxnreg instructions then change nothing but still help ptxas: see above).
+#ifndef REGS_PRODUCER
+#if PREFETCH
+#define REGS_PRODUCER 168
+#else
+#define REGS_PRODUCER 104
+#endif
+#endif
+#ifndef REGS_CONSUMER
+#define REGS_CONSUMER ((504 - REGS_PRODUCER) / 2 / 8 * 8 < 256 ? (504 - REGS_PRODUCER) / 2 / 8 * 8 : 256)
 #endif
 
 // What the epilogue may read besides the accumulator: a per-column bias, a second per-column
@@ -162,7 +205,9 @@ namespace gemm3x {
 constexpr int BM = 128, BN = 128, THREADS = 384;
 constexpr int C4 = BK / 4;                         // 16-byte chunks per tile row
 constexpr int TILE = 128 * BK;                     // floats in one 128 x BK operand tile
-constexpr int STAGE_FLOATS = 4 * TILE;             // A_hi, A_lo, B_hi, B_lo
+constexpr int A_TILES = AREG ? 1 : 2;              // A (split by the consumers), or A_hi and A_lo
+constexpr int STAGE_FLOATS = (A_TILES + 2) * TILE; // the A tile(s), B_hi, B_lo
+constexpr int B_OFF = A_TILES * TILE;              // B_hi's offset in a stage; B_lo follows it
 constexpr int NK_LOADS = TILE / 4 / 128;           // float4s per producer thread per K-major tile
 constexpr int KN_BLOCKS = (BK / 4) * (BN / 4) / 128;  // 4x4 blocks per producer thread, K x N tile
 // descriptor byte offsets (see the layout above; with SWIZZLE, LBO is unused and SBO is one 8-row atom)
@@ -174,6 +219,12 @@ static_assert(!SWIZZLE || BK == 32, "the 128-byte swizzle needs BK 32 (one 128-b
 static_assert(STAGES >= 2, "at least two stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory over 227 KB: fewer STAGES or a smaller BK");
 static_assert(NK_LOADS == 4 * KN_BLOCKS, "both B orientations stage the same number of float4s");
+static_assert(!AREG || FRESH_D, "AREG keeps one stage's A fragments in registers: FRESH_D 1 only");
+static_assert(!AREG || (REGS_PRODUCER % 8 == 0 && REGS_CONSUMER % 8 == 0 && REGS_PRODUCER >= 24 &&
+                        REGS_PRODUCER <= 168 && REGS_CONSUMER >= 168 && REGS_CONSUMER <= 256 &&
+                        REGS_PRODUCER + 2 * REGS_CONSUMER <= 504),
+              "setmaxnreg: multiples of 8 in 24..256, the producer at most and the consumers at least the "
+              "168 of launch, within the CTA's 384 x 168 registers");
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
@@ -213,6 +264,50 @@ __device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], uint64_t da, uin
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+#if AREG
+// The same with A from registers (the m64nNk8 .tf32 A fragment: four .b32 registers, see the
+// header); .tf32 takes no transpose arguments in either form.
+__device__ __forceinline__ void wgmma_m64n128k8_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+// Four 8 x 16-byte matrices from shared memory (lanes 8j..8j+7 give the row addresses of matrix j);
+// lane l receives the 32-bit word (row l / 4, word l % 4) of matrix j in r[j]. Volatile: it stays
+// after the mbarrier wait that makes the stage readable.
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// Register reconfiguration of the whole warpgroup (all its warps execute it).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+#endif
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -226,6 +321,18 @@ __device__ __forceinline__ void fence_regs(float (&r)[64]) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+
+#if AREG
+// The same for A fragments read by wgmmas in flight (valid until wgmma.wait_group says they are done).
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+    }
+}
+#endif
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -287,6 +394,13 @@ __device__ __forceinline__ void nk_coords(int t, int it, int& r, int& c4) {
     c4 = (idx >> 3) % C4;
 }
 
+#if AREG
+// The core-matrix-interleaved layout (the header's); with AREG the A tile always has it, whatever
+// SWIZZLE says: only ldmatrix reads it, one 128-byte core matrix per 8 lanes, conflict-free.
+__device__ __forceinline__ int tile_at_cm(int r, int c4) { return ((r >> 3) * C4 + c4) * 32 + (r & 7) * 4; }
+constexpr int KSTEP_CM = 64;  // two core matrices of 128 bytes
+#endif
+
 #if SWIZZLE
 __device__ __forceinline__ int tile_at(int r, int c4) { return r * 32 + ((c4 ^ (r & 7)) << 2); }
 constexpr int KSTEP = 8;   // floats from one k8 step to the next: 32 bytes along the row
@@ -316,6 +430,22 @@ __device__ __forceinline__ void store_nk(float* hi, float* lo, int t, const floa
         split_store(hi, lo, tile_at(r, c4), v[it]);
     }
 }
+
+#if AREG
+// A unsplit: the consumers split it as they load their fragments. The 16-byte store is spelled out:
+// written as a float4 assignment, nvcc 13 made four 4-byte stores of it for B_KN 1 and for SWIZZLE
+// (four times the store instructions, and 4-way bank conflicts in this lane order).
+__device__ __forceinline__ void store_nk_raw(float* dst, int t, const float4 (&v)[NK_LOADS]) {
+#pragma unroll
+    for (int it = 0; it < NK_LOADS; ++it) {
+        int r, c4;
+        nk_coords(t, it, r, c4);
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(dst + tile_at_cm(r, c4))),
+                     "f"(v[it].x), "f"(v[it].y), "f"(v[it].z), "f"(v[it].w)
+                     : "memory");
+    }
+}
+#endif
 
 // K x N (B_KN): block `blk` of a producer thread is 4 K-rows x 4 columns; lane = column quad nq
 // (a warp reads 512 contiguous bytes per row), warp and blk give the K quad kq.
@@ -385,11 +515,15 @@ __device__ __forceinline__ void store_stage(float* smem, uint32_t bars, int kt, 
     const int s = kt % STAGES;
     mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);  // stage s free again
     float* st = smem + s * STAGE_FLOATS;
-    store_nk(st, st + TILE, t, va);
-#if B_KN
-    store_kn(st + 2 * TILE, st + 3 * TILE, t, vb);
+#if AREG
+    store_nk_raw(st, t, va);
 #else
-    store_nk(st + 2 * TILE, st + 3 * TILE, t, vb);
+    store_nk(st, st + TILE, t, va);
+#endif
+#if B_KN
+    store_kn(st + B_OFF, st + B_OFF + TILE, t, vb);
+#else
+    store_nk(st + B_OFF, st + B_OFF + TILE, t, vb);
 #endif
     fence_proxy_async();
     mbar_arrive(bars + 8 * s);
@@ -426,8 +560,8 @@ __device__ __forceinline__ void produce(const float* __restrict__ A, const float
 __device__ __forceinline__ void stage_mma(float (&d)[64], const float* st, int cw, int first_scale) {
     const float* a_hi = st + cw * 64 * BK;
     const float* a_lo = st + TILE + cw * 64 * BK;
-    const float* b_hi = st + 2 * TILE;
-    const float* b_lo = st + 3 * TILE;
+    const float* b_hi = st + B_OFF;
+    const float* b_lo = st + B_OFF + TILE;
 #pragma unroll
     for (int s = 0; s < BK / 8; ++s) {  // k = 8 per instruction: two core matrices along K
         wgmma_m64n128k8(d, smem_desc(a_lo + s * KSTEP), smem_desc(b_hi + s * KSTEP), s == 0 ? first_scale : 1);
@@ -439,6 +573,85 @@ __device__ __forceinline__ void stage_mma(float (&d)[64], const float* st, int c
     }
 }
 
+#if AREG
+constexpr int KSTEPS = BK / 8;
+
+// This lane's ldmatrix row address (bytes) in the A tile of k step 0: lane l gives row l % 8 of
+// matrix j = l / 8, i.e. tile row 64 cw + 16 warp + l % 8 + 8 (j % 2), 16-byte chunk j / 2; k step
+// s is KSTEP_CM floats further.
+__device__ __forceinline__ uint32_t a_frag_offset(int cw, int t) {
+    const int lane = t & 31, j = lane >> 3;
+    const int row = 64 * cw + 16 * (t >> 5) + (lane & 7) + 8 * (j & 1);
+    return 4u * static_cast<uint32_t>(tile_at_cm(row, j >> 1));
+}
+
+// A's fragments of one stage (`a`: this lane's address of k step 0), split: x = hi + lo (+ a
+// remainder near 2^-22 of x), as split_store splits.
+__device__ __forceinline__ void load_split_a(uint32_t a, uint32_t (&hi)[KSTEPS][4], uint32_t (&lo)[KSTEPS][4]) {
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) ldsm_x4(a + 4u * KSTEP_CM * s, hi[s]);
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float x = __uint_as_float(hi[s][j]);
+#if HI_IMPLICIT
+            const float h = __uint_as_float(hi[s][j] & 0xffffe000u);  // hi[s][j] stays x itself
+#else
+            const float h = tf32(x);
+            hi[s][j] = __float_as_uint(h);
+#endif
+            lo[s][j] = __float_as_uint(tf32(x - h));
+        }
+    }
+}
+
+// The 12 wgmmas of one stage (BK 32) with A from registers, in stage_mma's order.
+__device__ __forceinline__ void stage_mma_rs(float (&d)[64], const float* st, const uint32_t (&hi)[KSTEPS][4],
+                                             const uint32_t (&lo)[KSTEPS][4]) {
+    const float* b_hi = st + B_OFF;
+    const float* b_lo = st + B_OFF + TILE;
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) {
+        wgmma_m64n128k8_rs(d, lo[s], smem_desc(b_hi + s * KSTEP), s == 0 ? 0 : 1);
+        wgmma_m64n128k8_rs(d, hi[s], smem_desc(b_lo + s * KSTEP), 1);
+    }
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) {
+        wgmma_m64n128k8_rs(d, hi[s], smem_desc(b_hi + s * KSTEP), 1);
+    }
+}
+
+__device__ __forceinline__ void consume(const float* smem, uint32_t bars, int cw, int t, int ktiles,
+                                        float (&acc)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = 0.f;
+    uint32_t hi[KSTEPS][4], lo[KSTEPS][4];
+    const uint32_t a_lane = smem_addr(smem) + a_frag_offset(cw, t);
+    for (int kt = 0; kt < ktiles; ++kt) {
+        const int s = kt % STAGES;
+        const float* st = smem + s * STAGE_FLOATS;
+        mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
+        load_split_a(a_lane + 4u * STAGE_FLOATS * s, hi, lo);
+        fence_regs(d);
+        fence_regs(hi);  // written before the fence below, as wgmma.fence requires
+        fence_regs(lo);
+        wgmma_fence();
+        stage_mma_rs(d, st, hi, lo);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(d);
+        fence_regs(hi);  // read by the wgmmas until the wait: not reused before it
+        fence_regs(lo);
+        mbar_arrive(bars + 8 * (STAGES + s));  // this warpgroup is done reading stage s
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] += d[i];
+    }
+}
+#else
 __device__ __forceinline__ void consume(const float* smem, uint32_t bars, int cw, int ktiles, float (&acc)[64]) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
@@ -475,6 +688,7 @@ __device__ __forceinline__ void consume(const float* smem, uint32_t bars, int cw
     fence_regs(acc);
 #endif
 }
+#endif
 
 // Accumulator layout of m64nNk8: warp w of the warpgroup holds rows 16w..16w+15; register i of
 // lane l is row l/4 (+8 when i % 4 >= 2), column 8 * (i / 4) + 2 * (l % 4) + i % 2.
@@ -531,10 +745,18 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     __syncthreads();
     if (wg == 0) {
+#if AREG
+        setmaxnreg_dec<REGS_PRODUCER>();
+#endif
         produce(A, B, smem, bars, M, N, K, m0, n0, ktiles, t);
     } else {
         float acc[64];
+#if AREG
+        setmaxnreg_inc<REGS_CONSUMER>();
+        consume(smem, bars, wg - 1, t, ktiles, acc);
+#else
         consume(smem, bars, wg - 1, ktiles, acc);
+#endif
         store_tile(C, acc, M, N, m0, n0, wg - 1, t, e);
     }
 }

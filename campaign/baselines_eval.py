@@ -16,7 +16,6 @@ tries again those that ended in a harness error.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from kb_mcp.campaign.selection import ProblemRef, SelectionError, select_problem
 from kb_mcp.harness.baselines import BaselineRun, BaselineStatus
 from kb_mcp.harness.problem import ProblemError, load_problem
 from kb_mcp.harness.verdict import VerifyOptions
+from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.models import DEFAULT_TRACK, Track
 from kb_mcp.kb.progress import Progress
 from kb_mcp.tools.context import ToolContext
@@ -78,9 +78,7 @@ def read_table(path: Path) -> list[BaselineRow]:
 
 def _write(path: Path, rows: list[BaselineRow]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps([r.model_dump(mode="json") for r in rows], indent=1) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps([r.model_dump(mode="json") for r in rows], indent=1) + "\n")
 
 
 def eta_text(elapsed: list[float], left: int) -> str:

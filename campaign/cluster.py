@@ -5,7 +5,9 @@ worker per GPU, or joins a running scheduler (`--cluster`), and sends each verif
 task: a `VerifyJob` (the problem's and the candidate's text and the options; no shared file system
 is assumed) in, a `RemoteVerdict` (the harness's `VerifyResult`, and which worker gave it) out, both
 as JSON. A worker only verifies: the coordinator alone stores verdicts in the KB, through the same
-`tools.compile_and_verify.record` the single-GPU path uses.
+`tools.compile_and_verify.record` the single-GPU path uses. A problem's baselines travel the same way
+(`BaselinesJob` in, `RemoteBaselines` out: `kb-mcp eval --baselines --gpus N`), the coordinator
+alone writing the table.
 
 Each worker process keeps one warm harness pool (`harness.pool.WorkerPool`) for its whole life
 (`HarnessPlugin`), pinned to its GPU by its environment, so its lane is that GPU's
@@ -43,8 +45,10 @@ from distributed import Client, KilledWorker, Nanny, Scheduler, SpecCluster, Wor
 
 from kb_mcp.campaign.cluster_models import (
     GPU_RESOURCE,
+    BaselinesJob,
     ClusterError,
     ClusterPlan,
+    RemoteBaselines,
     RemoteVerdict,
     Retry,
     VerifyJob,
@@ -131,6 +135,22 @@ def verify_task(job_json: str) -> str:
         error = f"the harness worker is unavailable on Dask worker {worker.name} ({socket.gethostname()}): {exc}"
     return RemoteVerdict(result=result, error=error, worker=str(worker.name), host=socket.gethostname(),
                          pid=os.getpid(), seconds=round(time.monotonic() - t0, 3)).model_dump_json()
+
+
+def baselines_task(job_json: str) -> str:
+    """The task a worker runs for `kb-mcp eval --baselines`: one problem's eager and torch.compile timed
+    in its own pool (and cached on its host, as a verification's first measurement would be); a
+    `RemoteBaselines` as JSON."""
+    job = BaselinesJob.model_validate_json(job_json)
+    worker = get_worker()
+    t0 = time.monotonic()
+    run, error = None, None
+    try:
+        run = _harness(worker).baselines(job.problem, job.options)
+    except WorkerError as exc:  # no harness worker starts on this machine: the environment's, said as such
+        error = f"the harness worker is unavailable on Dask worker {worker.name} ({socket.gethostname()}): {exc}"
+    return RemoteBaselines(run=run, error=error, worker=str(worker.name), host=socket.gethostname(),
+                           pid=os.getpid(), seconds=round(time.monotonic() - t0, 3)).model_dump_json()
 
 
 def _warm_harness(dask_worker: Worker) -> str:
@@ -243,6 +263,12 @@ class Cluster:
         answer = self._run(verify_task, job.model_dump_json(), job.problem.name, cid)
         return RemoteVerdict.model_validate_json(answer)
 
+    def baselines(self, job: BaselinesJob) -> RemoteBaselines:
+        """Times one problem's baselines on a free worker and waits for its answer; raises ClusterError
+        where it gave none."""
+        answer = self._run(baselines_task, job.model_dump_json(), job.problem.name, "")
+        return RemoteBaselines.model_validate_json(answer)
+
     def echo(self, payload: str) -> str:
         """A task that does nothing, sent as a verification is: what the path itself costs (the bench's)."""
         return self._run(echo_task, payload, "echo", "")
@@ -255,8 +281,9 @@ class Cluster:
             try:
                 return str(future.result())
             except KilledWorker as exc:
+                what = "baselines" if task is baselines_task else "verification"
                 raise ClusterError(
-                    f"the verification of {name} lost its worker {self.plan.allowed_failures + 1} times ({exc}); it "
+                    f"the {what} of {name} lost its worker {self.plan.allowed_failures + 1} times ({exc}); it "
                     "is not re-run again: check the workers' logs (out of memory, a lost GPU) and rerun to try it "
                     "once more") from exc
             finally:

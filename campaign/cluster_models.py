@@ -18,12 +18,14 @@ import os
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.campaign.store import CampaignError
+from kb_mcp.harness.baselines import BaselineRun
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.verdict import VerifyOptions, VerifyResult
 
 __all__ = [
-    "ALLOWED_FAILURES", "GPU_RESOURCE", "ClusterError", "ClusterPlan", "ClusterPlanError", "RemoteVerdict", "Retry",
-    "VerifyJob", "WorkerSpec", "local_workers", "parse_gpus", "plan_cluster", "retried_text", "visible_devices",
+    "ALLOWED_FAILURES", "GPU_RESOURCE", "BaselinesJob", "ClusterError", "ClusterPlan", "ClusterPlanError",
+    "RemoteBaselines", "RemoteVerdict", "Retry", "VerifyJob", "WorkerSpec", "local_workers", "parse_gpus",
+    "plan_cluster", "retried_text", "visible_devices",
 ]
 
 GPU_RESOURCE = "GPU"
@@ -172,6 +174,34 @@ class RemoteVerdict(BaseModel):
     @property
     def where(self) -> str:
         """`worker on host (pid N)`: which worker verified it."""
+        return f"{self.worker} on {self.host} (pid {self.pid})"
+
+
+class BaselinesJob(BaseModel):
+    """One problem's baselines (eager and torch.compile, no candidate), as they travel to a worker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem: Problem
+    options: VerifyOptions
+
+
+class RemoteBaselines(BaseModel):
+    """A worker's answer to a `BaselinesJob`: the harness's run (or why the harness could not run there)
+    and who gave it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: BaselineRun | None = None
+    error: str | None = Field(None, description="the harness could not start on that worker (the environment's)")
+    worker: str
+    host: str
+    pid: int
+    seconds: float = Field(description="the run's time on the worker")
+
+    @property
+    def where(self) -> str:
+        """`worker on host (pid N)`: which worker timed it."""
         return f"{self.worker} on {self.host} (pid {self.pid})"
 
 

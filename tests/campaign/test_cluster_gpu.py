@@ -20,6 +20,7 @@ from cluster_helpers import EXAMPLES, example_solutions, running_on
 from fakellm import FakeLLMServer
 from fakellm.campaign_script import campaign_script
 
+from kb_mcp.campaign.baselines_eval import baselines_table, read_table
 from kb_mcp.campaign.cluster import Cluster
 from kb_mcp.campaign.cluster_models import plan_cluster
 from kb_mcp.campaign.evaluate import EvalOptions, EvalResult, evaluate
@@ -67,6 +68,21 @@ def test_each_worker_verifies_on_a_gpu_of_its_own(tmp_path: Path, gpus: int) -> 
     verified = [line for line in result.lines if line.verdict is not None]
     assert len(verified) == 6 and all(line.verdict.value in ("faster", "slower") for line in verified), result.lines
     assert {line.worker.split(" ")[0] for line in verified} == {"gpu-0", "gpu-1"}
+
+
+def test_the_baselines_table_is_timed_on_both_gpus(tmp_path: Path, gpus: int) -> None:
+    tree = Path(__file__).resolve().parent / "kernelbench_tree"
+    out = tmp_path / "baselines.json"
+    cluster, ctx = _two(tmp_path)
+    try:
+        with cluster:
+            rows = baselines_table(out, ctx, [str(tree)], cluster=cluster)
+    finally:
+        ctx.close()
+    assert len(rows) == 4 and all(r.status == "ok" for r in rows), [(r.problem, r.status, r.note) for r in rows]
+    assert all(r.eager_ms and r.compile_ms and r.device for r in rows)
+    assert {r.worker.split(" ")[0] for r in rows} == {"gpu-0", "gpu-1"}, [r.worker for r in rows]
+    assert read_table(out) == rows
 
 
 def test_a_killed_gpu_worker_loses_nothing(tmp_path: Path, gpus: int) -> None:

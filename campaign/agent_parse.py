@@ -12,6 +12,8 @@ import json
 import re
 from typing import Any
 
+from kb_mcp.harness import pyparse
+
 _FENCE_RE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _REFUSAL_RE = re.compile(
     r"\b(I\s*(?:am|'m)\s+(?:sorry|unable|not able)|I\s+(?:can(?:no|')t|cannot|won't|will not)\s+"
@@ -69,7 +71,7 @@ def extract_module(text: str, required_class: str = "ModelNew") -> str:
         )
     source = candidates[-1].strip("\n") + "\n"
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except SyntaxError as exc:
         raise AnswerError(
             f"The module has a Python syntax error at line {exc.lineno}: {exc.msg}. "

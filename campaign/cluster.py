@@ -5,7 +5,9 @@ worker per GPU, or joins a running scheduler (`--cluster`), and sends each verif
 task: a `VerifyJob` (the problem's and the candidate's text and the options; no shared file system
 is assumed) in, a `RemoteVerdict` (the harness's `VerifyResult`, and which worker gave it) out, both
 as JSON. A worker only verifies: the coordinator alone stores verdicts in the KB, through the same
-`tools.compile_and_verify.record` the single-GPU path uses.
+`tools.compile_and_verify.record` the single-GPU path uses. A problem's baselines travel the same way
+(`BaselinesJob` in, `RemoteBaselines` out: `kb-mcp eval --baselines --gpus N`), the coordinator
+alone writing the table.
 
 Each worker process keeps one warm harness pool (`harness.pool.WorkerPool`) for its whole life
 (`HarnessPlugin`), pinned to its GPU by its environment, so its lane is that GPU's
@@ -36,15 +38,19 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import dask
 from distributed import Client, KilledWorker, Nanny, Scheduler, SpecCluster, Worker, WorkerPlugin, get_worker
 
 from kb_mcp.campaign.cluster_models import (
     GPU_RESOURCE,
+    RERUNS,
+    BaselinesJob,
     ClusterError,
     ClusterPlan,
+    RemoteAnswer,
+    RemoteBaselines,
     RemoteVerdict,
     Retry,
     VerifyJob,
@@ -53,22 +59,26 @@ from kb_mcp.campaign.cluster_models import (
 from kb_mcp.harness.builds import toolchain
 from kb_mcp.harness.pool import WorkerError, WorkerPool
 from kb_mcp.harness.problem import candidate_id
-from kb_mcp.harness.sandbox import detect
+from kb_mcp.harness.sandbox import SandboxUnavailable, detect
 from kb_mcp.kb import paths
 from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.context import ToolContext
 
 __all__ = ["Cluster", "HarnessPlugin", "serve_workers", "verify_on"]
 
+log = logging.getLogger(__name__)
 QUIET = logging.WARNING  # Dask's own INFO lines (each worker's start and stop) stay out of the progress
 START_TIMEOUT_S = 120.0  # for the local workers (a Python start and Dask's import each) or a scheduler's answer
 REFRESH_S = 2.0  # how old the count of the cluster's slots may be
+WATCH_S = 5.0  # how often a task waited on checks that a worker is left to run it
 
 
 # -- the worker side ------------------------------------------------------------------------------
 
 _HARNESSES: weakref.WeakKeyDictionary[Worker, WorkerPool] = weakref.WeakKeyDictionary()
+_SETTINGS: weakref.WeakKeyDictionary[Worker, tuple[list[Path], bool]] = weakref.WeakKeyDictionary()
 _HARNESS_LOCK = threading.Lock()
+A = TypeVar("A", bound=RemoteAnswer)
 
 
 def _private_default() -> list[Path]:
@@ -92,10 +102,14 @@ class HarnessPlugin(WorkerPlugin):
         self.spare = spare
 
     def setup(self, worker: Worker) -> None:
-        """Makes the worker's pool (its harness processes start with the first verification)."""
+        """Makes the worker's pool (its harness processes start with the first verification). Where no
+        sandbox can start here, the worker still joins: its first task says so, and it is withdrawn."""
         with _HARNESS_LOCK:
-            if worker not in _HARNESSES:
-                _HARNESSES[worker] = _new_pool([*map(Path, self.private), *_private_default()], self.spare)
+            _SETTINGS[worker] = ([*map(Path, self.private), *_private_default()], self.spare)
+        try:
+            _harness(worker)
+        except WorkerError:
+            pass  # said by the first task, which re-runs elsewhere
 
     def teardown(self, worker: Worker) -> None:
         """Stops the worker's harness processes."""
@@ -105,32 +119,68 @@ class HarnessPlugin(WorkerPlugin):
             pool.close()
 
 
-def _new_pool(private: list[Path], spare: bool) -> WorkerPool:
-    return WorkerPool(cache_dir=paths.cache_dir(), sandbox=detect().with_private(private), spare=spare)
-
-
 def _harness(worker: Worker) -> WorkerPool:
     """The worker's pool; a worker started without `HarnessPlugin` (by dask-jobqueue, say) gets one
-    on its first task, hiding this host's default KB."""
+    on its first task, hiding this host's default KB. Raises WorkerError where no sandbox can start."""
     with _HARNESS_LOCK:
         pool = _HARNESSES.get(worker)
         if pool is None:
-            pool = _HARNESSES[worker] = _new_pool(_private_default(), spare=True)
+            private, spare = _SETTINGS.get(worker, (_private_default(), True))
+            try:
+                sandbox = detect().with_private(private)
+            except SandboxUnavailable as exc:
+                raise WorkerError(f"no sandbox can start here: {exc}") from exc
+            pool = _HARNESSES[worker] = WorkerPool(cache_dir=paths.cache_dir(), sandbox=sandbox, spare=spare)
         return pool
+
+
+def _broken(worker: Worker) -> str | None:
+    """Why the worker's harness cannot run now (after it failed a task), or None where it starts again
+    (a lost harness process, replaced): no pool, no harness worker, or the GPU it was pinned to gone."""
+    try:
+        info = _harness(worker).info()
+    except WorkerError as exc:
+        return f"its harness cannot start ({exc})"
+    pinned = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if pinned and pinned != "-1" and not info.cuda:
+        return f"its GPU (CUDA_VISIBLE_DEVICES={pinned}) is gone: the harness sees no CUDA device"
+    return None
+
+
+def _on_harness(model: type[A], work: Callable[[WorkerPool], Any], field: str) -> str:
+    """`work` on this worker's pool, its value as `field` of the answer `model` (JSON). Where the
+    harness could not run, the answer says why and whether this worker must be withdrawn."""
+    worker = get_worker()
+    t0 = time.monotonic()
+    value, error, broken = None, None, None
+    try:
+        value = work(_harness(worker))
+    except WorkerError as exc:  # the environment's or the harness's, never the candidate's: said as such
+        broken = _broken(worker)
+        error = (f"the harness could not run on Dask worker {worker.name} ({socket.gethostname()}): {exc}"
+                 + (f"; {broken}" if broken and broken not in str(exc) else ""))
+    return model(**{field: value}, error=error, broken=broken is not None, worker=str(worker.name),
+                 address=worker.address, host=socket.gethostname(), pid=os.getpid(),
+                 seconds=round(time.monotonic() - t0, 3)).model_dump_json()
 
 
 def verify_task(job_json: str) -> str:
     """The task a worker runs: one verification in its own pool; a `RemoteVerdict` as JSON."""
     job = VerifyJob.model_validate_json(job_json)
-    worker = get_worker()
-    t0 = time.monotonic()
-    result, error = None, None
-    try:
-        result = _harness(worker).verify(job.problem, job.candidate, job.options)
-    except WorkerError as exc:  # no harness worker starts on this machine: the environment's, said as such
-        error = f"the harness worker is unavailable on Dask worker {worker.name} ({socket.gethostname()}): {exc}"
-    return RemoteVerdict(result=result, error=error, worker=str(worker.name), host=socket.gethostname(),
-                         pid=os.getpid(), seconds=round(time.monotonic() - t0, 3)).model_dump_json()
+    return _on_harness(RemoteVerdict, lambda pool: pool.verify(job.problem, job.candidate, job.options), "result")
+
+
+def baselines_task(job_json: str) -> str:
+    """The task a worker runs for `kb-mcp eval --baselines`: one problem's eager and torch.compile timed
+    in its own pool (and cached on its host, as a verification's first measurement would be); a
+    `RemoteBaselines` as JSON."""
+    job = BaselinesJob.model_validate_json(job_json)
+    return _on_harness(RemoteBaselines, lambda pool: pool.baselines(job.problem, job.options), "run")
+
+
+async def _no_slot(dask_worker: Worker) -> None:
+    """On a worker: its GPU slot taken away (`GPU=0`), so the scheduler sends it no more tasks."""
+    await dask_worker.set_resources(**{GPU_RESOURCE: 0})
 
 
 def _warm_harness(dask_worker: Worker) -> str:
@@ -172,6 +222,7 @@ class Cluster:
         self.plan = plan
         self.private = [str(p) for p in private]
         self.retried: list[Retry] = []
+        self.withdrawn: dict[str, str] = {}  # workers withdrawn (their harness could not run): why, by name
         self._cluster: SpecCluster | None = None
         self._client: Client | None = None
         self._slots, self._counted = 0, 0.0  # the cluster's slots, and when they were counted
@@ -240,8 +291,47 @@ class Cluster:
     def verify(self, job: VerifyJob) -> RemoteVerdict:
         """Runs `job` on a free worker and waits for its answer; raises ClusterError where it gave none."""
         cid = candidate_id(job.problem, job.candidate)
-        answer = self._run(verify_task, job.model_dump_json(), job.problem.name, cid)
-        return RemoteVerdict.model_validate_json(answer)
+        return self._answered(verify_task, RemoteVerdict, job.model_dump_json(), job.problem.name, cid)
+
+    def baselines(self, job: BaselinesJob) -> RemoteBaselines:
+        """Times one problem's baselines on a free worker and waits for its answer; raises ClusterError
+        where it gave none."""
+        return self._answered(baselines_task, RemoteBaselines, job.model_dump_json(), job.problem.name, "")
+
+    def _answered(self, task: Callable[[str], str], model: type[A], payload: str, name: str, cid: str) -> A:
+        """`task(payload)` until a worker whose harness runs answers, at most `RERUNS` times more: a
+        worker whose harness cannot start (or whose GPU is gone) is withdrawn and the task sent to
+        another; one that lost a harness process (replaced there) may take it again. The last answer
+        (its `error` says why where it holds no result)."""
+        withdrawn: list[str] = []
+        again = 0
+        answer = model.model_validate_json(self._run(task, payload, name, cid))
+        while answer.error is not None and len(withdrawn) + again < RERUNS:
+            if answer.broken:
+                self._withdraw(answer)
+                withdrawn.append(answer.worker)
+            else:
+                again += 1
+            answer = model.model_validate_json(self._run(task, payload, name, cid))
+        if withdrawn or again:
+            with self._lock:
+                self.retried.append(Retry(problem=name, candidate_id=cid, deaths=0, withdrawn=withdrawn, again=again))
+        return answer
+
+    def _withdraw(self, answer: RemoteAnswer) -> None:
+        """Withdraws the worker: its slot taken away first (`GPU=0`: the scheduler places nothing more
+        there), then the worker retired (closed with its nanny, not restarted), so that a task the
+        scheduler had already queued there is placed on another worker, not left waiting for a slot
+        that never frees. Its log says what broke; its host's operator mends it and starts it again."""
+        try:
+            self.client.run(_no_slot, workers=[answer.address])
+            self.client.retire_workers(workers=[answer.address], close_workers=True)
+        except (OSError, TimeoutError, KeyError, ValueError) as exc:  # gone meanwhile: nothing to withdraw
+            log.info("worker %s not withdrawn (gone: %s)", answer.where, exc)
+        with self._lock:
+            self.withdrawn[answer.worker] = answer.error or ""
+            self._counted = 0.0  # its slot is gone: count them again
+        log.warning("withdrew Dask worker %s (%s): %s", answer.where, answer.address, answer.error)
 
     def echo(self, payload: str) -> str:
         """A task that does nothing, sent as a verification is: what the path itself costs (the bench's)."""
@@ -253,21 +343,32 @@ class Cluster:
             key = f"{task.__name__}-{name}-{os.urandom(6).hex()}"
             future = self.client.submit(task, payload, resources={GPU_RESOURCE: 1}, pure=False, retries=0, key=key)
             try:
-                return str(future.result())
+                return self._result(future)
             except KilledWorker as exc:
+                what = "baselines" if task is baselines_task else "verification"
                 raise ClusterError(
-                    f"the verification of {name} lost its worker {self.plan.allowed_failures + 1} times ({exc}); it "
+                    f"the {what} of {name} lost its worker {self.plan.allowed_failures + 1} times ({exc}); it "
                     "is not re-run again: check the workers' logs (out of memory, a lost GPU) and rerun to try it "
                     "once more") from exc
             finally:
                 self._note_retry(name, cid, key)
                 future.release()
 
+    def _result(self, future: Any) -> str:
+        """The task's answer; raises ClusterError where every worker was withdrawn meanwhile (the task
+        would wait for one forever)."""
+        while True:
+            try:
+                return str(future.result(timeout=WATCH_S))
+            except TimeoutError:
+                if self.withdrawn:
+                    self._usable()
+
     @contextmanager
     def _slot(self) -> Iterator[None]:
         """Holds one of the cluster's slots for the block, waiting while all are taken."""
         with self._turn:
-            while self._in_flight >= max(1, self.capacity):
+            while self._in_flight >= max(1, self._usable()):
                 self._turn.wait(timeout=REFRESH_S)
             self._in_flight += 1
         try:
@@ -276,6 +377,15 @@ class Cluster:
             with self._turn:
                 self._in_flight -= 1
                 self._turn.notify()
+
+    def _usable(self) -> int:
+        """The slots now; raises ClusterError where none is left because every worker was withdrawn."""
+        slots = self.capacity
+        if slots < 1 and self.withdrawn:
+            why = "; ".join(f"{w}: {e}" for w, e in sorted(self.withdrawn.items()))
+            raise ClusterError(f"no worker of the cluster can run the harness any more, each withdrawn ({why}); "
+                               "mend their hosts (`kb-mcp doctor` there) and rerun")
+        return slots
 
     def _note_retry(self, name: str, cid: str, key: str) -> None:
         """Notes a task that was re-run after its worker died (the scheduler's count)."""

@@ -18,12 +18,14 @@ import os
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.campaign.store import CampaignError
+from kb_mcp.harness.baselines import BaselineRun
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.verdict import VerifyOptions, VerifyResult
 
 __all__ = [
-    "ALLOWED_FAILURES", "GPU_RESOURCE", "ClusterError", "ClusterPlan", "ClusterPlanError", "RemoteVerdict", "Retry",
-    "VerifyJob", "WorkerSpec", "local_workers", "parse_gpus", "plan_cluster", "retried_text", "visible_devices",
+    "ALLOWED_FAILURES", "RERUNS", "GPU_RESOURCE", "BaselinesJob", "ClusterError", "ClusterPlan", "ClusterPlanError",
+    "RemoteAnswer", "RemoteBaselines", "RemoteVerdict", "Retry", "VerifyJob", "WorkerSpec", "local_workers",
+    "parse_gpus", "plan_cluster", "retried_text", "visible_devices",
 ]
 
 GPU_RESOURCE = "GPU"
@@ -32,6 +34,10 @@ GPU_RESOURCE = "GPU"
 ALLOWED_FAILURES = 2
 """How many times a verification may lose its worker (killed, out of memory, its GPU lost) and be
 re-run on another before it is given up (Dask's `allowed-failures`)."""
+
+RERUNS = 4
+"""How many times a task is sent again after a worker answered that its harness could not run (the
+worker withdrawn, or its lost harness process replaced) before the task is given up."""
 
 
 class ClusterPlanError(CampaignError):
@@ -50,11 +56,12 @@ class WorkerSpec(BaseModel):
 
     name: str
     device: str | None = Field(None, description="CUDA_VISIBLE_DEVICES of the worker; None for a CPU worker")
+    environ: dict[str, str] = Field(default_factory=dict, description="more of the worker's environment")
 
     @property
     def env(self) -> dict[str, str]:
-        """The worker process's environment beside the coordinator's: its one visible GPU."""
-        return {} if self.device is None else {"CUDA_VISIBLE_DEVICES": self.device}
+        """The worker process's environment beside the coordinator's: its one visible GPU, and `environ`."""
+        return {**self.environ, **({} if self.device is None else {"CUDA_VISIBLE_DEVICES": self.device})}
 
     @property
     def resources(self) -> dict[str, float]:
@@ -157,22 +164,46 @@ class VerifyJob(BaseModel):
     options: VerifyOptions
 
 
-class RemoteVerdict(BaseModel):
-    """A worker's answer: the harness's result (or why the harness could not run there) and who gave it."""
+class RemoteAnswer(BaseModel):
+    """What every answer of a worker says besides its result: who gave it, and where the harness
+    could not run there, why and whether the worker must be withdrawn (its harness cannot start: the
+    task is sent to another) or only asked again (a harness process lost and already replaced)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    result: VerifyResult | None = None
-    error: str | None = Field(None, description="the harness could not start on that worker (the environment's)")
+    error: str | None = Field(None, description="the harness could not run on that worker (the environment's)")
+    broken: bool = Field(False, description="its harness cannot start (or its GPU is gone): withdraw the worker")
     worker: str
+    address: str = Field("", description="the Dask worker's address (to withdraw it)")
     host: str
     pid: int
-    seconds: float = Field(description="the verification's time on the worker")
+    seconds: float = Field(description="the task's time on the worker")
 
     @property
     def where(self) -> str:
-        """`worker on host (pid N)`: which worker verified it."""
+        """`worker on host (pid N)`: which worker answered."""
         return f"{self.worker} on {self.host} (pid {self.pid})"
+
+
+class RemoteVerdict(RemoteAnswer):
+    """A worker's answer to a `VerifyJob`: the harness's result (None where `error` says why)."""
+
+    result: VerifyResult | None = None
+
+
+class BaselinesJob(BaseModel):
+    """One problem's baselines (eager and torch.compile, no candidate), as they travel to a worker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem: Problem
+    options: VerifyOptions
+
+
+class RemoteBaselines(RemoteAnswer):
+    """A worker's answer to a `BaselinesJob`: the harness's run (None where `error` says why)."""
+
+    run: BaselineRun | None = None
 
 
 class Retry(BaseModel):
@@ -183,11 +214,26 @@ class Retry(BaseModel):
     problem: str
     candidate_id: str
     deaths: int = Field(description="workers lost while running it")
+    withdrawn: list[str] = Field(default_factory=list, description="workers withdrawn under it (harness broken)")
+    again: int = Field(0, description="times asked again after its worker's harness process was lost")
 
 
 def retried_text(retried: list[Retry]) -> str:
-    """The report's line on verifications re-run after their worker died ('' when none)."""
-    if not retried:
-        return ""
-    names = ", ".join(sorted({r.problem for r in retried}))
-    return f"{len(retried)} verification(s) re-run on another worker after theirs died: {names}"
+    """The report's line on verifications re-run after their worker died, or was withdrawn because its
+    harness could not run, or lost its harness process ('' when none)."""
+    def names(rs: list[Retry]) -> str:
+        return ", ".join(sorted({r.problem for r in rs}))
+
+    died = [r for r in retried if r.deaths]
+    broke = [r for r in retried if r.withdrawn]
+    again = [r for r in retried if r.again and not r.deaths and not r.withdrawn]
+    parts = []
+    if died:
+        parts.append(f"{len(died)} verification(s) re-run on another worker after theirs died: {names(died)}")
+    if broke:
+        workers = ", ".join(sorted({w for r in broke for w in r.withdrawn}))
+        parts.append(f"{len(broke)} re-run on another worker after theirs could not run the harness and was "
+                     f"withdrawn ({workers}): {names(broke)}")
+    if again:
+        parts.append(f"{len(again)} asked again after their worker's harness process was lost: {names(again)}")
+    return "; ".join(parts)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kb_mcp.campaign.report import CampaignReport, ProblemResult, fast_p
+from kb_mcp.kb.atomic import temp_beside
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -237,7 +238,7 @@ def write_plots(report: CampaignReport, folder: Path) -> list[Path]:
     for name in PLOTS:
         fig = FIGURES[name](report)
         path = folder / name
-        tmp = folder / f".{name}.tmp.png"
+        tmp = temp_beside(path, suffix=".png")  # one per writer; matplotlib reads the format from the suffix
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
         plt.close(fig)
         tmp.replace(path)

@@ -23,7 +23,6 @@ uses the cached figure as it is only for GPU-bound ones.
 from __future__ import annotations
 
 import json
-import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,6 +32,7 @@ from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.harness.memory import Footprint, TooLarge, gib
+from kb_mcp.kb.atomic import write_atomic
 
 PROTOCOL = 2  # bump when the timing protocol changes, so stale baselines are re-measured (2: issue time)
 
@@ -126,9 +126,7 @@ class BaselineCache:
         if not baseline.measured_at:
             baseline = baseline.model_copy(update={"measured_at": datetime.now(timezone.utc).isoformat()})
         with FileLock(str(p) + ".lock"):
-            tmp = p.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(baseline.model_dump(mode="json"), indent=1))
-            os.replace(tmp, p)
+            write_atomic(p, json.dumps(baseline.model_dump(mode="json"), indent=1))
 
     def add_reference_device(self, cached: Baseline | None, device_ms: float | None) -> None:
         """Adds the reference's device time to a cached baseline that lacks it (a new baseline gets

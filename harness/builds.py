@@ -38,6 +38,7 @@ from kb_mcp.harness.toolchain import (
     light_variants,
     truncate,
 )
+from kb_mcp.kb.atomic import temp_beside
 
 REPORT_LIMIT = 4 << 20  # a build report is small; a larger file is not the build process's
 _STOPPED = "the build was stopped before it finished (the work it was for was cancelled); nothing was published"
@@ -77,8 +78,8 @@ def _copy_regular(src: Path, dest_dir: Path, name: str) -> None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{src} is not a regular file")
         dest_dir.mkdir(parents=True, exist_ok=True)
-        tmp = dest_dir / f".{name}.tmp{os.getpid()}"
-        with os.fdopen(os.dup(fd), "rb") as f_in, open(tmp, "wb") as f_out:
+        tmp = temp_beside(dest_dir / name)  # one per writer: two workers may publish one build at once
+        with os.fdopen(os.dup(fd), "rb") as f_in, open(tmp, "xb") as f_out:
             shutil.copyfileobj(f_in, f_out)
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest_dir / name)

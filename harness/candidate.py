@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.harness import pyparse
+
 NVRTC_BUILDERS = frozenset({"_compile_kernel", "compile_kernel"})
 INLINE_BUILDERS = frozenset({"load_inline"})
 
@@ -130,7 +132,7 @@ def parse_candidate(source: str, where: str = "<candidate>") -> ast.Module:
     if not source.strip():
         raise CandidateError(f"{where}: the candidate source is empty")
     try:
-        tree = ast.parse(source, filename=where)
+        tree = pyparse.parse(source, where)
     except SyntaxError as exc:
         raise CandidateError(f"{where}: Python syntax error at line {exc.lineno}: {exc.msg}") from exc
     if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body) and not any(
@@ -208,7 +210,7 @@ def _strings(value: Any) -> list[str]:
 def static_units(source: str) -> list[SourceUnit]:
     """Builder calls whose CUDA source can be read without running the candidate."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except SyntaxError:
         return []
     resolver = _Resolver(tree)
@@ -373,7 +375,7 @@ def inline_units_ahead(source: str) -> list[SourceUnit]:
     left out: the worker builds it on demand, as always. (A call that never runs costs a build,
     never a verdict: the worker names and looks up every build itself.)"""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except SyntaxError:
         return []
     certain = _Certain(tree)

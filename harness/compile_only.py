@@ -38,6 +38,7 @@ import threading
 import time
 from pathlib import Path
 
+from kb_mcp.harness import pyparse
 from kb_mcp.harness.builds import BuildService, ToolchainError, toolchain
 from kb_mcp.harness.candidate import INLINE_BUILDERS, NVRTC_BUILDERS, SourceUnit, kernel_names, static_units, style_of
 from kb_mcp.harness.integrity_static import check_source
@@ -69,7 +70,7 @@ from kb_mcp.kb.progress import Progress
 def computed_builds(source: str, found: list[SourceUnit]) -> list[int]:
     """Lines of builder calls whose sources could not be read statically (computed at run time)."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except SyntaxError:
         return []
     seen = {u.line for u in found}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Collection, Iterable, Iterator
 
+from kb_mcp.harness import pyparse
 from kb_mcp.harness.static.cpp import check_strings, looks_like_cpp
 from kb_mcp.harness.static.file_checks import FileVisitor
 from kb_mcp.harness.static.forward import ForwardVisitor
@@ -55,7 +56,7 @@ def check_source(source: str, allow: Collection[str] = ()) -> list[Finding]:
     compile step reports syntax errors with their own verdict.
     """
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except SyntaxError:
         return []
     tree.body = [stmt for stmt in tree.body if not _is_main_guard(stmt)]
@@ -98,7 +99,7 @@ def _dedupe(findings: Iterable[Finding]) -> list[Finding]:
 def iter_cuda_sources(source: str) -> Iterator[tuple[int, str]]:
     """(line, text) of each string constant in the file that looks like C++/CUDA source."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except SyntaxError:
         return
     for node in ast.walk(tree):

@@ -37,7 +37,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from kb_mcp.harness import lane
 from kb_mcp.harness.baselines import BaselineCache, BaselineRun, not_cached
@@ -172,6 +172,21 @@ class WorkerPool(CensusSide):
         self.restarts += 1
         self._spawn()
 
+    def _send(self, w: WorkerProcess, request: BaseModel) -> None:
+        """Sends a request to `w`. A worker gone since it was found ready (its end of the channel
+        closed: a broken pipe, a reset) is replaced, and the request fails as a WorkerError (the
+        harness's, asked again on the new worker), never as an OSError escaping to the caller."""
+        try:
+            send(w.sock, request, POOL_KEY)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            if w is self._worker:
+                self._replace(w)
+            else:  # the census worker: started again when next needed
+                self._drop(w)
+                self._census = None if w is self._census else self._census
+            raise WorkerError(f"the {w.role} worker's channel closed before it took the request "
+                              f"({exc.strerror or exc}); it was replaced: ask again") from exc
+
     def _ready(self) -> WorkerProcess:
         for attempt in range(2):
             w = self._worker
@@ -216,7 +231,7 @@ class WorkerPool(CensusSide):
     def _ping(self, w: WorkerProcess) -> PingReply:
         rid = uuid.uuid4().hex
         key = new_key()
-        send(w.sock, PingRequest(rid=rid, key=key.hex()), POOL_KEY)
+        self._send(w, PingRequest(rid=rid, key=key.hex()))
         frame = w.reader.read_message(FROM_WORKER, key, time.monotonic() + 60)
         if not isinstance(frame, ResultFrame) or frame.rid != rid or not isinstance(frame.body, PingReply):
             raise WorkerError(f"the {w.role} worker answered a ping with {frame.kind!r}")
@@ -309,7 +324,7 @@ class WorkerPool(CensusSide):
     def _baseline_request(self, w: WorkerProcess, problem: Problem, opts: VerifyOptions,
                           progress: Progress) -> BaselineRun:
         rid, key = uuid.uuid4().hex, new_key()
-        send(w.sock, BaselineRequest(rid=rid, key=key.hex(), problem=problem, options=opts), POOL_KEY)
+        self._send(w, BaselineRequest(rid=rid, key=key.hex(), problem=problem, options=opts))
         run = BaselineRun(problem=problem.name, problem_hash=problem.hash, status="harness_error")
         limit = max(600.0, opts.timeout_s)
         reply = ReplyReader(w, rid, key, lambda phase: limit, "baselines")
@@ -360,8 +375,8 @@ class WorkerPool(CensusSide):
         rid = uuid.uuid4().hex
         key = new_key()
         w.output.reset()
-        send(w.sock, VerifyRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts,
-                                   candidate_id=cid), POOL_KEY)
+        self._send(w, VerifyRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts,
+                                    candidate_id=cid))
         steps = len(PHASES)
 
         def on_phase(phase: str) -> None:
@@ -423,7 +438,7 @@ class WorkerPool(CensusSide):
         """Whether the problem imports and makes its init inputs, in the worker (compile-only runs
         nothing of the candidate, but a broken problem is still named as such)."""
         rid, key = uuid.uuid4().hex, new_key()
-        send(w.sock, ProblemRequest(rid=rid, key=key.hex(), problem=problem), POOL_KEY)
+        self._send(w, ProblemRequest(rid=rid, key=key.hex(), problem=problem))
         reply = ReplyReader(w, rid, key, lambda phase: opts.compile_timeout_s, "problem check")
         try:
             frame = reply.read(lambda phase: None, lambda ask: None)

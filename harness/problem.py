@@ -13,6 +13,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from kb_mcp.harness import pyparse
+
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 
 
@@ -66,7 +68,7 @@ def parse_problem(source: str, name: str = "problem", path: str | None = None) -
     if not source.strip():
         raise ProblemError(f"{where}: the problem source is empty")
     try:
-        tree = ast.parse(source, filename=where)
+        tree = pyparse.parse(source, where)
     except SyntaxError as exc:
         raise ProblemError(f"{where}: syntax error at line {exc.lineno}: {exc.msg}") from exc
     missing = _missing_names(tree)

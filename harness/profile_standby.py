@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kb_mcp.harness.protocol import CLAIMED_FILE, READY_FILE, SPEC_FILE, DriverSpec
+from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.owners import process_alive
 
 ENV_STANDBY = "KB_MCP_PROFILE_STANDBY"  # "0" turns standby drivers off (every profile starts cold)
@@ -80,9 +81,7 @@ class Standby:
 
     def hand_over(self, spec: DriverSpec) -> None:
         """Gives the driver its spec (written whole, then renamed: the driver never reads half a file)."""
-        tmp = self.folder / (SPEC_FILE + ".tmp")
-        tmp.write_text(spec.model_dump_json())
-        os.replace(tmp, self.folder / SPEC_FILE)
+        write_atomic(self.folder / SPEC_FILE, spec.model_dump_json())
 
     def claimed(self) -> bool:
         """Whether the driver took the spec (False: it had exited before the spec came)."""

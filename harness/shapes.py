@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from kb_mcp.harness import pyparse
+
 __all__ = ["MAX_VARIANTS", "MIN_SIZE", "ShapeVariant", "size_constants", "variants"]
 
 MIN_SIZE = 8
@@ -42,7 +44,7 @@ def size_constants(source: str) -> dict[str, int]:
     """Module-level integer constants of at least MIN_SIZE that get_inputs/get_init_inputs read,
     in source order (each assigned once, by a plain `NAME = <int>`)."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except SyntaxError:
         return {}
     read: set[str] = set()
@@ -65,7 +67,7 @@ def size_constants(source: str) -> dict[str, int]:
 
 
 def _rewrite(source: str, new: dict[str, int]) -> str:
-    tree = ast.parse(source)
+    tree = pyparse.parse(source)
     for node in tree.body:
         targets = _targets(node)
         if (isinstance(node, (ast.Assign, ast.AnnAssign)) and len(targets) == 1

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kb_mcp.kb import journal, paths
+from kb_mcp.kb.atomic import temp_beside
 
 ENV_BACKUPS = "KB_MCP_BACKUPS"
 DEFAULT_KEEP = 5
@@ -73,7 +74,7 @@ def make_backup(kb_path: Path, applied_seq: int, keep: int, mode: int, gid: int 
     folder.mkdir(mode=0o700 if not mode & 0o070 else 0o770, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     dest = folder / f"{kb_path.name}.{stamp}.seq{applied_seq}.json"
-    tmp = folder / f".{dest.name}.tmp-{os.getpid()}"
+    tmp = temp_beside(dest)
     shutil.copyfile(kb_path, tmp)  # copy_file_range/sendfile: in the kernel, no fsync (a backup is a spare)
     fd = os.open(tmp, os.O_RDONLY)
     try:

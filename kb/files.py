@@ -19,6 +19,7 @@ from typing import Any
 from tinydb.storages import Storage
 
 from kb_mcp.kb import backups, journal, paths
+from kb_mcp.kb.atomic import temp_beside
 from kb_mcp.kb.errors import KBCorruptError, KBMissingError
 from kb_mcp.kb.models import SCHEMA_VERSION, utcnow
 from kb_mcp.kb.tables import FORMAT
@@ -73,7 +74,7 @@ class AtomicJSONStorage(Storage):
     def write_temp(self, data: dict[str, dict[str, Any]], mode: int, gid: int = -1) -> Path:
         """Writes `data` to a fsynced temp file beside the file (mode and group given); returns it."""
         blob = json.dumps(data, separators=(",", ":")).encode()
-        tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        tmp = temp_beside(self.path, hidden=False)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         try:
             journal.set_mode(fd, mode, gid)
@@ -98,7 +99,7 @@ def keep_damaged_copy(path: Path) -> tuple[Path | None, str]:
         data = path.read_bytes()
         copy = path.with_name(f"{path.name}.damaged-{zlib.crc32(data):08x}")
         if not copy.exists():
-            tmp = copy.with_name(copy.name + f".tmp-{os.getpid()}")
+            tmp = temp_beside(copy, hidden=False)
             shutil.copyfile(path, tmp)
             os.replace(tmp, copy)
     except OSError as exc:

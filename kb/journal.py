@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kb_mcp.kb.atomic import temp_beside
 from kb_mcp.kb.errors import KBConflictError, KBReadOnlyError
 
 _CRC_PREFIX = b'{"crc":"'
@@ -225,8 +226,8 @@ def _conflict(path: Path, what: str) -> KBConflictError:
 
 def reset(path: Path, mode: int, gid: int = -1) -> None:
     """Replaces the journal with an empty file (a new inode, so readers notice and re-read)."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    tmp = temp_beside(path, hidden=False)  # `<name>.tmp-*`: what a compaction sweeps after a killed writer
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         set_mode(fd, mode, gid)
         os.fsync(fd)

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kb_mcp.kb import backups, journal, paths
+from kb_mcp.kb.atomic import temp_beside
 from kb_mcp.kb.errors import CallerError, KBCorruptError, KBFileError, storage_error
 from kb_mcp.kb.files import AtomicJSONStorage, has_content, mode_of
 from kb_mcp.kb.lock import KBLock
@@ -205,7 +206,7 @@ def restore_kb(kb_path: Path, backup: Path | None = None, *, lock_timeout: float
         keep_journal = _journal_continues(tables, journal_path)
         stamp = _stamp()
         try:
-            tmp = kb_path.with_name(f"{kb_path.name}.tmp-{os.getpid()}-restore")
+            tmp = temp_beside(kb_path, hidden=False)
             shutil.copyfile(backup, tmp)
             fd = os.open(tmp, os.O_RDONLY)
             try:

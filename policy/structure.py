@@ -13,6 +13,8 @@ import ast
 from dataclasses import dataclass, field
 from enum import Enum
 
+from kb_mcp.harness import pyparse
+
 
 class OpFamily(str, Enum):
     """Kinds of work a reference does, as far as choosing a first optimization goes."""
@@ -90,7 +92,7 @@ class Structure:
 def reference_structure(source: str) -> Structure:
     """The operation families of the `Model` class in a KernelBench problem's source."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except SyntaxError:
         return Structure(frozenset())
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)

@@ -6,6 +6,7 @@ through the harness, without an LLM, and write the campaign report.
     kb-mcp eval ~/KernelBench --baselines          # eager and torch.compile of every problem (no solutions)
     kb-mcp eval ~/KernelBench --level 2 --solutions runs/mine --build-jobs 0   # serial: no builds ahead
     kb-mcp eval ~/KernelBench --level 1 --solutions runs/mine --gpus all       # one Dask worker per GPU
+    kb-mcp eval ~/KernelBench --level 1 --baselines --gpus all                 # the table, N problems at once
 """
 
 from __future__ import annotations
@@ -78,10 +79,6 @@ def run(args: argparse.Namespace) -> int:
         print("kb-mcp eval: --build-jobs takes 0 (no builds ahead) or more", file=sys.stderr)
         return 2
     if args.baselines or args.solutions is None:
-        if args.gpus is not None or args.cluster:
-            print("kb-mcp eval: --gpus and --cluster spread solutions' verifications; the baselines table is "
-                  "timed on one GPU (give --solutions, or leave both out)", file=sys.stderr)
-            return 2
         return run_baselines(args, kb_path, folder)
     options = EvalOptions(problems=list(args.problems), solutions=args.solutions, level=args.level, ids=args.ids,
                           track=Track(args.track), compile_only=args.compile_only, build_jobs=args.build_jobs)
@@ -111,9 +108,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_baselines(args: argparse.Namespace, kb_path: Path, folder: Path) -> int:
-    """`--baselines` (or no --solutions): the table of eager and torch.compile times, resumable."""
+    """`--baselines` (or no --solutions): the table of eager and torch.compile times, resumable; on the
+    workers of a cluster with `--gpus N` or `--cluster` (the GPUs are theirs: this process needs none
+    with `--cluster`)."""
     from kb_mcp.campaign.baselines_eval import BaselinesError, baselines_table
+    from kb_mcp.campaign.cluster_models import ClusterError
     from kb_mcp.campaign.selection import SelectionError, select_problems
+    from kb_mcp.campaign.store import CampaignError
     from kb_mcp.kb.models import Track
     from kb_mcp.server.campaign_console import ConsoleProgress
     from kb_mcp.server.gpu import detect_gpus
@@ -124,7 +125,7 @@ def run_baselines(args: argparse.Namespace, kb_path: Path, folder: Path) -> int:
     except SelectionError as exc:
         print(f"kb-mcp eval: {exc}", file=sys.stderr)
         return 2
-    if args.compile_only or not detect_gpus():
+    if args.compile_only or (not args.cluster and not detect_gpus()):
         print("kb-mcp eval: timing baselines needs a CUDA GPU, and there is none here"
               + (" (--compile-only)" if args.compile_only else "") + "; give --solutions to compile solutions "
               "without one", file=sys.stderr)
@@ -132,12 +133,20 @@ def run_baselines(args: argparse.Namespace, kb_path: Path, folder: Path) -> int:
     out = folder / "baselines.json"
     ctx = ToolContext(kb_path, client_name="kb-mcp eval")
     try:
-        with ConsoleProgress(enabled=not args.no_progress) as console:
+        plan = cluster_args.plan_from(args, compile_only=False)
+        with ConsoleProgress(enabled=not args.no_progress) as console, \
+                cluster_args.opened(plan, ctx.private_places) as cluster:
+            if plan is not None and cluster is not None:
+                console.log(f"timing baselines on {plan.describe()}: {cluster.capacity} at once")
             rows = baselines_table(out, ctx, [*args.problems], level=args.level, ids=args.ids,
-                                   track=Track(args.track), progress=console.update, log=console.log)
-    except BaselinesError as exc:
+                                   track=Track(args.track), progress=console.update, log=console.log,
+                                   cluster=cluster)
+    except (BaselinesError, CampaignError) as exc:
         print(f"kb-mcp eval: {exc}", file=sys.stderr)
         return 2
+    except ClusterError as exc:
+        print(f"kb-mcp eval: {exc}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print(f"interrupted; every finished problem is in {out}. Rerun the same command to continue.", file=sys.stderr)
         return 130

@@ -12,6 +12,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from kb_mcp.kb.atomic import write_atomic
+
 SKILL_NAME = "cuda-kernel-optimization"
 
 
@@ -62,9 +64,7 @@ def run(args: argparse.Namespace) -> int:
                   "from another version); pass --force to replace it", file=sys.stderr)
             return 1
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(".SKILL.md.tmp")
-    tmp.write_text(text)
-    tmp.replace(dest)
+    write_atomic(dest, text)
     print(f"installed the Skill {SKILL_NAME} at {dest}")
     print(
         "Claude Code loads it in new sessions; it uses the kb-mcp MCP server (claude mcp add kb-mcp -- kb-mcp serve)."

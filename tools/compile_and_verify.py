@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -11,6 +10,7 @@ from kb_mcp.harness.caps import Caps
 from kb_mcp.harness.probing import PrecisionCheck
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.verdict import CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
+from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
 from kb_mcp.tools.context import ToolContext
@@ -210,11 +210,9 @@ def save_candidate(ctx: ToolContext, result: VerifyResult, record: CandidateReco
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{result.candidate_id}.py"
     if not path.exists():
-        path.write_text(source)
+        write_atomic(path, source)  # a reader never sees half a source
     report = folder / f"{result.candidate_id}.{record.options_digest}.json"
-    tmp = report.with_name(f".{report.name}.tmp-{os.getpid()}")
-    tmp.write_text(result.model_dump_json(indent=1))
-    os.replace(tmp, report)  # a reader (or kb gc) never sees half a verdict
+    write_atomic(report, result.model_dump_json(indent=1))  # a reader (or kb gc) never sees half a verdict
     return path
 
 

@@ -9,13 +9,13 @@ machine, e.g. over HTTP, should send the file's text), or CUDA/C++ where a Pytho
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from kb_mcp.harness import pyparse
 from kb_mcp.harness.problem import Problem, ProblemError, parse_problem
 from kb_mcp.kb.errors import decode_utf8, storage_error
 from kb_mcp.tools.base import ToolError
@@ -114,7 +114,7 @@ def _refuse_cuda_text(text: str, what: Kind) -> None:
     if not _CUDA_TEXT.search(text):
         return
     try:
-        ast.parse(text)
+        pyparse.parse(text)
     except SyntaxError:
         raise ToolError(
             f"the {what} text is CUDA/C++ source, not Python: {_WHAT_IT_IS[what]}. Put the CUDA code in a "

@@ -6,7 +6,6 @@ scripts/gpu-check.sh tests/campaign/test_cluster_gpu.py on a machine of 2 or mor
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -20,6 +19,7 @@ from cluster_helpers import EXAMPLES, example_solutions, running_on
 from fakellm import FakeLLMServer
 from fakellm.campaign_script import campaign_script
 
+from kb_mcp.campaign.baselines_eval import baselines_table, read_table
 from kb_mcp.campaign.cluster import Cluster
 from kb_mcp.campaign.cluster_models import plan_cluster
 from kb_mcp.campaign.evaluate import EvalOptions, EvalResult, evaluate
@@ -69,6 +69,21 @@ def test_each_worker_verifies_on_a_gpu_of_its_own(tmp_path: Path, gpus: int) -> 
     assert {line.worker.split(" ")[0] for line in verified} == {"gpu-0", "gpu-1"}
 
 
+def test_the_baselines_table_is_timed_on_both_gpus(tmp_path: Path, gpus: int) -> None:
+    tree = Path(__file__).resolve().parent / "kernelbench_tree"
+    out = tmp_path / "baselines.json"
+    cluster, ctx = _two(tmp_path)
+    try:
+        with cluster:
+            rows = baselines_table(out, ctx, [str(tree)], cluster=cluster)
+    finally:
+        ctx.close()
+    assert len(rows) == 4 and all(r.status == "ok" for r in rows), [(r.problem, r.status, r.note) for r in rows]
+    assert all(r.eager_ms and r.compile_ms and r.device for r in rows)
+    assert {r.worker.split(" ")[0] for r in rows} == {"gpu-0", "gpu-1"}, [r.worker for r in rows]
+    assert read_table(out) == rows
+
+
 def test_a_killed_gpu_worker_loses_nothing(tmp_path: Path, gpus: int) -> None:
     cluster, ctx = _two(tmp_path)
     done: dict[str, EvalResult] = {}
@@ -116,16 +131,18 @@ def test_a_campaign_across_every_gpu_keeps_the_kb_consistent(tmp_path: Path, gpu
 
 
 def test_n_gpus_verify_at_least_085_n_times_as_fast_as_one(tmp_path: Path, gpus: int) -> None:
+    """bench/scale_bench.py's default set (five example problems, copies sized to its 400 s budget)."""
+    import json
+
     import scale_bench
 
-    args = argparse.Namespace(problems=[str(EXAMPLES / "problems")], solutions=example_solutions(tmp_path / "sol"),
-                              level=None, ids=None, compile_only=False, echo=50)
-    os.environ["KB_MCP_CACHE"] = str(tmp_path / "cache")
-    scale_bench.one_gpu("warm-up", args, tmp_path)
-    one = scale_bench.one_gpu("one", args, tmp_path)
-    many, overhead = scale_bench.many_gpus("many", args, tmp_path, scale_bench._workers(
-        argparse.Namespace(compile_only=False, gpus=None)))
-    s = scale_bench.summary(one, many, overhead, compile_only=False)
-    print(scale_bench.report(one, many, s))
-    assert not s["verdicts_differ"]
-    assert s["ratio"] >= s["target"], s  # 0.85 x the GPUs the cluster ran on
+    env = dict(os.environ)
+    try:
+        code = scale_bench.main(["--out", str(tmp_path), "--echo", "50"])
+    finally:
+        os.environ.clear()
+        os.environ.update(env)  # the bench points KB_MCP_CACHE at its own cache
+    s = json.loads((tmp_path / "scale.json").read_text())["summary"]
+    print(json.dumps(s, indent=1))
+    assert not s["verdicts_differ"], s
+    assert s["ratio"] >= s["target"] and code == 0, s  # 0.85 x the GPUs the cluster ran on

@@ -92,3 +92,19 @@ def test_the_single_gpu_path_imports_no_dask() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_report_line_names_workers_withdrawn_and_tasks_asked_again() -> None:
+    text = retried_text([Retry(problem="b", candidate_id="x", deaths=1),
+                         Retry(problem="a", candidate_id="y", deaths=0, withdrawn=["gpu-1"]),
+                         Retry(problem="c", candidate_id="z", deaths=0, again=1)])
+    assert "1 verification(s) re-run on another worker after theirs died: b" in text
+    assert "1 re-run on another worker after theirs could not run the harness and was withdrawn (gpu-1): a" in text
+    assert text.endswith("1 asked again after their worker's harness process was lost: c")
+
+
+def test_a_worker_spec_adds_its_environment_beside_its_device() -> None:
+    from kb_mcp.campaign.cluster_models import WorkerSpec
+
+    spec = WorkerSpec(name="gpu-3", device="3", environ={"OMP_NUM_THREADS": "4", "CUDA_VISIBLE_DEVICES": "9"})
+    assert spec.env == {"OMP_NUM_THREADS": "4", "CUDA_VISIBLE_DEVICES": "3"}  # the device is never overridden

@@ -4,8 +4,12 @@ tests/campaign/test_cluster_gpu.py on GPUs)."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
@@ -43,3 +47,49 @@ def test_compile_only_figures_are_never_called_a_gpu_result() -> None:
     assert s["met"] is None
     text = report(one, many, s)
     assert "no GPU: the path's figures, not GPUs'" in text and "not a GPU figure" in text
+
+
+def test_copies_are_lowered_to_fit_the_budget_and_never_below_one() -> None:
+    from scale_bench import fit_copies
+
+    # a set of 20 s probed: one GPU 20 s a copy, two GPUs 10 s, stretched 1.2: 36 s a copy
+    assert fit_copies(4, 20.0, 2, 400.0) == 4
+    assert fit_copies(4, 20.0, 2, 100.0) == 2
+    assert fit_copies(4, 20.0, 2, 10.0) == 1
+    assert fit_copies(3, 0.0, 2, 10.0) == 3  # nothing measured (compile-only, warm): as asked
+
+
+def test_the_timeline_shows_each_worker_busy_where_its_tasks_ran() -> None:
+    from scale_bench import Task, timeline_text
+
+    run = _run("many", 2, 10.0, 9.0, {"a": "faster", "b": "slower"}).model_copy(update={"tasks": [
+        Task(problem="1_a_c0", worker="gpu-0", start_s=0.0, end_s=5.0),
+        Task(problem="2_b_c0", worker="gpu-1", start_s=5.0, end_s=10.0)]})
+    text = timeline_text(run, width=10)
+    assert "gpu-0    |#####.....|" in text and "gpu-1    |.....#####|" in text
+    assert "    0.0 -     5.0 s  gpu-0    1_a_c0" in text
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+def test_the_bench_runs_end_to_end_on_cpu_workers(tmp_path: Path) -> None:
+    """Compile-only checks on two CPU workers: the set copied, warmed, probed, measured on both paths."""
+    import scale_bench
+
+    env = dict(os.environ)
+    try:
+        assert scale_bench.main(["--compile-only", "--problems", "swish,row_sum", "--copies", "3", "--echo", "5",
+                                 "--out", str(tmp_path)]) == 0
+    finally:
+        os.environ.clear()
+        os.environ.update(env)  # the bench points KB_MCP_CACHE at its own cache
+    out = json.loads((tmp_path / "scale.json").read_text())
+    s, many, one = out["summary"], out["runs"]["many"], out["runs"]["one"]
+    assert s["copies"] == 3 and s["met"] is None and s["verdicts_differ"] == []
+    assert sorted(s["problems"]) == ["row_sum", "swish"]
+    assert len(many["tasks"]) == len(one["tasks"]) == 6 == many["verified"]
+    assert {t["worker"] for t in many["tasks"]} == {"cpu-0", "cpu-1"} and set(s["many"]["by_worker"]) == {"cpu-0",
+                                                                                                          "cpu-1"}
+    assert all(t["worker"] == "local" for t in one["tasks"])
+    assert set(many["verdicts"]) == {f"{n}_{p}_c{k}" for n, (p, k) in enumerate(
+        [(p, k) for p in s["problems"] for k in range(3)], 1)}

@@ -7,6 +7,8 @@
                                                 line on stdin; print "committed" or "refused"
     python kb_worker.py chaos KB PREFIX         like churn, with its own ids, printing "conflict" when a
                                                 transaction is refused (it is then tried again)
+    python kb_worker.py verdicts KB PREFIX N T  store N verdicts through compile_and_verify.record from T
+                                                threads at once, each thread storing all N (the same keys)
 """
 
 from __future__ import annotations
@@ -98,8 +100,44 @@ def chaos(kb: str, prefix: str) -> None:
         i += 1
 
 
+def verdicts(kb: str, prefix: str, n: int, threads: int) -> None:
+    # imported here: the other commands need only the store
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kb_mcp.tools.context import ToolContext
+
+    ctx = ToolContext(kb, client_name=prefix)
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            for future in [pool.submit(store_verdicts, ctx, prefix, n) for _ in range(threads)]:
+                future.result()  # an exception in any thread fails the process
+    finally:
+        ctx.close()
+    print("stored", flush=True)
+
+
+def store_verdicts(ctx: object, prefix: str, n: int) -> None:
+    """N verdicts (`c_<prefix>_<i>`) stored the way a verification stores its own."""
+    from pathlib import Path
+
+    from kb_mcp.harness.problem import load_problem
+    from kb_mcp.harness.verdict import CompileResult, InputSetCheck, VerifyResult
+    from kb_mcp.tools import compile_and_verify
+
+    problem = load_problem(str(Path(__file__).resolve().parents[2] / "examples" / "problems" / "swish.py"))
+    sets = [InputSetCheck(index=0, kind="secret", passed=True)]
+    for i in range(n):
+        result = VerifyResult(candidate_id=f"c_{prefix}_{i}", problem=problem.name, problem_hash="h",
+                              verdict=Verdict.slower, summary="slower", compile=CompileResult(ok=True),
+                              input_sets=sets, device="cpu", arch="sm_90")
+        request = compile_and_verify.Request(problem=problem.source, candidate=f"# {prefix} {i}")
+        compile_and_verify.record(ctx, request, problem, f"# {prefix} {i}", result)  # type: ignore[arg-type]
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "stall":
+    if sys.argv[1] == "verdicts":
+        verdicts(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    elif sys.argv[1] == "stall":
         stall(sys.argv[2])
     elif sys.argv[1] == "chaos":
         chaos(sys.argv[2], sys.argv[3])

@@ -200,7 +200,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 }
 """
 
-_FILE = '''"""Solution for {path}:
+_FILE = '''# long: one self-contained candidate (the harness verifies one file), from bench/tc_fp32/gemm_core.cu
+"""Solution for {path}:
 {summary}
 
 Track fp32, on the tensor cores at float32 accuracy ("3xTF32"): each operand is split as it is

@@ -1,3 +1,4 @@
+# long: one self-contained candidate (the harness verifies one file), from bench/tc_fp32/gemm_core.cu
 """Solution for level1/17_Matmul_with_transposed_B.py:
 C = A @ B.T (B is N x K: K-major as it lies).
 

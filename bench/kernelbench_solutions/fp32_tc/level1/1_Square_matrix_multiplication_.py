@@ -1,3 +1,4 @@
+# long: one self-contained candidate (the harness verifies one file), from bench/tc_fp32/gemm_core.cu
 """Solution for level1/1_Square_matrix_multiplication_.py:
 C = A @ B (N x N, B read as K x N).
 

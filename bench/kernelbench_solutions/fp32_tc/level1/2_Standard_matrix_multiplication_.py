@@ -1,3 +1,4 @@
+# long: one self-contained candidate (the harness verifies one file), from bench/tc_fp32/gemm_core.cu
 """Solution for level1/2_Standard_matrix_multiplication_.py:
 C = A @ B (M x K by K x N).
 

@@ -1,3 +1,4 @@
+# long: one self-contained candidate (the harness verifies one file), from bench/tc_fp32/gemm_core.cu
 """Solution for level2/53_Gemm_Scaling_Hardtanh_GELU.py:
 gelu(hardtanh(Linear(x) * scaling_factor, min, max)).
 

@@ -1,3 +1,4 @@
+# long: one self-contained candidate (the harness verifies one file), from bench/tc_fp32/gemm_core.cu
 """Solution for level2/59_Matmul_Swish_Scaling.py:
 swish(Linear(x)) * scaling_factor.
 

@@ -1,3 +1,4 @@
+# long: one self-contained candidate (the harness verifies one file), from bench/tc_fp32/gemm_core.cu
 """Solution for level2/70_Gemm_Sigmoid_Scaling_ResidualAdd.py:
 sigmoid(Linear(x)) * scaling_factor + Linear(x).
 

@@ -1,3 +1,4 @@
+# long: one self-contained candidate (the harness verifies one file), from bench/tc_fp32/gemm_core.cu
 """Solution for level2/81_Gemm_Swish_Divide_Clamp_Tanh_Clamp.py:
 clamp(tanh(clamp(swish(Linear(x)) / 2, -1, 1)), -1, 1).
 

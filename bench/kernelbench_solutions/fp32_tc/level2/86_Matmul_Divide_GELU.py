@@ -1,3 +1,4 @@
+# long: one self-contained candidate (the harness verifies one file), from bench/tc_fp32/gemm_core.cu
 """Solution for level2/86_Matmul_Divide_GELU.py:
 gelu(Linear(x) / divisor), erf GELU.
 

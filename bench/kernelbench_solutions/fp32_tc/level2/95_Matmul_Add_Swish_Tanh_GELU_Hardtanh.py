@@ -1,3 +1,4 @@
+# long: one self-contained candidate (the harness verifies one file), from bench/tc_fp32/gemm_core.cu
 """Solution for level2/95_Matmul_Add_Swish_Tanh_GELU_Hardtanh.py:
 hardtanh(gelu(tanh(swish(Linear(x) + add_value))), -1, 1).
 

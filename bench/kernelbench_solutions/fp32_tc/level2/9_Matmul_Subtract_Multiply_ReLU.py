@@ -1,3 +1,4 @@
+# long: one self-contained candidate (the harness verifies one file), from bench/tc_fp32/gemm_core.cu
 """Solution for level2/9_Matmul_Subtract_Multiply_ReLU.py:
 relu((Linear(x) - subtract_value) * multiply_value).
 

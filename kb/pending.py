@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kb_mcp.kb import journal
-from kb_mcp.kb.atomic import temp_beside
+from kb_mcp.kb.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -44,20 +44,7 @@ def write(folder: Path, key: str, ops: list[Any], mode: int) -> Path:
     body = json.dumps(ops, separators=(",", ":"))
     blob = json.dumps({"key": key, "crc": zlib.crc32(body.encode()), "ops": ops}, separators=(",", ":")).encode()
     path = folder / f"{key}.json"
-    tmp = temp_beside(path)  # one per writer: threads of one process may write the same key at once
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        try:
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(path, blob, mode=mode, fsync=True)  # a temp file per writer: threads may write one key at once
     journal.fsync_dir(folder)
     return path
 

@@ -17,9 +17,7 @@ finished units by listing these files and continues with the rest.
 
 from __future__ import annotations
 
-import os
 import re
-import threading
 from pathlib import Path
 from typing import TypeVar
 
@@ -33,6 +31,7 @@ from kb_mcp.campaign.models import (
     KBSnapshot,
     StepRecord,
 )
+from kb_mcp.kb.atomic import write_atomic
 
 M = TypeVar("M", bound=BaseModel)
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -45,12 +44,7 @@ class CampaignError(RuntimeError):
 def atomic_write_text(path: Path, text: str) -> None:
     """Writes `text` to `path` so that readers (and a crash) see the old file or the new, never a mix."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, text, fsync=True)
 
 
 def _safe(name: str) -> str:

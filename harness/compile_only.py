@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -64,6 +62,7 @@ from kb_mcp.harness.toolchain import (
     truncate,
 )
 from kb_mcp.harness.verdict import CompileResult, CompileUnit, Evidence, VerifyOptions, VerifyResult, judge
+from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.progress import Progress
 
 
@@ -241,10 +240,8 @@ class CompileOnly:
                 results[i] = (rc, truncate(log), sass)
                 if rc != -9:  # a killed compiler says nothing about the source: never cache it
                     path = self.store / f"{runs[i].key(ident)}.json"
-                    # one temporary file per writer: checks ahead (other threads) may write the same entry
-                    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-                    tmp.write_text(json.dumps({"rc": rc, "log": results[i][1], "sass": sass}))
-                    tmp.replace(path)
+                    # a temp file per writer: checks ahead (other threads) may write the same entry
+                    write_atomic(path, json.dumps({"rc": rc, "log": results[i][1], "sass": sass}))
         return [results[i] for i in range(len(runs))], not todo
 
     def _run_all(self, runs: list[CompilerRun], timeout_s: float) -> list[tuple[int, str, dict[str, list[str]] | None]]:

@@ -37,10 +37,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
-import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -48,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.harness.probing import PrecisionCheck, kernel_list
 from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.models import Track
 
 PRECISIONS = ("tf32", "bf16", "fp16", "fp8", "int8")
@@ -232,9 +231,7 @@ class Disassembler:
             return None, f"cuobjdump exited {code}: {text.strip()[-300:]}"
         found = sass_precisions(text)
         self.store.mkdir(parents=True, exist_ok=True)
-        tmp = hit.with_name(f"{hit.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one per writer (threads too)
-        tmp.write_text(json.dumps(found))
-        tmp.replace(hit)
+        write_atomic(hit, json.dumps(found))  # a temp file per writer (threads too)
         return found, ""
 
     def _run(self, binary: Path, timeout_s: float) -> tuple[int, str]:

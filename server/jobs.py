@@ -36,6 +36,7 @@ from typing import Any, Literal
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.errors import ErrorInfo
 from kb_mcp.kb.models import utcnow
 from kb_mcp.kb.owners import process_alive
@@ -172,9 +173,7 @@ class JobStore:
         """Writes `record` atomically (readers never see a torn file)."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path(record.job_id)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(record.model_dump_json(indent=1))
-        os.replace(tmp, path)
+        write_atomic(path, record.model_dump_json(indent=1))
 
     def update(self, job_id: str, change: Callable[[JobRecord], None]) -> JobRecord:
         """Re-reads the record under its lock, applies `change`, writes it back, returns it."""
@@ -234,7 +233,7 @@ class JobStore:
             for path in self.files_of(job_id):
                 path.unlink(missing_ok=True)
             gone += 1
-        for tmp in self.root.glob(".j_*.tmp") if self.root.is_dir() else []:  # writers killed mid-write
+        for tmp in self.root.glob(".j_*.tmp*") if self.root.is_dir() else []:  # writers killed mid-write
             if time.time() - tmp.stat().st_mtime > 3600:
                 tmp.unlink(missing_ok=True)
         return gone

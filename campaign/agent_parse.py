@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from kb_mcp.harness import pyparse
+from kb_mcp.kb import pyparse
 
 _FENCE_RE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _REFUSAL_RE = re.compile(

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.harness import pyparse
+from kb_mcp.kb import pyparse
 
 NVRTC_BUILDERS = frozenset({"_compile_kernel", "compile_kernel"})
 INLINE_BUILDERS = frozenset({"load_inline"})

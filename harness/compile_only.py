@@ -36,7 +36,6 @@ import subprocess
 import time
 from pathlib import Path
 
-from kb_mcp.harness import pyparse
 from kb_mcp.harness.builds import BuildService, ToolchainError, toolchain
 from kb_mcp.harness.candidate import INLINE_BUILDERS, NVRTC_BUILDERS, SourceUnit, kernel_names, static_units, style_of
 from kb_mcp.harness.integrity_static import check_source
@@ -62,6 +61,7 @@ from kb_mcp.harness.toolchain import (
     truncate,
 )
 from kb_mcp.harness.verdict import CompileResult, CompileUnit, Evidence, VerifyOptions, VerifyResult, judge
+from kb_mcp.kb import pyparse
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.progress import Progress
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 from collections.abc import Collection, Iterable, Iterator
 
-from kb_mcp.harness import pyparse
 from kb_mcp.harness.static.cpp import check_strings, looks_like_cpp
 from kb_mcp.harness.static.file_checks import FileVisitor
 from kb_mcp.harness.static.forward import ForwardVisitor
@@ -33,6 +32,7 @@ from kb_mcp.harness.static.names import (
 )
 from kb_mcp.harness.static.vocabulary import ALLOW_GROUPS, COMPUTE_OPS, TENSOR_METHODS, expand_allow
 from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.kb import pyparse
 
 __all__ = ["ALLOW_GROUPS", "COMPUTE_OPS", "TENSOR_METHODS", "check_source", "expand_allow", "iter_cuda_sources"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from kb_mcp.harness import pyparse
+from kb_mcp.kb import pyparse
 
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 

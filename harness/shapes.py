@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from kb_mcp.harness import pyparse
+from kb_mcp.kb import pyparse
 
 __all__ = ["MAX_VARIANTS", "MIN_SIZE", "ShapeVariant", "size_constants", "variants"]
 

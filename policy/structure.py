@@ -13,7 +13,7 @@ import ast
 from dataclasses import dataclass, field
 from enum import Enum
 
-from kb_mcp.harness import pyparse
+from kb_mcp.kb import pyparse
 
 
 class OpFamily(str, Enum):

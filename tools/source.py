@@ -15,8 +15,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from kb_mcp.harness import pyparse
 from kb_mcp.harness.problem import Problem, ProblemError, parse_problem
+from kb_mcp.kb import pyparse
 from kb_mcp.kb.errors import decode_utf8, storage_error
 from kb_mcp.tools.base import ToolError
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kb_mcp.harness import pyparse
+from kb_mcp.kb import pyparse
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -128,15 +128,17 @@ class Checker(TimedChecks):
         the device's peak would grow by a whole set each time). Not for the timed runs' inputs: a
         timed run finds the cache as the last one left it."""
         self.alive = []
+        self.note_peaks()
         if torch.cuda.is_available():
-            self.note_peaks()
             torch.cuda.empty_cache()
         return self.make_inputs(seed, shifted)
 
     def note_peaks(self) -> None:
         """Closes the interval since the last set boundary: its allocator peaks (live and reserved)
         under the kinds of the sets checked in it, the reserved peak carried for the stage and the
-        request (`footprint.PeakMeter`), and the peaks reset for the next interval."""
+        request (`footprint.PeakMeter`), and the peaks reset for the next interval. Nothing without CUDA."""
+        if not torch.cuda.is_available():
+            return
         kinds = [s.kind for s in self.v.sets[self._sets_noted:]]
         self._sets_noted = len(self.v.sets)
         reserved, allocated = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
@@ -360,8 +362,7 @@ class Checker(TimedChecks):
         # The first (public) set again, made again from its seed: does it still agree?
         repeat = self._repeat(next(index), public)
         self._patterns(public, repeat, secret, index)
-        if torch.cuda.is_available():
-            self.note_peaks()
+        self.note_peaks()
 
     def _patterns(self, public: InputSetCheck, repeat: InputSetCheck, secret: list[_SetRecord],
                   index: Iterator[int]) -> None:
@@ -395,8 +396,7 @@ class Checker(TimedChecks):
         """New values from a fresh secret seed written into set 1's own input buffers (the same
         pointers and shapes the candidate saw): its output must be the new values' output. Set 1's
         other tensors are gone by then, so this costs no more memory than a set of its own."""
-        if torch.cuda.is_available():
-            self.note_peaks()  # this check's peak apart from set 1's
+        self.note_peaks()  # this check's peak apart from set 1's
         self._refill(args1)
         # ref_run clones where pristine copies stay on the device; on the host path it runs on what it gets
         ref_out = self.ref_run(clone_inputs(args1) if self.host_pristine and not self.ref_keeps_inputs else args1)

@@ -107,13 +107,18 @@ def string_constants(path: Path) -> dict[str, str]:
 
 
 def smem_bytes(cuda: str) -> int:
-    """The kernel's dynamic shared memory, from the effective BK and STAGES."""
+    """The kernel's dynamic shared memory, from the variant's switches (the defines before the marker)
+    and the core's defaults."""
+    chosen = cuda.split(sync.VARIANT_MARK, 1)[0]
+
     def value(name: str, default: int) -> int:
-        m = re.search(rf"^#define {name} (\d+)", cuda, re.M)
+        m = re.search(rf"^#define {name} (\d+)", chosen, re.M)
         return int(m.group(1)) if m else default
-    stages, bk = value("STAGES", 3), value("BK", 32)
-    tiles = 3 if value("AREG", 0) else 4  # AREG: A once, unsplit, beside B_hi and B_lo
-    return stages * tiles * 128 * bk * 4 + 2 * stages * 8
+    b_kn = re.search(r"^#define B_KN 1", cuda, re.M) is not None  # the solution's, after the marker
+    tma, bk = value("TMA", 0 if b_kn else 1), value("BK", 32)
+    stages = value("STAGES", (2 if bk == 64 else 4) if tma else 3)
+    tiles = 3 if value("AREG", 1) or tma else 4  # AREG, TMA: A once, unsplit, beside B_hi and B_lo
+    return stages * tiles * 128 * bk * 4 + (3 if tma else 2) * stages * 8
 
 
 def nvcc_report(cuda: str, workdir: Path) -> dict[str, Any]:

@@ -72,7 +72,11 @@ def test_each_solution_is_one_self_contained_candidate() -> None:
     assert len(names) == len(_entries())  # one extension name each: builds never collide
 
 
-AREG_VARIANTS = "AREG=1;AREG=1,SWIZZLE=1;AREG=1,PREFETCH=0;AREG=1,STAGES=4"
+# The default builds A from registers (AREG) and, where B is N x K, copies tiles by TMA; these stage
+# through the producer's registers instead, or copy 64-wide K tiles.
+AREG_VARIANTS = "TMA=0;TMA=0,SWIZZLE=1;TMA=0,PREFETCH=0;TMA=0,STAGES=4"
+TMA_VARIANTS = "TMA=1,BK=64;TMA=1,STAGES=3"
+SHARED_A_VARIANTS = "AREG=0,TMA=0,FRESH_D=0;AREG=0,TMA=0,BK=16,STAGES=6"
 
 
 def _compile_rows(tmp_path: Path, *argv: str) -> list[dict[str, object]]:
@@ -87,7 +91,7 @@ def _assert_clean(row: dict[str, object]) -> None:
     assert isinstance(row["smem_bytes"], int) and row["smem_bytes"] <= 227 * 1024, row
     registers = row["registers"]
     assert isinstance(registers, int) and registers <= 168, row
-    if "AREG=1" in str(row["variant"]):
+    if "AREG=0" not in str(row["variant"]):
         # setmaxnreg moves registers within the CTA's launch allocation, which the core takes to
         # be 384 x 168 (its static_assert): a kernel built with fewer would leave inc waiting
         assert registers == 168, row
@@ -95,8 +99,9 @@ def _assert_clean(row: dict[str, object]) -> None:
 
 @pytest.mark.nvcc
 def test_each_solution_compiles_for_sm90a_without_spills(tmp_path: Path) -> None:
-    rows = _compile_rows(tmp_path, "--variants", "FRESH_D=0;BK=16,STAGES=6;" + AREG_VARIANTS)
-    assert len(rows) == len(_entries()) + 2 + len(AREG_VARIANTS.split(";"))
+    variants = ";".join((SHARED_A_VARIANTS, AREG_VARIANTS, TMA_VARIANTS))
+    rows = _compile_rows(tmp_path, "--variants", variants)
+    assert len(rows) == len(_entries()) + len(variants.split(";"))
     assert str(rows[0]["solution"]).startswith("level1/17")  # the variants build B N x K
     for row in rows:
         _assert_clean(row)
@@ -105,9 +110,20 @@ def test_each_solution_compiles_for_sm90a_without_spills(tmp_path: Path) -> None
 @pytest.mark.nvcc
 def test_the_register_a_variant_compiles_with_b_given_k_by_n(tmp_path: Path) -> None:
     rows = _compile_rows(tmp_path, "--problems", "level1/1", "--variants", AREG_VARIANTS)
-    assert [r["variant"] for r in rows] == ["base", *AREG_VARIANTS.split(";")]
+    named = [",".join(sorted(v.split(","))) for v in AREG_VARIANTS.split(";")]  # the tool sorts the switches
+    assert [r["variant"] for r in rows] == ["base", *named]
     for row in rows:
         _assert_clean(row)
+
+
+@pytest.mark.nvcc
+def test_tma_with_b_given_k_by_n_is_refused_at_compile_time(tmp_path: Path) -> None:
+    # the copies cannot transpose: a build that asks for them anyway must say so, not run wrong
+    out = tmp_path / "compile.json"
+    proc = _run(CHECK, "--compile-only", "--problems", "level1/1", "--variants", "TMA=1", "--json", out)
+    rows = json.loads(out.read_text())["compile"]
+    assert [r["ok"] for r in rows] == [True, False], proc.stdout
+    assert "TMA needs AREG 1, HI_IMPLICIT 1" in str(rows[1]["log"])
 
 
 @pytest.mark.gpu

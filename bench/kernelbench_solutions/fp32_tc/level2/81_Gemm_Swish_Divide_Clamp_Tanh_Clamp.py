@@ -90,7 +90,9 @@ CUDA = r"""
 // tile lies at ((r / 8) * (BK / 4) + k / 4) * 32 + (r % 8) * 4 + k % 4 floats: core matrices of
 // 8 rows x 16 bytes, K-adjacent ones 128 bytes apart (LBO), 8-row groups BK * 32 bytes apart (SBO).
 //
-// Compile-time switches (a build may define them first):
+// Compile-time switches (a build may define them first). The defaults: AREG 1, HI_IMPLICIT 1, and TMA
+// with its 4-stage ring where B is N x K; where B is K x N, the producer stages both through registers
+// (PREFETCH 0, 3 stages).
 //   STAGES       depth of the shared ring (BK 32: 2 or 3; BK 16: up to 6; AREG: 4 and 8)
 //   BK           K per stage, 16 or 32
 //   HI_IMPLICIT  0: hi = cvt.rna.tf32(x); 1: hi = x as it is (the tensor core reads the top 19 bits)
@@ -106,6 +108,18 @@ CUDA = r"""
 //   AREG         1: A from registers (below); 0: both operands from shared memory
 //   REGS_PRODUCER, REGS_CONSUMER  with AREG, the per-thread registers the producer warpgroup keeps
 //                and each consumer warpgroup takes (setmaxnreg); P + 2 C <= 3 x the 168 of launch
+//   TMA          1: the raw tiles arrive by the Tensor Memory Accelerator (below); needs AREG 1,
+//                HI_IMPLICIT 1, SWIZZLE 1, B_KN 0; BK 32 or 64 (64: two 128 x 32 sub-tiles per operand)
+//
+// TMA: with AREG the kernel was still bound by its producer (Nsight Compute on 1024 x 8192 x 8192:
+// consumers waiting for full stages 35 % of their samples, the producer waiting for its global loads
+// 47 % of its own, L1/TEX 98 %): 128 threads staging 32 KB a stage through registers expose the load
+// latency. With TMA one thread of the producer's first warp issues each stage's two tile copies
+// (128-byte swizzled, zeros past the matrix edges) as soon as the consumers free the slot, STAGES
+// ahead; the other three warps only compute B_lo = tf32(B - B with its low 13 bits cleared) from the
+// raw B tile into a tile of the same layout (a float4 at the same offset) once the copy has landed.
+// B_hi is the raw tile itself (HI_IMPLICIT: the tensor core reads the top 19 bits), A is split by
+// the consumers as with AREG, from the swizzled tile (chunk c of row r at chunk c ^ (r % 8)).
 //
 // AREG: the limit of the shared-operand design is the volume of shared-memory traffic, not bank
 // conflicts (Nsight Compute, 1024 x 8192 x 8192: L1/TEX 97%, tensor pipe 38%, stalls on the L1TEX
@@ -132,17 +146,34 @@ CUDA = r"""
 // second register set).
 #include <cuda_runtime.h>
 #include <cstdint>
+#ifndef B_KN
+#define B_KN 0
+#endif
+#ifndef TMA
+#define TMA (B_KN ? 0 : 1)  // the copies cannot transpose a K x N B into the K-major tiles tf32 needs
+#endif
+#if TMA
+#include <cuda.h>          // CUtensorMap and its enums (types only: the encoder is fetched from the driver at run time)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#endif
 #include <stdexcept>
 #include <string>
 
 #ifndef BK
 #define BK 32
 #endif
+#if TMA && !defined(SWIZZLE)
+#define SWIZZLE 1
+#endif
 #ifndef STAGES
+#if TMA
+#define STAGES (BK == 64 ? 2 : 4)
+#else
 #define STAGES 3
 #endif
+#endif
 #ifndef HI_IMPLICIT
-#define HI_IMPLICIT 0
+#define HI_IMPLICIT 1
 #endif
 #ifndef FRESH_D
 #define FRESH_D 1
@@ -150,14 +181,11 @@ CUDA = r"""
 #ifndef GROUP_M
 #define GROUP_M 8
 #endif
-#ifndef B_KN
-#define B_KN 0
-#endif
 #ifndef SWIZZLE
 #define SWIZZLE 0
 #endif
 #ifndef AREG
-#define AREG 0
+#define AREG 1
 #endif
 #ifndef PREFETCH
 #if B_KN
@@ -170,7 +198,9 @@ CUDA = r"""
 // register sets of 16 float4s; 152 spills) and 104 without; a consumer fits in 168. With PREFETCH
 // 168 for both (the setmaxnreg instructions then change nothing but still help ptxas: see above).
 #ifndef REGS_PRODUCER
-#if PREFETCH
+#if TMA
+#define REGS_PRODUCER 56  // one thread issues copies, the others split B: few registers
+#elif PREFETCH
 #define REGS_PRODUCER 168
 #else
 #define REGS_PRODUCER 104
@@ -217,9 +247,18 @@ constexpr int KN_BLOCKS = (BK / 4) * (BN / 4) / 128;  // 4x4 blocks per producer
 // descriptor byte offsets (see the layout above; with SWIZZLE, LBO is unused and SBO is one 8-row atom)
 constexpr uint32_t LBO = SWIZZLE ? 16 : 128, SBO = SWIZZLE ? 1024 : BK * 32;
 // + 1024: the ring is aligned to 1024 bytes inside the dynamic window (the swizzle reads address bits)
-constexpr size_t SMEM_BYTES = size_t(STAGES) * STAGE_FLOATS * sizeof(float) + 2 * STAGES * sizeof(uint64_t) + 1024;
-static_assert(BK == 16 || BK == 32, "BK must be 16 or 32");
-static_assert(!SWIZZLE || BK == 32, "the 128-byte swizzle needs BK 32 (one 128-byte line per tile row)");
+// full[s], empty[s] and, with TMA, loaded[s] (the copies landed): 8 bytes each
+constexpr int BARRIERS = TMA ? 3 : 2;
+constexpr size_t SMEM_BYTES =
+    size_t(STAGES) * STAGE_FLOATS * sizeof(float) + BARRIERS * STAGES * sizeof(uint64_t) + 1024;
+static_assert(BK == 16 || BK == 32 || (TMA && BK == 64), "BK must be 16 or 32 (64 with TMA)");
+static_assert(!SWIZZLE || BK == 32 || TMA, "the 128-byte swizzle needs BK 32 (one 128-byte line per tile row)");
+static_assert(!TMA || (AREG && HI_IMPLICIT && SWIZZLE && !B_KN),
+              "TMA needs AREG 1, HI_IMPLICIT 1 (B_hi is the raw tile), SWIZZLE 1 (the copies' layout) and B_KN 0");
+#if TMA
+constexpr int SUB = 128 * 32;                      // floats in one 128 x 32 swizzled sub-tile (BK 64: two)
+constexpr int SPLITTERS = 96;                      // the producer's warps 1-3 compute B_lo
+#endif
 static_assert(STAGES >= 2, "at least two stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory over 227 KB: fewer STAGES or a smaller BK");
 static_assert(NK_LOADS == 4 * KN_BLOCKS, "both B orientations stage the same number of float4s");
@@ -362,6 +401,22 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // Generic-proxy shared stores become visible to the async proxy (wgmma reads shared memory there).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+#if TMA
+// One arrival that also announces `bytes` of asynchronous copies completing on the same phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// A box of the tensor map at (inner c0, outer c1) into shared memory; the bytes complete on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+#endif
+
 __device__ __forceinline__ float tf32(float v) {
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
@@ -402,7 +457,9 @@ __device__ __forceinline__ void nk_coords(int t, int it, int& r, int& c4) {
 // The core-matrix-interleaved layout (the header's); with AREG the A tile always has it, whatever
 // SWIZZLE says: only ldmatrix reads it, one 128-byte core matrix per 8 lanes, conflict-free.
 __device__ __forceinline__ int tile_at_cm(int r, int c4) { return ((r >> 3) * C4 + c4) * 32 + (r & 7) * 4; }
+#if !TMA
 constexpr int KSTEP_CM = 64;  // two core matrices of 128 bytes
+#endif
 #endif
 
 #if SWIZZLE
@@ -557,6 +614,49 @@ __device__ __forceinline__ void produce(const float* __restrict__ A, const float
 #endif
 }
 
+#if TMA
+// lo = tf32(x - x with its low 13 bits cleared), as split_store computes it with HI_IMPLICIT.
+__device__ __forceinline__ float4 lo_of(float4 v) {
+    const float4 h = make_float4(__uint_as_float(__float_as_uint(v.x) & 0xffffe000u),
+                                 __uint_as_float(__float_as_uint(v.y) & 0xffffe000u),
+                                 __uint_as_float(__float_as_uint(v.z) & 0xffffe000u),
+                                 __uint_as_float(__float_as_uint(v.w) & 0xffffe000u));
+    return make_float4(tf32(v.x - h.x), tf32(v.y - h.y), tf32(v.z - h.z), tf32(v.w - h.w));
+}
+
+// The producer warpgroup with TMA: thread 0 issues the copies (a slot as soon as the consumers
+// free it), warps 1-3 write each stage's B_lo once its copies have landed, then mark it full.
+__device__ __forceinline__ void produce_tma(const CUtensorMap* map_a, const CUtensorMap* map_b, float* smem,
+                                            uint32_t bars, int m0, int n0, int ktiles, int t) {
+    const uint32_t full = bars, empty = bars + 8 * STAGES, loaded = bars + 16 * STAGES;
+    if (t == 0) {
+        for (int kt = 0; kt < ktiles; ++kt) {
+            const int s = kt % STAGES;
+            mbar_wait(empty + 8 * s, ((kt / STAGES) & 1) ^ 1);  // stage s free again
+            const uint32_t st = smem_addr(smem + s * STAGE_FLOATS);
+            mbar_arrive_expect_tx(loaded + 8 * s, 2 * TILE * sizeof(float));
+#pragma unroll
+            for (int q = 0; q < BK / 32; ++q) {
+                tma_load_2d(st + 4u * q * SUB, map_a, kt * BK + 32 * q, m0, loaded + 8 * s);
+                tma_load_2d(st + 4u * (B_OFF + q * SUB), map_b, kt * BK + 32 * q, n0, loaded + 8 * s);
+            }
+        }
+    } else if (t >= 32) {
+        const int u = t - 32;
+        for (int kt = 0; kt < ktiles; ++kt) {
+            const int s = kt % STAGES;
+            mbar_wait(loaded + 8 * s, (kt / STAGES) & 1);
+            const float4* raw = reinterpret_cast<const float4*>(smem + s * STAGE_FLOATS + B_OFF);
+            float4* lo = reinterpret_cast<float4*>(smem + s * STAGE_FLOATS + B_OFF + TILE);
+#pragma unroll 4
+            for (int i = u; i < TILE / 4; i += SPLITTERS) lo[i] = lo_of(raw[i]);
+            fence_proxy_async();
+            mbar_arrive(full + 8 * s);
+        }
+    }
+}
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // Consumers
 
@@ -580,6 +680,7 @@ __device__ __forceinline__ void stage_mma(float (&d)[64], const float* st, int c
 #if AREG
 constexpr int KSTEPS = BK / 8;
 
+#if !TMA
 // This lane's ldmatrix row address (bytes) in the A tile of k step 0: lane l gives row l % 8 of
 // matrix j = l / 8, i.e. tile row 64 cw + 16 warp + l % 8 + 8 (j % 2), 16-byte chunk j / 2; k step
 // s is KSTEP_CM floats further.
@@ -588,12 +689,33 @@ __device__ __forceinline__ uint32_t a_frag_offset(int cw, int t) {
     const int row = 64 * cw + 16 * (t >> 5) + (lane & 7) + 8 * (j & 1);
     return 4u * static_cast<uint32_t>(tile_at_cm(row, j >> 1));
 }
+#endif
 
-// A's fragments of one stage (`a`: this lane's address of k step 0), split: x = hi + lo (+ a
-// remainder near 2^-22 of x), as split_store splits.
-__device__ __forceinline__ void load_split_a(uint32_t a, uint32_t (&hi)[KSTEPS][4], uint32_t (&lo)[KSTEPS][4]) {
+#if TMA
+// With TMA the A tile is swizzled: this lane's row start (bytes) in sub-tile 0, and x = its 16-byte
+// chunk of k step 0 XOR row % 8; k step s reads chunk x ^ 2 (s % 4) of sub-tile s / 4 (2 (s % 4) is
+// even and the lane's chunk is 0 or 1, so XOR and addition agree). The 8 lanes of one matrix have 8
+// different row % 8, hence 8 different chunks: no bank conflict.
+__device__ __forceinline__ uint32_t a_frag_offset(int cw, int t) {
+    const int lane = t & 31, j = lane >> 3;
+    const int row = 64 * cw + 16 * (t >> 5) + (lane & 7) + 8 * (j & 1);
+    return 128u * static_cast<uint32_t>(row);
+}
+__device__ __forceinline__ uint32_t a_frag_chunk(int t) { return static_cast<uint32_t>(((t & 31) >> 4) ^ (t & 7)); }
+__device__ __forceinline__ uint32_t a_step_addr(uint32_t a, uint32_t x, int s) {
+    return a + 4u * SUB * (s / 4) + ((x ^ (2u * (s % 4))) << 4);
+}
+#else
+__device__ __forceinline__ uint32_t a_frag_chunk(int) { return 0; }
+__device__ __forceinline__ uint32_t a_step_addr(uint32_t a, uint32_t, int s) { return a + 4u * KSTEP_CM * s; }
+#endif
+
+// A's fragments of one stage (`a`: this lane's address of k step 0, `x` its chunk with TMA), split:
+// x = hi + lo (+ a remainder near 2^-22 of x), as split_store splits.
+__device__ __forceinline__ void load_split_a(uint32_t a, uint32_t x, uint32_t (&hi)[KSTEPS][4],
+                                             uint32_t (&lo)[KSTEPS][4]) {
 #pragma unroll
-    for (int s = 0; s < KSTEPS; ++s) ldsm_x4(a + 4u * KSTEP_CM * s, hi[s]);
+    for (int s = 0; s < KSTEPS; ++s) ldsm_x4(a_step_addr(a, x, s), hi[s]);
 #pragma unroll
     for (int s = 0; s < KSTEPS; ++s) {
 #pragma unroll
@@ -610,19 +732,26 @@ __device__ __forceinline__ void load_split_a(uint32_t a, uint32_t (&hi)[KSTEPS][
     }
 }
 
-// The 12 wgmmas of one stage (BK 32) with A from registers, in stage_mma's order.
+// Floats from a B tile's start to k step s's (with TMA and BK 64: sub-tile s / 4, then the row).
+#if TMA
+__device__ __forceinline__ int b_step(int s) { return SUB * (s / 4) + KSTEP * (s % 4); }
+#else
+__device__ __forceinline__ int b_step(int s) { return KSTEP * s; }
+#endif
+
+// The wgmmas of one stage (3 per k step) with A from registers, in stage_mma's order.
 __device__ __forceinline__ void stage_mma_rs(float (&d)[64], const float* st, const uint32_t (&hi)[KSTEPS][4],
                                              const uint32_t (&lo)[KSTEPS][4]) {
     const float* b_hi = st + B_OFF;
     const float* b_lo = st + B_OFF + TILE;
 #pragma unroll
     for (int s = 0; s < KSTEPS; ++s) {
-        wgmma_m64n128k8_rs(d, lo[s], smem_desc(b_hi + s * KSTEP), s == 0 ? 0 : 1);
-        wgmma_m64n128k8_rs(d, hi[s], smem_desc(b_lo + s * KSTEP), 1);
+        wgmma_m64n128k8_rs(d, lo[s], smem_desc(b_hi + b_step(s)), s == 0 ? 0 : 1);
+        wgmma_m64n128k8_rs(d, hi[s], smem_desc(b_lo + b_step(s)), 1);
     }
 #pragma unroll
     for (int s = 0; s < KSTEPS; ++s) {
-        wgmma_m64n128k8_rs(d, hi[s], smem_desc(b_hi + s * KSTEP), 1);
+        wgmma_m64n128k8_rs(d, hi[s], smem_desc(b_hi + b_step(s)), 1);
     }
 }
 
@@ -634,12 +763,12 @@ __device__ __forceinline__ void consume(const float* smem, uint32_t bars, int cw
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = 0.f;
     uint32_t hi[KSTEPS][4], lo[KSTEPS][4];
-    const uint32_t a_lane = smem_addr(smem) + a_frag_offset(cw, t);
+    const uint32_t a_lane = smem_addr(smem) + a_frag_offset(cw, t), a_chunk = a_frag_chunk(t);
     for (int kt = 0; kt < ktiles; ++kt) {
         const int s = kt % STAGES;
         const float* st = smem + s * STAGE_FLOATS;
         mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
-        load_split_a(a_lane + 4u * STAGE_FLOATS * s, hi, lo);
+        load_split_a(a_lane + 4u * STAGE_FLOATS * s, a_chunk, hi, lo);
         fence_regs(d);
         fence_regs(hi);  // written before the fence below, as wgmma.fence requires
         fence_regs(lo);
@@ -730,9 +859,15 @@ __device__ __forceinline__ void tile_of(int bid, int tiles_m, int tiles_n, int& 
     tn = r / size;
 }
 
+#if TMA
+#define GEMM3X_MAPS , const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b
+#else
+#define GEMM3X_MAPS
+#endif
+
 __global__ void __launch_bounds__(THREADS, 1)
     gemm3x_kernel(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
-                  int K, EpiArgs e) {
+                  int K, EpiArgs e GEMM3X_MAPS) {
     extern __shared__ __align__(128) float smem_raw[];
     // The ring starts at a 1024-byte boundary of the shared window (SMEM_BYTES holds the slack).
     float* const smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u) / 4;
@@ -743,16 +878,32 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int m0 = tm * BM, n0 = tn * BN, ktiles = (K + BK - 1) / BK;
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(bars + 8 * s, 128);                 // the producer warpgroup's threads
-            mbar_init(bars + 8 * (STAGES + s), 256);      // both consumer warpgroups' threads
+#if TMA
+            mbar_init(bars + 8 * s, SPLITTERS);              // the producer's splitting threads
+#else
+            mbar_init(bars + 8 * s, 128);                    // the producer warpgroup's threads
+#endif
+            mbar_init(bars + 8 * (STAGES + s), 256);         // both consumer warpgroups' threads
+#if TMA
+            mbar_init(bars + 8 * (2 * STAGES + s), 1);       // the copying thread (plus the copies' bytes)
+#endif
         }
+#if TMA
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+#endif
     }
     __syncthreads();
     if (wg == 0) {
 #if AREG
         setmaxnreg_dec<REGS_PRODUCER>();
 #endif
+#if TMA
+        (void)A;
+        (void)B;
+        produce_tma(&map_a, &map_b, smem, bars, m0, n0, ktiles, t);
+#else
         produce(A, B, smem, bars, M, N, K, m0, n0, ktiles, t);
+#endif
     } else {
         float acc[64];
 #if AREG
@@ -767,6 +918,42 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 }  // namespace gemm3x
 
+#if TMA
+namespace gemm3x {
+// cuTensorMapEncodeTiled from the driver the runtime uses (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (fn == nullptr) {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        const cudaError_t err =
+            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found);
+        if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || p == nullptr)
+            throw std::runtime_error("gemm3x: the driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12 or later)");
+        fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }
+    return fn;
+}
+
+// A rows x K row-major matrix in 128 x 32 boxes, 128-byte swizzled, zeros past its edges.
+CUtensorMap tile_map(const float* p, int rows, int K) {
+    K = K > 0 ? K : 4;  // K 0: no K tile is ever copied, but the map must still be valid
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * sizeof(float)};
+    const cuuint32_t box[2] = {32, 128}, unit[2] = {1, 1};
+    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(p), dims,
+                                            strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        throw std::runtime_error("gemm3x: cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) +
+                                 "): needs 16-byte aligned rows (K % 4 == 0) and a 16-byte aligned start");
+    return map;
+}
+}  // namespace gemm3x
+#endif
+
 void launch_gemm3x(const float* a, const float* b, float* c, int M, int N, int K, const float* bias,
                    const float* add, float p0, float p1, float p2, void* stream) {
     if (M <= 0 || N <= 0) return;
@@ -776,8 +963,13 @@ void launch_gemm3x(const float* a, const float* b, float* c, int M, int N, int K
     if (err != cudaSuccess) throw std::runtime_error(std::string("gemm3x smem attribute: ") + cudaGetErrorString(err));
     const long long tiles = static_cast<long long>((M + BM - 1) / BM) * ((N + BN - 1) / BN);
     const EpiArgs e{bias, add, p0, p1, p2};
+#if TMA
+    gemm3x_kernel<<<static_cast<unsigned>(tiles), THREADS, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(
+        a, b, c, M, N, K, e, tile_map(a, M, K), tile_map(b, N, K));
+#else
     gemm3x_kernel<<<static_cast<unsigned>(tiles), THREADS, SMEM_BYTES, static_cast<cudaStream_t>(stream)>>>(
         a, b, c, M, N, K, e);
+#endif
     err = cudaGetLastError();
     if (err != cudaSuccess) throw std::runtime_error(std::string("gemm3x launch: ") + cudaGetErrorString(err));
 }

@@ -52,6 +52,9 @@ FLOOR_UNITS = 1.0
 """The reference's error is raised to this many unit roundoffs of the output dtype times the output's scale."""
 
 PROBES: tuple[str, ...] = ("own", "low_bits", "mixed_magnitudes", "same_sign")
+ARBITER = "float64_arbiter"
+"""The name of the float64 arbitration of a failed input set (`harness.worker.probes.against_float64`):
+the same rule as the probes, on the set's own inputs."""
 PROBE_WORDS = {
     "own": "the problem's own input distribution",
     "low_bits": "values ±2^e·(1 + k·2^-j), j in 13..20, whose information lies below TF32's 10 mantissa bits",

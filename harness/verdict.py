@@ -124,6 +124,9 @@ class InputSetCheck(BaseModel):
     mismatched: int = 0  # elements outside the tolerance (NaN/Inf included)
     numel: int = 0
     message: str = ""
+    # Outside the tolerance by a rounding-sized margin: the candidate's error against a float64 copy of
+    # the reference over the float32 reference's own (the precision probes' rule); at most its bound passes.
+    float64_ratio: float | None = None
 
 
 class Timings(BaseModel):

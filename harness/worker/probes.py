@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.probing import FLOOR_UNITS, PROBES, PrecisionCheck, ProbeError, error_ratio, judged
+from kb_mcp.harness.probing import ARBITER, FLOOR_UNITS, PROBES, PrecisionCheck, ProbeError, error_ratio, judged
 from kb_mcp.harness.worker.values import clone_inputs, leaves, secret_seed
 
 LOW_BITS = (13, 20)  # j of 1 + k·2^-j: TF32 keeps 10 mantissa bits, float32 23
@@ -172,6 +172,28 @@ def run_probe(name: str, reference: torch.nn.Module, xs: list[Any], run_candidat
         return ProbeError(probe=name, note="the strict reference is not finite on these inputs")
     candidate = run_candidate(clone_inputs(xs), ref_out)
     return compare(name, candidate, ref_leaves, exact)
+
+
+def against_float64(reference: torch.nn.Module, xs: list[Any], candidate: list[torch.Tensor],
+                    strict: list[torch.Tensor]) -> ProbeError:
+    """The float64 arbitration of an input set the candidate failed by a rounding-sized margin: the
+    candidate's outputs (`candidate`) and the strict reference's (`strict`, already computed on
+    `xs`) both measured against a float64 copy of the reference on the same inputs, by the probes'
+    rule (`harness.probing.error_ratio`). `xs` are the set's pristine inputs, on the host or the
+    device (copied to the outputs' device here). A float64 reference that cannot run (memory, a
+    forward that fixes its dtype) leaves the ratio unset with the reason, and the failure stands."""
+    device = strict[0].device if strict else torch.device("cpu")
+    try:
+        on_device = [x.to(device) if isinstance(x, torch.Tensor) else x for x in xs]
+    except torch.OutOfMemoryError:
+        return ProbeError(probe=ARBITER, note="the float64 reference ran out of GPU memory")
+    exact, why = _exact(reference, on_device)
+    del on_device
+    if exact is None:
+        return ProbeError(probe=ARBITER, note=why)
+    # A forward that fixes its dtype computes the "float64" copy as the strict reference does: the
+    # strict error is then 0, raised to its floor, and the candidate's rounding-sized error exceeds it.
+    return compare(ARBITER, candidate, strict, exact)
 
 
 def run_probes(check: PrecisionCheck, reference: torch.nn.Module, make_inputs: Callable[[], list[Any]],

@@ -81,6 +81,18 @@ def test_a_crash_under_the_profiler_costs_the_census_worker_only(pool: WorkerPoo
     _normal(pool, relu_problem)
 
 
+def test_a_candidate_more_exact_than_the_reference_is_judged_against_float64(pool: WorkerPool) -> None:
+    # The float32 reference's own rounding exceeds the tolerance of the small outputs: the sets the
+    # candidate fails by that margin are judged against a float64 copy of the reference, and pass.
+    problem = load_problem(Path(__file__).parent / "fixtures" / "seqsum_problem.py")
+    result = pool.verify(problem, fixture_source("seqsum_nvrtc_double.py"), QUICK)
+    assert result.verdict in VALID, result.summary
+    arbitrated = [s for s in result.input_sets if s.float64_ratio is not None]
+    assert arbitrated, [s.message for s in result.input_sets]
+    assert all(s.passed and s.mismatched > 0 and (s.float64_ratio or 0.0) < 1.0 for s in arbitrated), arbitrated
+    assert "judged against float64" in arbitrated[0].message
+
+
 def test_wrong_kernel_is_incorrect(pool: WorkerPool, relu_problem) -> None:
     result = pool.verify(relu_problem, fixture_source("relu_nvrtc_wrong.py"), QUICK)
     assert result.verdict == Verdict.incorrect, result.summary

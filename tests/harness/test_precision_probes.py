@@ -2,7 +2,7 @@
 comparison against a float64 reference, and the rule, on candidates that simulate TF32, bf16, 3xTF32
 and BF16x9 arithmetic in torch (products of rounded operands accumulated in float32, or chunk by
 chunk as a tensor core's accumulator does), at the reduction length of the GPU fixtures (K = 1024)
-and at K = 16384."""
+and at K = 16384; and the float64 arbitration of an input set failed by a rounding-sized margin."""
 
 from __future__ import annotations
 
@@ -13,8 +13,24 @@ import pytest
 import torch
 import torch.nn as nn
 
-from kb_mcp.harness.probing import PLAIN_RATIO, PROBE_BOUND, PROBES, PrecisionCheck, ProbeError, error_ratio, judged
-from kb_mcp.harness.worker.probes import float64_reference, mixed_magnitudes, probe_inputs, run_probes
+from kb_mcp.harness.probing import (
+    ARBITER,
+    PLAIN_RATIO,
+    PROBE_BOUND,
+    PROBES,
+    PrecisionCheck,
+    ProbeError,
+    error_ratio,
+    judged,
+)
+from kb_mcp.harness.worker.probes import (
+    against_float64,
+    float64_reference,
+    mixed_magnitudes,
+    probe_inputs,
+    run_probes,
+)
+from kb_mcp.harness.worker.values import LOWERED_PRECISION_ERR, compare
 from kb_mcp.kb.models import Track
 
 TF32_CHECK = PrecisionCheck(track=Track.fp32, kernels={"gemm": ["tf32"]})
@@ -332,3 +348,73 @@ def test_the_strict_reference_runs_with_tf32_off_on_every_track_and_the_candidat
     tracked = [tf32 for who, _, tf32 in seen if who == "candidate"]
     assert len(strict) == len(tracked) == len(PROBES) and not any(strict) and all(tracked)
     assert sum(dtype == torch.float64 for _, dtype, _ in seen) == len(PROBES)  # one float64 run per probe
+
+
+# -- the float64 arbitration of a failed input set (`probes.against_float64`) -------------------------
+
+
+class SequentialDotRelu(nn.Module):
+    """relu(x . w - c), the dot product summed one term at a time in the input's dtype: in float32 a
+    long sum of large positive terms carries the reference's own rounding (as a GEMM over K = 8192
+    with stretched inputs does), and the subtraction leaves outputs small beside that rounding."""
+
+    def __init__(self, k: int, c: float) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(k, generator=torch.Generator().manual_seed(3)))
+        self.c = c
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        acc = torch.zeros(x.shape[0], dtype=x.dtype)
+        for j in range(x.shape[1]):
+            acc = acc + x[:, j] * self.w[j]
+        return torch.relu(acc - self.c)
+
+
+def _arbitration_case() -> tuple[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The model, its inputs, the float32 reference's output and the exact output rounded to float32."""
+    k = 2048
+    x = torch.rand(4096, k, generator=torch.Generator().manual_seed(5)) * 24.0
+    model = SequentialDotRelu(k, c=0.0)
+    with torch.no_grad():
+        model.c = float(model(x).median())  # about half the outputs cancel to small values, half are 0
+        strict = model(x)
+        exact = float64_reference(model)(x.double()).float()
+    return model, x, strict, exact
+
+
+def test_a_candidate_more_accurate_than_the_reference_fails_the_tolerance_but_passes_against_float64() -> None:
+    model, x, strict, exact = _arbitration_case()
+    plain = compare(exact, strict, 1e-4, 1e-4)
+    assert not plain.passed and plain.scaled is not None and plain.scaled <= LOWERED_PRECISION_ERR, plain
+    with torch.no_grad():
+        found = against_float64(model, [x], [exact], [strict])
+    assert found.probe == ARBITER and found.ratio is not None and found.ratio <= 1.0, found
+    assert found.candidate_max is not None and found.reference_max is not None
+    assert found.candidate_max < found.reference_max  # the reference's own rounding is the difference
+
+
+def test_plain_tf32_and_a_dropped_term_fail_against_float64() -> None:
+    k = 4096
+    a = torch.randn(256, k, generator=torch.Generator().manual_seed(7)) * 8.0
+    model = nn.Linear(k, 512, bias=False)
+    with torch.no_grad():
+        strict = model(a)
+        w = model.weight
+        plain_tf32 = (tf32(a).double() @ tf32(w).double().T).float()
+        dropped = (a[:, :-1].double() @ w[:, :-1].double().T).float()  # one of K terms left out
+        tf32_found = against_float64(model, [a], [plain_tf32], [strict])
+        dropped_found = against_float64(model, [a], [dropped], [strict])
+    assert tf32_found.ratio is not None and tf32_found.ratio > PROBE_BOUND, tf32_found
+    assert dropped_found.ratio is not None and dropped_found.ratio > PROBE_BOUND, dropped_found
+
+
+def test_a_float64_copy_that_cannot_run_leaves_the_failure_standing() -> None:
+    class Float32Only(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.dtype != torch.float32:
+                raise TypeError("float32 only")
+            return x * 2.0
+
+    x = torch.rand(64)
+    found = against_float64(Float32Only(), [x], [x * 2.0], [x * 2.0])
+    assert found.ratio is None and "float64 reference failed" in found.note, found

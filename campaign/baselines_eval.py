@@ -70,6 +70,8 @@ class BaselineRow(BaseModel):
     track: Track = DEFAULT_TRACK
     elapsed_s: float = 0.0
     worker: str = Field("", description="the cluster's worker that timed it (`--gpus N`, `--cluster`)")
+    phases_s: dict[str, float] = Field(default_factory=dict, description="seconds per step in the worker: load, "
+                                       "construct, eager, compile (torch.compile's first call), compile_timed")
 
 
 _ROWS: TypeAdapter[list[BaselineRow]] = TypeAdapter(list[BaselineRow])
@@ -109,7 +111,8 @@ def row_of(ref: ProblemRef, run: BaselineRun, track: Track) -> BaselineRow:
     return BaselineRow(level=ref.level, problem=ref.name, status=run.status,
                        eager_ms=round(base.eager_ms, 5) if base else None,
                        compile_ms=round(base.compile_ms, 5) if base and base.compile_ms is not None else None,
-                       peak_gib=run.peak_gib, note=note, device=run.device, track=track, elapsed_s=run.elapsed_s)
+                       peak_gib=run.peak_gib, note=note, device=run.device, track=track, elapsed_s=run.elapsed_s,
+                       phases_s=run.phases)
 
 
 def baselines_table(out: Path, ctx: ToolContext, problems: list[str | Path], *, level: int | None = None,
@@ -237,6 +240,7 @@ def _describe(row: BaselineRow) -> str:
     where = f"level {row.level} " if row.level is not None else ""
     if row.status == "ok":
         comp = f"{row.compile_ms:.3f} ms" if row.compile_ms is not None else "failed"
+        steps = ", ".join(f"{k} {v:.1f}" for k, v in row.phases_s.items())
         return (f"{where}{row.problem}: eager {row.eager_ms:.3f} ms, torch.compile {comp}, "
-                f"peak {row.peak_gib} GiB")
+                f"peak {row.peak_gib} GiB" + (f" ({row.elapsed_s:.1f} s: {steps})" if steps else ""))
     return f"{where}{row.problem}: {row.status} ({row.note[:200]})"

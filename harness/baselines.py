@@ -160,6 +160,8 @@ class BaselineRun(BaseModel):
     device_peak_bytes: int | None = Field(None, description="the device's memory in use at its highest (NVML)")
     device_idle_bytes: int | None = Field(None, description="the device's memory in use when the run began")
     elapsed_s: float = 0.0
+    phases: dict[str, float] = Field(default_factory=dict,
+                                     description="seconds per step in the worker (`protocol.BaselineReply.phases`)")
 
     @property
     def peak_gib(self) -> float | None:

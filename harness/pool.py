@@ -354,7 +354,7 @@ class WorkerPool(CensusSide):
             return run.model_copy(update={"status": "too_large", "note": body.too_large.text,
                                           "too_large": body.too_large, "footprint": body.footprint})
         return run.model_copy(update={"status": "ok", "baseline": body.baseline, "footprint": body.footprint,
-                                      "peak_bytes": body.peak_bytes})
+                                      "peak_bytes": body.peak_bytes, "phases": body.phases})
 
     def _marked(self, result: VerifyResult, opts: VerifyOptions) -> VerifyResult:
         """Names the track it was verified in; an unconfined run says so in its summary and is held for review."""

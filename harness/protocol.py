@@ -270,6 +270,9 @@ class BaselineReply(_Message):
     too_large: TooLarge | None = None
     peak_bytes: int | None = None
     elapsed_s: float = 0.0
+    # seconds per step, in order: load (import, footprint), construct, eager (its peak run and series),
+    # compile (torch.compile's first call: tracing, code generation, autotuning), compile_timed
+    phases: dict[str, float] = Field(default_factory=dict)
 
 
 class PingReply(_Message):

@@ -46,6 +46,7 @@ def run_baselines(env: Any, problem: Problem, options: VerifyOptions,
     The problem's own failures are `ProblemFailed` (the worker retires: the problem's code ran here);
     a problem too large for the free memory is a `BaselineReply` with `too_large` and no baseline."""
     t0 = time.perf_counter()
+    phases = _Phases()
     peaks: list[int] = []
     start_request(peaks)
     name = f"kbmcp_baseline_problem_{next(env.counter)}"
@@ -56,15 +57,16 @@ def run_baselines(env: Any, problem: Problem, options: VerifyOptions,
         except Exception as exc:  # noqa: BLE001 - the problem's code
             return ProblemFailed(stage="import", error=short_traceback(exc, files)), True
         footprint = measure(pmod)
+        phases.mark("load")
         free, total = device_free()
         if not fits_eager(footprint, free):
             return BaselineReply(footprint=footprint, too_large=TooLarge(
                 what="eager", needed_bytes=footprint.eager_bytes, free_bytes=free, total_bytes=total,
                 footprint=footprint)), False
         with track_numerics(options.track, None):
-            reply = _measure(env, problem, options, pmod, footprint, peaks, report, files)
+            reply = _measure(env, problem, options, pmod, footprint, peaks, report, files, phases)
         if isinstance(reply, BaselineReply):
-            reply = reply.model_copy(update={"peak_bytes": request_peak(peaks),
+            reply = reply.model_copy(update={"peak_bytes": request_peak(peaks), "phases": phases.seconds,
                                              "elapsed_s": round(time.perf_counter() - t0, 3)})
         return reply, isinstance(reply, ProblemFailed)
     finally:
@@ -72,8 +74,24 @@ def run_baselines(env: Any, problem: Problem, options: VerifyOptions,
         torch.cuda.empty_cache()
 
 
+class _Phases:
+    """Seconds per step of one run, each from the end of the one before (the GPU synchronized first)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, step: str) -> None:
+        """Ends `step` now."""
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.seconds[step] = round(now - self._last, 3)
+        self._last = now
+
+
 def _measure(env: Any, problem: Problem, options: VerifyOptions, pmod: Any, footprint: Any, peaks: list[int],
-             report: Callable[[str], None], files: tuple[str, ...]) -> BaselineReply | ProblemFailed:
+             report: Callable[[str], None], files: tuple[str, ...], phases: _Phases) -> BaselineReply | ProblemFailed:
     """The reference built, eager's peak and series, then torch.compile's series (see `run_baselines`)."""
     timer = env.timer
     try:
@@ -82,6 +100,7 @@ def _measure(env: Any, problem: Problem, options: VerifyOptions, pmod: Any, foot
         ref = pmod.Model(*init).cuda().eval()
     except Exception as exc:  # noqa: BLE001 - the problem's code
         return _failed("construct", exc, footprint, files)
+    phases.mark("construct")
 
     def make(i: int) -> list[Any]:
         torch.manual_seed(secret_seed())
@@ -105,25 +124,29 @@ def _measure(env: Any, problem: Problem, options: VerifyOptions, pmod: Any, foot
             eager = timer.series(ref, make, runs, warm)
     except Exception as exc:  # noqa: BLE001 - the problem's forward
         return _failed("forward", exc, footprint, files)
+    phases.mark("eager")
     baseline = Baseline(problem_hash=problem.hash, device=env.device, torch_version=env.torch_version,
                         eager_ms=eager.median_ms, eager_runs=len(eager.gpu_ms), eager_issue_ms=eager.issue_median_ms,
                         track=options.track.value, numerics=numerics())
     if options.compile_baseline:
         report("baselines")
-        baseline = _compiled(env, ref, make, baseline, quick, warm)
+        baseline = _compiled(env, ref, make, baseline, quick, warm, phases)
     return BaselineReply(baseline=baseline, footprint=footprint)
 
 
 def _compiled(env: Any, ref: Any, make: Callable[[int], list[Any]], baseline: Baseline, quick: bool,
-              warm: int) -> Baseline:
+              warm: int, phases: _Phases) -> Baseline:
     """torch.compile of the reference timed like eager; a model it cannot compile keeps the reason."""
     timer = env.timer
     try:
         with torch.no_grad():
             compiled = torch.compile(ref)
+            compiled(*make(-1))  # the first call compiles (and autotunes): its cost apart from the series'
+            phases.mark("compile")
             cruns = QUICK_RUNS if quick else timer.runs_for(compiled, make, False, None)
             stats = timer.series(compiled, make, cruns, warm)
         baseline = baseline.model_copy(update={"compile_ms": stats.median_ms, "compile_runs": len(stats.gpu_ms)})
+        phases.mark("compile_timed")
     except Exception as exc:  # noqa: BLE001 - torch.compile cannot handle every model
         baseline = baseline.model_copy(update={"compile_note": f"torch.compile failed: {type(exc).__name__}: "
                                                                f"{str(exc)[:300]}"})

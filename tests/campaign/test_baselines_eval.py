@@ -71,6 +71,22 @@ def test_the_eta_comes_from_the_problems_done() -> None:
     assert eta_text([4.0], 5) == "ETA 20 s"
 
 
+def test_a_row_keeps_the_runs_steps_and_its_line_names_them() -> None:
+    from kb_mcp.campaign.baselines_eval import _describe, row_of
+    from kb_mcp.campaign.selection import ProblemRef
+    from kb_mcp.harness.baselines import Baseline, BaselineRun
+
+    run = BaselineRun(problem="p", problem_hash="h", status="ok", elapsed_s=12.5,
+                      baseline=Baseline(problem_hash="h", device="d", torch_version="t", eager_ms=1.0, eager_runs=10,
+                                        compile_ms=2.0),
+                      phases={"load": 0.2, "construct": 1.0, "eager": 1.5, "compile": 8.0, "compile_timed": 1.2})
+    row = row_of(ProblemRef(path=TREE / "level1" / "7_x.py", level=1, id=7), run, "fp32")
+    assert row.phases_s == run.phases
+    line = _describe(row)
+    assert "(12.5 s: load 0.2, construct 1.0, eager 1.5, compile 8.0, compile_timed 1.2)" in line, line
+    assert BaselineRow.model_validate_json(row.model_dump_json()).phases_s == run.phases
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_every_problem_of_the_tree_gets_both_baselines(ctx, tmp_path: Path) -> None:
     out = tmp_path / "baselines.json"
@@ -79,6 +95,9 @@ def test_on_a_gpu_every_problem_of_the_tree_gets_both_baselines(ctx, tmp_path: P
     for r in rows:
         assert r.eager_ms and r.eager_ms > 0 and r.compile_ms and r.compile_ms > 0 and r.device
         assert r.peak_gib is not None and r.peak_gib < 4
+        # where the time went, step by step, and nothing left out of the worker's share
+        assert list(r.phases_s) == ["load", "construct", "eager", "compile", "compile_timed"], r.phases_s
+        assert all(v >= 0 for v in r.phases_s.values()) and sum(r.phases_s.values()) <= r.elapsed_s
     said: list[str] = []
     assert baselines_table(out, ctx, [str(TREE)], log=said.append) == rows
     assert any(f"{len(rows)} of {len(rows)} problems already in" in line for line in said)

@@ -313,6 +313,11 @@ def decide(
     device = f"; {timings.device_summary}" if timings.device_summary else ""
     if precision is not None and precision.status == "passed":
         evidence_tail += f"; precision: {precision.scheme()}; {precision.evidence()}"
+    arbitrated = [c for c in ran if c.float64_ratio is not None]
+    if arbitrated:
+        worst = max(c.float64_ratio or 0.0 for c in arbitrated)
+        evidence_tail += (f"; {len(arbitrated)} of them outside the float32 tolerance by the reference's own rounding "
+                          f"(judged against float64: worst {worst:.3g}x its error)")
     return (
         verdict,
         flagged,

@@ -102,6 +102,17 @@ def test_speedup_decides_faster_or_slower_against_the_better_baseline() -> None:
         decide(OK, GOOD_SETS, [], None)  # a verified candidate without timings is a harness bug
 
 
+def test_sets_judged_against_float64_pass_and_the_summary_says_so() -> None:
+    judged = InputSetCheck(index=6, kind="shifted", passed=True, numel=10, mismatched=3, float64_ratio=0.21)
+    verdict, flagged, summary = decide(OK, [*GOOD_SETS, judged], [], timings(0.5, 1.0))
+    assert verdict == Verdict.faster and not flagged
+    assert "1 of them outside the float32 tolerance by the reference's own rounding" in summary, summary
+    assert "worst 0.21x" in summary
+    # a set that failed its arbitration stays a failure, whatever ratio it carries
+    failed = judged.model_copy(update={"passed": False, "float64_ratio": 150.0})
+    assert decide(OK, [*GOOD_SETS, failed], [], timings(0.5, 1.0))[0] == Verdict.incorrect
+
+
 def test_without_gpu_a_clean_build_needs_gpu() -> None:
     verdict, flagged, summary = decide(OK.model_copy(update={"units": []}), [], [], None, gpu=False)
     assert verdict == Verdict.needs_gpu and not flagged and "need a GPU" in summary

@@ -20,11 +20,13 @@ state, marked as such). A problem that fails is reported with whose failure it i
 the problem file, the request, the environment or kb-mcp) and the run goes on. --compile-only
 runs the same calls without a GPU (nothing is profiled or timed; verdicts are needs_gpu).
 
-Writes report.md and bench.json to --out. The server's KB (outcomes tagged with the problem's
-name and track) is --kb, or <out>/kb.json; --starter-kb PATH also exports it, folded into one
-file, to PATH (`kb-mcp kb export`): the optional starter KB users import with
-`kb-mcp kb import PATH` (README, "Starter KB"). Figures go to docs/benchmarks.md with the device
-and date printed here.
+Writes report.md and bench.json to --out; a run whose verdict carries precision evidence (kernels
+on the tensor cores below the track's precision, judged by the precision probes) keeps it: the worst
+probe's ratio and the scheme the harness names, in its bench.json row and under the report's table.
+The server's KB (outcomes tagged with the problem's name and track) is --kb, or <out>/kb.json;
+--starter-kb PATH also exports it, folded into one file, to PATH (`kb-mcp kb export`): the optional
+starter KB users import with `kb-mcp kb import PATH` (README, "Starter KB"). Figures go to
+docs/benchmarks.md with the device and date printed here.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 TRACKS = ("fp32", "tf32", "bf16", "fp16")
 
@@ -72,6 +75,84 @@ class Manifest(BaseModel):
     solutions: list[Entry]
 
 
+class PrecisionEvidence(BaseModel):
+    """The precision probes' word on a solution whose kernels compute on the tensor cores below its
+    track (`compile_and_verify`'s `precision`, a `harness.probing.PrecisionCheck`): the worst probe's
+    ratio (its error against a float64 reference over the strict reference's) and the scheme the
+    harness names from the instructions and the numbers together."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: str  # passed, failed, pending (the probes did not run), unjudged (none could run)
+    precisions: list[str] = Field(default_factory=list)  # the lowered precisions the SASS showed: tf32, bf16, ...
+    worst_probe: str | None = None
+    worst_ratio: float | None = None  # None: no probe ran; inf: a non-finite output where the reference's is finite
+    bound: float | None = None  # a solution passes at most this ratio on every probe
+    probes: dict[str, float | None] = Field(default_factory=dict)  # every probe's ratio (None: it did not run)
+    scheme: str = ""
+
+    @field_serializer("worst_ratio")
+    def _ratio_out(self, value: float | None) -> float | str | None:
+        return "Infinity" if value is not None and math.isinf(value) else value
+
+    @field_serializer("probes")
+    def _probes_out(self, value: dict[str, float | None]) -> dict[str, float | str | None]:
+        return {k: "Infinity" if v is not None and math.isinf(v) else v for k, v in value.items()}
+
+    def line(self) -> str:
+        """One line for the report: status, the worst probe and the scheme (whose wording carries the
+        worst ratio and the bound; without a scheme they are written out)."""
+        if self.worst_ratio is None:
+            worst = "no probe ran"
+        elif self.scheme:
+            worst = f"worst probe {self.worst_probe}"
+        else:
+            ratio = "inf" if math.isinf(self.worst_ratio) else f"{self.worst_ratio:.3g}x"
+            bound = f", bound {self.bound:g}x" if self.bound is not None else ""
+            worst = f"worst {ratio} on {self.worst_probe}{bound}"
+        return f"{self.status}, {worst}" + (f": {self.scheme}" if self.scheme else "")
+
+
+def precision_evidence(result: dict[str, Any]) -> PrecisionEvidence | None:
+    """The precision evidence of a `compile_and_verify` result, or None where the verdict has none
+    (no kernel below the track's precision). The probes' numbers are read as they arrive (a ratio of
+    "Infinity" included); the scheme is `PrecisionCheck.scheme()`'s wording where the record validates."""
+    raw = result.get("precision")
+    if not isinstance(raw, dict):
+        return None
+    from kb_mcp.harness.probing import PrecisionCheck
+
+    try:
+        check: PrecisionCheck | None = PrecisionCheck.model_validate(raw)
+    except ValueError:
+        check = None
+    probes: dict[str, float | None] = {}
+    for probe in raw.get("probes") or []:
+        if isinstance(probe, dict) and probe.get("probe"):
+            probes[str(probe["probe"])] = _ratio(probe.get("ratio"))
+    ran = {k: v for k, v in probes.items() if v is not None}
+    worst = max(ran, key=lambda k: ran[k]) if ran else None
+    precisions = check.precisions if check is not None else sorted(
+        {str(p) for ps in (raw.get("kernels") or {}).values() for p in ps})
+    bound = raw.get("bound")
+    return PrecisionEvidence(status=str(raw.get("status") or "?"), precisions=precisions, worst_probe=worst,
+                             worst_ratio=ran[worst] if worst is not None else None,
+                             bound=float(bound) if isinstance(bound, (int, float)) else None,
+                             probes=probes, scheme=check.scheme() if check is not None else "")
+
+
+def _ratio(value: Any) -> float | None:
+    """A probe's ratio as JSON carries it: a number, "Infinity", or null (the probe did not run); a NaN
+    reads as infinite (no finite error), so that it still ranks worst."""
+    if value is None:
+        return None
+    try:
+        ratio = float(value)
+    except (TypeError, ValueError):
+        return None
+    return math.inf if math.isnan(ratio) else ratio
+
+
 class ProblemRun(BaseModel):
     """What one problem's pass through the tools gave."""
 
@@ -98,6 +179,7 @@ class ProblemRun(BaseModel):
     recorded: bool = False
     fault: str = ""  # whose failure: solution, problem, request, environment, kb-mcp, budget, policy
     note: str = ""
+    precision: PrecisionEvidence | None = None  # the precision probes' evidence, where the verdict carries it
     stage_s: dict[str, float] = Field(default_factory=dict)
 
     @property
@@ -256,6 +338,7 @@ class Bench:
         run.time_ms, run.eager_ms, run.compile_ms = record.get("time_ms"), record.get("eager_ms"), record.get(
             "compile_ms")
         run.speedup_vs_baseline = record.get("speedup_vs_baseline")
+        run.precision = precision_evidence(result)
         summary = str(result.get("summary") or "").splitlines()
         if run.verdict not in ("faster", "slower", "needs_gpu"):
             run.fault = "solution"
@@ -367,6 +450,11 @@ def table(runs: list[ProblemRun], summaries: dict[str, Any]) -> str:
                      f"baseline {_f(s.speedup.geomean, 0, 'x').strip()}, over eager "
                      f"{_f(s.speedup_vs_eager.geomean, 0, 'x').strip()}; fast_0 {s.fast_p['0']:.0%}, "
                      f"fast_1 {s.fast_p['1']:.0%}, fast_2 {s.fast_p['2']:.0%}")
+    probed = [r for r in runs if r.precision is not None]
+    if probed:
+        lines += ["", "precision probes (error against a float64 reference over the strict reference's, per solution "
+                      "whose tensor-core kernels compute below its track):"]
+        lines += [f"{r.key:12s} {r.precision.line()}" for r in probed if r.precision is not None]
     return "\n".join(lines)
 
 

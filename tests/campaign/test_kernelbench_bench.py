@@ -4,7 +4,9 @@ compile_and_verify, record_outcome; no profile without a GPU, so the manifest's 
 solution reported as the solution's fault while the run goes on, outcomes in the KB tagged with
 the problem and the track, and the starter KB exported as one file that `kb-mcp kb import` takes.
 Also the manifest shipped with the real solutions: every optimization and state it names is in
-the seed KB, and every solution file it names exists."""
+the seed KB, and every solution file it names exists. And, without a process, the precision
+evidence a verdict carries (the probes' worst ratio and the scheme) kept in bench.json and the
+report beside the unchanged table."""
 
 from __future__ import annotations
 
@@ -16,11 +18,17 @@ from pathlib import Path
 
 import pytest
 
+from kb_mcp.harness.probing import PrecisionCheck, ProbeError, Status
 from kb_mcp.kb.models import Outcome, Track, Verdict
 from kb_mcp.kb.store import KBStore
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "kernelbench_bench.py"
+if str(BENCH.parent) not in sys.path:
+    sys.path.insert(0, str(BENCH.parent))
+
+import kernelbench_bench as kbb  # noqa: E402
+
 TREE = Path(__file__).resolve().parent / "kernelbench_tree"
 SHIPPED = ROOT / "bench" / "kernelbench_solutions"
 
@@ -93,3 +101,65 @@ def test_the_shipped_manifest_names_seed_ids_and_existing_files() -> None:
         assert e["optimization_id"] in optimizations and e["expected_state"] in states, e
         assert (SHIPPED / e["solution"]).is_file() and Path(e["solution"]).name == Path(e["problem"]).name, e
         assert e.get("track", "fp32") in {t.value for t in Track}
+
+
+def _probed(status: Status, ratios: dict[str, float | None]) -> dict[str, object]:
+    """A `compile_and_verify` result's `precision` as the server sends it (JSON: inf as "Infinity")."""
+    check = PrecisionCheck(track=Track.fp32, kernels={"gemm3x_kernel": ["tf32"]}, status=status,
+                           probes=[ProbeError(probe=p, ratio=r, note="" if r is not None else "too large")
+                                   for p, r in ratios.items()])
+    return {"record": {}, "precision": json.loads(check.model_dump_json())}
+
+
+def test_the_precision_evidence_names_the_worst_probe_and_the_scheme() -> None:
+    passed = kbb.precision_evidence(_probed("passed", {"own": 0.21, "low_bits": None, "mixed_magnitudes": 0.26,
+                                                        "same_sign": 0.18}))
+    assert passed is not None and passed.status == "passed" and passed.precisions == ["tf32"]
+    assert (passed.worst_probe, passed.worst_ratio, passed.bound) == ("mixed_magnitudes", 0.26, 32.0)
+    assert passed.probes["low_bits"] is None and passed.probes["own"] == 0.21
+    assert "3xTF32" in passed.scheme and "worst 0.26x" in passed.scheme
+
+    plain = kbb.precision_evidence(_probed("failed", {"own": 410.0, "same_sign": float("inf")}))
+    assert plain is not None and plain.worst_probe == "same_sign" and plain.worst_ratio == float("inf")
+    assert "not finite" in plain.scheme
+
+    pending = kbb.precision_evidence(_probed("pending", {}))
+    assert pending is not None and pending.worst_ratio is None and "no probe ran" in pending.line()
+    assert kbb.precision_evidence({"record": {}, "precision": None}) is None
+    assert kbb.precision_evidence({"record": {}}) is None
+
+
+def test_bench_json_and_the_report_carry_the_precision_evidence(tmp_path: Path) -> None:
+    evidence = kbb.precision_evidence(_probed("passed", {"own": 0.21, "mixed_magnitudes": 0.26}))
+    broken = kbb.precision_evidence(_probed("failed", {"own": float("inf")}))
+    common = {"track": "fp32", "optimization_id": "compensated_fp32_tensor_cores", "state_id": "tensor_cores_idle"}
+    runs = [
+        kbb.ProblemRun(key="level1/17", problem="17_Matmul_with_transposed_B", verdict="faster", time_ms=1.171,
+                       eager_ms=2.741, compile_ms=2.826, speedup_vs_baseline=2.3416, precision=evidence, **common),
+        kbb.ProblemRun(key="level2/9", problem="9_Matmul_Subtract_Multiply_ReLU", verdict="incorrect",
+                       fault="solution", note="incorrect (precision_lowered)", precision=broken, **common),
+        kbb.ProblemRun(key="level1/19", problem="19_ReLU", verdict="faster", time_ms=1.0, eager_ms=2.0,
+                       compile_ms=2.0, speedup_vs_baseline=2.0, **common),
+    ]
+    budget = kbb.Budget(100.0, 10.0, 10.0)
+    text = kbb.write_outputs(tmp_path, runs, "NVIDIA H200", budget, tmp_path / "kb.json", compile_only=False)
+
+    rows = {r["key"]: r for r in json.loads((tmp_path / "bench.json").read_text())["runs"]}
+    assert rows["level1/17"]["precision"]["worst_probe"] == "mixed_magnitudes"
+    assert rows["level1/17"]["precision"]["worst_ratio"] == 0.26
+    assert "3xTF32" in rows["level1/17"]["precision"]["scheme"]
+    assert rows["level2/9"]["precision"]["worst_ratio"] == "Infinity"  # strict JSON: no bare Infinity token
+    assert rows["level1/19"]["precision"] is None
+    assert rows["level1/17"]["speedup_vs_eager"] == pytest.approx(2.741 / 1.171)  # the old fields stay
+
+    report = (tmp_path / "report.md").read_text()
+    assert text in report
+    table_rows = [line for line in text.splitlines() if line.startswith(("level1/", "level2/"))]
+    assert [line.split()[0] for line in table_rows[:3]] == ["level1/17", "level2/9", "level1/19"]
+    assert "2.342x" in table_rows[0] and "precision" not in table_rows[0]  # the table's columns are unchanged
+    assert "precision probes" in text
+    evidence_lines = {line.split()[0]: line for line in table_rows[3:]}
+    assert set(evidence_lines) == {"level1/17", "level2/9"}
+    assert "passed, worst probe mixed_magnitudes: " in evidence_lines["level1/17"]
+    assert "(worst 0.26x, bound 32x): an error-compensated scheme such as 3xTF32" in evidence_lines["level1/17"]
+    assert "failed, worst probe own: " in evidence_lines["level2/9"] and "not finite" in evidence_lines["level2/9"]

@@ -2,11 +2,16 @@
 """Solution for level2/86_Matmul_Divide_GELU.py:
 gelu(Linear(x) / divisor), erf GELU.
 
-Track fp32, on the tensor cores at float32 accuracy ("3xTF32"): each operand is split as it is
-staged into hi = tf32(x) and lo = tf32(x - hi), and every product is lo*hi' + hi*lo' + hi*hi' on
-Hopper `wgmma m64n128k8 .tf32` (sm_90a) with float32 accumulation, each K stage in a fresh fragment
-added to float32 registers. 128 x 128 tiles, one producer warpgroup (global -> split -> a
-3-stage shared ring, mbarriers) and two consumer warpgroups; both operands are read K-major as they lie.
+Track fp32, on the tensor cores at float32 accuracy ("3xTF32"): each value x is split into a high
+part, x itself (the tensor core reads a float32 operand's top 19 bits, TF32), and a remainder
+lo = tf32(x - x with its low 13 bits cleared); every product is lo*hi' + hi*lo' + hi*hi' on Hopper
+`wgmma m64n128k8 .tf32` (sm_90a) with float32 accumulation, each K stage in a fresh fragment added
+to float32 registers. 128 x 128 x 32 tiles, 384 threads: a producer warpgroup and two consumer
+warpgroups, paced by mbarriers; each consumer loads its 64-row slice of A with ldmatrix and splits
+it in registers, and the tensor core reads B's high and low tiles from shared memory.
+B (N x K) is K-major as it lies: one producer thread copies each stage's A and B tiles by TMA
+(128-byte swizzled) into a 4-stage shared ring, and the producer's other three warps
+compute B's low tile from the copied one, which is its high tile as it lies.
 The bias and the problem's elementwise chain are applied to the accumulators before the
 only store.
 

@@ -301,6 +301,12 @@ def decide(
             f"compiled ({n} unit{'s' if n != 1 else ''}, {compile.arch or 'default arch'}); verification and timing "
             f"need a GPU{limited}{pending}",
         )
+    return _timed(input_sets, timings, precision, flagged, tail)
+
+
+def _timed(input_sets: list[InputSetCheck], timings: Timings | None, precision: PrecisionCheck | None,
+           flagged: bool, tail: str) -> tuple[Verdict, bool, str]:
+    """`decide` for a candidate that passed every check: faster or slower, and what backs it."""
     if timings is None or timings.speedup_vs_baseline is None:
         raise ValueError("a verified candidate needs timings with a baseline speedup to get a verdict")
     speedup = timings.speedup_vs_baseline

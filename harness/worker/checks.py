@@ -122,6 +122,7 @@ class Checker(TimedChecks):
         self.ref_params: dict[str, torch.nn.Parameter] = {}
         self.cand_params: dict[str, torch.nn.Parameter] = {}
         self._stale = False  # the reused-buffer run returned set 1's output again (`_reused_buffers`)
+        self._arbiter_failed = False  # a set failed its float64 judgment (`_against_float64`)
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -294,6 +295,7 @@ class Checker(TimedChecks):
         if not passed and _rounding_sized(comps, r_leaves):
             arbiter = self._against_float64(c_leaves, r_leaves, pristine if pristine is not None else ref_inputs)
             ratio = arbiter.ratio
+            self._arbiter_failed = self._arbiter_failed or ratio is None or ratio > PROBE_BOUND
             if ratio is not None and ratio <= PROBE_BOUND:
                 passed = True
                 message = (f"{message}; judged against float64 instead: {ratio:.3g}x the float32 reference's own "
@@ -311,8 +313,12 @@ class Checker(TimedChecks):
 
     def _against_float64(self, c_leaves: list[torch.Tensor], r_leaves: list[torch.Tensor],
                          xs: list[Any] | None) -> ProbeError:
-        """`probes.against_float64` on this set (its pristine inputs), the track's strict numerics
-        kept for nothing but the float64 copy (which TF32 settings do not touch)."""
+        """`probes.against_float64` on this set (its pristine inputs; TF32 settings do not touch float64
+        arithmetic, so the track's numerics stay as they are). Once one set has failed it, the verdict
+        is `incorrect` whatever the others show, so later sets are not judged again (a candidate in a
+        lower precision fails every set: one float64 run, not one per set)."""
+        if self._arbiter_failed:
+            return ProbeError(probe=ARBITER, note="an earlier input set failed its float64 judgment")
         if not xs:
             return ProbeError(probe=ARBITER, note="the set's inputs were not kept")
         with torch.no_grad():

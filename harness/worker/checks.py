@@ -43,7 +43,6 @@ from kb_mcp.harness.worker.perturb import ParamMapping, map_parameters, paramete
 from kb_mcp.harness.worker.probes import against_float64
 from kb_mcp.harness.worker.timed_checks import TimedChecks
 from kb_mcp.harness.worker.values import (
-    LOWERED_PRECISION_ERR,
     MAX_PERTURBED_INPUTS,
     PUBLIC_SEED,
     all_finite,
@@ -54,21 +53,11 @@ from kb_mcp.harness.worker.values import (
     leaves,
     overlaps,
     poison_allocator,
+    rounding_sized,
     same,
     secret_seed,
     tolerance_for,
 )
-
-
-def _rounding_sized(comps: list[Any], r_leaves: list[torch.Tensor]) -> bool:
-    """Whether every failing output of a set failed by a margin rounding can explain: a float32 or
-    float64 output, finite, every element written, its largest error at most `LOWERED_PRECISION_ERR`
-    of its RMS (what a lower precision, or the float32 reference's own rounding, gives)."""
-    return all(
-        cm.passed or (r.dtype in (torch.float32, torch.float64) and not cm.nonfinite and not cm.poison
-                      and cm.scaled is not None and cm.scaled <= LOWERED_PRECISION_ERR)
-        for cm, r in zip(comps, r_leaves)
-    )
 
 
 @dataclass
@@ -292,24 +281,30 @@ class Checker(TimedChecks):
         first_bad = next((cm for cm in comps if not cm.passed), None)
         message = first_bad.message if first_bad else ""
         ratio: float | None = None
-        if not passed and _rounding_sized(comps, r_leaves):
-            arbiter = self._against_float64(c_leaves, r_leaves, pristine if pristine is not None else ref_inputs)
-            ratio = arbiter.ratio
-            self._arbiter_failed = self._arbiter_failed or ratio is None or ratio > PROBE_BOUND
-            if ratio is not None and ratio <= PROBE_BOUND:
-                passed = True
-                message = (f"{message}; judged against float64 instead: {ratio:.3g}x the float32 reference's own "
-                           f"error there (bound {PROBE_BOUND:g}x), so the difference is the reference's rounding")
-            else:
-                self.lowered.append(index)
-                message += (f"; against float64: {ratio:.3g}x the float32 reference's own error (bound "
-                            f"{PROBE_BOUND:g}x)" if ratio is not None else f"; no float64 arbitration: {arbiter.note}")
+        if not passed and rounding_sized(comps, r_leaves):
+            passed, message, ratio = self._rounding_failure(index, message, c_leaves, r_leaves,
+                                                            pristine if pristine is not None else ref_inputs)
         return self._record(InputSetCheck(
             index=index, kind=kind, passed=passed,
             max_abs_err=largest(cm.max_abs for cm in comps), max_rel_err=largest(cm.max_rel for cm in comps),
             scaled_err=largest(cm.scaled for cm in comps), mismatched=sum(cm.mismatched for cm in comps),
             numel=sum(cm.numel for cm in comps), message=message, float64_ratio=ratio,
         ))
+
+    def _rounding_failure(self, index: int, message: str, c_leaves: list[torch.Tensor], r_leaves: list[torch.Tensor],
+                          xs: list[Any] | None) -> tuple[bool, str, float | None]:
+        """A set failed by a rounding-sized margin, judged against float64: (passed, message, ratio).
+        Failing that too, the set counts toward `precision_lowered`."""
+        arbiter = self._against_float64(c_leaves, r_leaves, xs)
+        ratio = arbiter.ratio
+        if ratio is not None and ratio <= PROBE_BOUND:
+            return True, (f"{message}; judged against float64 instead: {ratio:.3g}x the float32 reference's own "
+                          f"error there (bound {PROBE_BOUND:g}x), so the difference is the reference's rounding"), ratio
+        self._arbiter_failed = True
+        self.lowered.append(index)
+        why = (f"against float64: {ratio:.3g}x the float32 reference's own error (bound {PROBE_BOUND:g}x)"
+               if ratio is not None else f"no float64 arbitration: {arbiter.note}")
+        return False, f"{message}; {why}", ratio
 
     def _against_float64(self, c_leaves: list[torch.Tensor], r_leaves: list[torch.Tensor],
                          xs: list[Any] | None) -> ProbeError:

@@ -125,3 +125,19 @@ def test_baseline_cache_round_trip_and_staleness(tmp_path) -> None:
     path = cache.path("h", "NVIDIA H100 80GB HBM3", "2.11.0+cu130")
     path.write_text(path.read_text().replace(f'"protocol": {PROTOCOL}', '"protocol": -1'))
     assert cache.get("h", "NVIDIA H100 80GB HBM3", "2.11.0+cu130", need_compile=False) is None
+
+
+def test_only_finite_written_floating_outputs_off_by_little_are_rounding_sized() -> None:
+    from kb_mcp.harness.worker.values import LOWERED_PRECISION_ERR, rounding_sized
+
+    r = torch.linspace(-1.0, 1.0, 1000)
+    small = compare(r + 1e-3 * r.pow(2).mean().sqrt(), r, 1e-4, 1e-4)  # off by 1e-3 of the RMS
+    assert not small.passed and rounding_sized([small], [r])
+    assert rounding_sized([compare(r, r, 1e-4, 1e-4)], [r])  # nothing failed: nothing to explain
+    large = compare(r + 2 * LOWERED_PRECISION_ERR, r, 1e-4, 1e-4)
+    assert not large.passed and not rounding_sized([large], [r])
+    nan = r.clone()
+    nan[3] = float("nan")
+    assert not rounding_sized([compare(nan, r, 1e-4, 1e-4)], [r])
+    half = r.half()
+    assert not rounding_sized([compare(half + 1e-2, half, 1e-4, 1e-4)], [half])  # a float16 output is its own track

@@ -152,17 +152,17 @@ def test_the_profiler_the_census_reads_is_watched(pristine: TrustedSnapshot) -> 
 def test_the_harness_tables_are_watched(pristine: TrustedSnapshot) -> None:
     # A candidate that loosened a tolerance or a limit would loosen its own checks.
     float32 = values.DEFAULT_TOLERANCES["float32"]
-    lowered = checks.LOWERED_PRECISION_ERR
+    bound = checks.PROBE_BOUND  # the float64 judgment's bound, as the checks module holds it
     try:
         values.DEFAULT_TOLERANCES["float32"] = (1.0, 1.0)  # edited in place: the same dict
-        checks.LOWERED_PRECISION_ERR = 1.0  # rebound
+        checks.PROBE_BOUND = 1e9  # rebound
         found = {f.message.split("`")[1] for f in pristine.verify() if f.code == C.harness_tampering}
         assert found == {"kb_mcp.harness.worker.values.DEFAULT_TOLERANCES",
-                         "kb_mcp.harness.worker.checks.LOWERED_PRECISION_ERR"}
+                         "kb_mcp.harness.worker.checks.PROBE_BOUND"}
     finally:
         values.DEFAULT_TOLERANCES["float32"] = float32
         pristine.restore()
-    assert lowered == checks.LOWERED_PRECISION_ERR and pristine.verify() == []
+    assert bound == checks.PROBE_BOUND and pristine.verify() == []
 
 
 def test_snapshot_quiet_after_ordinary_torch_work(pristine: TrustedSnapshot) -> None:

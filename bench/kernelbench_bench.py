@@ -115,42 +115,20 @@ class PrecisionEvidence(BaseModel):
 
 def precision_evidence(result: dict[str, Any]) -> PrecisionEvidence | None:
     """The precision evidence of a `compile_and_verify` result, or None where the verdict has none
-    (no kernel below the track's precision). The probes' numbers are read as they arrive (a ratio of
-    "Infinity" included); the scheme is `PrecisionCheck.scheme()`'s wording where the record validates."""
+    (no kernel below the track's precision). The server sends a `harness.probing.PrecisionCheck`
+    (a ratio of "Infinity" included): its own model reads it, and a record it does not take is
+    kb-mcp's to fix, as any malformed result is."""
     raw = result.get("precision")
-    if not isinstance(raw, dict):
+    if raw is None:
         return None
     from kb_mcp.harness.probing import PrecisionCheck
 
-    try:
-        check: PrecisionCheck | None = PrecisionCheck.model_validate(raw)
-    except ValueError:
-        check = None
-    probes: dict[str, float | None] = {}
-    for probe in raw.get("probes") or []:
-        if isinstance(probe, dict) and probe.get("probe"):
-            probes[str(probe["probe"])] = _ratio(probe.get("ratio"))
-    ran = {k: v for k, v in probes.items() if v is not None}
-    worst = max(ran, key=lambda k: ran[k]) if ran else None
-    precisions = check.precisions if check is not None else sorted(
-        {str(p) for ps in (raw.get("kernels") or {}).values() for p in ps})
-    bound = raw.get("bound")
-    return PrecisionEvidence(status=str(raw.get("status") or "?"), precisions=precisions, worst_probe=worst,
-                             worst_ratio=ran[worst] if worst is not None else None,
-                             bound=float(bound) if isinstance(bound, (int, float)) else None,
-                             probes=probes, scheme=check.scheme() if check is not None else "")
-
-
-def _ratio(value: Any) -> float | None:
-    """A probe's ratio as JSON carries it: a number, "Infinity", or null (the probe did not run); a NaN
-    reads as infinite (no finite error), so that it still ranks worst."""
-    if value is None:
-        return None
-    try:
-        ratio = float(value)
-    except (TypeError, ValueError):
-        return None
-    return math.inf if math.isnan(ratio) else ratio
+    check = PrecisionCheck.model_validate(raw)
+    worst = check.worst
+    return PrecisionEvidence(status=check.status, precisions=check.precisions,
+                             worst_probe=worst.probe if worst is not None else None,
+                             worst_ratio=worst.ratio if worst is not None else None, bound=check.bound,
+                             probes={p.probe: p.ratio for p in check.probes}, scheme=check.scheme())
 
 
 class ProblemRun(BaseModel):

@@ -181,7 +181,7 @@ def against_float64(reference: torch.nn.Module, xs: list[Any], candidate: list[t
     `xs`) both measured against a float64 copy of the reference on the same inputs, by the probes'
     rule (`harness.probing.error_ratio`). `xs` are the set's pristine inputs, on the host or the
     device (copied to the outputs' device here). A float64 reference that cannot run (memory, a
-    forward that fixes its dtype) leaves the ratio unset with the reason, and the failure stands."""
+    forward that raises in float64) leaves the ratio unset with the reason, and the failure stands."""
     device = strict[0].device if strict else torch.device("cpu")
     try:
         on_device = [x.to(device) if isinstance(x, torch.Tensor) else x for x in xs]

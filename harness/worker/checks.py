@@ -8,12 +8,12 @@ with the reference's, values must be finite and within tolerance. One set is re-
 must agree) and one with new values written into the previous set's input buffers (results cached
 on pointers or shapes fail there). A floating output outside the tolerance by a rounding-sized
 margin is judged once more against a float64 copy of the reference on the same inputs
-(`probes.against_float64`, the precision probes' rule): where the candidate errs at most
+(`harness.worker.rounding`, the precision probes' rule): where the candidate errs at most
 `PROBE_BOUND` times what the float32 reference itself errs, the difference is the reference's own
 rounding (long sums of large values, small outputs after a cancellation) and the set passes, the
-ratio recorded with it. Then the patterns: public-only passes (`seed_prediction`),
-shifted-only failures (`distribution_shortcut`), small errors everywhere (`precision_lowered`),
-parameters perturbed in both models (`ignores_inputs`).
+ratio recorded with it; each timed run's output is judged the same way. Then the patterns:
+public-only passes (`seed_prediction`), shifted-only failures (`distribution_shortcut`), small
+errors everywhere (`precision_lowered`), parameters perturbed in both models (`ignores_inputs`).
 
 A problem may define `get_shifted_inputs()` for the different-distribution set; otherwise two sets
 vary the floating inputs of fresh sets (`harness.worker.distributions`: signs mixed per element with
@@ -26,21 +26,20 @@ from __future__ import annotations
 
 import gc
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kb_mcp.harness.memory import Footprint, MemoryPlan, SetPeak
-from kb_mcp.harness.probing import ARBITER, PROBE_BOUND, ProbeError
 from kb_mcp.harness.verdict import Failure, FailureKind, Finding, FindingCode, InputSetCheck
 from kb_mcp.harness.worker.distributions import SETS, Variant, vary
 from kb_mcp.harness.worker.fault import Halted, ProblemBroken, first_line, is_cuda_error, is_out_of_memory
 from kb_mcp.harness.worker.footprint import PeakMeter, nbytes
 from kb_mcp.harness.worker.integrity import IntegrityGuard
 from kb_mcp.harness.worker.perturb import ParamMapping, map_parameters, parameter_infos, perturb
-from kb_mcp.harness.worker.probes import against_float64
+from kb_mcp.harness.worker.rounding import RoundingJudge
 from kb_mcp.harness.worker.timed_checks import TimedChecks
 from kb_mcp.harness.worker.values import (
     MAX_PERTURBED_INPUTS,
@@ -53,7 +52,6 @@ from kb_mcp.harness.worker.values import (
     leaves,
     overlaps,
     poison_allocator,
-    rounding_sized,
     same,
     secret_seed,
     tolerance_for,
@@ -111,7 +109,7 @@ class Checker(TimedChecks):
         self.ref_params: dict[str, torch.nn.Parameter] = {}
         self.cand_params: dict[str, torch.nn.Parameter] = {}
         self._stale = False  # the reused-buffer run returned set 1's output again (`_reused_buffers`)
-        self._arbiter_failed = False  # a set failed its float64 judgment (`_against_float64`)
+        self.judge = RoundingJudge(ref)  # the float64 judgment of rounding-sized failures
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -219,8 +217,11 @@ class Checker(TimedChecks):
     # -- checks -----------------------------------------------------------------------------
 
     def check(self, index: int, kind: str, ref_out: Any, out: Any, args: list[Any] | None = None,
-              pristine: list[Any] | None = None, ref_inputs: list[Any] | None = None) -> InputSetCheck:
-        """Compares one output with the reference and records findings; returns the set's result."""
+              pristine: list[Any] | None = None, ref_inputs: list[Any] | None = None,
+              remake: Callable[[], list[Any]] | None = None) -> InputSetCheck:
+        """Compares one output with the reference and records findings; returns the set's result.
+        `remake()` makes the set's inputs again from their seed where no pristine copy is at hand
+        (for the float64 judgment of a rounding-sized failure)."""
         v = self.v
         r_leaves = leaves(ref_out)
         c_leaves = leaves(out)
@@ -281,9 +282,10 @@ class Checker(TimedChecks):
         first_bad = next((cm for cm in comps if not cm.passed), None)
         message = first_bad.message if first_bad else ""
         ratio: float | None = None
-        if not passed and rounding_sized(comps, r_leaves):
-            passed, message, ratio = self._rounding_failure(index, message, c_leaves, r_leaves,
-                                                            pristine if pristine is not None else ref_inputs)
+        if self.judge.applies(comps, r_leaves):
+            kept = pristine if pristine is not None else ref_inputs
+            inputs: Callable[[], list[Any] | None] = (lambda: kept) if kept is not None or remake is None else remake
+            passed, message, ratio = self._rounding_failure(index, message, c_leaves, r_leaves, inputs)
         return self._record(InputSetCheck(
             index=index, kind=kind, passed=passed,
             max_abs_err=largest(cm.max_abs for cm in comps), max_rel_err=largest(cm.max_rel for cm in comps),
@@ -292,35 +294,13 @@ class Checker(TimedChecks):
         ))
 
     def _rounding_failure(self, index: int, message: str, c_leaves: list[torch.Tensor], r_leaves: list[torch.Tensor],
-                          xs: list[Any] | None) -> tuple[bool, str, float | None]:
-        """A set failed by a rounding-sized margin, judged against float64: (passed, message, ratio).
-        Failing that too, the set counts toward `precision_lowered`."""
-        arbiter = self._against_float64(c_leaves, r_leaves, xs)
-        ratio = arbiter.ratio
-        if ratio is not None and ratio <= PROBE_BOUND:
-            return True, (f"{message}; judged against float64 instead: {ratio:.3g}x the float32 reference's own "
-                          f"error there (bound {PROBE_BOUND:g}x), so the difference is the reference's rounding"), ratio
-        self._arbiter_failed = True
-        self.lowered.append(index)
-        why = (f"against float64: {ratio:.3g}x the float32 reference's own error (bound {PROBE_BOUND:g}x)"
-               if ratio is not None else f"no float64 arbitration: {arbiter.note}")
-        return False, f"{message}; {why}", ratio
-
-    def _against_float64(self, c_leaves: list[torch.Tensor], r_leaves: list[torch.Tensor],
-                         xs: list[Any] | None) -> ProbeError:
-        """`probes.against_float64` on this set (its pristine inputs; TF32 settings do not touch float64
-        arithmetic, so the track's numerics stay as they are). Once one set has failed it, the verdict
-        is `incorrect` whatever the others show, so later sets are not judged again (a candidate in a
-        lower precision fails every set: one float64 run, not one per set)."""
-        if self._arbiter_failed:
-            return ProbeError(probe=ARBITER, note="an earlier input set failed its float64 judgment")
-        if not xs:
-            return ProbeError(probe=ARBITER, note="the set's inputs were not kept")
-        with torch.no_grad():
-            found = against_float64(self.ref, xs, c_leaves, r_leaves)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # the float64 copies' blocks go back before the next set
-        return found
+                          inputs: Callable[[], list[Any] | None]) -> tuple[bool, str, float | None]:
+        """A set failed by a rounding-sized margin, judged against float64 (`rounding.RoundingJudge`):
+        (passed, message, ratio). Failing that too, the set counts toward `precision_lowered`."""
+        judged = self.judge.judge(message, c_leaves, r_leaves, inputs)
+        if not judged.passed:
+            self.lowered.append(index)
+        return judged.passed, judged.message, judged.ratio
 
     def _record(self, check: InputSetCheck) -> InputSetCheck:
         self.v.sets.append(check)
@@ -435,22 +415,25 @@ class Checker(TimedChecks):
         pointers and shapes the candidate saw): its output must be the new values' output. Set 1's
         other tensors are gone by then, so this costs no more memory than a set of its own."""
         self.note_peaks()  # this check's peak apart from set 1's
-        self._refill(args1)
+        seed = self._refill(args1)
         # ref_run clones where pristine copies stay on the device; on the host path it runs on what it gets
         ref_out = self.ref_run(clone_inputs(args1) if self.host_pristine and not self.ref_keeps_inputs else args1)
         out = self.cand_run(args1, ref_out)
-        chk = self.check(index, "reused_buffers", ref_out, out)
+        chk = self.check(index, "reused_buffers", ref_out, out, remake=lambda: self.make_inputs(seed))
         self._stale = first.out is not None and digests(out) == first.out
         return chk
 
-    def _refill(self, args1: list[Any]) -> None:
-        """Writes a fresh secret set's values into `args1`. In a function of its own so that the
+    def _refill(self, args1: list[Any]) -> int:
+        """Writes a fresh secret set's values into `args1`; returns its seed (the candidate may write
+        into `args1`, so a pristine copy is made again from it). In a function of its own so that the
         fresh set is gone when it returns (a loop variable of the caller would keep its last tensor
         alive: a whole input's size beside the reference and the poisoned blocks)."""
-        fresh = self.make_inputs(secret_seed())
+        seed = secret_seed()
+        fresh = self.make_inputs(seed)
         for a, x in zip(args1, fresh):
             if isinstance(a, torch.Tensor) and isinstance(x, torch.Tensor) and a.shape == x.shape:
                 a.copy_(x)
+        return seed
 
     def _caching_finding(self, reused: InputSetCheck, first: _SetRecord, second: _SetRecord) -> None:
         """`result_caching` where set 1's buffers with new values gave a wrong output although set 1

@@ -16,6 +16,7 @@ from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.harness.verdict import Timings
 from kb_mcp.harness.worker.fault import is_cuda_error, is_out_of_memory
 from kb_mcp.harness.worker.footprint import first_float, nbytes
+from kb_mcp.harness.worker.rounding import RoundingJudge
 from kb_mcp.harness.worker.timing import (
     QUICK_RUNS,
     RunStats,
@@ -48,6 +49,7 @@ class TimedChecks:
     dtypes: set[str]
     make_inputs: Callable[..., list[Any]]
     ref_args: Callable[[list[Any]], list[Any]]
+    judge: RoundingJudge
 
     def _measure(self, xs: list[Any]) -> None:
         """Bytes in and out and FLOPs of the reference, for the roofline bound, measured on the GPU
@@ -66,11 +68,16 @@ class TimedChecks:
             "output_bytes": nbytes(leaves(out) or []), "flops": self.flops, "dtypes": sorted(self.dtypes),
             "dtype": str(self.dtype).replace("torch.", "")})
 
-    def _gen(self, with_ref: dict[int, Any] | None) -> Callable[[int], list[Any]]:
+    def _gen(self, with_ref: dict[int, Any] | None, seeds: dict[int, int] | None = None) -> Callable[[int], list[Any]]:
+        """Fresh inputs for run i; with `with_ref`, the reference's output on them kept by i (and
+        their seed in `seeds`, to make them again for the float64 judgment)."""
         def make(i: int) -> list[Any]:
-            xs = self.make_inputs(secret_seed())
+            seed = secret_seed()
+            xs = self.make_inputs(seed)
             if with_ref is not None and i >= 0:
                 with_ref[i] = self.ref(*self.ref_args(xs))
+                if seeds is not None:
+                    seeds[i] = seed
             return xs
 
         return make
@@ -82,26 +89,37 @@ class TimedChecks:
         v, timer = self.v, self.v.env.timer
         assert timer is not None
         refs: dict[int, Any] = {}
+        seeds: dict[int, int] = {}
 
         def check(i: int, out: Any) -> str | None:
-            r = refs.pop(i)
-            rl, cl = leaves(r) or [], leaves(out)
-            if cl is None or len(cl) != len(rl):
-                return "wrong output type"
-            for c, rr in zip(cl, rl):
-                if type(c) is not torch.Tensor or c.shape != rr.shape or c.dtype != rr.dtype or c.device != rr.device:
-                    return f"output {type(c).__name__} {tuple(c.shape)} {c.dtype} on {c.device}"
-                atol, rtol, _ = tolerance_for(rr.dtype, self.atol, self.rtol, v.options)
-                cm = compare(c, rr, atol, rtol, detail=False)
-                if not cm.passed:
-                    return cm.message
-            return None
+            return self._timed_output(out, refs.pop(i), seeds.pop(i))
 
         quick = not v.options.timing
         warm = 1 if quick else v.options.warmup_runs
         runs = timer.runs_for(self.cand, self._named(self._gen(None)), quick, v.options.timed_runs)
-        cand = Series(self.cand, self._named(self._gen(refs)), runs, warm, check)
+        cand = Series(self.cand, self._named(self._gen(refs, seeds)), runs, warm, check)
         return time_with_reference(timer, cand, self.ref, self._gen(None), base, quick)
+
+    def _timed_output(self, out: Any, ref_out: Any, seed: int) -> str | None:
+        """Why a timed run's output is wrong (None: it is right): the same comparison as the input
+        sets', a rounding-sized failure judged against float64 on the run's inputs made again from
+        their seed (`rounding.RoundingJudge`)."""
+        rl, cl = leaves(ref_out) or [], leaves(out)
+        if cl is None or len(cl) != len(rl):
+            return "wrong output type"
+        comps = []
+        for c, rr in zip(cl, rl):
+            if type(c) is not torch.Tensor or c.shape != rr.shape or c.dtype != rr.dtype or c.device != rr.device:
+                return f"output {type(c).__name__} {tuple(c.shape)} {c.dtype} on {c.device}"
+            atol, rtol, _ = tolerance_for(rr.dtype, self.atol, self.rtol, self.v.options)
+            comps.append(compare(c, rr, atol, rtol, detail=False))
+        failed = next((cm for cm in comps if not cm.passed), None)
+        if failed is None:
+            return None
+        if not self.judge.applies(comps, rl):
+            return failed.message
+        judged = self.judge.judge(failed.message, cl, rl, lambda: self.make_inputs(seed))
+        return None if judged.passed else judged.message
 
     def _named(self, make: Callable[[int], list[Any]]) -> Callable[[int], list[Any]]:
         """`make`, telling `fault.Blame` which call of the candidate comes next (outside the timed region)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import kb_mcp.harness.worker.checks as checks
+import kb_mcp.harness.worker.rounding as rounding
 import kb_mcp.harness.worker.values as values
 from kb_mcp.harness.verdict import Finding, FindingCode
 from kb_mcp.harness.worker.integrity import RETIRE_WORKER, IntegrityGuard, dedupe
@@ -152,17 +152,17 @@ def test_the_profiler_the_census_reads_is_watched(pristine: TrustedSnapshot) -> 
 def test_the_harness_tables_are_watched(pristine: TrustedSnapshot) -> None:
     # A candidate that loosened a tolerance or a limit would loosen its own checks.
     float32 = values.DEFAULT_TOLERANCES["float32"]
-    bound = checks.PROBE_BOUND  # the float64 judgment's bound, as the checks module holds it
+    bound = rounding.PROBE_BOUND  # the float64 judgment's bound, as the rounding module holds it
     try:
         values.DEFAULT_TOLERANCES["float32"] = (1.0, 1.0)  # edited in place: the same dict
-        checks.PROBE_BOUND = 1e9  # rebound
+        rounding.PROBE_BOUND = 1e9  # rebound
         found = {f.message.split("`")[1] for f in pristine.verify() if f.code == C.harness_tampering}
         assert found == {"kb_mcp.harness.worker.values.DEFAULT_TOLERANCES",
-                         "kb_mcp.harness.worker.checks.PROBE_BOUND"}
+                         "kb_mcp.harness.worker.rounding.PROBE_BOUND"}
     finally:
         values.DEFAULT_TOLERANCES["float32"] = float32
         pristine.restore()
-    assert bound == checks.PROBE_BOUND and pristine.verify() == []
+    assert bound == rounding.PROBE_BOUND and pristine.verify() == []
 
 
 def test_snapshot_quiet_after_ordinary_torch_work(pristine: TrustedSnapshot) -> None:

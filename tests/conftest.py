@@ -3,7 +3,9 @@ nvcc tests with a visible reason on machines that lack them."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
         if "nvcc" in item.keywords and not HAS_NVCC:
             item.add_marker(skip_nvcc)
+
+
+# Set by scripts/gpu-check.sh for a run inside a device call's limit: past this time (Unix seconds)
+# no test starts, so the run ends by itself and prints its summary; and each failure is written to
+# this file the moment it happens, so a run cut short still says why a test failed.
+DEADLINE_ENV = "KBMCP_TEST_DEADLINE"
+FAILURE_LOG_ENV = "KBMCP_FAILURE_LOG"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skips a test that would start after the run's deadline (`DEADLINE_ENV`), saying so."""
+    deadline = os.environ.get(DEADLINE_ENV)
+    if deadline and time.time() > float(deadline):
+        pytest.skip(f"the run's time budget was spent before this test started ({DEADLINE_ENV})")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Appends a failure with its traceback to `FAILURE_LOG_ENV`'s file as soon as it is known."""
+    path = os.environ.get(FAILURE_LOG_ENV)
+    if not path or not report.failed:
+        return
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(f"=== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n\n")
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ summary reads "timed out while timing ModelNew.forward", not a phase code.
 
 from __future__ import annotations
 
-__all__ = ["CENSUS_WORDS", "PHASES", "PHASE_WORDS"]
+__all__ = ["CENSUS_WORDS", "PHASES", "PHASE_WORDS", "PhaseClock"]
 
 PHASES = ("static", "import", "construct", "check", "census", "probes", "timing", "baselines", "evidence",
           "compile")
@@ -32,3 +32,23 @@ CENSUS_WORDS = {
     "reference": "measuring the reference's device time (in the census worker)",
 }
 
+
+
+class PhaseClock:
+    """Where one request's seconds went, phase by phase, as the pool sees it: from each phase frame
+    to the next (a phase entered twice adds up), the last one until the answer, and "queued" from
+    the request to the first frame. Times are `time.monotonic()` readings the caller passes in."""
+
+    def __init__(self, start: float) -> None:
+        self._marks: list[tuple[str, float]] = [("queued", start)]
+
+    def enter(self, phase: str, now: float) -> None:
+        """The worker reported `phase` at `now`."""
+        self._marks.append((phase, now))
+
+    def seconds(self, end: float) -> dict[str, float]:
+        """Seconds per phase up to `end`, rounded to milliseconds, in the order first entered."""
+        out: dict[str, float] = {}
+        for (phase, start), (_, stop) in zip(self._marks, [*self._marks[1:], ("", end)]):
+            out[phase] = round(out.get(phase, 0.0) + max(0.0, stop - start), 3)
+        return out

@@ -47,7 +47,7 @@ from kb_mcp.harness.census_side import CensusSide
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
 from kb_mcp.harness.compile_only import CompileOnly
 from kb_mcp.harness.gpu_memory import DeviceMemory
-from kb_mcp.harness.phases import PHASE_WORDS, PHASES
+from kb_mcp.harness.phases import PHASE_WORDS, PHASES, PhaseClock
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, kill_all
 from kb_mcp.harness.protocol import (
@@ -378,8 +378,10 @@ class WorkerPool(CensusSide):
         self._send(w, VerifyRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts,
                                     candidate_id=cid))
         steps = len(PHASES)
+        clock = PhaseClock(t0)
 
         def on_phase(phase: str) -> None:
+            clock.enter(phase, time.monotonic())
             progress(PHASES.index(phase) if phase in PHASES else 0, steps, PHASE_WORDS.get(phase, phase))
 
         def on_ask(ask: Any) -> None:
@@ -424,9 +426,11 @@ class WorkerPool(CensusSide):
                                [finding])
         result = self._keep_baseline(body, w, problem, opts.track.value)
         w.output.settle()
+        end = time.monotonic()
         result = result.model_copy(update={
             "output": w.output.take(opts.max_output_chars),
-            "elapsed_s": round(time.monotonic() - t0, 3),
+            "elapsed_s": round(end - t0, 3),
+            "phases_s": clock.seconds(end),
             "worker_replaced": retire,
         })
         if retire:

@@ -208,6 +208,8 @@ class VerifyResult(BaseModel):
     # says nothing about the candidate, and the server stores none.
     not_judged: str = ""
     elapsed_s: float = 0.0
+    # Where `elapsed_s` went, phase by phase (`harness.phases.PhaseClock`; the names of `phases.PHASES`).
+    phases_s: dict[str, float] = Field(default_factory=dict)
     worker_replaced: bool = False
     track: Track = DEFAULT_TRACK  # the precision track it was verified in (its tolerance, its scores)
     memory: MemoryReport | None = None  # its footprint, the plan and the peak it took (`harness.memory`)

@@ -46,6 +46,7 @@ def _log(case: Case, result: VerifyResult) -> None:
         "flagged": result.flagged,
         "summary": result.summary[:300],
         "elapsed_s": result.elapsed_s,
+        "phases_s": result.phases_s,
         "candidate_ms": t.candidate_ms if t else None,
         "eager_ms": t.eager_ms if t else None,
         "speedup_vs_eager": t.speedup_vs_eager if t else None,

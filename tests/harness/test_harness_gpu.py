@@ -190,9 +190,12 @@ def test_a_launch_bound_reference_is_retimed_beside_each_candidate(pool: WorkerP
     assert a.compile_scaled and a.compile_ms == pytest.approx(t.compile_ms * a.eager_drift, rel=1e-2)
     assert "re-timed beside the candidate" in a.note
     phases = {m.split(" (")[0]: round(b - t0, 3) for (m, t0), (_, b) in itertools.pairwise(marks)}
+    # The verdict's own account of its seconds: every phase it went through, adding up to the whole.
+    assert {"queued", "import", "check", "timing"} <= set(again.phases_s), again.phases_s
+    assert sum(again.phases_s.values()) == pytest.approx(again.elapsed_s, abs=0.01)
     print(f"chain: eager cached {t.eager_ms:.4f} ms, re-timed {a.eager_ms:.4f} ms (drift {a.eager_drift}), "
           f"candidate {a.candidate_ms:.4f} ms ({a.runs} runs); verdict {again.elapsed_s:.2f} s (first "
-          f"{first.elapsed_s:.2f} s); phases {phases}")
+          f"{first.elapsed_s:.2f} s, {first.phases_s}); progress marks {phases}")
 
 
 def test_a_gpu_bound_reference_comes_from_the_cache(pool: WorkerPool) -> None:

@@ -51,11 +51,14 @@ class RoundingJudge:
         return not all(cm.passed for cm in comps) and rounding_sized(comps, references)
 
     def judge(self, message: str, candidate: list[torch.Tensor], strict: list[torch.Tensor],
-              inputs: Callable[[], list[Any] | None]) -> Judgment:
+              inputs: Callable[[], list[Any] | None], release: bool = True) -> Judgment:
         """The judgment of `candidate` (failed with `message`) against float64, with the float32
         reference's outputs `strict`; `inputs()` gives the pristine inputs both ran on (made again
-        from their seed where they were not kept), asked for only when the judgment runs."""
-        found = self._against_float64(candidate, strict, inputs)
+        from their seed where they were not kept), asked for only when the judgment runs.
+        `release`: the float64 copies' blocks go back to the device afterwards. Between timed runs
+        they stay cached instead: an emptied cache would put the next timed run's allocations, and
+        their cudaMalloc, inside its timed region."""
+        found = self._against_float64(candidate, strict, inputs, release)
         ratio = found.ratio
         if ratio is not None and ratio <= PROBE_BOUND:
             return Judgment(True, (f"{message}; judged against float64 instead: {ratio:.3g}x the float32 reference's "
@@ -67,9 +70,9 @@ class RoundingJudge:
         return Judgment(False, f"{message}; {why}", ratio)
 
     def _against_float64(self, candidate: list[torch.Tensor], strict: list[torch.Tensor],
-                         inputs: Callable[[], list[Any] | None]) -> ProbeError:
+                         inputs: Callable[[], list[Any] | None], release: bool) -> ProbeError:
         """`probes.against_float64` (TF32 settings do not touch float64 arithmetic, so the track's
-        numerics stay as they are); the float64 copies' blocks go back to the device afterwards."""
+        numerics stay as they are)."""
         if self.failed:
             return ProbeError(probe=ARBITER, note="an earlier output failed its float64 judgment")
         xs = inputs()
@@ -78,6 +81,6 @@ class RoundingJudge:
         with torch.no_grad():
             found = against_float64(self.reference, xs, candidate, strict)
         del xs
-        if torch.cuda.is_available():
+        if release and torch.cuda.is_available():
             torch.cuda.empty_cache()
         return found

@@ -118,7 +118,7 @@ class TimedChecks:
             return None
         if not self.judge.applies(comps, rl):
             return failed.message
-        judged = self.judge.judge(failed.message, cl, rl, lambda: self.make_inputs(seed))
+        judged = self.judge.judge(failed.message, cl, rl, lambda: self.make_inputs(seed), release=False)
         return None if judged.passed else judged.message
 
     def _named(self, make: Callable[[int], list[Any]]) -> Callable[[int], list[Any]]:

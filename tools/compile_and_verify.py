@@ -120,6 +120,10 @@ class Result(BaseModel):
         None, description="kernels on tensor cores below the track's precision (their SASS), and the precision "
         "probes' numbers that judged them: status, per probe the error ratio against the track's reference")
     tolerance: dict[str, float] = Field(default_factory=dict)
+    elapsed_s: float = Field(0.0, description="how long the verification took (seconds)")
+    phases_s: dict[str, float] = Field(
+        default_factory=dict, description="where elapsed_s went, phase by phase: queued (the GPU lane and a ready "
+        "worker), static, import (builds), check (the input sets), census, probes, timing, baselines, evidence")
     candidate_path: str = Field(description="where the server keeps this candidate's source")
     output: str = private("", description="the candidate's stdout/stderr (detail, or when it crashed / timed out)")
     input_sets: list[InputSetCheck] | None = private(None, description="per input set (detail only)")
@@ -253,6 +257,8 @@ def summarize(result: VerifyResult, record: CandidateRecord, standing: Candidate
         timings=result.timings,
         precision=result.precision,
         tolerance=result.tolerance,
+        elapsed_s=result.elapsed_s,
+        phases_s=result.phases_s,
         candidate_path=path,
         output=output if show_output else "",
         input_sets=sets if detail else None,

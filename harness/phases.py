@@ -33,7 +33,6 @@ CENSUS_WORDS = {
 }
 
 
-
 class PhaseClock:
     """Where one request's seconds went, phase by phase, as the pool sees it: from each phase frame
     to the next (a phase entered twice adds up), the last one until the answer, and "queued" from

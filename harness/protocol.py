@@ -321,6 +321,7 @@ class ResultFrame(_Ask):
 
     kind: Literal["result"] = "result"
     retire: bool = False  # the worker exits after this (it may have been left unfit)
+    why_retire: str = ""  # what left it unfit, where the worker itself saw it (a thread or process left running)
     body: ResultBody
 
 

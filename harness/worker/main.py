@@ -88,11 +88,18 @@ def compile_baseline_in_process() -> None:
     """Makes torch.compile (the baseline) compile inside this process, starting no threads.
 
     Inductor's parallel compile starts pool and timer threads lazily (`subproc_worker_timer`,
-    `tqdm_monitor`, executor threads); the thread census would blame them on the next candidate.
+    executor threads), and its progress bar (tqdm, where installed) a `tqdm_monitor` thread even when
+    disabled; the thread census would blame them on the problem or the next candidate and retire the
+    worker after every torch.compile (a new worker's start, ~8 s under the GPU lane, per problem).
     """
     import torch._inductor.config
 
     torch._inductor.config.compile_threads = 1
+    try:
+        import tqdm  # type: ignore[import-untyped]
+    except ImportError:  # torch then uses a stand-in that starts no thread
+        return
+    tqdm.tqdm.monitor_interval = 0  # tqdm's documented switch: no monitor thread
 
 
 class Channel:
@@ -212,6 +219,26 @@ def _uuid(props: Any) -> str:
         return ""
     text = str(raw)
     return text if text.startswith("GPU-") else f"GPU-{text}"
+
+
+def _left_running(before: set[threading.Thread], baseline: set[int] | None) -> str:
+    """What the request left running in this worker ('' when nothing): threads started and not
+    ended, and (in a PID namespace of its own) processes, by name, so a retirement says why."""
+    threads = [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+    procs = sorted(_processes() - baseline) if baseline is not None else []
+    parts = []
+    if threads:
+        parts.append(f"{len(threads)} thread(s) ({', '.join(threads[:4])[:160]})")
+    if procs:
+        parts.append(f"{len(procs)} process(es) ({', '.join(_comm(p) for p in procs[:4])[:160]})")
+    return " and ".join(parts) + " left running" if parts else ""
+
+
+def _comm(pid: int) -> str:
+    try:
+        return f"{Path(f'/proc/{pid}/comm').read_text().strip()}[{pid}]"
+    except OSError:
+        return str(pid)
 
 
 def _processes() -> set[int]:
@@ -338,13 +365,12 @@ def main(argv: list[str] | None = None) -> int:
             body, retire = _internal_error(req, exc), True
         # A thread or process the candidate left running could write into the next request (or read
         # the next candidate's files): start afresh.
-        leftover = [t for t in threading.enumerate() if t not in before and t.is_alive()]
-        if leftover or (baseline is not None and _processes() - baseline):
-            retire = True
+        why = _left_running(before, baseline)
+        retire = retire or bool(why)
         env.clean_workdir()
         sys.stdout.flush()
         sys.stderr.flush()
-        channel.emit(ResultFrame, body=body, retire=retire)
+        channel.emit(ResultFrame, body=body, retire=retire, why_retire=why)
         channel.end()
         if retire:
             return 0

@@ -185,3 +185,27 @@ def test_close_stops_the_worker(tmp_path, relu_problem) -> None:
         for _ in range(50):
             os.kill(pid, 0)
             time.sleep(0.1)
+
+
+def test_a_retirement_names_the_threads_and_processes_left_running() -> None:
+    import subprocess
+    import threading
+
+    from kb_mcp.harness.worker.main import _left_running, _processes
+
+    before, procs = set(threading.enumerate()), _processes()
+    assert _left_running(before, procs) == ""
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="left-by-candidate", daemon=True)
+    t.start()
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        why = _left_running(before, procs)
+        assert "1 thread(s) (left-by-candidate)" in why and "sleep" in why and why.endswith("left running"), why
+        assert _left_running(before, None).count("process") == 0  # outside a PID namespace: threads only
+    finally:
+        stop.set()
+        child.kill()
+        child.wait()
+        t.join()
+    assert _left_running(before, procs) == ""

@@ -70,8 +70,12 @@ class BaselineRow(BaseModel):
     track: Track = DEFAULT_TRACK
     elapsed_s: float = 0.0
     worker: str = Field("", description="the cluster's worker that timed it (`--gpus N`, `--cluster`)")
-    phases_s: dict[str, float] = Field(default_factory=dict, description="seconds per step in the worker: load, "
-                                       "construct, eager, compile (torch.compile's first call), compile_timed")
+    phases_s: dict[str, float] = Field(default_factory=dict, description=(
+        "seconds per step, adding up to elapsed_s: lane (waiting for the GPU), worker_start, the worker's load, "
+        "construct, eager, compile (torch.compile's first call), compile_timed, request_rest, worker_restart "
+        "(waiting for a worker started meanwhile)"))
+    worker_retired: str = Field("", description="why the worker exited after this problem and a new one started "
+                                                "('' when it did not)")
 
 
 _ROWS: TypeAdapter[list[BaselineRow]] = TypeAdapter(list[BaselineRow])
@@ -112,7 +116,7 @@ def row_of(ref: ProblemRef, run: BaselineRun, track: Track) -> BaselineRow:
                        eager_ms=round(base.eager_ms, 5) if base else None,
                        compile_ms=round(base.compile_ms, 5) if base and base.compile_ms is not None else None,
                        peak_gib=run.peak_gib, note=note, device=run.device, track=track, elapsed_s=run.elapsed_s,
-                       phases_s=run.phases)
+                       phases_s=run.phases, worker_retired=run.worker_retired)
 
 
 def baselines_table(out: Path, ctx: ToolContext, problems: list[str | Path], *, level: int | None = None,
@@ -242,5 +246,6 @@ def _describe(row: BaselineRow) -> str:
         comp = f"{row.compile_ms:.3f} ms" if row.compile_ms is not None else "failed"
         steps = ", ".join(f"{k} {v:.1f}" for k, v in row.phases_s.items())
         return (f"{where}{row.problem}: eager {row.eager_ms:.3f} ms, torch.compile {comp}, "
-                f"peak {row.peak_gib} GiB" + (f" ({row.elapsed_s:.1f} s: {steps})" if steps else ""))
+                f"peak {row.peak_gib} GiB" + (f" ({row.elapsed_s:.1f} s: {steps})" if steps else "")
+                + (f"; a new worker started after it ({row.worker_retired})" if row.worker_retired else ""))
     return f"{where}{row.problem}: {row.status} ({row.note[:200]})"

@@ -160,8 +160,12 @@ class BaselineRun(BaseModel):
     device_peak_bytes: int | None = Field(None, description="the device's memory in use at its highest (NVML)")
     device_idle_bytes: int | None = Field(None, description="the device's memory in use when the run began")
     elapsed_s: float = 0.0
-    phases: dict[str, float] = Field(default_factory=dict,
-                                     description="seconds per step in the worker (`protocol.BaselineReply.phases`)")
+    phases: dict[str, float] = Field(default_factory=dict, description=(
+        "seconds per step: waiting for the GPU lane (`lane`), for the worker to start (`worker_start`), the "
+        "worker's own steps (`protocol.BaselineReply.phases`), the rest of the request (`request_rest`), and "
+        "waiting for a worker started meanwhile (`worker_restart`)"))
+    worker_retired: str = Field("", description="why the worker exited after the run and a new one started "
+                                                "(something left running, the problem's failure); '' when it did not")
 
     @property
     def peak_gib(self) -> float | None:

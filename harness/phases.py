@@ -7,7 +7,10 @@ summary reads "timed out while timing ModelNew.forward", not a phase code.
 
 from __future__ import annotations
 
-__all__ = ["CENSUS_WORDS", "PHASES", "PHASE_WORDS", "PhaseClock"]
+import time
+from collections.abc import Callable
+
+__all__ = ["BASELINE_WORDS", "CENSUS_WORDS", "PHASES", "PHASE_WORDS", "PhaseClock", "StepClock"]
 
 PHASES = ("static", "import", "construct", "check", "census", "probes", "timing", "baselines", "evidence",
           "compile")
@@ -23,6 +26,11 @@ PHASE_WORDS = {
     "baselines": "timing the torch.compile baseline (first verdict of a problem) and comparing",
     "evidence": "checking a result above the review threshold further (more inputs, weights, a second shape, its work)",
     "compile": "compiling the candidate's CUDA sources",
+}
+BASELINE_WORDS = {  # a baselines request's phases (`worker.baseline_run`), no candidate in it
+    "queued": "waiting for the worker to start on the problem",
+    "eager": "timing the problem's eager forward",
+    "compile": "compiling and timing the problem with torch.compile",
 }
 CENSUS_WORDS = {
     "queued": "waiting for the census worker",
@@ -50,4 +58,35 @@ class PhaseClock:
         out: dict[str, float] = {}
         for (phase, start), (_, stop) in zip(self._marks, [*self._marks[1:], ("", end)]):
             out[phase] = round(out.get(phase, 0.0) + max(0.0, stop - start), 3)
+        return out
+
+
+class StepClock:
+    """Where the seconds of a run of steps went, as one process sees them: `mark(step)` ends `step`
+    at the time of the call (each from the end of the one before). `nested` puts the steps a worker
+    reported for one of them in its place, the rest of that step (the channel, the reply) under
+    `<step>_rest`, so the parts still add up to the whole."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._last = clock()
+        self.seconds: dict[str, float] = {}
+
+    def mark(self, step: str) -> None:
+        """Ends `step` now (a step marked twice adds up)."""
+        now = self._clock()
+        self.seconds[step] = round(self.seconds.get(step, 0.0) + max(0.0, now - self._last), 3)
+        self._last = now
+
+    def nested(self, step: str, inner: dict[str, float]) -> dict[str, float]:
+        """The steps, with `inner` (a worker's own steps of `step`) in the place of `step`."""
+        out: dict[str, float] = {}
+        for name, secs in self.seconds.items():
+            if name != step or not inner:
+                out[name] = secs
+                continue
+            out.update(inner)
+            rest = round(secs - sum(inner.values()), 3)
+            if rest > 0:
+                out[f"{step}_rest"] = rest
         return out

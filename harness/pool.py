@@ -47,7 +47,7 @@ from kb_mcp.harness.census_side import CensusSide
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
 from kb_mcp.harness.compile_only import CompileOnly
 from kb_mcp.harness.gpu_memory import DeviceMemory
-from kb_mcp.harness.phases import PHASE_WORDS, PHASES, PhaseClock
+from kb_mcp.harness.phases import BASELINE_WORDS, PHASE_WORDS, PHASES, PhaseClock, StepClock
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, kill_all
 from kb_mcp.harness.protocol import (
@@ -300,18 +300,24 @@ class WorkerPool(CensusSide):
         for the problem's own failures; raises WorkerError when no worker can be started at all."""
         opts = options or VerifyOptions()
         t0 = time.monotonic()
+        steps = StepClock()
         with lane.hold(f"baselines of {problem.name}", progress), self._lock:
+            steps.mark("lane")
             w = self._ready()
+            steps.mark("worker_start")
             info = w.info
             if self.no_cuda or info is None or not info.cuda:
                 return BaselineRun(problem=problem.name, problem_hash=problem.hash, status="needs_gpu",
                                    note="no CUDA GPU in the worker: baselines are timed on a GPU only")
             with DeviceMemory(info.uuid) as device:
                 run = self._baseline_request(w, problem, opts, progress)
+            steps.mark("request")
             self._settle_starts()
+            steps.mark("worker_restart")
             held = lane.current()
         run = run.model_copy(update={"device": info.device, "device_peak_bytes": device.peak,
-                                     "device_idle_bytes": device.idle, "elapsed_s": round(time.monotonic() - t0, 3)})
+                                     "device_idle_bytes": device.idle, "elapsed_s": round(time.monotonic() - t0, 3),
+                                     "phases": steps.nested("request", run.phases)})
         if run.baseline is None:
             return run
         if held is None or not held.alone:  # measured beside whatever else ran on the GPU: not a baseline to keep
@@ -329,20 +335,23 @@ class WorkerPool(CensusSide):
         limit = max(600.0, opts.timeout_s)
         reply = ReplyReader(w, rid, key, lambda phase: limit, "baselines")
         try:
-            frame = reply.read(lambda phase: progress(0, None, PHASE_WORDS.get(phase, phase)), lambda ask: None)
+            frame = reply.read(lambda phase: progress(0, None, BASELINE_WORDS.get(phase, phase)), lambda ask: None)
         except TimeoutError:
             self._replace(w)
-            return run.model_copy(update={"note": f"no answer within {limit:.0f} s while {reply.phase}"})
+            where = BASELINE_WORDS.get(reply.phase, reply.phase)
+            return run.model_copy(update={"note": f"no answer within {limit:.0f} s while {where}"})
         except ChannelClosed:
             code = w.proc.wait(timeout=30)
             self._replace(w)
-            return run.model_copy(update={"note": f"the worker died ({describe_exit(code)}) while {reply.phase}"})
+            where = BASELINE_WORDS.get(reply.phase, reply.phase)
+            return run.model_copy(update={"note": f"the worker died ({describe_exit(code)}) while {where}"})
         except (ForgedFrame, ValidationError) as exc:
             self._replace(w)
             return run.model_copy(update={"note": f"the worker's answer was malformed ({exc})"})
         body = frame.body
         if frame.retire:
             self._replace(w)
+            run = run.model_copy(update={"worker_retired": frame.why_retire or "the problem's run left it unfit"})
         if isinstance(body, ProblemFailed):
             status = "too_large" if body.too_large is not None else "problem_error"
             return run.model_copy(update={"status": status, "note": body.text, "too_large": body.too_large})

@@ -111,7 +111,7 @@ def _measure(env: Any, problem: Problem, options: VerifyOptions, pmod: Any, foot
 
     quick = not options.timing
     warm = 1 if quick else options.warmup_runs
-    report("timing")
+    report("eager")
     try:
         with torch.no_grad():
             xs = make(-1)
@@ -129,7 +129,7 @@ def _measure(env: Any, problem: Problem, options: VerifyOptions, pmod: Any, foot
                         eager_ms=eager.median_ms, eager_runs=len(eager.gpu_ms), eager_issue_ms=eager.issue_median_ms,
                         track=options.track.value, numerics=numerics())
     if options.compile_baseline:
-        report("baselines")
+        report("compile")
         baseline = _compiled(env, ref, make, baseline, quick, warm, phases)
     return BaselineReply(baseline=baseline, footprint=footprint)
 

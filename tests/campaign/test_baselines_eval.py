@@ -96,8 +96,13 @@ def test_on_a_gpu_every_problem_of_the_tree_gets_both_baselines(ctx, tmp_path: P
         assert r.eager_ms and r.eager_ms > 0 and r.compile_ms and r.compile_ms > 0 and r.device
         assert r.peak_gib is not None and r.peak_gib < 4
         # where the time went, step by step, and nothing left out of the worker's share
-        assert list(r.phases_s) == ["load", "construct", "eager", "compile", "compile_timed"], r.phases_s
-        assert all(v >= 0 for v in r.phases_s.values()) and sum(r.phases_s.values()) <= r.elapsed_s
+        worker = [k for k in r.phases_s if k in ("load", "construct", "eager", "compile", "compile_timed")]
+        assert worker == ["load", "construct", "eager", "compile", "compile_timed"], r.phases_s
+        assert list(r.phases_s)[:2] == ["lane", "worker_start"] and list(r.phases_s)[-1] == "worker_restart"
+        assert all(v >= 0 for v in r.phases_s.values()), r.phases_s
+        assert abs(sum(r.phases_s.values()) - r.elapsed_s) < 0.1 + 0.01 * r.elapsed_s, (r.phases_s, r.elapsed_s)
+        # torch.compile leaves nothing running in the worker: no new worker started per problem
+        assert not r.worker_retired, r.problem
     said: list[str] = []
     assert baselines_table(out, ctx, [str(TREE)], log=said.append) == rows
     assert any(f"{len(rows)} of {len(rows)} problems already in" in line for line in said)

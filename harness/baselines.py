@@ -164,6 +164,7 @@ class BaselineRun(BaseModel):
         "seconds per step: waiting for the GPU lane (`lane`), for the worker to start (`worker_start`), the "
         "worker's own steps (`protocol.BaselineReply.phases`), the rest of the request (`request_rest`), and "
         "waiting for a worker started meanwhile (`worker_restart`)"))
+    cached: bool = Field(False, description="found in the cache, not timed in this run")
     worker_retired: str = Field("", description="why the worker exited after the run and a new one started "
                                                 "(something left running, the problem's failure); '' when it did not")
 

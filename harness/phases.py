@@ -23,7 +23,9 @@ PHASE_WORDS = {
     "census": "listing the kernels one forward launches (in the census worker)",
     "probes": "probing the precision of ModelNew.forward against a float64 reference",
     "timing": "timing ModelNew.forward (interleaved with the reference where eager is timed anew)",
-    "baselines": "timing the torch.compile baseline (first verdict of a problem) and comparing",
+    "baselines": "comparing the candidate's times with the baselines",
+    "reference_baselines": ("timing the reference's eager and torch.compile baselines (a problem's first verdict "
+                            "on this GPU) in a worker no candidate ran in"),
     "evidence": "checking a result above the review threshold further (more inputs, weights, a second shape, its work)",
     "compile": "compiling the candidate's CUDA sources",
 }

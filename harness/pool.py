@@ -40,20 +40,19 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from kb_mcp.harness import lane
-from kb_mcp.harness.baselines import BaselineCache, BaselineRun, not_cached
+from kb_mcp.harness.baseline_side import BaselineSide
+from kb_mcp.harness.baselines import Baseline, BaselineCache, BaselineRun, not_cached
 from kb_mcp.harness.builds import BuildService
 from kb_mcp.harness.candidate import CandidateError, parse_candidate, static_units, style_of
 from kb_mcp.harness.census_side import CensusSide
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
 from kb_mcp.harness.compile_only import CompileOnly
 from kb_mcp.harness.gpu_memory import DeviceMemory
-from kb_mcp.harness.phases import BASELINE_WORDS, PHASE_WORDS, PHASES, PhaseClock, StepClock
+from kb_mcp.harness.phases import PHASE_WORDS, PHASES, PhaseClock
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, kill_all
 from kb_mcp.harness.protocol import (
     FROM_WORKER,
-    BaselineReply,
-    BaselineRequest,
     BuildAnswer,
     BuildAsk,
     CensusAsk,
@@ -87,7 +86,7 @@ from kb_mcp.kb.progress import Progress, no_progress
 __all__ = ["PHASES", "WorkerError", "WorkerPool", "describe_exit", "no_progress"]
 
 
-class WorkerPool(CensusSide):
+class WorkerPool(BaselineSide, CensusSide):
     """A warm harness worker (one: candidates share one GPU) and the requests sent to it.
 
     Besides the active worker the pool keeps a spare (same role, idle until a fault makes it the
@@ -283,87 +282,29 @@ class WorkerPool(CensusSide):
                 result = (self._problem_result(problem, cid, failed, t0) if failed is not None
                           else self.compile_only.verify(problem, source, opts, cid, progress))
             else:
+                tb = time.monotonic()
+                first = self._baselines_first(problem, opts, progress)
+                w = self._ready()
                 if w.reader.pending():
                     # Bytes nobody asked for: a previous candidate left something writing to the channel.
                     self._replace(w)
                     w = self._ready()
                 with DeviceMemory(w.info.uuid if w.info else "") as device:
-                    result = self._request(w, problem, source, opts, cid, progress, t0)
+                    result = self._request(w, problem, source, opts, cid, progress, t0,
+                                           given=first.baseline if first else None, first=(tb, time.monotonic()))
+                result = _with_first_baselines(result, first)
                 result = _with_device_memory(result, device)
                 self._settle_starts()  # a worker started meanwhile starts CUDA under the lane, not beside others
         return self._marked(result, opts)
 
-    def baselines(self, problem: Problem, options: VerifyOptions | None = None,
-                  progress: Progress = no_progress) -> BaselineRun:
-        """Times `problem`'s eager and torch.compile baselines alone in a verify worker (no candidate),
-        caches them like a verification's, and says how it went (`BaselineRun.status`). Never raises
-        for the problem's own failures; raises WorkerError when no worker can be started at all."""
-        opts = options or VerifyOptions()
-        t0 = time.monotonic()
-        steps = StepClock()
-        with lane.hold(f"baselines of {problem.name}", progress), self._lock:
-            steps.mark("lane")
-            w = self._ready()
-            steps.mark("worker_start")
-            info = w.info
-            if self.no_cuda or info is None or not info.cuda:
-                return BaselineRun(problem=problem.name, problem_hash=problem.hash, status="needs_gpu",
-                                   note="no CUDA GPU in the worker: baselines are timed on a GPU only")
-            with DeviceMemory(info.uuid) as device:
-                run = self._baseline_request(w, problem, opts, progress)
-            steps.mark("request")
-            self._settle_starts()
-            steps.mark("worker_restart")
-            held = lane.current()
-        run = run.model_copy(update={"device": info.device, "device_peak_bytes": device.peak,
-                                     "device_idle_bytes": device.idle, "elapsed_s": round(time.monotonic() - t0, 3),
-                                     "phases": steps.nested("request", run.phases)})
-        if run.baseline is None:
-            return run
-        if held is None or not held.alone:  # measured beside whatever else ran on the GPU: not a baseline to keep
-            return run.model_copy(update={"note": not_cached(held.why_not if held else "the GPU lane was not held")})
-        BaselineCache(self.cache_dir).put(run.baseline.model_copy(update={
-            "problem_hash": problem.hash, "device": info.device, "torch_version": info.torch_version,
-            "track": opts.track.value}))
-        return run
-
-    def _baseline_request(self, w: WorkerProcess, problem: Problem, opts: VerifyOptions,
-                          progress: Progress) -> BaselineRun:
-        rid, key = uuid.uuid4().hex, new_key()
-        self._send(w, BaselineRequest(rid=rid, key=key.hex(), problem=problem, options=opts))
-        run = BaselineRun(problem=problem.name, problem_hash=problem.hash, status="harness_error")
-        limit = max(600.0, opts.timeout_s)
-        reply = ReplyReader(w, rid, key, lambda phase: limit, "baselines")
-        try:
-            frame = reply.read(lambda phase: progress(0, None, BASELINE_WORDS.get(phase, phase)), lambda ask: None)
-        except TimeoutError:
+    def _retire(self, w: WorkerProcess) -> None:
+        """Replaces `w`, the active worker or the spare."""
+        if w is not self._spare:
             self._replace(w)
-            where = BASELINE_WORDS.get(reply.phase, reply.phase)
-            return run.model_copy(update={"note": f"no answer within {limit:.0f} s while {where}"})
-        except ChannelClosed:
-            code = w.proc.wait(timeout=30)
-            self._replace(w)
-            where = BASELINE_WORDS.get(reply.phase, reply.phase)
-            return run.model_copy(update={"note": f"the worker died ({describe_exit(code)}) while {where}"})
-        except (ForgedFrame, ValidationError) as exc:
-            self._replace(w)
-            return run.model_copy(update={"note": f"the worker's answer was malformed ({exc})"})
-        body = frame.body
-        if frame.retire:
-            self._replace(w)
-            run = run.model_copy(update={"worker_retired": frame.why_retire or "the problem's run left it unfit"})
-        if isinstance(body, ProblemFailed):
-            status = "too_large" if body.too_large is not None else "problem_error"
-            return run.model_copy(update={"status": status, "note": body.text, "too_large": body.too_large})
-        if isinstance(body, VerifyReply):  # the worker's own error, worded as a verdict
-            return run.model_copy(update={"note": body.result.summary})
-        if not isinstance(body, BaselineReply):
-            return run.model_copy(update={"note": f"the worker answered {body.kind!r}"})
-        if body.too_large is not None:
-            return run.model_copy(update={"status": "too_large", "note": body.too_large.text,
-                                          "too_large": body.too_large, "footprint": body.footprint})
-        return run.model_copy(update={"status": "ok", "baseline": body.baseline, "footprint": body.footprint,
-                                      "peak_bytes": body.peak_bytes, "phases": body.phases})
+            return
+        self._drop(w)
+        self.restarts += 1
+        self._spare = self._new() if self.spare else None
 
     def _marked(self, result: VerifyResult, opts: VerifyOptions) -> VerifyResult:
         """Names the track it was verified in; an unconfined run says so in its summary and is held for review."""
@@ -380,14 +321,21 @@ class WorkerPool(CensusSide):
         return opts.timeout_s
 
     def _request(self, w: WorkerProcess, problem: Problem, source: str, opts: VerifyOptions, cid: str,
-                 progress: Progress, t0: float) -> VerifyResult:
+                 progress: Progress, t0: float, *, given: Baseline | None = None,
+                 first: tuple[float, float] | None = None) -> VerifyResult:
+        """One verification on `w` with the pool's baselines `given`; `first` is when they were
+        looked up or timed (their own phase of the result's `phases_s`)."""
         rid = uuid.uuid4().hex
         key = new_key()
         w.output.reset()
+        w.served += 1  # from now on a candidate ran there: no baselines are timed in it (`_candidate_free`)
         self._send(w, VerifyRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts,
-                                    candidate_id=cid))
+                                    candidate_id=cid, baseline=given))
         steps = len(PHASES)
         clock = PhaseClock(t0)
+        if first is not None:
+            clock.enter("reference_baselines", first[0])
+            clock.enter("queued", first[1])
 
         def on_phase(phase: str) -> None:
             clock.enter(phase, time.monotonic())
@@ -527,6 +475,16 @@ class WorkerPool(CensusSide):
             elapsed_s=round(time.monotonic() - t0, 3), worker_replaced=True,
             device=w.info.device if gpu and w.info else "", arch=w.info.arch if gpu and w.info else "",
         )
+
+
+def _with_first_baselines(result: VerifyResult, first: BaselineRun | None) -> VerifyResult:
+    """A verdict whose baselines the pool timed just before it says so (`baseline_cached` False; where
+    they were not cached, why); the worker judged it against them as against cached ones."""
+    t = result.timings
+    if t is None or first is None or first.cached or first.baseline is None:
+        return result
+    return result.model_copy(update={"timings": t.model_copy(update={
+        "baseline_cached": False, "baseline_not_cached": first.note})})
 
 
 def _with_device_memory(result: VerifyResult, device: DeviceMemory) -> VerifyResult:

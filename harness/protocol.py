@@ -102,6 +102,9 @@ class VerifyRequest(_Request):
     source: str
     options: VerifyOptions
     candidate_id: str
+    # the problem's baselines as the pool has them (cached, or timed just now before the candidate in
+    # a worker no candidate ran in); None: the worker times eager beside the candidate, no torch.compile
+    baseline: Baseline | None = None
 
 
 class CensusRequest(_Request):

@@ -269,7 +269,7 @@ def _handle(env: Any, req: Any, channel: Channel) -> tuple[Any, bool]:
     if not env.cuda:
         raise RuntimeError("this worker has no GPU: the pool checks candidates without one itself (compile-only)")
     run = verify.GpuVerification(env, req.problem, req.source, req.options, req.candidate_id, channel.phase,
-                                 channel.ask_census)
+                                 channel.ask_census, req.baseline)
     outcome, retire = run.run()
     if isinstance(outcome, ProblemFailed):
         return outcome, retire

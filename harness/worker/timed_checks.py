@@ -1,6 +1,6 @@
 """The timed half of a candidate's checks (worker side): its timed series, every output re-checked,
-the reference's eager series where eager is timed now, torch.compile's where none is cached, and the
-roofline bound (`harness.worker.checks.Checker` is this class plus the input sets and checks).
+the reference's eager series where eager is timed now, and the roofline bound. torch.compile is
+never timed here (`NOT_TIMED_HERE`) (`harness.worker.checks.Checker` is this class plus the input sets and checks).
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.memory import Footprint
 from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.harness.verdict import Timings
-from kb_mcp.harness.worker.fault import is_cuda_error, is_out_of_memory
 from kb_mcp.harness.worker.footprint import first_float, nbytes
 from kb_mcp.harness.worker.rounding import RoundingJudge
 from kb_mcp.harness.worker.timing import (
-    QUICK_RUNS,
     RunStats,
     Series,
     dram_bandwidth,
@@ -29,7 +27,10 @@ from kb_mcp.harness.worker.timing import (
 )
 from kb_mcp.harness.worker.values import clone_inputs, compare, leaves, secret_seed, tolerance_for
 
-__all__ = ["TimedChecks"]
+__all__ = ["NOT_TIMED_HERE", "TimedChecks"]
+
+NOT_TIMED_HERE = ("torch.compile not timed for this verdict: it is timed only in a worker no candidate ran in, "
+                  "before the candidate (`WorkerPool.verify`), and that measurement did not come")
 
 
 class TimedChecks:
@@ -135,39 +136,28 @@ class TimedChecks:
     def timings(self, stats: RunStats, eager: RunStats | None, base: Baseline | None,
                 census: CensusReply | None = None) -> Timings:
         """Candidate timings against eager and torch.compile (`timing.timings_against`) and the
-        roofline bound. Without a cached baseline, `eager` (timed in this verdict) is the new eager
-        figure; torch.compile is measured here, and both are cached (not for quick runs). Beside
+        roofline bound. Without a baseline from the pool, `eager` (timed in this verdict) is the eager
+        figure (cached where torch.compile is not wanted; not for quick runs). Beside
         them the device times the census worker measured (`census`): the candidate's, and eager's
         (measured there now, else the cached baseline's)."""
         v = self.v
         env = v.env
-        timer = env.timer
-        assert timer is not None
         quick = not v.options.timing
         want_compile = v.options.compile_baseline
         cached = base is not None
         if base is None:
             assert eager is not None
-            compile_ms: float | None = None
-            compile_runs = 0
-            compile_note = ""
-            if want_compile:
-                make = self._gen(None)
-                try:
-                    compiled = torch.compile(self.ref)
-                    cruns = QUICK_RUNS if quick else timer.runs_for(compiled, make, False, None)
-                    cstats = timer.series(compiled, make, cruns, 1 if quick else v.options.warmup_runs)
-                    compile_ms, compile_runs = cstats.median_ms, len(cstats.gpu_ms)
-                except Exception as exc:  # torch.compile cannot handle every model
-                    if is_cuda_error(exc) or is_out_of_memory(exc):
-                        raise  # not torch.compile's limit: whose fault it is, `fault.Blame` decides
-                    compile_note = f"torch.compile failed: {type(exc).__name__}: {str(exc)[:300]}"
+            # torch.compile is never timed here, after the candidate ran in this process: whatever the
+            # candidate did to dynamo or inductor (their config, caches, code) would be measured as
+            # torch.compile's figure and cached for every later candidate of the problem. The pool
+            # times both baselines first, in a worker no candidate ran in (`WorkerPool.verify`); only
+            # where that failed does a verdict get here without them.
+            compile_note = NOT_TIMED_HERE if want_compile else ""
             base = Baseline(problem_hash=v.problem.hash, device=env.device, torch_version=env.torch_version,
                             eager_ms=eager.median_ms, eager_runs=len(eager.gpu_ms),
-                            eager_issue_ms=eager.issue_median_ms, compile_ms=compile_ms,
-                            compile_runs=compile_runs, compile_note=compile_note,
+                            eager_issue_ms=eager.issue_median_ms, compile_note=compile_note,
                             eager_device_ms=census.reference_device.ms if census and census.reference_device else None)
-            if not quick:
+            if not quick and not want_compile:
                 v.new_baseline = base  # the server keeps it: this process may not write the shared cache
         bw = dram_bandwidth(env.props)
         bound = roofline_ms(self.io_bytes, self.flops, bw, peak_flops(env.device, self.dtype))

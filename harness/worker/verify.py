@@ -157,13 +157,16 @@ class GpuVerification:
     """Verification of one candidate on the GPU; `run()` returns (result, retire_worker)."""
 
     def __init__(self, env: WorkerEnv, problem: Problem, source: str, options: VerifyOptions,
-                 candidate_id: str, report: Callable[[str], None], ask_census: Callable[..., CensusReply]) -> None:
-        """`ask_census(units=...)` returns the census worker's `CensusReply` for this candidate (with
+                 candidate_id: str, report: Callable[[str], None], ask_census: Callable[..., CensusReply],
+                 baseline: Baseline | None = None) -> None:
+        """`baseline` is the pool's (timed before the candidate in a worker no candidate ran in).
+        `ask_census(units=...)` returns the census worker's `CensusReply` for this candidate (with
         the server's reading of the SASS of the candidate's builds `units`): the worker asks the pool
         for it after the checks and waits, so no census overlaps the timing; `ask_census(counters=True)`
         returns the work census of an escalated result (`evidence`)."""
         self.env = env
         self.ask_census = ask_census
+        self.given_baseline = baseline
         self.problem = problem
         self.source = source
         self.options = options
@@ -530,8 +533,10 @@ class GpuVerification:
         """The candidate's timed series (every output re-checked), eager beside it where needed."""
         env, checker, guard = self.env, self.checker, self.guard
         assert checker is not None and guard is not None and env.timer is not None
-        self.base = env.baselines.get(self.problem.hash, env.device, env.torch_version,
-                                      need_compile=self.options.compile_baseline, track=self.options.track.value)
+        # The pool's figures, timed before the candidate in a worker no candidate ran in; else the cache's.
+        self.base = self.given_baseline or env.baselines.get(
+            self.problem.hash, env.device, env.torch_version, need_compile=self.options.compile_baseline,
+            track=self.options.track.value)
         with torch.no_grad():
             self.stats, self.eager = checker.time_candidate(self.base)
         found: list[Finding] = []
@@ -549,21 +554,16 @@ class GpuVerification:
         return Found(found, retire=IntegrityGuard.retire_worker(self.findings + found))
 
     def _baselines(self) -> Found:
-        """Eager and torch.compile (cached, or measured now in the track's numerics), the speedups and
-        their plausibility."""
-        env, checker = self.env, self.checker
+        """Eager and torch.compile (the pool's, or eager measured now in the track's numerics), the
+        speedups and their plausibility."""
+        checker = self.checker
         assert checker is not None and self.stats is not None
-        checker.release()  # torch.compile's buffers come next
+        checker.release()  # the evidence's runs may come next
         with torch.no_grad():
             timings = checker.timings(self.stats, self.eager, self.base, self.census)
         if self.new_baseline is not None:
             self.new_baseline = self.new_baseline.model_copy(update={"track": self.options.track.value,
                                                                      "numerics": numerics()})
-        if not timings.baseline_cached:
-            # A first torch.compile installs patches of its own (e.g. on nn.Module.__init__). The
-            # candidate was checked against the pristine snapshot above; the next one is checked
-            # against the state the trusted baseline left.
-            env.snapshot = TrustedSnapshot.capture()
         # A result that looks too good gets more evidence, which accepts or rejects it (`evidence`).
         found = escalate(self, checker, timings)
         found += self.guard.findings() if self.guard is not None else []

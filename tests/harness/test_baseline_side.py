@@ -1,0 +1,59 @@
+"""Which worker times a problem's baselines (`harness.baseline_side`): never one a candidate ran in.
+
+Real worker processes (compile-only ones, so the same on any machine); a worker that served a
+candidate is marked as the pool marks it when it sends one a verification.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kb_mcp.harness.pool import WorkerPool
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_worker_that_served_no_candidate_times_the_baselines_itself(tmp_path: Path) -> None:
+    with WorkerPool(tmp_path, no_cuda=True, spare=True) as pool:
+        active = pool._ready()
+        assert pool._candidate_free() is active
+
+
+def test_after_a_candidate_the_spare_times_them_and_the_active_worker_stays(tmp_path: Path) -> None:
+    with WorkerPool(tmp_path, no_cuda=True, spare=True) as pool:
+        active = pool._ready()
+        active.served += 1  # as `_request` does when it sends a verification
+        chosen = pool._candidate_free()
+        assert chosen is not active and chosen is pool._spare and not chosen.served
+        assert pool._worker is active and active.alive()  # the candidates' worker goes on serving them
+        assert pool.restarts == 0
+
+
+def test_without_a_spare_a_fresh_worker_takes_the_place_of_the_one_a_candidate_ran_in(tmp_path: Path) -> None:
+    with WorkerPool(tmp_path, no_cuda=True, spare=False) as pool:
+        used = pool._ready()
+        used.served += 1
+        fresh = pool._candidate_free()
+        assert fresh is not used and not fresh.served and pool._worker is fresh
+        assert used not in pool._all
+
+
+def test_a_retired_spare_is_replaced_by_a_new_spare_not_by_the_active_worker(tmp_path: Path) -> None:
+    with WorkerPool(tmp_path, no_cuda=True, spare=True) as pool:
+        active = pool._ready()
+        active.served += 1
+        spare = pool._candidate_free()
+        pool._retire(spare)
+        assert pool._worker is active and active.alive()
+        assert pool._spare is not None and pool._spare is not spare and spare not in pool._all
+        assert pool.restarts == 1
+
+
+def test_a_pool_without_a_gpu_says_so_for_the_baselines_and_where_the_time_went(tmp_path: Path, relu_problem) -> None:
+    with WorkerPool(tmp_path, no_cuda=True, spare=False) as pool:
+        run = pool.baselines(relu_problem)
+    assert run.status == "needs_gpu" and "GPU" in run.note
+    assert list(run.phases) == ["lane", "worker_start", "request", "worker_restart"], run.phases
+    assert sum(run.phases.values()) == pytest.approx(run.elapsed_s, abs=0.05)

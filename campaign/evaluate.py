@@ -24,10 +24,10 @@ its build ahead, the GPU times the baselines (eager and torch.compile) of the ev
 not cached yet for this GPU, torch and track (`BaselinesAhead`): the waiting problem's own first, then
 the next ones in order, one at a time until the build is done. Each goes through
 `WorkerPool.baselines`, which holds the machine-wide GPU lane and caches the figures exactly as a
-verification's own first measurement would (the same worker, options and track), so the verification
-finds them cached and its verdict is the one it would have reached measuring them itself. A problem
-whose build is ready is verified at once (its baselines, when not cached, are measured inside it as
-before). Each line says whether its verification found its baseline cached (`baseline_cached`) and
+verification's own first measurement would (the same request, in a worker no candidate ran in, with
+the same options and track), so the verification finds them cached and its verdict is the one it
+would have reached measuring them itself. A problem whose build is ready is verified at once (its
+baselines, when not cached, are timed by the pool first, inside the verification's lane hold). Each line says whether its verification found its baseline cached (`baseline_cached`) and
 whether this eval timed it ahead (`baseline_ahead`); `StepTimes.baselines_s` is the GPU time a step's
 wait spent on them.
 

@@ -201,7 +201,9 @@ def test_a_retirement_names_the_threads_and_processes_left_running() -> None:
     child = subprocess.Popen(["sleep", "30"])
     try:
         why = _left_running(before, procs)
-        assert "1 thread(s) (left-by-candidate)" in why and "sleep" in why and why.endswith("left running"), why
+        # named by its pid (its name may still be the parent's until it has exec'd)
+        assert "1 thread(s) (left-by-candidate)" in why and f"[{child.pid}]" in why, why
+        assert "1 process(es)" in why and why.endswith("left running"), why
         assert _left_running(before, None).count("process") == 0  # outside a PID namespace: threads only
     finally:
         stop.set()

@@ -60,6 +60,7 @@ class BaselineSide:
         with lane.hold(f"baselines of {problem.name}", progress), self._lock:
             steps.mark("lane")
             self._ready()
+            self._settle_starts()  # (here, so that a new pool's start-up is counted as such)
             steps.mark("worker_start")
             run = self._baselines_held(problem, opts, progress)
             steps.mark("request")
@@ -76,6 +77,9 @@ class BaselineSide:
         if self.no_cuda or info is None or not info.cuda:
             return BaselineRun(problem=problem.name, problem_hash=problem.hash, status="needs_gpu",
                                note="no CUDA GPU in the worker: baselines are timed on a GPU only")
+        # A spare or census worker still starting (a new pool's, or one started just now) would
+        # initialise CUDA beside the timed series: wait for it first.
+        self._settle_starts()
         with DeviceMemory(info.uuid) as device:
             run = self._baseline_request(w, problem, opts, progress)
         run = run.model_copy(update={"device": info.device, "device_peak_bytes": device.peak,

@@ -27,9 +27,10 @@ the next ones in order, one at a time until the build is done. Each goes through
 verification's own first measurement would (the same request, in a worker no candidate ran in, with
 the same options and track), so the verification finds them cached and its verdict is the one it
 would have reached measuring them itself. A problem whose build is ready is verified at once (its
-baselines, when not cached, are timed by the pool first, inside the verification's lane hold). Each line says whether its verification found its baseline cached (`baseline_cached`) and
-whether this eval timed it ahead (`baseline_ahead`); `StepTimes.baselines_s` is the GPU time a step's
-wait spent on them.
+baselines, when not cached, are timed by the pool first, inside the verification's lane hold).
+Each line says whether its verification found its baseline cached (`baseline_cached`) and whether
+this eval timed it ahead (`baseline_ahead`); `StepTimes.baselines_s` is the GPU time a step's wait
+spent on them.
 
 Given a cluster (`campaign.cluster`: `--gpus N`, `--cluster ADDRESS`), the verifications run on its
 workers instead, as many at once as it has GPUs, and each verdict is stored here as it comes back

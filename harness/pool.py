@@ -89,8 +89,9 @@ __all__ = ["PHASES", "WorkerError", "WorkerPool", "describe_exit", "no_progress"
 class WorkerPool(BaselineSide, CensusSide):
     """A warm harness worker (one: candidates share one GPU) and the requests sent to it.
 
-    Besides the active worker the pool keeps a spare (same role, idle until a fault makes it the
-    active one) and a census worker (`harness.worker.census`), started once the first worker says
+    Besides the active worker the pool keeps a spare (same role, no candidate until a fault makes it
+    the active one; once the active worker has served a candidate, the spare times the baselines,
+    `harness.baseline_side`) and a census worker (`harness.worker.census`), started once the first worker says
     it has a GPU (elsewhere on first use). Thread-safe: concurrent `verify` calls are served one
     after another. `sandbox` defaults to `harness.sandbox.detect()` (which refuses where no
     confinement is possible and `KB_MCP_SANDBOX=unconfined` was not set).
@@ -117,7 +118,8 @@ class WorkerPool(BaselineSide, CensusSide):
         self.compile_only = CompileOnly(self.cache_dir, self.sandbox)
         self.restarts = 0  # workers replaced after a timeout, crash, forged frame or retirement
         # A spare worker starts beside the active one, so that replacing a worker after a fault costs
-        # no start-up (seconds of CUDA and profiler initialisation). It runs no candidate while it waits.
+        # no start-up (seconds of CUDA and profiler initialisation). It runs no candidate while it waits
+        # (only baselines: `BaselineSide._candidate_free`).
         self.spare = spare
         self._lock = threading.Lock()
         self._worker: WorkerProcess | None = None

@@ -57,3 +57,32 @@ def test_a_pool_without_a_gpu_says_so_for_the_baselines_and_where_the_time_went(
     assert run.status == "needs_gpu" and "GPU" in run.note
     assert list(run.phases) == ["lane", "worker_start", "request", "worker_restart"], run.phases
     assert sum(run.phases.values()) == pytest.approx(run.elapsed_s, abs=0.05)
+
+
+def _result(cached: bool):
+    from kb_mcp.harness.verdict import CompileResult, Timings, VerifyResult
+    from kb_mcp.kb.models import Verdict
+
+    return VerifyResult(candidate_id="c", problem="p", problem_hash="h", verdict=Verdict.faster, summary="s",
+                        compile=CompileResult(ok=True), timings=Timings(
+                            candidate_ms=1.0, candidate_min_ms=1.0, candidate_host_ms=1.0, runs=10, eager_ms=2.0,
+                            baseline_cached=cached))
+
+
+def test_a_verdict_whose_baselines_the_pool_timed_first_says_they_were_not_cached_yet() -> None:
+    from kb_mcp.harness.baselines import Baseline, BaselineRun
+    from kb_mcp.harness.pool import _with_first_baselines
+
+    base = Baseline(problem_hash="h", device="d", torch_version="t", eager_ms=2.0, eager_runs=10)
+    timed = BaselineRun(problem="p", problem_hash="h", status="ok", baseline=base)
+    # the worker judged it against the pool's figures as against cached ones; the verdict tells the truth
+    got = _with_first_baselines(_result(cached=True), timed)
+    assert got.timings is not None and not got.timings.baseline_cached and got.timings.baseline_not_cached == ""
+    beside = timed.model_copy(update={"note": "the baseline measured in this run was not cached: ..."})
+    got = _with_first_baselines(_result(cached=True), beside)
+    assert got.timings is not None and got.timings.baseline_not_cached.startswith("the baseline measured")
+    from_cache = timed.model_copy(update={"cached": True})
+    assert _with_first_baselines(_result(cached=True), from_cache).timings.baseline_cached  # type: ignore[union-attr]
+    failed = BaselineRun(problem="p", problem_hash="h", status="problem_error", note="its forward raised")
+    assert _with_first_baselines(_result(cached=False), failed).timings.baseline_not_cached == ""  # type: ignore[union-attr]
+    assert _with_first_baselines(_result(cached=True), None).timings.baseline_cached  # type: ignore[union-attr]

@@ -4,7 +4,8 @@
 # Runs every `gpu`-marked test (or the given paths/args), logging under $OUT (default ./out).
 # --budget-s N: no test starts after N seconds (the rest are skipped, saying so), so the run ends
 # by itself with its summary inside a device call's limit: give the limit less the longest test.
-# Each failure's traceback goes to $OUT/failures.txt the moment it happens.
+# Each failure's traceback goes to $OUT/failures.txt the moment it happens; what every test printed
+# (the figures it measured) to $OUT/junit.xml.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -21,5 +22,7 @@ fi
   (ncu --version 2>/dev/null | tail -n 1) || echo "no ncu"
 } | tee "$OUT/device.txt"
 if [ "$#" -eq 0 ]; then set -- tests; fi
-python3 -m pytest -m gpu -v -rs --durations=25 -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu-tests.log"
+# junit.xml keeps what each test printed (its measured figures), passed ones included, out of the log
+python3 -m pytest -m gpu -v -rs --durations=25 -p no:cacheprovider -o junit_logging=system-out \
+  --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/gpu-tests.log"
 exit "${PIPESTATUS[0]}"

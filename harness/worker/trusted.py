@@ -133,8 +133,19 @@ def _settings() -> dict[str, Callable[[], object]]:
         "torch.backends.cudnn.deterministic": lambda: torch.backends.cudnn.deterministic,
         "sys.gettrace()": sys.gettrace,
         "sys.getprofile()": sys.getprofile,
+        "torch.is_anomaly_enabled()": torch.is_anomaly_enabled,
     }
+    # Which attention and linear-algebra kernels the reference's own ops pick: switched off or
+    # steered elsewhere, they slow the reference where it is timed beside the candidate.
+    for name in _BACKEND_CHOICES:
+        getter = getattr(torch.backends.cuda, name, None)
+        if callable(getter):
+            s[f"torch.backends.cuda.{name}()"] = getter
     return s
+
+
+_BACKEND_CHOICES = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled",
+                    "preferred_linalg_library", "preferred_blas_library")
 
 
 def describe(value: object) -> str:

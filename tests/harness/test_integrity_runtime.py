@@ -131,6 +131,25 @@ def test_snapshot_catches_replaced_functions_and_settings(pristine: TrustedSnaps
     assert torch.cuda.Event.elapsed_time is original
 
 
+@pytest.mark.parametrize("switch", ["flash_sdp", "math_sdp", "anomaly"])
+def test_switching_the_references_kernels_or_autograd_modes_is_seen(pristine: TrustedSnapshot, switch: str) -> None:
+    """The reference's attention kernels switched off, or anomaly detection on, slow it where it is
+    timed beside the candidate: the settings are watched like the numerics."""
+    flip = {"flash_sdp": (torch.backends.cuda.enable_flash_sdp, torch.backends.cuda.flash_sdp_enabled),
+            "math_sdp": (torch.backends.cuda.enable_math_sdp, torch.backends.cuda.math_sdp_enabled),
+            "anomaly": (torch.autograd.set_detect_anomaly, torch.is_anomaly_enabled)}[switch]
+    setter, getter = flip
+    before = getter()
+    try:
+        setter(not before)
+        found = pristine.verify()
+        assert [f.code for f in found] == [C.harness_tampering], found
+        assert "changed from" in found[0].message and "Leave global settings alone" in found[0].message
+    finally:
+        setter(before)
+    assert pristine.verify() == []
+
+
 def test_the_profiler_the_census_reads_is_watched(pristine: TrustedSnapshot) -> None:
     # A candidate that rescales the profiler's event durations would fake its device time.
     from kb_mcp.harness.worker.profiling import measure_device_time
@@ -392,3 +411,17 @@ def test_census_of_real_launches() -> None:
     theirs = census(lambda: torch.softmax(x, 0) + torch.mm(x.view(32, 32), x.view(32, 32)).sum())
     assert theirs.available and theirs.own == [] and theirs.torch_ops
     assert C.no_custom_kernel in {f.code for f in census_findings(theirs)}
+
+
+@pytest.mark.gpu
+def test_snapshot_quiet_after_ordinary_gpu_work() -> None:
+    """cuBLAS, cuDNN, the attention kernels and cuSOLVER initialise lazily on first use: none of
+    that may read as a changed setting (the next honest candidate would be `invalid`)."""
+    snap = TrustedSnapshot.capture()
+    x = torch.randn(256, 256, device="cuda")
+    (x @ x).sum().item()
+    torch.nn.functional.conv2d(x.view(1, 1, 256, 256), torch.randn(4, 1, 3, 3, device="cuda")).sum().item()
+    q = torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.float16)
+    torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().item()
+    torch.linalg.inv(x + 256 * torch.eye(256, device="cuda")).sum().item()
+    assert snap.verify() == []

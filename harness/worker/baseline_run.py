@@ -30,9 +30,13 @@ from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
 from kb_mcp.harness.worker.loading import load_module, short_traceback
 from kb_mcp.harness.worker.timing import QUICK_RUNS
 from kb_mcp.harness.worker.tracks import numerics, track_numerics
+from kb_mcp.harness.worker.trusted import compiler_settings
 from kb_mcp.harness.worker.values import secret_seed
 
-__all__ = ["run_baselines"]
+__all__ = ["COMPILER_SETTINGS_CHANGED", "run_baselines"]
+
+COMPILER_SETTINGS_CHANGED = ("torch.compile not timed: the problem's own code changed torch.compile's settings "
+                             "(dynamo's or inductor's config) before it was compiled; the worker is replaced")
 
 
 def _oom(exc: BaseException) -> bool:
@@ -47,6 +51,7 @@ def run_baselines(env: Any, problem: Problem, options: VerifyOptions,
     a problem too large for the free memory is a `BaselineReply` with `too_large` and no baseline."""
     t0 = time.perf_counter()
     phases = _Phases()
+    compiler = compiler_settings()  # before the problem's code runs
     peaks: list[int] = []
     start_request(peaks)
     name = f"kbmcp_baseline_problem_{next(env.counter)}"
@@ -64,10 +69,13 @@ def run_baselines(env: Any, problem: Problem, options: VerifyOptions,
                 what="eager", needed_bytes=footprint.eager_bytes, free_bytes=free, total_bytes=total,
                 footprint=footprint)), False
         with track_numerics(options.track, None):
-            reply = _measure(env, problem, options, pmod, footprint, peaks, report, files, phases)
+            reply = _measure(env, problem, options, pmod, footprint, peaks, report, files, phases, compiler)
         if isinstance(reply, BaselineReply):
             reply = reply.model_copy(update={"peak_bytes": request_peak(peaks), "phases": phases.seconds,
                                              "elapsed_s": round(time.perf_counter() - t0, 3)})
+            # the settings it changed would stay for the next problem timed in this worker
+            tampered = reply.baseline is not None and reply.baseline.compile_note == COMPILER_SETTINGS_CHANGED
+            return reply, tampered
         return reply, isinstance(reply, ProblemFailed)
     finally:
         sys.modules.pop(name, None)
@@ -91,7 +99,8 @@ class _Phases:
 
 
 def _measure(env: Any, problem: Problem, options: VerifyOptions, pmod: Any, footprint: Any, peaks: list[int],
-             report: Callable[[str], None], files: tuple[str, ...], phases: _Phases) -> BaselineReply | ProblemFailed:
+             report: Callable[[str], None], files: tuple[str, ...], phases: _Phases,
+             compiler: tuple[object, ...]) -> BaselineReply | ProblemFailed:
     """The reference built, eager's peak and series, then torch.compile's series (see `run_baselines`)."""
     timer = env.timer
     try:
@@ -128,7 +137,9 @@ def _measure(env: Any, problem: Problem, options: VerifyOptions, pmod: Any, foot
     baseline = Baseline(problem_hash=problem.hash, device=env.device, torch_version=env.torch_version,
                         eager_ms=eager.median_ms, eager_runs=len(eager.gpu_ms), eager_issue_ms=eager.issue_median_ms,
                         track=options.track.value, numerics=numerics())
-    if options.compile_baseline:
+    if options.compile_baseline and compiler_settings() != compiler:
+        baseline = baseline.model_copy(update={"compile_note": COMPILER_SETTINGS_CHANGED})
+    elif options.compile_baseline:
         report("compile")
         baseline = _compiled(env, ref, make, baseline, quick, warm, phases)
     return BaselineReply(baseline=baseline, footprint=footprint)

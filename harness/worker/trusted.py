@@ -135,6 +135,8 @@ def _settings() -> dict[str, Callable[[], object]]:
         "sys.getprofile()": sys.getprofile,
         "torch.is_anomaly_enabled()": torch.is_anomaly_enabled,
     }
+    for module in _COMPILER_CONFIGS:
+        s[f"{module} (its hash)"] = _config_hash(module)
     # Which attention and linear-algebra kernels the reference's own ops pick: switched off or
     # steered elsewhere, they slow the reference where it is timed beside the candidate.
     for name in _BACKEND_CHOICES:
@@ -142,6 +144,23 @@ def _settings() -> dict[str, Callable[[], object]]:
         if callable(getter):
             s[f"torch.backends.cuda.{name}()"] = getter
     return s
+
+
+# torch.compile's own settings (what it fuses, whether it runs at all): the baselines' figure
+_COMPILER_CONFIGS = ("torch._dynamo.config", "torch._inductor.config")
+
+
+def _config_hash(module: str) -> Callable[[], object]:
+    def read() -> object:
+        import importlib
+
+        return importlib.import_module(module).get_hash()
+    return read
+
+
+def compiler_settings() -> tuple[object, ...]:
+    """torch.compile's settings as they are now (dynamo's and inductor's, by their hashes)."""
+    return tuple(_safe(_config_hash(m)) for m in _COMPILER_CONFIGS)
 
 
 _BACKEND_CHOICES = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled",

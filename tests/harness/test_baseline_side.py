@@ -86,3 +86,42 @@ def test_a_verdict_whose_baselines_the_pool_timed_first_says_they_were_not_cache
     failed = BaselineRun(problem="p", problem_hash="h", status="problem_error", note="its forward raised")
     assert _with_first_baselines(_result(cached=False), failed).timings.baseline_not_cached == ""  # type: ignore[union-attr]
     assert _with_first_baselines(_result(cached=True), None).timings.baseline_cached  # type: ignore[union-attr]
+
+
+# A problem that switches torch.compile off at import, in a form the static rules do not read.
+COMPILE_OFF_PROBLEM = '''
+import importlib
+import torch
+import torch.nn as nn
+
+importlib.import_module("torch." + "_dyn" + "amo").config.patch(disable=True).__enter__()
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2.0 + 1.0
+
+
+def get_inputs():
+    return [torch.randn(1 << 20)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.gpu
+def test_a_problem_that_changes_torch_compiles_settings_gets_no_compile_figure_and_a_new_worker(
+        tmp_path: Path, relu_problem) -> None:
+    from kb_mcp.harness.problem import parse_problem
+    from kb_mcp.harness.worker.baseline_run import COMPILER_SETTINGS_CHANGED
+
+    with WorkerPool(tmp_path) as pool:
+        run = pool.baselines(parse_problem(COMPILE_OFF_PROBLEM, "compile_off"))
+        assert run.status == "ok" and run.baseline is not None, run.note
+        assert run.baseline.compile_ms is None and run.baseline.compile_note == COMPILER_SETTINGS_CHANGED
+        assert run.worker_retired  # the next problem is not timed with its settings
+        clean = pool.baselines(relu_problem)
+        assert clean.status == "ok" and clean.baseline is not None and clean.baseline.compile_ms, clean
+        assert not clean.worker_retired

@@ -150,6 +150,45 @@ def test_switching_the_references_kernels_or_autograd_modes_is_seen(pristine: Tr
     assert pristine.verify() == []
 
 
+def test_torch_compiles_own_settings_are_watched(pristine: TrustedSnapshot) -> None:
+    import torch._dynamo.config as dynamo_config
+
+    patch = dynamo_config.patch(disable=True)
+    patch.__enter__()  # a form the static rules do not read, as a candidate could write it
+    try:
+        found = pristine.verify()
+        assert [f.code for f in found] == [C.harness_tampering], found
+        assert "torch._dynamo.config (its hash)" in found[0].message
+    finally:
+        patch.__exit__(None, None, None)
+    assert pristine.verify() == []
+
+
+COMPILE_THEN_SETTINGS = """
+import torch
+from kb_mcp.harness.worker.main import compile_baseline_in_process
+from kb_mcp.harness.worker.trusted import TrustedSnapshot, compiler_settings
+compile_baseline_in_process()
+snap, before = TrustedSnapshot.capture(), compiler_settings()
+compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)))
+compiled(torch.randn(2, 16)); compiled(torch.randn(2, 16))
+print(repr((snap.setting_changes(), compiler_settings() == before)))
+"""
+
+
+@pytest.mark.slow
+def test_compiling_changes_none_of_the_watched_settings() -> None:
+    """A worker that timed a torch.compile baseline goes on serving candidates against the same settings."""
+    import ast
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", COMPILE_THEN_SETTINGS], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    changes, same = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert changes == [] and same
+
+
 def test_the_profiler_the_census_reads_is_watched(pristine: TrustedSnapshot) -> None:
     # A candidate that rescales the profiler's event durations would fake its device time.
     from kb_mcp.harness.worker.profiling import measure_device_time

@@ -123,7 +123,8 @@ class Result(BaseModel):
     elapsed_s: float = Field(0.0, description="how long the verification took (seconds)")
     phases_s: dict[str, float] = Field(
         default_factory=dict, description="where elapsed_s went, phase by phase: queued (the GPU lane and a ready "
-        "worker), static, import (builds), check (the input sets), census, probes, timing, baselines, evidence")
+        "worker), reference_baselines (looked up, or timed first on a problem's first verdict), static, import "
+        "(builds), check (the input sets), census, probes, timing, baselines (the comparison), evidence")
     candidate_path: str = Field(description="where the server keeps this candidate's source")
     output: str = private("", description="the candidate's stdout/stderr (detail, or when it crashed / timed out)")
     input_sets: list[InputSetCheck] | None = private(None, description="per input set (detail only)")

@@ -22,6 +22,7 @@ import torch
 
 from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.memory import TooLarge, fits_eager
+from kb_mcp.harness.phases import StepClock
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import BaselineReply, ProblemFailed
 from kb_mcp.harness.verdict import VerifyOptions
@@ -50,7 +51,7 @@ def run_baselines(env: Any, problem: Problem, options: VerifyOptions,
     The problem's own failures are `ProblemFailed` (the worker retires: the problem's code ran here);
     a problem too large for the free memory is a `BaselineReply` with `too_large` and no baseline."""
     t0 = time.perf_counter()
-    phases = _Phases()
+    phases = StepClock(_synced_clock)
     compiler = compiler_settings()  # before the problem's code runs
     peaks: list[int] = []
     start_request(peaks)
@@ -82,24 +83,15 @@ def run_baselines(env: Any, problem: Problem, options: VerifyOptions,
         torch.cuda.empty_cache()
 
 
-class _Phases:
-    """Seconds per step of one run, each from the end of the one before (the GPU synchronized first)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def mark(self, step: str) -> None:
-        """Ends `step` now."""
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        self.seconds[step] = round(now - self._last, 3)
-        self._last = now
+def _synced_clock() -> float:
+    """The time, once the GPU has finished what was issued (a step's seconds include its kernels)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def _measure(env: Any, problem: Problem, options: VerifyOptions, pmod: Any, footprint: Any, peaks: list[int],
-             report: Callable[[str], None], files: tuple[str, ...], phases: _Phases,
+             report: Callable[[str], None], files: tuple[str, ...], phases: StepClock,
              compiler: tuple[object, ...]) -> BaselineReply | ProblemFailed:
     """The reference built, eager's peak and series, then torch.compile's series (see `run_baselines`)."""
     timer = env.timer
@@ -146,7 +138,7 @@ def _measure(env: Any, problem: Problem, options: VerifyOptions, pmod: Any, foot
 
 
 def _compiled(env: Any, ref: Any, make: Callable[[int], list[Any]], baseline: Baseline, quick: bool,
-              warm: int, phases: _Phases) -> Baseline:
+              warm: int, phases: StepClock) -> Baseline:
     """torch.compile of the reference timed like eager; a model it cannot compile keeps the reason."""
     timer = env.timer
     try:

@@ -1,6 +1,7 @@
 """The timed half of a candidate's checks (worker side): its timed series, every output re-checked,
-the reference's eager series where eager is timed now, and the roofline bound. torch.compile is
-never timed here (`NOT_TIMED_HERE`) (`harness.worker.checks.Checker` is this class plus the input sets and checks).
+the reference's eager series where eager is timed now, and the roofline bound; torch.compile is
+never timed here (`NOT_TIMED_HERE`). `harness.worker.checks.Checker` is this class plus the input
+sets and checks.
 """
 
 from __future__ import annotations

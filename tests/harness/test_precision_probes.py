@@ -393,14 +393,20 @@ def test_a_candidate_more_accurate_than_the_reference_fails_the_tolerance_but_pa
     assert found.candidate_max < found.reference_max  # the reference's own rounding is the difference
 
 
-def test_plain_tf32_and_a_dropped_term_fail_against_float64() -> None:
+def _tf32_case() -> tuple[nn.Linear, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(model, input, its float32 output, the same product as plain TF32 would give): K = 4096
+    terms of large values, where TF32's 10-bit mantissa errs well beyond the reference's rounding."""
     k = 4096
     a = torch.randn(256, k, generator=torch.Generator().manual_seed(7)) * 8.0
     model = nn.Linear(k, 512, bias=False)
     with torch.no_grad():
-        strict = model(a)
+        return model, a, model(a), (tf32(a).double() @ tf32(model.weight).double().T).float()
+
+
+def test_plain_tf32_and_a_dropped_term_fail_against_float64() -> None:
+    model, a, strict, plain_tf32 = _tf32_case()
+    with torch.no_grad():
         w = model.weight
-        plain_tf32 = (tf32(a).double() @ tf32(w).double().T).float()
         dropped = (a[:, :-1].double() @ w[:, :-1].double().T).float()  # one of K terms left out
         tf32_found = against_float64(model, [a], [plain_tf32], [strict])
         dropped_found = against_float64(model, [a], [dropped], [strict])

@@ -4,9 +4,7 @@ tolerance allows."""
 
 from __future__ import annotations
 
-import torch
-from test_precision_probes import _arbitration_case, tf32
-from torch import nn
+from test_precision_probes import _arbitration_case, _tf32_case
 
 from kb_mcp.harness.probing import PROBE_BOUND
 from kb_mcp.harness.worker.rounding import RoundingJudge
@@ -25,12 +23,7 @@ def test_a_more_exact_output_passes_and_the_judgment_says_why() -> None:
 
 
 def test_plain_tf32_fails_and_later_outputs_are_not_judged_again() -> None:
-    k = 4096
-    a = torch.randn(256, k, generator=torch.Generator().manual_seed(7)) * 8.0
-    model = nn.Linear(k, 512, bias=False)
-    with torch.no_grad():
-        strict = model(a)
-        plain_tf32 = (tf32(a).double() @ tf32(model.weight).double().T).float()
+    model, a, strict, plain_tf32 = _tf32_case()
     comps = [compare(plain_tf32, strict, 1e-4, 1e-4)]
     judge = RoundingJudge(model)
     assert judge.applies(comps, [strict])  # small errors everywhere: rounding-sized, so judged

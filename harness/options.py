@@ -77,7 +77,8 @@ class VerifyOptions(BaseModel):
                     "shape, the candidate's own work against the device's peaks) before they count",
     )
     timeout_s: float = Field(120.0, gt=0, le=3600,
-                             description="limit for each run phase (checks, timing) of the candidate")
+                             description="limit for each run phase of the candidate (timing, and each input set of the "
+                                         "checks)")
     compile_timeout_s: float = Field(600.0, gt=0, le=3600, description="limit for importing and building the candidate")
     compile_only: bool = Field(False, description="only compile (nvcc/NVRTC diagnostics), even where a GPU is present")
     arch: str | None = Field(None,

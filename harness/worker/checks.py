@@ -135,6 +135,7 @@ class Checker(TimedChecks):
         the device's peak would grow by a whole set each time). Not for the timed runs' inputs: a
         timed run finds the cache as the last one left it."""
         self.alive = []
+        self.v.renew()  # the phase's limit restarts: each set has the whole of it
         self.note_peaks()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

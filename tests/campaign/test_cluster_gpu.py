@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,14 @@ def _two(tmp_path: Path) -> tuple[Cluster, ToolContext]:
     return Cluster(plan, ctx.private_places), ctx
 
 
+def _gpus_of(workers: Iterable[str | None]) -> set[str]:
+    """The GPUs named in workers' names ("gpu-N on HOST (pid P)"; N the machine's own index, so
+    under CUDA_VISIBLE_DEVICES=2,3 they are gpu-2 and gpu-3)."""
+    names = {str(w).split(" ")[0] for w in workers}
+    assert all(n.startswith("gpu-") and n[4:].isdigit() for n in names), names
+    return names
+
+
 def _options(tmp_path: Path) -> EvalOptions:
     return EvalOptions(problems=[str(EXAMPLES / "problems")], solutions=str(example_solutions(tmp_path / "sol")))
 
@@ -66,7 +75,7 @@ def test_each_worker_verifies_on_a_gpu_of_its_own(tmp_path: Path, gpus: int) -> 
     assert len(devices) == 2 and len(uuids) == 2 and all(u.startswith(("GPU-", "MIG-")) for u in uuids), devices
     verified = [line for line in result.lines if line.verdict is not None]
     assert len(verified) == 6 and all(line.verdict.value in ("faster", "slower") for line in verified), result.lines
-    assert {line.worker.split(" ")[0] for line in verified} == {"gpu-0", "gpu-1"}
+    assert len(_gpus_of(line.worker for line in verified)) == 2, [line.worker for line in verified]
 
 
 def test_the_baselines_table_is_timed_on_both_gpus(tmp_path: Path, gpus: int) -> None:
@@ -80,7 +89,7 @@ def test_the_baselines_table_is_timed_on_both_gpus(tmp_path: Path, gpus: int) ->
         ctx.close()
     assert len(rows) == 4 and all(r.status == "ok" for r in rows), [(r.problem, r.status, r.note) for r in rows]
     assert all(r.eager_ms and r.compile_ms and r.device for r in rows)
-    assert {r.worker.split(" ")[0] for r in rows} == {"gpu-0", "gpu-1"}, [r.worker for r in rows]
+    assert len(_gpus_of(r.worker for r in rows)) == 2, [r.worker for r in rows]
     assert read_table(out) == rows
 
 

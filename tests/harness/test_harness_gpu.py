@@ -258,8 +258,10 @@ def test_a_candidate_cannot_change_the_torch_compile_baseline(pool: WorkerPool) 
     cheat = source.replace("import functools\n", "import functools\n" + COMPILE_OFF, 1)
     assert cheat != source and check_source(cheat) == []  # the runtime's to stop, not the static rules'
     result = pool.verify(problem, cheat)
-    t = result.timings
-    assert result.verdict in VALID and t is not None and not t.baseline_cached, result.summary
+    # the trusted snapshot watches torch.compile's own settings: switching dynamo off is tampering
+    assert result.verdict is Verdict.invalid, result.summary
+    assert any(f.code is FindingCode.harness_tampering and "torch._dynamo.config" in f.message
+               for f in result.findings), result.findings
     cached = BaselineCache(pool.cache_dir).get(problem.hash, result.device, pool.info().torch_version,
                                                need_compile=True)
     assert cached is not None and cached.compile_ms is not None
@@ -268,6 +270,35 @@ def test_a_candidate_cannot_change_the_torch_compile_baseline(pool: WorkerPool) 
     # and the next candidate, in the worker the cheat ran in, is judged against those same figures
     again = pool.verify(problem, source + "\n# new candidate id\n")
     assert again.timings is not None and again.timings.baseline_cached, again.summary
-    assert again.timings.eager_cached_ms == cached.eager_ms
+    assert again.timings.eager_cached_ms == round(cached.eager_ms, 6)  # Timings keeps six decimals
     print(f"chain: eager {cached.eager_ms:.4f} ms, torch.compile {cached.compile_ms:.4f} ms (timed before the "
           f"candidate that switches dynamo off); first verdict {result.elapsed_s:.2f} s, {result.phases_s}")
+
+
+SLOW_SETS = """
+import time as _time
+_get_inputs = get_inputs
+_made = [0]
+
+
+def get_inputs():
+    # The verify worker makes one set as it loads the problem and about twelve in the checks; each
+    # of those takes 0.4 s more here, as a 16 GiB set's copies to the host and back do. The timing's
+    # own sets (one per timed run) come after, at full speed.
+    _made[0] += 1
+    if _made[0] <= 13:
+        _time.sleep(0.4)
+    return _get_inputs()
+"""
+
+
+def test_each_input_set_of_the_checks_has_the_whole_limit(pool: WorkerPool) -> None:
+    """About twelve input sets at 0.4 s of the harness's own work each pass a limit of 2.5 s: the
+    limit restarts at each set, so a large problem's checks are not the candidate's timeout."""
+    problem, source = _example("swish", "swish_nvrtc.py")
+    problem = parse_problem(problem.source + SLOW_SETS, problem.name)
+    result = pool.verify(problem, source, VerifyOptions(timing=False, compile_baseline=False, timeout_s=2.5))
+    assert result.verdict not in (Verdict.timeout, Verdict.crashed), result.summary
+    assert all(s.passed for s in result.input_sets) and len(result.input_sets) >= 8, result.input_sets
+    assert result.phases_s["check"] > 2.5, result.phases_s  # the whole phase took longer than one limit
+    print(f"{len(result.input_sets)} sets, check phase {result.phases_s['check']:.1f} s under a 2.5 s limit")

@@ -206,6 +206,15 @@ def _deaths(key: str, dask_scheduler: Scheduler | None = None) -> int:
 
 # -- the coordinator side -------------------------------------------------------------------------
 
+def _no_nanny_defaults() -> None:
+    """Dask's nanny sets each worker's OMP, MKL and OpenBLAS threads to 1 and a malloc trim threshold
+    (`distributed.nanny.pre-spawn-environ`), and writes them into the process that starts it, the
+    coordinator, too: its own later work (the one-GPU path of the same run, the harness workers it
+    starts after) would inherit them. Off; each worker's threads come with its spec
+    (`cluster_models.thread_share`)."""
+    dask.config.set({"distributed.nanny.pre-spawn-environ": {}})
+
+
 def _worker_options(spec: WorkerSpec, plugin: HarnessPlugin, processes: bool) -> dict[str, Any]:
     options: dict[str, Any] = {"nthreads": 1, "resources": spec.resources, "name": spec.name,
                                "plugins": (plugin,), "host": "127.0.0.1"}
@@ -267,6 +276,7 @@ class Cluster:
                                    "address") from exc
         gpu = any(w.device is not None for w in self.plan.workers)
         plugin = HarnessPlugin(self.private, spare=gpu)
+        _no_nanny_defaults()
         workers = {w.name: _worker_options(w, plugin, self.plan.processes) for w in self.plan.workers}
         scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False,
                                                    "dashboard_address": "127.0.0.1:0",
@@ -429,6 +439,7 @@ def verify_on(cluster: Cluster, ctx: ToolContext,
 async def _serve(address: str, specs: list[WorkerSpec], private: list[str]) -> None:
     gpu = any(w.device is not None for w in specs)
     plugin = HarnessPlugin(private, spare=gpu)
+    _no_nanny_defaults()
     nannies = [Nanny(address, nthreads=1, resources=s.resources, name=f"{socket.gethostname()}-{s.name}",
                      env=s.env, plugins=(plugin,)) for s in specs]
     await asyncio.gather(*(n.start() for n in nannies))

@@ -14,6 +14,7 @@ what CI runs) offers the same one slot, so verifications are scheduled the same 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,8 +25,8 @@ from kb_mcp.harness.verdict import VerifyOptions, VerifyResult
 
 __all__ = [
     "ALLOWED_FAILURES", "RERUNS", "GPU_RESOURCE", "BaselinesJob", "ClusterError", "ClusterPlan", "ClusterPlanError",
-    "RemoteAnswer", "RemoteBaselines", "RemoteVerdict", "Retry", "VerifyJob", "WorkerSpec", "local_workers",
-    "parse_gpus", "plan_cluster", "retried_text", "visible_devices",
+    "RemoteAnswer", "RemoteBaselines", "RemoteVerdict", "Retry", "THREAD_VARIABLES", "VerifyJob", "WorkerSpec",
+    "local_workers", "parse_gpus", "plan_cluster", "retried_text", "thread_share", "visible_devices",
 ]
 
 GPU_RESOURCE = "GPU"
@@ -118,22 +119,40 @@ def visible_devices(gpus_found: int, environ: dict[str, str] | None = None) -> l
     return [str(i) for i in range(gpus_found)]
 
 
-def local_workers(count: int | None, devices: list[str], *, compile_only: bool) -> list[WorkerSpec]:
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def thread_share(workers: int, cpus: int | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each of `workers` local workers' share of the host's `cpus` cores for the host threads of torch
+    and its math libraries, as environment variables; one the user set is kept as set. Without them
+    Dask's nanny gives every worker one thread (`distributed.nanny.pre-spawn-environ`), and the
+    harness's host work (a large problem's weights made on the host, its pristine copies) runs serially
+    on a cluster worker where today's path uses every core."""
+    env = os.environ if environ is None else environ
+    share = str(max(1, (cpus if cpus is not None else os.cpu_count() or 1) // max(1, workers)))
+    return {name: env.get(name, share) for name in THREAD_VARIABLES}
+
+
+def local_workers(count: int | None, devices: list[str], *, compile_only: bool,
+                  environ: Mapping[str, str] | None = None) -> list[WorkerSpec]:
     """One worker per GPU (the first `count` of `devices`, or all of them); on a machine without a
-    GPU, `count` CPU workers for compile-only checks. Raises ClusterPlanError where that cannot be."""
+    GPU, `count` CPU workers for compile-only checks; each with its share of the cores (`thread_share`,
+    `environ` the user's environment). Raises ClusterPlanError where that cannot be."""
     if devices:
         if count is not None and count > len(devices):
             raise ClusterPlanError(f"--gpus {count} asks for more GPUs than this machine lets this process see "
                                    f"({len(devices)}: {', '.join(devices)}); ask for {len(devices)} or 'all'")
         chosen = devices if count is None else devices[:count]
-        return [WorkerSpec(name=f"gpu-{d}", device=d) for d in chosen]
+        threads = thread_share(len(chosen), environ=environ)
+        return [WorkerSpec(name=f"gpu-{d}", device=d, environ=threads) for d in chosen]
     if not compile_only:
         raise ClusterPlanError("--gpus needs CUDA GPUs to verify and time on, and this machine shows none; "
                                "add --compile-only to compile on CPU workers, or run on a GPU machine")
     if count is None:
         raise ClusterPlanError("--gpus all found no GPU on this machine; give a number of CPU workers "
                                "(--gpus N --compile-only) instead")
-    return [WorkerSpec(name=f"cpu-{i}") for i in range(count)]
+    threads = thread_share(count, environ=environ)
+    return [WorkerSpec(name=f"cpu-{i}", environ=threads) for i in range(count)]
 
 
 def plan_cluster(gpus: str | int | None, address: str | None, *, gpus_found: int, compile_only: bool,
@@ -151,7 +170,7 @@ def plan_cluster(gpus: str | int | None, address: str | None, *, gpus_found: int
     devices = visible_devices(gpus_found, environ)
     if count == 1 or (count is None and len(devices) == 1):
         return None
-    return ClusterPlan(workers=local_workers(count, devices, compile_only=compile_only))
+    return ClusterPlan(workers=local_workers(count, devices, compile_only=compile_only, environ=environ))
 
 
 class VerifyJob(BaseModel):

@@ -75,9 +75,15 @@ def test_an_eval_spreads_over_two_workers(tmp_path: Path) -> None:
 def test_a_worker_killed_mid_verification_has_its_problem_rerun(tmp_path: Path) -> None:
     ctx = ToolContext(tmp_path / "kb.json")
     done: dict[str, EvalResult] = {}
+    threads = os.environ.get("OMP_NUM_THREADS")
     try:
         with Cluster(_plan(processes=True), ctx.private_places) as cluster:
             pids = cluster.worker_pids()
+            # each worker process has its share of the cores, not Dask's one thread, and starting
+            # them wrote nothing of Dask's into this process's environment
+            share = threads or str(max(1, (os.cpu_count() or 1) // 2))
+            assert set(cluster.client.run(os.getenv, "OMP_NUM_THREADS").values()) == {share}
+            assert "MALLOC_TRIM_THRESHOLD_" not in os.environ and os.environ.get("OMP_NUM_THREADS") == threads
             run = threading.Thread(target=lambda: done.update(r=evaluate(tmp_path / "out", ctx, _options(),
                                                                          cluster=cluster)))
             run.start()

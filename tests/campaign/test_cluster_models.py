@@ -3,6 +3,7 @@ single-GPU path decides all this without importing Dask."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -29,7 +30,7 @@ def test_one_gpu_or_no_flag_is_no_cluster() -> None:
 def test_each_gpu_worker_is_pinned_to_its_own_device() -> None:
     plan = plan_cluster("all", None, gpus_found=4, compile_only=False, environ={})
     assert plan is not None
-    assert [w.env for w in plan.workers] == [{"CUDA_VISIBLE_DEVICES": str(i)} for i in range(4)]
+    assert [w.env["CUDA_VISIBLE_DEVICES"] for w in plan.workers] == [str(i) for i in range(4)]
     assert all(w.resources == {GPU_RESOURCE: 1} for w in plan.workers)
     two = plan_cluster("2", None, gpus_found=4, compile_only=False, environ={})
     assert two is not None and [w.device for w in two.workers] == ["0", "1"]
@@ -47,7 +48,8 @@ def test_the_users_own_device_list_holds() -> None:
 def test_cpu_workers_only_for_compile_only_checks() -> None:
     plan = plan_cluster("2", None, gpus_found=0, compile_only=True)
     assert plan is not None and [w.name for w in plan.workers] == ["cpu-0", "cpu-1"]
-    assert all(w.device is None and w.env == {} and w.resources == {GPU_RESOURCE: 1} for w in plan.workers)
+    assert all(w.device is None and "CUDA_VISIBLE_DEVICES" not in w.env and w.resources == {GPU_RESOURCE: 1}
+               for w in plan.workers)
     with pytest.raises(ClusterPlanError, match="add --compile-only"):
         plan_cluster("2", None, gpus_found=0, compile_only=False)
     with pytest.raises(ClusterPlanError, match="found no GPU"):
@@ -108,3 +110,15 @@ def test_a_worker_spec_adds_its_environment_beside_its_device() -> None:
 
     spec = WorkerSpec(name="gpu-3", device="3", environ={"OMP_NUM_THREADS": "4", "CUDA_VISIBLE_DEVICES": "9"})
     assert spec.env == {"OMP_NUM_THREADS": "4", "CUDA_VISIBLE_DEVICES": "3"}  # the device is never overridden
+
+
+def test_each_local_worker_gets_its_share_of_the_cores() -> None:
+    from kb_mcp.campaign.cluster_models import THREAD_VARIABLES, thread_share
+
+    assert thread_share(4, cpus=64, environ={}) == dict.fromkeys(THREAD_VARIABLES, "16")
+    assert thread_share(3, cpus=2, environ={}) == dict.fromkeys(THREAD_VARIABLES, "1")  # never none
+    # a count the user set holds
+    assert thread_share(2, cpus=32, environ={"OMP_NUM_THREADS": "6"})["OMP_NUM_THREADS"] == "6"
+    share = os.environ.get("MKL_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
+    for spec in [*local_workers(None, ["0", "1"], compile_only=False), *local_workers(2, [], compile_only=True)]:
+        assert spec.env["MKL_NUM_THREADS"] == share and set(THREAD_VARIABLES) <= set(spec.env), spec

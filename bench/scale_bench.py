@@ -72,6 +72,7 @@ class Task(BaseModel):
     worker: str
     start_s: float = Field(description="since the run's clock started: its end less its worker's seconds")
     end_s: float
+    phases_s: dict[str, float] = Field(default_factory=dict, description="the verdict's seconds per phase")
 
 
 class Run(BaseModel):
@@ -176,11 +177,11 @@ class Timeline:
     def start(self) -> None:
         self.t0 = time.monotonic()
 
-    def add(self, problem: str, worker: str, seconds: float) -> None:
+    def add(self, problem: str, worker: str, seconds: float, phases_s: dict[str, float] | None = None) -> None:
         end = time.monotonic() - self.t0
         with self._lock:
             self.tasks.append(Task(problem=problem, worker=worker, start_s=round(max(0.0, end - seconds), 3),
-                                   end_s=round(end, 3)))
+                                   end_s=round(end, 3), phases_s=phases_s or {}))
 
 
 @contextmanager
@@ -190,7 +191,8 @@ def timed_cluster(cluster: Any, timeline: Timeline) -> Iterator[None]:
 
     def timed(job: Any) -> Any:
         remote = verify(job)
-        timeline.add(job.problem.name, remote.worker, remote.seconds)
+        timeline.add(job.problem.name, remote.worker, remote.seconds,
+                     remote.result.phases_s if remote.result is not None else None)
         return remote
 
     cluster.__dict__["verify"] = timed
@@ -207,7 +209,7 @@ def timed_pool(pool: Any, timeline: Timeline) -> None:
     def timed(problem: Any, source: str, *args: Any, **kwargs: Any) -> Any:
         t0 = time.monotonic()
         result = verify(problem, source, *args, **kwargs)
-        timeline.add(problem.name, "local", time.monotonic() - t0)
+        timeline.add(problem.name, "local", time.monotonic() - t0, result.phases_s)
         return result
 
     pool.__dict__["verify"] = timed
@@ -334,6 +336,18 @@ def summary(one: Run, many: Run, overhead: dict[str, float], compile_only: bool)
     }
 
 
+def phase_means(run: Run, top: int = 6) -> dict[str, float]:
+    """The run's mean seconds per verification in each phase, the `top` largest: where a cluster
+    worker's verification spends more than the same verification on one GPU."""
+    tasks = [t for t in run.tasks if t.phases_s]
+    totals: dict[str, float] = {}
+    for t in tasks:
+        for phase, secs in t.phases_s.items():
+            totals[phase] = totals.get(phase, 0.0) + secs
+    means = sorted(((v / len(tasks), k) for k, v in totals.items()), reverse=True)[:top]
+    return {k: round(v, 3) for v, k in means}
+
+
 def report(one: Run, many: Run, s: dict[str, Any]) -> str:
     """The text the bench prints."""
     what = "compile-only checks on CPU workers (no GPU: the path's figures, not GPUs')" if s["compile_only"] \
@@ -345,6 +359,9 @@ def report(one: Run, many: Run, s: dict[str, Any]) -> str:
         lines.append(f"{run.name:<8} {run.gpus} worker(s): wall {run.wall_s:7.1f} s, "
                      f"{run.per_minute:6.2f} problems/min, busy share {run.busy_share:.0%} "
                      f"(harness started in {run.start_s:.1f} s, before the clock)")
+        phases = phase_means(run)
+        if phases:
+            lines.append("         mean s per verification: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
         shares = run.worker_shares()
         if shares:
             lines.append("         per worker: " + ", ".join(

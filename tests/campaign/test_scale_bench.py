@@ -15,7 +15,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from scale_bench import Run, report, summary  # noqa: E402
+from scale_bench import Run, Task, phase_means, report, summary  # noqa: E402
 
 OVERHEAD = {"tasks": 10, "ms_per_task_one_at_a_time": 9.5, "tasks_per_s_all_slots": 150.0, "slots": 2}
 
@@ -93,3 +93,15 @@ def test_the_bench_runs_end_to_end_on_cpu_workers(tmp_path: Path) -> None:
     assert all(t["worker"] == "local" for t in one["tasks"])
     assert set(many["verdicts"]) == {f"{n}_{p}_c{k}" for n, (p, k) in enumerate(
         [(p, k) for p in s["problems"] for k in range(3)], 1)}
+
+
+def test_the_mean_seconds_per_phase_show_where_a_verification_grew() -> None:
+    run = _run("many", 2, 10.0, 9.0, {"a": "faster", "b": "slower"})
+    run.tasks = [Task(problem="a", worker="gpu-0", start_s=0.0, end_s=4.0, phases_s={"check": 3.0, "timing": 1.0}),
+                 Task(problem="b", worker="gpu-1", start_s=0.0, end_s=2.0, phases_s={"check": 1.0, "static": 0.5}),
+                 Task(problem="c", worker="gpu-1", start_s=2.0, end_s=3.0)]  # no verdict: not counted
+    assert phase_means(run) == {"check": 2.0, "timing": 0.5, "static": 0.25}
+    assert phase_means(run, top=1) == {"check": 2.0}
+    one = _run("one", 1, 20.0, 19.0, {"a": "faster", "b": "slower"})
+    s = summary(one, run, OVERHEAD, compile_only=False)
+    assert "mean s per verification: check 2.00, timing 0.50, static 0.25" in report(one, run, s)

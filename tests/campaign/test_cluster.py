@@ -24,7 +24,7 @@ from fakellm import FakeLLMServer
 from fakellm.campaign_script import campaign_script
 
 from kb_mcp.campaign.cluster import Cluster
-from kb_mcp.campaign.cluster_models import ClusterPlan, local_workers
+from kb_mcp.campaign.cluster_models import ClusterPlan, local_workers, thread_share
 from kb_mcp.campaign.evaluate import EvalOptions, EvalResult, evaluate
 from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.kb.store import KBStore
@@ -81,7 +81,7 @@ def test_a_worker_killed_mid_verification_has_its_problem_rerun(tmp_path: Path) 
             pids = cluster.worker_pids()
             # each worker process has its share of the cores, not Dask's one thread, and starting
             # them wrote nothing of Dask's into this process's environment
-            share = threads or str(max(1, (os.cpu_count() or 1) // 2))
+            share = thread_share(2)["OMP_NUM_THREADS"]  # (the user's count, where set)
             assert set(cluster.client.run(os.getenv, "OMP_NUM_THREADS").values()) == {share}
             assert "MALLOC_TRIM_THRESHOLD_" not in os.environ and os.environ.get("OMP_NUM_THREADS") == threads
             run = threading.Thread(target=lambda: done.update(r=evaluate(tmp_path / "out", ctx, _options(),

@@ -3,7 +3,6 @@ single-GPU path decides all this without importing Dask."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -119,6 +118,6 @@ def test_each_local_worker_gets_its_share_of_the_cores() -> None:
     assert thread_share(3, cpus=2, environ={}) == dict.fromkeys(THREAD_VARIABLES, "1")  # never none
     # a count the user set holds
     assert thread_share(2, cpus=32, environ={"OMP_NUM_THREADS": "6"})["OMP_NUM_THREADS"] == "6"
-    share = os.environ.get("MKL_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
+    share = thread_share(2)["MKL_NUM_THREADS"]  # this machine's (or the user's) share, as checked above
     for spec in [*local_workers(None, ["0", "1"], compile_only=False), *local_workers(2, [], compile_only=True)]:
         assert spec.env["MKL_NUM_THREADS"] == share and set(THREAD_VARIABLES) <= set(spec.env), spec

@@ -9,6 +9,7 @@ threads, which schedule the same tasks through the same scheduler."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,34 +108,51 @@ def test_a_worker_killed_mid_verification_has_its_problem_rerun(tmp_path: Path) 
     assert "re-run on another worker" in (store.report_dir / "report.md").read_text()
 
 
-def _eval_command(tmp: Path) -> list[str]:
-    return [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(tmp / "kb.json"), "eval", str(TREE),
-            "--solutions", str(SOLUTIONS), "--compile-only", "--out", str(tmp / "out"), "--no-progress",
+SLOW, SLOW_S = "4_Slow_Scale", 8  # loads for SLOW_S seconds: still verifying when the others are done
+
+
+def _tree_with_a_slow_problem(tmp: Path) -> Path:
+    """A copy of the test tree with one more problem (and its solution) that takes SLOW_S seconds to load,
+    so that a coordinator killed once the first verdict is stored has work left, on any machine."""
+    tree = tmp / "tree"
+    shutil.copytree(TREE, tree)
+    scale = (tree / "KernelBench" / "level1" / "1_Scale.py").read_text()
+    (tree / "KernelBench" / "level1" / f"{SLOW}.py").write_text(
+        f"import time\n\ntime.sleep({SLOW_S})\n\n" + scale)
+    shutil.copy(tree / "solutions" / "1_Scale.py", tree / "solutions" / f"{SLOW}.py")
+    return tree
+
+
+def _eval_command(tmp: Path, tree: Path) -> list[str]:
+    return [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(tmp / "kb.json"), "eval", str(tree),
+            "--solutions", str(tree / "solutions"), "--compile-only", "--out", str(tmp / "out"), "--no-progress",
             "--gpus", "2"]
 
 
 def test_a_coordinator_killed_mid_eval_resumes_with_nothing_twice(tmp_path: Path) -> None:
     env = {**os.environ, "KB_MCP_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
+    tree, verdicts = _tree_with_a_slow_problem(tmp_path), {**VERDICTS, SLOW: "needs_gpu"}
     log = tmp_path / "first.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(_eval_command(tmp_path), env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(_eval_command(tmp_path, tree), env=env, stdout=out, stderr=subprocess.STDOUT)
         store = CampaignStore(tmp_path / "out")
         deadline = time.monotonic() + 120
         while not store.initials() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         children = psutil.Process(proc.pid).children(recursive=True)
-        first = set(store.initials())
         proc.kill()
         proc.wait(timeout=30)
-    assert first and first < set(VERDICTS), log.read_text()  # killed with problems still to verify
+    first = set(store.initials())  # what the killed coordinator had stored, all it will ever store
+    # killed with the slow problem (at least) still to verify
+    assert first and SLOW not in first and first < set(verdicts), log.read_text()
     _, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"the killed coordinator's workers outlived it: {alive}"
 
-    again = subprocess.run(_eval_command(tmp_path), env=env, capture_output=True, text=True, timeout=240)
+    again = subprocess.run(_eval_command(tmp_path, tree), env=env, capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.count("already evaluated in this folder") == len(set(store.initials()) & first)
     initials = store.initials()
-    assert {k: v.verdict.value for k, v in initials.items()} == VERDICTS
+    assert {k: v.verdict.value for k, v in initials.items()} == verdicts
     assert store.read_status().runs == 2 and store.read_status().state == "finished"
     _one_verdict_per_candidate(tmp_path / "kb.json", store)
 

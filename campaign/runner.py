@@ -169,6 +169,9 @@ def run_campaign(
             llm.close()
     best = sorted(str(p) for p in (folder / "best").glob("*.py")) if (folder / "best").is_dir() else []
     retried = retried_text(cluster.retried) if cluster is not None else ""
+    if retried:  # this run's, as an eval's report says it
+        report.notes.append(retried)
+        write_report(report, store.report_dir)
     return CampaignResult(
         folder=str(folder),
         finished=finished,

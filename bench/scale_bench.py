@@ -22,7 +22,12 @@ all:
    runs would not end within `--budget` seconds of the bench's start (said so);
 4. N GPUs (measured): the set on the cluster; then the scheduling overhead (`--echo` no-op tasks
    through the cluster's own path, one at a time, then as many at once as it has slots);
-5. one GPU (measured): the set through today's path (no cluster), the harness started before the clock.
+5. one GPU (measured): the set through today's path (no cluster), the harness started before the clock;
+6. with `--one-worker`, a diagnosis: the set once more on a cluster of one worker (the first of the
+   N, with its share of the cores and the N workers' caches: the Dask path on one GPU, measured like
+   step 4). One worker over one GPU is what the path itself costs (its thread share included); N
+   workers over N times one worker is what they lose by sharing a host (memory bandwidth, PCIe, the
+   coordinator).
 
 `--cold`: no warm-up and no probe, each measured run a build cache of its own (builds measured too).
 Printed per run: wall time, problems verified per minute, the GPU-busy share (the verifications' own
@@ -319,12 +324,19 @@ def _kind(verdict: str | None) -> str | None:
     return "valid" if verdict in ("faster", "slower") else verdict
 
 
-def summary(one: Run, many: Run, overhead: dict[str, float], compile_only: bool) -> dict[str, Any]:
-    """The headline numbers."""
+def summary(one: Run, many: Run, overhead: dict[str, float], compile_only: bool,
+            lone: Run | None = None) -> dict[str, Any]:
+    """The headline numbers; with the one-worker run, the path's own cost and the host's sharing."""
     ratio = many.per_minute / one.per_minute if one.per_minute else None
     differ = sorted(p for p in set(one.verdicts) | set(many.verdicts)
                     if _kind(one.verdicts.get(p)) != _kind(many.verdicts.get(p)))
-    return {
+    diagnosis: dict[str, Any] = {}
+    if lone is not None and lone.per_minute and one.per_minute:
+        diagnosis = {"one_worker": {"wall_s": lone.wall_s, "per_minute": round(lone.per_minute, 2),
+                                    "busy_share": round(lone.busy_share, 3)},
+                     "path": round(lone.per_minute / one.per_minute, 3),  # the Dask path on one GPU over today's
+                     "sharing": round(many.per_minute / (many.gpus * lone.per_minute), 3)}  # N workers over N x one
+    return {**diagnosis,
         "compile_only": compile_only, "gpus": many.gpus,
         "one": {"wall_s": one.wall_s, "per_minute": round(one.per_minute, 2), "busy_share": round(one.busy_share, 3),
                 "by_worker": one.worker_shares()},
@@ -348,28 +360,31 @@ def phase_means(run: Run, top: int = 6) -> dict[str, float]:
     return {k: round(v, 3) for v, k in means}
 
 
-def report(one: Run, many: Run, s: dict[str, Any]) -> str:
+def report(one: Run, many: Run, s: dict[str, Any], lone: Run | None = None) -> str:
     """The text the bench prints."""
     what = "compile-only checks on CPU workers (no GPU: the path's figures, not GPUs')" if s["compile_only"] \
         else f"GPU verifications on {', '.join(many.devices)}"
     lines = [f"{what}; {many.verified} problems verified per run; busy share: the "
              + ("workers' compiling" if s["compile_only"] else "GPUs' verifying, builds excluded")
              + " over wall x workers"]
-    for run in (one, many):
-        lines.append(f"{run.name:<8} {run.gpus} worker(s): wall {run.wall_s:7.1f} s, "
+    for run in (one, many) if lone is None else (one, lone, many):
+        lines.append(f"{run.name:<10} {run.gpus} worker(s): wall {run.wall_s:7.1f} s, "
                      f"{run.per_minute:6.2f} problems/min, busy share {run.busy_share:.0%} "
                      f"(harness started in {run.start_s:.1f} s, before the clock)")
         phases = phase_means(run)
         if phases:
-            lines.append("         mean s per verification: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
+            lines.append("           mean s per verification: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
         shares = run.worker_shares()
         if shares:
-            lines.append("         per worker: " + ", ".join(
+            lines.append("           per worker: " + ", ".join(
                 f"{w} {share:.0%} ({sum(t.worker == w for t in run.tasks)} tasks)"
                 for w, share in shares.items()))
     if s["ratio"] is not None:
         verdict = "not a GPU figure" if s["compile_only"] else ("met" if s["met"] else "NOT met")
         lines.append(f"throughput {many.gpus} / 1: {s['ratio']:.2f} (target >= {s['target']:.2f}: {verdict})")
+    if "path" in s:
+        lines.append(f"diagnosis: one worker of the cluster / one GPU {s['path']:.2f} (the path's own cost); "
+                     f"{many.gpus} workers / {many.gpus} x one worker {s['sharing']:.2f} (sharing the host)")
     lines.append("verdicts agree: yes" if not s["verdicts_differ"] else
                  f"verdicts agree: NO ({', '.join(s['verdicts_differ'])})")
     o = s["scheduling"]
@@ -412,10 +427,10 @@ def _cache(root: Path, run: str, cold: bool) -> None:
     os.environ["KB_MCP_CACHE"] = str(root / (f"cache-{run}" if cold else "cache"))
 
 
-def fit_copies(wanted: int, per_set_s: float, gpus: int, left_s: float) -> int:
-    """The most copies (at most `wanted`, at least 1) whose two measured runs, one GPU's (the set's
-    time) and N GPUs' (a share of it), fit in `left_s`, from one set's probed time."""
-    per_copy = per_set_s * (1.0 + 1.0 / max(1, gpus)) * SLACK
+def fit_copies(wanted: int, per_set_s: float, gpus: int, left_s: float, ones: int = 1) -> int:
+    """The most copies (at most `wanted`, at least 1) whose measured runs, `ones` runs of one GPU's (the
+    set's time each) and N GPUs' (a share of it), fit in `left_s`, from one set's probed time."""
+    per_copy = per_set_s * (ones + 1.0 / max(1, gpus)) * SLACK
     if per_copy <= 0:
         return wanted
     return max(1, min(wanted, int(left_s // per_copy)))
@@ -438,7 +453,8 @@ def warm_and_size(cluster: Any, pairs: list[Pair], args: argparse.Namespace, roo
     times = _probed(probe)
     ordered = sorted(pairs, key=lambda p: -times.get(p.name, 0.0))
     left = args.budget - (time.monotonic() - t_start) - RESERVE_S
-    copies = fit_copies(args.copies, sum(times.values()), len(devices), left)
+    ones = 2 if args.one_worker else 1
+    copies = fit_copies(args.copies, sum(times.values()), len(devices), left - (RESERVE_S if ones > 1 else 0.0), ones)
     one_s = copies * sum(times.values())
     _say(f"[probe] per problem: {', '.join(f'{k} {v:.1f} s' for k, v in sorted(times.items()))}; "
          f"{copies} cop{'y' if copies == 1 else 'ies'} of each (asked {args.copies}): estimated one GPU "
@@ -459,7 +475,7 @@ def bench(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     workers = _workers(args)
     _cache(root, "many", args.cold)
     host = ToolContext(root / "host" / "kb.json", client_name="scale bench")
-    private = [*host.private_places, *(root / run for run in ("warm-up", "probe", "many"))]  # the runs' KBs
+    private = [*host.private_places, *(root / run for run in ("warm-up", "probe", "many", "one-worker"))]
     try:
         with Cluster(ClusterPlan(workers=workers), private) as cluster:
             t0 = time.monotonic()
@@ -475,10 +491,30 @@ def bench(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     _cache(root, "one", args.cold)
     one = one_gpu("one", folder, root, args.compile_only)
     _say(timeline_text(one))
-    headline = summary(one, many, overhead, args.compile_only)
+    lone = one_worker(workers[0], private, folder, root, args) if args.one_worker else None
+    headline = summary(one, many, overhead, args.compile_only, lone)
     headline.update(copies=copies, problems=[p.name for p in pairs], bench_s=round(time.monotonic() - t_start, 1))
-    print(report(one, many, headline))
-    return {"summary": headline, "runs": {"one": one.model_dump(), "many": many.model_dump()}}
+    print(report(one, many, headline, lone))
+    runs = {"one": one.model_dump(), "many": many.model_dump()}
+    if lone is not None:
+        runs["one-worker"] = lone.model_dump()
+    return {"summary": headline, "runs": runs}
+
+
+def one_worker(worker: Any, private: list[Any], folder: Path, root: Path, args: argparse.Namespace) -> Run:
+    """The diagnosis run: the set on a cluster of one worker (the first of the N), its harness warmed,
+    with the N workers' caches (their builds; the baselines of its GPU)."""
+    from kb_mcp.campaign.cluster import Cluster
+    from kb_mcp.campaign.cluster_models import ClusterPlan
+
+    _cache(root, "many", args.cold)
+    with Cluster(ClusterPlan(workers=[worker]), private) as cluster:
+        t0 = time.monotonic()
+        devices = sorted(cluster.warm().values())
+        start = time.monotonic() - t0
+        lone = on_cluster("one-worker", cluster, folder, root, args.compile_only, devices)
+    _say(timeline_text(lone))
+    return lone.model_copy(update={"start_s": round(start, 3)})
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -498,6 +534,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-warm-up", action="store_true", help="skip the warm-up and the probe (caches warm)")
     parser.add_argument("--cold", action="store_true",
                         help="no warm-up, and a build cache of its own for each run: builds are measured too")
+    parser.add_argument("--one-worker", action="store_true",
+                        help="also the set on a cluster of one worker: the path's own cost apart from the host's "
+                             "sharing (a third measured run)")
     parser.add_argument("--out", type=Path, help="folder for scale.json (and the runs' folders)")
     args = parser.parse_args(argv)
     if args.problems and args.solutions is None:

@@ -79,7 +79,7 @@ def test_the_bench_runs_end_to_end_on_cpu_workers(tmp_path: Path) -> None:
     env = dict(os.environ)
     try:
         assert scale_bench.main(["--compile-only", "--problems", "swish,row_sum", "--copies", "3", "--echo", "5",
-                                 "--out", str(tmp_path)]) == 0
+                                 "--one-worker", "--out", str(tmp_path)]) == 0
     finally:
         os.environ.clear()
         os.environ.update(env)  # the bench points KB_MCP_CACHE at its own cache
@@ -91,6 +91,9 @@ def test_the_bench_runs_end_to_end_on_cpu_workers(tmp_path: Path) -> None:
     assert {t["worker"] for t in many["tasks"]} == {"cpu-0", "cpu-1"} and set(s["many"]["by_worker"]) == {"cpu-0",
                                                                                                           "cpu-1"}
     assert all(t["worker"] == "local" for t in one["tasks"])
+    lone = out["runs"]["one-worker"]  # the diagnosis: the same set on a cluster of the first worker alone
+    assert {t["worker"] for t in lone["tasks"]} == {"cpu-0"} and lone["verified"] == 6
+    assert s["path"] == round(s["one_worker"]["per_minute"] / s["one"]["per_minute"], 3)
     assert set(many["verdicts"]) == {f"{n}_{p}_c{k}" for n, (p, k) in enumerate(
         [(p, k) for p in s["problems"] for k in range(3)], 1)}
 
@@ -105,3 +108,16 @@ def test_the_mean_seconds_per_phase_show_where_a_verification_grew() -> None:
     one = _run("one", 1, 20.0, 19.0, {"a": "faster", "b": "slower"})
     s = summary(one, run, OVERHEAD, compile_only=False)
     assert "mean s per verification: check 2.00, timing 0.50, static 0.25" in report(one, run, s)
+
+
+def test_the_diagnosis_splits_the_paths_cost_from_the_hosts_sharing() -> None:
+    one = _run("one", 1, 60.0, 58.0, {"a": "faster", "b": "slower"})
+    lone = _run("one-worker", 1, 75.0, 70.0, {"a": "faster", "b": "slower"})  # the Dask path: 0.8x today's
+    many = _run("many", 2, 50.0, 90.0, {"a": "faster", "b": "slower"})  # 2 workers: 1.5 of 2 x one worker
+    s = summary(one, many, OVERHEAD, compile_only=False, lone=lone)
+    assert s["path"] == 0.8 and s["sharing"] == 0.75 and s["ratio"] == 1.2
+    text = report(one, many, s, lone)
+    assert "one worker of the cluster / one GPU 0.80 (the path's own cost)" in text
+    assert "2 workers / 2 x one worker 0.75 (sharing the host)" in text
+    assert [line.split()[0] for line in text.splitlines() if "worker(s): wall" in line] == ["one", "one-worker", "many"]
+    assert "path" not in summary(one, many, OVERHEAD, compile_only=False)  # only with the diagnosis run

@@ -26,6 +26,7 @@ from kb_mcp.tools.context import ToolContext
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
 STEPS = 3
+LOAD_S = 1.5  # each problem's load: every verification lasts that long at least, so a kill lands inside one
 FLAGS = ("--compile-only", "--iterations", "1", "--steps", str(STEPS), "--gradient-every", "0",
          "--fix-attempts", "2", "--generate-attempts", "3", "--parallel", "2")
 
@@ -37,6 +38,14 @@ def _slow_script():
             for answer in rule.answers:
                 answer.delay_s = 0.4  # keeps a step in flight long enough to be interrupted
     return script
+
+
+def _slow_problems(folder: Path) -> list[Path]:
+    """Copies of the campaign's problems (same names) that take LOAD_S seconds to load."""
+    folder.mkdir(parents=True)
+    for problem in (SWISH, CHAIN):
+        (folder / problem.name).write_text(problem.read_text() + f"\n\nimport time as _t\n\n_t.sleep({LOAD_S})\n")
+    return [folder / SWISH.name, folder / CHAIN.name]
 
 
 def _wait(what: str, done, proc, timeout: float = 180) -> None:
@@ -84,7 +93,8 @@ def test_a_campaign_survives_its_coordinator_and_a_worker_killed(tmp_path: Path)
                      hosts.private_places) as cluster, FakeLLMServer(_slow_script()) as server:
             env, address = campaign_env(server, tmp_path / "home"), cluster.client.scheduler.address
             store = CampaignStore(out)
-            first = start_campaign(campaign_command(kb, out, [SWISH, CHAIN], *FLAGS, "--cluster", address),
+            problems = _slow_problems(tmp_path / "problems")
+            first = start_campaign(campaign_command(kb, out, problems, *FLAGS, "--cluster", address),
                                    env, tmp_path / "first.log")
             _wait("a step finished", lambda: len(store.steps()) >= 1, first)
             first.kill()
@@ -97,7 +107,7 @@ def test_a_campaign_survives_its_coordinator_and_a_worker_killed(tmp_path: Path)
             second = start_campaign(campaign_command(kb, out, [], "--cluster", address), env,
                                     tmp_path / "second.log")
             worker, _ = running_on(cluster)
-            time.sleep(0.5)  # inside the verification
+            time.sleep(0.2)  # inside the verification (LOAD_S at least)
             victim = cluster.worker_pids()[worker]
             os.kill(victim, signal.SIGKILL)
             assert second.wait(timeout=240) == 0, (tmp_path / "second.log").read_text()

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from campaign_helpers import CHAIN, SWISH, campaign_command, campaign_env, start_campaign
-from cluster_helpers import running_on
 from fakellm import FakeLLMServer
 from fakellm.campaign_script import campaign_script
 
@@ -61,6 +60,24 @@ def _wait(what: str, done, proc, timeout: float = 180) -> None:
     pytest.fail(f"timed out waiting for {what}")
 
 
+def _running(cluster: Cluster, proc, log: Path, timeout: float = 120) -> str:
+    """The address of a worker running a verification, once one does; fails with the campaign's output
+    where it ends first."""
+    def processing(dask_scheduler=None) -> list[str]:
+        return [ws.address for ws in dask_scheduler.workers.values() if ws.processing]
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = cluster.client.run_on_scheduler(processing)
+        if busy:
+            return busy[0]
+        if proc.poll() is not None:
+            pytest.fail(f"the campaign exited with {proc.returncode} before a verification ran:\n{log.read_text()}")
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"no verification started on the cluster:\n{log.read_text()}")
+
+
 def _idle(cluster: Cluster, timeout: float = 120) -> None:
     """Waits until no worker runs a task (a killed coordinator's verifications in flight have ended)."""
     def processing(dask_scheduler=None) -> int:
@@ -106,7 +123,7 @@ def test_a_campaign_survives_its_coordinator_and_a_worker_killed(tmp_path: Path)
             # the resumed run (the folder's stored configuration); a worker killed while it verifies
             second = start_campaign(campaign_command(kb, out, [], "--cluster", address), env,
                                     tmp_path / "second.log")
-            worker, _ = running_on(cluster)
+            worker = _running(cluster, second, tmp_path / "second.log")
             time.sleep(0.2)  # inside the verification (LOAD_S at least)
             victim = cluster.worker_pids()[worker]
             os.kill(victim, signal.SIGKILL)

@@ -9,11 +9,24 @@ import sys
 from pathlib import Path
 
 from fakellm import FakeLLMServer
+from fakellm.campaign_script import campaign_script
+from fakellm.server import Script
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEMS = ROOT / "examples" / "problems"
 SWISH = PROBLEMS / "swish.py"
 CHAIN = PROBLEMS / "elementwise_chain_small.py"
+
+
+def slow_campaign_script(delay_s: float = 0.4) -> Script:
+    """The scripted campaign with each lowering answer `delay_s` late: a step stays in flight long
+    enough for a test to interrupt it."""
+    script = campaign_script()
+    for rule in script.rules:
+        if rule.role == "lower":
+            for answer in rule.answers:
+                answer.delay_s = delay_s
+    return script
 
 
 def campaign_env(server: FakeLLMServer, home: Path) -> dict[str, str]:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from campaign_helpers import SWISH
+from campaign_helpers import SWISH, slow_campaign_script
 from fakellm import FakeLLMServer
 from fakellm.campaign_script import campaign_script
 from mcp import Client
@@ -78,11 +78,7 @@ async def test_cancelled_campaign_job_stops_cleanly_and_resumes(tmp_path: Path,
     from kb_mcp.campaign.store import CampaignStore
 
     kb = tmp_path / "kb.json"
-    script = campaign_script()
-    for rule in script.rules:
-        if rule.role == "lower":
-            for answer in rule.answers:
-                answer.delay_s = 0.5  # keeps steps in flight long enough to cancel between them
+    script = slow_campaign_script(0.5)  # steps in flight long enough to cancel between them
     arguments = {"problems": [str(SWISH)], "name": "cancel-me", "compile_only": True, "iterations": 1, "steps": 4,
                  "gradient_every": 0}
     folder = tmp_path / "kb.artifacts" / "campaigns" / "cancel-me"

@@ -10,9 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
-from campaign_helpers import SWISH, campaign_command, campaign_env, run_campaign_process, start_campaign
+from campaign_helpers import (
+    SWISH,
+    campaign_command,
+    campaign_env,
+    run_campaign_process,
+    slow_campaign_script,
+    start_campaign,
+)
 from fakellm import FakeLLMServer
-from fakellm.campaign_script import campaign_script
 
 from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.kb import ids
@@ -22,15 +28,6 @@ pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
 STEPS = 4
 FLAGS = ("--compile-only", "--iterations", "1", "--steps", str(STEPS), "--gradient-every", "2", "--fix-attempts", "2")
-
-
-def _slow_script():
-    script = campaign_script()
-    for rule in script.rules:
-        if rule.role == "lower":
-            for answer in rule.answers:
-                answer.delay_s = 0.4  # keeps a step in flight long enough to be interrupted
-    return script
 
 
 def _wait_for_steps(folder: Path, n: int, proc, timeout: float = 180) -> None:
@@ -79,7 +76,7 @@ def _check_finished(store: CampaignStore, kb: Path, runs: int) -> None:
 
 def test_resume_after_sigkill(tmp_path: Path) -> None:
     kb, out = tmp_path / "kb.json", tmp_path / "camp"
-    with FakeLLMServer(_slow_script()) as server:
+    with FakeLLMServer(slow_campaign_script()) as server:
         env = campaign_env(server, tmp_path / "home")
         cmd = campaign_command(kb, out, [SWISH], *FLAGS)
         proc = start_campaign(cmd, env, tmp_path / "first.log")
@@ -104,7 +101,7 @@ def test_resume_after_sigkill(tmp_path: Path) -> None:
 
 def test_interrupt_stops_cleanly_and_resumes(tmp_path: Path) -> None:
     kb, out = tmp_path / "kb.json", tmp_path / "camp"
-    with FakeLLMServer(_slow_script()) as server:
+    with FakeLLMServer(slow_campaign_script()) as server:
         env = campaign_env(server, tmp_path / "home")
         proc = start_campaign(campaign_command(kb, out, [SWISH], *FLAGS), env, tmp_path / "first.log")
         _wait_for_steps(out, 1, proc)

@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from campaign_helpers import CHAIN, SWISH, campaign_command, campaign_env, start_campaign
+from campaign_helpers import CHAIN, SWISH, campaign_command, campaign_env, slow_campaign_script, start_campaign
 from fakellm import FakeLLMServer
-from fakellm.campaign_script import campaign_script
 
 from kb_mcp.campaign.cluster import Cluster
 from kb_mcp.campaign.cluster_models import ClusterPlan, local_workers
@@ -30,13 +29,6 @@ FLAGS = ("--compile-only", "--iterations", "1", "--steps", str(STEPS), "--gradie
          "--fix-attempts", "2", "--generate-attempts", "3", "--parallel", "2")
 
 
-def _slow_script():
-    script = campaign_script()
-    for rule in script.rules:
-        if rule.role == "lower":
-            for answer in rule.answers:
-                answer.delay_s = 0.4  # keeps a step in flight long enough to be interrupted
-    return script
 
 
 def _slow_problems(folder: Path) -> list[Path]:
@@ -107,7 +99,7 @@ def test_a_campaign_survives_its_coordinator_and_a_worker_killed(tmp_path: Path)
     hosts = ToolContext(tmp_path / "host-kb.json")  # the workers' host: its KB is hidden from their sandboxes
     try:
         with Cluster(ClusterPlan(workers=local_workers(2, [], compile_only=True), processes=True),
-                     hosts.private_places) as cluster, FakeLLMServer(_slow_script()) as server:
+                     hosts.private_places) as cluster, FakeLLMServer(slow_campaign_script()) as server:
             env, address = campaign_env(server, tmp_path / "home"), cluster.client.scheduler.address
             store = CampaignStore(out)
             problems = _slow_problems(tmp_path / "problems")

@@ -371,6 +371,34 @@ def check_cache() -> Check:
     return Check(name="cache", status=Status.ok, summary=f"{cache} ({free / 1024**3:.0f} GB free)")
 
 
+def installed_version(dist: str) -> str | None:
+    """The installed version of distribution `dist`, read from its metadata (nothing imported), or None."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_cluster(machine: Machine, distributed: str | None) -> Check:
+    """The optional cluster (`--gpus N`, `--cluster ADDRESS`, `kb-mcp worker`): whether Dask distributed
+    (version `distributed`, None where absent) is installed, and the workers `--gpus all` would start."""
+    from kb_mcp.campaign.cluster_models import visible_devices
+
+    if distributed is None:
+        return Check(name="cluster", status=Status.info,
+                     summary=f"not installed: evals and campaigns run on one GPU (the default); pip install "
+                     f"'{DIST_NAME}[cluster]' adds --gpus N, --cluster ADDRESS and kb-mcp worker")
+    devices = visible_devices(len(machine.gpus))
+    if len(devices) > 1:
+        here = f"--gpus all starts {len(devices)} workers here, one per GPU ({', '.join(devices)})"
+    elif devices:
+        here = "1 GPU here: --cluster ADDRESS spreads over hosts (docs/cluster.md)"
+    else:
+        here = "no GPU here: --gpus N --compile-only runs N CPU workers, --cluster ADDRESS spreads over hosts"
+    return Check(name="cluster", status=Status.ok,
+                 summary=f"Dask distributed {distributed}; {here}; every host's workers need this same version")
+
+
 def run_checks(kb_arg: str | None, *, require_gpu: bool = False, on_check: Callable[[Check],
                                                                                     None] | None = None) -> Report:
     """Runs every check in order (each GPU check reads what the earlier ones found)."""
@@ -385,6 +413,7 @@ def run_checks(kb_arg: str | None, *, require_gpu: bool = False, on_check: Calla
         check_lane,
         lambda: check_kb(kb_arg),
         check_cache,
+        lambda: check_cluster(machine, installed_version("distributed")),
     ]
     checks = []
     for step in steps:

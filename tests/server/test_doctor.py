@@ -13,9 +13,17 @@ from pathlib import Path
 import pytest
 
 from kb_mcp.harness import lane
-from kb_mcp.server.doctor import Status, counters_restricted, parse_smi, torch_cuda_build
+from kb_mcp.server.doctor import (
+    Machine,
+    Status,
+    check_cluster,
+    counters_restricted,
+    installed_version,
+    parse_smi,
+    torch_cuda_build,
+)
 
-NAMES = ["kb-mcp", "GPU", "PyTorch", "nvcc", "ncu", "sandbox", "GPU lane", "KB", "cache"]
+NAMES = ["kb-mcp", "GPU", "PyTorch", "nvcc", "ncu", "sandbox", "GPU lane", "KB", "cache", "cluster"]
 
 # nvidia-smi on an H100 machine (driver 580), as `--query-gpu=name,driver_version --format=csv,noheader`
 # and the header of plain `nvidia-smi`
@@ -137,3 +145,21 @@ def test_the_gpu_lane_check_names_its_key_and_who_holds_it(tmp_path: Path, monke
     hidden = json.loads(_doctor(["--json"], tmp_path / "kb.json", no_gpu).stdout)
     check = next(c for c in hidden["checks"] if c["name"] == "GPU lane")
     assert check["status"] == "info" and check["summary"].startswith("no GPU visible")
+
+
+def test_the_cluster_check_says_how_to_get_it_and_what_gpus_all_would_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    absent = check_cluster(Machine(), None)
+    assert absent.status == Status.info and "run on one GPU" in absent.summary
+    assert "pip install 'kernel-kb-mcp[cluster]' adds --gpus N" in absent.summary  # info: no fix line shown
+    four = Machine(gpus=["NVIDIA H100 80GB HBM3"] * 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert "--gpus all starts 4 workers here, one per GPU (0, 1, 2, 3)" in check_cluster(four, "2026.8.0").summary
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # the user's own restriction holds
+    assert "starts 2 workers here, one per GPU (2, 3)" in check_cluster(four, "2026.8.0").summary
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    one = check_cluster(Machine(gpus=["NVIDIA H100 80GB HBM3"]), "2026.8.0")
+    assert one.status == Status.ok and "1 GPU here: --cluster ADDRESS spreads over hosts" in one.summary
+    assert "Dask distributed 2026.8.0" in one.summary and "need this same version" in one.summary
+    assert "--gpus N --compile-only runs N CPU workers" in check_cluster(Machine(), "2026.8.0").summary
+    # read from the installed metadata, as the doctor's own line shows it (the tests' install has the extra)
+    assert installed_version("distributed") is not None and installed_version("no-such-dist-kb-mcp") is None

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.campaign.models import Retry, retried_text
 from kb_mcp.campaign.store import CampaignError
 from kb_mcp.harness.baselines import BaselineRun
 from kb_mcp.harness.problem import Problem
@@ -223,36 +224,3 @@ class RemoteBaselines(RemoteAnswer):
     """A worker's answer to a `BaselinesJob`: the harness's run (None where `error` says why)."""
 
     run: BaselineRun | None = None
-
-
-class Retry(BaseModel):
-    """A verification re-run after the worker running it died."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    problem: str
-    candidate_id: str
-    deaths: int = Field(description="workers lost while running it")
-    withdrawn: list[str] = Field(default_factory=list, description="workers withdrawn under it (harness broken)")
-    again: int = Field(0, description="times asked again after its worker's harness process was lost")
-
-
-def retried_text(retried: list[Retry]) -> str:
-    """The report's line on verifications re-run after their worker died, or was withdrawn because its
-    harness could not run, or lost its harness process ('' when none)."""
-    def names(rs: list[Retry]) -> str:
-        return ", ".join(sorted({r.problem for r in rs}))
-
-    died = [r for r in retried if r.deaths]
-    broke = [r for r in retried if r.withdrawn]
-    again = [r for r in retried if r.again and not r.deaths and not r.withdrawn]
-    parts = []
-    if died:
-        parts.append(f"{len(died)} verification(s) re-run on another worker after theirs died: {names(died)}")
-    if broke:
-        workers = ", ".join(sorted({w for r in broke for w in r.withdrawn}))
-        parts.append(f"{len(broke)} re-run on another worker after theirs could not run the harness and was "
-                     f"withdrawn ({workers}): {names(broke)}")
-    if again:
-        parts.append(f"{len(again)} asked again after their worker's harness process was lost: {names(again)}")
-    return "; ".join(parts)

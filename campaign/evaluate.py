@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.campaign.bench import attempt_from
-from kb_mcp.campaign.cluster_models import ClusterError, Retry, retried_text
+from kb_mcp.campaign.cluster_models import ClusterError, Retry
 from kb_mcp.campaign.eta import OVERALL, Eta
 from kb_mcp.campaign.eval_pipeline import Pipeline
 from kb_mcp.campaign.models import CampaignConfig, CampaignStatus, InitialRecord
@@ -184,16 +184,19 @@ def evaluate(
         raise EvalError(f"solutions folder not found: {solutions}")
     store = CampaignStore(folder)
     store.acquire()
+    seen = len(cluster.retried) if cluster is not None else 0  # a cluster may serve several evals
+    retried: list[Retry] = []
     try:
         _write_status(store, ctx, refs, options, "running")
         run = _Run(store, ctx, solutions, options, have_gpu, progress or _quiet, log or _silent, len(refs))
         plan = [run.plan(ref, i) for i, ref in enumerate(refs)]
-        lines = run.all(plan) if cluster is None else run.spread(plan, cluster)
+        try:
+            lines = run.all(plan) if cluster is None else run.spread(plan, cluster)
+        finally:  # what this run re-ran, kept even where it stops early (the report lists every run's)
+            retried = list(cluster.retried[seen:]) if cluster is not None else []
+            store.write_retried(_run_number(store), retried)
         _write_status(store, ctx, refs, options, "finished")
         report = report_from_store(store)
-        retried = list(cluster.retried) if cluster is not None else []
-        if retried:  # this run's: the report of a rerun without a death will not say it again
-            report.notes.append(retried_text(retried))
         write_report(report, store.report_dir)
     finally:
         store.release()
@@ -207,6 +210,12 @@ def _quiet(problem: str, done: int, total: int, message: str) -> None:
 
 def _silent(message: str) -> None:
     """Log sink when nobody reads the log."""
+
+
+def _run_number(store: CampaignStore) -> int:
+    """The number of the folder's run in progress (1 for its first)."""
+    status = store.read_status()
+    return status.runs if status is not None else 1
 
 
 def _write_status(store: CampaignStore, ctx: ToolContext, refs: list[ProblemRef], options: EvalOptions,

@@ -593,4 +593,5 @@ class Campaign:
             self.store.gradients(),
             self.store.kb_start(),
             [problem_name(p) for p in self.config.problems],
+            self.store.retried(),
         )

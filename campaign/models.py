@@ -7,6 +7,7 @@ them, never kept as separate running totals that could drift.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -256,3 +257,36 @@ class CampaignStatus(BaseModel):
     runs: int = 0  # how many times the campaign was started (1 + resumes)
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
+
+
+class Retry(BaseModel):
+    """A verification the cluster ran again: its worker died, was withdrawn, or lost its harness process."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    problem: str
+    candidate_id: str
+    deaths: int = Field(description="workers lost while running it")
+    withdrawn: list[str] = Field(default_factory=list, description="workers withdrawn under it (harness broken)")
+    again: int = Field(0, description="times asked again after its worker's harness process was lost")
+
+
+def retried_text(retried: Sequence[Retry]) -> str:
+    """The report's line on verifications re-run after their worker died, or was withdrawn because its
+    harness could not run, or lost its harness process ('' when none)."""
+    def names(rs: Sequence[Retry]) -> str:
+        return ", ".join(sorted({r.problem for r in rs}))
+
+    died = [r for r in retried if r.deaths]
+    broke = [r for r in retried if r.withdrawn]
+    again = [r for r in retried if r.again and not r.deaths and not r.withdrawn]
+    parts = []
+    if died:
+        parts.append(f"{len(died)} verification(s) re-run on another worker after theirs died: {names(died)}")
+    if broke:
+        workers = ", ".join(sorted({w for r in broke for w in r.withdrawn}))
+        parts.append(f"{len(broke)} re-run on another worker after theirs could not run the harness and was "
+                     f"withdrawn ({workers}): {names(broke)}")
+    if again:
+        parts.append(f"{len(again)} asked again after their worker's harness process was lost: {names(again)}")
+    return "; ".join(parts)

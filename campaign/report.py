@@ -22,9 +22,11 @@ from kb_mcp.campaign.models import (
     GradientRecord,
     InitialRecord,
     KBSnapshot,
+    Retry,
     StepRecord,
     UnitRecord,
     problem_name,
+    retried_text,
 )
 from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.clients.llm import TokenLedger
@@ -378,6 +380,7 @@ def build_report(
     gradients: Sequence[GradientRecord],
     kb_start: KBSnapshot | None,
     problem_names: Sequence[str],
+    retried: Sequence[Retry] = (),
 ) -> CampaignReport:
     """The whole report from raw records (nothing is carried over from earlier reports)."""
     by_problem: dict[str, list[StepRecord]] = defaultdict(list)
@@ -417,6 +420,8 @@ def build_report(
                      "no speedups exist, and best kernels are the last accepted ones, unverified.")
     if config.gradient_every == 0 and config.kind == "campaign":
         notes.append("textual gradient off: the KB was updated numerically only.")
+    if retried:  # every run's, as the folder keeps them
+        notes.append(retried_text(retried))
     states = Counter(s.state_id for s in steps if s.state_id)
     return CampaignReport(
         mode="compile-only" if config.compile_only else "gpu",
@@ -458,4 +463,5 @@ def report_from_store(store: CampaignStore) -> CampaignReport:
         store.gradients(),
         store.kb_start(),
         [problem_name(p) for p in status.config.problems],
+        store.retried(),
     )

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.campaign.bench import Bench, Verifier
-from kb_mcp.campaign.cluster_models import retried_text
 from kb_mcp.campaign.loop import Campaign, CampaignAborted, CampaignStopped, ProblemProgress
-from kb_mcp.campaign.models import CampaignConfig
+from kb_mcp.campaign.models import CampaignConfig, Retry, retried_text
 from kb_mcp.campaign.problems import resolve_problems
 from kb_mcp.campaign.report import CampaignReport, report_from_store
 from kb_mcp.campaign.report_render import write_report
@@ -154,6 +153,7 @@ def run_campaign(
         kwargs["log"] = log
     campaign = Campaign(config, store, bench, llm, kb_path=str(ctx.kb_path), **kwargs)  # type: ignore[arg-type]
     aborted = False
+    seen = len(cluster.retried) if cluster is not None else 0  # a cluster may serve several runs
     try:
         report = campaign.run()
         finished, prefix = True, "finished"
@@ -163,14 +163,16 @@ def run_campaign(
         aborted = True  # threads may still hold the harness: closing it would wait for them
         raise
     finally:
+        if cluster is not None:  # what this run re-ran, kept however it ends (the report lists every run's)
+            _keep_retried(store, cluster.retried[seen:])
         if not aborted:
             if own_ctx:
                 ctx.close()
             llm.close()
     best = sorted(str(p) for p in (folder / "best").glob("*.py")) if (folder / "best").is_dir() else []
-    retried = retried_text(cluster.retried) if cluster is not None else ""
-    if retried:  # this run's, as an eval's report says it
-        report.notes.append(retried)
+    retried = retried_text(cluster.retried[seen:]) if cluster is not None else ""
+    if retried:  # the report written by the run did not have this run's yet
+        report = campaign.report()
         write_report(report, store.report_dir)
     return CampaignResult(
         folder=str(folder),
@@ -185,6 +187,12 @@ def run_campaign(
         problems=len(report.problems),
         report=report,
     )
+
+
+def _keep_retried(store: CampaignStore, retried: list[Retry]) -> None:
+    """Stores what the run in progress re-ran on the cluster, under its run number."""
+    status = store.read_status()
+    store.write_retried(status.runs if status is not None else 1, retried)
 
 
 def _verifier(ctx: ToolContext, cluster: Cluster | None) -> Verifier | None:

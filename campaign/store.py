@@ -7,6 +7,7 @@ Layout::
     raw/steps/<problem>/iNNN_sNNN.json  StepRecord
     raw/gradient/gNNNN.json             GradientRecord
     raw/kb_start.json                   KBSnapshot before the first step
+    raw/retried/runNNN.json             the verifications a run re-ran on the cluster (list of Retry)
     kernels/<problem>/<candidate>.py    every candidate's source
     best/<problem>.py                   the best kernel per problem (recomputed from raw records)
     report/                             report.json, report.md, *.png
@@ -22,19 +23,21 @@ from pathlib import Path
 from typing import TypeVar
 
 from filelock import FileLock, Timeout
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from kb_mcp.campaign.models import (
     CampaignStatus,
     GradientRecord,
     InitialRecord,
     KBSnapshot,
+    Retry,
     StepRecord,
 )
 from kb_mcp.kb.atomic import write_atomic
 
 M = TypeVar("M", bound=BaseModel)
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_RETRIES = TypeAdapter(list[Retry])
 
 
 class CampaignError(RuntimeError):
@@ -155,6 +158,24 @@ class CampaignStore:
     def kb_start(self) -> KBSnapshot | None:
         path = self.root / "raw" / "kb_start.json"
         return self._read(path, KBSnapshot) if path.exists() else None
+
+    def write_retried(self, run: int, retried: list[Retry]) -> None:
+        """Keeps what run number `run` re-ran on the cluster (written when the run ends or stops; a
+        coordinator killed outright takes its own run's list with it). Nothing is written for none."""
+        if retried:
+            atomic_write_text(self.root / "raw" / "retried" / f"run{run:03d}.json",
+                              _RETRIES.dump_json(retried, indent=1).decode())
+
+    def retried(self) -> list[Retry]:
+        """What every run of the folder re-ran on the cluster, run by run."""
+        folder = self.root / "raw" / "retried"
+        found: list[Retry] = []
+        for path in sorted(folder.glob("run*.json")) if folder.is_dir() else []:
+            try:
+                found += _RETRIES.validate_json(path.read_text())
+            except (ValidationError, ValueError) as exc:
+                raise CampaignError(f"{path} is not a valid list of Retry records: {exc}") from exc
+        return found
 
     # -- kernels -------------------------------------------------------------------------------
 

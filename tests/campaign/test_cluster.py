@@ -94,6 +94,7 @@ def test_a_worker_killed_mid_verification_has_its_problem_rerun(tmp_path: Path) 
             os.kill(victim, signal.SIGKILL)
             run.join(timeout=240)
             assert not run.is_alive()
+            done["again"] = evaluate(tmp_path / "out", ctx, _options(), cluster=cluster)  # nothing re-run now
     finally:
         ctx.close()
     result = done["r"]
@@ -106,6 +107,9 @@ def test_a_worker_killed_mid_verification_has_its_problem_rerun(tmp_path: Path) 
     store = CampaignStore(tmp_path / "out")
     _one_verdict_per_candidate(tmp_path / "kb.json", store)
     assert "re-run on another worker" in (store.report_dir / "report.md").read_text()
+    # the folder keeps each run's: the second run re-ran nothing, and its report still says the first's
+    assert done["again"].retried == [] and [r.problem for r in store.retried()] == [killed]
+    assert f"re-run on another worker after theirs died: {killed}" in " ".join(done["again"].report.notes)
 
 
 SLOW, SLOW_S = "4_Slow_Scale", 8  # loads for SLOW_S seconds: still verifying when the others are done

@@ -125,10 +125,10 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 
 def thread_share(workers: int, cpus: int | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Each of `workers` local workers' share of the host's `cpus` cores for the host threads of torch
-    and its math libraries, as environment variables; one the user set is kept as set. Without them
-    Dask's nanny gives every worker one thread (`distributed.nanny.pre-spawn-environ`), and the
-    harness's host work (a large problem's weights made on the host, its pristine copies) runs serially
-    on a cluster worker where today's path uses every core."""
+    and its math libraries, as environment variables; one the user set is kept as set. Dask's nanny
+    would give every worker one thread (`distributed.nanny.pre-spawn-environ`, switched off by
+    `cluster._no_nanny_defaults`), running the harness's host work (a large problem's weights made on
+    the host, its pristine copies) serially; unset, every worker would take every core."""
     env = os.environ if environ is None else environ
     share = str(max(1, (cpus if cpus is not None else os.cpu_count() or 1) // max(1, workers)))
     return {name: env.get(name, share) for name in THREAD_VARIABLES}

@@ -194,7 +194,7 @@ def evaluate(
             lines = run.all(plan) if cluster is None else run.spread(plan, cluster)
         finally:  # what this run re-ran, kept even where it stops early (the report lists every run's)
             retried = list(cluster.retried[seen:]) if cluster is not None else []
-            store.write_retried(_run_number(store), retried)
+            store.write_retried(retried)
         _write_status(store, ctx, refs, options, "finished")
         report = report_from_store(store)
         write_report(report, store.report_dir)
@@ -210,12 +210,6 @@ def _quiet(problem: str, done: int, total: int, message: str) -> None:
 
 def _silent(message: str) -> None:
     """Log sink when nobody reads the log."""
-
-
-def _run_number(store: CampaignStore) -> int:
-    """The number of the folder's run in progress (1 for its first)."""
-    status = store.read_status()
-    return status.runs if status is not None else 1
 
 
 def _write_status(store: CampaignStore, ctx: ToolContext, refs: list[ProblemRef], options: EvalOptions,

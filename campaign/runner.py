@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.campaign.bench import Bench, Verifier
 from kb_mcp.campaign.loop import Campaign, CampaignAborted, CampaignStopped, ProblemProgress
-from kb_mcp.campaign.models import CampaignConfig, Retry, retried_text
+from kb_mcp.campaign.models import CampaignConfig, retried_text
 from kb_mcp.campaign.problems import resolve_problems
 from kb_mcp.campaign.report import CampaignReport, report_from_store
 from kb_mcp.campaign.report_render import write_report
@@ -164,7 +164,7 @@ def run_campaign(
         raise
     finally:
         if cluster is not None:  # what this run re-ran, kept however it ends (the report lists every run's)
-            _keep_retried(store, cluster.retried[seen:])
+            store.write_retried(cluster.retried[seen:])
         if not aborted:
             if own_ctx:
                 ctx.close()
@@ -187,12 +187,6 @@ def run_campaign(
         problems=len(report.problems),
         report=report,
     )
-
-
-def _keep_retried(store: CampaignStore, retried: list[Retry]) -> None:
-    """Stores what the run in progress re-ran on the cluster, under its run number."""
-    status = store.read_status()
-    store.write_retried(status.runs if status is not None else 1, retried)
 
 
 def _verifier(ctx: ToolContext, cluster: Cluster | None) -> Verifier | None:

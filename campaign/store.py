@@ -19,6 +19,7 @@ finished units by listing these files and continues with the rest.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -159,12 +160,15 @@ class CampaignStore:
         path = self.root / "raw" / "kb_start.json"
         return self._read(path, KBSnapshot) if path.exists() else None
 
-    def write_retried(self, run: int, retried: list[Retry]) -> None:
-        """Keeps what run number `run` re-ran on the cluster (written when the run ends or stops; a
-        coordinator killed outright takes its own run's list with it). Nothing is written for none."""
+    def write_retried(self, retried: Sequence[Retry]) -> None:
+        """Keeps what the run in progress (its number from the header) re-ran on the cluster; written
+        when the run ends or stops: a coordinator killed outright takes its own run's list with it.
+        Nothing is written for none."""
         if retried:
+            status = self.read_status()
+            run = status.runs if status is not None else 1
             atomic_write_text(self.root / "raw" / "retried" / f"run{run:03d}.json",
-                              _RETRIES.dump_json(retried, indent=1).decode())
+                              _RETRIES.dump_json(list(retried), indent=1).decode())
 
     def retried(self) -> list[Retry]:
         """What every run of the folder re-ran on the cluster, run by run."""

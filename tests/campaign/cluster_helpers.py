@@ -27,6 +27,14 @@ def example_solutions(folder: Path) -> Path:
     return folder
 
 
+def slow_to_load(problem: Path, dest: Path, seconds: float) -> Path:
+    """`problem`'s source written to `dest`, made to take `seconds` to load: every verification of it
+    lasts that long at least, so a test's kill lands while work is left."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(problem.read_text() + f"\n\nimport time as _t\n\n_t.sleep({seconds})\n")
+    return dest
+
+
 def running_on(cluster: Cluster, timeout: float = 60.0) -> tuple[str, str]:
     """(worker address, task key) of a verification a worker is running, once one is."""
     def processing(dask_scheduler=None) -> dict[str, list[str]]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 from campaign_helpers import CHAIN, SWISH, campaign_command, campaign_env, run_campaign_process
-from cluster_helpers import running_on
+from cluster_helpers import running_on, slow_to_load
 from fakellm import FakeLLMServer
 from fakellm.campaign_script import campaign_script
 
@@ -120,9 +120,8 @@ def _tree_with_a_slow_problem(tmp: Path) -> Path:
     so that a coordinator killed once the first verdict is stored has work left, on any machine."""
     tree = tmp / "tree"
     shutil.copytree(TREE, tree)
-    scale = (tree / "KernelBench" / "level1" / "1_Scale.py").read_text()
-    (tree / "KernelBench" / "level1" / f"{SLOW}.py").write_text(
-        f"import time\n\ntime.sleep({SLOW_S})\n\n" + scale)
+    level1 = tree / "KernelBench" / "level1"
+    slow_to_load(level1 / "1_Scale.py", level1 / f"{SLOW}.py", SLOW_S)
     shutil.copy(tree / "solutions" / "1_Scale.py", tree / "solutions" / f"{SLOW}.py")
     return tree
 

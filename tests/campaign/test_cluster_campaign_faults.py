@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from campaign_helpers import CHAIN, SWISH, campaign_command, campaign_env, slow_campaign_script, start_campaign
+from cluster_helpers import slow_to_load
 from fakellm import FakeLLMServer
 
 from kb_mcp.campaign.cluster import Cluster
@@ -29,14 +30,6 @@ FLAGS = ("--compile-only", "--iterations", "1", "--steps", str(STEPS), "--gradie
          "--fix-attempts", "2", "--generate-attempts", "3", "--parallel", "2")
 
 
-
-
-def _slow_problems(folder: Path) -> list[Path]:
-    """Copies of the campaign's problems (same names) that take LOAD_S seconds to load."""
-    folder.mkdir(parents=True)
-    for problem in (SWISH, CHAIN):
-        (folder / problem.name).write_text(problem.read_text() + f"\n\nimport time as _t\n\n_t.sleep({LOAD_S})\n")
-    return [folder / SWISH.name, folder / CHAIN.name]
 
 
 def _wait(what: str, done, proc, timeout: float = 180) -> None:
@@ -102,7 +95,7 @@ def test_a_campaign_survives_its_coordinator_and_a_worker_killed(tmp_path: Path)
                      hosts.private_places) as cluster, FakeLLMServer(slow_campaign_script()) as server:
             env, address = campaign_env(server, tmp_path / "home"), cluster.client.scheduler.address
             store = CampaignStore(out)
-            problems = _slow_problems(tmp_path / "problems")
+            problems = [slow_to_load(p, tmp_path / "problems" / p.name, LOAD_S) for p in (SWISH, CHAIN)]
             first = start_campaign(campaign_command(kb, out, problems, *FLAGS, "--cluster", address),
                                    env, tmp_path / "first.log")
             _wait("a step finished", lambda: len(store.steps()) >= 1, first)

@@ -19,12 +19,20 @@ def _store(tmp_path: Path) -> CampaignStore:
     return store
 
 
+def _started(store: CampaignStore, run: int) -> None:
+    status = store.read_status()
+    assert status is not None
+    store.write_status(status.model_copy(update={"runs": run}))
+
+
 def test_each_runs_retries_are_kept_and_the_report_lists_them_all(tmp_path: Path) -> None:
     store = _store(tmp_path)
     assert store.retried() == [] and "re-run" not in " ".join(report_from_store(store).notes)
-    store.write_retried(1, [Retry(problem="swish", candidate_id="a", deaths=1)])
-    store.write_retried(2, [])  # a run that re-ran nothing leaves no file
-    store.write_retried(3, [Retry(problem="softmax", candidate_id="b", deaths=0, withdrawn=["gpu-1"])])
+    for run, retried in enumerate([[Retry(problem="swish", candidate_id="a", deaths=1)],
+                                   [],  # a run that re-ran nothing leaves no file
+                                   [Retry(problem="softmax", candidate_id="b", deaths=0, withdrawn=["gpu-1"])]], 1):
+        _started(store, run)
+        store.write_retried(retried)  # under the run number of the folder's header
     assert sorted(p.name for p in (store.root / "raw" / "retried").iterdir()) == ["run001.json", "run003.json"]
     assert [r.problem for r in store.retried()] == ["swish", "softmax"]  # run by run
     notes = " ".join(report_from_store(store).notes)
@@ -34,7 +42,8 @@ def test_each_runs_retries_are_kept_and_the_report_lists_them_all(tmp_path: Path
 
 def test_a_damaged_retry_file_is_named_not_skipped(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    store.write_retried(1, [Retry(problem="swish", candidate_id="a", deaths=1)])
+    _started(store, 1)
+    store.write_retried([Retry(problem="swish", candidate_id="a", deaths=1)])
     damaged = store.root / "raw" / "retried" / "run001.json"
     damaged.write_text('[{"problem": "swish"')
     with pytest.raises(CampaignError, match="run001.json is not a valid list of Retry records"):

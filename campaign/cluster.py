@@ -52,10 +52,10 @@ from kb_mcp.campaign.cluster_models import (
     RemoteAnswer,
     RemoteBaselines,
     RemoteVerdict,
-    Retry,
     VerifyJob,
     WorkerSpec,
 )
+from kb_mcp.campaign.models import Retry
 from kb_mcp.harness.builds import toolchain
 from kb_mcp.harness.pool import WorkerError, WorkerPool
 from kb_mcp.harness.problem import candidate_id

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.campaign.models import Retry, retried_text
 from kb_mcp.campaign.store import CampaignError
 from kb_mcp.harness.baselines import BaselineRun
 from kb_mcp.harness.problem import Problem
@@ -26,8 +25,8 @@ from kb_mcp.harness.verdict import VerifyOptions, VerifyResult
 
 __all__ = [
     "ALLOWED_FAILURES", "RERUNS", "GPU_RESOURCE", "BaselinesJob", "ClusterError", "ClusterPlan", "ClusterPlanError",
-    "RemoteAnswer", "RemoteBaselines", "RemoteVerdict", "Retry", "THREAD_VARIABLES", "VerifyJob", "WorkerSpec",
-    "local_workers", "parse_gpus", "plan_cluster", "retried_text", "thread_share", "visible_devices",
+    "RemoteAnswer", "RemoteBaselines", "RemoteVerdict", "THREAD_VARIABLES", "VerifyJob", "WorkerSpec",
+    "local_workers", "parse_gpus", "plan_cluster", "thread_share", "visible_devices",
 ]
 
 GPU_RESOURCE = "GPU"

@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.campaign.bench import attempt_from
-from kb_mcp.campaign.cluster_models import ClusterError, Retry
+from kb_mcp.campaign.cluster_models import ClusterError
 from kb_mcp.campaign.eta import OVERALL, Eta
 from kb_mcp.campaign.eval_pipeline import Pipeline
-from kb_mcp.campaign.models import CampaignConfig, CampaignStatus, InitialRecord
+from kb_mcp.campaign.models import CampaignConfig, CampaignStatus, InitialRecord, Retry
 from kb_mcp.campaign.report import CampaignReport, report_from_store
 from kb_mcp.campaign.report_render import write_report
 from kb_mcp.campaign.selection import ProblemRef, SelectionError, match_solution, select_problems

@@ -7,11 +7,16 @@ DIST_NAME = "kernel-kb-mcp"
 COMMAND = "kb-mcp"
 
 
-def package_version() -> str:
-    """The installed version ('' when running from an uninstalled tree)."""
+def installed_version(dist: str) -> str | None:
+    """The installed version of distribution `dist`, read from its metadata (nothing imported), or None."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version(DIST_NAME)
+        return version(dist)
     except PackageNotFoundError:
-        return ""
+        return None
+
+
+def package_version() -> str:
+    """The installed version ('' when running from an uninstalled tree)."""
+    return installed_version(DIST_NAME) or ""

@@ -18,13 +18,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 from enum import Enum
-from importlib import metadata, util
+from importlib import util
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.kb import paths
-from kb_mcp.server.about import DIST_NAME, package_version
+from kb_mcp.server.about import DIST_NAME, installed_version, package_version
 
 TORCH_RANGE = ">=2.6,<2.15"
 PROFILING_PARAMS = Path("/proc/driver/nvidia/params")
@@ -148,9 +148,8 @@ def check_gpu(machine: Machine, require_gpu: bool) -> Check:
 
 def torch_cuda_build() -> tuple[str | None, str | None]:
     """(torch version, CUDA version it was built for or None for a CPU build), without importing it."""
-    try:
-        version = metadata.version("torch")
-    except metadata.PackageNotFoundError:
+    version = installed_version("torch")
+    if version is None:
         return None, None
     spec = util.find_spec("torch")
     if spec is None or spec.origin is None:
@@ -369,14 +368,6 @@ def check_cache() -> Check:
         return Check(name="cache", status=Status.warn, summary=f"{cache}: only {free / 1024**3:.1f} GB free",
                      fix="free disk space or set KB_MCP_CACHE to a larger disk: builds and profiles need a few GB")
     return Check(name="cache", status=Status.ok, summary=f"{cache} ({free / 1024**3:.0f} GB free)")
-
-
-def installed_version(dist: str) -> str | None:
-    """The installed version of distribution `dist`, read from its metadata (nothing imported), or None."""
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def check_cluster(machine: Machine, distributed: str | None) -> Check:

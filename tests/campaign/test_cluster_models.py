@@ -11,11 +11,9 @@ import pytest
 from kb_mcp.campaign.cluster_models import (
     GPU_RESOURCE,
     ClusterPlanError,
-    Retry,
     local_workers,
     parse_gpus,
     plan_cluster,
-    retried_text,
     visible_devices,
 )
 
@@ -71,13 +69,6 @@ def test_a_running_scheduler_is_joined_not_started() -> None:
     assert local_workers(None, ["5"], compile_only=False)[0].name == "gpu-5"
 
 
-def test_the_report_line_names_what_was_retried() -> None:
-    assert retried_text([]) == ""
-    text = retried_text([Retry(problem="b", candidate_id="x", deaths=1), Retry(problem="a", candidate_id="y",
-                                                                               deaths=2)])
-    assert text.startswith("2 verification(s) re-run") and text.endswith(": a, b")
-
-
 def test_the_single_gpu_path_imports_no_dask() -> None:
     """Every module of today's path, and the flags' own decision that no cluster is needed."""
     code = (
@@ -93,15 +84,6 @@ def test_the_single_gpu_path_imports_no_dask() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-
-
-def test_the_report_line_names_workers_withdrawn_and_tasks_asked_again() -> None:
-    text = retried_text([Retry(problem="b", candidate_id="x", deaths=1),
-                         Retry(problem="a", candidate_id="y", deaths=0, withdrawn=["gpu-1"]),
-                         Retry(problem="c", candidate_id="z", deaths=0, again=1)])
-    assert "1 verification(s) re-run on another worker after theirs died: b" in text
-    assert "1 re-run on another worker after theirs could not run the harness and was withdrawn (gpu-1): a" in text
-    assert text.endswith("1 asked again after their worker's harness process was lost: c")
 
 
 def test_a_worker_spec_adds_its_environment_beside_its_device() -> None:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from kb_mcp.harness import lane
+from kb_mcp.server.about import installed_version
 from kb_mcp.server.doctor import (
     Machine,
     Status,
     check_cluster,
     counters_restricted,
-    installed_version,
     parse_smi,
     torch_cuda_build,
 )

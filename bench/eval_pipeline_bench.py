@@ -148,7 +148,7 @@ def selected(args: argparse.Namespace) -> list[Selected]:
 
 def _warm(ctx: Any) -> tuple[float, str]:
     """Starts the pool's workers (and the census worker on a GPU) and probes the compilers: (seconds, device)."""
-    from kb_mcp.harness.builds import toolchain
+    from kb_mcp.harness.builds.builds import toolchain
 
     t0 = time.monotonic()
     toolchain(ctx.sandbox)
@@ -555,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a KernelBench checkout (or problem folders/files), or --combine")
     if args.uncached and args.baselines_cache is None:
         parser.error("--uncached leaves baselines out of --baselines-cache: give that too")
-    from kb_mcp.harness.ahead import default_jobs
+    from kb_mcp.harness.builds.ahead import default_jobs
 
     args.ids = args.ids or solution_ids(args.solutions, args.level)
     jobs = default_jobs() if args.build_jobs is None else args.build_jobs

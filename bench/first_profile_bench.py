@@ -49,7 +49,7 @@ async def first_profile(kb: Path, env: dict[str, str], arguments: dict[str, Any]
     from mcp.client.stdio import stdio_client
 
     from kb_mcp.clients.mcp_client import call_json, stdio_params
-    from kb_mcp.harness.profile_store import ProfileStore
+    from kb_mcp.profiling.profile_store import ProfileStore
     from kb_mcp.tools.context import ToolContext
 
     row: dict[str, Any] = {}
@@ -136,7 +136,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=1, help="bench only the first N pairs")
     args = parser.parse_args()
-    from kb_mcp.harness.profiler import find_ncu
+    from kb_mcp.profiling.profiler import find_ncu
 
     if find_ncu() is None:
         print("no ncu on this machine: nothing to compare", file=sys.stderr)

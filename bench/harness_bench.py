@@ -89,7 +89,7 @@ class _Rows(list):
 
 
 def _sandbox(mode: str) -> object:
-    from kb_mcp.harness.sandbox import Sandbox, detect
+    from kb_mcp.harness.sandbox.sandbox import Sandbox, detect
 
     return detect() if mode == "on" else Sandbox("unconfined", reason="benchmark: sandbox off")
 
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-inline", action="store_true", help="skip the load_inline builds (the slow part)")
     args = parser.parse_args(argv)
 
-    from kb_mcp.harness.pool import WorkerPool
+    from kb_mcp.harness.pool.pool import WorkerPool
 
     modes = ["on", "off"] if args.sandbox == "both" else [args.sandbox]
     out = _Results(modes)

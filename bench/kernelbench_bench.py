@@ -121,7 +121,7 @@ def precision_evidence(result: dict[str, Any]) -> PrecisionEvidence | None:
     raw = result.get("precision")
     if raw is None:
         return None
-    from kb_mcp.harness.probing import PrecisionCheck
+    from kb_mcp.harness.judgment.probing import PrecisionCheck
 
     check = PrecisionCheck.model_validate(raw)
     worst = check.worst

@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from kb_mcp.harness.memory import GIB, bound
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.gpu.memory import GIB, bound
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -64,7 +64,7 @@ def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
 
 
 def bench_pair(problem: str, candidate: str | None, repeat: int, ncu: str) -> dict:
-    from kb_mcp.harness.profile_store import ProfileStore
+    from kb_mcp.profiling.profile_store import ProfileStore
     from kb_mcp.tools import profile_kernel
     from kb_mcp.tools.context import ToolContext
 
@@ -123,7 +123,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=len(PAIRS), help="bench only the first N pairs")
     args = parser.parse_args()
-    from kb_mcp.harness.profiler import find_ncu
+    from kb_mcp.profiling.profiler import find_ncu
 
     ncu = find_ncu()
     if ncu is None:

@@ -56,7 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = parser.parse_args()
-    from kb_mcp.harness import ncu_parse, profiler
+    from kb_mcp.profiling import ncu_parse, profiler
 
     ncu = profiler.find_ncu()
     if ncu is None:

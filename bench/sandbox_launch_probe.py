@@ -58,7 +58,7 @@ def _bwrap_base(bwrap: str) -> list[str]:
 
 def _conditions(scratch: Path) -> list[tuple[str, Any]]:
     """(label, how to start the snippet) per condition, in the order they add parts of the sandbox."""
-    from kb_mcp.harness.sandbox import Grant, Sandbox, bwrap_path
+    from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox, bwrap_path
 
     bwrap = bwrap_path()
     py = [sys.executable, "-c", SNIPPET]

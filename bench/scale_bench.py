@@ -230,7 +230,7 @@ def _options(folder: Path, compile_only: bool) -> Any:
 def one_gpu(name: str, folder: Path, root: Path, compile_only: bool) -> Run:
     """The set through today's path (one GPU, no cluster), the harness started before the clock."""
     from kb_mcp.campaign.evaluate import evaluate
-    from kb_mcp.harness.builds import toolchain
+    from kb_mcp.harness.builds.builds import toolchain
     from kb_mcp.tools.context import ToolContext
 
     ctx = ToolContext(root / name / "kb.json", client_name="scale bench")

@@ -121,9 +121,9 @@ def _with_idle(n: int, name: str, cache: str) -> dict[str, Any]:
 
 def _with_standby(name: str, cache: str) -> dict[str, Any]:
     """`name` timed while a profiling driver waits under ncu, as `profile_kernel` leaves one."""
-    from kb_mcp.harness import ncu_parse, profiler
-    from kb_mcp.harness.profile_standby import StandbyKey, StandbyPool
-    from kb_mcp.harness.sandbox import detect
+    from kb_mcp.harness.sandbox.sandbox import detect
+    from kb_mcp.profiling import ncu_parse, profiler
+    from kb_mcp.profiling.profile_standby import StandbyKey, StandbyPool
 
     ncu = profiler.find_ncu()
     if ncu is None:
@@ -140,9 +140,9 @@ def _with_standby(name: str, cache: str) -> dict[str, Any]:
 
 
 def _pool(cache: str, spare: bool) -> dict[str, Any]:
-    from kb_mcp.harness.pool import WorkerPool
+    from kb_mcp.harness.judgment.verdict import VerifyOptions
+    from kb_mcp.harness.pool.pool import WorkerPool
     from kb_mcp.harness.problem import load_problem
-    from kb_mcp.harness.verdict import VerifyOptions
 
     problem = load_problem(PROBLEM)
     out: dict[str, Any] = {}

@@ -138,15 +138,15 @@ def _breakdown(mod: Any, init: list[Any], make: Any, series: Any) -> dict[str, d
 
 
 def _sandbox(mode: str) -> Any:
-    from kb_mcp.harness.sandbox import Sandbox, detect
+    from kb_mcp.harness.sandbox.sandbox import Sandbox, detect
 
     return detect() if mode == "on" else Sandbox("unconfined", reason="benchmark: sandbox off")
 
 
 def _through_pool(cache: Path, mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    from kb_mcp.harness.pool import WorkerPool
+    from kb_mcp.harness.judgment.verdict import VerifyOptions
+    from kb_mcp.harness.pool.pool import WorkerPool
     from kb_mcp.harness.problem import load_problem
-    from kb_mcp.harness.verdict import VerifyOptions
 
     opts = VerifyOptions(compile_baseline=False)
     results: dict[str, Any] = {}

@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from kb_mcp.campaign.cluster_models import BaselinesJob, ClusterError
 from kb_mcp.campaign.selection import ProblemRef, SelectionError, select_problems
 from kb_mcp.harness.baselines import BaselineRun, BaselineStatus
+from kb_mcp.harness.judgment.verdict import VerifyOptions
 from kb_mcp.harness.problem import ProblemError, load_problem
-from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.models import DEFAULT_TRACK, Track
 from kb_mcp.kb.progress import Progress

@@ -17,14 +17,14 @@ from kb_mcp.campaign.cluster_models import ClusterError
 from kb_mcp.campaign.models import AttemptRecord, GradientRecord, KBSnapshot, StepRecord, SuggestionRecord
 from kb_mcp.campaign.textual_gradient import run_textual_gradient
 from kb_mcp.clients.llm import LLMClient
+from kb_mcp.harness.judgment.verdict import VerifyOptions
 from kb_mcp.harness.problem import Problem
-from kb_mcp.harness.profile_store import ProfileNotFound, ProfileStore
-from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb import ids
 from kb_mcp.kb.arch import arch_family
 from kb_mcp.kb.models import DEFAULT_TRACK, Outcome, Track, Verdict
 from kb_mcp.kb.provenance import quote
 from kb_mcp.policy.structure import reference_structure
+from kb_mcp.profiling.profile_store import ProfileNotFound, ProfileStore
 from kb_mcp.tools import classify_state, compile_and_verify, profile_kernel, record_outcome, suggest_optimizations
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext

@@ -56,10 +56,10 @@ from kb_mcp.campaign.cluster_models import (
     WorkerSpec,
 )
 from kb_mcp.campaign.models import Retry
-from kb_mcp.harness.builds import toolchain
-from kb_mcp.harness.pool import WorkerError, WorkerPool
+from kb_mcp.harness.builds.builds import toolchain
+from kb_mcp.harness.pool.pool import WorkerError, WorkerPool
 from kb_mcp.harness.problem import candidate_id
-from kb_mcp.harness.sandbox import SandboxUnavailable, detect
+from kb_mcp.harness.sandbox.sandbox import SandboxUnavailable, detect
 from kb_mcp.kb import paths
 from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.context import ToolContext

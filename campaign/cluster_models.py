@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.campaign.store import CampaignError
 from kb_mcp.harness.baselines import BaselineRun
+from kb_mcp.harness.judgment.verdict import VerifyOptions, VerifyResult
 from kb_mcp.harness.problem import Problem
-from kb_mcp.harness.verdict import VerifyOptions, VerifyResult
 
 __all__ = [
     "ALLOWED_FAILURES", "RERUNS", "GPU_RESOURCE", "BaselinesJob", "ClusterError", "ClusterPlan", "ClusterPlanError",

@@ -57,10 +57,10 @@ from kb_mcp.campaign.report import CampaignReport, report_from_store
 from kb_mcp.campaign.report_render import write_report
 from kb_mcp.campaign.selection import ProblemRef, SelectionError, match_solution, select_problems
 from kb_mcp.campaign.store import CampaignError, CampaignStore
-from kb_mcp.harness.ahead import AheadOutcome, BuildsAhead, default_jobs, target_for
 from kb_mcp.harness.baselines import BaselineCache, BaselineRun
+from kb_mcp.harness.builds.ahead import AheadOutcome, BuildsAhead, default_jobs, target_for
+from kb_mcp.harness.judgment.verdict import VerifyOptions
 from kb_mcp.harness.problem import Problem, ProblemError, candidate_id, load_problem
-from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb.models import DEFAULT_TRACK, Track, Verdict
 from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.base import ToolError
@@ -68,7 +68,7 @@ from kb_mcp.tools.context import ToolContext
 
 if TYPE_CHECKING:
     from kb_mcp.campaign.cluster import Cluster
-    from kb_mcp.harness.pool import WorkerPool
+    from kb_mcp.harness.pool.pool import WorkerPool
 
 MAX_WAITING = 256  # problems of an eval on a cluster waiting for a worker at once (each a thread here)
 ProgressFn = Callable[[str, int, int, str], None]  # (problem, done, total, message), as a campaign's;

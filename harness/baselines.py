@@ -31,7 +31,7 @@ from typing import Literal
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.harness.memory import Footprint, TooLarge, gib
+from kb_mcp.harness.gpu.memory import Footprint, TooLarge, gib
 from kb_mcp.kb.atomic import write_atomic
 
 PROTOCOL = 2  # bump when the timing protocol changes, so stale baselines are re-measured (2: issue time)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode, Timings
 from kb_mcp.harness.profile_model import KernelProfile
-from kb_mcp.harness.verdict import Finding, FindingCode, Timings
 
 __all__ = [
     "DevicePeaks",

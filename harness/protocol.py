@@ -31,12 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.candidate import SourceUnit
-from kb_mcp.harness.kernels import DeviceTime
-from kb_mcp.harness.memory import Footprint, TooLarge
+from kb_mcp.harness.gpu.memory import Footprint, TooLarge
+from kb_mcp.harness.judgment.kernels import DeviceTime
+from kb_mcp.harness.judgment.precision import PrecisionEvidence
+from kb_mcp.harness.judgment.verdict import Evidence, Failure, Finding, Judgement, VerifyOptions, VerifyResult, judge
 from kb_mcp.harness.plausibility import WorkCensus
-from kb_mcp.harness.precision import PrecisionEvidence
 from kb_mcp.harness.problem import Problem
-from kb_mcp.harness.verdict import Evidence, Failure, Finding, Judgement, VerifyOptions, VerifyResult, judge
 from kb_mcp.kb.models import Verdict
 
 __all__ = [

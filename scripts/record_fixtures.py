@@ -5,7 +5,7 @@
 
 1. Compiles every planted-bottleneck program in tests/fixtures/planted/ with nvcc (sm_90).
 2. Runs each under ncu exactly as `profile_kernel` does (same sections, metrics and NVTX range,
-   built by `kb_mcp.harness.profiler`), exports the raw and details pages with base units, and keeps
+   built by `kb_mcp.profiling.profiler`), exports the raw and details pages with base units, and keeps
    only the columns and rows the parser reads (the recorded text stays ncu's own output).
 3. Profiles tests/profiling/problems/relu_mul_add.py end to end (reference and fused candidate),
    records a torch.profiler trace of the timing fallback, and probes ncu as an unprivileged user
@@ -130,8 +130,8 @@ def trim_details(text: str, max_kernels: int = 4) -> str:
 def record_program(name: str, exe: Path, out: Path, full: Path, ncu: str) -> dict:
     import shutil
 
-    from kb_mcp.harness import ncu_parse, profiler
-    from kb_mcp.harness.sandbox import detect
+    from kb_mcp.harness.sandbox.sandbox import detect
+    from kb_mcp.profiling import ncu_parse, profiler
 
     options = profiler.ProfileOptions()
     scratch = Path(tempfile.mkdtemp())
@@ -183,9 +183,9 @@ def trim_details_full(text: str, max_kernels: int = 4) -> str:
 
 def record_set_full(name: str, exe: Path, out: Path, full: Path, ncu: str) -> dict:
     """One planted program under `ncu --set full`, as a user records it outside the project."""
-    from kb_mcp.harness import ncu_parse, profiler
     from kb_mcp.harness.profile_model import Profile
     from kb_mcp.policy.classify import classify_profile
+    from kb_mcp.profiling import ncu_parse, profiler
 
     base = Path(tempfile.mkdtemp()) / name
     cmd = [ncu, "--set", "full", "--nvtx", "--nvtx-include", "kbmcp/", "-o", str(base), "-f", str(exe)]
@@ -198,7 +198,7 @@ def record_set_full(name: str, exe: Path, out: Path, full: Path, ncu: str) -> di
     if not report.is_file():
         entry["error"] = (proc.stdout + proc.stderr)[-2000:]
         return entry
-    from kb_mcp.harness.sandbox import detect
+    from kb_mcp.harness.sandbox.sandbox import detect
 
     raw, details = profiler.export_pages(ncu, report, profiler.Spawner(detect(), base.parent / "cache", ncu))
     (full / f"{name}.set_full.raw.csv").write_text(raw)
@@ -223,7 +223,7 @@ def cost_run(label: str, cmd: list[str]) -> dict:
 
 
 def cost_comparison(ncu: str, exe: Path) -> list[dict]:
-    from kb_mcp.harness import profiler
+    from kb_mcp.profiling import profiler
 
     tmp = Path(tempfile.mkdtemp())
     results = [cost_run("unprofiled", [str(exe)])]
@@ -257,10 +257,10 @@ def perm_probe(ncu: str, exe: Path, full: Path) -> dict:
 
 def torch_end_to_end(out: Path, full: Path) -> dict:
     """Profiles the small torch problem (reference, candidate; counters and timeline) and keeps a trace."""
-    from kb_mcp.harness import profiler
     from kb_mcp.harness.problem import load_problem
     from kb_mcp.harness.protocol import DriverSpec
-    from kb_mcp.harness.sandbox import Grant, detect
+    from kb_mcp.harness.sandbox.sandbox import Grant, detect
+    from kb_mcp.profiling import profiler
 
     problem = load_problem(str(PROBLEMS / "relu_mul_add.py"))
     candidate = (PROBLEMS / "relu_mul_add_fused.py").read_text()
@@ -306,7 +306,7 @@ def main() -> int:
     parser.add_argument("--set-full", action="store_true",
                         help="record outside-style `ncu --set full` profiles of SET_FULL_PROGRAMS into set_full/")
     args = parser.parse_args()
-    from kb_mcp.harness import profiler
+    from kb_mcp.profiling import profiler
 
     dest = Path(args.out)
     dest.mkdir(parents=True, exist_ok=True)

@@ -119,7 +119,7 @@ def parse_smi(listing: str, header: str) -> Machine:
 
 def check_gpu(machine: Machine, require_gpu: bool) -> Check:
     """The GPUs and driver, as nvidia-smi reports them."""
-    from kb_mcp.harness.gpu_probe import no_gpu_reason
+    from kb_mcp.harness.gpu.gpu_probe import no_gpu_reason
 
     smi = shutil.which("nvidia-smi")
     reason = no_gpu_reason()
@@ -234,7 +234,7 @@ def check_nvcc(machine: Machine, require_gpu: bool) -> Check:
 
 def check_ncu(machine: Machine, require_gpu: bool) -> Check:
     """Nsight Compute, and whether this user may read the GPU's performance counters."""
-    from kb_mcp.harness.profiler import ENV_NCU, find_ncu
+    from kb_mcp.profiling.profiler import ENV_NCU, find_ncu
 
     ncu = find_ncu()
     if ncu is None:
@@ -273,7 +273,7 @@ def counters_restricted(params: Path = PROFILING_PARAMS) -> bool | None:
 
 def check_sandbox() -> Check:
     """The harness's sandbox (bubblewrap), as `harness.sandbox.detect` finds it on this machine."""
-    from kb_mcp.harness.sandbox import SandboxUnavailable, detect
+    from kb_mcp.harness.sandbox.sandbox import SandboxUnavailable, detect
 
     try:
         sandbox = detect()
@@ -295,8 +295,8 @@ def check_lane() -> Check:
     whether the lane folder serves them all, and who holds it now (`harness.lane`)."""
     import socket
 
-    from kb_mcp.harness.gpu_key import gpu_key
-    from kb_mcp.harness.lane_file import LaneFile, LaneUnavailable, lane_dir
+    from kb_mcp.harness.gpu.gpu_key import gpu_key
+    from kb_mcp.harness.gpu.lane_file import LaneFile, LaneUnavailable, lane_dir
 
     key = gpu_key()
     if key is None:

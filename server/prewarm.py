@@ -20,9 +20,9 @@ import logging
 import threading
 import time
 
-from kb_mcp.harness.gpu_probe import no_gpu_reason
-from kb_mcp.harness.profile_standby import ENV_STANDBY, Standby, standby_enabled
-from kb_mcp.harness.profiler import find_ncu
+from kb_mcp.harness.gpu.gpu_probe import no_gpu_reason
+from kb_mcp.profiling.profile_standby import ENV_STANDBY, Standby, standby_enabled
+from kb_mcp.profiling.profiler import find_ncu
 from kb_mcp.server.gpu import detect_gpus
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.profile_kernel import prewarm

@@ -88,7 +88,7 @@ def pytest_configure(config: pytest.Config) -> None:
     The pool's methods are wrapped once for the whole session, not per test: the harness's trusted
     snapshot (`worker.trusted`), which tests also capture in this process, sees the same functions
     throughout."""
-    from kb_mcp.harness.pool import WorkerPool
+    from kb_mcp.harness.pool.pool import WorkerPool
 
     verify, census = WorkerPool.verify, WorkerPool.census
     _UNCHECKED.update(verify=verify, census=census)
@@ -109,7 +109,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The pool's own methods back."""
-    from kb_mcp.harness.pool import WorkerPool
+    from kb_mcp.harness.pool.pool import WorkerPool
 
     for name, method in _UNCHECKED.items():
         setattr(WorkerPool, name, method)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile, RuleFinding
-from kb_mcp.harness.profile_store import ProfileNotFound, ProfileStore
 from kb_mcp.policy.classify import (
     Evidence,
     KernelClassification,
@@ -14,6 +13,7 @@ from kb_mcp.policy.classify import (
     assign_states,
     classify_profile,
 )
+from kb_mcp.profiling.profile_store import ProfileNotFound, ProfileStore
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 

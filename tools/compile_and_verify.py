@@ -6,10 +6,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.harness.caps import Caps
-from kb_mcp.harness.probing import PrecisionCheck
+from kb_mcp.harness.judgment.caps import Caps
+from kb_mcp.harness.judgment.probing import PrecisionCheck
+from kb_mcp.harness.judgment.verdict import CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
 from kb_mcp.harness.problem import Problem
-from kb_mcp.harness.verdict import CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane

@@ -16,10 +16,10 @@ from kb_mcp.kb import paths
 from kb_mcp.tools.lane import GpuLane
 
 if TYPE_CHECKING:
-    from kb_mcp.harness.pool import WorkerPool
-    from kb_mcp.harness.profile_standby import StandbyPool
-    from kb_mcp.harness.sandbox import Sandbox
+    from kb_mcp.harness.pool.pool import WorkerPool
+    from kb_mcp.harness.sandbox.sandbox import Sandbox
     from kb_mcp.kb.store import KBStore
+    from kb_mcp.profiling.profile_standby import StandbyPool
 
 
 class ToolContext:
@@ -62,7 +62,7 @@ class ToolContext:
     def sandbox(self) -> Sandbox:
         """How untrusted code is confined on this machine (raises SandboxUnavailable, with what to
         do, where it cannot be); this KB and its artifacts are among what it hides."""
-        from kb_mcp.harness.sandbox import detect
+        from kb_mcp.harness.sandbox.sandbox import detect
 
         return detect().with_private(self.private_places)
 
@@ -75,7 +75,7 @@ class ToolContext:
     @cached_property
     def workers(self) -> WorkerPool:
         """The pool of sandboxed worker processes that compile, verify and time candidates."""
-        from kb_mcp.harness.pool import WorkerPool
+        from kb_mcp.harness.pool.pool import WorkerPool
 
         return WorkerPool(cache_dir=self.cache_dir, sandbox=self.sandbox)
 
@@ -86,7 +86,7 @@ class ToolContext:
         background as its server stopped would have no one to stop it)."""
         if not self.standby_profiler or self.closed:
             return None
-        from kb_mcp.harness.profile_standby import StandbyPool
+        from kb_mcp.profiling.profile_standby import StandbyPool
 
         return StandbyPool(self.cache_dir / "profile-standby")
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from kb_mcp.harness import lane
-from kb_mcp.harness.lane import LaneHold
+from kb_mcp.harness.gpu import lane
+from kb_mcp.harness.gpu.lane import LaneHold
 from kb_mcp.kb.progress import Progress, no_progress
 
 __all__ = ["GpuLane"]

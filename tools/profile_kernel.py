@@ -8,13 +8,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kb_mcp.harness.candidate import CandidateError, parse_candidate
-from kb_mcp.harness.gpu_probe import no_gpu_reason
-from kb_mcp.harness.ncu_import import ReportImportError, import_report
+from kb_mcp.harness.gpu.gpu_probe import no_gpu_reason
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
-from kb_mcp.harness.profile_standby import Standby
-from kb_mcp.harness.profile_store import ProfileStore, new_profile_id
-from kb_mcp.harness.profiler import (
+from kb_mcp.profiling.ncu_import import ReportImportError, import_report
+from kb_mcp.profiling.profile_standby import Standby
+from kb_mcp.profiling.profile_store import ProfileStore, new_profile_id
+from kb_mcp.profiling.profiler import (
     NoGpuError,
     ProblemFailedError,
     ProfileOptions,

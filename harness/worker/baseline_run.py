@@ -21,11 +21,11 @@ from typing import Any
 import torch
 
 from kb_mcp.harness.baselines import Baseline
-from kb_mcp.harness.memory import TooLarge, fits_eager
+from kb_mcp.harness.gpu.memory import TooLarge, fits_eager
+from kb_mcp.harness.judgment.verdict import VerifyOptions
 from kb_mcp.harness.phases import StepClock
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import BaselineReply, ProblemFailed
-from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.harness.worker.footprint import PeakMeter, device_free, measure, nbytes, request_peak, start_request
 from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
 from kb_mcp.harness.worker.loading import load_module, short_traceback

@@ -26,9 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kb_mcp.harness.candidate import SourceUnit
-from kb_mcp.harness.protocol import BuildReport, BuildSpec
-from kb_mcp.harness.toolchain import (
+from kb_mcp.harness.builds.toolchain import (
     TORCH_CUDA_BUILD_ONLY,
     ToolchainInfo,
     cuda_arch_list,
@@ -38,6 +36,8 @@ from kb_mcp.harness.toolchain import (
     missing_declarations,
     truncate,
 )
+from kb_mcp.harness.candidate import SourceUnit
+from kb_mcp.harness.protocol import BuildReport, BuildSpec
 
 
 def build_unit(unit: SourceUnit, arch: str, out_dir: Path) -> BuildReport:

@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.kernels import DeviceTime
+from kb_mcp.harness.judgment.kernels import DeviceTime
+from kb_mcp.harness.judgment.verdict import Failure, FailureKind, Finding, VerifyOptions
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import CensusReply, ProblemFailed
-from kb_mcp.harness.verdict import Failure, FailureKind, Finding, VerifyOptions
 from kb_mcp.harness.worker import integrity_runtime as rt
 from kb_mcp.harness.worker.fault import Blame, first_line, is_out_of_memory, raised_in, tensor_bytes
 from kb_mcp.harness.worker.footprint import start_request

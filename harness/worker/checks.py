@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.memory import Footprint, MemoryPlan, SetPeak
-from kb_mcp.harness.verdict import Failure, FailureKind, Finding, FindingCode, InputSetCheck
+from kb_mcp.harness.gpu.memory import Footprint, MemoryPlan, SetPeak
+from kb_mcp.harness.judgment.verdict import Failure, FailureKind, Finding, FindingCode, InputSetCheck
 from kb_mcp.harness.worker.distributions import SETS, Variant, vary
 from kb_mcp.harness.worker.fault import Halted, ProblemBroken, first_line, is_cuda_error, is_out_of_memory
 from kb_mcp.harness.worker.footprint import PeakMeter, nbytes

@@ -28,9 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kb_mcp.harness.candidate import SourceUnit, inline_unit, kernel_names
-from kb_mcp.harness.protocol import BuildReply
-from kb_mcp.harness.toolchain import (
+from kb_mcp.harness.builds.toolchain import (
     DEFAULT_ARCH,
     MESSAGE_LIMIT,
     build_target,
@@ -41,7 +39,9 @@ from kb_mcp.harness.toolchain import (
     nvrtc_capability,
     truncate,
 )
-from kb_mcp.harness.verdict import CompileResult, CompileUnit
+from kb_mcp.harness.candidate import SourceUnit, inline_unit, kernel_names
+from kb_mcp.harness.judgment.verdict import CompileResult, CompileUnit
+from kb_mcp.harness.protocol import BuildReply
 
 __all__ = ["DEFAULT_ARCH", "Builders", "load_built", "unit_from_inline_args"]
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from kb_mcp.harness import shapes
+from kb_mcp.harness.judgment.verdict import Finding, InputSetCheck, Timings
 from kb_mcp.harness.plausibility import (
     DevicePeaks,
     escalation_reasons,
@@ -36,7 +37,6 @@ from kb_mcp.harness.plausibility import (
     unsettled,
     work_bound,
 )
-from kb_mcp.harness.verdict import Finding, InputSetCheck, Timings
 from kb_mcp.harness.worker.checks import Checker
 from kb_mcp.harness.worker.fault import is_cuda_error, is_out_of_memory
 from kb_mcp.harness.worker.timing import dram_bandwidth

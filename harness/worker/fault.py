@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.memory import TooLarge
+from kb_mcp.harness.gpu.memory import TooLarge
+from kb_mcp.harness.judgment.verdict import Failure, FailureKind, GpuMemory
 from kb_mcp.harness.protocol import ProblemFailed
-from kb_mcp.harness.verdict import Failure, FailureKind, GpuMemory
 from kb_mcp.harness.worker.loading import short_traceback
 
 __all__ = ["WORKSPACE_BYTES", "Blame", "Halted", "ProblemBroken", "asked_bytes", "context_healthy", "first_line",

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.memory import Footprint
+from kb_mcp.harness.gpu.memory import Footprint
 from kb_mcp.harness.worker.values import leaves
 
 __all__ = ["PeakMeter", "device_free", "dtype_name", "first_float", "measure", "nbytes", "request_peak",

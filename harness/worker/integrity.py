@@ -48,8 +48,8 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from kb_mcp.harness.integrity_static import ALLOW_GROUPS, check_source, expand_allow
-from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.harness.judgment.integrity_static import ALLOW_GROUPS, check_source, expand_allow
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 
 if TYPE_CHECKING:  # torch-side types; this module imports torch only when a guard is built
     from kb_mcp.harness.worker.integrity_runtime import KernelCensus, Trusted, TrustedSnapshot

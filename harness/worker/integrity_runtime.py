@@ -22,7 +22,7 @@ combines them into a few calls (see its docstring).
 
 from __future__ import annotations
 
-from kb_mcp.harness.kernels import (
+from kb_mcp.harness.judgment.kernels import (
     ALLOWED_OPS,
     NOOP_ONLY_OPS,
     TORCH_NAMESPACES,

@@ -8,7 +8,7 @@ import ctypes
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 
 CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
 CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW = 1

@@ -35,7 +35,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, FrameReader, send
 from kb_mcp.harness.protocol import (
     TO_WORKER,
     BaselineRequest,
@@ -60,6 +59,7 @@ from kb_mcp.harness.protocol import (
     VerifyRequest,
     WorkerInfo,
 )
+from kb_mcp.harness.sandbox.channel import POOL_KEY, ChannelClosed, FrameReader, send
 
 
 def _hide_fd(fd: int) -> int:
@@ -298,7 +298,7 @@ def _check_problem(env: Any, problem: Any) -> ProblemChecked | ProblemFailed:
 
 def _internal_error(req: Any, exc: BaseException) -> Any:
     """The reply when the harness itself raised on `req`: a crash, worded by `verdict.judge`."""
-    from kb_mcp.harness.verdict import Evidence, Failure, FailureKind, VerifyResult, judge
+    from kb_mcp.harness.judgment.verdict import Evidence, Failure, FailureKind, VerifyResult, judge
 
     detail = f"{type(exc).__name__}: {str(exc)[:300]}"
     if isinstance(req, CensusRequest):

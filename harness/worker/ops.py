@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kb_mcp.harness.kernels import ALLOWED_OPS, NOOP_ONLY_OPS, TORCH_NAMESPACES
-from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.harness.judgment.kernels import ALLOWED_OPS, NOOP_ONLY_OPS, TORCH_NAMESPACES
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 
 _THIS_DIR = str(Path(__file__).resolve().parent)
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)

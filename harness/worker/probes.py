@@ -24,7 +24,15 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.probing import ARBITER, FLOOR_UNITS, PROBES, PrecisionCheck, ProbeError, error_ratio, judged
+from kb_mcp.harness.judgment.probing import (
+    ARBITER,
+    FLOOR_UNITS,
+    PROBES,
+    PrecisionCheck,
+    ProbeError,
+    error_ratio,
+    judged,
+)
 from kb_mcp.harness.worker.values import clone_inputs, leaves, secret_seed
 
 LOW_BITS = (13, 20)  # j of 1 + k·2^-j: TF32 keeps 10 mantissa bits, float32 23

@@ -33,6 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kb_mcp.harness.builds.toolchain import truncate
 from kb_mcp.harness.protocol import (
     CLAIMED_FILE,
     EXIT_BAD_SPEC,
@@ -46,7 +47,6 @@ from kb_mcp.harness.protocol import (
     DriverReport,
     DriverSpec,
 )
-from kb_mcp.harness.toolchain import truncate
 from kb_mcp.kb.owners import process_alive
 
 POLL_S = 0.005  # how often a standby driver looks for its spec (a stat call: cheap)

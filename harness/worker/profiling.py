@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from kb_mcp.harness.kernels import DeviceTime, KernelCensus, KernelLaunch, classify_launches
+from kb_mcp.harness.judgment.kernels import DeviceTime, KernelCensus, KernelLaunch, classify_launches
 
 ANNOTATION = "kbmcp::candidate_forward"
 # The device time's runs: each call inside RUN_RANGE, the L2 flush before it inside FLUSH_RANGE.

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.probing import ARBITER, PROBE_BOUND, ProbeError
+from kb_mcp.harness.judgment.probing import ARBITER, PROBE_BOUND, ProbeError
 from kb_mcp.harness.worker.probes import against_float64
 from kb_mcp.harness.worker.values import Comparison, rounding_sized
 

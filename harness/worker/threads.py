@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 from kb_mcp.harness.worker.trusted import describe
 
 # Native threads the CUDA driver and runtime start on their own (event handler, JIT, ...).

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from kb_mcp.harness.baselines import Baseline
-from kb_mcp.harness.memory import Footprint
+from kb_mcp.harness.gpu.memory import Footprint
+from kb_mcp.harness.judgment.verdict import Timings
 from kb_mcp.harness.protocol import CensusReply
-from kb_mcp.harness.verdict import Timings
 from kb_mcp.harness.worker.footprint import first_float, nbytes
 from kb_mcp.harness.worker.rounding import RoundingJudge
 from kb_mcp.harness.worker.timing import (

@@ -41,8 +41,8 @@ from typing import Any
 import torch
 
 from kb_mcp.harness.baselines import MAX_EAGER_DRIFT, Baseline, launch_bound
-from kb_mcp.harness.kernels import DeviceTime
-from kb_mcp.harness.verdict import Timings
+from kb_mcp.harness.judgment.kernels import DeviceTime
+from kb_mcp.harness.judgment.verdict import Timings
 from kb_mcp.harness.worker.integrity_runtime import Trusted
 
 TARGET_TIMED_S = 0.4  # timed runs per candidate: as many as fit this budget, within [MIN_RUNS, MAX_RUNS]

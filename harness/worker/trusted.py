@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 
 
 def _watched_modules() -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.options import TRACK_TOLERANCE, VerifyOptions
+from kb_mcp.harness.judgment.options import TRACK_TOLERANCE, VerifyOptions
 
 # (atol in units of the reference's RMS, rtol) per output dtype. fp32 is strict: the reference runs
 # with TF32 off, and a candidate that computes in TF32/bf16 shows errors near 1e-3 and fails here.

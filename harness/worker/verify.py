@@ -45,12 +45,9 @@ from typing import Any
 import torch
 
 from kb_mcp.harness.baselines import Baseline, BaselineCache
-from kb_mcp.harness.memory import Footprint, MemoryPlan, MemoryReport, TooLarge, plan
-from kb_mcp.harness.phases import PHASE_WORDS
-from kb_mcp.harness.precision import precision_check, precision_findings
-from kb_mcp.harness.problem import Problem
-from kb_mcp.harness.protocol import CensusReply, ProblemFailed
-from kb_mcp.harness.verdict import (
+from kb_mcp.harness.gpu.memory import Footprint, MemoryPlan, MemoryReport, TooLarge, plan
+from kb_mcp.harness.judgment.precision import precision_check, precision_findings
+from kb_mcp.harness.judgment.verdict import (
     Evidence,
     Failure,
     FailureKind,
@@ -62,6 +59,9 @@ from kb_mcp.harness.verdict import (
     VerifyResult,
     judge,
 )
+from kb_mcp.harness.phases import PHASE_WORDS
+from kb_mcp.harness.problem import Problem
+from kb_mcp.harness.protocol import CensusReply, ProblemFailed
 from kb_mcp.harness.worker.checks import Checker, Halted
 from kb_mcp.harness.worker.compile import Builders
 from kb_mcp.harness.worker.evidence import escalate

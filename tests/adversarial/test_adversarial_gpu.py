@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from adversarial_cases import CASES, Case
 
+from kb_mcp.harness.judgment.verdict import VerifyOptions, VerifyResult
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.verdict import VerifyOptions, VerifyResult
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from kb_mcp.harness.pool import WorkerPool
+    from kb_mcp.harness.pool.pool import WorkerPool
 
     with WorkerPool(cache_dir=tmp_path_factory.mktemp("adversarial_cache"), prestart=True) as p:
         yield p

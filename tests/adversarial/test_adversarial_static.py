@@ -9,9 +9,9 @@ import ast
 import pytest
 from adversarial_cases import CASES, CHEATS, HERE, HONEST, Case
 
-from kb_mcp.harness.integrity_static import check_source
+from kb_mcp.harness.judgment.integrity_static import check_source
+from kb_mcp.harness.judgment.verdict import REVIEW_ONLY, FindingCode
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.verdict import REVIEW_ONLY, FindingCode
 from kb_mcp.kb.models import Verdict
 
 # The exploit classes of DESIGN.md section 5, each of which needs at least one cheat here.

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kb_mcp.campaign.baselines_eval import BaselineRow, BaselinesError, baselines_table, eta_text, read_table
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.tools.context import ToolContext
 
 TREE = Path(__file__).resolve().parent / "kernelbench_tree"

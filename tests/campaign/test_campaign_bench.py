@@ -9,10 +9,10 @@ import pytest
 
 from kb_mcp.campaign.agent_kernel import lower_request
 from kb_mcp.campaign.bench import Bench, BenchError
-from kb_mcp.harness.ncu_parse import parse_ncu_csv
 from kb_mcp.harness.problem import load_problem
 from kb_mcp.harness.profile_model import Profile
-from kb_mcp.harness.profile_store import ProfileStore, new_profile_id
+from kb_mcp.profiling.ncu_parse import parse_ncu_csv
+from kb_mcp.profiling.profile_store import ProfileStore, new_profile_id
 from kb_mcp.tools.context import ToolContext
 
 ROOT = Path(__file__).resolve().parents[2]

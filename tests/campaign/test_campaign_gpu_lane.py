@@ -24,7 +24,7 @@ from fakellm.campaign_script import campaign_script
 
 from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.clients.mcp_client import call_json, connect_http, serve_command
-from kb_mcp.harness.lane import LaneSpan, overlapping, read_spans
+from kb_mcp.harness.gpu.lane import LaneSpan, overlapping, read_spans
 
 pytestmark = [pytest.mark.slow]
 

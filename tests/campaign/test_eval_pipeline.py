@@ -19,12 +19,12 @@ from ahead_helpers import answer_candidate, descendants, gone
 from kb_mcp.campaign.eta import OVERALL
 from kb_mcp.campaign.eval_pipeline import Pipeline
 from kb_mcp.campaign.evaluate import BaselinesAhead, EvalOptions, EvalResult, Pending, evaluate
-from kb_mcp.harness.ahead import AheadTarget, BuildsAhead
 from kb_mcp.harness.baselines import Baseline, BaselineCache
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.builds.ahead import AheadTarget, BuildsAhead
+from kb_mcp.harness.builds.toolchain import DEFAULT_ARCH
+from kb_mcp.harness.judgment.verdict import VerifyOptions
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.toolchain import DEFAULT_ARCH
-from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb.models import Verdict
 from kb_mcp.tools.context import ToolContext
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from kb_mcp.harness.baselines import Baseline, BaselineCache
+from kb_mcp.harness.builds.toolchain import light_variants
 from kb_mcp.harness.candidate import inline_units_ahead, parse_candidate, static_units
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.toolchain import light_variants
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "eval_pipeline_bench.py"

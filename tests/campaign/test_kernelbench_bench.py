@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.harness.probing import PrecisionCheck, ProbeError, Status
+from kb_mcp.harness.judgment.probing import PrecisionCheck, ProbeError, Status
 from kb_mcp.kb.models import Outcome, Track, Verdict
 from kb_mcp.kb.store import KBStore
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.harness.integrity_static import check_source, iter_cuda_sources
+from kb_mcp.harness.judgment.integrity_static import check_source, iter_cuda_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 CANDIDATES = sorted((ROOT / "examples" / "candidates").glob("*.py"))

@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--child", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    from kb_mcp.harness import lane
+    from kb_mcp.harness.gpu import lane
 
     def progress(done: float, total: float | None = None, message: str | None = None) -> None:
         _say("waiting", message=message)

@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--times", type=int, default=2)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    from kb_mcp.harness.pool import WorkerPool
+    from kb_mcp.harness.pool.pool import WorkerPool
     from kb_mcp.harness.problem import load_problem
 
     problem = load_problem(args.problem)

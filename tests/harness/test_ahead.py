@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 from ahead_helpers import answer_candidate, descendants, gone
 
-from kb_mcp.harness.ahead import AheadOutcome, AheadTarget, BuildsAhead, default_jobs, target_for
-from kb_mcp.harness.builds import BuildService
+from kb_mcp.harness.builds.ahead import AheadOutcome, AheadTarget, BuildsAhead, default_jobs, target_for
+from kb_mcp.harness.builds.builds import BuildService
+from kb_mcp.harness.builds.toolchain import DEFAULT_ARCH, build_target, extension_name, light_variants
 from kb_mcp.harness.candidate import SourceUnit, inline_units_ahead
-from kb_mcp.harness.options import VerifyOptions
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.judgment.options import VerifyOptions
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.protocol import BuildReply, WorkerInfo
-from kb_mcp.harness.toolchain import DEFAULT_ARCH, build_target, extension_name, light_variants
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.pool.pool import WorkerPool
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def test_a_pool_without_a_gpu_says_so_for_the_baselines_and_where_the_time_went(
 
 
 def _result(cached: bool):
-    from kb_mcp.harness.verdict import CompileResult, Timings, VerifyResult
+    from kb_mcp.harness.judgment.verdict import CompileResult, Timings, VerifyResult
     from kb_mcp.kb.models import Verdict
 
     return VerifyResult(candidate_id="c", problem="p", problem_hash="h", verdict=Verdict.faster, summary="s",
@@ -71,7 +71,7 @@ def _result(cached: bool):
 
 def test_a_verdict_whose_baselines_the_pool_timed_first_says_they_were_not_cached_yet() -> None:
     from kb_mcp.harness.baselines import Baseline, BaselineRun
-    from kb_mcp.harness.pool import _with_first_baselines
+    from kb_mcp.harness.pool.pool import _with_first_baselines
 
     base = Baseline(problem_hash="h", device="d", torch_version="t", eager_ms=2.0, eager_runs=10)
     timed = BaselineRun(problem="p", problem_hash="h", status="ok", baseline=base)

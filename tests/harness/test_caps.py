@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kb_mcp.harness.caps import Caps
-from kb_mcp.harness.verdict import VerifyOptions
+from kb_mcp.harness.judgment.caps import Caps
+from kb_mcp.harness.judgment.verdict import VerifyOptions
 
 
 def test_caps_bound_the_limits_a_caller_may_ask_for() -> None:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.harness.channel import POOL_KEY, send
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.judgment.verdict import FindingCode, VerifyOptions
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.protocol import BuildAnswer, BuildReply, CensusAnswer, CensusReply
-from kb_mcp.harness.verdict import FindingCode, VerifyOptions
+from kb_mcp.harness.sandbox.channel import POOL_KEY, send
 from kb_mcp.harness.worker.main import Channel
 from kb_mcp.kb.models import Verdict
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from kb_mcp.harness.baselines import Baseline
-from kb_mcp.harness.kernels import DeviceTime
+from kb_mcp.harness.judgment.kernels import DeviceTime
+from kb_mcp.harness.judgment.verdict import CompileResult, InputSetCheck, Timings, VerifyOptions, VerifyResult, decide
 from kb_mcp.harness.protocol import TO_WORKER, CensusAnswer, CensusReply
-from kb_mcp.harness.verdict import CompileResult, InputSetCheck, Timings, VerifyOptions, VerifyResult, decide
 from kb_mcp.harness.worker.profiling import (
     FLUSH_RANGE,
     RUN_RANGE,

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kb_mcp.harness.baselines import BaselineCache
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.judgment.verdict import VerifyOptions
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.harness.worker.profiling import DEVICE_RUNS, measure_device_time
 from kb_mcp.harness.worker.timing import L2Flusher
 from kb_mcp.kb.models import Verdict

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from kb_mcp.harness.judgment.verdict import FindingCode, VerifyOptions
 from kb_mcp.harness.plausibility import impossible_time, work_bound
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import Problem, load_problem
-from kb_mcp.harness.verdict import FindingCode, VerifyOptions
-from kb_mcp.harness.work import take_work_census
 from kb_mcp.harness.worker.evidence import device_peaks
 from kb_mcp.kb.models import Verdict
+from kb_mcp.profiling.work import take_work_census
 
 pytestmark = pytest.mark.gpu
 

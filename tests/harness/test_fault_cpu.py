@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kb_mcp.harness.verdict import Evidence, Failure, FailureKind, GpuMemory, judge
+from kb_mcp.harness.judgment.verdict import Evidence, Failure, FailureKind, GpuMemory, judge
 from kb_mcp.harness.worker.fault import (
     WORKSPACE_BYTES,
     Blame,

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from harness_helpers import FIXTURES, fixture_source
 
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.judgment.verdict import VerifyOptions
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb.models import Verdict
 
 pytestmark = pytest.mark.gpu

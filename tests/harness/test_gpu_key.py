@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kb_mcp.harness.gpu_key import ENV_LANE_KEY, GpuKey, gpu_key, parse_smi, resolve_key, safe_key
+from kb_mcp.harness.gpu.gpu_key import ENV_LANE_KEY, GpuKey, gpu_key, parse_smi, resolve_key, safe_key
 
 # What `nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader` prints on a two-GPU machine.
 SMI = """0, GPU-8f3c2a10-1111-2222-3333-444455556666, NVIDIA H100 80GB HBM3

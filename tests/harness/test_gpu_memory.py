@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kb_mcp.harness.gpu_memory import DeviceMemory
+from kb_mcp.harness.gpu.gpu_memory import DeviceMemory
 
 
 def test_without_a_device_nvml_knows_the_figures_stay_unknown_and_nothing_raises() -> None:

@@ -10,8 +10,17 @@ import time
 
 import pytest
 
-from kb_mcp.harness.channel import HEADER, MAX_FRAME, ChannelClosed, ForgedFrame, FrameReader, encode, new_key, send
 from kb_mcp.harness.protocol import FROM_WORKER, Phase
+from kb_mcp.harness.sandbox.channel import (
+    HEADER,
+    MAX_FRAME,
+    ChannelClosed,
+    ForgedFrame,
+    FrameReader,
+    encode,
+    new_key,
+    send,
+)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kb_mcp.harness.baselines import PROTOCOL, Baseline, BaselineCache
-from kb_mcp.harness.verdict import VerifyOptions
+from kb_mcp.harness.judgment.verdict import VerifyOptions
 from kb_mcp.harness.worker.timing import dram_bandwidth, peak_flops, roofline_ms
 from kb_mcp.harness.worker.values import DEFAULT_TOLERANCES, POISON_BYTE, compare, leaves, tolerance_for
 

@@ -6,12 +6,9 @@ from __future__ import annotations
 import pytest
 from harness_helpers import fixture_source
 
-from kb_mcp.harness.builds import toolchain
-from kb_mcp.harness.candidate import SourceUnit, static_units
-from kb_mcp.harness.compile_only import CompileOnly
-from kb_mcp.harness.pool import WorkerPool
-from kb_mcp.harness.sandbox import detect
-from kb_mcp.harness.toolchain import (
+from kb_mcp.harness.builds.builds import toolchain
+from kb_mcp.harness.builds.compile_only import CompileOnly
+from kb_mcp.harness.builds.toolchain import (
     build_target,
     diagnostics,
     inline_sources,
@@ -20,6 +17,9 @@ from kb_mcp.harness.toolchain import (
     needs_torch_headers,
     nvrtc_capability,
 )
+from kb_mcp.harness.candidate import SourceUnit, static_units
+from kb_mcp.harness.pool.pool import WorkerPool
+from kb_mcp.harness.sandbox.sandbox import detect
 from kb_mcp.kb.models import Verdict
 
 

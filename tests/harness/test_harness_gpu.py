@@ -14,10 +14,10 @@ import pytest
 from harness_helpers import fixture_source, with_fault
 
 from kb_mcp.harness.baselines import BaselineCache
-from kb_mcp.harness.integrity_static import check_source
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.judgment.integrity_static import check_source
+from kb_mcp.harness.judgment.verdict import FindingCode, VerifyOptions
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem, parse_problem
-from kb_mcp.harness.verdict import FindingCode, VerifyOptions
 from kb_mcp.kb.models import Verdict
 
 pytestmark = pytest.mark.gpu

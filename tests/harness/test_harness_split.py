@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
-HARNESS = Path(__file__).resolve().parents[2] / "harness"
-SERVER_SIDE = sorted(p for p in [*HARNESS.glob("*.py"), *HARNESS.glob("static/*.py")] if p.name != "__init__.py")
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS = ROOT / "harness"
+# the server side: every module of harness/ but its worker side, and the profiling package beside it
+SERVER_SIDE = sorted(p for p in [*HARNESS.rglob("*.py"), *(ROOT / "profiling").rglob("*.py")]
+                     if p.name != "__init__.py" and "worker" not in p.relative_to(HARNESS.parent).parts)
 WORKER_SIDE = sorted(p for p in (HARNESS / "worker").glob("*.py") if p.name != "__init__.py")
 
 
@@ -39,17 +42,17 @@ def test_the_worker_side_reaches_the_server_side_only_through_pure_modules() -> 
     """What runs in the sandbox may use the shared vocabulary (protocol, problem, verdict, toolchain,
     ...), never what starts processes or writes shared state (pool, builds, compile-only, profiler, the
     GPU lane)."""
-    spawning = {"kb_mcp.harness.pool", "kb_mcp.harness.process", "kb_mcp.harness.builds",
-                "kb_mcp.harness.compile_only", "kb_mcp.harness.profiler", "kb_mcp.harness.profile_standby",
-                "kb_mcp.harness.profile_store", "kb_mcp.harness.lane", "kb_mcp.harness.lane_file", "kb_mcp.kb.store"}
+    spawning = {"kb_mcp.harness.pool", "kb_mcp.harness.builds.builds", "kb_mcp.harness.builds.compile_only",
+                "kb_mcp.harness.builds.ahead", "kb_mcp.profiling", "kb_mcp.harness.gpu.lane",
+                "kb_mcp.harness.gpu.lane_file", "kb_mcp.kb.store"}
     bad = [(p.name, line, name) for p in WORKER_SIDE for line, name in _imports(p)
            if any(name == s or name.startswith(s + ".") for s in spawning)]
     assert bad == []
 
 
 def test_importing_the_whole_server_side_loads_no_torch() -> None:
-    modules = [p.relative_to(HARNESS).with_suffix("").as_posix().replace("/", ".") for p in SERVER_SIDE]
-    names = [f"kb_mcp.harness.{m}" for m in modules] + ["kb_mcp.tools.compile_and_verify",
+    modules = [p.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".") for p in SERVER_SIDE]
+    names = [f"kb_mcp.{m}" for m in modules] + ["kb_mcp.tools.compile_and_verify",
                                                                "kb_mcp.tools.profile_kernel", "kb_mcp.tools.context"]
     code = (
         "import sys\n"

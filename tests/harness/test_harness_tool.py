@@ -11,7 +11,7 @@ import time
 import pytest
 from harness_helpers import FIXTURES, fixture_source
 
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.kb.models import Verdict
 from kb_mcp.tools import compile_and_verify as tool
 from kb_mcp.tools.base import ToolError

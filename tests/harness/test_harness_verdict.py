@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from kb_mcp.harness import options as options_module
-from kb_mcp.harness import verdict as verdict_module
-from kb_mcp.harness.options import assess_options
-from kb_mcp.harness.plausibility import plausibility_findings
-from kb_mcp.harness.protocol import CensusReply
-from kb_mcp.harness.verdict import (
+from kb_mcp.harness.judgment import options as options_module
+from kb_mcp.harness.judgment import verdict as verdict_module
+from kb_mcp.harness.judgment.options import assess_options
+from kb_mcp.harness.judgment.verdict import (
     CompileResult,
     CompileUnit,
     Evidence,
@@ -28,6 +26,8 @@ from kb_mcp.harness.verdict import (
     decide,
     judge,
 )
+from kb_mcp.harness.plausibility import plausibility_findings
+from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.kb.models import Strength, Verdict
 
 OK = CompileResult(ok=True, style="nvrtc", arch="sm_90")
@@ -332,10 +332,11 @@ def test_a_census_reply_is_judged_from_its_failure() -> None:
 
 
 def test_no_module_of_the_harness_decides_a_verdict_but_verdict_py() -> None:
-    root = Path(verdict_module.__file__).resolve().parent
-    assert (root / "pool.py").is_file() and (root / "worker" / "census.py").is_file()
+    root = Path(verdict_module.__file__).resolve().parents[2]  # harness/judgment/verdict.py -> the repository
+    assert (root / "harness" / "pool" / "pool.py").is_file() and (root / "harness" / "worker" / "census.py").is_file()
     deciding = re.compile(r"verdict\s*=\s*Verdict\.")
-    found = [f"{p.relative_to(root)}:{n}" for p in sorted(root.rglob("*.py")) if p.name != "verdict.py"
+    modules = [*(root / "harness").rglob("*.py"), *(root / "profiling").rglob("*.py")]
+    found = [f"{p.relative_to(root)}:{n}" for p in sorted(modules) if p.name != "verdict.py"
              for n, line in enumerate(p.read_text().splitlines(), 1) if deciding.search(line)]
-    assert not found, f"a verdict decided outside harness/verdict.py's judge: {found}"
+    assert not found, f"a verdict decided outside harness/judgment/verdict.py's judge: {found}"
     assert deciding.search("    verdict=Verdict.crashed,")  # the check can fail

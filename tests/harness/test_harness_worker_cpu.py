@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from harness_helpers import fixture_source, with_fault
 
-from kb_mcp.harness.pool import WorkerPool
-from kb_mcp.harness.verdict import FindingCode, VerifyOptions
+from kb_mcp.harness.judgment.verdict import FindingCode, VerifyOptions
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.kb.models import Verdict
 
 CPU_CANDIDATE = '''

@@ -15,7 +15,7 @@ import torch
 
 import kb_mcp.harness.worker.rounding as rounding
 import kb_mcp.harness.worker.values as values
-from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 from kb_mcp.harness.worker.integrity import RETIRE_WORKER, IntegrityGuard, dedupe
 from kb_mcp.harness.worker.integrity_runtime import (
     KernelCensus,
@@ -235,12 +235,12 @@ def test_snapshot_quiet_after_ordinary_torch_work(pristine: TrustedSnapshot) -> 
 
 
 def test_harness_modules_are_watched(pristine: TrustedSnapshot) -> None:
-    import kb_mcp.harness.integrity_static as static
+    import kb_mcp.harness.judgment.integrity_static as static
 
     original = static.check_source
     try:
         static.check_source = lambda *a, **k: []  # type: ignore[assignment]
-        assert any("kb_mcp.harness.integrity_static.check_source" in f.message for f in pristine.verify())
+        assert any("kb_mcp.harness.judgment.integrity_static.check_source" in f.message for f in pristine.verify())
     finally:
         static.check_source = original
 

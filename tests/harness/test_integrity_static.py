@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.harness.integrity_static import check_source, expand_allow
-from kb_mcp.harness.verdict import FindingCode
+from kb_mcp.harness.judgment.integrity_static import check_source, expand_allow
+from kb_mcp.harness.judgment.verdict import FindingCode
 
 ROOT = Path(__file__).resolve().parents[2]
 C = FindingCode

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from kb_mcp.harness import lane
 from kb_mcp.harness.baselines import BaselineCache
-from kb_mcp.harness.gpu_key import ENV_LANE_KEY
-from kb_mcp.harness.lane_file import ENV_LANE_DIR
+from kb_mcp.harness.gpu import lane
+from kb_mcp.harness.gpu.gpu_key import ENV_LANE_KEY
+from kb_mcp.harness.gpu.lane_file import ENV_LANE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 VERIFIER = Path(__file__).with_name("lane_verifier.py")

@@ -25,9 +25,9 @@ from typing import IO, Any
 
 import pytest
 
-from kb_mcp.harness import lane
-from kb_mcp.harness.gpu_key import ENV_LANE_KEY
-from kb_mcp.harness.lane_file import ENV_LANE_DIR, LaneFile
+from kb_mcp.harness.gpu import lane
+from kb_mcp.harness.gpu.gpu_key import ENV_LANE_KEY
+from kb_mcp.harness.gpu.lane_file import ENV_LANE_DIR, LaneFile
 
 HOLDER = Path(__file__).with_name("lane_holder.py")
 
@@ -183,7 +183,7 @@ def test_a_hold_records_its_holder_and_empties_the_record_as_it_leaves(tmp_path:
 
 
 def test_holds_are_reentrant_and_logged_once(key: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="kb_mcp.harness.lane")
+    caplog.set_level(logging.INFO, logger="kb_mcp.harness.gpu.lane")
     with lane.hold("compile_and_verify") as outer:
         with lane.hold("verify relu") as inner:  # the harness's hold inside a tool's
             assert inner is outer and lane.current() is outer
@@ -220,7 +220,7 @@ def test_an_unusable_lane_folder_leaves_the_hold_in_this_process_and_says_why(
     not_a_folder = tmp_path / "lanes-file"
     not_a_folder.write_text("")
     monkeypatch.setenv(ENV_LANE_DIR, str(not_a_folder))
-    with caplog.at_level(logging.WARNING, logger="kb_mcp.harness.lane"), lane.hold("compile_and_verify") as held:
+    with caplog.at_level(logging.WARNING, logger="kb_mcp.harness.gpu.lane"), lane.hold("compile_and_verify") as held:
         assert not held.machine and held.gpu == key
         assert str(not_a_folder) in held.why_not and ENV_LANE_DIR in held.why_not
     assert "do not take turns with other processes" in caplog.text
@@ -266,7 +266,7 @@ def _python_for_nobody(folder: Path) -> tuple[str, dict[str, str]] | None:
     env = {"PYTHONPATH": os.pathsep.join([str(root / ".mypy-src"), str(Path(pydantic.__file__).parents[1])])}
     for python in (sys.executable, "/usr/bin/python3"):
         try:
-            probe = subprocess.run([python, "-c", "import kb_mcp.harness.lane"], user=NOBODY, group=NOBODY,
+            probe = subprocess.run([python, "-c", "import kb_mcp.harness.gpu.lane"], user=NOBODY, group=NOBODY,
                                    cwd=folder, env={**os.environ, **env}, capture_output=True, timeout=60)
         except (OSError, subprocess.SubprocessError):
             continue

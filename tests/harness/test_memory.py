@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kb_mcp.harness.memory import (
+from kb_mcp.harness.gpu.memory import (
     FIXED_OVERHEAD_BYTES,
     GIB,
     Footprint,

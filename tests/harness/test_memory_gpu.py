@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from harness_helpers import fixture_source
 
-from kb_mcp.harness.memory import GIB, bound
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.gpu.memory import GIB, bound
+from kb_mcp.harness.judgment.verdict import VerifyOptions
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import parse_problem
-from kb_mcp.harness.verdict import VerifyOptions
 from kb_mcp.kb.models import Verdict
 from kb_mcp.tools import compile_and_verify as tool
 from kb_mcp.tools.base import ToolError

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.harness import ncu_parse
+from kb_mcp.harness.judgment.verdict import CompileResult, FindingCode, InputSetCheck, Timings, decide
 from kb_mcp.harness.plausibility import (
     FALLBACK_SM_CLOCK_HZ,
     DevicePeaks,
@@ -19,8 +19,8 @@ from kb_mcp.harness.plausibility import (
     work_census_from_profiles,
 )
 from kb_mcp.harness.shapes import size_constants
-from kb_mcp.harness.verdict import CompileResult, FindingCode, InputSetCheck, Timings, decide
 from kb_mcp.kb.models import Verdict
+from kb_mcp.profiling import ncu_parse
 
 NCU = Path(__file__).parents[1] / "fixtures" / "ncu"
 # An H100 SXM as CUDA reports it: HBM3 at 2619 MHz over 5120 bits, 132 SMs at 1980 MHz, 50 MiB of L2.

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.harness.channel import new_key
-from kb_mcp.harness.pool import WorkerError, WorkerPool
+from kb_mcp.harness.pool.pool import WorkerError, WorkerPool
 from kb_mcp.harness.protocol import PingRequest
-from kb_mcp.harness.sandbox import detect
+from kb_mcp.harness.sandbox.channel import new_key
+from kb_mcp.harness.sandbox.sandbox import detect
 
 
 def test_a_request_to_a_worker_killed_while_idle_is_a_worker_error_and_the_pool_goes_on(tmp_path: Path) -> None:

@@ -13,14 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from kb_mcp.harness import lane
 from kb_mcp.harness.baselines import Baseline, BaselineCache
-from kb_mcp.harness.gpu_key import ENV_LANE_KEY
-from kb_mcp.harness.lane_file import ENV_LANE_DIR
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.gpu import lane
+from kb_mcp.harness.gpu.gpu_key import ENV_LANE_KEY
+from kb_mcp.harness.gpu.lane_file import ENV_LANE_DIR
+from kb_mcp.harness.judgment.verdict import CompileResult, Timings, VerifyResult
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import VerifyReply, WorkerInfo
-from kb_mcp.harness.verdict import CompileResult, Timings, VerifyResult
 from kb_mcp.kb.models import Verdict
 
 INFO = WorkerInfo(pid=1, cuda=True, device="NVIDIA H100 80GB HBM3", arch="sm_90", torch_version="2.13.0")

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from kb_mcp.harness.probing import (
+from kb_mcp.harness.judgment.probing import (
     ARBITER,
     PLAIN_RATIO,
     PROBE_BOUND,

@@ -11,9 +11,8 @@ import pytest
 import torch
 from harness_helpers import FIXTURES, fixture_source
 
-from kb_mcp.harness.options import TRACK_TOLERANCE, assess_options
-from kb_mcp.harness.pool import WorkerPool
-from kb_mcp.harness.precision import (
+from kb_mcp.harness.judgment.options import TRACK_TOLERANCE, assess_options
+from kb_mcp.harness.judgment.precision import (
     PrecisionEvidence,
     allowed,
     dtypes_named,
@@ -22,8 +21,8 @@ from kb_mcp.harness.precision import (
     precision_findings,
     sass_precisions,
 )
-from kb_mcp.harness.probing import PrecisionCheck, ProbeError, judged
-from kb_mcp.harness.verdict import (
+from kb_mcp.harness.judgment.probing import PrecisionCheck, ProbeError, judged
+from kb_mcp.harness.judgment.verdict import (
     CompileResult,
     CompileUnit,
     Evidence,
@@ -35,6 +34,7 @@ from kb_mcp.harness.verdict import (
     VerifyOptions,
     judge,
 )
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.worker.values import DEFAULT_TOLERANCES, tolerance_for
 from kb_mcp.kb.models import Strength, Track, Verdict
 from kb_mcp.tools import compile_and_verify as tool
@@ -215,7 +215,7 @@ def ctx(tmp_path):
 
 @pytest.mark.nvcc
 def test_compile_only_reads_the_precision_and_keys_each_track_apart(ctx) -> None:
-    from kb_mcp.harness.builds import toolchain
+    from kb_mcp.harness.builds.builds import toolchain
 
     if toolchain(ctx.workers.sandbox).cuobjdump is None:
         pytest.skip("no cuobjdump (CUDA toolkit or the nvidia-cuda-cuobjdump wheel)")
@@ -251,7 +251,7 @@ def test_compile_only_reads_the_precision_and_keys_each_track_apart(ctx) -> None
 @pytest.mark.parametrize(("fixture", "kernel"), [("linear_mma_3xtf32.py", "linear_mma_3xtf32"),
                                                  ("linear_wgmma_3xtf32.py", "linear_wgmma")])
 def test_the_3xtf32_candidates_build_for_sm_90a_and_wait_for_their_probes(ctx, fixture: str, kernel: str) -> None:
-    from kb_mcp.harness.builds import toolchain
+    from kb_mcp.harness.builds.builds import toolchain
 
     if toolchain(ctx.workers.sandbox).cuobjdump is None:
         pytest.skip("no cuobjdump (CUDA toolkit or the nvidia-cuda-cuobjdump wheel)")
@@ -265,9 +265,9 @@ def test_the_3xtf32_candidates_build_for_sm_90a_and_wait_for_their_probes(ctx, f
 
 @pytest.mark.nvcc
 def test_the_disassembler_runs_in_the_sandbox_and_caches(tmp_path) -> None:
-    from kb_mcp.harness.builds import toolchain
-    from kb_mcp.harness.compile_only import CompileOnly
-    from kb_mcp.harness.sandbox import detect
+    from kb_mcp.harness.builds.builds import toolchain
+    from kb_mcp.harness.builds.compile_only import CompileOnly
+    from kb_mcp.harness.sandbox.sandbox import detect
 
     sandbox = detect()
     tool_path = toolchain(sandbox).cuobjdump

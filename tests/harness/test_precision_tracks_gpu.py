@@ -11,10 +11,10 @@ import pytest
 from harness_helpers import FIXTURES, fixture_source
 
 from kb_mcp.harness.baselines import BaselineCache
-from kb_mcp.harness.pool import WorkerPool
-from kb_mcp.harness.probing import PROBE_BOUND, PROBES, PrecisionCheck
+from kb_mcp.harness.judgment.probing import PROBE_BOUND, PROBES, PrecisionCheck
+from kb_mcp.harness.judgment.verdict import FindingCode, VerifyOptions, VerifyResult
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.verdict import FindingCode, VerifyOptions, VerifyResult
 from kb_mcp.kb.models import Track, Verdict
 
 pytestmark = pytest.mark.gpu

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from test_precision_probes import _arbitration_case, _tf32_case
 
-from kb_mcp.harness.probing import PROBE_BOUND
+from kb_mcp.harness.judgment.probing import PROBE_BOUND
 from kb_mcp.harness.worker.rounding import RoundingJudge
 from kb_mcp.harness.worker.values import compare
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.harness import sandbox as sb
-from kb_mcp.harness.sandbox import Grant, Sandbox, SandboxUnavailable, detect
-from kb_mcp.harness.scratch import new_scratch
+from kb_mcp.harness.sandbox import sandbox as sb
+from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox, SandboxUnavailable, detect
+from kb_mcp.harness.sandbox.scratch import new_scratch
 
 PROBE = r'''
 import json, os, resource, socket, sys
@@ -236,7 +236,7 @@ def test_no_sandbox_is_a_clear_refusal(tmp_path: Path, monkeypatch) -> None:
 def test_unconfined_by_choice_says_so_in_every_verdict(tmp_path: Path, relu_problem) -> None:
     from harness_helpers import fixture_source
 
-    from kb_mcp.harness.pool import WorkerPool
+    from kb_mcp.harness.pool.pool import WorkerPool
 
     with WorkerPool(tmp_path, no_cuda=True, spare=False, sandbox=Sandbox("unconfined",
                                                                          reason="KB_MCP_SANDBOX=unconfined")) as pool:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.harness.channel import POOL_KEY, FrameReader, send
 from kb_mcp.harness.plausibility import KernelWork, WorkCensus
 from kb_mcp.harness.problem import load_problem
 from kb_mcp.harness.protocol import FROM_WORKER, CensusAnswer, CensusAsk, CensusReply
-from kb_mcp.harness.sandbox import detect
-from kb_mcp.harness.work import take_work_census
+from kb_mcp.harness.sandbox.channel import POOL_KEY, FrameReader, send
+from kb_mcp.harness.sandbox.sandbox import detect
 from kb_mcp.harness.worker.main import Channel
+from kb_mcp.profiling.work import take_work_census
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -120,8 +120,8 @@ def store_verdicts(ctx: object, prefix: str, n: int) -> None:
     """N verdicts (`c_<prefix>_<i>`) stored the way a verification stores its own."""
     from pathlib import Path
 
+    from kb_mcp.harness.judgment.verdict import CompileResult, InputSetCheck, VerifyResult
     from kb_mcp.harness.problem import load_problem
-    from kb_mcp.harness.verdict import CompileResult, InputSetCheck, VerifyResult
     from kb_mcp.tools import compile_and_verify
 
     problem = load_problem(str(Path(__file__).resolve().parents[2] / "examples" / "problems" / "swish.py"))

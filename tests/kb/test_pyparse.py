@@ -31,7 +31,7 @@ class _Finalized:
 
 
 def _failures(parse: Callable[[str], object], threads: int = 8, rounds: int = 40) -> list[BaseException]:
-    source = "\n".join((ROOT / p).read_text() for p in ("harness/candidate.py", "harness/pool.py"))
+    source = "\n".join((ROOT / p).read_text() for p in ("harness/candidate.py", "harness/pool/pool.py"))
     errors: list[BaseException] = []
     start = threading.Barrier(threads)
 

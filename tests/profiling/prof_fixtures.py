@@ -7,8 +7,8 @@ import stat
 import sys
 from pathlib import Path
 
-from kb_mcp.harness.ncu_parse import parse_ncu_csv
 from kb_mcp.harness.profile_model import Profile
+from kb_mcp.profiling.ncu_parse import parse_ncu_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 OWN = ROOT / "tests" / "fixtures" / "ncu"

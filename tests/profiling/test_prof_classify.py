@@ -8,9 +8,9 @@ import operator
 import pytest
 from prof_fixtures import OWN, own_profile, shared_file
 
-from kb_mcp.harness.ncu_parse import parse_ncu_csv
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
 from kb_mcp.policy.classify import classify_kernel, classify_profile
+from kb_mcp.profiling.ncu_parse import parse_ncu_csv
 
 # planted program -> expected (primary, secondary) of its kernel
 PLANTED = {

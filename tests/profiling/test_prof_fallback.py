@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from prof_fixtures import OWN, PROBLEMS
 
-from kb_mcp.harness import profiler
 from kb_mcp.harness.problem import load_problem
 from kb_mcp.harness.profile_model import Profile
-from kb_mcp.harness.profiler import kernels_from_trace
-from kb_mcp.harness.sandbox import detect
+from kb_mcp.harness.sandbox.sandbox import detect
 from kb_mcp.policy.classify import classify_profile
+from kb_mcp.profiling import profiler
+from kb_mcp.profiling.profiler import kernels_from_trace
 
 ERR_TEXT = (OWN / "err_nvgpuctrperm.txt").read_text()
 

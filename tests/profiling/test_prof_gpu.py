@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prof_fixtures import PROBLEMS, ROOT
 
-from kb_mcp.harness.profile_store import ProfileStore
+from kb_mcp.profiling.profile_store import ProfileStore
 from kb_mcp.tools import classify_state, profile_kernel
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext

@@ -10,7 +10,7 @@ import pytest
 from prof_fixtures import OWN, PROBLEMS, SHARED
 from pydantic import ValidationError
 
-from kb_mcp.harness.profile_store import ProfileStore
+from kb_mcp.profiling.profile_store import ProfileStore
 from kb_mcp.tools import classify_state, profile_kernel
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext
@@ -189,7 +189,7 @@ def load_report(path):
 
 def test_an_ncu_rep_is_read_by_the_report_module_in_the_sandbox(ctx: ToolContext, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from kb_mcp.harness.ncu_parse import read_raw_page
+    from kb_mcp.profiling.ncu_parse import read_raw_page
 
     (rec,) = read_raw_page((OWN / "bank_conflicts.raw.csv").read_text())
     metrics: dict[str, object] = dict(rec.metrics)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from prof_fixtures import ROOT
 
-from kb_mcp.harness import ncu_import, ncu_parse, profiler
-from kb_mcp.harness.sandbox import detect
+from kb_mcp.harness.sandbox.sandbox import detect
+from kb_mcp.profiling import ncu_import, ncu_parse, profiler
 from kb_mcp.tools import classify_state, profile_kernel
 from kb_mcp.tools.context import ToolContext
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from prof_fixtures import OWN, own_profile, shared_file
 
-from kb_mcp.harness import ncu_parse
-from kb_mcp.harness.ncu_parse import NcuParseError, parse_ncu_csv, parse_number, short_name, unit_factor
+from kb_mcp.profiling import ncu_parse
+from kb_mcp.profiling.ncu_parse import NcuParseError, parse_ncu_csv, parse_number, short_name, unit_factor
 
 
 def test_units_and_separators_convert_to_base() -> None:

@@ -25,10 +25,10 @@ import pytest
 from prof_fixtures import OWN, SHARED, shared_file
 from test_prof_classify import PLANTED, _check_evidence, _pair
 
-from kb_mcp.harness import ncu_parse
-from kb_mcp.harness.ncu_parse import parse_ncu_csv
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile, RuleFinding
 from kb_mcp.policy.classify import classify_kernel, classify_profile
+from kb_mcp.profiling import ncu_parse
+from kb_mcp.profiling.ncu_parse import parse_ncu_csv
 
 SET_FULL_ABSENT = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed",

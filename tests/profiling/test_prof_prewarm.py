@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from prof_fixtures import PROBLEMS, pass_through_ncu
 
-from kb_mcp.harness import profiler
 from kb_mcp.harness.problem import load_problem
+from kb_mcp.profiling import profiler
 from kb_mcp.server import prewarm as server_prewarm
 from kb_mcp.tools import profile_kernel
 from kb_mcp.tools.context import ToolContext
@@ -35,7 +35,7 @@ def _folders(ctx: ToolContext) -> list[Path]:
 
 def test_the_warmed_driver_is_the_one_a_default_request_takes(
         ctx: ToolContext, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="kb_mcp.harness.lane")
+    caplog.set_level(logging.INFO, logger="kb_mcp.harness.gpu.lane")
     standby = profile_kernel.prewarm(ctx)
     assert standby is not None and ctx.profilers is not None and ctx.profilers.waiting is standby
     assert "gpu lane: profiling driver warm-up entered" in caplog.text  # launched under the lane, as after a profile

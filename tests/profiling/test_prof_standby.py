@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from prof_fixtures import PROBLEMS, pass_through_ncu
 
-from kb_mcp.harness import profiler
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.profile_standby import StandbyKey, StandbyPool, driver_args
 from kb_mcp.harness.protocol import CLAIMED_FILE, EXIT_UNCLAIMED, DriverReport, DriverSpec
-from kb_mcp.harness.sandbox import detect
+from kb_mcp.harness.sandbox.sandbox import detect
+from kb_mcp.profiling import profiler
+from kb_mcp.profiling.profile_standby import StandbyKey, StandbyPool, driver_args
 
 DRIVER = [sys.executable, "-m", "kb_mcp.harness.worker.profile_driver"]
 KEY = StandbyKey("ncu", False, 200, ("a", "b"), "/cache")
@@ -83,7 +83,7 @@ def test_idle_standby_exits_and_a_late_spec_is_not_claimed(tmp_path: Path) -> No
 
 def test_unconfined_standby_exits_when_its_owner_is_gone(tmp_path: Path) -> None:
     """Unconfined (no pid namespace) a standby watches its owner; a sandboxed one dies with its sandbox."""
-    from kb_mcp.harness.sandbox import Sandbox
+    from kb_mcp.harness.sandbox.sandbox import Sandbox
 
     owner = subprocess.Popen([sys.executable, "-c", "pass"])
     owner.wait()  # a pid that no longer runs

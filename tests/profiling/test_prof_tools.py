@@ -12,8 +12,8 @@ from prof_fixtures import PROBLEMS, own_profile
 from pydantic import ValidationError
 
 from kb_mcp.harness.profile_model import KernelMetrics
-from kb_mcp.harness.profile_store import ProfileNotFound, ProfileStore, new_profile_id
 from kb_mcp.kb.store import KBStore
+from kb_mcp.profiling.profile_store import ProfileNotFound, ProfileStore, new_profile_id
 from kb_mcp.tools import classify_state, profile_kernel
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.harness import lane
+from kb_mcp.harness.gpu import lane
 from kb_mcp.server.about import installed_version
 from kb_mcp.server.doctor import (
     Machine,

@@ -14,7 +14,7 @@ from mcp import Client
 from mcp.client.stdio import stdio_client
 
 from kb_mcp.clients.mcp_client import call_json, stdio_params
-from kb_mcp.harness.profile_store import ProfileStore
+from kb_mcp.profiling.profile_store import ProfileStore
 from kb_mcp.server.app import build_server
 from kb_mcp.server.gpu import detect_gpus
 from kb_mcp.tools.context import ToolContext

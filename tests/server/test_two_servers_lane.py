@@ -18,9 +18,9 @@ import pytest
 from serverproc import HttpServer, http_server
 
 from kb_mcp.clients.mcp_client import call_json, connect_http
-from kb_mcp.harness import lane
-from kb_mcp.harness.gpu_key import ENV_LANE_KEY
-from kb_mcp.harness.lane_file import ENV_LANE_DIR
+from kb_mcp.harness.gpu import lane
+from kb_mcp.harness.gpu.gpu_key import ENV_LANE_KEY
+from kb_mcp.harness.gpu.lane_file import ENV_LANE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = ROOT / "examples" / "problems" / "swish.py"

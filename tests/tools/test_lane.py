@@ -100,7 +100,7 @@ def test_two_contexts_of_a_process_hold_one_lane() -> None:
 
 def test_each_hold_is_logged_with_its_wait_and_time(caplog: pytest.LogCaptureFixture) -> None:
     lane = GpuLane()
-    with caplog.at_level(logging.INFO, logger="kb_mcp.harness.lane"):
+    with caplog.at_level(logging.INFO, logger="kb_mcp.harness.gpu.lane"):
         with lane.hold("compile_and_verify"):
             pass
     lines = [r.getMessage() for r in caplog.records]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.harness.gpu_probe import no_gpu_reason
+from kb_mcp.harness.gpu.gpu_probe import no_gpu_reason
 from kb_mcp.tools import profile_kernel
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext

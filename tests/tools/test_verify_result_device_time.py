@@ -3,7 +3,7 @@ result is summarised from a verdict as the harness returns it)."""
 
 from __future__ import annotations
 
-from kb_mcp.harness.verdict import CompileResult, InputSetCheck, Timings, VerifyOptions, VerifyResult, decide
+from kb_mcp.harness.judgment.verdict import CompileResult, InputSetCheck, Timings, VerifyOptions, VerifyResult, decide
 from kb_mcp.tools.compile_and_verify import summarize
 
 

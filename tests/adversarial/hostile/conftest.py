@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from hostile_world import SECRETS, ServerWorld
 
-from kb_mcp.harness.sandbox import Sandbox, detect
+from kb_mcp.harness.sandbox.sandbox import Sandbox, detect
 
 
 @pytest.fixture(scope="module")

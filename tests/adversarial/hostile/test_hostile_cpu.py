@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from hostile_world import CASES, RUNS_AT_IMPORT, ServerWorld, protection
 
+from kb_mcp.harness.builds.compile_only import CompileOnly
+from kb_mcp.harness.builds.toolchain import CompilerRun
 from kb_mcp.harness.candidate import SourceUnit
-from kb_mcp.harness.compile_only import CompileOnly
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.sandbox import Sandbox
-from kb_mcp.harness.toolchain import CompilerRun
+from kb_mcp.harness.sandbox.sandbox import Sandbox
 from kb_mcp.kb.models import Verdict
 
 ROOT = Path(__file__).resolve().parents[3]

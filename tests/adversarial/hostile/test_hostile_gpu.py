@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from hostile_world import CASES, ServerWorld
 
-from kb_mcp.harness import profiler
-from kb_mcp.harness.pool import WorkerPool
+from kb_mcp.harness.judgment.verdict import VerifyOptions
+from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem
-from kb_mcp.harness.sandbox import Sandbox
-from kb_mcp.harness.verdict import VerifyOptions
+from kb_mcp.harness.sandbox.sandbox import Sandbox
 from kb_mcp.kb.models import Verdict
+from kb_mcp.profiling import profiler
 
 pytestmark = pytest.mark.gpu
 

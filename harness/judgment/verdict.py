@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.harness.memory import MemoryReport, TooLarge
-from kb_mcp.harness.options import VerifyOptions, assess_options
-from kb_mcp.harness.probing import PrecisionCheck
+from kb_mcp.harness.gpu.memory import MemoryReport, TooLarge
+from kb_mcp.harness.judgment.options import VerifyOptions, assess_options
+from kb_mcp.harness.judgment.probing import PrecisionCheck
 from kb_mcp.kb.models import DEFAULT_TRACK, CandidateRecord, Track, Verdict
 
 

@@ -7,7 +7,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
-from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 
 
 @dataclass

@@ -36,15 +36,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from kb_mcp.harness.builds import BuildService, ToolchainError, toolchain
-from kb_mcp.harness.candidate import INLINE_BUILDERS, NVRTC_BUILDERS, SourceUnit, kernel_names, static_units, style_of
-from kb_mcp.harness.integrity_static import check_source
-from kb_mcp.harness.precision import Disassembler, PrecisionEvidence, dtypes_named, evidence_of, precision_check
-from kb_mcp.harness.problem import Problem
-from kb_mcp.harness.running import Running
-from kb_mcp.harness.sandbox import Grant, Sandbox, kill_group
-from kb_mcp.harness.scratch import new_scratch
-from kb_mcp.harness.toolchain import (
+from kb_mcp.harness.builds.builds import BuildService, ToolchainError, toolchain
+from kb_mcp.harness.builds.toolchain import (
     DEFAULT_ARCH,
     MESSAGE_LIMIT,
     CompilerRun,
@@ -60,7 +53,20 @@ from kb_mcp.harness.toolchain import (
     missing_declarations,
     truncate,
 )
-from kb_mcp.harness.verdict import CompileResult, CompileUnit, Evidence, VerifyOptions, VerifyResult, judge
+from kb_mcp.harness.candidate import INLINE_BUILDERS, NVRTC_BUILDERS, SourceUnit, kernel_names, static_units, style_of
+from kb_mcp.harness.judgment.integrity_static import check_source
+from kb_mcp.harness.judgment.precision import (
+    Disassembler,
+    PrecisionEvidence,
+    dtypes_named,
+    evidence_of,
+    precision_check,
+)
+from kb_mcp.harness.judgment.verdict import CompileResult, CompileUnit, Evidence, VerifyOptions, VerifyResult, judge
+from kb_mcp.harness.problem import Problem
+from kb_mcp.harness.sandbox.running import Running
+from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox, kill_group
+from kb_mcp.harness.sandbox.scratch import new_scratch
 from kb_mcp.kb import pyparse
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.progress import Progress

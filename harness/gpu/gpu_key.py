@@ -33,7 +33,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from kb_mcp.harness.gpu_probe import ENV_VISIBLE, no_gpu_reason
+from kb_mcp.harness.gpu.gpu_probe import ENV_VISIBLE, no_gpu_reason
 
 __all__ = ["ENV_LANE_KEY", "GpuKey", "SmiGpu", "gpu_key", "parse_smi", "resolve_key", "safe_key"]
 

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from kb_mcp.harness.sandbox import Grant, Limits, Role, Sandbox, finish, kill_group, limits_for
+from kb_mcp.harness.sandbox.sandbox import Grant, Limits, Role, Sandbox, finish, kill_group, limits_for
 
 __all__ = ["Running", "Stopped"]
 

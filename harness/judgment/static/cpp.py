@@ -6,9 +6,9 @@ import ast
 import re
 from dataclasses import dataclass
 
-from kb_mcp.harness.static.names import Context, is_docstring
-from kb_mcp.harness.static.vocabulary import COMPUTE_OPS
-from kb_mcp.harness.verdict import FindingCode
+from kb_mcp.harness.judgment.static.names import Context, is_docstring
+from kb_mcp.harness.judgment.static.vocabulary import COMPUTE_OPS
+from kb_mcp.harness.judgment.verdict import FindingCode
 
 _CPP_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _CPP_STRING = re.compile(r'"(?:\\.|[^"\\\n])*"')

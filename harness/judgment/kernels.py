@@ -14,8 +14,8 @@ from collections.abc import Collection, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.harness.static.vocabulary import ALLOW_GROUPS, expand_allow
-from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.harness.judgment.static.vocabulary import ALLOW_GROUPS, expand_allow
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 
 # Ops a candidate's forward may execute through PyTorch (by ATen overload-packet name)
 

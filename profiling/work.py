@@ -17,10 +17,15 @@ import sys
 import time
 from pathlib import Path
 
-from kb_mcp.harness import lane, ncu_parse
+from kb_mcp.harness.gpu import lane
 from kb_mcp.harness.plausibility import WORK_METRICS, WorkCensus, work_census_from_profiles
 from kb_mcp.harness.problem import Problem, candidate_id
-from kb_mcp.harness.profiler import (
+from kb_mcp.harness.protocol import DriverReport, DriverSpec
+from kb_mcp.harness.sandbox.sandbox import Sandbox
+from kb_mcp.harness.sandbox.scratch import new_scratch
+from kb_mcp.kb.progress import Progress, no_progress
+from kb_mcp.profiling import ncu_parse
+from kb_mcp.profiling.profiler import (
     Spawner,
     counters_blocked_reason,
     export_pages,
@@ -28,10 +33,6 @@ from kb_mcp.harness.profiler import (
     ncu_command,
     run_ncu,
 )
-from kb_mcp.harness.protocol import DriverReport, DriverSpec
-from kb_mcp.harness.sandbox import Sandbox
-from kb_mcp.harness.scratch import new_scratch
-from kb_mcp.kb.progress import Progress, no_progress
 
 __all__ = ["MAX_KERNELS", "take_work_census"]
 

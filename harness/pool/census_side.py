@@ -17,18 +17,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kb_mcp.harness import lane
 from kb_mcp.harness.baselines import Baseline, BaselineCache
-from kb_mcp.harness.builds import BuildService
-from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
-from kb_mcp.harness.compile_only import CompileOnly
+from kb_mcp.harness.builds.builds import BuildService
+from kb_mcp.harness.builds.compile_only import CompileOnly
+from kb_mcp.harness.gpu import lane
+from kb_mcp.harness.judgment.verdict import Failure, FailureKind, Finding, FindingCode, VerifyOptions
 from kb_mcp.harness.phases import CENSUS_WORDS
+from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
 from kb_mcp.harness.problem import Problem, candidate_id
-from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
 from kb_mcp.harness.protocol import BuildAsk, CensusAnswer, CensusReply, CensusRequest, ProblemFailed
-from kb_mcp.harness.sandbox import Sandbox
-from kb_mcp.harness.verdict import Failure, FailureKind, Finding, FindingCode, VerifyOptions
-from kb_mcp.harness.work import take_work_census
+from kb_mcp.harness.sandbox.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
+from kb_mcp.harness.sandbox.sandbox import Sandbox
+from kb_mcp.profiling.work import take_work_census
 
 __all__ = ["CensusSide"]
 

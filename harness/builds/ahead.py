@@ -31,14 +31,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from kb_mcp.harness.builds import BuildService
+from kb_mcp.harness.builds.builds import BuildService
+from kb_mcp.harness.builds.compile_only import CompileOnly
+from kb_mcp.harness.builds.toolchain import DEFAULT_ARCH, arch_flag, build_target
 from kb_mcp.harness.candidate import SourceUnit, inline_units_ahead, static_units
-from kb_mcp.harness.compile_only import CompileOnly
-from kb_mcp.harness.options import VerifyOptions
+from kb_mcp.harness.judgment.options import VerifyOptions
 from kb_mcp.harness.protocol import WorkerInfo
-from kb_mcp.harness.running import Running, Stopped
-from kb_mcp.harness.sandbox import Sandbox
-from kb_mcp.harness.toolchain import DEFAULT_ARCH, arch_flag, build_target
+from kb_mcp.harness.sandbox.running import Running, Stopped
+from kb_mcp.harness.sandbox.sandbox import Sandbox
 
 __all__ = ["AHEAD_NICE", "AheadOutcome", "AheadTarget", "BuildsAhead", "default_jobs", "target_for"]
 

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kb_mcp.harness.channel import POOL_KEY, ChannelError, ForgedFrame, FrameReader, new_key, send
 from kb_mcp.harness.protocol import (
     FROM_WORKER,
     BuildAsk,
@@ -33,8 +32,9 @@ from kb_mcp.harness.protocol import (
     ResultFrame,
     WorkerInfo,
 )
-from kb_mcp.harness.sandbox import Grant, Sandbox, kill_group
-from kb_mcp.harness.scratch import new_scratch
+from kb_mcp.harness.sandbox.channel import POOL_KEY, ChannelError, ForgedFrame, FrameReader, new_key, send
+from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox, kill_group
+from kb_mcp.harness.sandbox.scratch import new_scratch
 
 HEAD_BYTES = 64 << 10  # output kept from the start of a request...
 TAIL_BYTES = 64 << 10  # ...and from its end

@@ -34,15 +34,16 @@ from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.harness import lane, ncu_parse
-from kb_mcp.harness.ncu_parse import counters_blocked_reason, kernels_from_trace, unknown_metrics
+from kb_mcp.harness.gpu import lane
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_model import KernelProfile, Profile
-from kb_mcp.harness.profile_standby import Standby, StandbyKey, StandbyPool, driver_args
 from kb_mcp.harness.protocol import EXIT_NO_GPU, NVTX_RANGE, DriverReport, DriverSpec, ProblemFailed
-from kb_mcp.harness.sandbox import Grant, Sandbox, detect, kill_group
-from kb_mcp.harness.scratch import new_scratch
+from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox, detect, kill_group
+from kb_mcp.harness.sandbox.scratch import new_scratch
 from kb_mcp.kb.progress import Progress, no_progress
+from kb_mcp.profiling import ncu_parse
+from kb_mcp.profiling.ncu_parse import counters_blocked_reason, kernels_from_trace, unknown_metrics
+from kb_mcp.profiling.profile_standby import Standby, StandbyKey, StandbyPool, driver_args
 
 # Sections that speak to bottlenecks. WarpStateStats and SchedulerStats are only in `--set full`
 # unless asked for by name; SourceCounters (SASS-level, extra passes) is opt-in.

@@ -6,8 +6,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 
-from kb_mcp.harness.static.names import Context, qualname, root_name
-from kb_mcp.harness.static.vocabulary import (
+from kb_mcp.harness.judgment.static.names import Context, qualname, root_name
+from kb_mcp.harness.judgment.static.vocabulary import (
     ALLOCATOR_CALLS,
     BUILD_CALLS,
     CHANNEL_CALLS,
@@ -24,7 +24,7 @@ from kb_mcp.harness.static.vocabulary import (
     TENSOR_SUBCLASS_MAKERS,
     THREAD_CALLS,
 )
-from kb_mcp.harness.verdict import FindingCode
+from kb_mcp.harness.judgment.verdict import FindingCode
 
 
 def _module_call(table: dict[str, frozenset[str]] | dict[str, set[str]], qn: str, last: str) -> bool:

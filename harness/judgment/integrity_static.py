@@ -18,10 +18,10 @@ from __future__ import annotations
 import ast
 from collections.abc import Collection, Iterable, Iterator
 
-from kb_mcp.harness.static.cpp import check_strings, looks_like_cpp
-from kb_mcp.harness.static.file_checks import FileVisitor
-from kb_mcp.harness.static.forward import ForwardVisitor
-from kb_mcp.harness.static.names import (
+from kb_mcp.harness.judgment.static.cpp import check_strings, looks_like_cpp
+from kb_mcp.harness.judgment.static.file_checks import FileVisitor
+from kb_mcp.harness.judgment.static.forward import ForwardVisitor
+from kb_mcp.harness.judgment.static.names import (
     Context,
     collect_defs,
     collect_extensions,
@@ -30,8 +30,8 @@ from kb_mcp.harness.static.names import (
     qualname,
     reachable_from_forward,
 )
-from kb_mcp.harness.static.vocabulary import ALLOW_GROUPS, COMPUTE_OPS, TENSOR_METHODS, expand_allow
-from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.harness.judgment.static.vocabulary import ALLOW_GROUPS, COMPUTE_OPS, TENSOR_METHODS, expand_allow
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 from kb_mcp.kb import pyparse
 
 __all__ = ["ALLOW_GROUPS", "COMPUTE_OPS", "TENSOR_METHODS", "check_source", "expand_allow", "iter_cuda_sources"]

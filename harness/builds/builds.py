@@ -25,12 +25,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from kb_mcp.harness.candidate import SourceUnit
-from kb_mcp.harness.protocol import BuildReply, BuildReport, BuildSpec
-from kb_mcp.harness.running import Running, Stopped
-from kb_mcp.harness.sandbox import Grant, Sandbox
-from kb_mcp.harness.scratch import new_scratch
-from kb_mcp.harness.toolchain import (
+from kb_mcp.harness.builds.toolchain import (
     ToolchainInfo,
     build_target,
     extension_name,
@@ -38,6 +33,11 @@ from kb_mcp.harness.toolchain import (
     light_variants,
     truncate,
 )
+from kb_mcp.harness.candidate import SourceUnit
+from kb_mcp.harness.protocol import BuildReply, BuildReport, BuildSpec
+from kb_mcp.harness.sandbox.running import Running, Stopped
+from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox
+from kb_mcp.harness.sandbox.scratch import new_scratch
 from kb_mcp.kb.atomic import temp_beside
 
 REPORT_LIMIT = 4 << 20  # a build report is small; a larger file is not the build process's

@@ -39,18 +39,28 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from kb_mcp.harness import lane
-from kb_mcp.harness.baseline_side import BaselineSide
 from kb_mcp.harness.baselines import Baseline, BaselineCache, BaselineRun, not_cached
-from kb_mcp.harness.builds import BuildService
+from kb_mcp.harness.builds.builds import BuildService
+from kb_mcp.harness.builds.compile_only import CompileOnly
 from kb_mcp.harness.candidate import CandidateError, parse_candidate, static_units, style_of
-from kb_mcp.harness.census_side import CensusSide
-from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
-from kb_mcp.harness.compile_only import CompileOnly
-from kb_mcp.harness.gpu_memory import DeviceMemory
+from kb_mcp.harness.gpu import lane
+from kb_mcp.harness.gpu.gpu_memory import DeviceMemory
+from kb_mcp.harness.judgment.verdict import (
+    CompileResult,
+    Evidence,
+    Failure,
+    FailureKind,
+    Finding,
+    FindingCode,
+    VerifyOptions,
+    VerifyResult,
+    judge,
+)
 from kb_mcp.harness.phases import PHASE_WORDS, PHASES, PhaseClock
+from kb_mcp.harness.pool.baseline_side import BaselineSide
+from kb_mcp.harness.pool.census_side import CensusSide
+from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, kill_all
 from kb_mcp.harness.problem import Problem, candidate_id
-from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, kill_all
 from kb_mcp.harness.protocol import (
     FROM_WORKER,
     BuildAnswer,
@@ -66,19 +76,9 @@ from kb_mcp.harness.protocol import (
     VerifyRequest,
     WorkerInfo,
 )
-from kb_mcp.harness.sandbox import Sandbox, detect
-from kb_mcp.harness.scratch import sweep_scratch
-from kb_mcp.harness.verdict import (
-    CompileResult,
-    Evidence,
-    Failure,
-    FailureKind,
-    Finding,
-    FindingCode,
-    VerifyOptions,
-    VerifyResult,
-    judge,
-)
+from kb_mcp.harness.sandbox.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
+from kb_mcp.harness.sandbox.sandbox import Sandbox, detect
+from kb_mcp.harness.sandbox.scratch import sweep_scratch
 from kb_mcp.kb import paths
 from kb_mcp.kb.models import Verdict
 from kb_mcp.kb.progress import Progress, no_progress

@@ -7,7 +7,7 @@ import os
 
 from pydantic import BaseModel, ConfigDict
 
-from kb_mcp.harness.verdict import VerifyOptions
+from kb_mcp.harness.judgment.verdict import VerifyOptions
 
 __all__ = ["Caps"]
 

@@ -44,8 +44,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.harness.probing import PrecisionCheck, kernel_list
-from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.harness.judgment.probing import PrecisionCheck, kernel_list
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.models import Track
 
@@ -235,8 +235,8 @@ class Disassembler:
         return found, ""
 
     def _run(self, binary: Path, timeout_s: float) -> tuple[int, str]:
-        from kb_mcp.harness.sandbox import Grant, Sandbox
-        from kb_mcp.harness.scratch import new_scratch
+        from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox
+        from kb_mcp.harness.sandbox.scratch import new_scratch
 
         assert isinstance(self.sandbox, Sandbox)
         scratch = new_scratch("sass")

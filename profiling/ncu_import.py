@@ -27,12 +27,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kb_mcp.harness import ncu_parse
-from kb_mcp.harness.ncu_parse import KernelRecord, NcuParseError
 from kb_mcp.harness.profile_model import Profile
+from kb_mcp.profiling import ncu_parse
+from kb_mcp.profiling.ncu_parse import KernelRecord, NcuParseError
 
 if TYPE_CHECKING:
-    from kb_mcp.harness.profiler import Spawner
+    from kb_mcp.profiling.profiler import Spawner
 
 MAX_CSV_BYTES = 512 * 1024 * 1024  # a raw page of ~100k launches; larger is not a profile we can hold
 EXPORT_HINT = (
@@ -131,8 +131,8 @@ def read_ncu_rep(report: Path, notes: list[str]) -> tuple[list[KernelRecord] | N
     """Metrics through `ncu_report` where it is installed, findings through the CLI; else both pages
     through the CLI; else a ReportImportError that says how to export the pages. The report is the
     caller's file: both the module and ncu read it in the sandbox, never in this process."""
-    from kb_mcp.harness import profiler  # the ncu CLI helpers (find_ncu, export_pages)
-    from kb_mcp.harness.sandbox import detect
+    from kb_mcp.harness.sandbox.sandbox import detect
+    from kb_mcp.profiling import profiler  # the ncu CLI helpers (find_ncu, export_pages)
 
     hint = EXPORT_HINT.format(rep=report.name, stem=report.name.removesuffix(".ncu-rep"))
     ncu = profiler.find_ncu()
@@ -193,9 +193,9 @@ def find_report_module_dir(ncu: str | None) -> Path | None:
 
 def read_in_sandbox(spawner: Spawner, module_dir: Path, report: Path, timeout_s: float = 120.0) -> list[KernelRecord]:
     """The report's launches, read by `ncu_report` in a sandboxed process (`harness.worker.ncu_report_reader`)."""
-    from kb_mcp.harness import profiler
-    from kb_mcp.harness.sandbox import kill_group
-    from kb_mcp.harness.scratch import new_scratch
+    from kb_mcp.harness.sandbox.sandbox import kill_group
+    from kb_mcp.harness.sandbox.scratch import new_scratch
+    from kb_mcp.profiling import profiler
 
     scratch = new_scratch("ncu-report")
     cmd = [sys.executable, "-m", "kb_mcp.harness.worker.ncu_report_reader", str(module_dir), str(report)]

@@ -19,15 +19,15 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from kb_mcp.harness import lane
 from kb_mcp.harness.baselines import BaselineCache, BaselineRun, not_cached
-from kb_mcp.harness.channel import ChannelClosed, ForgedFrame, new_key
-from kb_mcp.harness.gpu_memory import DeviceMemory
+from kb_mcp.harness.gpu import lane
+from kb_mcp.harness.gpu.gpu_memory import DeviceMemory
+from kb_mcp.harness.judgment.verdict import VerifyOptions
 from kb_mcp.harness.phases import BASELINE_WORDS, PHASE_WORDS, PHASES, StepClock
+from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
 from kb_mcp.harness.problem import Problem
-from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
 from kb_mcp.harness.protocol import BaselineReply, BaselineRequest, ProblemFailed, VerifyReply
-from kb_mcp.harness.verdict import VerifyOptions
+from kb_mcp.harness.sandbox.channel import ChannelClosed, ForgedFrame, new_key
 from kb_mcp.kb.progress import Progress, no_progress
 
 __all__ = ["BaselineSide"]

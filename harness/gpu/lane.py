@@ -40,8 +40,8 @@ from datetime import datetime, timezone
 
 from pydantic import BaseModel, ConfigDict
 
-from kb_mcp.harness.gpu_key import gpu_key
-from kb_mcp.harness.lane_file import LaneFile, LaneHolder, LaneUnavailable, lane_dir
+from kb_mcp.harness.gpu.gpu_key import gpu_key
+from kb_mcp.harness.gpu.lane_file import LaneFile, LaneHolder, LaneUnavailable, lane_dir
 from kb_mcp.kb.progress import Progress, no_progress
 
 __all__ = ["LaneHold", "LaneSpan", "current", "hold", "holder", "overlapping", "read_spans"]

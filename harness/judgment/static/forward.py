@@ -7,9 +7,9 @@ import ast
 import sys
 from typing import TypeAlias
 
-from kb_mcp.harness.static.names import Context, layer_op, names_bound, qualname, root_name
-from kb_mcp.harness.static.vocabulary import COMPUTE_OPS, LOGGING_CALLS, TENSOR_METHODS, TORCH_ALLOWED_CALLS
-from kb_mcp.harness.verdict import FindingCode
+from kb_mcp.harness.judgment.static.names import Context, layer_op, names_bound, qualname, root_name
+from kb_mcp.harness.judgment.static.vocabulary import COMPUTE_OPS, LOGGING_CALLS, TENSOR_METHODS, TORCH_ALLOWED_CALLS
+from kb_mcp.harness.judgment.verdict import FindingCode
 
 if sys.version_info >= (3, 11):
     TryNode: TypeAlias = ast.Try | ast.TryStar

@@ -102,11 +102,14 @@ class _ProcessLine:
         try:
             while True:
                 with self._cond:
-                    if self._line[0] == ticket or self._cond.wait_for(lambda: self._line[0] == ticket, _REPORT_S):
+                    if self._line[0] == ticket:
                         return place, release
                     ahead = self._line.index(ticket)
                 # A report may raise (a cancelled call or job): the ticket leaves the line below.
                 progress(0, None, f"waiting for the GPU: {busy()}{_in_line(ahead)}")
+                with self._cond:
+                    if self._cond.wait_for(lambda: self._line[0] == ticket, _REPORT_S):
+                        return place, release
         except BaseException:
             release()
             raise

@@ -23,23 +23,31 @@ reaches the census asks the pool and waits; the pool asks the census worker, wai
 worker of the pool is still starting up, and only then answers, so that nothing else of the
 harness runs while the verify worker times. Each request holds the machine-wide GPU lane (before the
 pool's own lock, `harness.lane`): no other kb-mcp process measures on that GPU meanwhile either.
+It holds it for the GPU work only: the candidate's static checks and its `load_inline` builds
+(`harness.ahead`, the eval's build-ahead service) run before the lane is taken, so other requests
+(threads, or other processes on the machine) build while one times; the result says how long it
+waited for the lane and held it (`VerifyResult.lane`, beside `phases_s`).
 
 Without a GPU (or with `options.compile_only`) nothing of the candidate runs: its CUDA sources
-are read statically and compiled in the sandbox (`harness.compile_only`).
+are read statically and compiled in the sandbox (`harness.compile_only`), without the lane, beside
+other requests' compiles.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from kb_mcp.harness import lane
+from kb_mcp.harness.ahead import BuildsAhead, target_for
 from kb_mcp.harness.baseline_side import BaselineSide
 from kb_mcp.harness.baselines import Baseline, BaselineCache, BaselineRun, not_cached
 from kb_mcp.harness.builds import BuildService
@@ -48,6 +56,8 @@ from kb_mcp.harness.census_side import CensusSide
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
 from kb_mcp.harness.compile_only import CompileOnly
 from kb_mcp.harness.gpu_memory import DeviceMemory
+from kb_mcp.harness.gpu_probe import no_gpu_reason
+from kb_mcp.harness.lane_use import LaneUse
 from kb_mcp.harness.phases import PHASE_WORDS, PHASES, PhaseClock
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, kill_all
@@ -117,6 +127,9 @@ class WorkerPool(BaselineSide, CensusSide):
         self.builds = BuildService(self.cache_dir, self.sandbox)
         self.compile_only = CompileOnly(self.cache_dir, self.sandbox)
         self.restarts = 0  # workers replaced after a timeout, crash, forged frame or retirement
+        # Called holding the lane before a GPU request: what else of this process must be still meanwhile
+        # (a tool context waits there for a profiling driver still starting up).
+        self.settle: Callable[[], None] = lambda: None
         # A spare worker starts beside the active one, so that replacing a worker after a fault costs
         # no start-up (seconds of CUDA and profiler initialisation). It runs no candidate while it waits
         # (only baselines: `BaselineSide._candidate_free`).
@@ -277,27 +290,75 @@ class WorkerPool(BaselineSide, CensusSide):
             return _judged(problem, cid, Evidence(compile=CompileResult(ok=False, messages=[str(exc)]),
                                                   failure=Failure(kind=FailureKind.malformed, detail=str(exc))),
                            phase="static", track=opts.track)
-        with lane.hold(f"verify {problem.name}", progress), self._lock:
+        if self.no_cuda or opts.compile_only or not self._gpu_worker(progress):
+            return self._marked(self._compile_only(problem, source, opts, cid, progress, t0), opts)
+        built = self._build_first(source, opts, progress)
+        tb = time.monotonic()
+        with lane.hold(f"verify {problem.name}", progress) as held, self._lock:
+            tl = time.monotonic()
             w = self._ready()
-            if self.no_cuda or opts.compile_only or not (w.info and w.info.cuda):
+            if not (w.info and w.info.cuda):
                 failed = self._check_problem(w, problem, opts)
                 result = (self._problem_result(problem, cid, failed, t0) if failed is not None
                           else self.compile_only.verify(problem, source, opts, cid, progress))
             else:
-                tb = time.monotonic()
+                self.settle()
+                tf = time.monotonic()
                 first = self._baselines_first(problem, opts, progress)
                 w = self._ready()
                 if w.reader.pending():
                     # Bytes nobody asked for: a previous candidate left something writing to the channel.
                     self._replace(w)
                     w = self._ready()
+                before = [("build_first", t0)] * built + [("lane", tb), ("queued", tl)]
                 with DeviceMemory(w.info.uuid if w.info else "") as device:
                     result = self._request(w, problem, source, opts, cid, progress, t0,
-                                           given=first.baseline if first else None, first=(tb, time.monotonic()))
+                                           given=first.baseline if first else None, first=(tf, time.monotonic()),
+                                           before=before)
                 result = _with_first_baselines(result, first)
                 result = _with_device_memory(result, device)
                 self._settle_starts()  # a worker started meanwhile starts CUDA under the lane, not beside others
+            use = LaneUse().add(held.waited_s, time.monotonic() - tl, held.place, held.gpu, held.machine)
+        result = result.model_copy(update={"lane": use})
         return self._marked(result, opts)
+
+    def _gpu_worker(self, progress: Progress) -> bool:
+        """Whether the active worker has a GPU to verify on. The first request of a pool starts it
+        (its CUDA start-up is GPU work: under the lane where a GPU may be visible)."""
+        w = self._worker
+        if w is not None and w.info is not None and w.alive():
+            return w.info.cuda
+        on_gpu = no_gpu_reason() is None
+        with lane.hold("start the harness worker", progress) if on_gpu else contextlib.nullcontext(), self._lock:
+            info = self._ready().info
+        return bool(info and info.cuda)
+
+    def _compile_only(self, problem: Problem, source: str, opts: VerifyOptions, cid: str, progress: Progress,
+                      t0: float) -> VerifyResult:
+        """Compile-only (no GPU, or asked for): the problem checked in the worker, then the candidate's
+        sources compiled in the sandbox; nothing runs on a GPU, so the lane is not taken and other
+        requests' compiles run beside it."""
+        with self._lock:
+            failed = self._check_problem(self._ready(), problem, opts)
+        if failed is not None:
+            return self._problem_result(problem, cid, failed, t0)
+        result = self.compile_only.verify(problem, source, opts, cid, progress)
+        return result.model_copy(update={"lane": LaneUse()})
+
+    def _build_first(self, source: str, opts: VerifyOptions, progress: Progress) -> bool:
+        """Builds the candidate's certain `load_inline` units (`harness.ahead`) before the lane is
+        taken, so its worker finds them published; whether there were any. What is computed at run
+        time, or fails here, the worker asks for again under the lane, as always."""
+        w = self._worker
+        info = w.info if w is not None else None
+        if info is None or not info.cuda:  # compile-only requests compile outside the lane anyway
+            return False
+        ahead = BuildsAhead(self.cache_dir, self.sandbox, target_for(info, opts, self.no_cuda), opts.compile_timeout_s)
+        if not ahead.units(source):
+            return False
+        progress(PHASES.index("import"), len(PHASES), PHASE_WORDS["build_first"])
+        ahead.build(source)
+        return True
 
     def _retire(self, w: WorkerProcess) -> None:
         """Replaces `w`, the active worker or the spare."""
@@ -324,9 +385,11 @@ class WorkerPool(BaselineSide, CensusSide):
 
     def _request(self, w: WorkerProcess, problem: Problem, source: str, opts: VerifyOptions, cid: str,
                  progress: Progress, t0: float, *, given: Baseline | None = None,
-                 first: tuple[float, float] | None = None) -> VerifyResult:
+                 first: tuple[float, float] | None = None,
+                 before: list[tuple[str, float]] | None = None) -> VerifyResult:
         """One verification on `w` with the pool's baselines `given`; `first` is when they were
-        looked up or timed (their own phase of the result's `phases_s`)."""
+        looked up or timed (their own phase of the result's `phases_s`), `before` the phases before
+        the request (the build first, the wait for the lane: each from its time to the next)."""
         rid = uuid.uuid4().hex
         key = new_key()
         w.output.reset()
@@ -334,7 +397,9 @@ class WorkerPool(BaselineSide, CensusSide):
         self._send(w, VerifyRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts,
                                     candidate_id=cid, baseline=given))
         steps = len(PHASES)
-        clock = PhaseClock(t0)
+        clock = PhaseClock(t0, before[0][0] if before else "queued")
+        for phase, at in (before or [])[1:]:
+            clock.enter(phase, at)
         if first is not None:
             clock.enter("reference_baselines", first[0])
             clock.enter("queued", first[1])

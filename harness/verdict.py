@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.harness.lane_use import LaneUse
 from kb_mcp.harness.memory import MemoryReport, TooLarge
 from kb_mcp.harness.options import VerifyOptions, assess_options
 from kb_mcp.harness.probing import PrecisionCheck
@@ -210,6 +211,7 @@ class VerifyResult(BaseModel):
     elapsed_s: float = 0.0
     # Where `elapsed_s` went, phase by phase (`harness.phases.PhaseClock`; the names of `phases.PHASES`).
     phases_s: dict[str, float] = Field(default_factory=dict)
+    lane: LaneUse | None = None  # how long it waited for the GPU lane and held it (`harness.lane_use`)
     worker_replaced: bool = False
     track: Track = DEFAULT_TRACK  # the precision track it was verified in (its tolerance, its scores)
     memory: MemoryReport | None = None  # its footprint, the plan and the peak it took (`harness.memory`)

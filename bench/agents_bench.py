@@ -254,7 +254,8 @@ def _verdict(n: int, item: Item, r: dict[str, Any], seconds: float, start_s: flo
     lane = LaneUse.model_validate(r["lane"]) if r.get("lane") else LaneUse()
     phases = r.get("phases_s") or {}
     return Verdict(agent=n, problem=item.name, verdict=r["record"]["verdict"], seconds=round(seconds, 3),
-                   start_s=round(start_s, 3), elapsed_s=r.get("elapsed_s") or 0.0, waited_s=lane.waited_s, held_s=lane.held_s,
+                   start_s=round(start_s, 3), elapsed_s=r.get("elapsed_s") or 0.0, waited_s=lane.waited_s,
+                   held_s=lane.held_s,
                    beyond_s=lane.beyond_gpu_phases(phases) if lane.holds else 0.0, phases_s=phases)
 
 

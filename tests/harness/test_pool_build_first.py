@@ -71,3 +71,46 @@ def test_lane_use_adds_holds_and_says_what_it_held_beyond_its_gpu_phases() -> No
     assert (use.waited_s, use.held_s, use.place, use.holds, use.machine) == (0.75, 3.0, 3, 2, False)
     phases = {"build_first": 30.0, "lane": 0.75, "queued": 0.1, "import": 0.2, "check": 1.5, "timing": 0.9}
     assert use.beyond_gpu_phases(phases) == 0.3
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_build_waits_for_no_lane_and_the_hold_is_the_gpu_phases(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold load_inline candidate verified while another process holds the lane: built meanwhile,
+    then verified once the lane frees, holding it no longer than its GPU phases and a second."""
+    import threading
+    import time
+
+    from kb_mcp.harness.gpu_key import gpu_key
+    from kb_mcp.harness.problem import load_problem
+
+    monkeypatch.delenv(ENV_LANE_KEY, raising=False)
+    monkeypatch.setenv(ENV_LANE_DIR, str(tmp_path / "lanes"))  # this test's own lane of the real GPU key
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    problem = load_problem(examples / "problems" / "row_sum.py")
+    source = (examples / "candidates" / "row_sum_load_inline.py").read_text()  # cold: the test's own cache
+    said: list[str] = []
+    box: list[object] = []
+    with WorkerPool(tmp_path / "cache") as pool:
+        pool.info()  # the worker up (its start holds the lane briefly)
+        holder = Holder(tmp_path, "timing", "--until-stdin-closes", stdin=subprocess.PIPE)
+        holder.until("entered")
+        thread = threading.Thread(target=lambda: box.append(pool.verify(problem, source, progress=lambda d, t=None,
+                                                                        m=None: said.append(m or ""))))
+        thread.start()
+        deadline = time.monotonic() + 300
+        while not any(m.startswith("waiting for the GPU") for m in said) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert any("before taking the GPU lane" in m for m in said), said  # it built first, then queued
+        built = list((tmp_path / "cache" / "torch_extensions").glob("*/*.so"))
+        assert built, "nothing was built while the other process held the lane"
+        assert holder.proc.stdin is not None
+        holder.proc.stdin.close()
+        holder.finish()
+        thread.join(600)
+    (result,) = box
+    assert result.verdict.value in ("faster", "slower"), result.summary  # type: ignore[attr-defined]
+    lane_use, phases = result.lane, result.phases_s  # type: ignore[attr-defined]
+    assert gpu_key() is not None and lane_use is not None and lane_use.machine and lane_use.waited_s > 0
+    assert phases["build_first"] > 1.0 and phases.get("import", 0.0) < 1.0, phases  # the worker loaded, built nothing
+    assert lane_use.beyond_gpu_phases(phases) <= 1.0, (lane_use, phases)

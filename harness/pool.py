@@ -290,7 +290,9 @@ class WorkerPool(BaselineSide, CensusSide):
             return _judged(problem, cid, Evidence(compile=CompileResult(ok=False, messages=[str(exc)]),
                                                   failure=Failure(kind=FailureKind.malformed, detail=str(exc))),
                            phase="static", track=opts.track)
-        if self.no_cuda or opts.compile_only or not self._gpu_worker(progress):
+        # The worker is started first (under the lane where a GPU may be visible: its CUDA start-up),
+        # whatever the request; a compile-only one then compiles beside the others, without the lane.
+        if self.no_cuda or not self._gpu_worker(progress) or opts.compile_only:
             return self._marked(self._compile_only(problem, source, opts, cid, progress, t0), opts)
         built = self._build_first(source, opts, progress)
         tb = time.monotonic()

@@ -320,7 +320,8 @@ class WorkerPool(BaselineSide, CensusSide):
                 result = _with_first_baselines(result, first)
                 result = _with_device_memory(result, device)
                 self._settle_starts()  # a worker started meanwhile starts CUDA under the lane, not beside others
-            use = LaneUse().add(held.waited_s, time.monotonic() - tl, held.place, held.gpu, held.machine)
+            # held from its entry (`since`, the wall clock as it was taken), the wait for the pool's lock included
+            use = LaneUse().add(held.waited_s, time.time() - held.since, held.place, held.gpu, held.machine)
         result = result.model_copy(update={"lane": use})
         return self._marked(result, opts)
 

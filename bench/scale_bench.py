@@ -30,8 +30,10 @@ all:
    coordinator).
 
 `--cold`: no warm-up and no probe, each measured run a build cache of its own (builds measured too).
-Printed per run: wall time, problems verified per minute, the GPU-busy share (the verifications' own
-time less their builds, over wall x GPUs) overall and per worker, and each task's place on the
+Printed per run: wall time, problems verified per minute, three shares of wall x GPUs: verifying (the
+verifications' own time less their builds, what earlier runs called busy), the lane (the seconds the
+verifications held the GPU lane) and GPU busy (the GPUs' own utilization, NVML sampled,
+`harness.gpu.gpu_busy`), the first two per worker too, and each task's place on the
 timeline (its worker, start and end); then N GPUs' throughput over one GPU's against the target
 0.85 x N, and whether the verdicts agree (faster and slower as one). Without a GPU (or
 `--compile-only`) the verifications are compile-only checks on N CPU workers (default 2), and it says
@@ -78,6 +80,7 @@ class Task(BaseModel):
     start_s: float = Field(description="since the run's clock started: its end less its worker's seconds")
     end_s: float
     phases_s: dict[str, float] = Field(default_factory=dict, description="the verdict's seconds per phase")
+    lane_s: float = Field(0.0, description="the seconds it held the GPU lane")
 
 
 class Run(BaseModel):
@@ -90,7 +93,9 @@ class Run(BaseModel):
     start_s: float  # starting the harness (before the clock)
     wall_s: float
     verified: int
-    busy_s: float  # the verifications' own time, summed
+    busy_s: float  # the verifications' own time, summed (what the bench called busy before the lane held GPU work only)
+    lane_s: float = 0.0  # the seconds the verifications held the GPU lane, summed
+    gpu_busy: float | None = None  # the GPUs' own utilization over the run (NVML, `harness.gpu.gpu_busy`); None without
     devices: list[str]
     verdicts: dict[str, str | None]
     busy_by_worker: dict[str, float] = Field(default_factory=dict)
@@ -105,6 +110,11 @@ class Run(BaseModel):
     def busy_share(self) -> float:
         """The share of the run's GPU time (wall x GPUs) spent verifying."""
         return self.busy_s / (self.wall_s * self.gpus) if self.wall_s else 0.0
+
+    @property
+    def lane_share(self) -> float:
+        """The share of the run's GPU time (wall x GPUs) the lane was held."""
+        return self.lane_s / (self.wall_s * self.gpus) if self.wall_s else 0.0
 
     def worker_shares(self) -> dict[str, float]:
         """Each worker's busy share of the run's wall time."""
@@ -182,11 +192,13 @@ class Timeline:
     def start(self) -> None:
         self.t0 = time.monotonic()
 
-    def add(self, problem: str, worker: str, seconds: float, phases_s: dict[str, float] | None = None) -> None:
+    def add(self, problem: str, worker: str, seconds: float, result: Any = None) -> None:
         end = time.monotonic() - self.t0
+        lane = result.lane if result is not None else None
         with self._lock:
             self.tasks.append(Task(problem=problem, worker=worker, start_s=round(max(0.0, end - seconds), 3),
-                                   end_s=round(end, 3), phases_s=phases_s or {}))
+                                   end_s=round(end, 3), phases_s=result.phases_s if result is not None else {},
+                                   lane_s=lane.held_s if lane is not None else 0.0))
 
 
 @contextmanager
@@ -196,8 +208,7 @@ def timed_cluster(cluster: Any, timeline: Timeline) -> Iterator[None]:
 
     def timed(job: Any) -> Any:
         remote = verify(job)
-        timeline.add(job.problem.name, remote.worker, remote.seconds,
-                     remote.result.phases_s if remote.result is not None else None)
+        timeline.add(job.problem.name, remote.worker, remote.seconds, remote.result)
         return remote
 
     cluster.__dict__["verify"] = timed
@@ -214,7 +225,7 @@ def timed_pool(pool: Any, timeline: Timeline) -> None:
     def timed(problem: Any, source: str, *args: Any, **kwargs: Any) -> Any:
         t0 = time.monotonic()
         result = verify(problem, source, *args, **kwargs)
-        timeline.add(problem.name, "local", time.monotonic() - t0, result.phases_s)
+        timeline.add(problem.name, "local", time.monotonic() - t0, result)
         return result
 
     pool.__dict__["verify"] = timed
@@ -231,6 +242,7 @@ def one_gpu(name: str, folder: Path, root: Path, compile_only: bool) -> Run:
     """The set through today's path (one GPU, no cluster), the harness started before the clock."""
     from kb_mcp.campaign.evaluate import evaluate
     from kb_mcp.harness.builds.builds import toolchain
+    from kb_mcp.harness.gpu.gpu_busy import GpuBusy
     from kb_mcp.tools.context import ToolContext
 
     ctx = ToolContext(root / name / "kb.json", client_name="scale bench")
@@ -244,29 +256,31 @@ def one_gpu(name: str, folder: Path, root: Path, compile_only: bool) -> Run:
         start = time.monotonic() - t0
         timed_pool(ctx.workers, timeline)
         timeline.start()
-        result = evaluate(root / name / "out", ctx, _options(folder, compile_only), have_gpu=not compile_only,
-                          log=_log(name))
+        with GpuBusy() as busy:
+            result = evaluate(root / name / "out", ctx, _options(folder, compile_only), have_gpu=not compile_only,
+                              log=_log(name))
         wall = time.monotonic() - timeline.t0
     finally:
         ctx.close()
-    return _run(name, 1, start, wall, result, [info.device or "no GPU"], timeline)
+    return _run(name, 1, start, wall, result, [info.device or "no GPU"], timeline, busy.share(1))
 
 
 def on_cluster(name: str, cluster: Any, folder: Path, root: Path, compile_only: bool, devices: list[str]) -> Run:
     """The set through the cluster (what `--gpus N` runs), timed from its first task to its report."""
     from kb_mcp.campaign.evaluate import evaluate
+    from kb_mcp.harness.gpu.gpu_busy import GpuBusy
     from kb_mcp.tools.context import ToolContext
 
     ctx = ToolContext(root / name / "kb.json", client_name="scale bench")
     timeline = Timeline()
     try:
-        with timed_cluster(cluster, timeline):
+        with timed_cluster(cluster, timeline), GpuBusy() as busy:
             result = evaluate(root / name / "out", ctx, _options(folder, compile_only), have_gpu=not compile_only,
                               log=_log(name), cluster=cluster)
         wall = time.monotonic() - timeline.t0
     finally:
         ctx.close()
-    return _run(name, len(devices), 0.0, wall, result, devices, timeline)
+    return _run(name, len(devices), 0.0, wall, result, devices, timeline, busy.share(len(devices)))
 
 
 def scheduling(cluster: Any, count: int) -> dict[str, float]:
@@ -289,7 +303,7 @@ def _worker_of(line: Any) -> str:
 
 
 def _run(name: str, gpus: int, start: float, wall: float, result: Any, devices: list[str],
-         timeline: Timeline | None = None) -> Run:
+         timeline: Timeline | None = None, gpu_busy: float | None = None) -> Run:
     """What one eval measured. Busy: on a GPU the verifications less their builds (the GPU's work); in
     compile-only checks, where compiling is all the work, the builds too."""
     compile_only = result.report.mode == "compile-only"
@@ -300,7 +314,8 @@ def _run(name: str, gpus: int, start: float, wall: float, result: Any, devices: 
         by_worker[_worker_of(line)] = by_worker.get(_worker_of(line), 0.0) + t.verify_s + (
             t.build_s if compile_only else 0.0)
     return Run(name=name, gpus=gpus, start_s=round(start, 3), wall_s=round(wall, 3), verified=len(timed),
-               busy_s=round(sum(by_worker.values()), 3), devices=devices,
+               busy_s=round(sum(by_worker.values()), 3), devices=devices, gpu_busy=gpu_busy,
+               lane_s=round(sum(t.lane_s for t in timeline.tasks), 3) if timeline else 0.0,
                busy_by_worker={w: round(s, 3) for w, s in by_worker.items()},
                tasks=sorted(timeline.tasks, key=lambda t: t.start_s) if timeline else [],
                verdicts={line.problem: line.verdict.value if line.verdict else None for line in timed})
@@ -339,9 +354,10 @@ def summary(one: Run, many: Run, overhead: dict[str, float], compile_only: bool,
     return {**diagnosis,
         "compile_only": compile_only, "gpus": many.gpus,
         "one": {"wall_s": one.wall_s, "per_minute": round(one.per_minute, 2), "busy_share": round(one.busy_share, 3),
-                "by_worker": one.worker_shares()},
+                "lane_share": round(one.lane_share, 3), "gpu_busy": one.gpu_busy, "by_worker": one.worker_shares()},
         "many": {"wall_s": many.wall_s, "per_minute": round(many.per_minute, 2),
-                 "busy_share": round(many.busy_share, 3), "by_worker": many.worker_shares()},
+                 "busy_share": round(many.busy_share, 3), "lane_share": round(many.lane_share, 3),
+                 "gpu_busy": many.gpu_busy, "by_worker": many.worker_shares()},
         "ratio": round(ratio, 3) if ratio else None, "target": round(TARGET * many.gpus, 3),
         "met": bool(ratio and ratio >= TARGET * many.gpus) if not compile_only else None,
         "verdicts_differ": differ, "scheduling": overhead,
@@ -364,12 +380,14 @@ def report(one: Run, many: Run, s: dict[str, Any], lone: Run | None = None) -> s
     """The text the bench prints."""
     what = "compile-only checks on CPU workers (no GPU: the path's figures, not GPUs')" if s["compile_only"] \
         else f"GPU verifications on {', '.join(many.devices)}"
-    lines = [f"{what}; {many.verified} problems verified per run; busy share: the "
-             + ("workers' compiling" if s["compile_only"] else "GPUs' verifying, builds excluded")
-             + " over wall x workers"]
+    lines = [f"{what}; {many.verified} problems verified per run; verifying: the "
+             + ("workers' compiling" if s["compile_only"] else "verifications' time, builds excluded")
+             + " over wall x workers; lane: the GPU lane held over wall x GPUs; GPU busy: the GPUs' own utilization "
+               "(NVML: kernels running), '-' without NVML"]
     for run in (one, many) if lone is None else (one, lone, many):
         lines.append(f"{run.name:<10} {run.gpus} worker(s): wall {run.wall_s:7.1f} s, "
-                     f"{run.per_minute:6.2f} problems/min, busy share {run.busy_share:.0%} "
+                     f"{run.per_minute:6.2f} problems/min, verifying {run.busy_share:.0%}, lane {run.lane_share:.0%}, "
+                     f"GPU busy {'-' if run.gpu_busy is None else format(run.gpu_busy, '.0%')} "
                      f"(harness started in {run.start_s:.1f} s, before the clock)")
         phases = phase_means(run)
         if phases:

@@ -15,6 +15,8 @@ __all__ = ["BASELINE_WORDS", "CENSUS_WORDS", "PHASES", "PHASE_WORDS", "PhaseCloc
 PHASES = ("static", "import", "construct", "check", "census", "probes", "timing", "baselines", "evidence",
           "compile")
 PHASE_WORDS = {
+    "build_first": "building the candidate's load_inline extensions before taking the GPU lane",
+    "lane": "waiting in line for the GPU lane",
     "queued": "waiting for the worker to start on it",
     "static": "running static checks",
     "import": "importing and building the candidate",
@@ -45,11 +47,11 @@ CENSUS_WORDS = {
 
 class PhaseClock:
     """Where one request's seconds went, phase by phase, as the pool sees it: from each phase frame
-    to the next (a phase entered twice adds up), the last one until the answer, and "queued" from
-    the request to the first frame. Times are `time.monotonic()` readings the caller passes in."""
+    to the next (a phase entered twice adds up), the last one until the answer, and "queued" (or
+    `first`) from the request to the first frame. Times are `time.monotonic()` readings the caller passes in."""
 
-    def __init__(self, start: float) -> None:
-        self._marks: list[tuple[str, float]] = [("queued", start)]
+    def __init__(self, start: float, first: str = "queued") -> None:
+        self._marks: list[tuple[str, float]] = [(first, start)]
 
     def enter(self, phase: str, now: float) -> None:
         """The worker reported `phase` at `now`."""

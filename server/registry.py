@@ -92,7 +92,7 @@ class ToolSpec:
             # the banner. The two must agree, or a GPU tool would time beside another.
             raise ToolModuleError(
                 f"{module.__name__}: META.uses_gpu is {meta.uses_gpu} but run is "
-                f"{'' if on_lane else 'not '}decorated with kb_mcp.tools.base.on_gpu_lane"
+                f"{'' if on_lane else 'not '}decorated with kb_mcp.tools.base.on_gpu_lane (or gpu_lane_inside)"
             )
         return cls(
             name=name,

@@ -18,7 +18,7 @@ from kb_mcp.kb.progress import Progress, no_progress
 if TYPE_CHECKING:
     from kb_mcp.tools.context import ToolContext
 
-__all__ = ["GPU_LANE_ATTR", "Progress", "ToolError", "ToolMeta", "no_progress", "on_gpu_lane"]
+__all__ = ["GPU_LANE_ATTR", "Progress", "ToolError", "ToolMeta", "gpu_lane_inside", "no_progress", "on_gpu_lane"]
 
 from kb_mcp.kb.errors import ToolError
 
@@ -40,7 +40,8 @@ class ToolMeta(BaseModel):
 
 
 GPU_LANE_ATTR = "holds_gpu_lane"
-"""Set on a `run` wrapped by `on_gpu_lane`; the registry checks it against `ToolMeta.uses_gpu`."""
+"""Set on a `run` wrapped by `on_gpu_lane` or marked `gpu_lane_inside`; the registry checks it against
+`ToolMeta.uses_gpu`."""
 
 RunT = TypeVar("RunT", bound=Callable[..., Any])
 
@@ -62,3 +63,14 @@ def on_gpu_lane(name: str) -> Callable[[RunT], RunT]:
         return on_lane  # type: ignore[return-value]
 
     return wrap
+
+
+def gpu_lane_inside(run: RunT) -> RunT:
+    """Marks a tool's `run` whose GPU work the harness itself does under the GPU lane, and only
+    that: the tool's reading and checks, the candidate's build and the KB write run outside it, so
+    other calls build and store while one times (`harness.pool.pool.WorkerPool.verify`).
+
+    Every way in (MCP call, job, campaign, a direct call) still takes turns on the GPU, because the
+    harness takes the lane around each GPU request whoever calls it."""
+    setattr(run, GPU_LANE_ATTR, True)
+    return run

@@ -6,13 +6,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.harness.gpu.lane_use import LaneUse
 from kb_mcp.harness.judgment.caps import Caps
 from kb_mcp.harness.judgment.probing import PrecisionCheck
 from kb_mcp.harness.judgment.verdict import CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
 from kb_mcp.harness.problem import Problem
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
-from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
+from kb_mcp.tools.base import Progress, ToolError, ToolMeta, gpu_lane_inside, no_progress
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.disclosure import private, redact, redact_model
 from kb_mcp.tools.source import Source, problem_failed, read_problem, read_source
@@ -122,9 +123,13 @@ class Result(BaseModel):
     tolerance: dict[str, float] = Field(default_factory=dict)
     elapsed_s: float = Field(0.0, description="how long the verification took (seconds)")
     phases_s: dict[str, float] = Field(
-        default_factory=dict, description="where elapsed_s went, phase by phase: queued (the GPU lane and a ready "
-        "worker), reference_baselines (looked up, or timed first on a problem's first verdict), static, import "
-        "(builds), check (the input sets), census, probes, timing, baselines (the comparison), evidence")
+        default_factory=dict, description="where elapsed_s went, phase by phase: build_first (the candidate's "
+        "load_inline builds, before the GPU lane), lane (waiting for it), queued (a ready worker), reference_baselines "
+        "(looked up, or timed first on a problem's first verdict), static, import (loading; builds not made first), "
+        "check (the input sets), census, probes, timing, baselines (the comparison), evidence")
+    lane: LaneUse | None = Field(
+        None, description="the GPU lane: seconds waited in line for it and held (the phases from queued on ran "
+        "under it), the place in line on arrival")
     candidate_path: str = Field(description="where the server keeps this candidate's source")
     output: str = private("", description="the candidate's stdout/stderr (detail, or when it crashed / timed out)")
     input_sets: list[InputSetCheck] | None = private(None, description="per input set (detail only)")
@@ -146,12 +151,12 @@ _NEXT = {
 }
 
 
-@on_gpu_lane(NAME)
+@gpu_lane_inside
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
     """Verifies the candidate in the worker pool, stores the source and the verdict under its
-    verdict key, returns the summary."""
+    verdict key, returns the summary. The GPU lane is held by the pool around the GPU work only:
+    reading, static checks and the candidate's build come before it, the KB write after it."""
     problem, candidate = prepare(req)
-    ctx.settle_profiler()
     try:
         result = ctx.workers.verify(problem, candidate, req.options, progress)
     except RuntimeError as exc:  # WorkerError: no worker could start at all
@@ -260,6 +265,7 @@ def summarize(result: VerifyResult, record: CandidateRecord, standing: Candidate
         tolerance=result.tolerance,
         elapsed_s=result.elapsed_s,
         phases_s=result.phases_s,
+        lane=result.lane,
         candidate_path=path,
         output=output if show_output else "",
         input_sets=sets if detail else None,

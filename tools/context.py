@@ -77,7 +77,9 @@ class ToolContext:
         """The pool of sandboxed worker processes that compile, verify and time candidates."""
         from kb_mcp.harness.pool.pool import WorkerPool
 
-        return WorkerPool(cache_dir=self.cache_dir, sandbox=self.sandbox)
+        pool = WorkerPool(cache_dir=self.cache_dir, sandbox=self.sandbox)
+        pool.settle = self.settle_profiler  # under the lane, before each GPU request (see settle_profiler)
+        return pool
 
     @cached_property
     def profilers(self) -> StandbyPool | None:

@@ -2,12 +2,14 @@
 thread of this process and every kb-mcp process of the machine.
 
 Two measurements sharing a GPU each measure the other's interference, so every path that times
-or profiles (MCP calls, jobs, the campaign, `kb-mcp call`) takes the lane through the process's
-`ToolContext`. The tool modules that time or profile declare it (`ToolMeta.uses_gpu`) and their
-`run` holds the lane for the whole call (`tools.base.on_gpu_lane`), so no caller can go around it.
+or profiles (MCP calls, jobs, the campaign, `kb-mcp call`) takes the lane. The tool modules that
+time or profile declare it (`ToolMeta.uses_gpu`): `profile_kernel`'s `run` holds the lane for the
+whole call (`tools.base.on_gpu_lane`); `compile_and_verify`'s leaves it to the harness, which holds it
+around the GPU work of the verification only (`tools.base.gpu_lane_inside`), so no caller can go
+around it either way.
 The lane itself (machine-wide per GPU, keyed by its UUID; holds re-entrant within a thread, logged
 with the GPU, pid and timestamps; waiting reported as progress) is the harness's
-(`harness.lane`), which also takes it around each GPU request of its own, inside a tool's hold.
+(`harness.gpu.lane`), which also takes it around each GPU request of its own, inside a tool's hold.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.harness.gpu.lane_use import LaneUse
 from kb_mcp.harness.gpu.memory import MemoryReport, TooLarge
 from kb_mcp.harness.judgment.options import VerifyOptions, assess_options
 from kb_mcp.harness.judgment.probing import PrecisionCheck
@@ -82,7 +83,7 @@ class CompileUnit(BaseModel):
     cached: bool = False
     kernels: list[str] = Field(default_factory=list)  # __global__ function names defined in it
     log: str = ""  # compiler output (truncated)
-    # Kernel symbol -> lowered precisions its SASS computes in (`harness.precision`); None: not read.
+    # Kernel symbol -> lowered precisions its SASS computes in (`harness.judgment.precision`); None: not read.
     precisions: dict[str, list[str]] | None = None
     # Compile-only: why it could not be compiled fully on this machine (a header torch or the toolkit
     # lacks here, `toolchain.machine_limit`); no error of the candidate's was found, so `ok` holds.
@@ -210,10 +211,12 @@ class VerifyResult(BaseModel):
     elapsed_s: float = 0.0
     # Where `elapsed_s` went, phase by phase (`harness.phases.PhaseClock`; the names of `phases.PHASES`).
     phases_s: dict[str, float] = Field(default_factory=dict)
+    lane: LaneUse | None = None  # how long it waited for the GPU lane and held it (`harness.gpu.lane_use`)
     worker_replaced: bool = False
     track: Track = DEFAULT_TRACK  # the precision track it was verified in (its tolerance, its scores)
-    memory: MemoryReport | None = None  # its footprint, the plan and the peak it took (`harness.memory`)
-    # Kernels on tensor cores below the track's precision, and what the precision probes found (`harness.probing`).
+    memory: MemoryReport | None = None  # its footprint, the plan and the peak it took (`harness.gpu.memory`)
+    # Kernels on tensor cores below the track's precision, and what the precision probes found
+    # (`harness.judgment.probing`).
     precision: PrecisionCheck | None = None
 
     def record(self, options: VerifyOptions) -> CandidateRecord:

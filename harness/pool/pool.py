@@ -1,8 +1,8 @@
 """The worker pool (server side): candidates run in sandboxed worker processes, never in the caller's.
 
 `WorkerPool.verify(problem, source, options, progress) -> VerifyResult` sends one candidate to a
-warm worker (`harness.process`: torch and CUDA initialised once, started through
-`harness.sandbox`) over a private socket pair, and waits for the answer with a limit per phase
+warm worker (`harness.pool.process`: torch and CUDA initialised once, started through
+`harness.sandbox.sandbox`) over a private socket pair, and waits for the answer with a limit per phase
 (build, checks, timing, baselines). A worker that hangs is killed at the limit (verdict
 `timeout`); one that dies (segfault, abort, `os._exit`, out-of-memory kill) yields `crashed` with
 how it ended; one that says it is unfit after a candidate (CUDA error, tampering, leftover thread
@@ -10,9 +10,9 @@ or process) exits. In every case a replacement is started at once, so the next c
 warm worker.
 
 Only this side writes anything shared: builds a worker asks for are made by the build service
-(`harness.builds`) and published read-only; a baseline a worker measured is checked and stored
+(`harness.builds.builds`) and published read-only; a baseline a worker measured is checked and stored
 here; the KB and artifacts are the tools' business. Frames on the channel are authenticated per
-request (see `harness.channel`); a frame that fails, arrives out of order or disagrees with the
+request (see `harness.sandbox.channel`); a frame that fails, arrives out of order or disagrees with the
 request ends the request as `invalid` with `forged_result`. The pool words no verdict itself: each
 of these endings is a typed `verdict.Failure` that `verdict.judge` decides, as it decides the
 worker's own evidence.
@@ -22,29 +22,39 @@ needs one, runs in a census worker of its own (`harness.worker.census`). A verif
 reaches the census asks the pool and waits; the pool asks the census worker, waits until no
 worker of the pool is still starting up, and only then answers, so that nothing else of the
 harness runs while the verify worker times. Each request holds the machine-wide GPU lane (before the
-pool's own lock, `harness.lane`): no other kb-mcp process measures on that GPU meanwhile either.
+pool's own lock, `harness.gpu.lane`): no other kb-mcp process measures on that GPU meanwhile either.
+It holds it for the GPU work only: the candidate's static checks and its `load_inline` builds
+(`harness.builds.ahead`, the eval's build-ahead service) run before the lane is taken, so other requests
+(threads, or other processes on the machine) build while one times; the result says how long it
+waited for the lane and held it (`VerifyResult.lane`, beside `phases_s`).
 
 Without a GPU (or with `options.compile_only`) nothing of the candidate runs: its CUDA sources
-are read statically and compiled in the sandbox (`harness.compile_only`).
+are read statically and compiled in the sandbox (`harness.builds.compile_only`), without the lane, beside
+other requests' compiles.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from kb_mcp.harness.baselines import Baseline, BaselineCache, BaselineRun, not_cached
+from kb_mcp.harness.builds.ahead import BuildsAhead, target_for
 from kb_mcp.harness.builds.builds import BuildService
 from kb_mcp.harness.builds.compile_only import CompileOnly
 from kb_mcp.harness.candidate import CandidateError, parse_candidate, static_units, style_of
 from kb_mcp.harness.gpu import lane
 from kb_mcp.harness.gpu.gpu_memory import DeviceMemory
+from kb_mcp.harness.gpu.gpu_probe import no_gpu_reason
+from kb_mcp.harness.gpu.lane_use import LaneUse
 from kb_mcp.harness.judgment.verdict import (
     CompileResult,
     Evidence,
@@ -91,9 +101,9 @@ class WorkerPool(BaselineSide, CensusSide):
 
     Besides the active worker the pool keeps a spare (same role, no candidate until a fault makes it
     the active one; once the active worker has served a candidate, the spare times the baselines,
-    `harness.baseline_side`) and a census worker (`harness.worker.census`), started once the first worker says
+    `harness.pool.baseline_side`) and a census worker (`harness.worker.census`), started once the first worker says
     it has a GPU (elsewhere on first use). Thread-safe: concurrent `verify` calls are served one
-    after another. `sandbox` defaults to `harness.sandbox.detect()` (which refuses where no
+    after another. `sandbox` defaults to `harness.sandbox.sandbox.detect()` (which refuses where no
     confinement is possible and `KB_MCP_SANDBOX=unconfined` was not set).
     """
 
@@ -117,6 +127,9 @@ class WorkerPool(BaselineSide, CensusSide):
         self.builds = BuildService(self.cache_dir, self.sandbox)
         self.compile_only = CompileOnly(self.cache_dir, self.sandbox)
         self.restarts = 0  # workers replaced after a timeout, crash, forged frame or retirement
+        # Called holding the lane before a GPU request: what else of this process must be still meanwhile
+        # (a tool context waits there for a profiling driver still starting up).
+        self.settle: Callable[[], None] = lambda: None
         # A spare worker starts beside the active one, so that replacing a worker after a fault costs
         # no start-up (seconds of CUDA and profiler initialisation). It runs no candidate while it waits
         # (only baselines: `BaselineSide._candidate_free`).
@@ -277,27 +290,78 @@ class WorkerPool(BaselineSide, CensusSide):
             return _judged(problem, cid, Evidence(compile=CompileResult(ok=False, messages=[str(exc)]),
                                                   failure=Failure(kind=FailureKind.malformed, detail=str(exc))),
                            phase="static", track=opts.track)
-        with lane.hold(f"verify {problem.name}", progress), self._lock:
+        # The worker is started first (under the lane where a GPU may be visible: its CUDA start-up),
+        # whatever the request; a compile-only one then compiles beside the others, without the lane.
+        if self.no_cuda or not self._gpu_worker(progress) or opts.compile_only:
+            return self._marked(self._compile_only(problem, source, opts, cid, progress, t0), opts)
+        built = self._build_first(source, opts, progress)
+        tb = time.monotonic()
+        with lane.hold(f"verify {problem.name}", progress) as held, self._lock:
+            tl = time.monotonic()
             w = self._ready()
-            if self.no_cuda or opts.compile_only or not (w.info and w.info.cuda):
+            if not (w.info and w.info.cuda):
                 failed = self._check_problem(w, problem, opts)
                 result = (self._problem_result(problem, cid, failed, t0) if failed is not None
                           else self.compile_only.verify(problem, source, opts, cid, progress))
             else:
-                tb = time.monotonic()
+                self.settle()
+                tf = time.monotonic()
                 first = self._baselines_first(problem, opts, progress)
                 w = self._ready()
                 if w.reader.pending():
                     # Bytes nobody asked for: a previous candidate left something writing to the channel.
                     self._replace(w)
                     w = self._ready()
+                before = [("build_first", t0)] * built + [("lane", tb), ("queued", tl)]
                 with DeviceMemory(w.info.uuid if w.info else "") as device:
                     result = self._request(w, problem, source, opts, cid, progress, t0,
-                                           given=first.baseline if first else None, first=(tb, time.monotonic()))
+                                           given=first.baseline if first else None, first=(tf, time.monotonic()),
+                                           before=before)
                 result = _with_first_baselines(result, first)
                 result = _with_device_memory(result, device)
                 self._settle_starts()  # a worker started meanwhile starts CUDA under the lane, not beside others
+            # held from its entry (`since`, the wall clock as it was taken), the wait for the pool's lock included
+            use = LaneUse().add(held.waited_s, time.time() - held.since, held.place, held.gpu, held.machine)
+        result = result.model_copy(update={"lane": use})
         return self._marked(result, opts)
+
+    def _gpu_worker(self, progress: Progress) -> bool:
+        """Whether the active worker has a GPU to verify on. The first request of a pool starts it
+        (its CUDA start-up is GPU work: under the lane where a GPU may be visible)."""
+        w = self._worker
+        if w is not None and w.info is not None and w.alive():
+            return w.info.cuda
+        on_gpu = no_gpu_reason() is None
+        with lane.hold("start the harness worker", progress) if on_gpu else contextlib.nullcontext(), self._lock:
+            info = self._ready().info
+        return bool(info and info.cuda)
+
+    def _compile_only(self, problem: Problem, source: str, opts: VerifyOptions, cid: str, progress: Progress,
+                      t0: float) -> VerifyResult:
+        """Compile-only (no GPU, or asked for): the problem checked in the worker, then the candidate's
+        sources compiled in the sandbox; nothing runs on a GPU, so the lane is not taken and other
+        requests' compiles run beside it."""
+        with self._lock:
+            failed = self._check_problem(self._ready(), problem, opts)
+        if failed is not None:
+            return self._problem_result(problem, cid, failed, t0)
+        result = self.compile_only.verify(problem, source, opts, cid, progress)
+        return result.model_copy(update={"lane": LaneUse()})
+
+    def _build_first(self, source: str, opts: VerifyOptions, progress: Progress) -> bool:
+        """Builds the candidate's certain `load_inline` units (`harness.builds.ahead`) before the lane is
+        taken, so its worker finds them published; whether there were any. What is computed at run
+        time, or fails here, the worker asks for again under the lane, as always."""
+        w = self._worker
+        info = w.info if w is not None else None
+        if info is None or not info.cuda:  # compile-only requests compile outside the lane anyway
+            return False
+        ahead = BuildsAhead(self.cache_dir, self.sandbox, target_for(info, opts, self.no_cuda), opts.compile_timeout_s)
+        if not ahead.units(source):
+            return False
+        progress(PHASES.index("import"), len(PHASES), PHASE_WORDS["build_first"])
+        ahead.build(source)
+        return True
 
     def _retire(self, w: WorkerProcess) -> None:
         """Replaces `w`, the active worker or the spare."""
@@ -324,9 +388,11 @@ class WorkerPool(BaselineSide, CensusSide):
 
     def _request(self, w: WorkerProcess, problem: Problem, source: str, opts: VerifyOptions, cid: str,
                  progress: Progress, t0: float, *, given: Baseline | None = None,
-                 first: tuple[float, float] | None = None) -> VerifyResult:
+                 first: tuple[float, float] | None = None,
+                 before: list[tuple[str, float]] | None = None) -> VerifyResult:
         """One verification on `w` with the pool's baselines `given`; `first` is when they were
-        looked up or timed (their own phase of the result's `phases_s`)."""
+        looked up or timed (their own phase of the result's `phases_s`), `before` the phases before
+        the request (the build first, the wait for the lane: each from its time to the next)."""
         rid = uuid.uuid4().hex
         key = new_key()
         w.output.reset()
@@ -334,7 +400,9 @@ class WorkerPool(BaselineSide, CensusSide):
         self._send(w, VerifyRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts,
                                     candidate_id=cid, baseline=given))
         steps = len(PHASES)
-        clock = PhaseClock(t0)
+        clock = PhaseClock(t0, before[0][0] if before else "queued")
+        for phase, at in (before or [])[1:]:
+            clock.enter(phase, at)
         if first is not None:
             clock.enter("reference_baselines", first[0])
             clock.enter("queued", first[1])

@@ -1,11 +1,11 @@
 """The GPU lane inside one server: a campaign job and a client's verifications in one real `kb-mcp
 serve` process take turns, never overlapping (between servers: tests/server/test_two_servers_lane.py).
 
-No GPU is needed to see it: compile-only verification holds the lane for a real nvcc build, and
-the server logs each hold of the lane with a monotonic timestamp. The campaign's holds run in its
-job and rollout threads (`kb-mcp-job_*`, `kb-mcp-rollout_*`), the client's in the server's
-request worker threads. On a GPU (`gpu` test) the campaign profiles and times for real beside a
-client that times its own candidate.
+The server logs each hold of the lane with a monotonic timestamp. The campaign's holds run in its
+job and rollout threads (`kb-mcp-job_*`, `kb-mcp-rollout_*`), the client's in the server's request
+worker threads. On a GPU (`gpu` test) the campaign profiles and times for real beside a client that
+times its own candidate; on CPU (`nvcc`) both verify compile-only, with real nvcc builds, and
+neither takes the lane (nothing of a compile-only verification runs on a GPU).
 """
 
 from __future__ import annotations
@@ -101,19 +101,11 @@ def _campaign_verifications(tmp_path: Path) -> int:
 
 
 @pytest.mark.nvcc
-def test_campaign_job_and_client_take_turns_on_one_lane(tmp_path: Path) -> None:
+def test_campaign_job_and_client_verify_compile_only_without_the_lane(tmp_path: Path) -> None:
     status, client_calls, holds = _run(tmp_path, compile_only=True)
     assert status["status"] == "succeeded", status
-    # Every verification of both went through the lane.
-    campaign_verifications = _campaign_verifications(tmp_path)
-    campaign_holds = [a for a in holds if a.thread.startswith("kb-mcp-")]
-    client_holds = [a for a in holds if not a.thread.startswith("kb-mcp-")]
-    assert campaign_verifications >= 3 and client_calls >= 1
-    assert len(campaign_holds) == campaign_verifications
-    assert len(client_holds) == client_calls
-    assert {a.what for a in holds} == {"compile_and_verify"}
-    # And they did contend: someone waited for the other.
-    assert any(a.waited_s > 0 for a in holds)
+    assert _campaign_verifications(tmp_path) >= 3 and client_calls >= 1
+    assert holds == []  # their builds ran beside each other, none in line for the GPU
 
 
 @pytest.mark.gpu
@@ -123,7 +115,8 @@ def test_campaign_profiles_and_timings_take_turns_with_a_client_on_the_gpu(tmp_p
     campaign = [a for a in holds if a.thread.startswith("kb-mcp-")]
     client = [a for a in holds if not a.thread.startswith("kb-mcp-")]
     # the campaign's timings and its profiles both held the lane, and so did every client timing
-    assert sum(a.what == "compile_and_verify" for a in campaign) == _campaign_verifications(tmp_path)
+    assert sum(a.what == "verify swish" for a in campaign) == _campaign_verifications(tmp_path)
     assert any(a.what == "profile_kernel" for a in campaign)
-    assert len(client) == client_calls >= 1 and {a.what for a in client} == {"compile_and_verify"}
+    assert sum(a.what == "verify swish" for a in client) == client_calls >= 1
+    assert {a.what for a in client} <= {"verify swish", "start the harness worker"}
     assert any(a.waited_s > 0 for a in holds)

@@ -40,6 +40,16 @@ def test_the_ratio_is_throughput_over_throughput_against_085_n() -> None:
     assert "9.5 ms per task one at a time, 150 tasks/s with 2 slots" in text
 
 
+def test_the_lane_held_and_the_gpu_busy_are_two_figures_beside_the_verifying_share() -> None:
+    one = _run("one", 1, 100.0, 90.0, {"a": "faster"}).model_copy(update={"lane_s": 60.0, "gpu_busy": 0.21})
+    many = _run("many", 2, 50.0, 90.0, {"a": "faster"}).model_copy(update={"lane_s": 80.0})
+    s = summary(one, many, OVERHEAD, compile_only=False)
+    assert (s["one"]["busy_share"], s["one"]["lane_share"], s["one"]["gpu_busy"]) == (0.9, 0.6, 0.21)
+    assert (s["many"]["lane_share"], s["many"]["gpu_busy"]) == (0.8, None)
+    text = report(one, many, s)
+    assert "verifying 90%, lane 60%, GPU busy 21%" in text and "lane 80%, GPU busy -" in text
+
+
 def test_compile_only_figures_are_never_called_a_gpu_result() -> None:
     one = _run("one", 1, 10.0, 9.0, {"a": "needs_gpu"})
     many = _run("many", 2, 6.0, 10.0, {"a": "needs_gpu"})

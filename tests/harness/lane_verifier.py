@@ -40,6 +40,7 @@ def main() -> None:
                 "torch_version": result.torch_version, "problem_hash": result.problem_hash,
                 "baseline_cached": timings.baseline_cached if timings else None,
                 "baseline_not_cached": timings.baseline_not_cached if timings else None,
+                "lane": result.lane.model_dump() if result.lane else None, "phases_s": result.phases_s,
             }), flush=True)
 
 

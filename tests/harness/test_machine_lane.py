@@ -1,4 +1,4 @@
-"""The machine-wide GPU lane (`harness.lane`), between real processes on this machine.
+"""The machine-wide GPU lane (`harness.gpu.lane`), between real processes on this machine.
 
 There is no GPU here, so the lane's key is named outright (`KB_MCP_LANE_KEY`, as documented), in a
 lane folder of each test's own (`KB_MCP_LANE_DIR`): everything else is what runs on a GPU machine
@@ -147,14 +147,16 @@ def test_a_killed_holder_releases_the_lane_at_once_and_a_waiter_is_told_who_held
     assert f"pid {holder.proc.pid}," in said[0] and " UTC, " in said[0], said
 
 
-def test_a_second_thread_hears_that_the_first_waits_for_another_process(tmp_path: Path, key: str) -> None:
+def test_a_second_thread_waits_behind_the_first_and_hears_its_place(tmp_path: Path, key: str) -> None:
+    """Threads of one process stand in the machine-wide line one by one, in the order they came."""
     other = Holder(tmp_path, "other", "--until-stdin-closes", stdin=subprocess.PIPE)
     other.until("entered")
     first_waits = threading.Event()
+    order: list[str] = []
 
     def first() -> None:
         with lane.hold("profile relu", lambda *_: first_waits.set()):
-            pass
+            order.append("profile relu")
 
     thread = threading.Thread(target=first)
     thread.start()
@@ -167,10 +169,13 @@ def test_a_second_thread_hears_that_the_first_waits_for_another_process(tmp_path
         other.proc.stdin.close()  # the other process leaves: the first thread goes, then this one
 
     with lane.hold("compile_and_verify", second_progress) as held:
-        assert held.machine
+        assert held.machine and held.place == 2 and held.waited_s > 0
+        order.append("compile_and_verify")
     thread.join()
     other.finish()
-    assert said[0] == "waiting for the GPU: profile relu, next in this process, waits for another process"
+    assert order == ["profile relu", "compile_and_verify"]
+    assert said[0].startswith(f"waiting for the GPU {key}: other (`lane_holder.py other ")
+    assert said[0].endswith(" [place 3 in line: 2 ahead]"), said
 
 
 def test_a_hold_records_its_holder_and_empties_the_record_as_it_leaves(tmp_path: Path, key: str) -> None:

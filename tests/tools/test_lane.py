@@ -74,7 +74,8 @@ def test_a_waiting_caller_hears_who_holds_it_and_can_stop_waiting() -> None:
     t.join()
     assert len(messages) == 1
     assert re.fullmatch(r"waiting for the GPU(?: \S+)?: profile_kernel is running in this process "
-                        rf"\(pid {os.getpid()}, since \d\d:\d\d:\d\d UTC\)", messages[0]), messages
+                        rf"\(pid {os.getpid()}, since \d\d:\d\d:\d\d UTC\) \[place 2 in line: 1 ahead\]",
+                        messages[0]), messages
     with lane.hold("compile_and_verify"):  # the stopped waiter left nothing held
         assert lane.holder == "compile_and_verify"
     assert lane.holder == ""
@@ -105,7 +106,7 @@ def test_each_hold_is_logged_with_its_wait_and_time(caplog: pytest.LogCaptureFix
             pass
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2
-    stamp = rf"pid={os.getpid()} t=[\d.]+ wall=\S+ thread=.+"
+    stamp = rf"pid={os.getpid()} place=0 ticket=-?\d+ t=[\d.]+ wall=\S+ thread=.+"
     assert re.fullmatch(rf"gpu lane: compile_and_verify entered after waiting [\d.]+ s \[gpu=\S+ scope=\w+ {stamp}\]",
                         lines[0]), lines
     assert re.fullmatch(rf"gpu lane: compile_and_verify left after [\d.]+ s \[gpu=\S+ scope=\w+ {stamp}\]", lines[1])

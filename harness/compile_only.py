@@ -115,7 +115,7 @@ class CompileOnly:
         """The compile-only verdict on `source` (needs_gpu or compile_error; invalid for static findings)."""
         t0 = time.monotonic()
         progress(0, 8, "running static checks")
-        findings = check_source(source, options.allow)
+        findings = check_source(source, options.allow, composed=options.mode == "composed")
         units = static_units(source)
         progress(7, 8, "compiling the candidate's CUDA sources")
         gpu_arch = arch_flag(options.arch or DEFAULT_ARCH)

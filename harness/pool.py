@@ -47,6 +47,7 @@ from kb_mcp.harness.candidate import CandidateError, parse_candidate, static_uni
 from kb_mcp.harness.census_side import CensusSide
 from kb_mcp.harness.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
 from kb_mcp.harness.compile_only import CompileOnly
+from kb_mcp.harness.composed import ReferenceOpsCache
 from kb_mcp.harness.gpu_memory import DeviceMemory
 from kb_mcp.harness.phases import PHASE_WORDS, PHASES, PhaseClock
 from kb_mcp.harness.problem import Problem, candidate_id
@@ -384,6 +385,7 @@ class WorkerPool(BaselineSide, CensusSide):
             return self._ended(w, problem, source, opts, cid, t0, reply.phase, Failure(kind=FailureKind.forged_frame),
                                [finding])
         result = self._keep_baseline(body, w, problem, opts.track.value)
+        self._keep_reference_ops(body, w, problem, opts.track.value)
         w.output.settle()
         end = time.monotonic()
         result = result.model_copy(update={
@@ -445,6 +447,13 @@ class WorkerPool(BaselineSide, CensusSide):
         BaselineCache(self.cache_dir).put(base.model_copy(update={
             "problem_hash": problem.hash, "device": info.device, "torch_version": info.torch_version, "track": track}))
         return result
+
+    def _keep_reference_ops(self, body: VerifyReply, w: WorkerProcess, problem: Problem, track: str) -> None:
+        """Stores the reference's op set the verify worker recorded (composed mode, `harness.composed`)
+        under the key the server knows. It was recorded before any candidate code ran there."""
+        if body.reference_ops is not None and w.info is not None:
+            ReferenceOpsCache(self.cache_dir).add(problem.hash, w.info.device, w.info.torch_version, track,
+                                                  dispatch=body.reference_ops)
 
     def _answer_build(self, w: WorkerProcess, rid: str, ask: BuildAsk, timeout_s: float) -> None:
         """Builds what a worker's `load_inline` asked for (in a sandbox of its own) and answers."""

@@ -117,6 +117,8 @@ class CensusRequest(_Request):
     options: VerifyOptions
     candidate_id: str
     reference_device: bool = False  # the pool asks for it where the cached baseline lacks it
+    # Composed mode: the reference's own kernel-launching ops too (`harness.composed`), where none are cached
+    reference_ops: bool = False
 
 
 class BaselineRequest(_Request):
@@ -171,6 +173,9 @@ class CensusReply(_Message):
     # the request asked for it (`kernels.DeviceTime`; measured there, never in the verify worker).
     device: DeviceTime | None = None
     reference_device: DeviceTime | None = None
+    # Composed mode: the PyTorch ops that launched the reference's kernels (`harness.composed`; the
+    # census worker's where asked, else the pool's cache); None where unknown.
+    reference_ops: list[str] | None = None
 
     @property
     def judgement(self) -> Judgement | None:
@@ -261,6 +266,9 @@ class VerifyReply(_Message):
     kind: Literal["verify"] = "verify"
     result: VerifyResult
     baseline: Baseline | None = None
+    # Composed mode: the reference's own ops as the op recorder saw them, recorded in this run for
+    # the cache (`harness.composed.ReferenceOpsCache`; the server stores them)
+    reference_ops: list[str] | None = None
 
 
 class BaselineReply(_Message):

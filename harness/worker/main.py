@@ -256,7 +256,8 @@ def _handle(env: Any, req: Any, channel: Channel) -> tuple[Any, bool]:
     from kb_mcp.harness.worker import census, verify
 
     if isinstance(req, CensusRequest):
-        return census.run_census(env, req.problem, req.source, req.options, channel.phase, req.reference_device)
+        return census.run_census(env, req.problem, req.source, req.options, channel.phase, req.reference_device,
+                                 req.reference_ops)
     if isinstance(req, ProblemRequest):
         return _check_problem(env, req.problem), False
     if isinstance(req, BaselineRequest):
@@ -273,7 +274,7 @@ def _handle(env: Any, req: Any, channel: Channel) -> tuple[Any, bool]:
     outcome, retire = run.run()
     if isinstance(outcome, ProblemFailed):
         return outcome, retire
-    return VerifyReply(result=outcome, baseline=run.new_baseline), retire
+    return VerifyReply(result=outcome, baseline=run.new_baseline, reference_ops=run.new_reference_ops), retire
 
 
 def _check_problem(env: Any, problem: Any) -> ProblemChecked | ProblemFailed:

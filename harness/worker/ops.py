@@ -61,10 +61,13 @@ class OpRecorder(TorchDispatchMode):
     `census` (the profiler), not here.
     """
 
-    def __init__(self, allow: Collection[str] = (), candidate_file: str | None = None) -> None:
+    def __init__(self, allow: Collection[str] = (), candidate_file: str | None = None,
+                 kept: Collection[str] = ()) -> None:
         super().__init__()
         self.allow = frozenset(allow)
         self.candidate_file = candidate_file
+        # Composed mode: the reference's own compute ops (`ns::packet`, `harness.composed`), allowed as well
+        self.kept = frozenset(kept)
         self.events: list[OpEvent] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -72,7 +75,8 @@ class OpRecorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         packet = func.overloadpacket.__name__
         namespace = getattr(func, "namespace", "aten")
-        if namespace not in TORCH_NAMESPACES or packet in ALLOWED_OPS or packet in self.allow:
+        if (namespace not in TORCH_NAMESPACES or packet in ALLOWED_OPS or packet in self.allow
+                or f"{namespace}::{packet}" in self.kept):
             allowed = True
         elif packet in NOOP_ONLY_OPS:
             allowed = any(out is a for a in args)
@@ -103,6 +107,11 @@ class OpRecorder(TorchDispatchMode):
                         f"ModelNew.forward ran the PyTorch op {name} ({len(events)}x){at}; compute it in "
                         "your own kernel (allocation, views and kernel launches are fine) or run with an "
                         "allow-list that permits it"
+                        if not self.kept else
+                        f"ModelNew.forward ran the PyTorch op {name} ({len(events)}x){at}, which the reference "
+                        "never runs; composed mode keeps only the reference's own ops "
+                        f"({', '.join(sorted(self.kept)[:8])}{', ...' if len(self.kept) > 8 else ''}): compute "
+                        "it in your own kernel, or keep the reference's ops as it runs them"
                     ),
                     source="runtime",
                     line=next((e.line for e in events if e.line), None),
@@ -110,6 +119,15 @@ class OpRecorder(TorchDispatchMode):
             )
         return out
 
+
+
+def record_ops(call: Any) -> list[str]:
+    """The compute ops (`ns::packet`) one call runs, as the op recorder sees them: the reference's
+    own op set in composed mode (`harness.composed`), recorded before any candidate code runs."""
+    recorder = OpRecorder()
+    with recorder:
+        call()
+    return sorted({e.name for e in recorder.banned()})
 
 
 def check_model_class(model_new: type, reference: type | None) -> list[Finding]:

@@ -46,6 +46,9 @@ _VENDOR_KERNEL = re.compile(
     r"conv2d_grouped_direct|cutlass_\d+_)"
     r"|\b(cudnn|cublas|cublasLt|cufft)\w*::|cutlass_\d+_(simt|tensorop|wmma)|\bcublas",
 )
+# Kernels torch.compile's Inductor generates (pointwise, reduction, persistent, template): PyTorch's
+# code generator, not the candidate's; named like a library's so that composed mode never counts them own.
+_GENERATED_KERNEL = re.compile(r"^triton_(poi|red|per|tem)_")
 _TORCH_KERNEL = re.compile(r"\bat::native::|\bat::cuda::|at_cuda_detail|\bc10::|\bat::\(anonymous")
 
 
@@ -117,6 +120,10 @@ def classify_launches(
             packet = op.split("::", 1)[1].split(".")[0]
             if packet not in ALLOWED_OPS and packet not in allow_set and op not in torch_ops:
                 torch_ops.append(op)
+            continue
+        if _GENERATED_KERNEL.search(launch.name):
+            if launch.name not in library:
+                library.append(launch.name)
             continue
         if _VENDOR_KERNEL.search(launch.name):
             lib = "cudnn" if re.search(r"cudnn|convolve|winograd|fft|conv2d", launch.name, re.I) else "cublas"

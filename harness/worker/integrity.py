@@ -126,10 +126,12 @@ class IntegrityGuard:
         self.recorder.kept = frozenset(dispatch)
         self.kept_kernels = kept_packets(kernels if kernels is not None else dispatch)
 
-    def take_census(self, census: KernelCensus) -> KernelCensus:
+    def take_census(self, census: KernelCensus, kernels: Collection[str] | None = None) -> KernelCensus:
         """Keeps a census taken elsewhere (the census worker's), sorted with this guard's allowance:
-        in composed mode the kernels of the reference's own ops are not library calls."""
+        in composed mode the kernels of the reference's own ops (`kernels`, the census worker's record
+        of them; None: the dispatch-level set stands in) are not library calls."""
         if self.composed:
+            self.compose(self.recorder.kept, kernels)
             census = self._rt.reclassify(census, self.allow | self.kept_kernels)
         self.last_census = census
         return census

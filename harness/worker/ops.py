@@ -14,8 +14,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kb_mcp.harness.composed import ReferenceOpsCache
 from kb_mcp.harness.kernels import ALLOWED_OPS, NOOP_ONLY_OPS, TORCH_NAMESPACES
 from kb_mcp.harness.verdict import Finding, FindingCode
+from kb_mcp.harness.worker.values import secret_seed
 
 _THIS_DIR = str(Path(__file__).resolve().parent)
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
@@ -128,6 +130,25 @@ def record_ops(call: Any) -> list[str]:
     with recorder:
         call()
     return sorted({e.name for e in recorder.banned()})
+
+
+def reference_dispatch_ops(env: Any, problem_hash: str, track: str, pmod: Any, ref: Any,
+                           guard: Any) -> list[str] | None:
+    """Composed mode: the reference's own op set at the op recorder's level (`harness.composed`), from
+    the cache, else recorded on one input set of the problem (secret seed, on the GPU, no autograd)
+    before any candidate code runs; the guard (`IntegrityGuard.compose`) allows it from then on.
+    Returns what was recorded here, for the cache (None: it came from the cache)."""
+    cached = ReferenceOpsCache(env.cache_dir).get(problem_hash, env.device, env.torch_version, track)
+    if cached is not None and cached.dispatch is not None:
+        guard.compose(cached.dispatch, None)
+        return None
+    torch.manual_seed(secret_seed())
+    with torch.device("cuda"):
+        xs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in pmod.get_inputs()]
+    with torch.no_grad():
+        ops = record_ops(lambda: ref(*xs))
+    guard.compose(ops, None)
+    return ops
 
 
 def check_model_class(model_new: type, reference: type | None) -> list[Finding]:

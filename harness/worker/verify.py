@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from kb_mcp.harness.baselines import Baseline, BaselineCache
-from kb_mcp.harness.composed import COMPOSED, ReferenceOpsCache, coverage_note
+from kb_mcp.harness.composed import COMPOSED, coverage_note
 from kb_mcp.harness.kernels import coverage
 from kb_mcp.harness.memory import Footprint, MemoryPlan, MemoryReport, TooLarge, plan
 from kb_mcp.harness.phases import PHASE_WORDS
@@ -70,8 +70,9 @@ from kb_mcp.harness.worker.evidence import escalate
 from kb_mcp.harness.worker.fault import Blame, ProblemBroken, tensor_bytes
 from kb_mcp.harness.worker.footprint import device_free, measure, request_peak, start_request
 from kb_mcp.harness.worker.integrity import IntegrityGuard, dedupe
-from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot, record_ops
+from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
 from kb_mcp.harness.worker.loading import load_module
+from kb_mcp.harness.worker.ops import reference_dispatch_ops
 from kb_mcp.harness.worker.probes import run_probes
 from kb_mcp.harness.worker.seal import ReferenceSeal
 from kb_mcp.harness.worker.timing import RunStats, Timer, guards_active
@@ -181,11 +182,8 @@ class GpuVerification:
         self.phase = "static"
         self.modules: list[str] = []
         self.new_baseline: Baseline | None = None  # measured here for the cache (the server stores it)
-        # Composed mode (`harness.composed`): the reference's own ops as the op recorder sees them (from
-        # the cache, or recorded here before the candidate's code runs, then sent for the cache)
-        self.composed = options.mode == COMPOSED
-        self.reference_dispatch: list[str] = []
-        self.new_reference_ops: list[str] | None = None
+        self.composed = options.mode == COMPOSED  # the reference's own ops allowed (`harness.composed`)
+        self.new_reference_ops: list[str] | None = None  # recorded here: sent back for the cache
         self.coverage: float | None = None  # the share of its GPU time in its own kernels (`kernels.coverage`)
         # Set by the stages as they go (the problem, its reference, the candidate, the checker):
         self.guard: IntegrityGuard | None = None
@@ -247,9 +245,8 @@ class GpuVerification:
 
     def _result(self, judgement: Judgement) -> VerifyResult:
         env, e = self.env, self.evidence
-        summary = judgement.summary
-        if self.composed and judgement.verdict.is_valid:
-            summary += f"; {coverage_note(self.coverage)}"
+        valid = self.composed and judgement.verdict.is_valid
+        summary = judgement.summary + (f"; {coverage_note(self.coverage)}" if valid else "")
         return VerifyResult(
             candidate_id=self.candidate_id, problem=self.problem.name, problem_hash=self.problem.hash,
             verdict=judgement.verdict, summary=summary, mode=self.options.mode, coverage=self.coverage,
@@ -439,30 +436,14 @@ class GpuVerification:
         return Found()
 
     def _reference_ops(self, pmod: Any, ref: Any, files: tuple[str, ...]) -> None:
-        """Composed mode: the reference's own ops at the op recorder's level (`harness.composed`),
-        from the cache, else recorded now on one input set, before any candidate code runs; the
-        guard allows them from here on. Raises ProblemBroken (the problem's forward failed)."""
-        env = self.env
-        cached = ReferenceOpsCache(env.cache_dir).get(self.problem.hash, env.device, env.torch_version,
-                                                      self.options.track.value)
-        if cached is not None and cached.dispatch is not None:
-            ops = cached.dispatch
-        else:
-            try:
-                torch.manual_seed(secret_seed())
-                with torch.device("cuda"):
-                    xs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in pmod.get_inputs()]
-                with torch.no_grad():
-                    ops = record_ops(lambda: ref(*xs))
-                del xs
-            except Exception as exc:
-                if _oom(exc):
-                    raise ProblemBroken("too_large", None, too_large=too_large_now(self.footprint)) from exc
-                raise ProblemBroken("forward", exc, files) from exc
-            self.new_reference_ops = ops
-        self.reference_dispatch = list(ops)
-        assert self.guard is not None
-        self.guard.compose(self.reference_dispatch, None)
+        """Composed mode: the reference's own ops allowed by the guard (`ops.reference_dispatch_ops`)."""
+        try:
+            self.new_reference_ops = reference_dispatch_ops(self.env, self.problem.hash, self.options.track.value,
+                                                            pmod, ref, self.guard)
+        except Exception as exc:
+            if _oom(exc):
+                raise ProblemBroken("too_large", None, too_large=too_large_now(self.footprint)) from exc
+            raise ProblemBroken("forward", exc, files) from exc
 
     def _plan(self, pmod: Any) -> None:
         """The problem's footprint (meta device) and the plan of this verification within the device's
@@ -524,10 +505,9 @@ class GpuVerification:
         assert self.guard is not None and self.env.builders is not None and self.checker is not None
         self.checker.release()  # the census worker runs a forward of its own on the same device
         reply = self.census = self.ask_census(units=list(self.env.builders.sources))
-        if self.composed:  # the reference's kernel-launching ops, at the census's level
-            self.guard.compose(self.reference_dispatch, reply.reference_ops)
-        if reply.census is not None:
-            self.coverage = coverage(self.guard.take_census(KernelCensus.model_validate(reply.census)))
+        if reply.census is not None:  # composed: sorted with the reference's kernel-launching ops
+            self.coverage = coverage(self.guard.take_census(KernelCensus.model_validate(reply.census),
+                                                            reply.reference_ops))
         if reply.failure is not None:  # how the census ended, judged here like any other failure
             hoarded = self.blame.beside(reply.failure, "the kernel census (in the census worker)")
             if hoarded is not None:  # it ran out where the candidate holds more than its share here

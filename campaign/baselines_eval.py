@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from kb_mcp.campaign.cluster_models import BaselinesJob, ClusterError
-from kb_mcp.campaign.selection import ProblemRef, SelectionError, select_problems
+from kb_mcp.campaign.selection import ProblemRef, SelectionError, eval_mode, select_problems
 from kb_mcp.harness.baselines import BaselineRun, BaselineStatus
 from kb_mcp.harness.judgment.verdict import VerifyOptions
 from kb_mcp.harness.problem import ProblemError, load_problem
 from kb_mcp.kb.atomic import write_atomic
-from kb_mcp.kb.models import DEFAULT_TRACK, Track
+from kb_mcp.kb.models import DEFAULT_MODE, DEFAULT_TRACK, Mode, Track
 from kb_mcp.kb.progress import Progress
 from kb_mcp.tools.context import ToolContext
 
@@ -68,6 +68,7 @@ class BaselineRow(BaseModel):
     note: str = Field("", description="why it is not ok (too_large: the numbers), or torch.compile's failure")
     device: str = ""
     track: Track = DEFAULT_TRACK
+    mode: Mode = Field(DEFAULT_MODE, description="the mode the level is evaluated in (composed for level 3)")
     elapsed_s: float = 0.0
     worker: str = Field("", description="the cluster's worker that timed it (`--gpus N`, `--cluster`)")
     phases_s: dict[str, float] = Field(default_factory=dict, description=(
@@ -112,7 +113,8 @@ def row_of(ref: ProblemRef, run: BaselineRun, track: Track) -> BaselineRow:
     """The table's row of one run."""
     base = run.baseline
     note = run.note or (base.compile_note if base is not None else "")
-    return BaselineRow(level=ref.level, problem=ref.name, status=run.status,
+    return BaselineRow(level=ref.level, problem=ref.name,
+                           mode=eval_mode(ref.level), status=run.status,
                        eager_ms=round(base.eager_ms, 5) if base else None,
                        compile_ms=round(base.compile_ms, 5) if base and base.compile_ms is not None else None,
                        peak_gib=run.peak_gib, note=note, device=run.device, track=track, elapsed_s=run.elapsed_s,
@@ -202,15 +204,18 @@ def _remote(cluster: Cluster, ref: ProblemRef, track: Track) -> BaselineRow:
     try:
         problem = load_problem(str(ref.path))
     except ProblemError as exc:
-        return BaselineRow(level=ref.level, problem=ref.name, status="problem_error", note=str(exc), track=track)
+        return BaselineRow(level=ref.level, problem=ref.name,
+                           mode=eval_mode(ref.level), status="problem_error", note=str(exc), track=track)
     t0 = time.monotonic()
     try:
         remote = cluster.baselines(BaselinesJob(problem=problem, options=VerifyOptions(track=track)))
     except ClusterError as exc:  # its workers kept dying: a rerun tries it again
-        return BaselineRow(level=ref.level, problem=ref.name, status="harness_error", note=str(exc), track=track,
+        return BaselineRow(level=ref.level, problem=ref.name,
+                           mode=eval_mode(ref.level), status="harness_error", note=str(exc), track=track,
                            elapsed_s=round(time.monotonic() - t0, 3))
     if remote.run is None:
-        return BaselineRow(level=ref.level, problem=ref.name, status="harness_error", track=track,
+        return BaselineRow(level=ref.level, problem=ref.name,
+                           mode=eval_mode(ref.level), status="harness_error", track=track,
                            note=remote.error or f"the worker {remote.where} sent no result (ours to fix)",
                            worker=remote.where, elapsed_s=remote.seconds)
     return row_of(ref, remote.run, track).model_copy(update={"worker": remote.where})
@@ -230,7 +235,8 @@ def _one(ctx: ToolContext, ref: ProblemRef, track: Track, progress: Progress) ->
     try:
         problem = load_problem(str(ref.path))
     except ProblemError as exc:
-        return BaselineRow(level=ref.level, problem=ref.name, status="problem_error", note=str(exc), track=track)
+        return BaselineRow(level=ref.level, problem=ref.name,
+                           mode=eval_mode(ref.level), status="problem_error", note=str(exc), track=track)
     run = ctx.workers.baselines(problem, VerifyOptions(track=track), progress)  # it holds the GPU lane
     return row_of(ref, run, track)
 

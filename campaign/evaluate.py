@@ -14,7 +14,7 @@ A problem without a solution file is listed with the reason; its baselines are n
 
 The eval is pipelined (`campaign.eval_pipeline`): while the GPU verifies one solution, the next
 solutions' `load_inline` extensions are built ahead on the remaining CPU cores, by the harness's build
-service, into the cache the worker looks them up in (`harness.ahead`), so cold builds hide behind
+service, into the cache the worker looks them up in (`harness.builds.ahead`), so cold builds hide behind
 verifications. A build ahead is never a verdict: the verification runs as it would without it, and a
 solution whose build failed ahead is built and judged by the verification itself. `build_jobs` 0 is
 the serial eval. Progress shows each problem's phase and the whole run's ETA (`campaign.eta`).
@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -55,7 +55,7 @@ from kb_mcp.campaign.eval_pipeline import Pipeline
 from kb_mcp.campaign.models import CampaignConfig, CampaignStatus, InitialRecord, Retry
 from kb_mcp.campaign.report import CampaignReport, report_from_store
 from kb_mcp.campaign.report_render import write_report
-from kb_mcp.campaign.selection import ProblemRef, SelectionError, match_solution, select_problems
+from kb_mcp.campaign.selection import ProblemRef, SelectionError, eval_mode, match_solution, select_problems
 from kb_mcp.campaign.store import CampaignError, CampaignStore
 from kb_mcp.harness.baselines import BaselineCache, BaselineRun
 from kb_mcp.harness.builds.ahead import AheadOutcome, BuildsAhead, default_jobs, target_for
@@ -90,6 +90,8 @@ class EvalOptions(BaseModel):
     level: int | None = Field(None, ge=1, description="KernelBench level to take")
     ids: str | None = Field(None, description="problem ids and ranges, e.g. 1-20,40")
     track: Track = Field(DEFAULT_TRACK, description="precision track the solutions are verified in")
+    mode: Literal["own", "composed"] | None = Field(
+        None, description="verification mode of every problem (None: composed for level 3, own kernels otherwise)")
     compile_only: bool = Field(False, description="compile only (no GPU): verdict needs_gpu, nothing timed")
     build_jobs: int | None = Field(
         None, ge=0, le=256,
@@ -154,8 +156,10 @@ def check_track(folder: Path, track: Track) -> None:
         )
 
 
-def _verify_options(options: EvalOptions) -> VerifyOptions:
-    return VerifyOptions(compile_only=options.compile_only, track=options.track)
+def _verify_options(options: EvalOptions, level: int | None = None) -> VerifyOptions:
+    """The options of a problem's verification: its level decides the mode unless one was given."""
+    return VerifyOptions(compile_only=options.compile_only, track=options.track,
+                         mode=eval_mode(level, options.mode))
 
 
 def evaluate(
@@ -535,7 +539,7 @@ def _none() -> None:
 def _request(p: _Planned, options: EvalOptions) -> compile_and_verify.Request:
     """The compile_and_verify request of a problem's solution."""
     return compile_and_verify.Request(problem=str(p.ref.path), candidate=str(p.solution),
-                                      options=_verify_options(options))
+                                      options=_verify_options(options, p.ref.level))
 
 
 def _base(p: _Planned) -> dict[str, str]:

@@ -104,6 +104,8 @@ class ProblemResult(BaseModel):
     improved_steps: int = 0
     tokens: int = 0
     track: str = "fp32"  # the precision track its verdicts were checked in
+    mode: str = "own"  # own kernels, or composed with the reference's own ops (`VerifyOptions.mode`)
+    coverage: float | None = None  # composed: the share of its first kernel's GPU time in its own kernels
 
 
 class TrackSummary(BaseModel):
@@ -252,6 +254,7 @@ def problem_result(problem: str, initial: InitialRecord | None, steps: Sequence[
     problem with no verdict yet)."""
     units: list[UnitRecord] = ([initial] if initial else []) + list(steps)
     tracks = [a.record.track.value for u in units for a in u.attempts]
+    modes = [a.record.mode for u in units for a in u.attempts]
     eager, compiled, eager_device = _baselines(units)
     present = [t for t in (eager, compiled) if t is not None]
     baseline = min(present) if present else None
@@ -286,6 +289,8 @@ def problem_result(problem: str, initial: InitialRecord | None, steps: Sequence[
             1 for s in steps if s.accepted and s.speedup_vs_parent is not None and s.speedup_vs_parent > 1),
         tokens=tokens.total.total,
         track=tracks[-1] if tracks else track,
+        mode=modes[-1] if modes else "own",
+        coverage=initial.final.record.coverage if initial is not None and initial.final is not None else None,
     )
 
 

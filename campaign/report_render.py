@@ -86,15 +86,23 @@ def _other_tracks(report: CampaignReport) -> list[str]:
     return out
 
 
+def mode_cell(mode: str, coverage: float | None) -> str:
+    """A problem's mode as the tables show it: own kernels, or composed with its coverage."""
+    if mode != "composed":
+        return "own kernels"
+    return "composed" + (f" ({coverage:.0%})" if coverage is not None else "")
+
+
 def _eval_body(report: CampaignReport, lines: list[str]) -> str:
     """An eval's report: no LLM and no steps, so no optimizations, states, KB growth or tokens."""
     lines += [*_summary(report), "", "## Problems", "",
-              "| problem | verdict | eager ms | compile ms | solution ms | vs eager | vs torch.compile | vs the "
-              "better | eager device ms | solution device ms | vs eager (device) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| problem | mode (coverage) | verdict | eager ms | compile ms | solution ms | vs eager | vs "
+              "torch.compile | vs the better | eager device ms | solution device ms | vs eager (device) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report.problems:
         verdict = r.initial_verdict.value if r.initial_verdict else "(no solution)"
-        lines.append(f"| {r.problem} | {verdict} | {_ms(r.eager_ms)} | {_ms(r.compile_ms)} | {_ms(r.best_ms)} | "
+        lines.append(f"| {r.problem} | {mode_cell(r.mode, r.coverage)} | {verdict} | {_ms(r.eager_ms)} | "
+                     f"{_ms(r.compile_ms)} | {_ms(r.best_ms)} | "
                      f"{_x(r.best_vs_eager)} | {_x(r.best_vs_compile)} | {_x(r.best_speedup)} | "
                      f"{_ms(r.eager_device_ms)} | {_ms(r.best_device_ms)} | {_x(r.best_vs_eager_device)} |")
     lines += ["", DEVICE_NOTE, "", "Plots: " + ", ".join(f"![{p}]({p})" for p in PLOTS), ""]
@@ -143,14 +151,15 @@ def _problems(report: CampaignReport) -> list[str]:
     lines = [
         "## Problems",
         "",
-        "| problem | eager ms | compile ms | initial ms | best ms | initial speedup | best speedup | best kernel | "
-        "steps (valid / improved) | eager device ms | best device ms | best vs eager (device) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| problem | mode | eager ms | compile ms | initial ms | best ms | initial speedup | best speedup | best "
+        "kernel | steps (valid / improved) | eager device ms | best device ms | best vs eager (device) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report.problems:
         best = "-" if r.best is None else f"{r.best.origin}{'' if r.best.verified else ' (unverified)'}"
         lines.append(
-            f"| {r.problem} | {_ms(r.eager_ms)} | {_ms(r.compile_ms)} | {_ms(r.initial_ms)} | {_ms(r.best_ms)} | "
+            f"| {r.problem} | {mode_cell(r.mode, None)} | {_ms(r.eager_ms)} | {_ms(r.compile_ms)} | "
+            f"{_ms(r.initial_ms)} | {_ms(r.best_ms)} | "
             f"{_x(r.initial_speedup)} | {_x(r.best_speedup)} | {best} | {r.steps} ({r.valid_steps} / "
             f"{r.improved_steps}) | {_ms(r.eager_device_ms)} | {_ms(r.best_device_ms)} | "
             f"{_x(r.best_vs_eager_device)} |"

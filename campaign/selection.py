@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from kb_mcp.kb.models import Mode
+
 _ID = re.compile(r"^(\d+)_")
 _LEVEL = re.compile(r"^level_?(\d+)$", re.IGNORECASE)
 _SAMPLE = re.compile(r"^level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.py$")
@@ -69,6 +71,15 @@ def problem_id(path: Path) -> int | None:
     """KernelBench's problem id: the number a file name starts with ('19_ReLU.py' -> 19)."""
     match = _ID.match(path.name)
     return int(match.group(1)) if match else None
+
+
+def eval_mode(level: int | None, given: str | None = None) -> Mode:
+    """The verification mode of a problem in an eval: the one given (`--mode`), else composed for a
+    level-3 model (its layers stay PyTorch where no kernel of the candidate's replaces them) and own
+    kernels for every other level (docs/harness.md, "Composed mode")."""
+    if given is not None:
+        return "composed" if given == "composed" else "own"
+    return "composed" if level == 3 else "own"
 
 
 def folder_level(folder: Path) -> int | None:

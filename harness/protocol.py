@@ -2,11 +2,11 @@
 
 The server side (the worker pool, the build service, the profiler) never imports torch or a
 candidate; the worker side (`harness.worker`: verify and census workers, the build process, the
-profiling driver) runs inside the sandbox (`harness.sandbox`) and only answers. These models are
+profiling driver) runs inside the sandbox (`harness.sandbox.sandbox`) and only answers. These models are
 the whole vocabulary between the two, so each side validates what it reads and nothing travels
 as an untyped dict.
 
-Over the worker channel (`harness.channel`: length-prefixed JSON frames, HMAC-signed, numbered):
+Over the worker channel (`harness.sandbox.channel`: length-prefixed JSON frames, HMAC-signed, numbered):
 
 * pool -> worker, signed with `channel.POOL_KEY`: `Init` (the session key), then one request at
   a time (`VerifyRequest`, `CensusRequest`, `BaselineRequest`, `ProblemRequest`, `PingRequest`,
@@ -117,6 +117,8 @@ class CensusRequest(_Request):
     options: VerifyOptions
     candidate_id: str
     reference_device: bool = False  # the pool asks for it where the cached baseline lacks it
+    # Composed mode: the reference's own kernel-launching ops too (`harness.judgment.composed`), where none are cached
+    reference_ops: bool = False
 
 
 class BaselineRequest(_Request):
@@ -163,14 +165,17 @@ class CensusReply(_Message):
     pid: int | None = None  # the census worker that answered (its pid inside its sandbox)
     elapsed_s: float = 0.0
     peak_bytes: int | None = None  # the most its allocator reserved during the census
-    work: WorkCensus | None = None  # the answer to a `CensusAsk(counters=True)` (`harness.work`)
-    # What the SASS of the candidate's builds shows (`harness.precision`), read by the server in the
+    work: WorkCensus | None = None  # the answer to a `CensusAsk(counters=True)` (`profiling.work`)
+    # What the SASS of the candidate's builds shows (`harness.judgment.precision`), read by the server in the
     # sandbox and added by the pool: the verify worker judges it against the track and the dtypes.
     precision: PrecisionEvidence | None = None
     # The device time of the candidate's forward (after the census), and of the reference's where
     # the request asked for it (`kernels.DeviceTime`; measured there, never in the verify worker).
     device: DeviceTime | None = None
     reference_device: DeviceTime | None = None
+    # Composed mode: the PyTorch ops that launched the reference's kernels (`harness.judgment.composed`; the
+    # census worker's where asked, else the pool's cache); None where unknown.
+    reference_ops: list[str] | None = None
 
     @property
     def judgement(self) -> Judgement | None:
@@ -261,6 +266,9 @@ class VerifyReply(_Message):
     kind: Literal["verify"] = "verify"
     result: VerifyResult
     baseline: Baseline | None = None
+    # Composed mode: the reference's own ops as the op recorder saw them, recorded in this run for
+    # the cache (`harness.judgment.composed.ReferenceOpsCache`; the server stores them)
+    reference_ops: list[str] | None = None
 
 
 class BaselineReply(_Message):
@@ -300,7 +308,7 @@ class ProblemFailed(_Message):
     kind: Literal["problem_failed"] = "problem_failed"
     stage: Literal["import", "construct", "inputs", "forward", "reference", "too_large"]
     error: str
-    too_large: TooLarge | None = None  # stage too_large: the numbers (`harness.memory`)
+    too_large: TooLarge | None = None  # stage too_large: the numbers (`harness.gpu.memory`)
 
     @property
     def text(self) -> str:

@@ -43,6 +43,14 @@ class Track(str, Enum):
 DEFAULT_TRACK = Track.fp32
 """The strict track: what every verdict, outcome and score without a track belongs to."""
 
+Mode = Literal["own", "composed"]
+"""What a candidate may run besides its own kernels (docs/harness.md, "Composed mode"): `own`, only
+its own kernels (PyTorch compute ops and vendor libraries are a `library_call`); `composed`, also
+the PyTorch compute ops the reference itself runs, as long as one kernel of its own runs. Verdicts
+of the two modes are kept apart in every table; a record without a mode is `own`."""
+
+DEFAULT_MODE: Mode = "own"
+
 
 def utcnow() -> datetime:
     """Timezone-aware now, so timestamps in KB files compare and sort correctly."""
@@ -369,6 +377,7 @@ class Outcome(BaseModel):
     optimization_id: str
     arch: str
     track: Track = DEFAULT_TRACK  # the candidate verdict's track: the scores this outcome moved
+    mode: Mode = DEFAULT_MODE  # the candidate verdict's mode (own kernels, or composed with the reference's ops)
     verdict: Verdict
     speedup: float | None = None  # over the kernel it started from; None unless verdict is valid
     speedup_vs_baseline: float | None = None  # over the better of eager and torch.compile
@@ -402,7 +411,7 @@ class Strength(str, Enum):
 
     Only `standard` verdicts (and `compile_only` ones reached before anything ran) move scores;
     every other strength is kept under its own verdict key and shown, never credited. The
-    options that lead to each strength are decided in `kb_mcp.harness.options.assess_options`.
+    options that lead to each strength are decided in `kb_mcp.harness.judgment.options.assess_options`.
     """
 
     loosened = "loosened"  # the caller relaxed a check (tolerance, allow-list, review threshold, limits)
@@ -437,6 +446,9 @@ class CandidateRecord(BaseModel):
     problem_hash: str
     verdict: Verdict
     track: Track = DEFAULT_TRACK  # precision track the verdict was checked on (fp32 until the harness says otherwise)
+    mode: Mode = DEFAULT_MODE  # own kernels only, or composed with the reference's own PyTorch ops (`Mode`)
+    # Composed mode: the share of the candidate's GPU time in its own kernels (0..1); None where not measured
+    coverage: float | None = None
     arch: str = ""  # e.g. sm_90; "" when no GPU verified it
     device: str = ""
     time_ms: float | None = None  # median candidate time

@@ -122,12 +122,15 @@ def _candidates(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pr
         assert isinstance(doc, kb_views.CandidatesOverview)
         newest = f", newest {len(doc.candidates)}" if doc.count > len(doc.candidates) else ""
         table = Table(title=f"{doc.count} candidate(s) in {store.path}{newest}")
-        for col, just in (("candidate_id", "left"), ("problem", "left"), ("verdict", "left"), ("vs baseline", "right"),
+        for col, just in (("candidate_id", "left"), ("problem", "left"), ("mode", "left"), ("verdict", "left"),
+                          ("vs baseline", "right"),
                           ("time", "right"), ("device", "left"), ("outcomes", "right"), ("verified", "left")):
             table.add_column(col, justify=just)  # type: ignore[arg-type]
         for c in doc.candidates:
             verdict = c.verdict.value + (" (flagged)" if c.flagged else "")
-            table.add_row(c.candidate_id, c.problem, verdict, _x(c.speedup_vs_baseline),
+            mode = "own kernels" if c.mode == "own" else "composed" + (
+                f" ({c.coverage:.0%})" if c.coverage is not None else "")
+            table.add_row(c.candidate_id, c.problem, mode, verdict, _x(c.speedup_vs_baseline),
                           f"{c.time_ms:.4g} ms" if c.time_ms is not None else "", c.device, str(c.outcomes),
                           c.created_at.strftime("%Y-%m-%d %H:%M"))
         console.print(table)

@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--level", type=int, help="KernelBench level to take (default: every level found)")
     p.add_argument("--problems", dest="ids", metavar="IDS", help="problem ids and ranges, e.g. 1-20,40")
     p.add_argument("--track", choices=TRACKS, default="fp32", help="precision track to verify in (default fp32)")
+    p.add_argument("--mode", choices=("own", "composed"),
+                   help="own: only the solution's own kernels compute; composed: it may keep the PyTorch ops the "
+                        "reference runs beside one kernel of its own (default: composed for level 3, own otherwise)")
     p.add_argument("--name", help=f"eval name: its folder is <kb artifacts>/evals/NAME (default {DEFAULT_NAME})")
     p.add_argument("--out", help="eval folder (overrides --name)")
     p.add_argument("--compile-only", action="store_true", help="no GPU: compile each solution, time nothing")
@@ -81,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.baselines or args.solutions is None:
         return run_baselines(args, kb_path, folder)
     options = EvalOptions(problems=list(args.problems), solutions=args.solutions, level=args.level, ids=args.ids,
-                          track=Track(args.track), compile_only=args.compile_only, build_jobs=args.build_jobs)
+                          track=Track(args.track), mode=args.mode, compile_only=args.compile_only,
+                          build_jobs=args.build_jobs)
     ctx = ToolContext(kb_path, client_name="kb-mcp eval")
     try:
         plan = cluster_args.plan_from(args, args.compile_only)

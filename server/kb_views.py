@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Optimization, Outcome, Score, State, Verdict
+from kb_mcp.kb.models import ALL_ARCH, DEFAULT_MODE, CandidateRecord, Mode, Optimization, Outcome, Score, State, Verdict
 from kb_mcp.kb.provenance import UNTRUSTED_NOTICE, optimization_is_verified, quote, shown_lessons
 from kb_mcp.kb.view import KBStats
 
@@ -144,6 +144,8 @@ class CandidateSummary(BaseModel):
     candidate_id: str
     problem: str
     verdict: Verdict
+    mode: Mode = Field(DEFAULT_MODE, description="own kernels, or composed with the reference's own PyTorch ops")
+    coverage: float | None = Field(None, description="composed: the share of its GPU time in its own kernels")
     speedup_vs_baseline: float | None = None
     time_ms: float | None = None
     device: str = ""
@@ -234,7 +236,7 @@ def candidates_overview(
     records.sort(key=lambda r: r.created_at, reverse=True)
     rows = [
         CandidateSummary(
-            candidate_id=r.candidate_id, problem=r.problem, verdict=r.verdict,
+            candidate_id=r.candidate_id, problem=r.problem, verdict=r.verdict, mode=r.mode, coverage=r.coverage,
             speedup_vs_baseline=r.speedup_vs_baseline,
             time_ms=r.time_ms, device=r.device, flagged=r.flagged, outcomes=counts[r.candidate_id],
             created_at=r.created_at,

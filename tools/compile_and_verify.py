@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kb_mcp.harness.gpu.lane_use import LaneUse
 from kb_mcp.harness.judgment.caps import Caps
@@ -27,7 +28,9 @@ your own CUDA: either raw kernels compiled with NVRTC (`k = torch.cuda._compile_
 launched as `k(grid=(..), block=(..), args=[tensors, ints, floats], shared_mem=bytes)`; builds in
 ~0.1 s) or a `torch.utils.cpp_extension.load_inline` extension (KernelBench style; cached by content,
 keep torch headers out of cuda_sources for fast builds). PyTorch compute ops, cuBLAS and cuDNN are
-not allowed inside forward unless `options.allow` names them (e.g. ["gemm"]).
+not allowed inside forward unless `options.allow` names them (e.g. ["gemm"]); for a model, `mode`
+"composed" lets it keep the PyTorch ops the reference itself runs beside at least one kernel of its
+own (a standard verdict with its `coverage`, the share of GPU time in its own kernels).
 It runs in an isolated worker: secret-seed input sets plus one of a different distribution, exact
 output type/shape/dtype, tolerances by dtype, poisoned memory, a second-run agreement check, and
 integrity checks that catch cheats. Returns `record`, the verdict as stored in the KB: its
@@ -67,6 +70,22 @@ class Request(BaseModel):
                     "scores",
     )
     detail: bool = Field(False, description="include per-input-set errors, compiler logs and the candidate's output")
+    mode: Literal["own", "composed"] = Field(
+        "own",
+        description="own (default): every compute op in forward is a kernel of the candidate's own; composed (for "
+                    "models): it may also keep the PyTorch ops the reference itself runs, as long as one kernel of "
+                    "its own runs; the result says how much of its GPU time runs in its own kernels (coverage). "
+                    "Both are standard verdicts, kept apart in every table",
+    )
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> Request:
+        # The mode travels with the options to the worker; given here it wins, given there it is read back.
+        if "mode" in self.model_fields_set:
+            self.options = self.options.model_copy(update={"mode": self.mode})
+        else:
+            self.mode = self.options.mode
+        return self
 
 
 class CompileSummary(BaseModel):

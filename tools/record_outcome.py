@@ -268,7 +268,8 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress, *,
         outcome = Outcome(
             id=oid, problem=cand.problem, candidate_id=cand.candidate_id, parent_candidate_id=req.parent_candidate_id,
             state_id=req.state_id, next_state_id=req.next_state_id, optimization_id=opt.id, arch=family,
-            track=track, verdict=cand.verdict, speedup=speedup, speedup_vs_baseline=cand.speedup_vs_baseline,
+            track=track, mode=cand.mode, verdict=cand.verdict, speedup=speedup,
+            speedup_vs_baseline=cand.speedup_vs_baseline,
             tokens=req.tokens,
             agent=ctx.client_name, analysis=req.analysis, flagged=cand.flagged,
         )

@@ -4,7 +4,7 @@ Nothing of the candidate runs, not even its import: its CUDA sources are read fr
 tree (`candidate.static_units`: string literals and module-level constants passed to
 `load_inline` or `torch.cuda._compile_kernel`), its flags and `#include`s are checked against the
 allow-lists (`toolchain.flag_refusals`), and the compilers check what is allowed, each run in a
-sandbox of its own (`harness.sandbox`, role `compiler`): nvcc for the target arch (the GPU's
+sandbox of its own (`harness.sandbox.sandbox`, role `compiler`): nvcc for the target arch (the GPU's
 arch-specific target, `toolchain.build_target`: the default sm_90 is built as sm_90a), and the
 host compiler for `load_inline`'s C++ part. Sources built at run time (computed strings) cannot
 be read this way; the result says so.
@@ -17,7 +17,7 @@ whose compilers failed only on headers this machine lacks (`toolchain.machine_li
 of torch has no CUDA headers, a toolkit installed without a library's) is not the candidate's
 error: it stays `needs_gpu`, with that note (`CompileUnit.limited`).
 
-What nvcc built is disassembled in the same sandbox role (`harness.precision.Disassembler`,
+What nvcc built is disassembled in the same sandbox role (`harness.judgment.precision.Disassembler`,
 `cuobjdump -sass`): a kernel computing on the tensor cores in a precision the request's track does
 not allow (for the problem's dtypes as its source names them) is not judged here: an error-
 compensated scheme (3xTF32) computes on such instructions at float32's accuracy, which only its
@@ -102,7 +102,7 @@ class CompileOnly:
 
     def __init__(self, cache_dir: Path, sandbox: Sandbox, running: Running | None = None) -> None:
         """`running` holds the compilers it starts (checks ahead of a verification pass one that a
-        cancelled eval stops, `harness.ahead`)."""
+        cancelled eval stops, `harness.builds.ahead`)."""
         self.store = cache_dir / "compile_only"
         self.cache_dir = cache_dir
         self.sandbox = sandbox
@@ -121,7 +121,7 @@ class CompileOnly:
         """The compile-only verdict on `source` (needs_gpu or compile_error; invalid for static findings)."""
         t0 = time.monotonic()
         progress(0, 8, "running static checks")
-        findings = check_source(source, options.allow)
+        findings = check_source(source, options.allow, composed=options.mode == "composed")
         units = static_units(source)
         progress(7, 8, "compiling the candidate's CUDA sources")
         gpu_arch = arch_flag(options.arch or DEFAULT_ARCH)
@@ -252,7 +252,7 @@ class CompileOnly:
 
     def _run_all(self, runs: list[CompilerRun], timeout_s: float) -> list[tuple[int, str, dict[str, list[str]] | None]]:
         """Runs the compilers concurrently, each in a sandbox (and scratch folder) of its own; what
-        nvcc built is disassembled there (`harness.precision`) before the folder goes."""
+        nvcc built is disassembled there (`harness.judgment.precision`) before the folder goes."""
         started: list[tuple[Path, subprocess.Popen[str]]] = []
         disassembler = self.disassembler()
         try:

@@ -4,7 +4,7 @@ Plain Python (no torch import), so the server can run them before a worker is in
 resolved through the file's own imports and aliases (`import torch.nn.functional as F`,
 `mm = torch.matmul`), comments and docstrings are never read as code, and a statement such as
 `pass` or a re-raising `except` is never a finding by itself. C++/CUDA source held in string
-constants is scanned with comments stripped. The parts live in `harness.static` (vocabulary, C++
+constants is scanned with comments stripped. The parts live in `harness.judgment.static` (vocabulary, C++
 rules, names, the forward-path and whole-file checks); this module runs them.
 
 These checks are evidence, not the whole defence: a determined candidate can hide a call from any
@@ -48,19 +48,21 @@ def _is_main_guard(stmt: ast.stmt) -> bool:
     )
 
 
-def check_source(source: str, allow: Collection[str] = ()) -> list[Finding]:
+def check_source(source: str, allow: Collection[str] = (), composed: bool = False) -> list[Finding]:
     """Static findings for a candidate's source, each with a line number and an actionable message.
 
     `allow` is an allow-list (see `expand_allow`): e.g. `["gemm"]` permits torch.matmul, F.linear,
     nn.Linear and cuBLAS for GEMM problems. A file that does not parse yields no findings here: the
-    compile step reports syntax errors with their own verdict.
+    compile step reports syntax errors with their own verdict. `composed` (composed mode): PyTorch
+    compute ops on the forward path are left to the runtime, which compares them with the ops the
+    reference itself runs; library compilers, other libraries and everything else are checked as ever.
     """
     try:
         tree = pyparse.parse(source)
     except SyntaxError:
         return []
     tree.body = [stmt for stmt in tree.body if not _is_main_guard(stmt)]
-    ctx = Context(allow=expand_allow(allow))
+    ctx = Context(allow=expand_allow(allow), composed=composed)
     collect_imports(tree, ctx)
     collect_defs(tree, ctx)
     collect_extensions(tree, ctx)

@@ -1,7 +1,7 @@
 """What a caller asks of one verification (`VerifyOptions`, each track's tolerance floor) and what
 those options let the verdict claim (`assess_options`: the options kept in its key, its strength,
 what was loosened; docs/architecture.md, "Verdict keys"). The verdict itself is decided in
-`harness.verdict`.
+`harness.judgment.verdict`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from kb_mcp.kb.models import DEFAULT_TRACK, Strength, Track
+from kb_mcp.kb.models import DEFAULT_MODE, DEFAULT_TRACK, Mode, Strength, Track
 
 __all__ = ["TRACK_TOLERANCE", "Effect", "OptionsAssessment", "VerifyOptions", "assess_options"]
 
@@ -46,6 +46,13 @@ class VerifyOptions(BaseModel):
         DEFAULT_TRACK,
         description="precision track: fp32 (strict, default), tf32, bf16 or fp16; each has its own tolerance and "
         "its own scores (another track is not a loosening)",
+    )
+
+    mode: Mode = Field(
+        DEFAULT_MODE,
+        description="own: only the candidate's own kernels compute (default); composed: it may also keep the PyTorch "
+                    "compute ops the reference itself runs, as long as one kernel of its own runs (for models; "
+                    "verdicts of the two modes are kept apart, neither is a loosening)",
     )
 
     input_sets: int = Field(5, ge=5, le=32,
@@ -131,6 +138,9 @@ _EFFECTS: dict[str, Callable[[Any, Any], Effect]] = {
     # Another track is its own score key (its verdicts are compared with that track's only), not a
     # loosening: a tf32 verdict with every other option at its default is `standard` in tf32.
     "track": lambda v, d: Effect.neutral,
+    # Composed mode is a reading of its own (kept in the key and beside the track, never mixed with
+    # own-kernel verdicts), not a loosening: its rule is as strict as the default's for what it allows.
+    "mode": lambda v, d: Effect.neutral,
 }
 _GPU_IGNORES = frozenset({"arch"})  # a GPU run builds for its own GPU
 

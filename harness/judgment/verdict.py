@@ -15,7 +15,7 @@ from kb_mcp.harness.gpu.lane_use import LaneUse
 from kb_mcp.harness.gpu.memory import MemoryReport, TooLarge
 from kb_mcp.harness.judgment.options import VerifyOptions, assess_options
 from kb_mcp.harness.judgment.probing import PrecisionCheck
-from kb_mcp.kb.models import DEFAULT_TRACK, CandidateRecord, Track, Verdict
+from kb_mcp.kb.models import DEFAULT_MODE, DEFAULT_TRACK, CandidateRecord, Mode, Track, Verdict
 
 
 class FindingCode(str, Enum):
@@ -44,6 +44,11 @@ class FindingCode(str, Enum):
     no_custom_kernel = "no_custom_kernel"
     implausible_speedup = "implausible_speedup"
     impossible_time = "impossible_time"
+    # Settings and machinery that speed up library ops without a kernel of the candidate's own
+    # (findings of their own, in either mode; docs/harness.md, "Composed mode"):
+    tf32_switch = "tf32_switch"  # a global TF32 switch (matmul or cuDNN) turned on by the candidate
+    cudnn_benchmark = "cudnn_benchmark"  # cuDNN's benchmark mode (autotuned convolutions) turned on
+    graph_replay = "graph_replay"  # library or PyTorch kernels replayed from a CUDA graph
 
 
 # Findings that describe wrong answers rather than cheating: the verdict is `incorrect`, not `invalid`.
@@ -218,6 +223,10 @@ class VerifyResult(BaseModel):
     # Kernels on tensor cores below the track's precision, and what the precision probes found
     # (`harness.judgment.probing`).
     precision: PrecisionCheck | None = None
+    mode: Mode = DEFAULT_MODE  # own kernels only, or composed with the reference's own ops (`VerifyOptions.mode`)
+    # The share of the candidate's GPU time in its own kernels (0..1) in one censused forward
+    # (`kernels.coverage`); measured on every GPU run that reached the census, None where not.
+    coverage: float | None = None
 
     def record(self, options: VerifyOptions) -> CandidateRecord:
         """The KB's record of this verdict (what `record_outcome` reads), keyed by the options it
@@ -230,6 +239,8 @@ class VerifyResult(BaseModel):
             problem_hash=self.problem_hash,
             verdict=self.verdict,
             track=options.track,
+            mode=options.mode,
+            coverage=self.coverage,
             arch=self.arch if self.device else "",
             device=self.device,
             time_ms=t.candidate_ms if t else None,

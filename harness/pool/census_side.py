@@ -1,7 +1,7 @@
 """The census side of the worker pool (server side): the census worker, and the answers the pool
 gives a verify worker that asks for a kernel census or a work census mid-request.
 
-`WorkerPool` (`harness.pool`) is this class plus the verify workers; the census worker runs one
+`WorkerPool` (`harness.pool.pool`) is this class plus the verify workers; the census worker runs one
 forward under the profiler in a process of its own (`harness.worker.census`), so that the verify
 worker's timings are those of a process that never profiled.
 """
@@ -21,6 +21,7 @@ from kb_mcp.harness.baselines import Baseline, BaselineCache
 from kb_mcp.harness.builds.builds import BuildService
 from kb_mcp.harness.builds.compile_only import CompileOnly
 from kb_mcp.harness.gpu import lane
+from kb_mcp.harness.judgment.composed import COMPOSED, ReferenceOpsCache
 from kb_mcp.harness.judgment.verdict import Failure, FailureKind, Finding, FindingCode, VerifyOptions
 from kb_mcp.harness.phases import CENSUS_WORDS
 from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
@@ -97,15 +98,15 @@ class CensusSide:
         return opts.compile_timeout_s if phase in ("queued", "import", "construct") else opts.timeout_s
 
     def _take_census(self, problem: Problem, source: str, opts: VerifyOptions, cid: str,
-                     reference_device: bool = False) -> CensusReply | ProblemFailed:
+                     reference_device: bool = False, reference_ops: bool = False) -> CensusReply | ProblemFailed:
         t0 = time.monotonic()
         rid = uuid.uuid4().hex
         key = new_key()
         request = CensusRequest(rid=rid, key=key.hex(), problem=problem, source=source, options=opts, candidate_id=cid,
-                                reference_device=reference_device)
+                                reference_device=reference_device, reference_ops=reference_ops)
         for attempt in range(2):
-            # the reference's device time, cached for later candidates, is taken where none has run
-            w = self._census_worker(untouched=reference_device)
+            # the reference's device time and op set, cached for later candidates, are taken where none has run
+            w = self._census_worker(untouched=reference_device or reference_ops)
             w.output.reset()
             try:
                 send(w.sock, request, POOL_KEY)
@@ -167,8 +168,11 @@ class CensusSide:
         cached = None if info is None else cache.get(problem.hash, info.device, info.torch_version,
                                                      need_compile=False, track=opts.track.value)
         wanted = self.reference_device_wanted(problem, opts, cached)
+        kept = None if info is None or opts.mode != COMPOSED else ReferenceOpsCache(self.cache_dir).get(
+            problem.hash, info.device, info.torch_version, opts.track.value)
+        want_ops = opts.mode == COMPOSED and (kept is None or kept.kernels is None)
         try:
-            reply = self._take_census(problem, source, opts, cid, reference_device=wanted)
+            reply = self._take_census(problem, source, opts, cid, reference_device=wanted, reference_ops=want_ops)
         except WorkerError:
             self._replace(w)  # it waits for an answer that will not come
             raise
@@ -177,7 +181,12 @@ class CensusSide:
         if reply.clean:
             # measured where no candidate had run (`_take_census`), and the census came back clean
             cache.add_reference_device(cached, reply.reference_device.ms if reply.reference_device else None)
+            if want_ops and reply.reference_ops is not None and info is not None:
+                ReferenceOpsCache(self.cache_dir).add(problem.hash, info.device, info.torch_version, opts.track.value,
+                                                      kernels=reply.reference_ops)
             self._settle_starts()
+        if not want_ops and kept is not None:  # composed mode: the verify worker compares with the cached set
+            reply = reply.model_copy(update={"reference_ops": kept.kernels})
         if reply.failure is None and units:
             arch = w.info.arch if w.info else ""
             reply = reply.model_copy(update={"precision": self.compile_only.precision_of(
@@ -196,7 +205,7 @@ class CensusSide:
         return (problem.hash, opts.track.value) not in self._reference_device_unknown
 
     def _answer_work(self, w: WorkerProcess, rid: str, problem: Problem, source: str, opts: VerifyOptions) -> None:
-        """Takes the work census (`harness.work`: hardware counters of one forward, under ncu in
+        """Takes the work census (`profiling.work`: hardware counters of one forward, under ncu in
         the sandbox) for the verify worker `w` and answers it; an unavailable one says why."""
         census = take_work_census(problem, source, cache_dir=self.cache_dir, sandbox=self.sandbox,
                                   timeout_s=opts.timeout_s)

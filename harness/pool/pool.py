@@ -55,6 +55,7 @@ from kb_mcp.harness.gpu import lane
 from kb_mcp.harness.gpu.gpu_memory import DeviceMemory
 from kb_mcp.harness.gpu.gpu_probe import no_gpu_reason
 from kb_mcp.harness.gpu.lane_use import LaneUse
+from kb_mcp.harness.judgment.composed import ReferenceOpsCache
 from kb_mcp.harness.judgment.verdict import (
     CompileResult,
     Evidence,
@@ -452,6 +453,7 @@ class WorkerPool(BaselineSide, CensusSide):
             return self._ended(w, problem, source, opts, cid, t0, reply.phase, Failure(kind=FailureKind.forged_frame),
                                [finding])
         result = self._keep_baseline(body, w, problem, opts.track.value)
+        self._keep_reference_ops(body, w, problem, opts.track.value)
         w.output.settle()
         end = time.monotonic()
         result = result.model_copy(update={
@@ -513,6 +515,13 @@ class WorkerPool(BaselineSide, CensusSide):
         BaselineCache(self.cache_dir).put(base.model_copy(update={
             "problem_hash": problem.hash, "device": info.device, "torch_version": info.torch_version, "track": track}))
         return result
+
+    def _keep_reference_ops(self, body: VerifyReply, w: WorkerProcess, problem: Problem, track: str) -> None:
+        """Stores the reference's op set the verify worker recorded (composed mode, `harness.judgment.composed`)
+        under the key the server knows. It was recorded before any candidate code ran there."""
+        if body.reference_ops is not None and w.info is not None:
+            ReferenceOpsCache(self.cache_dir).add(problem.hash, w.info.device, w.info.torch_version, track,
+                                                  dispatch=body.reference_ops)
 
     def _answer_build(self, w: WorkerProcess, rid: str, ask: BuildAsk, timeout_s: float) -> None:
         """Builds what a worker's `load_inline` asked for (in a sandbox of its own) and answers."""

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from kb_mcp.harness.judgment.kernels import DeviceTime
+from kb_mcp.harness.judgment.kernels import DeviceTime, kernel_ops
 from kb_mcp.harness.judgment.verdict import Failure, FailureKind, Finding, VerifyOptions
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import CensusReply, ProblemFailed
@@ -53,7 +53,7 @@ from kb_mcp.harness.worker.values import secret_seed
 
 
 def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions, report: Callable[[str], None],
-               reference_device: bool = False) -> tuple[CensusReply | ProblemFailed, bool]:
+               reference_device: bool = False, reference_ops: bool = False) -> tuple[CensusReply | ProblemFailed, bool]:
     """Census of one candidate's forward and its device time (census worker side), with the
     reference's device time first where `reference_device`; returns (reply, retire_worker).
 
@@ -85,13 +85,17 @@ def run_census(env: Any, problem: Problem, source: str, options: VerifyOptions, 
     if reference_device:
         report("reference")
         reference = run.reference_device(pmod, options)
+    kept = None
+    if reference_ops:  # composed mode: the reference's kernel-launching ops, before the candidate's code runs here
+        report("reference")
+        kept = run.reference_ops(pmod, options)
     failure = run.forward(pmod, source, options, report)
     findings, broken = run.leftovers()
     broken = run.cleanup() or broken
     reply = CensusReply(
         census=run.census.model_dump(mode="json") if run.census is not None else None, findings=findings,
         failure=failure or broken, pid=os.getpid(), elapsed_s=round(time.perf_counter() - t0, 3),
-        device=run.device_time, reference_device=reference,
+        device=run.device_time, reference_device=reference, reference_ops=kept,
         peak_bytes=run.peak if env.cuda else None,
     )
     return reply, not reply.clean
@@ -141,6 +145,24 @@ class _CensusRun:
         except Exception as exc:  # noqa: BLE001 - the problem's code: anything may go wrong
             return DeviceTime(note=f"the reference raised while its device time was measured: "
                                    f"{type(exc).__name__}: {str(exc)[:200]}")
+        finally:
+            torch.cuda.empty_cache()
+
+    def reference_ops(self, pmod: Any, options: VerifyOptions) -> list[str] | None:
+        """The PyTorch ops that launch the reference's kernels in one forward (`kernels.kernel_ops`),
+        after a first call, in the track's numerics; None where the census saw no device or the
+        problem's code raised (the verify worker judges the problem)."""
+        if not self.env.cuda:
+            return None
+        try:
+            ref, xs = self._construct(pmod, pmod.Model)
+            with torch.no_grad(), track_numerics(options.track, None):
+                ref(*xs)  # first call: lazy set-up (library handles, autotuning), as for the candidate
+                self._sync()
+                census = rt.census(lambda: ref(*xs))
+            return kernel_ops(census) if census.available else None
+        except Exception:  # noqa: BLE001 - the problem's code: anything may go wrong
+            return None
         finally:
             torch.cuda.empty_cache()
 

@@ -2,7 +2,7 @@
 
 Static checks (`check_source`) read the candidate's syntax tree and need no torch; runtime guards
 (`IntegrityGuard`) run in the worker process around candidate code. Both return `Finding`s with the
-codes of `harness.verdict.FindingCode`; every finding says what was seen and what to change.
+codes of `harness.judgment.verdict.FindingCode`; every finding says what was seen and what to change.
 
 How the core uses it, in a worker (torch and CUDA initialised, no candidate imported yet)::
 
@@ -67,7 +67,8 @@ __all__ = [
 # device state may still carry the candidate's changes.
 RETIRE_WORKER = frozenset(
     {FindingCode.harness_tampering, FindingCode.background_thread, FindingCode.l2_persistence,
-     FindingCode.forged_result, FindingCode.precision_lowered}
+     FindingCode.forged_result, FindingCode.precision_lowered, FindingCode.tf32_switch,
+     FindingCode.cudnn_benchmark}
 )
 
 
@@ -86,12 +87,15 @@ def dedupe(findings: Iterable[Finding]) -> list[Finding]:
 class IntegrityGuard:
     """Runtime integrity checks for one candidate in one worker process (see the module docstring)."""
 
-    def __init__(self, allow: Collection[str] = (), trusted: TrustedSnapshot | None = None) -> None:
+    def __init__(self, allow: Collection[str] = (), trusted: TrustedSnapshot | None = None,
+                 composed: bool = False) -> None:
         from kb_mcp.harness.worker import integrity_runtime as rt
 
         self._rt = rt
         self.allow_raw = tuple(allow)
         self.allow = rt.expand_runtime_allow(allow)
+        self.composed = composed  # composed mode: the reference's own ops are allowed too (`compose`)
+        self.kept_kernels: frozenset[str] = frozenset()  # their packets at the census's level
         self.snapshot = trusted if trusted is not None else rt.TrustedSnapshot.capture()
         self.candidate_file: str | None = None
         self.recorder = rt.OpRecorder(self.allow)
@@ -110,8 +114,27 @@ class IntegrityGuard:
         return self.snapshot.trusted
 
     def check_source(self, source: str) -> list[Finding]:
-        """Static findings on the candidate's source with this guard's allow-list."""
-        return check_source(source, self.allow_raw)
+        """Static findings on the candidate's source with this guard's allow-list (and mode)."""
+        return check_source(source, self.allow_raw, composed=self.composed)
+
+    def compose(self, dispatch: Collection[str], kernels: Collection[str] | None) -> None:
+        """Composed mode: the reference's own ops (`harness.judgment.composed`), at the op recorder's level
+        (`dispatch`) and at the census's (`kernels`; None where the census could not record them:
+        then the dispatch-level set stands in, by packet name), are allowed from now on."""
+        from kb_mcp.harness.judgment.composed import kept_packets
+
+        self.recorder.kept = frozenset(dispatch)
+        self.kept_kernels = kept_packets(kernels if kernels is not None else dispatch)
+
+    def take_census(self, census: KernelCensus, kernels: Collection[str] | None = None) -> KernelCensus:
+        """Keeps a census taken elsewhere (the census worker's), sorted with this guard's allowance:
+        in composed mode the kernels of the reference's own ops (`kernels`, the census worker's record
+        of them; None: the dispatch-level set stands in) are not library calls."""
+        if self.composed:
+            self.compose(self.recorder.kept, kernels)
+            census = self._rt.reclassify(census, self.allow | self.kept_kernels)
+        self.last_census = census
+        return census
 
     @contextmanager
     def watch_setup(self) -> Iterator[None]:
@@ -163,7 +186,7 @@ class IntegrityGuard:
 
     def census(self, call: Callable[[], Any]) -> KernelCensus:
         """Runs `call` (one forward) under the profiler and sorts the kernels it launched."""
-        self.last_census = self._rt.census(call, self.allow)
+        self.last_census = self._rt.census(call, self.allow | self.kept_kernels)
         return self.last_census
 
     def findings(self) -> list[Finding]:

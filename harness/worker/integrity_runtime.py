@@ -16,7 +16,7 @@
   process that times candidates calls `forbid_profiler()` and never starts a profiler session.
 
 Each lives in a module of its own (`ops`, `trusted`, `threads`, `l2`, `profiling`; the census's
-models in `harness.kernels`); this module gathers them, and `harness.worker.integrity.IntegrityGuard`
+models in `harness.judgment.kernels`); this module gathers them, and `harness.worker.integrity.IntegrityGuard`
 combines them into a few calls (see its docstring).
 """
 
@@ -31,9 +31,10 @@ from kb_mcp.harness.judgment.kernels import (
     census_findings,
     classify_launches,
     expand_runtime_allow,
+    reclassify,
 )
 from kb_mcp.harness.worker.l2 import L2State, l2_findings, l2_state, reset_l2_persistence
-from kb_mcp.harness.worker.ops import OpEvent, OpRecorder, check_model_class, check_model_instance
+from kb_mcp.harness.worker.ops import OpEvent, OpRecorder, check_model_class, check_model_instance, record_ops
 from kb_mcp.harness.worker.profiling import (
     ANNOTATION,
     ProfilerEvent,
@@ -53,5 +54,5 @@ __all__ = [
     "OpEvent", "OpRecorder", "ProfilerEvent", "ProfilerForbidden", "ThreadCensus", "Trusted", "TrustedSnapshot",
     "census", "census_findings", "check_model_class", "check_model_instance", "classify_launches",
     "expand_runtime_allow", "forbid_profiler", "l2_findings", "l2_state", "launches_from_events", "profile_events",
-    "profiler_sessions", "record_launches", "reset_l2_persistence", "thread_findings",
+    "profiler_sessions", "reclassify", "record_launches", "record_ops", "reset_l2_persistence", "thread_findings",
 ]

@@ -1,7 +1,7 @@
 """Entry point of a worker process:
 `python -m kb_mcp.harness.worker.main --channel-fd N --cache-dir DIR --scratch DIR [--role R] [--no-cuda]`.
 
-Started by `harness.pool.WorkerPool` inside the sandbox (`harness.sandbox`: a fresh interpreter,
+Started by `harness.pool.pool.WorkerPool` inside the sandbox (`harness.sandbox.sandbox`: a fresh interpreter,
 never a fork of the server). It initialises torch and CUDA once (TF32 off, builders installed,
 trusted functions captured before any candidate), then serves requests from the private channel,
 one at a time, answering only with `harness.protocol` messages. stdout and stderr belong to the
@@ -126,7 +126,7 @@ class Channel:
 
     def ask_census(self, counters: bool = False, units: list[Any] | None = None) -> CensusReply:
         """The kernel census of the current candidate, from the pool's census worker; with
-        `counters`, its work census (hardware counters of one forward, `harness.work`). `units` (the
+        `counters`, its work census (hardware counters of one forward, `profiling.work`). `units` (the
         candidate's builds, `candidate.SourceUnit`) are what the server reads the SASS of."""
         self.emit(CensusAsk, counters=counters, units=list(units or []))
         msg = self.reader.read_message(TO_WORKER, POOL_KEY)
@@ -256,7 +256,8 @@ def _handle(env: Any, req: Any, channel: Channel) -> tuple[Any, bool]:
     from kb_mcp.harness.worker import census, verify
 
     if isinstance(req, CensusRequest):
-        return census.run_census(env, req.problem, req.source, req.options, channel.phase, req.reference_device)
+        return census.run_census(env, req.problem, req.source, req.options, channel.phase, req.reference_device,
+                                 req.reference_ops)
     if isinstance(req, ProblemRequest):
         return _check_problem(env, req.problem), False
     if isinstance(req, BaselineRequest):
@@ -273,7 +274,7 @@ def _handle(env: Any, req: Any, channel: Channel) -> tuple[Any, bool]:
     outcome, retire = run.run()
     if isinstance(outcome, ProblemFailed):
         return outcome, retire
-    return VerifyReply(result=outcome, baseline=run.new_baseline), retire
+    return VerifyReply(result=outcome, baseline=run.new_baseline, reference_ops=run.new_reference_ops), retire
 
 
 def _check_problem(env: Any, problem: Any) -> ProblemChecked | ProblemFailed:

@@ -14,8 +14,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kb_mcp.harness.judgment.composed import ReferenceOpsCache
 from kb_mcp.harness.judgment.kernels import ALLOWED_OPS, NOOP_ONLY_OPS, TORCH_NAMESPACES
 from kb_mcp.harness.judgment.verdict import Finding, FindingCode
+from kb_mcp.harness.worker.values import secret_seed
 
 _THIS_DIR = str(Path(__file__).resolve().parent)
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
@@ -61,10 +63,13 @@ class OpRecorder(TorchDispatchMode):
     `census` (the profiler), not here.
     """
 
-    def __init__(self, allow: Collection[str] = (), candidate_file: str | None = None) -> None:
+    def __init__(self, allow: Collection[str] = (), candidate_file: str | None = None,
+                 kept: Collection[str] = ()) -> None:
         super().__init__()
         self.allow = frozenset(allow)
         self.candidate_file = candidate_file
+        # Composed mode: the reference's own compute ops (`ns::packet`, `harness.judgment.composed`), allowed as well
+        self.kept = frozenset(kept)
         self.events: list[OpEvent] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -72,7 +77,8 @@ class OpRecorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         packet = func.overloadpacket.__name__
         namespace = getattr(func, "namespace", "aten")
-        if namespace not in TORCH_NAMESPACES or packet in ALLOWED_OPS or packet in self.allow:
+        if (namespace not in TORCH_NAMESPACES or packet in ALLOWED_OPS or packet in self.allow
+                or f"{namespace}::{packet}" in self.kept):
             allowed = True
         elif packet in NOOP_ONLY_OPS:
             allowed = any(out is a for a in args)
@@ -103,6 +109,11 @@ class OpRecorder(TorchDispatchMode):
                         f"ModelNew.forward ran the PyTorch op {name} ({len(events)}x){at}; compute it in "
                         "your own kernel (allocation, views and kernel launches are fine) or run with an "
                         "allow-list that permits it"
+                        if not self.kept else
+                        f"ModelNew.forward ran the PyTorch op {name} ({len(events)}x){at}, which the reference "
+                        "never runs; composed mode keeps only the reference's own ops "
+                        f"({', '.join(sorted(self.kept)[:8])}{', ...' if len(self.kept) > 8 else ''}): compute "
+                        "it in your own kernel, or keep the reference's ops as it runs them"
                     ),
                     source="runtime",
                     line=next((e.line for e in events if e.line), None),
@@ -110,6 +121,34 @@ class OpRecorder(TorchDispatchMode):
             )
         return out
 
+
+
+def record_ops(call: Any) -> list[str]:
+    """The compute ops (`ns::packet`) one call runs, as the op recorder sees them: the reference's
+    own op set in composed mode (`harness.judgment.composed`), recorded before any candidate code runs."""
+    recorder = OpRecorder()
+    with recorder:
+        call()
+    return sorted({e.name for e in recorder.banned()})
+
+
+def reference_dispatch_ops(env: Any, problem_hash: str, track: str, pmod: Any, ref: Any,
+                           guard: Any) -> list[str] | None:
+    """Composed mode: the reference's own op set at the op recorder's level (`harness.judgment.composed`), from
+    the cache, else recorded on one input set of the problem (secret seed, on the GPU, no autograd)
+    before any candidate code runs; the guard (`IntegrityGuard.compose`) allows it from then on.
+    Returns what was recorded here, for the cache (None: it came from the cache)."""
+    cached = ReferenceOpsCache(env.cache_dir).get(problem_hash, env.device, env.torch_version, track)
+    if cached is not None and cached.dispatch is not None:
+        guard.compose(cached.dispatch, None)
+        return None
+    torch.manual_seed(secret_seed())
+    with torch.device("cuda"):
+        xs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in pmod.get_inputs()]
+    with torch.no_grad():
+        ops = record_ops(lambda: ref(*xs))
+    guard.compose(ops, None)
+    return ops
 
 
 def check_model_class(model_new: type, reference: type | None) -> list[Finding]:

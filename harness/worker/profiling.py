@@ -142,7 +142,8 @@ def launches_from_events(events: Iterable[ProfilerEvent]) -> list[KernelLaunch]:
         if kind is None or e.name == ANNOTATION:
             continue
         op = ops.get(e.linked_correlation_id)
-        launches.append(KernelLaunch(name=e.name, op=None if op in (None, ANNOTATION) else op, kind=kind))
+        launches.append(KernelLaunch(name=e.name, op=None if op in (None, ANNOTATION) else op, kind=kind,
+                                     ns=max(0, e.duration_ns)))
     return launches
 
 
@@ -170,15 +171,21 @@ def census(call: Callable[[], Any], allow: Collection[str] = ()) -> KernelCensus
     if not torch.cuda.is_available():
         return KernelCensus(available=False, note="no CUDA device: kernel census skipped")
     try:
-        launches, visible = record_launches(call)
+        events = profile_events(call)
+        launches = launches_from_events(events)
+        visible = any(e.device == "cuda" for e in events)
     except ProfilerForbidden:
         raise
     except Exception as exc:  # noqa: BLE001 - the profiler can be unavailable; the dispatch-mode guard still ran
         return KernelCensus(available=False, note=f"profiler unavailable: {type(exc).__name__}: {exc}")
     if not visible:
         return KernelCensus(available=False, launches=launches, note="the profiler saw no GPU activity")
-    result = classify_launches(launches, allow)
-    return result
+    return classify_launches(launches, allow, graph_launches=graph_launches(events))
+
+
+def graph_launches(events: Iterable[ProfilerEvent]) -> int:
+    """How many CUDA graphs the host launched among `events` (the runtime's or driver's graph launch calls)."""
+    return sum(1 for e in events if e.device == "cpu" and e.name.startswith(("cudaGraphLaunch", "cuGraphLaunch")))
 
 
 

@@ -325,10 +325,9 @@ class TrustedSnapshot:
                 )
             )
         for key, before, after in self.setting_changes():
-            precision = "tf32" in key or "precision" in key or "default_dtype" in key
             findings.append(
                 Finding(
-                    code=FindingCode.precision_lowered if precision else FindingCode.harness_tampering,
+                    code=setting_code(key),
                     message=(
                         f"the global setting `{key}` changed from {before!r} to {after!r} while the "
                         "candidate ran; it also governs the reference and the harness. Leave global "
@@ -355,6 +354,24 @@ class TrustedSnapshot:
                 setattr(owner_objs[owner], attr, original)
             except (AttributeError, TypeError):  # pragma: no cover - read-only owners
                 pass
+
+
+# Settings that speed up library ops (the reference's too) without a kernel of the candidate's own:
+# each has a finding of its own (docs/harness.md, "Composed mode"), whatever the mode.
+_TF32_SWITCHES = ("torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32",
+                  "torch.get_float32_matmul_precision()")
+
+
+def setting_code(key: str) -> FindingCode:
+    """The finding a changed global setting is: a TF32 switch, cuDNN's benchmark mode, another
+    lowered precision (reduced-precision reductions, the default dtype), or tampering."""
+    if key in _TF32_SWITCHES:
+        return FindingCode.tf32_switch
+    if key == "torch.backends.cudnn.benchmark":
+        return FindingCode.cudnn_benchmark
+    if "precision" in key or "default_dtype" in key:
+        return FindingCode.precision_lowered
+    return FindingCode.harness_tampering
 
 
 def _safe(getter: Callable[[], object]) -> object:

@@ -6,7 +6,7 @@ least five from secret seeds drawn with `os.urandom` only when each set is made,
 and one of a different distribution). A candidate that passed everything then waits for the
 kernel census, which the pool takes in its census worker (`harness.worker.census`: this process
 never starts a profiler session, so that its timings are those of a clean process), with the
-server's reading of the SASS of its builds (`harness.precision`); kernels that compute on the tensor
+server's reading of the SASS of its builds (`harness.judgment.precision`); kernels that compute on the tensor
 cores below the track's precision then get the precision probes (`harness.worker.probes`), whose
 numbers decide. Then the guards left active, the
 reference's seal (`harness.worker.seal`: the reference must be as the problem defines it, since it
@@ -46,6 +46,8 @@ import torch
 
 from kb_mcp.harness.baselines import Baseline, BaselineCache
 from kb_mcp.harness.gpu.memory import Footprint, MemoryPlan, MemoryReport, TooLarge, plan
+from kb_mcp.harness.judgment.composed import COMPOSED, coverage_note
+from kb_mcp.harness.judgment.kernels import coverage
 from kb_mcp.harness.judgment.precision import precision_check, precision_findings
 from kb_mcp.harness.judgment.verdict import (
     Evidence,
@@ -70,6 +72,7 @@ from kb_mcp.harness.worker.footprint import device_free, measure, request_peak, 
 from kb_mcp.harness.worker.integrity import IntegrityGuard, dedupe
 from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
 from kb_mcp.harness.worker.loading import load_module
+from kb_mcp.harness.worker.ops import reference_dispatch_ops
 from kb_mcp.harness.worker.probes import run_probes
 from kb_mcp.harness.worker.seal import ReferenceSeal
 from kb_mcp.harness.worker.timing import RunStats, Timer, guards_active
@@ -179,6 +182,9 @@ class GpuVerification:
         self.phase = "static"
         self.modules: list[str] = []
         self.new_baseline: Baseline | None = None  # measured here for the cache (the server stores it)
+        self.composed = options.mode == COMPOSED  # the reference's own ops allowed (`harness.judgment.composed`)
+        self.new_reference_ops: list[str] | None = None  # recorded here: sent back for the cache
+        self.coverage: float | None = None  # the share of its GPU time in its own kernels (`kernels.coverage`)
         # Set by the stages as they go (the problem, its reference, the candidate, the checker):
         self.guard: IntegrityGuard | None = None
         self.pmod: Any = None
@@ -239,9 +245,12 @@ class GpuVerification:
 
     def _result(self, judgement: Judgement) -> VerifyResult:
         env, e = self.env, self.evidence
+        valid = self.composed and judgement.verdict.is_valid
+        summary = judgement.summary + (f"; {coverage_note(self.coverage)}" if valid else "")
         return VerifyResult(
             candidate_id=self.candidate_id, problem=self.problem.name, problem_hash=self.problem.hash,
-            verdict=judgement.verdict, summary=judgement.summary, flagged=judgement.flagged, compile=e.compile,
+            verdict=judgement.verdict, summary=summary, mode=self.options.mode, coverage=self.coverage,
+            flagged=judgement.flagged, compile=e.compile,
             input_sets=e.input_sets, findings=dedupe(e.findings), timings=e.timings, tolerance=self.tolerance,
             device=env.device, arch=env.arch, torch_version=env.torch_version, phase=self.phase,
             loosened=e.loosened, elapsed_s=round(time.perf_counter() - self.t0, 3), track=self.options.track,
@@ -331,7 +340,7 @@ class GpuVerification:
         env = self.env
         assert env.builders is not None and env.timer is not None
         env.builders.reset()
-        self.guard = IntegrityGuard(allow=self.options.allow, trusted=snapshot)
+        self.guard = IntegrityGuard(allow=self.options.allow, trusted=snapshot, composed=self.composed)
         for stage in self.stages():
             if stage.phase is not None:
                 self._phase(stage.phase)
@@ -422,11 +431,23 @@ class GpuVerification:
         self.blame.reference_bytes = tensor_bytes([*ref.parameters(), *ref.buffers()])
         self.seal = ReferenceSeal.of_problem(pmod)  # before the candidate's code runs
         self.seal.seal_instance(ref)
+        if self.composed:
+            self._reference_ops(pmod, ref, files)
         return Found()
+
+    def _reference_ops(self, pmod: Any, ref: Any, files: tuple[str, ...]) -> None:
+        """Composed mode: the reference's own ops allowed by the guard (`ops.reference_dispatch_ops`)."""
+        try:
+            self.new_reference_ops = reference_dispatch_ops(self.env, self.problem.hash, self.options.track.value,
+                                                            pmod, ref, self.guard)
+        except Exception as exc:
+            if _oom(exc):
+                raise ProblemBroken("too_large", None, too_large=too_large_now(self.footprint)) from exc
+            raise ProblemBroken("forward", exc, files) from exc
 
     def _plan(self, pmod: Any) -> None:
         """The problem's footprint (meta device) and the plan of this verification within the device's
-        free memory (`harness.memory.plan`); a problem that does not fit is refused as its own limit.
+        free memory (`harness.gpu.memory.plan`); a problem that does not fit is refused as its own limit.
         Raises ProblemBroken."""
         self.footprint = measure(pmod)
         free, total = device_free()
@@ -477,15 +498,16 @@ class GpuVerification:
 
     def _census(self) -> Found:
         """Which kernels one forward launches, from the census worker (see `harness.census`), and
-        what the SASS of the candidate's builds computes in (`harness.precision`), judged against
+        what the SASS of the candidate's builds computes in (`harness.judgment.precision`), judged against
         the track and the problem's own dtypes."""
         from kb_mcp.harness.worker.integrity_runtime import KernelCensus
 
         assert self.guard is not None and self.env.builders is not None and self.checker is not None
         self.checker.release()  # the census worker runs a forward of its own on the same device
         reply = self.census = self.ask_census(units=list(self.env.builders.sources))
-        if reply.census is not None:
-            self.guard.last_census = KernelCensus.model_validate(reply.census)
+        if reply.census is not None:  # composed: sorted with the reference's kernel-launching ops
+            self.coverage = coverage(self.guard.take_census(KernelCensus.model_validate(reply.census),
+                                                            reply.reference_ops))
         if reply.failure is not None:  # how the census ended, judged here like any other failure
             hoarded = self.blame.beside(reply.failure, "the kernel census (in the census worker)")
             if hoarded is not None:  # it ran out where the candidate holds more than its share here

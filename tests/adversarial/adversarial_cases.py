@@ -29,6 +29,9 @@ class Case:
     allow: tuple[str, ...] = ()
     honest: bool = False
     min_speedup_vs_eager: float | None = None
+    mode: str = "own"  # the verification mode (composed: the reference's own ops may stay)
+    min_coverage: float | None = None  # bounds on the share of its GPU time in its own kernels
+    max_coverage: float | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -62,6 +65,9 @@ def load_cases() -> list[Case]:
                 allow=tuple(raw.pop("allow", ())),
                 honest=bool(raw.pop("honest", False)),
                 min_speedup_vs_eager=raw.pop("min_speedup_vs_eager", None),
+                mode=raw.pop("mode", "own"),
+                min_coverage=raw.pop("min_coverage", None),
+                max_coverage=raw.pop("max_coverage", None),
                 extra=raw,
             )
         )

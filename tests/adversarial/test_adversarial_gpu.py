@@ -51,6 +51,8 @@ def _log(case: Case, result: VerifyResult) -> None:
         "eager_ms": t.eager_ms if t else None,
         "speedup_vs_eager": t.speedup_vs_eager if t else None,
         "worker_replaced": result.worker_replaced,
+        "mode": result.mode,
+        "coverage": result.coverage,
     }
     with Path(path).open("a") as fh:
         fh.write(json.dumps(line) + "\n")
@@ -59,7 +61,7 @@ def _log(case: Case, result: VerifyResult) -> None:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_candidate_gets_expected_verdict(pool: object, case: Case) -> None:
     problem = load_problem(case.problem_path)
-    options = VerifyOptions(allow=list(case.allow), compile_baseline=False)
+    options = VerifyOptions(allow=list(case.allow), compile_baseline=False, mode=case.mode)  # type: ignore[arg-type]
     result: VerifyResult = pool.verify(problem, case.path.read_text(), options)  # type: ignore[attr-defined]
     _log(case, result)
     codes = {f.code.value for f in result.findings}
@@ -73,5 +75,10 @@ def test_candidate_gets_expected_verdict(pool: object, case: Case) -> None:
         assert result.timings is not None and result.timings.speedup_vs_eager is not None
         if case.min_speedup_vs_eager is not None:
             assert result.timings.speedup_vs_eager > case.min_speedup_vs_eager, detail
+        assert result.mode == case.mode, detail
+        if case.mode == "composed":  # every composed verdict states its coverage
+            assert result.coverage is not None and 0.0 <= result.coverage <= 1.0, detail
+            assert case.min_coverage is None or result.coverage >= case.min_coverage, detail
+            assert case.max_coverage is None or result.coverage <= case.max_coverage, detail
     else:
         assert codes & set(case.codes_any), f"expected one of {case.codes_any}; {detail}"

@@ -38,6 +38,12 @@ EXPLOITS = (
     "L2 persistence surviving the flush",
     "correct once, then wrong inside the timed loop",
     "state carried across calls",
+    "composed mode: a fused attention path the reference never takes",
+    "composed mode: a PyTorch op the reference never runs",
+    "composed mode: cuDNN's benchmark mode",
+    "composed mode: a TF32 switch",
+    "composed mode: torch.compile",
+    "composed mode: CUDA graph replay",
 )
 
 
@@ -72,6 +78,8 @@ def test_case_is_well_formed(case: Case) -> None:
     load_problem(case.problem_path)  # the problem exists and is a KernelBench problem
     assert case.verdicts and all(v in {x.value for x in Verdict} for v in case.verdicts)
     doc = ast.get_docstring(ast.parse(case.path.read_text())) or ""
+    assert case.mode in ("own", "composed")
+    assert case.mode == "composed" or (case.min_coverage is None and case.max_coverage is None)
     if case.honest:
         assert set(case.verdicts) <= {"faster", "slower"} and not case.codes_any
     else:
@@ -82,7 +90,7 @@ def test_case_is_well_formed(case: Case) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_static_findings_match_the_table(case: Case) -> None:
-    found = check_source(case.path.read_text(), case.allow)
+    found = check_source(case.path.read_text(), case.allow, composed=case.mode == "composed")
     assert sorted({f.code.value for f in found}) == sorted(set(case.static)), [
         (f.code.value, f.line, f.message) for f in found
     ]

@@ -113,3 +113,10 @@ def test_real_kernelbench_levels_load_unchanged() -> None:
     for ref in refs:
         problem = load_problem(str(ref.path))
         assert problem.name == ref.name and ref.id is not None
+
+
+def test_level_three_is_evaluated_in_composed_mode_unless_told() -> None:
+    from kb_mcp.campaign.selection import eval_mode
+
+    assert [eval_mode(level) for level in (1, 2, 3, None)] == ["own", "own", "composed", "own"]
+    assert eval_mode(3, "own") == "own" and eval_mode(1, "composed") == "composed"

@@ -120,7 +120,7 @@ def test_snapshot_catches_replaced_functions_and_settings(pristine: TrustedSnaps
         torch.backends.cuda.matmul.allow_tf32 = True
         found = pristine.verify()
         messages = " ".join(f.message for f in found)
-        assert {f.code for f in found} == {C.harness_tampering, C.precision_lowered}
+        assert {f.code for f in found} == {C.harness_tampering, C.tf32_switch}
         assert "torch.cuda.Event.elapsed_time" in messages and "time.perf_counter" in messages
         assert "test_integrity_runtime.py" in messages  # says where the replacement came from
         assert pristine.trusted.event_elapsed_time is original  # the core keeps the real one

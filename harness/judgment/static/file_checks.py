@@ -222,6 +222,14 @@ class FileVisitor(ast.NodeVisitor):
                 "too; compute at the problem's precision in your own kernel",
             )
             return
+        if qn == "torch.backends.cudnn.benchmark":
+            self.ctx.add(
+                FindingCode.cudnn_benchmark,
+                line,
+                f"line {line}: assigning `{qn}` autotunes cuDNN's convolutions (the reference's too): a speed-up "
+                "of library ops, not of a kernel of your own; leave it as it is",
+            )
+            return
         if (qn and (qn == "os.environ" or qn.startswith("os.environ."))) or is_environ_item(target, self.ctx):
             return  # build settings such as TORCH_CUDA_ARCH_LIST are the candidate's business
         if root is not None and (root in self.ctx.modules or root in {"__builtins__", "builtins"}):

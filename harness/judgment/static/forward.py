@@ -55,7 +55,7 @@ class ForwardVisitor(ast.NodeVisitor):
         return False
 
     def _library(self, line: int, what: str, op: str) -> None:
-        if op in self.ctx.allow:
+        if op in self.ctx.allow or self.ctx.composed:
             return
         self.ctx.add(
             FindingCode.library_call,

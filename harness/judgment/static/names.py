@@ -13,6 +13,9 @@ from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 @dataclass
 class Context:
     allow: frozenset[str]
+    # Composed mode: PyTorch compute ops on the forward path are judged at runtime against the ops the
+    # reference itself runs (`harness.judgment.composed`), which only a run can tell; no static finding here.
+    composed: bool = False
     aliases: dict[str, str] = field(default_factory=dict)  # local name -> qualified name
     modules: set[str] = field(default_factory=set)  # local names bound to imported modules/objects
     # The candidate's own built modules and kernels (results of load_inline, load, _compile_kernel):

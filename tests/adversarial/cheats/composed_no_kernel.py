@@ -1,0 +1,54 @@
+"""Exploit: composed mode with no kernel of its own (problem: problems/tiny_block): the reference's code,
+copied, is every op of it.
+
+Caught by: the kernel census: composed mode still needs one kernel of the candidate's own
+(`no_custom_kernel`).
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+KERNEL = r"""
+extern "C" __global__ void gelu(const float* __restrict__ x, float* __restrict__ y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    }
+}
+"""
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, 4 * dim)
+        self.out = nn.Linear(4 * dim, dim)
+        self.kernel = torch.cuda._compile_kernel(KERNEL, "gelu")
+
+    def gelu(self, h: torch.Tensor) -> torch.Tensor:
+        """GELU (erf form) in the candidate's own kernel."""
+        h = h.contiguous()
+        y = torch.empty_like(h)
+        n = h.numel()
+        self.kernel(grid=((n + 255) // 256, 1, 1), block=(256, 1, 1), args=[h, y, n])
+        return y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(c, dim=2)
+        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        att = torch.softmax((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.heads)), dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.norm2(x))))

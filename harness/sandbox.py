@@ -53,6 +53,8 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, Literal
 
+from kb_mcp.harness.attempts import active_logs
+from kb_mcp.harness.watch import Places, Watch, attach, unavailable
 from kb_mcp.kb import paths
 
 ENV_SANDBOX = "KB_MCP_SANDBOX"  # "bwrap" (the default) or "unconfined" (explicit opt-in: no namespaces)
@@ -381,8 +383,10 @@ class Sandbox:
         env.update({k: v for k, v in grant.env if not SECRET_NAME.search(k)})
         return env
 
-    def argv(self, command: Sequence[str], grant: Grant) -> tuple[list[str], list[int]]:
-        """The command line that runs `command` confined per `grant`, and the descriptors it needs passed."""
+    def argv(self, command: Sequence[str], grant: Grant, watched: bool = False) -> tuple[list[str], list[int]]:
+        """The command line that runs `command` confined per `grant`, and the descriptors it needs passed.
+        `watched`: `command` starts with the watch's launcher, which installs the system-call filter
+        itself (with the refusals of `DENIED_SYSCALLS` answered and recorded by `harness.watch`)."""
         if not self.confined:
             return list(command), []
         assert self.bwrap is not None
@@ -406,7 +410,7 @@ class Sandbox:
             fd = _memfd(etc_file.name, text.encode())
             fds.append(fd)
             args += ["--ro-bind-data", str(fd), str(etc_file)]
-        program = seccomp_program()
+        program = None if watched else seccomp_program()
         if program:
             fd = _memfd("seccomp", program)
             fds.append(fd)
@@ -424,7 +428,11 @@ class Sandbox:
         """Starts `command` in the sandbox, in a new session (kill its group with `kill_group`)."""
         # Inside, uid 65534 is this process's own user: the scratch needs no other permissions.
         grant.scratch.mkdir(parents=True, exist_ok=True)
-        argv, fds = self.argv(command, grant)
+        watch = self._watch(grant)
+        if watch is not None:
+            command = watch.prefix() + list(command)
+            pass_fds = tuple(pass_fds) + (watch.child.fileno(),)
+        argv, fds = self.argv(command, grant, watched=watch is not None)
         env = None if self.confined else self.env_for(grant)
         preexec = _preexec(limits or limits_for(grant.role), pdeathsig=not self.confined)
 
@@ -436,10 +444,39 @@ class Sandbox:
             )
 
         try:
-            return _launcher().spawn(make)
+            proc = _launcher().spawn(make)
+        except BaseException as exc:
+            if watch is not None:
+                watch.abandon(str(exc))
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
+        if watch is not None:
+            watch.start()
+            attach(proc, watch)
+        else:
+            for logbook in active_logs():
+                logbook.not_recorded(self.watch_unavailable())
+        return proc
+
+    def watch_unavailable(self) -> str:
+        """Why processes of this sandbox run without a record of their attempts ("" when they have one)."""
+        if not self.confined:
+            return "the sandbox is unconfined"
+        return unavailable()
+
+    def _watch(self, grant: Grant) -> Watch | None:
+        """The watch of a process about to start (None where attempts cannot be recorded)."""
+        if self.watch_unavailable():
+            return None
+        view = self.common_view()
+        readable = [str(p) for p in view.ro] + [str(p) for p in grant.ro]
+        writable = (str(grant.scratch), "/tmp", "/var/tmp", "/dev", "/proc")
+        private = tuple(str(p) for p in [*self.private, Path("/root"), Path("/home")] if str(p) != "/")
+        places = Places(role=grant.role, writable=writable, readable=tuple(readable), private=private,
+                        tool_roots=tuple(str(r) for r in _tool_roots()))
+        return Watch(places, active_logs(), DENIED_SYSCALLS)
 
     def run(self, command: Sequence[str], grant: Grant, *, timeout_s: float, input_text: str | None = None,
             limits: Limits | None = None) -> tuple[int, str]:

@@ -40,6 +40,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from kb_mcp.harness import lane
+from kb_mcp.harness.attempt_findings import with_attempts
+from kb_mcp.harness.attempts import collecting
 from kb_mcp.harness.baseline_side import BaselineSide
 from kb_mcp.harness.baselines import Baseline, BaselineCache, BaselineRun, not_cached
 from kb_mcp.harness.builds import BuildService
@@ -50,7 +52,7 @@ from kb_mcp.harness.compile_only import CompileOnly
 from kb_mcp.harness.gpu_memory import DeviceMemory
 from kb_mcp.harness.phases import PHASE_WORDS, PHASES, PhaseClock
 from kb_mcp.harness.problem import Problem, candidate_id
-from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, kill_all
+from kb_mcp.harness.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, following, kill_all
 from kb_mcp.harness.protocol import (
     FROM_WORKER,
     BuildAnswer,
@@ -277,7 +279,8 @@ class WorkerPool(BaselineSide, CensusSide):
             return _judged(problem, cid, Evidence(compile=CompileResult(ok=False, messages=[str(exc)]),
                                                   failure=Failure(kind=FailureKind.malformed, detail=str(exc))),
                            phase="static", track=opts.track)
-        with lane.hold(f"verify {problem.name}", progress), self._lock:
+        with collecting() as seen, lane.hold(f"verify {problem.name}", progress), self._lock, \
+                following(seen, self._worker, self._census):
             w = self._ready()
             if self.no_cuda or opts.compile_only or not (w.info and w.info.cuda):
                 failed = self._check_problem(w, problem, opts)
@@ -297,7 +300,7 @@ class WorkerPool(BaselineSide, CensusSide):
                 result = _with_first_baselines(result, first)
                 result = _with_device_memory(result, device)
                 self._settle_starts()  # a worker started meanwhile starts CUDA under the lane, not beside others
-        return self._marked(result, opts)
+        return self._marked(with_attempts(result, seen), opts)
 
     def _retire(self, w: WorkerProcess) -> None:
         """Replaces `w`, the active worker or the spare."""

@@ -1,3 +1,4 @@
+# long: one module decides the whole sandbox policy, so that a review reads it in one place
 """The sandbox every piece of untrusted code runs in, and the one place that decides its policy.
 
 Untrusted: candidates, problem files, and what the compilers do with them. Everything that imports,
@@ -22,6 +23,10 @@ and ncu's report export. This module decides, per role, what such a process sees
   no name that looks like a secret passes even when listed.
 * **System calls**: a seccomp filter (libseccomp through `pyseccomp`, where it loads) refusing
   ptrace, process_vm_*, bpf, keyctl, userfaultfd, io_uring, kernel modules and mounts.
+* **Attempts** (`harness.watch`): where the kernel allows, the filter is installed by a launcher that
+  hands a seccomp listener to the server, which records what the process tried and was refused
+  (programs, connections, writes, private reads, the refused calls above) into the logs active
+  when it started (`harness.attempts`).
 * **Limits** (`setrlimit`, per role): CPU seconds, data segment, file size, processes, open files;
   work that may wait (builds ahead of a verification) also runs at a lower CPU priority (`nice`).
   The GPU's device nodes are the only devices beyond null/zero/random, and only for GPU roles.
@@ -54,7 +59,7 @@ from queue import SimpleQueue
 from typing import Any, Literal
 
 from kb_mcp.harness.attempts import active_logs
-from kb_mcp.harness.watch import Places, Watch, attach, unavailable
+from kb_mcp.harness.watch import Places, Watch, unavailable
 from kb_mcp.kb import paths
 
 ENV_SANDBOX = "KB_MCP_SANDBOX"  # "bwrap" (the default) or "unconfined" (explicit opt-in: no namespaces)
@@ -428,10 +433,9 @@ class Sandbox:
         """Starts `command` in the sandbox, in a new session (kill its group with `kill_group`)."""
         # Inside, uid 65534 is this process's own user: the scratch needs no other permissions.
         grant.scratch.mkdir(parents=True, exist_ok=True)
-        watch = self._watch(grant)
+        watch = self._watch(grant)  # the launcher first, handed the end of the watch's socket
         if watch is not None:
-            command = watch.prefix() + list(command)
-            pass_fds = tuple(pass_fds) + (watch.child.fileno(),)
+            command, pass_fds = watch.prefix() + list(command), (*pass_fds, watch.child.fileno())
         argv, fds = self.argv(command, grant, watched=watch is not None)
         env = None if self.confined else self.env_for(grant)
         preexec = _preexec(limits or limits_for(grant.role), pdeathsig=not self.confined)
@@ -453,29 +457,19 @@ class Sandbox:
             for fd in fds:
                 os.close(fd)
         if watch is not None:
-            watch.start()
-            attach(proc, watch)
-        else:
-            for logbook in active_logs():
-                logbook.not_recorded(self.watch_unavailable())
+            watch.start(proc)
+        for logbook in active_logs() if watch is None else ():
+            logbook.not_recorded(self.watch_unavailable())
         return proc
 
     def watch_unavailable(self) -> str:
         """Why processes of this sandbox run without a record of their attempts ("" when they have one)."""
-        if not self.confined:
-            return "the sandbox is unconfined"
-        return unavailable()
+        return unavailable() if self.confined else "the sandbox is unconfined"
 
     def _watch(self, grant: Grant) -> Watch | None:
-        """The watch of a process about to start (None where attempts cannot be recorded)."""
         if self.watch_unavailable():
             return None
-        view = self.common_view()
-        readable = [str(p) for p in view.ro] + [str(p) for p in grant.ro]
-        writable = (str(grant.scratch), "/tmp", "/var/tmp", "/dev", "/proc")
-        private = tuple(str(p) for p in [*self.private, Path("/root"), Path("/home")] if str(p) != "/")
-        places = Places(role=grant.role, writable=writable, readable=tuple(readable), private=private,
-                        tool_roots=tuple(str(r) for r in _tool_roots()))
+        places = Places.of(grant.role, grant.scratch, [*self.common_view().ro, *grant.ro], self.private, _tool_roots())
         return Watch(places, active_logs(), DENIED_SYSCALLS)
 
     def run(self, command: Sequence[str], grant: Grant, *, timeout_s: float, input_text: str | None = None,

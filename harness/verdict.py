@@ -43,12 +43,13 @@ class FindingCode(str, Enum):
     no_custom_kernel = "no_custom_kernel"
     implausible_speedup = "implausible_speedup"
     impossible_time = "impossible_time"
+    sandbox_attempt = "sandbox_attempt"
 
 
 # Findings that describe wrong answers rather than cheating: the verdict is `incorrect`, not `invalid`.
 INCORRECT_ONLY = frozenset({FindingCode.constant_output, FindingCode.precision_lowered})
 # Findings that hold a result for review without rejecting it.
-REVIEW_ONLY = frozenset({FindingCode.implausible_speedup})
+REVIEW_ONLY = frozenset({FindingCode.implausible_speedup, FindingCode.sandbox_attempt})
 # Findings a lowered precision explains: its error grows with the inputs' magnitude, so an honest
 # bf16 kernel passes the usual inputs and fails the stretched ones. Beside `precision_lowered` such a
 # finding is that precision's wrong answer (`incorrect`), not a cheat on the distribution.
@@ -62,7 +63,7 @@ class Finding(BaseModel):
 
     code: FindingCode
     message: str  # actionable: what the candidate did and what to change
-    source: str = "runtime"  # static | runtime | timing
+    source: str = "runtime"  # static | runtime | timing | sandbox
     line: int | None = None  # for static findings
 
 
@@ -215,6 +216,9 @@ class VerifyResult(BaseModel):
     memory: MemoryReport | None = None  # its footprint, the plan and the peak it took (`harness.memory`)
     # Kernels on tensor cores below the track's precision, and what the precision probes found (`harness.probing`).
     precision: PrecisionCheck | None = None
+    # Whether what the candidate's sandboxed processes tried was recorded ("recorded", or "not
+    # recorded: why"; `harness.watch`); the attempts themselves are the `sandbox_attempt` finding.
+    attempts: str = ""
 
     def record(self, options: VerifyOptions) -> CandidateRecord:
         """The KB's record of this verdict (what `record_outcome` reads), keyed by the options it

@@ -132,6 +132,20 @@ class Places:
     private: tuple[str, ...]  # the KB's home, the cache, home folders, the server's working folder
     tool_roots: tuple[str, ...]  # install folders whose programs may run (the CUDA toolkit, ncu)
 
+    @staticmethod
+    def of(role: str, scratch: Path, readable: Sequence[Path], private: Sequence[Path],
+           tool_roots: Sequence[Path]) -> Places:
+        """The places of one sandboxed process: its scratch and the sandbox's private folders
+        writable; the read-only view readable; the server's private places and home folders private."""
+        writable = (str(scratch), "/tmp", "/var/tmp", "/dev", "/proc")  # its scratch first
+        # A private place holding the scratch or a writable place (a server started in /tmp) would
+        # make every honest write an attempt: such a place is left out.
+        hidden = [p for p in (*private, Path("/root"), Path("/home"))
+                  if not any(_inside(w, str(p)) for w in writable)]
+        return Places(role=role, writable=writable, readable=tuple(str(p) for p in readable),
+                      private=tuple(str(p) for p in hidden),
+                      tool_roots=tuple(str(r) for r in tool_roots))
+
 
 class _Target:
     """Reading one notification's arguments from the calling process."""
@@ -230,17 +244,18 @@ class Watch:
     def spec(self) -> str:
         """The launcher's SPEC argument (see harness/watch_launch.py)."""
         opens = OPENS_ANY if self.places.role in READ_ROLES else OPENS_FOR_WRITING
-        return json.dumps({"notify": [[n, c] for n, c in WATCHED + opens], "deny": sorted(self.denied - set(REFUSED_ALWAYS))},
-                          separators=(",", ":"))
+        deny = sorted(self.denied - set(REFUSED_ALWAYS))
+        return json.dumps({"notify": [[n, c] for n, c in WATCHED + opens], "deny": deny}, separators=(",", ":"))
 
     def prefix(self) -> list[str]:
         """The command line that runs the launcher before the command."""
         return [sys.executable, "-I", "-S", str(LAUNCHER), str(self.child.fileno()), self.spec(), "--"]
 
-    def start(self) -> None:
-        """Starts the thread (after the process was started: the child end is closed here)."""
+    def start(self, proc: Any) -> None:
+        """Starts watching `proc` (just started: the child end is closed here); `watch_of(proc)` finds it."""
         self.child.close()
         self.thread.start()
+        _WATCHES[proc] = self
 
     def abandon(self, why: str) -> None:
         """The process could not be started: nothing to watch."""
@@ -318,13 +333,12 @@ class Watch:
         target = _Target(pid)
         try:
             refuse, attempt = self._judge(name, args, target)
-        except Exception as exc:  # noqa: BLE001 - an unreadable call is let through, never left waiting
+        except Exception:  # noqa: BLE001 - an unreadable call is let through, never left waiting
             refuse, attempt = False, None
-            _ = exc
         finally:
             target.close()
         if attempt is not None:
-            self._record(Attempt(kind=attempt[0], what=attempt[1], role=self.places.role))  # type: ignore[arg-type]
+            self._record(Attempt(kind=attempt[0], what=attempt[1], role=self.places.role))
         resp = struct.pack("<QqiI", nid, 0, -errno.EPERM if refuse else 0, 0 if refuse else FLAG_CONTINUE)
         try:
             fcntl.ioctl(fd, IOCTL_SEND, bytearray(resp), True)
@@ -387,15 +401,15 @@ class Watch:
             writing = bool(a[1 if name == "open" else 2] & O_WRITE)
         elif name == "openat2":
             writing = bool(struct.unpack("<Q", t.read(a[2], 8))[0] & O_WRITE)
-        if writing:
-            if any(_inside(path, w) for w in self.places.writable):
-                return None
+        # A private place is one even where its path lies in a writable place of the sandbox (a KB
+        # under /tmp, whose path inside is the sandbox's own empty /tmp).
+        private = any(_inside(path, p) for p in self.places.private) and not _inside(path, self.places.writable[0]) \
+            and not any(_inside(path, r) for r in self.places.readable)
+        read_only = any(_inside(path, r) for r in self.places.readable)
+        if writing and (private or read_only or not any(_inside(path, w) for w in self.places.writable)):
             verb = "open for writing" if name.startswith(("open", "creat")) else name
             return "write", f"{verb} {where(path)}"
-        if any(_inside(path, p) for p in self.places.private) and \
-                not any(_inside(path, r) for r in self.places.readable + self.places.writable):
-            return "read", f"open {where(path)}"
-        return None
+        return ("read", f"open {where(path)}") if private and not writing else None
 
 
 def _inside(path: str, root: str) -> bool:
@@ -403,11 +417,6 @@ def _inside(path: str, root: str) -> bool:
 
 
 _WATCHES: weakref.WeakKeyDictionary[Any, Watch] = weakref.WeakKeyDictionary()
-
-
-def attach(proc: Any, watch: Watch) -> None:
-    """Remembers the watch of a process `Sandbox.popen` started."""
-    _WATCHES[proc] = watch
 
 
 def watch_of(proc: Any) -> Watch | None:

@@ -21,9 +21,21 @@ from kb_mcp.harness.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem
 from kb_mcp.harness.sandbox import Sandbox
 from kb_mcp.harness.toolchain import CompilerRun
+from kb_mcp.harness.verdict import FindingCode
 from kb_mcp.kb.models import Verdict
 
 ROOT = Path(__file__).resolve().parents[3]
+# What the server's record of attempts names for each class that runs (`harness.watch`).
+TRIED = {
+    "cpp_static_constructor.py": ["program: execve /usr/bin/touch", "program: execve /usr/bin/cat"],
+    "delete_kb.py": ["write: unlink", "kb.json", "open for writing"],
+    "forge_job_record.py": ["write: mkdir", "j_forged.json"],
+    "forge_journal.py": ["write: open for writing", "kb.json.lock", "kb.json.journal"],
+    "network_exfiltration.py": ["network: connect 127.0.0.1:", "network: sendto 127.0.0.1:", "connect 1.1.1.1:443"],
+    "read_secrets.py": ["read: open", ".ssh/id_rsa"],
+    "subprocess_spellings.py": ["program: execve /usr/bin/touch", "program: execve /usr/bin/rm"],
+    "write_outside_scratch.py": ["write: open for writing", "planted.so", "planted.json"],
+}
 SWISH = load_problem(ROOT / "examples" / "problems" / "swish.py")
 
 
@@ -57,6 +69,10 @@ def test_run_in_the_sandbox_it_changes_nothing(pool: WorkerPool, world: ServerWo
     census = pool._census
     output = census.output.take(200_000) if census is not None else ""
     world.assert_untouched(before, reply.model_dump_json(), output)
+    attempts = [f.message for f in reply.findings if f.code == FindingCode.sandbox_attempt]
+    assert len(attempts) == 1, reply.findings
+    for tried in TRIED[name]:
+        assert tried in attempts[0], attempts[0]
     if name == "read_secrets.py":
         assert reply.verdict == Verdict.crashed and "LOOT" in reply.summary  # it ran, and found nothing
     else:  # import, constructor and forward all ran (the attack with them)

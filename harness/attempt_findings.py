@@ -21,7 +21,7 @@ def finding(attempts: list[Attempt]) -> Finding:
     lines = [a.line() for a in attempts[:SHOWN]]
     more = f"; and {len(attempts) - SHOWN} more" if len(attempts) > SHOWN else ""
     return Finding(code=FindingCode.sandbox_attempt, source="sandbox",
-                   message=f"the candidate's processes tried what the sandbox refuses: {'; '.join(lines)}{more}. "
+                   message=f"the candidate tried what the sandbox refuses: {'; '.join(lines)}{more}. "
                            "Nothing of it reached outside the sandbox; remove it from the candidate")
 
 

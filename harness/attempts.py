@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict
 
 ENV_ATTEMPTS = "KB_MCP_ATTEMPTS"  # "flag" (the default) or "invalid"
 Policy = Literal["flag", "invalid"]
-AttemptKind = Literal["program", "network", "write", "read", "syscall", "tamper", "flood"]
+# `build`: a compiler flag, folder or #include the allow-lists refused (`toolchain.tried_outside`)
+AttemptKind = Literal["program", "network", "write", "read", "syscall", "tamper", "build", "flood"]
 MAX_KEPT = 64  # attempts kept per log; the rest are counted (a flood is itself recorded)
 
 log = logging.getLogger("kb_mcp.attempts")
@@ -109,6 +110,14 @@ def active_logs() -> tuple[AttemptLog, ...]:
 def on_attempt(listener: Callable[[Attempt], None]) -> None:
     """Calls `listener` with every attempt recorded in this process (the server logs them)."""
     _LISTENERS.append(listener)
+
+
+def record(attempt: Attempt) -> None:
+    """Records what the server refused itself, before any process ran (a build's flags and
+    includes), in the logs active now, and tells the listeners."""
+    for logbook in active_logs():
+        logbook.add(attempt)
+    announce(attempt)
 
 
 def announce(attempt: Attempt) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from kb_mcp.harness.attempts import Attempt, record, redact
 from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.protocol import BuildReply, BuildReport, BuildSpec
 from kb_mcp.harness.running import Running, Stopped
@@ -36,6 +37,7 @@ from kb_mcp.harness.toolchain import (
     extension_name,
     flag_refusals,
     light_variants,
+    tried_outside,
     truncate,
 )
 from kb_mcp.kb.atomic import temp_beside
@@ -69,6 +71,14 @@ def toolchain(sandbox: Sandbox) -> ToolchainInfo:
                     f"probing the compilers in the sandbox failed (exit {code}): {out.strip()[-1500:]}")
             _PROBED[key] = ToolchainInfo.model_validate_json(line)
         return _PROBED[key]
+
+
+def refused_attempts(unit: SourceUnit, tc: ToolchainInfo, role: str) -> None:
+    """Records what of the unit's refused flags and includes would have reached outside its build
+    (`toolchain.tried_outside`) as attempts of the work asking for it (`attempts.record`)."""
+    tried = tried_outside(unit, tc.include_roots)
+    if tried:  # one attempt per unit: a finding names a few attempts, each unit's whole request
+        record(Attempt(kind="build", what=redact(f"{unit.name}: {'; '.join(tried)}", 600), role=role))
 
 
 def _copy_regular(src: Path, dest_dir: Path, name: str) -> None:
@@ -116,6 +126,7 @@ class BuildService:
             return BuildReply(ok=False, log=str(exc))
         refusals = flag_refusals(unit, tc.include_roots)
         if refusals:
+            refused_attempts(unit, tc, "build")
             return BuildReply(ok=False, refused="; ".join(refusals))
         if torch_version and torch_version != tc.torch_version:
             return BuildReply(ok=False,

@@ -20,7 +20,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -52,8 +52,9 @@ class Attempt(BaseModel):
 class AttemptLog:
     """The attempts of one piece of work (a verification, a census, a build), thread-safe and capped."""
 
-    def __init__(self) -> None:
+    def __init__(self, client: str = "") -> None:
         self._lock = threading.Lock()
+        self.client = client  # who asked for the work (an MCP client's name; "" when unknown)
         self._kept: list[Attempt] = []
         self._seen: set[Attempt] = set()
         self.dropped = 0  # attempts beyond MAX_KEPT
@@ -87,14 +88,31 @@ class AttemptLog:
 
 
 _ACTIVE: contextvars.ContextVar[tuple[AttemptLog, ...]] = contextvars.ContextVar("kb_mcp_attempt_logs", default=())
-_LISTENERS: list[Callable[[Attempt], None]] = []
+_CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("kb_mcp_attempt_client", default="")
+_LISTENERS: list[Callable[[Attempt, str], None]] = []
+
+
+@contextlib.contextmanager
+def on_behalf_of(client: str) -> Iterator[None]:
+    """Work started in the block (and its threads that copy the context) is done for `client`:
+    the logs it collects name it, and so do the server's lines of their attempts."""
+    token = _CLIENT.set(client)
+    try:
+        yield
+    finally:
+        _CLIENT.reset(token)
+
+
+def clients_of(logs: Iterable[AttemptLog]) -> str:
+    """The clients the work of these logs was done for, comma-separated ("" when none is known)."""
+    return ", ".join(sorted({lg.client for lg in logs if lg.client}))
 
 
 @contextlib.contextmanager
 def collecting() -> Iterator[AttemptLog]:
     """A new log that every sandboxed process started on this thread (and context) reports to, for
     the duration of the block, besides the logs already active."""
-    logbook = AttemptLog()
+    logbook = AttemptLog(_CLIENT.get())
     token = _ACTIVE.set(_ACTIVE.get() + (logbook,))
     try:
         yield logbook
@@ -107,24 +125,27 @@ def active_logs() -> tuple[AttemptLog, ...]:
     return _ACTIVE.get()
 
 
-def on_attempt(listener: Callable[[Attempt], None]) -> None:
-    """Calls `listener` with every attempt recorded in this process (the server logs them)."""
-    _LISTENERS.append(listener)
+def on_attempt(listener: Callable[[Attempt, str], None]) -> None:
+    """Calls `listener` with every attempt recorded in this process (once per process tree or
+    build) and the clients it was made for (`clients_of`): the server logs them."""
+    if listener not in _LISTENERS:
+        _LISTENERS.append(listener)
 
 
 def record(attempt: Attempt) -> None:
     """Records what the server refused itself, before any process ran (a build's flags and
     includes), in the logs active now, and tells the listeners."""
-    for logbook in active_logs():
+    logs = active_logs()
+    for logbook in logs:
         logbook.add(attempt)
-    announce(attempt)
+    announce(attempt, clients_of(logs) or _CLIENT.get())
 
 
-def announce(attempt: Attempt) -> None:
-    """Tells the listeners (the server's log); never raises."""
+def announce(attempt: Attempt, clients: str = "") -> None:
+    """Tells the listeners (the server's log) of `attempt`, made for `clients`; never raises."""
     for listener in list(_LISTENERS):
         try:
-            listener(attempt)
+            listener(attempt, clients)
         except Exception:  # a log line must never break a verification
             log.exception("attempt listener failed")
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kb_mcp.harness.attempts import Attempt, AttemptLog, announce, program_allowed, where
+from kb_mcp.harness.attempts import Attempt, AttemptLog, announce, clients_of, program_allowed, where
 
 ENV_WATCH = "KB_MCP_WATCH"  # "off": start sandboxed processes without the watch (no record)
 LAUNCHER = Path(__file__).with_name("watch_launch.py")
@@ -348,12 +348,14 @@ class Watch:
 
     def _record(self, attempt: Attempt) -> None:
         with self._lock:
-            if len(self.attempts) < 4 * 64 and attempt not in self.attempts:
+            new = len(self.attempts) < 4 * 64 and attempt not in self.attempts
+            if new:
                 self.attempts.append(attempt)
             logs = list(self.logs)
         for logbook in logs:
             logbook.add(attempt)
-        announce(attempt)
+        if new:  # told once per tree: a loop of attempts is one line of the server's log, not thousands
+            announce(attempt, clients_of(logs))
 
     def _judge(self, name: str, a: tuple[int, ...], t: _Target) -> tuple[bool, tuple[str, str] | None]:
         """(refuse with EPERM, (kind, what) when it is an attempt)."""

@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from kb_mcp.tools.context import ToolContext
 
     logs.configure(args.log_level)
+    logs.log_attempts()
     options: HttpOptions | None = None
     try:
         token = read_token(args)

@@ -241,6 +241,7 @@ class VerifyResult(BaseModel):
             eager_device_ms=t.eager_device_ms if t else None,
             flagged=self.flagged or bool(assessed.loosened),
             findings=[f.code.value for f in self.findings],
+            attempt=next((f.message for f in self.findings if f.code == FindingCode.sandbox_attempt), ""),
             options=assessed.options,
             strength=assessed.strength,
             loosened=assessed.loosened,

@@ -176,3 +176,29 @@ def test_each_attempt_is_logged_with_the_clients_name(kb_path: Path, tmp_path: P
     assert result["record"]["verdict"] == "compile_error" and result["record"]["flagged"], result
     assert any(f["code"] == "sandbox_attempt" and "-wrapper" in f["message"] for f in result["findings"]), result
     assert "sandbox attempt by agent-mallory: build: tricky: CUDA compiler flag -wrapper" in stderr, stderr
+
+
+@pytest.mark.nvcc
+def test_serve_attempts_invalid_rejects_such_a_verdict(kb_path: Path, tmp_path: Path) -> None:
+    candidate = tmp_path / "tricky.py"
+    candidate.write_text(HOSTILE_FLAGS)
+    problem = Path(__file__).resolve().parents[2] / "examples" / "problems" / "swish.py"
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "a", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "compile_and_verify",
+            "arguments": {"problem": str(problem), "candidate": str(candidate), "options": {"compile_only": True}}}},
+    ]
+    by_id, stderr = _exchange(serve_command(kb_path, ["--attempts", "invalid"]), requests, 2)
+    result = by_id[2]["result"]["structuredContent"]
+    assert result["record"]["verdict"] == "invalid", result
+    assert result["summary"].startswith("invalid (sandbox_attempt)") and "-wrapper" in result["record"]["attempt"]
+    assert "sandbox attempts: verdicts are invalid" in stderr
+
+
+def test_a_wrong_attempts_setting_is_refused_at_start(kb_path: Path) -> None:
+    done = subprocess.run(serve_command(kb_path), input="", capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "KB_MCP_ATTEMPTS": "ignore"})
+    assert done.returncode == 2 and "KB_MCP_ATTEMPTS='ignore' is not a setting" in done.stderr, done.stderr

@@ -8,7 +8,11 @@ credited), or becomes `invalid`.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from kb_mcp.harness.attempts import Attempt, AttemptLog, Policy, policy
+from kb_mcp.harness.profile_model import Profile
 from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.harness.verdict import Finding, FindingCode, VerifyResult
 from kb_mcp.kb.models import Verdict
@@ -50,3 +54,21 @@ def census_with_attempts(reply: CensusReply, seen: AttemptLog) -> CensusReply:
     if seen.attempts:
         findings.append(finding(seen.attempts))
     return reply.model_copy(update={"findings": findings})
+
+
+def profile_with_attempt(profile: Profile, seen: AttemptLog) -> Profile:
+    """A profile with the finding's text, when its driver, ncu or export tried anything."""
+    attempts = seen.attempts
+    return profile.model_copy(update={"attempt": finding(attempts).message}) if attempts else profile
+
+
+@contextlib.contextmanager
+def naming_attempts(seen: AttemptLog, error: type[Exception]) -> Iterator[None]:
+    """Work that fails with `error` itself (the candidate's fault, its message says why) names what
+    its processes tried too; subclasses (other failures) pass unchanged."""
+    try:
+        yield
+    except error as exc:
+        if type(exc) is not error or not seen.attempts:
+            raise
+        raise error(f"{exc} [flagged: sandbox_attempt: {finding(seen.attempts).message}]") from exc

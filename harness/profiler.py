@@ -18,6 +18,7 @@ reads what they leave, and moves ncu's report to where the caller wants it.
 
 from __future__ import annotations
 
+import contextvars
 import glob
 import json
 import os
@@ -35,6 +36,8 @@ from typing import cast
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.harness import lane, ncu_parse
+from kb_mcp.harness.attempt_findings import naming_attempts, profile_with_attempt
+from kb_mcp.harness.attempts import collecting
 from kb_mcp.harness.ncu_parse import counters_blocked_reason, kernels_from_trace, unknown_metrics
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_model import KernelProfile, Profile
@@ -42,6 +45,7 @@ from kb_mcp.harness.profile_standby import Standby, StandbyKey, StandbyPool, dri
 from kb_mcp.harness.protocol import EXIT_NO_GPU, NVTX_RANGE, DriverReport, DriverSpec, ProblemFailed
 from kb_mcp.harness.sandbox import Grant, Sandbox, detect, kill_group
 from kb_mcp.harness.scratch import new_scratch
+from kb_mcp.harness.watch import follow_active
 from kb_mcp.kb.progress import Progress, no_progress
 
 # Sections that speak to bottlenecks. WarpStateStats and SchedulerStats are only in `--set full`
@@ -336,6 +340,7 @@ def _run_on_standby(
             "workdir": str(folder / "src"), "report_path": str(folder / "driver.json"),
             "trace_path": str(folder / "trace.json")}))
         process = cast(NcuProcess, standby.process)  # the pool holds what `standby_launcher` started
+        follow_active(process.proc)  # it started before this profile: its attempts are this profile's
         run = process.finish(options.timeout_s, log_path, progress, since=handed)
         if not standby.claimed():
             return None  # it exited (idle or owner check) just before the spec arrived: run cold
@@ -450,15 +455,16 @@ def profile(
         elif ncu is None:
             reason = ("ncu (Nsight Compute) was not found: per-kernel timings only; install Nsight Compute or set "
                       "KB_MCP_NCU")
-        with lane.hold(f"profile {problem.name}", progress):  # a GPU tool holds it already; a direct caller now
+        # the attempts of the driver, ncu and its export go into the profile; a GPU tool holds the lane already
+        with collecting() as seen, naming_attempts(seen, ProfilerError), lane.hold(f"profile {problem.name}", progress):
             if ncu is not None:
                 result = _profile_ncu(ncu, spec, spawner, work, report_base, problem, cand_id, profile_id, options,
                                       standby, progress, notes, start)
                 if isinstance(result, Profile):
-                    return result
+                    return profile_with_attempt(result, seen)
                 reason = result
-            return _profile_timeline(spec, spawner, work, problem, cand_id, profile_id, options, progress, notes,
-                                     reason, start)
+            return profile_with_attempt(_profile_timeline(spec, spawner, work, problem, cand_id, profile_id,
+                                                          options, progress, notes, reason, start), seen)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -562,7 +568,8 @@ def _prepare_next(pool: StandbyPool, ncu: str, key: StandbyKey, dropped: list[st
         return
     key = StandbyKey(key.ncu, key.source_counters, key.max_kernels,
                      tuple(m for m in key.metrics if m not in pool.dropped_metrics), key.env_key)
-    pool.launch(key, standby_launcher(ncu, key, pool, spawner))
+    # In an empty context: what the standby tries is the next profile's (it follows it), not this one's.
+    contextvars.Context().run(pool.launch, key, standby_launcher(ncu, key, pool, spawner))
 
 
 def _assemble(

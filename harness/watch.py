@@ -43,7 +43,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kb_mcp.harness.attempts import Attempt, AttemptLog, announce, clients_of, program_allowed, where
+from kb_mcp.harness.attempts import (
+    Attempt,
+    AttemptLog,
+    active_logs,
+    announce,
+    clients_of,
+    program_allowed,
+    where,
+)
 
 ENV_WATCH = "KB_MCP_WATCH"  # "off": start sandboxed processes without the watch (no record)
 LAUNCHER = Path(__file__).with_name("watch_launch.py")
@@ -424,3 +432,11 @@ _WATCHES: weakref.WeakKeyDictionary[Any, Watch] = weakref.WeakKeyDictionary()
 def watch_of(proc: Any) -> Watch | None:
     """The watch of a process `Sandbox.popen` started (None: not watched)."""
     return _WATCHES.get(proc)
+
+
+def follow_active(proc: Any) -> None:
+    """Reports the attempts of `proc` (started before the work it now serves, e.g. a standby
+    profiling driver) to the logs active now, for the rest of its life."""
+    watch = _WATCHES.get(proc)
+    for logbook in active_logs() if watch is not None else ():
+        watch.follow(logbook)  # type: ignore[union-attr]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hostile_world import CASES, RUNS_AT_IMPORT, ServerWorld, protection
+from hostile_world import CASES, RUNS_AT_IMPORT, TRIED, ServerWorld, protection
 
 from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.compile_only import CompileOnly
@@ -25,17 +25,6 @@ from kb_mcp.harness.verdict import Finding, FindingCode
 from kb_mcp.kb.models import Verdict
 
 ROOT = Path(__file__).resolve().parents[3]
-# What the server's record of attempts names for each class that runs (`harness.watch`).
-TRIED = {
-    "cpp_static_constructor.py": ["program: execve /usr/bin/touch", "program: execve /usr/bin/cat"],
-    "delete_kb.py": ["write: unlink", "kb.json", "open for writing"],
-    "forge_job_record.py": ["write: mkdir", "j_forged.json"],
-    "forge_journal.py": ["write: open for writing", "kb.json.lock", "kb.json.journal"],
-    "network_exfiltration.py": ["network: connect 127.0.0.1:", "network: sendto 127.0.0.1:", "connect 1.1.1.1:443"],
-    "read_secrets.py": ["read: open", ".ssh/id_rsa"],
-    "subprocess_spellings.py": ["program: execve /usr/bin/touch", "program: execve /usr/bin/rm"],
-    "write_outside_scratch.py": ["write: open for writing", "planted.so", "planted.json"],
-}
 SWISH = load_problem(ROOT / "examples" / "problems" / "swish.py")
 
 

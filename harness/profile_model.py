@@ -99,3 +99,6 @@ class Profile(BaseModel):
     notes: list[str] = Field(default_factory=list)  # e.g. kernels left out by a launch cap
     wall_s: float | None = None  # wall time of the profiling run
     phases_s: dict[str, float] = Field(default_factory=dict)  # where the wall time went (driver phases, ncu, export)
+    # What the driver and ncu processes tried that the sandbox refuses (the `sandbox_attempt`
+    # finding's text, from the server's own record); "" when nothing.
+    attempt: str = ""

@@ -461,6 +461,9 @@ class CandidateRecord(BaseModel):
     eager_device_ms: float | None = None
     flagged: bool = False  # held for review (implausible speedup, loosened options): never moves a score
     findings: list[str] = Field(default_factory=list)  # integrity finding codes
+    # What its sandboxed processes (or its builds' flags) tried that the sandbox refuses: the
+    # `sandbox_attempt` finding's text, from the server's own record (redacted); "" when none.
+    attempt: str = ""
     # The verdict key (docs/architecture.md): the options that bear on the verdict and differ from
     # their defaults ({} = all defaults), what that lets the verdict claim, and their digest.
     options: dict[str, JsonValue] = Field(default_factory=dict)

@@ -10,7 +10,7 @@ ncu under torch.profiler and the profile carries per-kernel timings only, with
 `counters_available=False` and the reason.
 
 The driver runs the problem's and the candidate's code, so ncu and the driver run together in the
-sandbox (`harness.sandbox`, role `driver`: the GPU, the published builds read-only, a scratch
+sandbox (`harness.sandbox.sandbox`, role `driver`: the GPU, the published builds read-only, a scratch
 folder of their own for the spec, the driver's report, the trace and ncu's report); so does the
 export of ncu's report (`ncu --import`, which reads a file the sandbox wrote). This side only
 reads what they leave, and moves ncu's report to where the caller wants it.
@@ -18,6 +18,7 @@ reads what they leave, and moves ncu's report to where the caller wants it.
 
 from __future__ import annotations
 
+import contextvars
 import glob
 import json
 import os
@@ -34,12 +35,15 @@ from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.harness.attempt_findings import naming_attempts, profile_with_attempt
 from kb_mcp.harness.gpu import lane
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_model import KernelProfile, Profile
 from kb_mcp.harness.protocol import EXIT_NO_GPU, NVTX_RANGE, DriverReport, DriverSpec, ProblemFailed
+from kb_mcp.harness.sandbox.attempts import collecting
 from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox, detect, kill_group
 from kb_mcp.harness.sandbox.scratch import new_scratch
+from kb_mcp.harness.sandbox.watch import follow_active
 from kb_mcp.kb.progress import Progress, no_progress
 from kb_mcp.profiling import ncu_parse
 from kb_mcp.profiling.ncu_parse import counters_blocked_reason, kernels_from_trace, unknown_metrics
@@ -337,6 +341,7 @@ def _run_on_standby(
             "workdir": str(folder / "src"), "report_path": str(folder / "driver.json"),
             "trace_path": str(folder / "trace.json")}))
         process = cast(NcuProcess, standby.process)  # the pool holds what `standby_launcher` started
+        follow_active(process.proc)  # it started before this profile: its attempts are this profile's
         run = process.finish(options.timeout_s, log_path, progress, since=handed)
         if not standby.claimed():
             return None  # it exited (idle or owner check) just before the spec arrived: run cold
@@ -419,9 +424,9 @@ def profile(
     """Profiles one forward of `problem` (or of the candidate's ModelNew) and returns the Profile.
 
     The ncu report, if one is made, is kept at `<report_base>.ncu-rep`. With a `standby` pool the
-    forward runs on a driver started after the previous profile (see `harness.profile_standby`),
+    forward runs on a driver started after the previous profile (see `profiling.profile_standby`),
     and a new one is started for the next profile. Everything that runs the model runs in
-    `sandbox` (default: `harness.sandbox.detect()`).
+    `sandbox` (default: `harness.sandbox.sandbox.detect()`).
     Raises ProblemFailedError when the problem's own code fails (checked before the GPU is),
     NoGpuError without a GPU, and ProfilerError when the model or candidate fails.
     """
@@ -451,15 +456,16 @@ def profile(
         elif ncu is None:
             reason = ("ncu (Nsight Compute) was not found: per-kernel timings only; install Nsight Compute or set "
                       "KB_MCP_NCU")
-        with lane.hold(f"profile {problem.name}", progress):  # a GPU tool holds it already; a direct caller now
+        # the attempts of the driver, ncu and its export go into the profile; a GPU tool holds the lane already
+        with collecting() as seen, naming_attempts(seen, ProfilerError), lane.hold(f"profile {problem.name}", progress):
             if ncu is not None:
                 result = _profile_ncu(ncu, spec, spawner, work, report_base, problem, cand_id, profile_id, options,
                                       standby, progress, notes, start)
                 if isinstance(result, Profile):
-                    return result
+                    return profile_with_attempt(result, seen)
                 reason = result
-            return _profile_timeline(spec, spawner, work, problem, cand_id, profile_id, options, progress, notes,
-                                     reason, start)
+            return profile_with_attempt(_profile_timeline(spec, spawner, work, problem, cand_id, profile_id,
+                                                          options, progress, notes, reason, start), seen)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -563,7 +569,8 @@ def _prepare_next(pool: StandbyPool, ncu: str, key: StandbyKey, dropped: list[st
         return
     key = StandbyKey(key.ncu, key.source_counters, key.max_kernels,
                      tuple(m for m in key.metrics if m not in pool.dropped_metrics), key.env_key)
-    pool.launch(key, standby_launcher(ncu, key, pool, spawner))
+    # In an empty context: what the standby tries is the next profile's (it follows it), not this one's.
+    contextvars.Context().run(pool.launch, key, standby_launcher(ncu, key, pool, spawner))
 
 
 def _assemble(

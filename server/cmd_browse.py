@@ -37,6 +37,8 @@ def register(kb_sub: argparse._SubParsersAction) -> None:
     s = kb_sub.add_parser("candidates", help="verified candidates, newest first: verdict, speedup, device")
     s.add_argument("--problem", help="only this problem (its name, e.g. swish)")
     s.add_argument("--verdict", choices=[v.value for v in Verdict], help="only this verdict")
+    s.add_argument("--flagged", action="store_true",
+                   help="only candidates held for review, with their findings (a sandbox_attempt: what was tried)")
     s.add_argument("--limit", type=int, default=30, help="rows to show (default 30)")
     _json(s)
     s.set_defaults(func=_run(_candidates))
@@ -134,9 +136,14 @@ def _candidates(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pr
                           f"{c.time_ms:.4g} ms" if c.time_ms is not None else "", c.device, str(c.outcomes),
                           c.created_at.strftime("%Y-%m-%d %H:%M"))
         console.print(table)
+        for c in doc.candidates if args.flagged else []:
+            console.print(f"{c.candidate_id} flagged: {', '.join(c.findings) or 'loosened options'}"
+                          + (f"\n  sandbox_attempt: {c.attempt}" if c.attempt else ""), markup=False)
         console.print("one candidate with its source and lineage: kb-mcp kb candidate ID")
 
-    return kb_views.candidates_overview(store, problem=args.problem, verdict=args.verdict, limit=args.limit), show
+    overview = kb_views.candidates_overview(store, problem=args.problem, verdict=args.verdict, flagged=args.flagged,
+                                            limit=args.limit)
+    return overview, show
 
 
 def _candidate(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Printer]:
@@ -171,6 +178,8 @@ def _candidate(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pri
         console.print(where + (f": {timing}" if timing else ""))
         if r.findings:
             console.print("integrity findings: " + ", ".join(r.findings))
+        if r.attempt:
+            console.print(f"sandbox_attempt: {r.attempt}", markup=False)
         chain = doc.lineage
         if len(chain) > 1 or doc.children:
             lineage = " -> ".join(

@@ -47,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a Host name (optionally NAME:PORT) clients may use to reach the HTTP server; repeatable. "
         "Loopback names are always allowed; others are refused (DNS-rebinding protection)",
     )
+    p.add_argument(
+        "--attempts",
+        choices=("flag", "invalid"),
+        help="what a candidate's sandbox attempt (a program, connection, write or read the sandbox refuses) makes "
+        "of its verdict: 'flag' keeps it as measured but held for review, never credited (the default); 'invalid' "
+        "rejects it. Default: KB_MCP_ATTEMPTS, else flag",
+    )
     p.add_argument("--log-level", default="INFO", choices=logs.LEVELS, help="stderr log level (default INFO)")
     p.set_defaults(func=run)
 
@@ -61,6 +68,16 @@ def _stats_line(server: KbMcpServer) -> str:
     )
 
 
+def _attempt_policy(choice: str | None) -> None:
+    """Makes `--attempts` the server's policy for sandbox attempts (`harness.sandbox.attempts.policy` reads
+    it on every verdict); without it the setting must be a valid one (ValueError says why)."""
+    from kb_mcp.harness.sandbox.attempts import ENV_ATTEMPTS, policy
+
+    if choice is not None:
+        os.environ[ENV_ATTEMPTS] = choice
+    log.info("sandbox attempts: %s", "verdicts are invalid" if policy() == "invalid" else "verdicts are flagged")
+
+
 def run(args: argparse.Namespace) -> int:
     """Serves until the client disconnects (stdio) or the process is interrupted (HTTP)."""
     import anyio
@@ -71,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
     from kb_mcp.tools.context import ToolContext
 
     logs.configure(args.log_level)
+    logs.log_attempts()
     options: HttpOptions | None = None
     try:
+        _attempt_policy(args.attempts)
         token = read_token(args)
         if args.http:
             options = http_options(args.http, token, args.allow_host)

@@ -272,7 +272,7 @@ def counters_restricted(params: Path = PROFILING_PARAMS) -> bool | None:
 
 
 def check_sandbox() -> Check:
-    """The harness's sandbox (bubblewrap), as `harness.sandbox.detect` finds it on this machine."""
+    """The harness's sandbox (bubblewrap), as `harness.sandbox.sandbox.detect` finds it on this machine."""
     from kb_mcp.harness.sandbox.sandbox import SandboxUnavailable, detect
 
     try:
@@ -292,7 +292,7 @@ def check_sandbox() -> Check:
 
 def check_lane() -> Check:
     """The GPU lane: the key this process's GPU takes turns under with every kb-mcp of the machine,
-    whether the lane folder serves them all, and who holds it now (`harness.lane`)."""
+    whether the lane folder serves them all, and who holds it now (`harness.gpu.lane`)."""
     import socket
 
     from kb_mcp.harness.gpu.gpu_key import gpu_key
@@ -390,6 +390,53 @@ def check_cluster(machine: Machine, distributed: str | None) -> Check:
                  summary=f"Dask distributed {distributed}; {here}; every host's workers need this same version")
 
 
+# A connection the sandbox's network namespace cannot make (TEST-NET-1): recorded where the watch works.
+_PROBE_ATTEMPT = ("import socket\ns = socket.socket()\ns.settimeout(1)\n"
+                  "try:\n    s.connect(('192.0.2.1', 9))\nexcept OSError:\n    pass\n")
+_ATTEMPT_FIXES = {
+    "KB_MCP_WATCH=off": "unset KB_MCP_WATCH to record what candidates try",
+    "libseccomp": "install libseccomp (e.g. apt-get install libseccomp2)",
+    "kernel": "run on Linux 5.5 or newer outside gVisor (seccomp user notification with CONTINUE)",
+    "unconfined": "unset KB_MCP_SANDBOX: attempts are recorded only in the bubblewrap sandbox",
+}
+
+
+def check_attempts() -> Check:
+    """Whether what a candidate tries in the sandbox can be recorded here (`harness.sandbox.watch`): one real
+    attempt made in the sandbox, and whether the server's record saw it; else why not."""
+    import time
+
+    from kb_mcp.harness.sandbox.attempts import collecting
+    from kb_mcp.harness.sandbox.sandbox import Grant, SandboxUnavailable, detect
+    from kb_mcp.harness.sandbox.scratch import new_scratch
+
+    try:
+        sandbox = detect()
+    except SandboxUnavailable:
+        return Check(name="attempts", status=Status.info, summary="not recorded: no sandbox (see the line above)")
+    why = sandbox.watch_unavailable()
+    if not why:
+        scratch = new_scratch("doctor")
+        try:
+            with collecting() as seen:
+                code, out = sandbox.run([sys.executable, "-c", _PROBE_ATTEMPT], Grant(role="tool", scratch=scratch),
+                                        timeout_s=60)
+            for _ in range(20):  # the watch's thread may still be saying why it has no record
+                if seen.attempts or seen.unrecorded:
+                    break
+                time.sleep(0.1)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if any(a.kind == "network" and "192.0.2.1" in a.what for a in seen.attempts):
+            return Check(name="attempts", status=Status.ok,
+                         summary="recorded: a test connection from the sandbox was seen by the server's watch")
+        why = "; ".join(sorted(seen.unrecorded)) or \
+            f"the test attempt left no record (exit {code}: {out.strip()[-200:]})"
+    fix = next((f for key, f in _ATTEMPT_FIXES.items() if key in why),
+               "see docs/harness.md (What a candidate tried): candidates stay confined, their attempts go unreported")
+    return Check(name="attempts", status=Status.warn, summary=f"not recorded: {why}", fix=fix)
+
+
 def run_checks(kb_arg: str | None, *, require_gpu: bool = False, on_check: Callable[[Check],
                                                                                     None] | None = None) -> Report:
     """Runs every check in order (each GPU check reads what the earlier ones found)."""
@@ -401,6 +448,7 @@ def run_checks(kb_arg: str | None, *, require_gpu: bool = False, on_check: Calla
         lambda: check_nvcc(machine, require_gpu),
         lambda: check_ncu(machine, require_gpu),
         check_sandbox,
+        check_attempts,
         check_lane,
         lambda: check_kb(kb_arg),
         check_cache,

@@ -16,6 +16,7 @@ Every tool is a job kind. Work that only makes sense as a job (a campaign) is li
 from __future__ import annotations
 
 import builtins
+import contextvars
 import hashlib
 import hmac
 import importlib
@@ -298,7 +299,8 @@ class JobManager:
         )
         self.store.write(record)
         self._cancel_events[record.job_id] = threading.Event()
-        self._pool.submit(self._work, record.job_id, spec, request)
+        # in the caller's context: what the job's sandboxed processes try is logged with its client's name
+        self._pool.submit(contextvars.copy_context().run, self._work, record.job_id, spec, request)
         log.info("job %s (%s) queued", record.job_id, kind)
         return record
 

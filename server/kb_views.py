@@ -150,6 +150,9 @@ class CandidateSummary(BaseModel):
     time_ms: float | None = None
     device: str = ""
     flagged: bool = False
+    findings: list[str] = Field(default_factory=list, description="the verdict's finding codes (why it is flagged)")
+    attempt: str | None = Field(None, description="what the candidate tried that the sandbox refuses "
+                                "(the sandbox_attempt finding), when it tried anything")
     outcomes: int = Field(0, description="outcomes recorded with this candidate")
     created_at: datetime
 
@@ -224,13 +227,15 @@ class CampaignsOverview(BaseModel):
 
 
 def candidates_overview(
-    store: KBStore, *, problem: str | None = None, verdict: str | None = None, limit: int = 50
+    store: KBStore, *, problem: str | None = None, verdict: str | None = None, flagged: bool = False, limit: int = 50
 ) -> CandidatesOverview:
-    """Stored candidate verdicts, newest first, optionally of one problem or one verdict."""
+    """Stored candidate verdicts, newest first, optionally of one problem or one verdict, or only
+    those `flagged` for review."""
     with store.read() as view:
         records = [
             r for r in view.list_candidates()
             if (problem is None or r.problem == problem) and (verdict is None or r.verdict.value == verdict)
+            and (r.flagged or not flagged)
         ]
         counts = Counter(o.candidate_id for o in view.outcomes())
     records.sort(key=lambda r: r.created_at, reverse=True)
@@ -238,7 +243,8 @@ def candidates_overview(
         CandidateSummary(
             candidate_id=r.candidate_id, problem=r.problem, verdict=r.verdict, mode=r.mode, coverage=r.coverage,
             speedup_vs_baseline=r.speedup_vs_baseline,
-            time_ms=r.time_ms, device=r.device, flagged=r.flagged, outcomes=counts[r.candidate_id],
+            time_ms=r.time_ms, device=r.device, flagged=r.flagged, findings=r.findings, attempt=r.attempt or None,
+            outcomes=counts[r.candidate_id],
             created_at=r.created_at,
         )
         for r in records[: min(limit, MAX_ROWS)]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from kb_mcp.harness.sandbox.attempts import Attempt, on_attempt
+
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -40,3 +42,16 @@ def configure(level: str = "INFO") -> None:
     # per-request lines of the HTTP stack at INFO would drown the server's own messages
     for noisy in ("httpx", "httpx2", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+_attempts_log = logging.getLogger("kb_mcp.attempts")
+
+
+def _log_attempt(attempt: Attempt, clients: str) -> None:
+    _attempts_log.warning("sandbox attempt by %s: %s", clients or "an unnamed client", attempt.line())
+
+
+def log_attempts() -> None:
+    """Logs every attempt a sandboxed process makes (`harness.sandbox.attempts`) with the name of the client
+    whose work it was: the owner of a shared server sees who tried what."""
+    on_attempt(_log_attempt)

@@ -24,6 +24,7 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel
 
+from kb_mcp.harness.sandbox.attempts import on_behalf_of
 from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
 from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.disclosure import redact, redact_data
@@ -146,7 +147,10 @@ def as_mcp_tool(spec: ToolSpec, runner: ToolRunner, *, adopt_client_name: bool =
             runner.ctx.client_name = client_name_of(mcp_ctx) or runner.ctx.client_name
         try:
             request = parse_request(spec, arguments)
-            result = await anyio.to_thread.run_sync(runner.run, spec, request, ProgressRelay(mcp_ctx))
+            # What the call's sandboxed processes try is logged with the client's name (the thread
+            # runs in a copy of this context, and so do the jobs it starts).
+            with on_behalf_of(client_name_of(mcp_ctx) or runner.ctx.client_name):
+                result = await anyio.to_thread.run_sync(runner.run, spec, request, ProgressRelay(mcp_ctx))
         except ToolFailure as failure:
             return error_result(failure)
         return tool_result(result)

@@ -109,7 +109,9 @@ def _register_records(server: MCPServer[Any], ctx: ToolContext) -> None:
         name="candidates",
         title="Verified candidates",
         description="The 50 newest candidates compile_and_verify has judged (any agent on this KB): "
-        "candidate_id, problem, verdict, speedup over the better baseline, device, outcomes recorded.",
+        "candidate_id, problem, verdict, speedup over the better baseline, device, outcomes recorded; flagged "
+        "ones (held for review, never credited) with their finding codes, and `attempt`: what the candidate tried "
+        "that the sandbox refuses (sandbox_attempt).",
         mime_type=JSON,
     )
     @_worded

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kb_mcp.harness.candidate import CandidateError, parse_candidate
 from kb_mcp.harness.gpu.gpu_probe import no_gpu_reason
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
 from kb_mcp.profiling.ncu_import import ReportImportError, import_report
@@ -160,6 +161,9 @@ class Result(BaseModel):
     kernels: list[KernelSummary] = Field(default_factory=list)
     omitted_kernels: int = Field(0, description="kernels not listed (lighter ones); detail=true lists all")
     notes: list[str] = Field(default_factory=list)
+    findings: list[Finding] = Field(
+        default_factory=list, description="sandbox_attempt: what the profiled code's processes (the driver, ncu) "
+        "tried that the sandbox refuses; the profile stands, the owner of the server sees it in its log")
     report_file: str | None = None
     wall_s: float | None = None
     next_step: str = ""
@@ -316,7 +320,8 @@ def _imported(ctx: ToolContext, req: Request, progress: Progress) -> Result:
 def _result(prof: Profile, req: Request) -> Result:
     kernels, omitted = summarize(prof, detail=req.detail, top=req.top)
     return Result(
-        summary=f"profiled {len(prof.kernels)} kernel(s) on {prof.device}",
+        summary=f"profiled {len(prof.kernels)} kernel(s) on {prof.device}"
+        + (f" [flagged: sandbox_attempt: {prof.attempt}]" if prof.attempt else ""),
         profile_id=prof.profile_id,
         problem=prof.problem,
         candidate_id=prof.candidate_id,
@@ -331,6 +336,8 @@ def _result(prof: Profile, req: Request) -> Result:
         kernels=kernels,
         omitted_kernels=omitted,
         notes=prof.notes,
+        findings=[Finding(code=FindingCode.sandbox_attempt, source="sandbox", message=prof.attempt)] if prof.attempt
+        else [],
         report_file=prof.report_file,
         wall_s=round(prof.wall_s, 2) if prof.wall_s is not None else None,
         next_step=f"call classify_state with profile_id={prof.profile_id} to map the kernels to KB states",

@@ -344,6 +344,9 @@ def _move_scores(tx: Transaction, req: Request, cand: CandidateRecord, opt_id: s
 
 
 def _why_no_score_moved(cand: CandidateRecord, moved: bool) -> str:
+    if cand.flagged and cand.attempt:
+        return (f"the candidate is flagged for review (sandbox_attempt): {cand.attempt} It is kept in the replay "
+                "buffer for the server's owner to see; no score moved. ")
     if cand.flagged:
         return ("the candidate's speedup is flagged for review (implausible): kept in the replay buffer, no score "
                 "moved. ")

@@ -31,10 +31,12 @@ from kb_mcp.harness.builds.toolchain import (
     extension_name,
     flag_refusals,
     light_variants,
+    tried_outside,
     truncate,
 )
 from kb_mcp.harness.candidate import SourceUnit
 from kb_mcp.harness.protocol import BuildReply, BuildReport, BuildSpec
+from kb_mcp.harness.sandbox.attempts import Attempt, record, redact
 from kb_mcp.harness.sandbox.running import Running, Stopped
 from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox
 from kb_mcp.harness.sandbox.scratch import new_scratch
@@ -71,6 +73,14 @@ def toolchain(sandbox: Sandbox) -> ToolchainInfo:
         return _PROBED[key]
 
 
+def refused_attempts(unit: SourceUnit, tc: ToolchainInfo, role: str) -> None:
+    """Records what of the unit's refused flags and includes would have reached outside its build
+    (`toolchain.tried_outside`) as attempts of the work asking for it (`attempts.record`)."""
+    tried = tried_outside(unit, tc.include_roots)
+    if tried:  # one attempt per unit: a finding names a few attempts, each unit's whole request
+        record(Attempt(kind="build", what=redact(f"{unit.name}: {'; '.join(tried)}", 600), role=role))
+
+
 def _copy_regular(src: Path, dest_dir: Path, name: str) -> None:
     """Copies `src` (a regular file, never a link: the sandbox made it) to `dest_dir/name` atomically."""
     fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
@@ -91,7 +101,7 @@ class BuildService:
     """Builds `load_inline` units for workers, in the sandbox, into the shared cache.
 
     `running` holds the build processes it starts: the pool's service keeps its own; builds ahead
-    (`harness.ahead`) use one that a cancelled eval stops, at a lower CPU priority.
+    (`harness.builds.ahead`) use one that a cancelled eval stops, at a lower CPU priority.
     """
 
     def __init__(self, cache_dir: Path, sandbox: Sandbox, running: Running | None = None) -> None:
@@ -116,6 +126,7 @@ class BuildService:
             return BuildReply(ok=False, log=str(exc))
         refusals = flag_refusals(unit, tc.include_roots)
         if refusals:
+            refused_attempts(unit, tc, "build")
             return BuildReply(ok=False, refused="; ".join(refusals))
         if torch_version and torch_version != tc.torch_version:
             return BuildReply(ok=False,

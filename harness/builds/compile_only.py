@@ -36,7 +36,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from kb_mcp.harness.builds.builds import BuildService, ToolchainError, toolchain
+from kb_mcp.harness.builds.builds import BuildService, ToolchainError, refused_attempts, toolchain
 from kb_mcp.harness.builds.toolchain import (
     DEFAULT_ARCH,
     MESSAGE_LIMIT,
@@ -205,7 +205,8 @@ class CompileOnly:
         t0 = time.perf_counter()
         refused = flag_refusals(unit, tc.include_roots)
         if refused:
-            # Not compiled at all: the refusal is the diagnostic.
+            # Not compiled at all: the refusal is the diagnostic, and what reached outside an attempt.
+            refused_attempts(unit, tc, "compiler")
             return CompileUnit(kind=unit.kind, name=unit.name, ok=False, kernels=kernel_names(unit.cuda_source),
                                log="\n".join(f"error: refused: {r}" for r in refused))
         variants = light_variants(unit) if unit.kind == "load_inline" else [False]

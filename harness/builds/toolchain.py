@@ -7,11 +7,11 @@ way out of any check: `-wrapper /bin/sh,-c,...` runs a command during a compile,
 the compiler. So flags come from allow-lists (`refusals` lists what is not on them), include
 folders must lie inside the toolchain's own include folders, and `#include` names must be plain
 relative names (no absolute path, no `..`, no computed include). The sandbox the compilers run in
-(`harness.sandbox`) is the second wall; this module is the first, with messages that say what to
+(`harness.sandbox.sandbox`) is the second wall; this module is the first, with messages that say what to
 change.
 
-Also here, shared by the compile-only path (`harness.compile_only`), the build service
-(`harness.builds`) and the worker's builders (`harness.worker.compile`): the text `load_inline`
+Also here, shared by the compile-only path (`harness.builds.compile_only`), the build service
+(`harness.builds.builds`) and the worker's builders (`harness.worker.compile`): the text `load_inline`
 would compile (`inline_sources`), the content-hash name of a built extension
 (`extension_name`), the compiler runs that check a unit without a GPU (`compile_runs`), and
 compiler-log helpers.
@@ -48,7 +48,7 @@ class ToolchainInfo(BaseModel):
     cxx: str
     nvcc_version: str = ""
     include_roots: list[str] = Field(default_factory=list)  # folders an include folder may lie in
-    cuobjdump: str | None = None  # path, or None: the SASS of built code cannot be read (`harness.precision`)
+    cuobjdump: str | None = None  # path, or None: the SASS of built code cannot be read (`harness.judgment.precision`)
     nvdisasm: str | None = None  # what cuobjdump runs to print SASS
     # The CUDA toolkit's include folder, which load_inline gives the host compiler of a CUDA
     # extension (torch's `include_paths("cuda")`); empty where there is no toolkit.
@@ -135,43 +135,74 @@ def _inside(path: str, roots: Iterable[str]) -> bool:
     return any(real == os.path.realpath(r) or real.startswith(os.path.realpath(r).rstrip("/") + "/") for r in roots)
 
 
+# Refused flags that make a compiler run a program, load code, or read or write a file the
+# candidate names (or that name a path at all): asking for one is an attempt (`harness.sandbox.attempts`),
+# where a flag merely missing from the allow-lists is a mistake.
+_REACHING = re.compile(r"^(?:-wrapper|-include|--pre-include|-imacros|-iprefix|-iwithprefix|-isysroot|--sysroot|"
+                       r"-fplugin|-B|--?specs|@|-ccbin|--compiler-bindir|-Xlinker|--linker-options|-Wl,|"
+                       r"--options-file|-optf|-load|-T|-o|--output-file|-odir|--output-directory|--keep-dir|"
+                       r"-save-temps|-fdump|-Xnvlink|-Xarchive)|[/\\]")
+
+
 def flag_refusals(unit: SourceUnit, include_roots: Sequence[str]) -> list[str]:
     """Why this unit may not be compiled as asked (empty: its flags and include folders are allowed)."""
-    out: list[str] = []
+    return [message for message, _tried in refusals(unit, include_roots)]
+
+
+def tried_outside(unit: SourceUnit, include_roots: Sequence[str]) -> list[str]:
+    """What of the unit's refused flags, folders and includes would have reached outside its build
+    (a program run, code loaded, a file named by path read or written): each is an attempt (the
+    unit's name is not repeated in them)."""
+    return [tried for _message, tried in refusals(unit, include_roots) if tried]
+
+
+def refusals(unit: SourceUnit, include_roots: Sequence[str]) -> list[tuple[str, str]]:
+    """Each refusal of the unit: (why it is refused, what it tried outside the build or "")."""
+    out: list[tuple[str, str]] = []
     where = f"{unit.name}: "
+
+    def reach(what: str, flag: str) -> str:
+        return f"{what} {flag}" if _REACHING.search(flag) else ""
+
     for folder in unit.include_dirs:
         if not os.path.isabs(folder) or not _inside(folder, include_roots):
-            out.append(f"{where}include folder {folder!r} is outside the toolchain's include folders; "
-                       "candidates have no files of their own to include")
+            out.append((f"{where}include folder {folder!r} is outside the toolchain's include folders; "
+                        "candidates have no files of their own to include", f"include folder {folder}"))
     cuda_flags = _joined(unit.nvcc_options)
     for flag in cuda_flags:
         if flag.startswith(("-I", "--include-path=")):
             folder = flag.split("=", 1)[1] if flag.startswith("--include-path=") else flag[2:]
             if not _inside(folder, include_roots):
-                out.append(f"{where}include folder {folder!r} is outside the toolchain's include folders")
+                out.append((f"{where}include folder {folder!r} is outside the toolchain's include folders",
+                            f"include folder {folder}"))
             continue
         if flag.startswith("-Xcompiler="):
             bad = [h for h in flag.split("=", 1)[1].split(",") if h and not _HOST.match(h)]
-            out += [f"{where}host compiler flag {h!r} (through -Xcompiler) is not allowed" for h in bad]
+            out += [(f"{where}host compiler flag {h!r} (through -Xcompiler) is not allowed",
+                     reach("host compiler flag (through -Xcompiler)", h)) for h in bad]
             continue
         if unit.kind == "nvrtc" and _NVRTC_ONLY.match(flag):
             continue
         if not _NVCC.match(flag):
-            out.append(f"{where}CUDA compiler flag {flag!r} is not allowed (allowed: optimisation, -D/-U, -std, "
-                       "fast-math, maxrregcount, -Xptxas -v, arch/gencode, line info, warnings)")
+            out.append((f"{where}CUDA compiler flag {flag!r} is not allowed (allowed: optimisation, -D/-U, -std, "
+                        "fast-math, maxrregcount, -Xptxas -v, arch/gencode, line info, warnings)",
+                        reach("CUDA compiler flag", flag)))
     for flag in _joined(unit.cflags):
         if flag.startswith("-I"):
             if not _inside(flag[2:], include_roots):
-                out.append(f"{where}include folder {flag[2:]!r} is outside the toolchain's include folders")
+                out.append((f"{where}include folder {flag[2:]!r} is outside the toolchain's include folders",
+                            f"include folder {flag[2:]}"))
         elif not _HOST.match(flag):
-            out.append(f"{where}host compiler flag {flag!r} is not allowed (allowed: -O, -std, -D/-U, -g, warnings, "
-                       "-march=native, a few -f switches)")
+            out.append((f"{where}host compiler flag {flag!r} is not allowed (allowed: -O, -std, -D/-U, -g, warnings, "
+                        "-march=native, a few -f switches)", reach("host compiler flag", flag)))
     for flag in _joined(unit.ldflags):
         if flag.startswith("-L"):
             if not _inside(flag[2:], (*include_roots, *(os.path.dirname(r.rstrip("/")) for r in include_roots))):
-                out.append(f"{where}library folder {flag[2:]!r} is outside the toolchain's folders")
+                out.append((f"{where}library folder {flag[2:]!r} is outside the toolchain's folders",
+                            f"library folder {flag[2:]}"))
         elif not _LD.match(flag):
-            out.append(f"{where}linker flag {flag!r} is not allowed (allowed: -l of CUDA and torch libraries)")
+            out.append((f"{where}linker flag {flag!r} is not allowed (allowed: -l of CUDA and torch libraries)",
+                        reach("linker flag", flag)))
     out += include_refusals(unit)
     return out
 
@@ -200,28 +231,35 @@ def _bad_name(name: str) -> str | None:
     return None
 
 
-def include_refusals(unit: SourceUnit) -> list[str]:
+def include_refusals(unit: SourceUnit) -> list[tuple[str, str]]:
     """`#include` lines of the unit's sources that name a file by absolute path, climb out with
-    `..`, or compute the name (a macro), and assembler `.incbin`/`.include`."""
-    out: list[str] = []
+    `..`, or compute the name (a macro), and assembler `.incbin`/`.include`: (why refused, what it
+    tried outside the build; "" for a malformed line, a mistake)."""
+    out: list[tuple[str, str]] = []
     for label, text in (("cuda_sources", unit.cuda_source), ("cpp_sources", unit.cpp_source)):
         if not text:
             continue
+        where = f"{unit.name} ({label}): "
         clean = _preprocessed(text)
         operands = [(m.group(1), m.group(2).strip()) for m in _DIRECTIVE.finditer(clean)]
         operands += [("__has_include", m.group(1).strip()) for m in _HAS.finditer(clean)]
         for what, operand in operands:
             m = _OPERAND.match(operand)
             if not m:
-                out.append(f"{unit.name} ({label}): #{what} {operand[:60]!r} is computed or malformed; "
-                           'name headers literally, as "name.h" or <name.h>')
+                computed = re.match(r"[A-Za-z_]", operand) is not None  # a macro names the file
+                out.append((f"{where}#{what} {operand[:60]!r} is computed or malformed; "
+                            'name headers literally, as "name.h" or <name.h>',
+                            f"#{what} {operand[:80]} (computed, {label})" if computed else ""))
                 continue
             why = _bad_name(m.group(1) if m.group(1) is not None else m.group(2))
             if why:
-                out.append(f"{unit.name} ({label}): #{what} {operand[:80]} names {why}; candidates may include "
-                           "only the toolchain's headers, by relative name")
-        if _ASM_INCLUDE.search(clean):
-            out.append(f"{unit.name} ({label}): assembler .incbin/.include reads files into the build; not allowed")
+                out.append((f"{where}#{what} {operand[:80]} names {why}; candidates may include "
+                            "only the toolchain's headers, by relative name", f"#{what} {operand[:120]} ({label})"))
+        found = _ASM_INCLUDE.search(clean)
+        if found:
+            line = clean[clean.rfind("\n", 0, found.start()) + 1:].split("\n", 1)[0].strip()
+            out.append((f"{where}assembler .incbin/.include reads files into the build; not allowed",
+                        f"assembler {line[:120]} ({label})"))
     return out
 
 

@@ -49,12 +49,13 @@ class FindingCode(str, Enum):
     tf32_switch = "tf32_switch"  # a global TF32 switch (matmul or cuDNN) turned on by the candidate
     cudnn_benchmark = "cudnn_benchmark"  # cuDNN's benchmark mode (autotuned convolutions) turned on
     graph_replay = "graph_replay"  # library or PyTorch kernels replayed from a CUDA graph
+    sandbox_attempt = "sandbox_attempt"
 
 
 # Findings that describe wrong answers rather than cheating: the verdict is `incorrect`, not `invalid`.
 INCORRECT_ONLY = frozenset({FindingCode.constant_output, FindingCode.precision_lowered})
 # Findings that hold a result for review without rejecting it.
-REVIEW_ONLY = frozenset({FindingCode.implausible_speedup})
+REVIEW_ONLY = frozenset({FindingCode.implausible_speedup, FindingCode.sandbox_attempt})
 # Findings a lowered precision explains: its error grows with the inputs' magnitude, so an honest
 # bf16 kernel passes the usual inputs and fails the stretched ones. Beside `precision_lowered` such a
 # finding is that precision's wrong answer (`incorrect`), not a cheat on the distribution.
@@ -68,7 +69,7 @@ class Finding(BaseModel):
 
     code: FindingCode
     message: str  # actionable: what the candidate did and what to change
-    source: str = "runtime"  # static | runtime | timing
+    source: str = "runtime"  # static | runtime | timing | sandbox
     line: int | None = None  # for static findings
 
 
@@ -227,6 +228,9 @@ class VerifyResult(BaseModel):
     # The share of the candidate's GPU time in its own kernels (0..1) in one censused forward
     # (`kernels.coverage`); measured on every GPU run that reached the census, None where not.
     coverage: float | None = None
+    # Whether what the candidate's sandboxed processes tried was recorded ("recorded", or "not
+    # recorded: why"; `harness.sandbox.watch`); the attempts themselves are the `sandbox_attempt` finding.
+    attempts: str = ""
 
     def record(self, options: VerifyOptions) -> CandidateRecord:
         """The KB's record of this verdict (what `record_outcome` reads), keyed by the options it
@@ -251,6 +255,7 @@ class VerifyResult(BaseModel):
             eager_device_ms=t.eager_device_ms if t else None,
             flagged=self.flagged or bool(assessed.loosened),
             findings=[f.code.value for f in self.findings],
+            attempt=next((f.message for f in self.findings if f.code == FindingCode.sandbox_attempt), ""),
             options=assessed.options,
             strength=assessed.strength,
             loosened=assessed.loosened,

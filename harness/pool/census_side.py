@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kb_mcp.harness.attempt_findings import census_with_attempts
 from kb_mcp.harness.baselines import Baseline, BaselineCache
 from kb_mcp.harness.builds.builds import BuildService
 from kb_mcp.harness.builds.compile_only import CompileOnly
@@ -24,9 +25,10 @@ from kb_mcp.harness.gpu import lane
 from kb_mcp.harness.judgment.composed import COMPOSED, ReferenceOpsCache
 from kb_mcp.harness.judgment.verdict import Failure, FailureKind, Finding, FindingCode, VerifyOptions
 from kb_mcp.harness.phases import CENSUS_WORDS
-from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
+from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, following
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.protocol import BuildAsk, CensusAnswer, CensusReply, CensusRequest, ProblemFailed
+from kb_mcp.harness.sandbox.attempts import collecting
 from kb_mcp.harness.sandbox.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
 from kb_mcp.harness.sandbox.sandbox import Sandbox
 from kb_mcp.profiling.work import take_work_census
@@ -60,11 +62,11 @@ class CensusSide:
         takes it between the checks and the timing). Never raises for a misbehaving candidate or
         problem (the reply says what happened); raises WorkerError when no census worker starts."""
         opts = options or VerifyOptions()
-        with lane.hold(f"census {problem.name}"), self._lock:
+        with collecting() as seen, lane.hold(f"census {problem.name}"), self._lock, following(seen, self._census):
             reply = self._take_census(problem, source, opts, candidate_id(problem, source), reference_device)
         if isinstance(reply, ProblemFailed):
             return CensusReply(failure=Failure(kind=FailureKind.census_problem_failed, detail=reply.text))
-        return reply
+        return census_with_attempts(reply, seen)
 
     def _census_worker(self, untouched: bool = False) -> WorkerProcess:
         """The census worker, ready; with `untouched`, one no candidate has run in yet."""

@@ -46,6 +46,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from kb_mcp.harness.attempt_findings import with_attempts
 from kb_mcp.harness.baselines import Baseline, BaselineCache, BaselineRun, not_cached
 from kb_mcp.harness.builds.ahead import BuildsAhead, target_for
 from kb_mcp.harness.builds.builds import BuildService
@@ -70,7 +71,7 @@ from kb_mcp.harness.judgment.verdict import (
 from kb_mcp.harness.phases import PHASE_WORDS, PHASES, PhaseClock
 from kb_mcp.harness.pool.baseline_side import BaselineSide
 from kb_mcp.harness.pool.census_side import CensusSide
-from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, kill_all
+from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, following, kill_all
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.protocol import (
     FROM_WORKER,
@@ -87,6 +88,7 @@ from kb_mcp.harness.protocol import (
     VerifyRequest,
     WorkerInfo,
 )
+from kb_mcp.harness.sandbox.attempts import AttemptLog, collecting
 from kb_mcp.harness.sandbox.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
 from kb_mcp.harness.sandbox.sandbox import Sandbox, detect
 from kb_mcp.harness.sandbox.scratch import sweep_scratch
@@ -291,13 +293,23 @@ class WorkerPool(BaselineSide, CensusSide):
             return _judged(problem, cid, Evidence(compile=CompileResult(ok=False, messages=[str(exc)]),
                                                   failure=Failure(kind=FailureKind.malformed, detail=str(exc))),
                            phase="static", track=opts.track)
-        # The worker is started first (under the lane where a GPU may be visible: its CUDA start-up),
-        # whatever the request; a compile-only one then compiles beside the others, without the lane.
-        if self.no_cuda or not self._gpu_worker(progress) or opts.compile_only:
-            return self._marked(self._compile_only(problem, source, opts, cid, progress, t0), opts)
+        with collecting() as seen:
+            # The worker is started first (under the lane where a GPU may be visible: its CUDA start-up),
+            # whatever the request; a compile-only one then compiles beside the others, without the lane.
+            if self.no_cuda or not self._gpu_worker(progress) or opts.compile_only:
+                result = self._compile_only(problem, source, opts, cid, progress, t0)
+            else:
+                result = self._on_lane(problem, source, opts, cid, progress, t0, seen)
+        return self._marked(with_attempts(result, seen), opts)
+
+    def _on_lane(self, problem: Problem, source: str, opts: VerifyOptions, cid: str, progress: Progress,
+                 t0: float, seen: AttemptLog) -> VerifyResult:
+        """A GPU verification: its units built before the lane, then its GPU work under it, what the
+        candidate's processes try meanwhile reported to `seen`; the result says how it used the lane."""
         built = self._build_first(source, opts, progress)
         tb = time.monotonic()
-        with lane.hold(f"verify {problem.name}", progress) as held, self._lock:
+        with lane.hold(f"verify {problem.name}", progress) as held, self._lock, \
+                following(seen, self._worker, self._census):
             tl = time.monotonic()
             w = self._ready()
             if not (w.info and w.info.cuda):
@@ -323,8 +335,7 @@ class WorkerPool(BaselineSide, CensusSide):
                 self._settle_starts()  # a worker started meanwhile starts CUDA under the lane, not beside others
             # held from its entry (`since`, the wall clock as it was taken), the wait for the pool's lock included
             use = LaneUse().add(held.waited_s, time.time() - held.since, held.place, held.gpu, held.machine)
-        result = result.model_copy(update={"lane": use})
-        return self._marked(result, opts)
+        return result.model_copy(update={"lane": use})
 
     def _gpu_worker(self, progress: Progress) -> bool:
         """Whether the active worker has a GPU to verify on. The first request of a pool starts it

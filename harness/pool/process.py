@@ -1,6 +1,6 @@
 """One sandboxed worker process, as the pool holds it: its channel, its captured output, its end.
 
-The worker is `python -m kb_mcp.harness.worker.main`, started through `harness.sandbox` (its own
+The worker is `python -m kb_mcp.harness.worker.main`, started through `harness.sandbox.sandbox` (its own
 scratch folder, the shared cache's published builds and baselines read-only, the GPU where
 there is one). Its stdout and stderr are a pipe this process drains continuously, keeping the
 head and tail of each request's output (a candidate that floods its output costs nothing but CPU).
@@ -9,6 +9,7 @@ head and tail of each request's output (a candidate that floods its output costs
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,11 @@ from kb_mcp.harness.protocol import (
     ResultFrame,
     WorkerInfo,
 )
+from kb_mcp.harness.sandbox.attempts import AttemptLog
 from kb_mcp.harness.sandbox.channel import POOL_KEY, ChannelError, ForgedFrame, FrameReader, new_key, send
 from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox, kill_group
 from kb_mcp.harness.sandbox.scratch import new_scratch
+from kb_mcp.harness.sandbox.watch import watch_of
 
 HEAD_BYTES = 64 << 10  # output kept from the start of a request...
 TAIL_BYTES = 64 << 10  # ...and from its end
@@ -134,6 +137,20 @@ class Output:
             return text_h + text_t
         half = max(1, limit // 2)
         return f"{text_h[:half]}\n[... {total - min(total, 2 * half)} bytes of output omitted ...]\n{text_t[-half:]}"
+
+
+@contextlib.contextmanager
+def following(seen: AttemptLog, *workers: WorkerProcess | None) -> Iterator[None]:
+    """Reports the attempts of these (warm) workers to `seen` during the block; workers started in
+    it report there anyway (`attempts.collecting`)."""
+    watches = [wt for w in workers if w is not None for wt in [watch_of(w.proc)] if wt is not None]
+    for wt in watches:
+        wt.follow(seen)
+    try:
+        yield
+    finally:
+        for wt in watches:
+            wt.unfollow(seen)
 
 
 class WorkerProcess:

@@ -1,3 +1,4 @@
+# long: one module decides the whole sandbox policy, so that a review reads it in one place
 """The sandbox every piece of untrusted code runs in, and the one place that decides its policy.
 
 Untrusted: candidates, problem files, and what the compilers do with them. Everything that imports,
@@ -22,6 +23,10 @@ and ncu's report export. This module decides, per role, what such a process sees
   no name that looks like a secret passes even when listed.
 * **System calls**: a seccomp filter (libseccomp through `pyseccomp`, where it loads) refusing
   ptrace, process_vm_*, bpf, keyctl, userfaultfd, io_uring, kernel modules and mounts.
+* **Attempts** (`harness.sandbox.watch`): where the kernel allows, the filter is installed by a launcher that
+  hands a seccomp listener to the server, which records what the process tried and was refused
+  (programs, connections, writes, private reads, the refused calls above) into the logs active
+  when it started (`harness.sandbox.attempts`).
 * **Limits** (`setrlimit`, per role): CPU seconds, data segment, file size, processes, open files;
   work that may wait (builds ahead of a verification) also runs at a lower CPU priority (`nice`).
   The GPU's device nodes are the only devices beyond null/zero/random, and only for GPU roles.
@@ -53,6 +58,8 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, Literal
 
+from kb_mcp.harness.sandbox.attempts import active_logs
+from kb_mcp.harness.sandbox.watch import Places, Watch, unavailable
 from kb_mcp.kb import paths
 
 ENV_SANDBOX = "KB_MCP_SANDBOX"  # "bwrap" (the default) or "unconfined" (explicit opt-in: no namespaces)
@@ -381,8 +388,10 @@ class Sandbox:
         env.update({k: v for k, v in grant.env if not SECRET_NAME.search(k)})
         return env
 
-    def argv(self, command: Sequence[str], grant: Grant) -> tuple[list[str], list[int]]:
-        """The command line that runs `command` confined per `grant`, and the descriptors it needs passed."""
+    def argv(self, command: Sequence[str], grant: Grant, watched: bool = False) -> tuple[list[str], list[int]]:
+        """The command line that runs `command` confined per `grant`, and the descriptors it needs passed.
+        `watched`: `command` starts with the watch's launcher, which installs the system-call filter
+        itself (with the refusals of `DENIED_SYSCALLS` answered and recorded by `harness.sandbox.watch`)."""
         if not self.confined:
             return list(command), []
         assert self.bwrap is not None
@@ -406,7 +415,7 @@ class Sandbox:
             fd = _memfd(etc_file.name, text.encode())
             fds.append(fd)
             args += ["--ro-bind-data", str(fd), str(etc_file)]
-        program = seccomp_program()
+        program = None if watched else seccomp_program()
         if program:
             fd = _memfd("seccomp", program)
             fds.append(fd)
@@ -424,7 +433,10 @@ class Sandbox:
         """Starts `command` in the sandbox, in a new session (kill its group with `kill_group`)."""
         # Inside, uid 65534 is this process's own user: the scratch needs no other permissions.
         grant.scratch.mkdir(parents=True, exist_ok=True)
-        argv, fds = self.argv(command, grant)
+        watch = self._watch(grant)  # the launcher first, handed the end of the watch's socket
+        if watch is not None:
+            command, pass_fds = watch.prefix() + list(command), (*pass_fds, watch.child.fileno())
+        argv, fds = self.argv(command, grant, watched=watch is not None)
         env = None if self.confined else self.env_for(grant)
         preexec = _preexec(limits or limits_for(grant.role), pdeathsig=not self.confined)
 
@@ -436,10 +448,29 @@ class Sandbox:
             )
 
         try:
-            return _launcher().spawn(make)
+            proc = _launcher().spawn(make)
+        except BaseException as exc:
+            if watch is not None:
+                watch.abandon(str(exc))
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
+        if watch is not None:
+            watch.start(proc)
+        for logbook in active_logs() if watch is None else ():
+            logbook.not_recorded(self.watch_unavailable())
+        return proc
+
+    def watch_unavailable(self) -> str:
+        """Why processes of this sandbox run without a record of their attempts ("" when they have one)."""
+        return unavailable() if self.confined else "the sandbox is unconfined"
+
+    def _watch(self, grant: Grant) -> Watch | None:
+        if self.watch_unavailable():
+            return None
+        places = Places.of(grant.role, grant.scratch, [*self.common_view().ro, *grant.ro], self.private, _tool_roots())
+        return Watch(places, active_logs(), DENIED_SYSCALLS)
 
     def run(self, command: Sequence[str], grant: Grant, *, timeout_s: float, input_text: str | None = None,
             limits: Limits | None = None) -> tuple[int, str]:

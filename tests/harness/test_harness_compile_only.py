@@ -16,11 +16,26 @@ from kb_mcp.harness.builds.toolchain import (
     missing_declarations,
     needs_torch_headers,
     nvrtc_capability,
+    tried_outside,
 )
 from kb_mcp.harness.candidate import SourceUnit, static_units
 from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.sandbox.sandbox import detect
 from kb_mcp.kb.models import Verdict
+
+
+def test_refused_flags_that_reach_outside_the_build_are_attempts_and_unknown_ones_mistakes() -> None:
+    unit = SourceUnit(kind="load_inline", name="u", cuda_source='#include "/etc/passwd"\n#include <x.h\n',
+                      cpp_source="#define F <cuda.h>\n#include F\n",
+                      nvcc_options=["-keep", "-wrapper", "/bin/sh,-c,id"],
+                      cflags=["-funroll-all-loops", "-fplugin=/tmp/p.so", "-Xlinker"], ldflags=["-lfoo", "-L/opt/x"])
+    assert tried_outside(unit, ["/usr/include"]) == [
+        "CUDA compiler flag -wrapper", "CUDA compiler flag /bin/sh,-c,id", "host compiler flag -fplugin=/tmp/p.so",
+        "host compiler flag -Xlinker", "library folder /opt/x", '#include "/etc/passwd" (cuda_sources)',
+        "#include F (computed, cpp_sources)"]
+    honest = SourceUnit(kind="load_inline", name="h", cuda_source="#include <cuda.h>\n",
+                        nvcc_options=["-keep", "-O3"], cflags=["-funroll-all-loops"])
+    assert tried_outside(honest, ["/usr/include"]) == []
 
 
 def test_light_header_detection() -> None:

@@ -30,6 +30,9 @@ CANDIDATES = [
     ("c_leaf000000000003", Verdict.faster, 2.6, "c_mid0000000000002", "vectorize_global_access"),
     ("c_bad0000000000004", Verdict.incorrect, None, "c_root000000000001", "grid_stride_ilp"),
 ]
+# c_leaf measured faster and tried to reach the network: valid, flagged, never credited
+ATTEMPT = ("the candidate tried what the sandbox refuses: network: connect 1.1.1.1:443 (worker). Nothing of it "
+           "reached outside the sandbox; remove it from the candidate")
 
 
 def _seed(kb: Path) -> None:
@@ -39,9 +42,12 @@ def _seed(kb: Path) -> None:
     with store.transaction() as tx:
         for i, (cid, verdict, speedup, parent, opt) in enumerate(CANDIDATES):
             when = T0 + timedelta(minutes=i)
+            tried = cid == "c_leaf000000000003"
             tx.put_candidate(CandidateRecord(candidate_id=cid, problem="swish", problem_hash="h", verdict=verdict,
                                              device="NVIDIA H100", arch="sm_90", time_ms=0.1 if speedup else None,
-                                             speedup_vs_baseline=speedup, created_at=when))
+                                             speedup_vs_baseline=speedup, created_at=when, flagged=tried,
+                                             findings=["sandbox_attempt"] if tried else [],
+                                             attempt=ATTEMPT if tried else ""))
             if parent is not None:
                 tx.put_outcome(Outcome(id=f"o{i}", problem="swish", candidate_id=cid, parent_candidate_id=parent,
                                        state_id=STATE, optimization_id=opt, arch="sm_90", verdict=verdict,
@@ -73,6 +79,19 @@ def test_candidates_newest_first_with_filters(kb: Path) -> None:
     assert {c["candidate_id"] for c in faster["candidates"]} == {"c_mid0000000000002", "c_leaf000000000003"}
     table = _kb(kb, "candidates").stdout
     assert "c_leaf000000000003" in table and "x2.60" in table
+
+
+def test_flagged_candidates_are_listed_with_what_they_tried(kb: Path) -> None:
+    doc = json.loads(_kb(kb, "candidates", "--flagged", "--json").stdout)
+    assert doc["count"] == 1 and len(doc["candidates"]) == 1
+    leaf = doc["candidates"][0]
+    assert (leaf["candidate_id"], leaf["verdict"], leaf["flagged"]) == ("c_leaf000000000003", "faster", True)
+    assert leaf["findings"] == ["sandbox_attempt"] and leaf["attempt"] == ATTEMPT
+    table = _kb(kb, "candidates", "--flagged", "--limit", "5").stdout
+    assert "faster (flagged)" in table and "c_mid0000000000002" not in table
+    assert "sandbox_attempt: the candidate tried what the sandbox refuses: network: connect 1.1.1.1:443" in \
+        " ".join(table.split()), table
+    assert "sandbox_attempt: the candidate tried" in _kb(kb, "candidate", "c_leaf", "--no-source").stdout
 
 
 def test_a_candidate_by_prefix_shows_verdict_source_and_lineage(kb: Path) -> None:
@@ -119,6 +138,10 @@ async def test_the_same_documents_are_resources(kb: Path) -> None:
         read = await client.read_resource("kb://candidate/c_mid0000000000002")
         doc = json.loads(read.contents[0].text)  # type: ignore[union-attr]
         assert doc == json.loads(_kb(kb, "candidate", "c_mid0000000000002", "--json").stdout)
+        listing = json.loads((await client.read_resource("kb://candidates")).contents[0].text)  # type: ignore[union-attr]
+        shown = {c["candidate_id"]: c for c in listing["candidates"]}
+        assert shown["c_leaf000000000003"]["flagged"] and shown["c_leaf000000000003"]["attempt"] == ATTEMPT
+        assert not shown["c_mid0000000000002"]["flagged"] and "attempt" not in shown["c_mid0000000000002"]
         campaigns = json.loads((await client.read_resource("kb://campaigns")).contents[0].text)  # type: ignore[union-attr]
         assert campaigns["campaigns"][0]["name"] == "overnight"
 

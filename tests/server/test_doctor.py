@@ -23,7 +23,7 @@ from kb_mcp.server.doctor import (
     torch_cuda_build,
 )
 
-NAMES = ["kb-mcp", "GPU", "PyTorch", "nvcc", "ncu", "sandbox", "GPU lane", "KB", "cache", "cluster"]
+NAMES = ["kb-mcp", "GPU", "PyTorch", "nvcc", "ncu", "sandbox", "attempts", "GPU lane", "KB", "cache", "cluster"]
 
 # nvidia-smi on an H100 machine (driver 580), as `--query-gpu=name,driver_version --format=csv,noheader`
 # and the header of plain `nvidia-smi`
@@ -129,6 +129,27 @@ def test_the_sandbox_check_is_the_harness_own(tmp_path: Path) -> None:
     confined = sandbox("bwrap")  # this machine has bubblewrap (the sandbox tests need it)
     assert confined["status"] == "ok" and confined["summary"].startswith("bubblewrap (uid 65534")
     assert ("no process-count limit" in confined["summary"]) == (os.geteuid() == 0)
+
+
+def test_the_attempts_check_makes_one_in_the_sandbox_or_says_why_it_cannot(tmp_path: Path) -> None:
+    from kb_mcp.harness.sandbox.sandbox import detect
+
+    def attempts(env: dict[str, str]) -> dict[str, str]:
+        done = _doctor(["--json"], tmp_path / "kb.json", env)
+        return next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "attempts")
+
+    here = attempts({})
+    why = detect().watch_unavailable()
+    if why:  # a machine without the watch: the line says why, with a fix
+        assert here["status"] == "warn" and why in here["summary"] and here["fix"], here
+    else:  # the test connection made in the sandbox was seen
+        assert here["status"] == "ok" and "test connection" in here["summary"], here
+    off = attempts({"KB_MCP_WATCH": "off"})
+    assert off["status"] == "warn" and off["summary"] == "not recorded: KB_MCP_WATCH=off", off
+    assert "unset KB_MCP_WATCH" in off["fix"]
+    unconfined = attempts({"KB_MCP_SANDBOX": "unconfined"})
+    assert unconfined["status"] == "warn" and "unconfined" in unconfined["summary"], unconfined
+    assert "unset KB_MCP_SANDBOX" in unconfined["fix"]
 
 
 def test_the_gpu_lane_check_names_its_key_and_who_holds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -121,3 +121,84 @@ def test_a_corrupt_kb_is_refused_at_start_and_left_alone(kb_path: Path) -> None:
     assert f"cannot open the KB {kb_path}" in done.stderr
     assert kb_path.read_text() == "{ this is not json"
     assert done.stdout == ""
+
+
+HOSTILE_FLAGS = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+CUDA = "__global__ void k(float* x) { x[threadIdx.x] *= 2.f; }\\nvoid launch(float* x) { k<<<1, 32>>>(x); }\\n"
+_ext = load_inline(name="tricky", cpp_sources="void launch(float* x);", cuda_sources=CUDA,
+                   extra_cuda_cflags=["-wrapper", "/bin/sh,-c,id"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(x)
+'''
+
+
+def _exchange(command: list[str], requests: list[dict], last_id: int) -> tuple[dict[int, dict], str]:
+    """Sends raw JSON-RPC to a stdio server until `last_id` is answered; (replies by id, its stderr)."""
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("".join(json.dumps(r) + "\n" for r in requests))
+    proc.stdin.flush()
+    by_id: dict[int, dict] = {}
+    for line in proc.stdout:
+        reply = json.loads(line)
+        by_id[reply.get("id", -1)] = reply
+        if last_id in by_id:
+            break
+    _rest, stderr = proc.communicate(timeout=120)
+    return by_id, stderr
+
+
+@pytest.mark.nvcc
+def test_each_attempt_is_logged_with_the_clients_name(kb_path: Path, tmp_path: Path) -> None:
+    """A candidate's refused compiler flags are its attempt: the verdict is flagged with the finding,
+    and the server's log names the client whose call it was."""
+    candidate = tmp_path / "tricky.py"
+    candidate.write_text(HOSTILE_FLAGS)
+    problem = Path(__file__).resolve().parents[2] / "examples" / "problems" / "swish.py"
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "agent-mallory", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "compile_and_verify",
+            "arguments": {"problem": str(problem), "candidate": str(candidate), "options": {"compile_only": True}}}},
+    ]
+    by_id, stderr = _exchange(serve_command(kb_path), requests, 2)
+    result = by_id[2]["result"]["structuredContent"]
+    assert result["record"]["verdict"] == "compile_error" and result["record"]["flagged"], result
+    assert any(f["code"] == "sandbox_attempt" and "-wrapper" in f["message"] for f in result["findings"]), result
+    assert "sandbox attempt by agent-mallory: build: tricky: CUDA compiler flag -wrapper" in stderr, stderr
+
+
+@pytest.mark.nvcc
+def test_serve_attempts_invalid_rejects_such_a_verdict(kb_path: Path, tmp_path: Path) -> None:
+    candidate = tmp_path / "tricky.py"
+    candidate.write_text(HOSTILE_FLAGS)
+    problem = Path(__file__).resolve().parents[2] / "examples" / "problems" / "swish.py"
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "a", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "compile_and_verify",
+            "arguments": {"problem": str(problem), "candidate": str(candidate), "options": {"compile_only": True}}}},
+    ]
+    by_id, stderr = _exchange(serve_command(kb_path, ["--attempts", "invalid"]), requests, 2)
+    result = by_id[2]["result"]["structuredContent"]
+    assert result["record"]["verdict"] == "invalid", result
+    assert result["summary"].startswith("invalid (sandbox_attempt)") and "-wrapper" in result["record"]["attempt"]
+    assert "sandbox attempts: verdicts are invalid" in stderr
+
+
+def test_a_wrong_attempts_setting_is_refused_at_start(kb_path: Path) -> None:
+    done = subprocess.run(serve_command(kb_path), input="", capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "KB_MCP_ATTEMPTS": "ignore"})
+    assert done.returncode == 2 and "KB_MCP_ATTEMPTS='ignore' is not a setting" in done.stderr, done.stderr

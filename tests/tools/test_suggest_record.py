@@ -298,6 +298,17 @@ def test_flagged_and_failed_verdicts(ctx: ToolContext) -> None:
     assert ctx.store.get_score(STATE, OPT, "hopper") is None
     assert ctx.store.get_score(STATE, OPT, ALL_ARCH).prior  # type: ignore[union-attr]
 
+    with ctx.store.transaction() as tx:  # a valid verdict whose processes tried to reach the network
+        tx.put_candidate(CandidateRecord(candidate_id="c_tried", problem="p", problem_hash="h1", verdict=Verdict.faster,
+                                         arch="sm_90", device="NVIDIA H100 80GB HBM3", time_ms=1.0, eager_ms=2.0,
+                                         flagged=True, findings=["sandbox_attempt"],
+                                         attempt="the candidate tried what the sandbox refuses: network: connect "
+                                                 "1.1.1.1:443 (worker)."))
+    res = _record(ctx, "c_tried")
+    assert res.recorded and not res.score_moved
+    assert "flagged for review (sandbox_attempt)" in res.note and "connect 1.1.1.1:443" in res.note, res.note
+    assert "implausible" not in res.note
+
     _store_candidate(ctx, "c_ce", verdict=Verdict.compile_error, time_ms=None, eager_ms=None)
     res = _record(ctx, "c_ce")
     assert res.score_moved and res.speedup is None

@@ -25,6 +25,7 @@ from kb_mcp.kb.models import CandidateRecord, Verdict
 from kb_mcp.kb.store import KBStore
 
 HERE = Path(__file__).resolve().parent
+WORKING_KERNEL = HERE.parents[2] / "examples" / "candidates" / "swish_nvrtc.py"
 SECRETS = {
     "KB_MCP_TOKEN": "kbtok-7f3e9a1c-never-leaves",
     "KB_MCP_LLM_API_KEY": "sk-llm-5b2d8e0f-never-leaves",
@@ -127,6 +128,19 @@ class ServerWorld:
                 "published": str(self.published), "cwd": os.getcwd(), "marker": str(self.marker),
                 "port": self.listener.port}
 
+    def with_working_kernel(self, name: str) -> str:
+        """The hostile candidate `name` carrying a working kernel beside its attack: its own model is
+        renamed, its refused builds (the compiler tricks) are caught, and a real fused swish kernel
+        (examples/candidates/swish_nvrtc.py) is the ModelNew. The attack runs at import as before."""
+        text = self.render(name).replace("class ModelNew(", "class _HostileModel(")
+        lines = text.splitlines()
+        first = next((i for i, line in enumerate(lines) if line.startswith(("_ext = load_inline(", "_a = "))), None)
+        if first is not None:  # the builds the allow-lists refuse raise: the candidate goes on without them
+            last = next(i for i in range(first, len(lines)) if lines[i].startswith("class "))
+            body = [("    " + line) if line.strip() else line for line in lines[first:last]]
+            lines[first:last] = ["try:", *body, "except Exception:", "    pass", ""]
+        return "\n".join(lines) + "\n\n" + WORKING_KERNEL.read_text()
+
     def render(self, name: str) -> str:
         """The hostile candidate `name` with the real paths filled in."""
         text = (HERE / name).read_text()
@@ -161,6 +175,17 @@ class ServerWorld:
 
 CASES = sorted(p.name for p in HERE.glob("*.py") if not p.name.startswith(("test_", "conftest", "hostile_world")))
 RUNS_AT_IMPORT = [c for c in CASES if c not in ("compiler_flag_tricks.py", "include_tricks.py")]
+# What the server's record of attempts names for each class that runs (`harness.sandbox.watch`).
+TRIED = {
+    "cpp_static_constructor.py": ["program: execve /usr/bin/touch", "program: execve /usr/bin/cat"],
+    "delete_kb.py": ["write: unlink", "kb.json", "open for writing"],
+    "forge_job_record.py": ["write: mkdir", "j_forged.json"],
+    "forge_journal.py": ["write: open for writing", "kb.json.lock", "kb.json.journal"],
+    "network_exfiltration.py": ["network: connect 127.0.0.1:", "network: sendto 127.0.0.1:", "connect 1.1.1.1:443"],
+    "read_secrets.py": ["read: open", ".ssh/id_rsa"],
+    "subprocess_spellings.py": ["program: execve /usr/bin/touch", "program: execve /usr/bin/rm"],
+    "write_outside_scratch.py": ["write: open for writing", "planted.so", "planted.json"],
+}
 
 
 def protection(name: str) -> str:

@@ -13,11 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hostile_world import CASES, RUNS_AT_IMPORT, ServerWorld, protection
+from hostile_world import CASES, RUNS_AT_IMPORT, TRIED, ServerWorld, protection
 
 from kb_mcp.harness.builds.compile_only import CompileOnly
 from kb_mcp.harness.builds.toolchain import CompilerRun
 from kb_mcp.harness.candidate import SourceUnit
+from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem
 from kb_mcp.harness.sandbox.sandbox import Sandbox
@@ -57,6 +58,10 @@ def test_run_in_the_sandbox_it_changes_nothing(pool: WorkerPool, world: ServerWo
     census = pool._census
     output = census.output.take(200_000) if census is not None else ""
     world.assert_untouched(before, reply.model_dump_json(), output)
+    attempts = [f.message for f in reply.findings if f.code == FindingCode.sandbox_attempt]
+    assert len(attempts) == 1, reply.findings
+    for tried in TRIED[name]:
+        assert tried in attempts[0], attempts[0]
     if name == "read_secrets.py":
         assert reply.verdict == Verdict.crashed and "LOOT" in reply.summary  # it ran, and found nothing
     else:  # import, constructor and forward all ran (the attack with them)
@@ -68,25 +73,72 @@ def test_run_in_the_sandbox_it_changes_nothing(pool: WorkerPool, world: ServerWo
         assert census is not None and (census.scratch / "spelled").is_file()  # the commands did run
 
 
+def attempt_of(findings: list[Finding]) -> str:
+    """The one `sandbox_attempt` finding's message."""
+    found = [f.message for f in findings if f.code == FindingCode.sandbox_attempt]
+    assert len(found) == 1, findings
+    return found[0]
+
+
 @pytest.mark.nvcc
 def test_flag_and_include_tricks_are_refused_by_name(pool: WorkerPool, world: ServerWorld) -> None:
+    """Refused before any compiler runs, and recorded as attempts: the verdict says what was tried."""
     flags = pool.verify(SWISH, world.render("compiler_flag_tricks.py"))
-    assert flags.verdict == Verdict.compile_error
+    assert flags.verdict == Verdict.compile_error and flags.flagged
     text = "\n".join(u.log for u in flags.compile.units)
     for flag in ("-wrapper", "-include", "-fplugin=/tmp/evil.so"):
         assert flag in text, text
+    tried = attempt_of(flags.findings)
+    for what in ("build: hostile_flags: CUDA compiler flag -wrapper; CUDA compiler flag /bin/sh,-c,touch",
+                 "host compiler flag -fplugin=/tmp/evil.so", ".ssh/id_rsa", "(compiler)",
+                 "build: hostile_flags_dead: "):
+        assert what in tried, tried
     includes = pool.verify(SWISH, world.render("include_tricks.py"))
-    assert includes.verdict == Verdict.compile_error
+    assert includes.verdict == Verdict.compile_error and includes.flagged
     text = "\n".join(u.log for u in includes.compile.units)
     assert "an absolute path" in text and "(..)" in text and "computed" in text and ".incbin" in text, text
+    tried = attempt_of(includes.findings)
+    for what in ("build: a: #include \"", ".ssh/id_rsa\" (cuda_sources)", "build: b: #include \"../../../../..",
+                 "build: hostile_include: #include SECRET (computed, cuda_sources)",
+                 "build: hostile_incbin: assembler __asm__(\".section .rodata\\n.incbin"):
+        assert what in tried, tried
+    world.assert_untouched(world.snapshot(), flags.model_dump_json(), includes.model_dump_json())
+
+
+HONEST_MISTAKE = """
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+CUDA = "__global__ void k(float* x) { x[threadIdx.x] *= 2.f; }\\nvoid launch(float* x) { k<<<1, 32>>>(x); }\\n"
+_ext = load_inline(name="honest_keep", cpp_sources="void launch(float* x);", cuda_sources=CUDA,
+                   extra_cuda_cflags=["-keep", "--expt-relaxed-constexpr"], extra_cflags=["-funroll-all-loops"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(x)
+"""
+
+
+@pytest.mark.nvcc
+def test_an_allow_list_refusal_of_an_honest_mistake_is_no_attempt(pool: WorkerPool) -> None:
+    """Flags merely missing from the allow-lists (they reach nothing) are refused without a finding."""
+    result = pool.verify(SWISH, HONEST_MISTAKE)
+    text = "\n".join(u.log for u in result.compile.units)
+    assert result.verdict == Verdict.compile_error and "'-keep' is not allowed" in text, text
+    assert "'-funroll-all-loops' is not allowed" in text, text
+    assert not [f for f in result.findings if f.code == FindingCode.sandbox_attempt] and not result.flagged
 
 
 def test_a_refused_build_asked_at_run_time_is_refused_too(pool: WorkerPool, world: ServerWorld) -> None:
     """load_inline called from running code (the census worker) goes to the build service, which
-    applies the same allow-lists."""
+    applies the same allow-lists, and records what reached outside as the census's attempts."""
     before = world.snapshot()
     reply = pool.census(SWISH, world.render("compiler_flag_tricks.py"))
     assert reply.verdict == Verdict.crashed and "not allowed" in reply.summary, reply.summary
+    tried = attempt_of(reply.findings)
+    assert "CUDA compiler flag -wrapper" in tried and "(build)" in tried, tried
     world.assert_untouched(before, reply.model_dump_json())
 
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hostile_world import CASES, ServerWorld
+from hostile_world import CASES, TRIED, ServerWorld
 
-from kb_mcp.harness.judgment.verdict import VerifyOptions
+from kb_mcp.harness.judgment.verdict import FindingCode, VerifyOptions, VerifyResult
 from kb_mcp.harness.pool.pool import WorkerPool
 from kb_mcp.harness.problem import load_problem
 from kb_mcp.harness.sandbox.sandbox import Sandbox
@@ -64,3 +64,85 @@ def test_profiling_a_hostile_candidate_changes_nothing(world: ServerWorld, world
             texts.append(str(exc))
     world.assert_untouched(before, *texts)
     assert any("LOOT" in t for t in texts), texts  # read_secrets ran, and what it found came back
+
+
+# Hostile classes whose working-kernel variant passes the static checks: the attack runs at import
+# in the verify worker, the kernel is real, the verdict is measured and flagged.
+MEASURED = ["cpp_static_constructor.py", "delete_kb.py", "forge_job_record.py", "forge_journal.py", "read_secrets.py",
+            "write_outside_scratch.py"]
+HONEST = ROOT / "examples" / "candidates" / "swish_nvrtc.py"
+
+
+def attempt_of(result: VerifyResult) -> str:
+    found = [f.message for f in result.findings if f.code == FindingCode.sandbox_attempt]
+    assert len(found) == 1, (result.summary, result.findings)
+    return found[0]
+
+
+@pytest.mark.parametrize("name", MEASURED)
+def test_a_hostile_candidate_with_a_working_kernel_is_measured_but_flagged(pool: WorkerPool, world: ServerWorld,
+                                                                           name: str) -> None:
+    before = world.snapshot()
+    result = pool.verify(SWISH, world.with_working_kernel(name), QUICK)
+    assert result.verdict in (Verdict.faster, Verdict.slower) and result.flagged, result.summary
+    tried = attempt_of(result)
+    for what in TRIED[name]:
+        assert what in tried, tried
+    assert result.attempts == "recorded" and "[flagged: sandbox_attempt:" in result.summary
+    record = result.record(QUICK)
+    assert record.flagged and record.attempt == tried and "sandbox_attempt" in record.findings
+    world.assert_untouched(before, result.model_dump_json())
+
+
+def test_under_the_invalid_policy_such_a_candidate_is_invalid(pool: WorkerPool, world: ServerWorld,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KB_MCP_ATTEMPTS", "invalid")
+    result = pool.verify(SWISH, world.with_working_kernel("delete_kb.py"), QUICK)
+    assert result.verdict == Verdict.invalid and result.summary.startswith("invalid (sandbox_attempt)"), result.summary
+    assert "kb.json" in attempt_of(result)
+
+
+@pytest.mark.parametrize("name", ["network_exfiltration.py", "subprocess_spellings.py"])
+def test_a_statically_caught_class_stays_invalid_with_its_kernel(pool: WorkerPool, world: ServerWorld,
+                                                                 name: str) -> None:
+    before = world.snapshot()
+    result = pool.verify(SWISH, world.with_working_kernel(name), QUICK)
+    assert result.verdict == Verdict.invalid, result.summary
+    for f in result.findings:  # where the worker ran it, the record names what it tried
+        if f.code == FindingCode.sandbox_attempt:
+            assert any(what in f.message for what in TRIED[name]), f.message
+    world.assert_untouched(before, result.model_dump_json())
+
+
+@pytest.mark.parametrize("name", ["compiler_flag_tricks.py", "include_tricks.py"])
+def test_compiler_tricks_on_the_gpu_carry_what_they_tried(pool: WorkerPool, world: ServerWorld, name: str) -> None:
+    """Their builds are refused (by the build service, or NVRTC finds no file): a build attempt, or a
+    private read the worker's NVRTC made, is on the verdict."""
+    result = pool.verify(SWISH, world.render(name), QUICK)
+    assert result.verdict in (Verdict.crashed, Verdict.compile_error) and result.flagged, result.summary
+    tried = attempt_of(result)
+    if name == "compiler_flag_tricks.py":
+        assert "build: hostile_flags: CUDA compiler flag -wrapper" in tried and "(build)" in tried, tried
+    else:
+        assert ".ssh/id_rsa" in tried, tried
+
+
+def test_an_honest_gpu_candidate_leaves_no_finding(pool: WorkerPool) -> None:
+    result = pool.verify(SWISH, HONEST.read_text(), QUICK)
+    assert result.verdict in (Verdict.faster, Verdict.slower) and not result.flagged, result.summary
+    assert not [f for f in result.findings if f.code == FindingCode.sandbox_attempt]
+    assert result.attempts == "recorded" and result.record(QUICK).attempt == ""
+
+
+def test_a_profile_carries_what_its_driver_tried(world: ServerWorld, world_sandbox: Sandbox, tmp_path: Path) -> None:
+    """The profiling driver (under ncu, or the timeline without it) is watched like the worker."""
+    before = world.snapshot()
+    options = profiler.ProfileOptions(timeout_s=240)
+    hostile = profiler.profile(SWISH, world.with_working_kernel("delete_kb.py"), profile_id="p_0000000000ab",
+                               report_base=tmp_path / "hostile", cache_dir=world.cache, options=options,
+                               sandbox=world_sandbox)
+    assert hostile.kernels and "kb.json" in hostile.attempt and "(driver)" in hostile.attempt, hostile.attempt
+    honest = profiler.profile(SWISH, HONEST.read_text(), profile_id="p_0000000000ac", report_base=tmp_path / "honest",
+                              cache_dir=world.cache, options=options, sandbox=world_sandbox)
+    assert honest.kernels and honest.attempt == "", honest.attempt
+    world.assert_untouched(before, hostile.model_dump_json(), honest.model_dump_json())

@@ -68,10 +68,13 @@ def finish(decomp: Decomposition, source: str, split: dict[str, Any] | None) -> 
 
 
 def decompose_many(problems: list[tuple[str, str]], sandbox: Sandbox | None = None, batch: int | None = None,
-                   jobs: int = 1) -> list[tuple[Decomposition, dict[str, str]] | DecompositionError]:
-    """Several problems (name, source) decomposed together: a decomposition and its files, or the error."""
+                   jobs: int = 1, shrink: frozenset[str] = frozenset()) -> list[tuple[Decomposition, dict[str, str]] | DecompositionError]:
+    """Several problems (name, source) decomposed together: a decomposition and its files, or the error.
+    `batch` reduces the problems' batch size, `shrink` names problems whose sizes are divided too (both
+    for checks on a small machine; a decomposition to work from uses neither)."""
     extra = {"batch": batch} if batch else {}
-    traced = runner.run("trace", [{"source": s, **extra} for _, s in problems], sandbox, jobs=jobs)
+    entries = [{"source": s, **extra, "shrink": name in shrink} for name, s in problems]
+    traced = runner.run("trace", entries, sandbox, jobs=jobs)
     plans: list[tuple[Decomposition, dict[str, int]] | DecompositionError] = []
     for (name, source), t in zip(problems, traced):
         try:
@@ -79,7 +82,7 @@ def decompose_many(problems: list[tuple[str, str]], sandbox: Sandbox | None = No
         except DecompositionError as exc:
             plans.append(exc)
     todo = [i for i, p in enumerate(plans) if not isinstance(p, DecompositionError) and p[0].method != "whole"]
-    splits = runner.run("split", [{"source": problems[i][1], "assignment": plans[i][1], **extra}  # type: ignore[index]
+    splits = runner.run("split", [{**entries[i], "assignment": plans[i][1]}  # type: ignore[index]
                                   for i in todo], sandbox, jobs=jobs) if todo else []
     by_index = dict(zip(todo, splits))
     out: list[tuple[Decomposition, dict[str, str]] | DecompositionError] = []

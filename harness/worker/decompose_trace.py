@@ -109,6 +109,7 @@ def _unlift(built: Built) -> fx.GraphModule:
             graph.erase_node(node)
             value = ep.constants[named[node.name]] if node.name in sig.inputs_to_lifted_tensor_constants \
                 else _attr(built.model, target)
+            value = getattr(value, "constant", None) if getattr(value, "constant", None) is not None else value
             _install(root, target, value)
     if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
         raise RuntimeError("the exported graph mutates buffers or inputs")
@@ -149,7 +150,7 @@ def trace(built: Built) -> tuple[fx.GraphModule, str, list[str]]:
     """(graph, method, why the methods before it failed): fx first, then non-strict export."""
     failures: list[str] = []
     try:
-        return fx.symbolic_trace(built.model), "fx", failures
+        return _fx(built.model), "fx", failures
     except Exception as exc:  # noqa: BLE001 - any tracing failure moves on to the next method
         failures.append(f"fx: {type(exc).__name__}: {str(exc)[:200]}")
     try:
@@ -157,6 +158,22 @@ def trace(built: Built) -> tuple[fx.GraphModule, str, list[str]]:
     except Exception as exc:  # noqa: BLE001 - as above; the whole model is then one part
         failures.append(f"export: {type(exc).__name__}: {str(exc)[:200]}")
     raise TraceFailed("; ".join(failures))
+
+
+class _Leaves(fx.Tracer):
+    """fx's tracer, keeping as leaves only the torch.nn modules a part file can rebuild."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return super().is_leaf_module(m, module_qualified_name) and constructor(m) is not None
+
+
+def _fx(model: nn.Module) -> fx.GraphModule:
+    before = dict(vars(model))
+    graph = _Leaves().trace(model)
+    # A forward that assigns to the model (`self.h0 = self.h0.to(x.device)`) left fx's proxies there: the
+    # model gets its values back, and the graph reads them as they were before the call.
+    vars(model).update({k: v for k, v in before.items() if vars(model).get(k) is not v})
+    return fx.GraphModule(model, graph, type(model).__name__)
 
 
 class TraceFailed(RuntimeError):
@@ -278,6 +295,15 @@ def _whole_cost(built: Built) -> dict[str, Any]:
 # -- split -----------------------------------------------------------------------------------------
 
 
+def _encoder_layer(m: nn.TransformerEncoderLayer) -> str:
+    """nn.TransformerEncoderLayer's constructor text (its activation is a function, not an attribute)."""
+    act = {1: "'relu'", 2: "'gelu'"}.get(int(getattr(m, "activation_relu_or_gelu", 0)), "'relu'")
+    return (f"nn.TransformerEncoderLayer(d_model={m.self_attn.embed_dim}, nhead={m.self_attn.num_heads}, "
+            f"dim_feedforward={m.linear1.out_features}, dropout={m.dropout.p}, activation={act}, "
+            f"layer_norm_eps={m.norm1.eps}, batch_first={m.self_attn.batch_first}, norm_first={m.norm_first}, "
+            f"bias={m.linear1.bias is not None})")
+
+
 def constructor(m: nn.Module) -> str | None:
     """Python text that builds a torch.nn module like `m` (`nn.Conv2d(in_channels=3, ...)`), checked by
     building it on the meta device and comparing its repr and state; None where that fails."""
@@ -286,8 +312,9 @@ def constructor(m: nn.Module) -> str | None:
         return None
     aliases = {"bias": ("bias", "in_proj_bias"), "add_bias_kv": ("bias_k",)}
     args = []
-    for name, p in list(inspect.signature(cls.__init__).parameters.items())[1:]:
-        if name in ("device", "dtype") or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+    init = nn.RNNBase.__init__ if issubclass(cls, nn.RNNBase) else cls.__init__  # LSTM/GRU take *args
+    for name, p in list(inspect.signature(init).parameters.items())[1:]:
+        if name in ("device", "dtype", "mode") or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         found = next(((a, getattr(m, a)) for a in aliases.get(name, (name,)) if hasattr(m, a)), None)
         if found is None:
@@ -297,7 +324,7 @@ def constructor(m: nn.Module) -> str | None:
             value = value is not None
         if isinstance(value, (bool, int, float, str, tuple, type(None))) and _literal(value):
             args.append(f"{name}={value!r}")
-    text = f"nn.{cls.__name__}({', '.join(args)})"
+    text = _encoder_layer(m) if cls is nn.TransformerEncoderLayer else f"nn.{cls.__name__}({', '.join(args)})"
     try:
         with torch.device("meta"):
             made = eval(text, {"nn": nn})  # our own text, built from a torch.nn class's own attributes
@@ -466,22 +493,39 @@ def _tensor_piece(target: str, t: torch.Tensor, real: nn.Module | None) -> dict[
 # -- check -----------------------------------------------------------------------------------------
 
 
+SHRINK_FROM = 128  # sizes from this up are divided by SHRINK_BY where a check shrinks a model
+SHRINK_BY = 4
+
+
+def _shrunk(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= SHRINK_FROM:
+        return value // SHRINK_BY
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [_shrunk(v) for v in value]
+    return value
+
+
 @contextlib.contextmanager
-def reduced_batch(module: Any, batch: int | None) -> Iterator[None]:
-    """The problem's `batch_size` set to `batch` while it builds its model and inputs."""
-    old = getattr(module, "batch_size", None)
-    if batch is not None and isinstance(old, int) and old > batch:
+def reduced_batch(module: Any, batch: int | None, shrink: bool = False) -> Iterator[None]:
+    """The problem's `batch_size` set to `batch` while it builds its model and inputs; with `shrink`,
+    its other module-level sizes (ints and lists of ints from SHRINK_FROM up) divided by SHRINK_BY, for
+    models whose real sizes do not fit a small machine."""
+    names = [k for k, v in vars(module).items() if not k.startswith("_") and _shrunk(v) is not v] if shrink else []
+    old = {k: getattr(module, k) for k in [*names, "batch_size"] if hasattr(module, k)}
+    for k in names:
+        setattr(module, k, _shrunk(old[k]))
+    if batch is not None and isinstance(old.get("batch_size"), int) and old["batch_size"] > batch:
         module.batch_size = batch
     try:
         yield
     finally:
-        if old is not None:
-            module.batch_size = old
+        for k, v in old.items():
+            setattr(module, k, v)
 
 
-def check_problem(module: Any, composed: Any, batch: int | None) -> dict[str, Any]:
+def check_problem(module: Any, composed: Any, batch: int | None, shrink: bool = False) -> dict[str, Any]:
     """Whether the composed ModelNew, with the model's state dict, reproduces the model's output exactly."""
-    with reduced_batch(module, batch):
+    with reduced_batch(module, batch, shrink):
         torch.manual_seed(0)
         init = module.get_init_inputs()
         model = module.Model(*init).eval()
@@ -511,14 +555,14 @@ def run_one(action: str, entry: dict[str, Any], index: int, workdir: Path) -> di
     """One problem of a request."""
     module = load_module(entry["source"], f"kbmcp_problem_{index}", workdir)
     if action == "trace":
-        with reduced_batch(module, entry.get("batch")):
+        with reduced_batch(module, entry.get("batch"), entry.get("shrink", False)):
             return trace_problem(module)
     if action == "split":
-        with reduced_batch(module, entry.get("batch")):
+        with reduced_batch(module, entry.get("batch"), entry.get("shrink", False)):
             return split_problem(module, {str(k): int(v) for k, v in entry["assignment"].items()})
     if action == "check":
         composed = load_module(entry["composed"], f"kbmcp_composed_{index}", workdir)
-        return check_problem(module, composed, entry.get("batch"))
+        return check_problem(module, composed, entry.get("batch"), entry.get("shrink", False))
     raise ValueError(f"unknown action {action!r}")
 
 

@@ -34,7 +34,11 @@ def _parts(problem: str, trace: Trace) -> tuple[list[Part], dict[str, int]]:
     return ranking.rank_estimated(parts), grouping.assignment(groups)
 
 
-def plan(problem: str, source: str, traced: dict[str, Any], batch: int | None = None) -> tuple[Decomposition, dict[str, int]]:
+Planned = tuple[Decomposition, dict[str, int]]
+Decomposed = tuple[Decomposition, dict[str, str]]
+
+
+def plan(problem: str, source: str, traced: dict[str, Any], batch: int | None = None) -> Planned:
     """The decomposition of a traced model (the worker's trace answer), before the split."""
     if not traced.get("ok"):
         raise DecompositionError(f"tracing {problem} failed: {traced.get('error')}")
@@ -68,14 +72,14 @@ def finish(decomp: Decomposition, source: str, split: dict[str, Any] | None) -> 
 
 
 def decompose_many(problems: list[tuple[str, str]], sandbox: Sandbox | None = None, batch: int | None = None,
-                   jobs: int = 1, shrink: frozenset[str] = frozenset()) -> list[tuple[Decomposition, dict[str, str]] | DecompositionError]:
+                   jobs: int = 1, shrink: frozenset[str] = frozenset()) -> list[Decomposed | DecompositionError]:
     """Several problems (name, source) decomposed together: a decomposition and its files, or the error.
     `batch` reduces the problems' batch size, `shrink` names problems whose sizes are divided too (both
     for checks on a small machine; a decomposition to work from uses neither)."""
     extra = {"batch": batch} if batch else {}
     entries = [{"source": s, **extra, "shrink": name in shrink} for name, s in problems]
     traced = runner.run("trace", entries, sandbox, jobs=jobs)
-    plans: list[tuple[Decomposition, dict[str, int]] | DecompositionError] = []
+    plans: list[Planned | DecompositionError] = []
     for (name, source), t in zip(problems, traced):
         try:
             plans.append(plan(name, source, t, batch))
@@ -85,7 +89,7 @@ def decompose_many(problems: list[tuple[str, str]], sandbox: Sandbox | None = No
     splits = runner.run("split", [{**entries[i], "assignment": plans[i][1]}  # type: ignore[index]
                                   for i in todo], sandbox, jobs=jobs) if todo else []
     by_index = dict(zip(todo, splits))
-    out: list[tuple[Decomposition, dict[str, str]] | DecompositionError] = []
+    out: list[Decomposed | DecompositionError] = []
     for i, p in enumerate(plans):
         if isinstance(p, DecompositionError):
             out.append(p)

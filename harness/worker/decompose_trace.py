@@ -208,18 +208,18 @@ class Recorder(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         counter = FlopCounterMode(display=False)
-        recurrent = n.op == "call_module" and isinstance(self.module.get_submodule(str(n.target)), nn.RNNBase)
+        called: Any = self.module.get_submodule(str(n.target)) if n.op == "call_module" else None
+        first: Any = self.env.get(n.args[0]) if n.args and isinstance(n.args[0], fx.Node) else None
+        recurrent = isinstance(called, nn.RNNBase)
         with counter:
             # a recurrent module on meta tensors runs its steps one by one in Python: its shapes and
             # FLOPs are computed instead
-            result = recurrent_result(self.module.get_submodule(str(n.target)), self.env[n.args[0]]) \
-                if recurrent else super().run_node(n)
+            result = recurrent_result(called, first) if recurrent else super().run_node(n)
         ins = [self.env[a] for a in n.all_input_nodes if a in self.env]
         self.nodes.append({
-            "name": n.name, "op": n.op, "target": _target_name(self.module, n), "args": [a.name for a in n.all_input_nodes],
-            "module_type": _module_type(self.module, n), "result": summary(result),
-            "flops": recurrent_flops(self.module.get_submodule(str(n.target)), self.env[n.args[0]])
-            if recurrent else int(counter.get_total_flops()),
+            "name": n.name, "op": n.op, "target": _target_name(n), "args": [a.name for a in n.all_input_nodes],
+            "module_type": _module_type(called), "result": summary(result),
+            "flops": recurrent_flops(called, first) if recurrent else int(counter.get_total_flops()),
             "bytes": (_bytes(ins) + _bytes(result)) if n.op not in ("placeholder", "get_attr", "output") else 0,
         })
         return result
@@ -254,18 +254,17 @@ def recurrent_flops(m: nn.RNNBase, x: torch.Tensor) -> int:
     return int(total) if steps else 0
 
 
-def _target_name(gm: fx.GraphModule, n: fx.Node) -> str:
+def _target_name(n: fx.Node) -> str:
     if n.op == "call_function":
         t = n.target
-        return str(t) if isinstance(t, torch._ops.OpOverload) else f"{getattr(t, '__module__', '')}.{getattr(t, '__name__', t)}"
+        if isinstance(t, torch._ops.OpOverload):
+            return str(t)
+        return f"{getattr(t, '__module__', '')}.{getattr(t, '__name__', t)}"
     return str(n.target)
 
 
-def _module_type(gm: fx.GraphModule, n: fx.Node) -> str:
-    if n.op != "call_module":
-        return ""
-    m = gm.get_submodule(str(n.target))
-    return f"{type(m).__module__}.{type(m).__qualname__}"
+def _module_type(m: nn.Module | None) -> str:
+    return "" if m is None else f"{type(m).__module__}.{type(m).__qualname__}"
 
 
 def trace_problem(module: Any) -> dict[str, Any]:
@@ -324,7 +323,7 @@ def constructor(m: nn.Module) -> str | None:
             value = value is not None
         if isinstance(value, (bool, int, float, str, tuple, type(None))) and _literal(value):
             args.append(f"{name}={value!r}")
-    text = _encoder_layer(m) if cls is nn.TransformerEncoderLayer else f"nn.{cls.__name__}({', '.join(args)})"
+    text = _encoder_layer(m) if isinstance(m, nn.TransformerEncoderLayer) else f"nn.{cls.__name__}({', '.join(args)})"
     try:
         with torch.device("meta"):
             made = eval(text, {"nn": nn})  # our own text, built from a torch.nn class's own attributes
@@ -394,7 +393,7 @@ def own_attributes(split: fx.GraphModule) -> None:
     """Parameters and buffers a part reads become its own attributes (split_module passes them in as
     arguments), so that a part holds its state under the model's names."""
     for call in [n for n in split.graph.nodes if n.op == "call_module"]:
-        sub = split.get_submodule(str(call.target))
+        sub: Any = split.get_submodule(str(call.target))
         holders = [n for n in sub.graph.nodes if n.op == "placeholder"]
         keep = []
         for arg, holder in zip(call.args, holders):

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "serve this host's GPUs to a Dask scheduler, for eval and run-campaign --cluster"),
     "doctor": ("kb_mcp.server.cmd_doctor",
                "check this machine (GPU, driver, torch, nvcc, ncu, sandbox, KB) and say how to fix what fails"),
+    "decompose": ("kb_mcp.server.cmd_decompose", "split a model (a level-3 problem) into parts worth one kernel each"),
     "install-skill": ("kb_mcp.server.cmd_skill",
                       "install the kb-mcp Skill for Claude Code (the optimization round with these tools)"),
 }

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
-PACKAGES = ("kb", "policy", "harness", "profiling", "tools", "clients", "campaign", "server")
+PACKAGES = ("kb", "policy", "harness", "profiling", "decomposition", "tools", "clients", "campaign", "server")
 # The harness's sub-packages with a row of their own (`harness/judgment/static/` is part of `judgment`).
 HARNESS_PARTS = (
     "harness.sandbox", "harness.gpu", "harness.judgment", "harness.builds", "harness.pool", "harness.worker",

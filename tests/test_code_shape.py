@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("kb", "policy", "harness", "profiling", "tools", "clients", "campaign", "server", "bench")
+FOLDERS = ("kb", "policy", "harness", "profiling", "decomposition", "tools", "clients", "campaign", "server", "bench")
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 MODULE_HEAD_LINES = 5  # where a module's `# long:` comment goes

@@ -12,7 +12,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("server", "tools", "kb", "harness", "profiling", "policy", "campaign", "clients")
+FOLDERS = ("server", "tools", "kb", "harness", "profiling", "decomposition", "policy", "campaign", "clients")
 
 
 def _pyproject() -> dict:

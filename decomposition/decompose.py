@@ -1,0 +1,114 @@
+"""A problem's model decomposed: traced in the sandbox, grouped into parts, ranked, each part written
+as a problem file of its own, and the reference recomposed from them (`composed_reference.py`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kb_mcp.decomposition import grouping, ranking, runner, writing
+from kb_mcp.decomposition.compose import PartSource, composed_source
+from kb_mcp.decomposition.models import Decomposition, Part, Trace
+from kb_mcp.harness.sandbox.sandbox import Sandbox
+
+MANIFEST = "decomposition.json"
+REFERENCE = "composed_reference.py"
+WHOLE_GLUE = "def forward(self, *args):\n    return self.submod_0(*args)\n"
+
+
+class DecompositionError(RuntimeError):
+    """The model could not be decomposed (the message says at which step and why)."""
+
+
+def _parts(problem: str, trace: Trace) -> tuple[list[Part], dict[str, int]]:
+    if trace.method == "whole":
+        whole = Part(index=1, name="part01", kind="whole", label="the whole model", nodes=[], flops=trace.flops,
+                     bytes=trace.bytes, file="parts/part01.py")
+        return ranking.rank_estimated([whole]), {}
+    groups = grouping.group(trace)
+    parts = [Part(index=i, name=f"part{i:02d}", kind=grouping.part_kind(g), label=grouping.label(g),
+                  nodes=[n.name for n in g.nodes], modules=[n.target for n in g.nodes if n.op == "call_module"],
+                  flops=sum(n.flops for n in g.nodes), bytes=sum(n.bytes for n in g.nodes),
+                  file=f"parts/part{i:02d}.py") for i, g in enumerate(groups, 1)]
+    return ranking.rank_estimated(parts), grouping.assignment(groups)
+
+
+Planned = tuple[Decomposition, dict[str, int]]
+Decomposed = tuple[Decomposition, dict[str, str]]
+
+
+def plan(problem: str, source: str, traced: dict[str, Any], batch: int | None = None) -> Planned:
+    """The decomposition of a traced model (the worker's trace answer), before the split."""
+    if not traced.get("ok"):
+        raise DecompositionError(f"tracing {problem} failed: {traced.get('error')}")
+    trace = Trace.model_validate({k: v for k, v in traced.items() if k != "ok"})
+    parts, assignment = _parts(problem, trace)
+    notes = [f"{trace.method}: traced at the real sizes on {trace.built_on} tensors" +
+             (f" with batch {batch}" if batch else "")]
+    return Decomposition(problem=problem, method=trace.method, built_on=trace.built_on, failures=trace.failures,
+                         parts=parts, batch=batch, notes=notes), assignment
+
+
+def finish(decomp: Decomposition, source: str, split: dict[str, Any] | None) -> dict[str, str]:
+    """The files of a decomposition (relative path -> text): each part, the recomposed reference, the manifest."""
+    files: dict[str, str] = {}
+    if decomp.method == "whole" or split is None:
+        files["parts/part01.py"] = source
+        decomp.glue = WHOLE_GLUE
+    else:
+        if not split.get("ok"):
+            raise DecompositionError(f"splitting {decomp.problem} failed: {split.get('error')}")
+        decomp.glue = split["glue"]
+        for part, pieces in zip(decomp.parts, split["parts"]):
+            part.parameters = [f"{m}.{k}" for m, info in pieces["modules"].items() for k in info["keys"]] + \
+                list(pieces["tensors"])
+            files[part.file] = writing.part_source(decomp.problem, part, pieces, len(decomp.parts))
+    refs = [PartSource(name=p.name, source=files[p.file], class_name="Model", note=f"{p.label}: the reference part")
+            for p in decomp.parts]
+    files[REFERENCE] = composed_source(decomp.problem, refs, decomp.glue)
+    files[MANIFEST] = decomp.model_dump_json(indent=1)
+    return files
+
+
+def decompose_many(problems: list[tuple[str, str]], sandbox: Sandbox | None = None, batch: int | None = None,
+                   jobs: int = 1, shrink: frozenset[str] = frozenset()) -> list[Decomposed | DecompositionError]:
+    """Several problems (name, source) decomposed together: a decomposition and its files, or the error.
+    `batch` reduces the problems' batch size, `shrink` names problems whose sizes are divided too (both
+    for checks on a small machine; a decomposition to work from uses neither)."""
+    extra = {"batch": batch} if batch else {}
+    entries = [{"source": s, **extra, "shrink": name in shrink} for name, s in problems]
+    traced = runner.run("trace", entries, sandbox, jobs=jobs)
+    plans: list[Planned | DecompositionError] = []
+    for (name, source), t in zip(problems, traced):
+        try:
+            plans.append(plan(name, source, t, batch))
+        except DecompositionError as exc:
+            plans.append(exc)
+    todo = [i for i, p in enumerate(plans) if not isinstance(p, DecompositionError) and p[0].method != "whole"]
+    splits = runner.run("split", [{**entries[i], "assignment": plans[i][1]}  # type: ignore[index]
+                                  for i in todo], sandbox, jobs=jobs) if todo else []
+    by_index = dict(zip(todo, splits))
+    out: list[Decomposed | DecompositionError] = []
+    for i, p in enumerate(plans):
+        if isinstance(p, DecompositionError):
+            out.append(p)
+            continue
+        try:
+            out.append((p[0], finish(p[0], problems[i][1], by_index.get(i))))
+        except (DecompositionError, ValueError, SyntaxError) as exc:
+            out.append(DecompositionError(str(exc)))
+    return out
+
+
+def write(files: dict[str, str], out_dir: Path) -> None:
+    """Writes a decomposition's files under `out_dir`."""
+    for rel, text in files.items():
+        path = out_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def load(out_dir: Path) -> Decomposition:
+    """A decomposition written earlier (its manifest)."""
+    return Decomposition.model_validate(json.loads((out_dir / MANIFEST).read_text()))

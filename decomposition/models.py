@@ -1,0 +1,81 @@
+"""The records of a decomposition: the traced graph as the worker reports it, the parts, the ranking."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Method = Literal["fx", "export", "whole"]
+PartKind = Literal["conv", "gemm", "attention", "norm", "recurrent", "pool", "softmax", "pointwise", "whole"]
+ShareBasis = Literal["estimated", "measured"]
+
+
+class TracedNode(BaseModel):
+    """One node of the traced graph (`torch.fx`), with what one run on meta tensors gave."""
+
+    name: str
+    op: str  # placeholder, get_attr, call_module, call_function, call_method, output
+    target: str
+    args: list[str] = Field(default_factory=list)  # the nodes it reads
+    module_type: str = ""  # for call_module: the torch.nn class, qualified
+    result: Any = None  # {"shape", "dtype"} / {"value"} / a list of them
+    flops: int = 0
+    bytes: int = 0
+
+
+class Trace(BaseModel):
+    """A model's graph at its real sizes, and how it was obtained."""
+
+    method: Method
+    built_on: str  # "meta" or "fake"
+    failures: list[str] = Field(default_factory=list)  # why the methods before `method` failed
+    nodes: list[TracedNode] = Field(default_factory=list)
+    inputs: list[Any] = Field(default_factory=list)
+    flops: int = 0  # method "whole" only: the model's own totals
+    bytes: int = 0
+
+
+class PartState(BaseModel):
+    """The performance state `classify_state` gave a part's profile (filled where profiled)."""
+
+    state_id: str = ""
+    signature: str = ""
+    profile_id: str = ""
+
+
+class Part(BaseModel):
+    """A sub-block worth one kernel: its nodes, what it computes, and its share of the model's time."""
+
+    index: int  # 1-based, in the model's order
+    name: str  # part01 ...
+    kind: PartKind
+    label: str  # the ops it holds, e.g. "Conv2d + BatchNorm2d + ReLU"
+    nodes: list[str]
+    modules: list[str] = Field(default_factory=list)  # the model's torch.nn modules it calls, by name
+    parameters: list[str] = Field(default_factory=list)  # state-dict keys it holds
+    flops: int = 0
+    bytes: int = 0
+    estimated_us: float = 0.0
+    share: float = 0.0  # of the model's GPU time, 0..1
+    share_basis: ShareBasis = "estimated"
+    file: str = ""  # the part's problem file, relative to the decomposition folder
+    state: PartState | None = None
+
+
+class Decomposition(BaseModel):
+    """A model decomposed: its parts in model order, and the ranking by share."""
+
+    problem: str
+    method: Method
+    built_on: str
+    failures: list[str] = Field(default_factory=list)
+    parts: list[Part]
+    share_basis: ShareBasis = "estimated"
+    glue: str = ""  # the composed forward: how the parts are called (generated code)
+    batch: int | None = None  # the batch it was traced at, where reduced (None: the problem's own)
+    notes: list[str] = Field(default_factory=list)
+
+    def ranked(self) -> list[Part]:
+        """The parts by share of the model's time, largest first."""
+        return sorted(self.parts, key=lambda p: (-p.share, p.index))

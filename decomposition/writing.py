@@ -1,0 +1,87 @@
+"""Writing a part as a KernelBench-format problem file (`Model`, `get_inputs`, `get_init_inputs`), from
+the pieces the worker's split gives: the part's forward (fx's generated code), the torch.nn modules it
+calls (rebuilt from their constructors, so a part reads like a level-1/2 problem), and the tensors it
+reads. Every module and tensor sits at the model's own name (`layer1.0.conv1`), so the model's state
+dict loads into the part, and into any candidate that keeps the part's names."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from kb_mcp.decomposition.models import Part
+
+# what fx's generated code names beyond `torch` (export's graphs name `device`)
+GLOBAL_IMPORTS = {"device": "from torch import device", "inf": "from math import inf", "nan": "from math import nan",
+                  "operator": "import operator", "math": "import math"}
+
+HELPERS = '''
+
+def _place(root: nn.Module, name: str, value) -> None:
+    """Puts a module, parameter or buffer at its dotted name in the model, making the modules above it."""
+    *path, leaf = name.split(".")
+    for step in path:
+        if not hasattr(root, step):
+            root.add_module(step, nn.Module())
+        root = getattr(root, step)
+    if isinstance(value, nn.Module):
+        root.add_module(leaf, value)
+    elif isinstance(value, nn.Parameter):
+        root.register_parameter(leaf, value)
+    else:
+        root.register_buffer(leaf, value)
+
+
+def _values(text: str, shape: list, dtype: torch.dtype) -> torch.Tensor:
+    """A buffer's values as the model holds them (zlib-compressed and base64-encoded)."""
+    raw = bytearray(zlib.decompress(base64.b64decode(text)))
+    return torch.frombuffer(raw, dtype=dtype).reshape(shape).clone()
+'''
+
+
+def _tensor_line(name: str, piece: dict[str, Any]) -> str:
+    shape, dtype = piece["shape"], f"torch.{piece['dtype']}"
+    if piece["parameter"]:
+        scale = "" if not dtype.startswith("torch.float") and "bfloat" not in dtype else " * 0.02"
+        return f'_place(self, "{name}", nn.Parameter(torch.randn({shape}, dtype={dtype}){scale}))'
+    if "values" in piece:
+        return f'_place(self, "{name}", _values("{piece["values"]}", {shape}, {dtype}))'
+    return f'_place(self, "{name}", torch.zeros({shape}, dtype={dtype}))  # values unknown here: loaded from the model'
+
+
+def input_expr(summary: Any) -> str:
+    """Python text that makes one input like `summary` (a tensor's shape and dtype, or a value)."""
+    if isinstance(summary, list):
+        return "[" + ", ".join(input_expr(s) for s in summary) + "]"
+    if isinstance(summary, dict) and "shape" in summary:
+        shape, dtype = summary["shape"], summary["dtype"]
+        if dtype == "bool":
+            return f"torch.rand({shape}) > 0.5"
+        if dtype.startswith(("int", "uint")):
+            return f"torch.randint(0, 8, {shape}, dtype=torch.{dtype})"
+        return f"torch.randn({shape}, dtype=torch.{dtype})"
+    if isinstance(summary, dict):
+        return repr(summary.get("value"))
+    return repr(summary)
+
+
+def part_source(problem: str, part: Part, pieces: dict[str, Any], total: int) -> str:
+    """The part's problem file."""
+    init = [f'_place(self, "{name}", {m["ctor"]})' for name, m in pieces["modules"].items() if m["ctor"]]
+    unknown = [name for name, m in pieces["modules"].items() if not m["ctor"]]
+    if unknown:
+        raise ValueError(f"cannot rebuild the torch.nn modules {unknown} of {part.name} from their attributes")
+    init += [_tensor_line(name, piece) for name, piece in pieces["tensors"].items()]
+    imports = sorted({GLOBAL_IMPORTS[g] for g in pieces["globals"] if g in GLOBAL_IMPORTS})
+    body = "\n".join(["super().__init__()", *init])
+    names = ", ".join(part.modules[:6]) + (f" and {len(part.modules) - 6} more" if len(part.modules) > 6 else "")
+    doc = (f'"""Part {part.index} of {total} of {problem}: {part.label} ({part.kind}).\n\n'
+           f"Written by `kb-mcp decompose`. Its modules and tensors keep the model's names"
+           f"{' (' + names + ')' if names else ''},\nso the model's own state dict loads into it. "
+           f"{part.share_basis.capitalize()} share of the model's GPU time: {100 * part.share:.1f} %.\n\"\"\"\n")
+    inputs = ", ".join(input_expr(i.get("summary")) for i in pieces["inputs"])
+    return (doc + "\nimport base64\nimport zlib\n\nimport torch\nimport torch.nn as nn\n"
+            + "".join(f"{line}\n" for line in imports) + HELPERS + "\n\nclass Model(nn.Module):\n"
+            + "    def __init__(self):\n" + textwrap.indent(body, " " * 8) + "\n"
+            + textwrap.indent(pieces["code"].strip("\n"), "    ") + "\n\n\n"
+            + f"def get_inputs():\n    return [{inputs}]\n\n\ndef get_init_inputs():\n    return []\n")

@@ -1,0 +1,49 @@
+"""`kb-mcp decompose PROBLEM [--out DIR]`: a model split into parts worth one kernel each (docs/models.md).
+
+The problem is traced in the sandbox at its real sizes without allocating them, its ops grouped
+into parts, each written as a KernelBench-format problem under DIR/parts/, ranked by its estimated
+share of the model's GPU time; DIR/composed_reference.py is the model recomposed from the reference's
+own parts (the file `kb-mcp compose` starts from), DIR/decomposition.json the record of it all."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Adds the `decompose` command."""
+    p = sub.add_parser("decompose", help="split a model (a level-3 problem) into parts worth one kernel each",
+                       description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
+    p.add_argument("problem", help="the problem file (KernelBench format: Model, get_inputs, get_init_inputs)")
+    p.add_argument("--out", metavar="DIR", help="where to write the parts (default: ./<problem>-parts)")
+    p.add_argument("--top", type=int, default=10, help="how many parts to list, largest share first (default 10)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Decomposes the problem and prints the ranking; 1 when it cannot be decomposed."""
+    from kb_mcp.decomposition.decompose import DecompositionError, decompose_many, write
+
+    path = Path(args.problem)
+    try:
+        source = path.read_text()
+    except OSError as exc:
+        print(f"kb-mcp decompose: cannot read {path}: {exc.strerror}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path.cwd() / f"{path.stem}-parts"
+    (result,) = decompose_many([(path.stem, source)])
+    if isinstance(result, DecompositionError):
+        print(f"kb-mcp decompose: {result}", file=sys.stderr)
+        return 1
+    decomp, files = result
+    write(files, out)
+    print(f"{path.stem}: {len(decomp.parts)} parts ({decomp.method} trace on {decomp.built_on} tensors), "
+          f"written to {out}")
+    for note in decomp.failures:
+        print(f"  traced by {decomp.method} after: {note}")
+    print(f"  share of the model's GPU time ({decomp.share_basis} from FLOPs and bytes on an H200's peaks):")
+    for part in decomp.ranked()[: args.top]:
+        print(f"  {100 * part.share:5.1f} %  {part.name}  {part.kind:<10} {part.label}  ({part.file})")
+    return 0

@@ -42,7 +42,7 @@ def one(pool: WorkerPool, problem_path: Path, solution: Path) -> dict[str, objec
     fp = memory.footprint
     taken = (memory.device_peak_bytes - memory.device_idle_bytes
              if memory.device_peak_bytes is not None and memory.device_idle_bytes is not None else None)
-    limit = bound(fp)
+    limit = bound(fp, memory.plan.pristine)
     row.update(input_gib=fp.input_bytes / GIB, output_gib=fp.output_bytes / GIB,
                eager_peak_gib=(fp.eager_peak_bytes or 0) / GIB, pristine=memory.plan.pristine,
                verify_peak_gib=(memory.verify_peak_bytes or 0) / GIB,

@@ -8,9 +8,13 @@ output, the parameters, the FLOPs: sizes only, nothing allocated; `harness.worke
 `plan` decides, from the free memory of the device at that moment, how the verification keeps its
 data:
 
-* `device`: each input set's pristine copy stays on the GPU beside the candidate's own clone;
-* `host`: the pristine copy is kept in host memory and the candidate gets the set itself (one set
-  fewer on the GPU; comparisons upload it a chunk at a time);
+* `device`: each input set's pristine copy stays on the GPU beside the candidate's own clone, and
+  every check of the set (inputs unchanged, the comparison, the float64 judgment) runs there: the
+  plan's first choice, whatever the problem's size, wherever the device holds it;
+* `host`: the pristine copy is kept in host memory (one pinned buffer, reused set after set) and
+  the candidate gets the set itself (one set fewer on the GPU; comparisons upload it a chunk at a
+  time): only where the device cannot hold the second set, or the caller asks for it
+  (`VerifyOptions.checks_on`);
 * too large: even eager (parameters, one input set and its output) does not fit the free memory, or
   no way of verifying it does. That is the problem's limit on this GPU, said with the numbers, and
   nothing is stored against a candidate.
@@ -27,7 +31,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "DEVICE_PRISTINE_MAX_BYTES", "FIXED_OVERHEAD_BYTES", "GIB", "Footprint", "MemoryPlan", "MemoryReport", "SetPeak",
+    "FIXED_OVERHEAD_BYTES", "GIB", "Footprint", "MemoryPlan", "MemoryReport", "SetPeak",
     "TooLarge", "bound", "fits_eager", "gib", "plan", "reserve",
 ]
 
@@ -36,18 +40,13 @@ GIB = float(1 << 30)
 # before they run), the allocator's rounding and fragmentation, library workspaces (cuBLAS, cuDNN).
 RESERVE_FRACTION = 0.08
 RESERVE_MIN_BYTES = 1 << 30
-# Only a problem whose input set plus twice its output stays under this keeps its pristine copies on the
-# device (beside the candidate's clone); larger ones keep them on the host, so that a verification holds
-# at most eager's peak plus two outputs (the reference's, kept alive while the candidate runs, and a
-# second poisoned block of the output's size) on the device, at the cost of a copy to the host and a
-# chunked upload-and-compare per set (about a second per GiB).
-DEVICE_PRISTINE_MAX_BYTES = 512 << 20
-# What a verification may take on the device beyond eager's peak and two of the larger of one input
-# set and one output (`bound`), every harness process together, above the device's idle level (where
-# the workers' CUDA contexts are counted): the allocators' rounding, library workspaces, torch.compile's
-# own buffers, and the CUDA contexts of harness processes started during the request. Measured on an
-# H200 for a 2 GiB-in, 2 GiB-out problem: 1.16 GiB (0.38 in the verify worker beyond its tensors, 0.78
-# in the other processes); docs/benchmarks.md, "GPU memory of a verification".
+# What a verification may take on the device beyond eager's peak, two of the larger of one input set
+# and one output, and (checks on the device) the pristine copy of one input set (`bound`), every
+# harness process together, above the device's idle level (where the workers' CUDA contexts are
+# counted): the allocators' rounding, library workspaces, torch.compile's own buffers, and the CUDA
+# contexts of harness processes started during the request. Measured on an H200 for a 2 GiB-in,
+# 2 GiB-out problem: 1.16 GiB (0.38 in the verify worker beyond its tensors, 0.78 in the other
+# processes); docs/benchmarks.md, "GPU memory of a verification".
 FIXED_OVERHEAD_BYTES = 3 << 29  # 1.5 GiB
 
 
@@ -86,10 +85,14 @@ class MemoryPlan(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    pristine: Literal["device", "host"] = Field("device", description="where each input set's pristine copy is kept")
+    pristine: Literal["device", "host"] = Field("device", description=(
+        "where each input set's pristine copy is kept, and so where the checks of a set run: device (every "
+        "comparison and the float64 judgment on the GPU) or host (the pristine copy in host memory, uploaded a "
+        "chunk at a time to be compared)"))
     poison_copies: int = Field(2, ge=1, le=2, description="blocks of the output's size poisoned before each "
                                                          "candidate call")
     needed_bytes: int = Field(0, ge=0, description="what the plan counts on, the reserve included")
+    note: str = Field("", description="why the checks run where they do (host: what the device plan needed)")
     free_bytes: int = Field(0, ge=0)
     total_bytes: int = Field(0, ge=0)
 
@@ -159,10 +162,12 @@ class MemoryReport(BaseModel):
         return gib(sum(parts)) if parts else None
 
 
-def bound(footprint: Footprint) -> int:
+def bound(footprint: Footprint, pristine: Literal["device", "host"]) -> int:
     """The most a verification takes on the device above its idle level, every harness process
-    together: eager's peak, two of the larger of one input set and one output, and the fixed overhead."""
-    return footprint.eager_bytes + 2 * max(footprint.input_bytes, footprint.output_bytes) + FIXED_OVERHEAD_BYTES
+    together: eager's peak, two of the larger of one input set and one output, the fixed overhead,
+    and with the checks on the device (`pristine="device"`) one more input set, its pristine copy."""
+    kept = footprint.input_bytes if pristine == "device" else 0
+    return footprint.eager_bytes + 2 * max(footprint.input_bytes, footprint.output_bytes) + kept + FIXED_OVERHEAD_BYTES
 
 
 def reserve(total_bytes: int) -> int:
@@ -175,13 +180,16 @@ def fits_eager(footprint: Footprint, free_bytes: int) -> bool:
     return footprint.eager_bytes + RESERVE_MIN_BYTES <= free_bytes
 
 
-def plan(footprint: Footprint, free_bytes: int, total_bytes: int) -> MemoryPlan | TooLarge:
+def plan(footprint: Footprint, free_bytes: int, total_bytes: int,
+         prefer: Literal["auto", "device", "host"] = "auto") -> MemoryPlan | TooLarge:
     """The plan of a verification on a device with `free_bytes` free, or why none fits.
 
     Counted on the device, besides the reserve: both models' parameters (the reference and the
     candidate hold their own), the reference's output kept alive while the candidate runs, the
     candidate's output and the poisoned blocks of its size, and the input sets: the pristine copy
     and the candidate's clone (`device`), or the set alone (`host`, its pristine copy in host memory).
+    The checks run on the device wherever it holds that (`prefer="auto"` or `"device"`); `"host"`
+    keeps the pristine copies on the host whatever the device holds (a comparison of the two paths).
     """
     fp = footprint
     eager = fp.eager_bytes
@@ -191,13 +199,16 @@ def plan(footprint: Footprint, free_bytes: int, total_bytes: int) -> MemoryPlan 
     intermediates = max(0, eager - fp.param_bytes - fp.input_bytes - fp.output_bytes)
     common = 2 * fp.param_bytes + intermediates + 2 * fp.output_bytes
     modes = (("device", 2, 2), ("host", 1, 2), ("host", 1, 1))
-    small = fp.input_bytes + 2 * fp.output_bytes < DEVICE_PRISTINE_MAX_BYTES
-    for pristine, sets, poison in modes if small else modes[1:]:
+    note = "the caller asked for the checks on the host" if prefer == "host" else ""
+    for pristine, sets, poison in modes if prefer != "host" else modes[1:]:
         # poison: the candidate's output reuses one of the poisoned blocks; the rest stay cached
         need = common + sets * fp.input_bytes + (poison - 1) * fp.output_bytes + spare
         if need <= free_bytes:
             return MemoryPlan(pristine=pristine, poison_copies=poison, needed_bytes=need, free_bytes=free_bytes,
-                              total_bytes=total_bytes)
+                              total_bytes=total_bytes, note=note)
+        if pristine == "device":
+            note = (f"checks on the host: with the pristine copies on the device the verification needs "
+                    f"{gib(need)} GiB and the GPU has {gib(free_bytes)} GiB free")
     least = common + fp.input_bytes + spare
     return TooLarge(what="verification", needed_bytes=least, free_bytes=free_bytes, total_bytes=total_bytes,
                     footprint=fp)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -93,6 +93,12 @@ class VerifyOptions(BaseModel):
                                          "arch-specific target (sm_90a) where it has one")
     max_output_chars: int = Field(4000, ge=0, le=200_000,
                                   description="captured stdout/stderr of the candidate kept in the result")
+    checks_on: Literal["auto", "device", "host"] = Field(
+        "auto",
+        description="where the checks of each input set run: auto and device on the GPU wherever its free memory "
+                    "holds the pristine copies (else on the host), host always on the host (to compare the two); the "
+                    "same checks either way, so not part of the verdict",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +141,7 @@ _EFFECTS: dict[str, Callable[[Any, Any], Effect]] = {
     "compile_only": lambda v, d: Effect.none,  # the mode: a verdict without a device is compile-only
     "arch": lambda v, d: Effect.custom,  # another compile target than the default
     "max_output_chars": lambda v, d: Effect.none,
+    "checks_on": lambda v, d: Effect.none,  # where the same checks run, not what they check
     # Another track is its own score key (its verdicts are compared with that track's only), not a
     # loosening: a tf32 verdict with every other option at its default is `standard` in tf32.
     "track": lambda v, d: Effect.neutral,

@@ -39,6 +39,7 @@ from kb_mcp.harness.worker.fault import Halted, ProblemBroken, first_line, is_cu
 from kb_mcp.harness.worker.footprint import PeakMeter, nbytes
 from kb_mcp.harness.worker.integrity import IntegrityGuard
 from kb_mcp.harness.worker.perturb import ParamMapping, map_parameters, parameter_infos, perturb
+from kb_mcp.harness.worker.pristine import Pristine
 from kb_mcp.harness.worker.rounding import RoundingJudge
 from kb_mcp.harness.worker.timed_checks import TimedChecks
 from kb_mcp.harness.worker.values import (
@@ -94,7 +95,8 @@ class Checker(TimedChecks):
         fp: Footprint = v.footprint
         plan: MemoryPlan = v.plan
         self.footprint = fp
-        self.host_pristine = plan.pristine == "host"  # pristine copies in host memory (`harness.memory`)
+        self.pristine = Pristine(plan.pristine)  # on the device, or in host memory (`harness.gpu.memory`)
+        self.host_pristine = self.pristine.on_host
         self.poison_copies = plan.poison_copies
         self.ref_keeps_inputs: bool | None = None  # the reference leaves its inputs alone (seen on the first set)
         self.io_bytes = fp.input_bytes + fp.output_bytes
@@ -254,12 +256,11 @@ class Checker(TimedChecks):
                         "your own",
             ))
         if args is not None and pristine is not None:
-            for i, (a, p) in enumerate(zip(args, pristine)):
-                if isinstance(a, torch.Tensor) and not same(a, p):
-                    v.findings.append(Finding(
-                        code=FindingCode.input_mutated,
-                        message=f"forward wrote into input {i}; inputs are read-only (write results to new tensors)",
-                    ))
+            for i in self.pristine.changed(args, pristine):
+                v.findings.append(Finding(
+                    code=FindingCode.input_mutated,
+                    message=f"forward wrote into input {i}; inputs are read-only (write results to new tensors)",
+                ))
         comps = []
         for c, r in zip(c_leaves, r_leaves):
             atol, rtol, note = tolerance_for(r.dtype, self.atol, self.rtol, v.options)
@@ -336,8 +337,8 @@ class Checker(TimedChecks):
     def keep_pristine(self, xs: list[Any]) -> list[Any]:
         """The copy of `xs` the candidate's inputs are checked against: `xs` itself (the candidate gets
         a clone), or, where the plan keeps pristine copies on the host, a copy there (taken before
-        the reference runs on `xs`)."""
-        return [x.cpu() if isinstance(x, torch.Tensor) else x for x in xs] if self.host_pristine else xs
+        the reference runs on `xs`; `pristine.Pristine`)."""
+        return self.pristine.keep(xs)
 
     def cand_check(self, index: int, kind: str, xs: list[Any], pristine: list[Any],
                    ref_out: Any) -> tuple[InputSetCheck, Any, list[Any]]:
@@ -347,12 +348,10 @@ class Checker(TimedChecks):
         reference wrote into it; the reference's inputs are then the candidate's own, so only the
         reference's output is memory the candidate's output may not share."""
         if self.host_pristine:
-            changed = [i for i, (x, p) in enumerate(zip(xs, pristine))
-                       if isinstance(x, torch.Tensor) and not same(x, p)]
+            changed = self.pristine.changed(xs, pristine)
             if self.ref_keeps_inputs is None:
                 self.ref_keeps_inputs = not changed
-            for i in changed:
-                xs[i].copy_(pristine[i])
+            self.pristine.restore(xs, pristine, changed)
             args, ref_inputs = xs, []
         else:
             args, ref_inputs = clone_inputs(xs), xs

@@ -451,7 +451,7 @@ class GpuVerification:
         Raises ProblemBroken."""
         self.footprint = measure(pmod)
         free, total = device_free()
-        planned = plan(self.footprint, free, total)
+        planned = plan(self.footprint, free, total, self.options.checks_on)
         if isinstance(planned, TooLarge):
             raise ProblemBroken("too_large", None, too_large=planned)
         self.plan = planned

@@ -1,9 +1,12 @@
 """GPU memory as a resource of the pool, on a GPU: the footprint before anything runs, a refusal with
 numbers where even eager cannot fit, one input set at a time, and a peak within the stated bound
-(`memory.bound`: eager's peak, two of the larger of an input set and an output, and
-`FIXED_OVERHEAD_BYTES`, every harness process together)."""
+(`memory.bound`: eager's peak, two of the larger of an input set and an output, with the checks on
+the device one input set more, and `FIXED_OVERHEAD_BYTES`, every harness process together), on the
+device path and on the host path alike."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import pytest
 from harness_helpers import fixture_source
@@ -77,23 +80,29 @@ def test_through_the_tool_a_too_large_problem_stores_nothing(tmp_path) -> None:
         ctx.close()
 
 
-def test_a_large_problem_verifies_one_set_at_a_time_within_the_bound(pool: WorkerPool) -> None:
-    result = pool.verify(BIG, fixture_source("relu_nvrtc.py"))
+@pytest.mark.parametrize("checks_on", ["auto", "host"])
+def test_a_large_problem_verifies_one_set_at_a_time_within_the_bound(
+        pool: WorkerPool, checks_on: Literal["auto", "host"]) -> None:
+    result = pool.verify(BIG, fixture_source("relu_nvrtc.py"), VerifyOptions(checks_on=checks_on))
     assert result.verdict in (Verdict.faster, Verdict.slower), result.summary
     assert not result.findings and all(s.passed for s in result.input_sets), result.summary
     memory = result.memory
     assert memory is not None
     fp = memory.footprint
     assert fp.method == "meta" and fp.input_bytes == 2 << 30 and fp.output_bytes == 2 << 30
-    assert memory.plan.pristine == "host"  # large sets keep their pristine copy on the host
+    # the checks run on the device wherever it holds two sets (an H200 does); the host path on request
+    assert memory.plan.pristine == ("host" if checks_on == "host" else "device"), memory.plan
     assert fp.eager_peak_bytes is not None and (4 << 30) <= fp.eager_peak_bytes <= (4 << 30) + (256 << 20)
     assert memory.verify_peak_bytes is not None and memory.verify_peak_bytes <= memory.plan.needed_bytes
-    limit = bound(fp)  # eager's peak, two of the larger of a set and an output, the fixed overhead
+    # eager's peak, two of the larger of a set and an output, the fixed overhead (and on the device
+    # path the pristine copy of one set)
+    limit = bound(fp, memory.plan.pristine)
     if memory.device_peak_bytes is not None:  # NVML: every process on the device
         assert memory.device_idle_bytes is not None
         taken = memory.device_peak_bytes - memory.device_idle_bytes
         stages = {k: round(v / GIB, 2) for k, v in memory.stage_peak_bytes.items()}
-        print(f"device peak above idle {taken / GIB:.2f} GiB; bound {limit / GIB:.2f} GiB; "
+        print(f"checks on the {memory.plan.pristine}: device peak above idle {taken / GIB:.2f} GiB; "
+              f"bound {limit / GIB:.2f} GiB; "
               f"verify worker {memory.verify_peak_bytes / GIB:.2f} GiB (by stage {stages}); "
               f"census {memory.census_peak_bytes}")
         for sp in memory.set_peaks:

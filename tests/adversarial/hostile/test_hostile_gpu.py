@@ -25,6 +25,7 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[3]
 SWISH = load_problem(ROOT / "examples" / "problems" / "swish.py")
 QUICK = VerifyOptions(timing=False, compile_baseline=False, timeout_s=60)
+HONEST = ROOT / "examples" / "candidates" / "swish_nvrtc.py"
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,9 @@ def pool(world: ServerWorld, world_sandbox: Sandbox) -> Iterator[WorkerPool]:
         # The server's own write, before any snapshot: a problem's first verification times and
         # caches its baselines (in a worker no candidate ran in), a quick one too.
         assert p.baselines(SWISH).status == "ok"
+        # and a problem's first valid verdict completes its baselines' record in the cache: an honest
+        # candidate's, before any snapshot, so that a hostile one's valid verdict writes nothing new
+        assert p.verify(SWISH, HONEST.read_text(), QUICK).verdict in (Verdict.faster, Verdict.slower)
         yield p
 
 
@@ -70,7 +74,6 @@ def test_profiling_a_hostile_candidate_changes_nothing(world: ServerWorld, world
 # in the verify worker, the kernel is real, the verdict is measured and flagged.
 MEASURED = ["cpp_static_constructor.py", "delete_kb.py", "forge_job_record.py", "forge_journal.py", "read_secrets.py",
             "write_outside_scratch.py"]
-HONEST = ROOT / "examples" / "candidates" / "swish_nvrtc.py"
 
 
 def attempt_of(result: VerifyResult) -> str:

@@ -32,7 +32,7 @@ from kb_mcp.profiling import ncu_parse
 from kb_mcp.profiling.ncu_parse import KernelRecord, NcuParseError
 
 if TYPE_CHECKING:
-    from kb_mcp.profiling.profiler import Spawner
+    from kb_mcp.profiling.ncu_run import Spawner
 
 MAX_CSV_BYTES = 512 * 1024 * 1024  # a raw page of ~100k launches; larger is not a profile we can hold
 EXPORT_HINT = (
@@ -132,16 +132,16 @@ def read_ncu_rep(report: Path, notes: list[str]) -> tuple[list[KernelRecord] | N
     through the CLI; else a ReportImportError that says how to export the pages. The report is the
     caller's file: both the module and ncu read it in the sandbox, never in this process."""
     from kb_mcp.harness.sandbox.sandbox import detect
-    from kb_mcp.profiling import profiler  # the ncu CLI helpers (find_ncu, export_pages)
+    from kb_mcp.profiling import ncu_run  # the ncu CLI helpers (find_ncu, export_pages)
 
     hint = EXPORT_HINT.format(rep=report.name, stem=report.name.removesuffix(".ncu-rep"))
-    ncu = profiler.find_ncu()
+    ncu = ncu_run.find_ncu()
     module_dir = find_report_module_dir(ncu)
     raw = None
     if module_dir is not None:
         try:
-            raw = read_in_sandbox(profiler.Spawner(detect(), None, ncu), module_dir, report)
-        except (profiler.ProfilerError, OSError, RuntimeError, ValueError) as exc:
+            raw = read_in_sandbox(ncu_run.Spawner(detect(), None, ncu), module_dir, report)
+        except (ncu_run.ProfilerError, OSError, RuntimeError, ValueError) as exc:
             notes.append(f"ncu_report could not read the report ({type(exc).__name__}: {str(exc)[:300]}); "
                          "used the ncu CLI")
     if ncu is None:
@@ -152,8 +152,8 @@ def read_ncu_rep(report: Path, notes: list[str]) -> tuple[list[KernelRecord] | N
             "this machine has neither Nsight Compute's ncu_report module nor ncu"
         raise ReportImportError(f"{report}: {what}; {hint}")
     try:  # the report is the caller's file: ncu reads it in the sandbox
-        raw_text, details_text = profiler.export_pages(ncu, report, profiler.Spawner(detect(), None, ncu))
-    except (profiler.ProfilerError, OSError, RuntimeError) as exc:
+        raw_text, details_text = ncu_run.export_pages(ncu, report, ncu_run.Spawner(detect(), None, ncu))
+    except (ncu_run.ProfilerError, OSError, RuntimeError) as exc:
         raise ReportImportError(f"{report}: ncu could not read it ({exc}); {hint}") from exc
     details = ncu_parse.read_details_page(details_text) if details_text.strip() else None
     cli_raw = ncu_parse.read_raw_page(raw_text)
@@ -195,7 +195,7 @@ def read_in_sandbox(spawner: Spawner, module_dir: Path, report: Path, timeout_s:
     """The report's launches, read by `ncu_report` in a sandboxed process (`harness.worker.ncu_report_reader`)."""
     from kb_mcp.harness.sandbox.sandbox import kill_group
     from kb_mcp.harness.sandbox.scratch import new_scratch
-    from kb_mcp.profiling import profiler
+    from kb_mcp.profiling import ncu_run
 
     scratch = new_scratch("ncu-report")
     cmd = [sys.executable, "-m", "kb_mcp.harness.worker.ncu_report_reader", str(module_dir), str(report)]
@@ -205,9 +205,9 @@ def read_in_sandbox(spawner: Spawner, module_dir: Path, report: Path, timeout_s:
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise profiler.ProfilerError(f"ncu_report did not read {report} within {timeout_s:.0f} s") from None
+            raise ncu_run.ProfilerError(f"ncu_report did not read {report} within {timeout_s:.0f} s") from None
         if proc.returncode != 0:
-            raise profiler.ProfilerError(err.strip()[-500:] or f"exit status {proc.returncode}")
+            raise ncu_run.ProfilerError(err.strip()[-500:] or f"exit status {proc.returncode}")
     finally:
         kill_group(proc)
         shutil.rmtree(scratch, ignore_errors=True)
@@ -217,7 +217,7 @@ def read_in_sandbox(spawner: Spawner, module_dir: Path, report: Path, timeout_s:
                              texts={str(k): str(v) for k, v in r["texts"].items()}, cc=str(r["cc"]))
                 for r in json.loads(out)]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise profiler.ProfilerError(f"the report reader's output is not a list of launches ({exc})") from exc
+        raise ncu_run.ProfilerError(f"the report reader's output is not a list of launches ({exc})") from exc
 
 
 def _dim3(value: Iterable[Any]) -> tuple[int, int, int]:

@@ -25,14 +25,8 @@ from kb_mcp.harness.sandbox.sandbox import Sandbox
 from kb_mcp.harness.sandbox.scratch import new_scratch
 from kb_mcp.kb.progress import Progress, no_progress
 from kb_mcp.profiling import ncu_parse
-from kb_mcp.profiling.profiler import (
-    Spawner,
-    counters_blocked_reason,
-    export_pages,
-    find_ncu,
-    ncu_command,
-    run_ncu,
-)
+from kb_mcp.profiling.ncu_parse import counters_blocked_reason
+from kb_mcp.profiling.ncu_run import Spawner, export_pages, find_ncu, ncu_command, run_ncu
 
 __all__ = ["MAX_KERNELS", "take_work_census"]
 

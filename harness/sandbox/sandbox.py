@@ -1,5 +1,5 @@
-# long: one module decides the whole sandbox policy, so that a review reads it in one place
-"""The sandbox every piece of untrusted code runs in, and the one place that decides its policy.
+"""The sandbox every piece of untrusted code runs in, and the place that decides its policy (with what a
+process sees, `harness.sandbox.view`, and its limits per role, `harness.sandbox.limits`).
 
 Untrusted: candidates, problem files, and what the compilers do with them. Everything that imports,
 builds or runs them is started through `Sandbox.popen`: the verify and census workers, the build
@@ -40,11 +40,9 @@ docs/harness.md lists which protection holds where.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -53,21 +51,27 @@ import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, Literal
 
 from kb_mcp.harness.sandbox.attempts import active_logs
+from kb_mcp.harness.sandbox.limits import Limits, Role, _preexec, limits_for
+from kb_mcp.harness.sandbox.view import (
+    ENV_EXTRA_RO,
+    View,
+    _code_roots,
+    _system_view,
+    _tool_roots,
+    _under,
+    private_places,
+)
 from kb_mcp.harness.sandbox.watch import Places, Watch, unavailable
-from kb_mcp.kb import paths
 
 ENV_SANDBOX = "KB_MCP_SANDBOX"  # "bwrap" (the default) or "unconfined" (explicit opt-in: no namespaces)
-ENV_EXTRA_RO = "KB_MCP_SANDBOX_RO"  # extra folders the sandbox may read (os.pathsep-separated)
 ENV_EXTRA_ENV = "KB_MCP_SANDBOX_ENV"  # extra environment variable names passed in (comma-separated)
 NOBODY = 65534
-
-Role = Literal["worker", "build", "compiler", "driver", "tool"]
 
 # Environment variables passed in when set (nothing else is).
 ENV_PASS = (
@@ -85,154 +89,10 @@ DENIED_SYSCALLS = (
     "init_module", "finit_module", "delete_module", "mount", "umount2", "pivot_root", "open_by_handle_at",
     "name_to_handle_at", "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "setns",
 )
-_GiB = 1 << 30
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Resource limits of one sandboxed process (and what it starts). None: no limit."""
-
-    cpu_s: int | None = None  # CPU seconds (the pool's wall-clock limits stop a hang first)
-    data_bytes: int | None = None  # data segment: heap and private writable mappings (not CUDA's reservations)
-    file_bytes: int | None = 4 * _GiB  # largest file it may write
-    processes: int | None = 512  # processes of its user (only the kernel's non-root users are counted)
-    open_files: int = 65536
-    nice: int = 0  # added to the scheduling niceness (work that may wait, such as builds ahead)
-
-
-def _ram() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):  # pragma: no cover
-        return 64 * _GiB
-
-
-def limits_for(role: Role) -> Limits:
-    """The limits of a role. Workers and drivers are long-lived and hold torch and CUDA: half the
-    machine's memory; compilers and builds less, and a CPU budget."""
-    half = max(8 * _GiB, _ram() // 2)
-    if role == "compiler":
-        return Limits(cpu_s=900, data_bytes=min(half, 16 * _GiB), file_bytes=1 * _GiB, processes=256)
-    if role == "build":
-        return Limits(cpu_s=3600, data_bytes=half, file_bytes=4 * _GiB, processes=512)
-    if role == "tool":
-        return Limits(cpu_s=900, data_bytes=half, file_bytes=4 * _GiB, processes=128)
-    if role == "driver":
-        return Limits(data_bytes=half, file_bytes=16 * _GiB, processes=512)
-    return Limits(data_bytes=half, file_bytes=4 * _GiB, processes=512)
 
 
 class SandboxUnavailable(RuntimeError):
     """No confinement can be set up on this machine, and running unconfined was not asked for."""
-
-
-# ---------------------------------------------------------------------------------------------
-# What the sandbox sees
-
-
-def _under(path: Path, root: Path) -> bool:
-    return path == root or root in path.parents
-
-
-def _real(p: str | Path) -> Path:
-    return Path(os.path.realpath(p))
-
-
-@dataclass
-class View:
-    """The mount view of one sandboxed process (bubblewrap arguments are built from it)."""
-
-    ro: list[Path] = field(default_factory=list)  # bound read-only at the same path
-    rw: list[Path] = field(default_factory=list)  # bound writable at the same path
-    devices: list[Path] = field(default_factory=list)
-    symlinks: dict[str, str] = field(default_factory=dict)  # path -> target
-
-    def add_ro(self, path: Path) -> None:
-        """Adds a read-only path unless it or a folder above it is there already."""
-        if path.exists() and not any(_under(path, r) for r in self.ro):
-            self.ro = [r for r in self.ro if not _under(r, path)] + [path]
-
-
-def _system_view() -> View:
-    view = View()
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        p = Path(top)
-        if p.is_symlink():
-            view.symlinks[top] = os.readlink(top)
-        elif p.is_dir():
-            view.add_ro(p)
-    view.add_ro(Path("/usr"))
-    # What CUDA and NVML read of /sys (PCI topology, NUMA, driver parameters), not all of it.
-    for part in ("devices", "bus", "class", "dev", "module", "kernel/mm"):
-        view.add_ro(Path("/sys") / part)
-    for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "os-release",
-                 "nsswitch.conf", "host.conf"):
-        view.add_ro(Path("/etc") / name)
-    return view
-
-
-def _code_roots() -> list[Path]:
-    """Folders the Python code lives in: the interpreter's prefixes, sys.path, kb_mcp's packages."""
-    import importlib.util
-    import site
-    import sysconfig
-
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)}
-    roots.update(sysconfig.get_paths().values())
-    roots.update(site.getsitepackages())
-    roots.update(p for p in sys.path if p and os.path.isdir(p))
-    for name in ("kb_mcp.harness", "kb_mcp.kb"):
-        spec = importlib.util.find_spec(name)
-        roots.update(spec.submodule_search_locations or [] if spec else [])
-    return [Path(os.path.abspath(r)) for r in roots if r and os.path.isdir(r)]
-
-
-# Where Nsight Compute's launcher looks for its real install besides the toolkit's own folder.
-NSIGHT_COMPUTE_HOMES = (Path("/opt/nvidia/nsight-compute"),)
-
-
-def _linked_outside(root: Path) -> list[Path]:
-    """Folders that entries directly inside `root` link to outside it: a toolkit's
-    `nsight-compute-<version>` is often a link into `/opt/nvidia`, and ncu's launcher script
-    fails ("Nsight Compute is not installed") when the link's target is not in the view."""
-    found = []
-    try:
-        entries = list(root.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        if entry.is_symlink():
-            target = _real(entry)
-            if target.is_dir() and not target.is_relative_to(root):
-                found.append(target)
-    return found
-
-
-def _tool_roots() -> list[Path]:
-    """Install folders of the CUDA toolkit, ncu and the libraries on LD_LIBRARY_PATH."""
-    roots: list[Path] = []
-    for tool in ("nvcc", "ncu", os.environ.get("KB_MCP_NCU") or ""):
-        found = shutil.which(tool) if tool else None
-        if found:
-            root = _real(found).parent.parent
-            roots += [root, *_linked_outside(root)]
-    roots += list(NSIGHT_COMPUTE_HOMES)
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            roots.append(Path(os.environ[var]))
-    roots += [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p and os.path.isabs(p)]
-    roots += [Path(p) for p in os.environ.get(ENV_EXTRA_RO, "").split(os.pathsep) if p and os.path.isabs(p)]
-    return [r for r in roots if r.is_dir()]
-
-
-def private_places(extra: Iterable[Path] = ()) -> list[Path]:
-    """Places no sandbox may see, even under a folder it is given: the KB's home, the cache, the
-    home folder and the server's working folder."""
-    places = [paths.home_dir(), paths.cache_dir(), Path.home(), Path.cwd()]
-    kb = paths.resolve_kb_path(None)
-    places += [kb.parent, paths.artifacts_dir(kb)]
-    places += list(extra)
-    return [Path(os.path.abspath(p)) for p in places]
 
 
 @dataclass(frozen=True)
@@ -290,37 +150,6 @@ def _launcher() -> _Launcher:
         if _LAUNCHER is None:
             _LAUNCHER = _Launcher()
         return _LAUNCHER
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _preexec(limits: Limits, pdeathsig: bool) -> Any:
-    """What runs in the child between fork and exec: limits, and (unconfined) the parent-death signal."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl
-    pairs = [(resource.RLIMIT_NOFILE, limits.open_files)]
-    for rlim, value in ((resource.RLIMIT_CPU, limits.cpu_s), (resource.RLIMIT_DATA, limits.data_bytes),
-                        (resource.RLIMIT_FSIZE, limits.file_bytes), (resource.RLIMIT_NPROC, limits.processes)):
-        if value is not None:
-            pairs.append((rlim, value))
-    wanted = [(rlim, min(value, hard) if hard != resource.RLIM_INFINITY else value)
-              for rlim, value in pairs for hard in [resource.getrlimit(rlim)[1]]]
-    kill = int(signal.SIGKILL)
-    nice = limits.nice
-
-    def run() -> None:
-        for rlim, value in wanted:
-            try:
-                resource.setrlimit(rlim, (value, value))
-            except (ValueError, OSError):
-                pass
-        if nice > 0:
-            os.nice(nice)
-        if pdeathsig:
-            prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0)
-
-    return run
 
 
 class Sandbox:
@@ -619,6 +448,6 @@ def unconfined_note(sandbox: Sandbox) -> str:
 
 
 __all__ = [
-    "ENV_SANDBOX", "Grant", "Limits", "Sandbox", "SandboxUnavailable", "View", "detect", "kill_group",
-    "limits_for", "unconfined_note",
+    "ENV_EXTRA_RO", "ENV_SANDBOX", "Grant", "Limits", "Role", "Sandbox", "SandboxUnavailable", "View", "detect",
+    "kill_group", "limits_for", "private_places", "unconfined_note",
 ]

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from kb_mcp.harness.sandbox import sandbox as sb
+from kb_mcp.harness.sandbox import view
 from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox, SandboxUnavailable, detect
 from kb_mcp.harness.sandbox.scratch import new_scratch
 
@@ -261,7 +262,7 @@ def test_a_toolkits_linked_nsight_compute_install_is_in_the_view(tmp_path: Path,
                         'exec "$d/ncu-real"\n')
     launcher.chmod(0o755)
     monkeypatch.setenv("PATH", f"{toolkit / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    assert real in sb._tool_roots()
+    assert real in view._tool_roots()
     sandbox = Sandbox(mode="bwrap", bwrap=detect().bwrap, reason="")  # a fresh view, made with this PATH
     code, out = sandbox.run([str(launcher)], Grant(role="driver", scratch=new_scratch("test")), timeout_s=60)
     assert (code, out.strip()) == (0, "real-ncu-ran"), out

@@ -23,7 +23,7 @@ from kb_mcp.harness.problem import load_problem
 from kb_mcp.harness.profile_model import Profile
 from kb_mcp.harness.sandbox.sandbox import detect
 from kb_mcp.policy.classify import classify_profile
-from kb_mcp.profiling import profiler
+from kb_mcp.profiling import ncu_run, profiler
 from kb_mcp.profiling.profiler import kernels_from_trace
 
 ERR_TEXT = (OWN / "err_nvgpuctrperm.txt").read_text()
@@ -66,7 +66,7 @@ def test_refused_counters_fall_back_to_timings(tmp_path: Path, monkeypatch: pyte
             started.append(list(cmd))
             super().__init__(cmd, *args, **kwargs)
 
-    monkeypatch.setattr(profiler, "NcuProcess", Recorded)
+    monkeypatch.setattr(ncu_run, "NcuProcess", Recorded)  # where `Spawner.process` finds it
     result = _profile_or_no_gpu(tmp_path)
     args = " ".join(started[0])  # ncu was asked, with the NVTX filter, before falling back
     assert "--nvtx-include kbmcp/" in args and "kb_mcp.harness.worker.profile_driver" in args

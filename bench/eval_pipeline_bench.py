@@ -288,7 +288,8 @@ def baselines_report(data: dict[str, Any], out: Path | None) -> str:
 def run_mode(mode: str, jobs: int, args: argparse.Namespace, root: Path) -> ModeRun:
     """One eval in folders of its own (cold builds; baselines seeded where asked), timed from its first
     problem to its report."""
-    from kb_mcp.campaign.evaluate import EvalOptions, evaluate
+    from kb_mcp.campaign.eval_models import EvalOptions
+    from kb_mcp.campaign.evaluate import evaluate
     from kb_mcp.tools.context import ToolContext
 
     folder = root / mode

@@ -232,7 +232,7 @@ def timed_pool(pool: Any, timeline: Timeline) -> None:
 
 
 def _options(folder: Path, compile_only: bool) -> Any:
-    from kb_mcp.campaign.evaluate import EvalOptions
+    from kb_mcp.campaign.eval_models import EvalOptions
 
     return EvalOptions(problems=[str(folder / "problems")], solutions=str(folder / "solutions"),
                        compile_only=compile_only)

@@ -19,18 +19,12 @@ verifications. A build ahead is never a verdict: the verification runs as it wou
 solution whose build failed ahead is built and judged by the verification itself. `build_jobs` 0 is
 the serial eval. Progress shows each problem's phase and the whole run's ETA (`campaign.eta`).
 
-The first builds hide behind nothing: the GPU would wait for them. So while a verification waits for
-its build ahead, the GPU times the baselines (eager and torch.compile) of the eval's problems that are
-not cached yet for this GPU, torch and track (`BaselinesAhead`): the waiting problem's own first, then
-the next ones in order, one at a time until the build is done. Each goes through
-`WorkerPool.baselines`, which holds the machine-wide GPU lane and caches the figures exactly as a
-verification's own first measurement would (the same request, in a worker no candidate ran in, with
-the same options and track), so the verification finds them cached and its verdict is the one it
-would have reached measuring them itself. A problem whose build is ready is verified at once (its
-baselines, when not cached, are timed by the pool first, inside the verification's lane hold).
-Each line says whether its verification found its baseline cached (`baseline_cached`) and whether
-this eval timed it ahead (`baseline_ahead`); `StepTimes.baselines_s` is the GPU time a step's wait
-spent on them.
+While a verification waits for its build ahead, the GPU times the baselines of the eval's problems not
+cached yet (`campaign.eval_baselines`), so the verification finds them cached. A problem whose build is
+ready is verified at once (its baselines, when not cached, are timed by the pool first, inside the
+verification's lane hold). Each line says whether its verification found its baseline cached
+(`baseline_cached`) and whether this eval timed it ahead (`baseline_ahead`); `StepTimes.baselines_s` is
+the GPU time a step's wait spent on them.
 
 Given a cluster (`campaign.cluster`: `--gpus N`, `--cluster ADDRESS`), the verifications run on its
 workers instead, as many at once as it has GPUs, and each verdict is stored here as it comes back
@@ -44,102 +38,34 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import TYPE_CHECKING
 
 from kb_mcp.campaign.bench import attempt_from
 from kb_mcp.campaign.cluster_models import ClusterError
 from kb_mcp.campaign.eta import OVERALL, Eta
+from kb_mcp.campaign.eval_baselines import BaselinesAhead, Pending
+from kb_mcp.campaign.eval_models import EvalError, EvalLine, EvalOptions, EvalResult, StepTimes
 from kb_mcp.campaign.eval_pipeline import Pipeline
 from kb_mcp.campaign.models import CampaignConfig, CampaignStatus, InitialRecord, Retry
-from kb_mcp.campaign.report import CampaignReport, report_from_store
+from kb_mcp.campaign.report import report_from_store
 from kb_mcp.campaign.report_render import write_report
 from kb_mcp.campaign.selection import ProblemRef, SelectionError, eval_mode, match_solution, select_problems
-from kb_mcp.campaign.store import CampaignError, CampaignStore
-from kb_mcp.harness.baselines import BaselineCache, BaselineRun
+from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.harness.builds.ahead import AheadOutcome, BuildsAhead, default_jobs, target_for
 from kb_mcp.harness.judgment.verdict import VerifyOptions
 from kb_mcp.harness.problem import Problem, ProblemError, candidate_id, load_problem
-from kb_mcp.kb.models import DEFAULT_TRACK, Track, Verdict
+from kb_mcp.kb.models import Track, Verdict
 from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext
 
 if TYPE_CHECKING:
     from kb_mcp.campaign.cluster import Cluster
-    from kb_mcp.harness.pool.pool import WorkerPool
 
 MAX_WAITING = 256  # problems of an eval on a cluster waiting for a worker at once (each a thread here)
 ProgressFn = Callable[[str, int, int, str], None]  # (problem, done, total, message), as a campaign's;
 # the problem `eta.OVERALL` carries the whole run's (verifications done, to do, the ETA)
 LogFn = Callable[[str], None]
-
-
-class EvalError(CampaignError):
-    """The eval cannot run as asked (selection, track, folder); the message says what to change."""
-
-
-class EvalOptions(BaseModel):
-    """What to evaluate."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    problems: list[str] = Field(description="problem files, folders of them, or a KernelBench checkout")
-    solutions: str | None = Field(None, description="folder of solution files, matched to problems by name")
-    level: int | None = Field(None, ge=1, description="KernelBench level to take")
-    ids: str | None = Field(None, description="problem ids and ranges, e.g. 1-20,40")
-    track: Track = Field(DEFAULT_TRACK, description="precision track the solutions are verified in")
-    mode: Literal["own", "composed"] | None = Field(
-        None, description="verification mode of every problem (None: composed for level 3, own kernels otherwise)")
-    compile_only: bool = Field(False, description="compile only (no GPU): verdict needs_gpu, nothing timed")
-    build_jobs: int | None = Field(
-        None, ge=0, le=256,
-        description="solutions built ahead at once while the GPU verifies (0: none, the serial eval; default: what "
-                    "the CPU cores and memory hold, harness.ahead.default_jobs)")
-
-
-class StepTimes(BaseModel):
-    """Where one problem's time went (seconds)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    wall_s: float  # the whole step: waiting for its builds ahead, then its verification
-    wait_s: float = 0.0  # waiting for its builds ahead, before the verification started
-    verify_s: float = 0.0  # the verification (GPU lane held), less the time its worker spent building
-    build_s: float = 0.0  # building inside the verification (what was not built ahead; NVRTC included)
-    # timing baselines ahead (GPU lane held) while the step waited for its build: its own problem's or
-    # the next ones' (`BaselinesAhead`); not part of wait_s
-    baselines_s: float = 0.0
-
-
-class EvalLine(BaseModel):
-    """One problem's outcome, for the terminal."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    problem: str
-    solution: str | None = None
-    verdict: Verdict | None = None
-    speedup: float | None = None  # over the better of eager and torch.compile
-    note: str = ""
-    times: StepTimes | None = None  # for problems verified in this run
-    worker: str | None = None  # the cluster's worker that verified it (an eval on a cluster)
-    baseline_cached: bool | None = None  # its verification found its baselines cached (None: nothing timed)
-    baseline_ahead: bool = False  # this eval timed its baselines ahead, while a build finished
-
-
-class EvalResult(BaseModel):
-    """The evaluated problems and where the report is."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    folder: str
-    lines: list[EvalLine]
-    report_md: str
-    report_json: str
-    report: CampaignReport
-    retried: list[Retry] = Field(default_factory=list, description="verifications re-run after their worker died")
 
 
 def check_track(folder: Path, track: Track) -> None:
@@ -256,75 +182,6 @@ class _Remote:
     baseline_cached: bool | None = None  # the verification found its baselines cached (None: nothing timed)
 
 
-@dataclass
-class Pending:
-    """A problem an eval will verify, for `BaselinesAhead`: its place in the eval's order, name, problem."""
-
-    index: int
-    name: str
-    problem: Problem
-
-
-class BaselinesAhead:
-    """The baselines of an eval's problems not cached yet, timed on the GPU while a step waits for its
-    build ahead (see the module docstring): the waiting problem's own first, then the next ones in the
-    eval's order, never one whose verification has started. `pool.baselines` holds the GPU lane and
-    caches what it measured alone, as a verification's own first measurement would."""
-
-    def __init__(self, pool: WorkerPool, options: VerifyOptions, problems: list[Pending],
-                 say: Callable[[int, str, str], None]) -> None:
-        self.pool, self.options, self.say = pool, options, say
-        info = pool.info()
-        self.device, self.torch_version = info.device, info.torch_version
-        self.left = [p for p in problems if not self.cached(p.problem)]
-        self.timed: set[int] = set()  # problems (index) whose baselines this eval timed and cached
-        self.seconds = 0.0  # GPU lane time spent on them
-
-    def cached(self, problem: Problem) -> bool:
-        """Whether a verification of `problem` would find its baselines in the pool's cache."""
-        return BaselineCache(self.pool.cache_dir).get(
-            problem.hash, self.device, self.torch_version, need_compile=self.options.compile_baseline,
-            track=self.options.track.value) is not None
-
-    def idle(self, index: int, name: str, report: Callable[[str], None]) -> Callable[[], bool]:
-        """The piece of work `Pipeline.claim` gives the GPU while the build of problem `index` is not done."""
-        return lambda: self.one(index, name, report)
-
-    def one(self, index: int, name: str, report: Callable[[str], None]) -> bool:
-        """Times the baselines of the next problem not cached, from the waiting one (`index`) on; False
-        when none is left."""
-        self.left = [q for q in self.left if q.index >= index]  # earlier ones were verified
-        while self.left:
-            q = self.left.pop(0)
-            if self.cached(q.problem):  # cached meanwhile (another process verified it)
-                continue
-            report(f"its build is not done: the GPU times the baselines of {q.name} meanwhile")
-            t0 = time.monotonic()
-            try:
-                run = self.pool.baselines(q.problem, self.options,
-                                          lambda done, total=None, message=None: report(message or "baselines"))
-            except RuntimeError as exc:  # no worker starts: the verifications report it
-                self.say(q.index, q.name, f"no baselines ahead ({exc})")
-                self.left.clear()
-                return False
-            seconds = time.monotonic() - t0
-            self.seconds += seconds
-            if self.cached(q.problem):
-                self.timed.add(q.index)
-            self.say(q.index, q.name, f"{_baselines_text(run)} in {seconds:.1f} s, timed ahead while {name}'s "
-                     "build finished")
-            return True
-        return False
-
-
-def _baselines_text(run: BaselineRun) -> str:
-    """What a run of baselines ahead found, in a few words."""
-    base = run.baseline
-    if run.status == "ok" and base is not None:
-        comp = f"{base.compile_ms:.3f} ms" if base.compile_ms is not None else "failed"
-        return (f"baselines eager {base.eager_ms:.3f} ms, torch.compile {comp}"
-                + ("" if not run.note else f" ({run.note[:160]})"))
-    return f"baselines {run.status} ({run.note[:160]})"
 
 
 class _Run:

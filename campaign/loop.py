@@ -9,49 +9,32 @@ the new kernel is faster. Every U recorded outcomes the textual gradient edits t
 
 Every finished unit is written as one raw record (`campaign.store`) before the next starts,
 so a rerun with the same folder continues where the last run stopped, and the report and best
-kernels are recomputed from those records. Trajectories run in parallel threads (`parallel`).
+kernels are recomputed from those records. Trajectories run in parallel threads (`parallel`); each
+unit is `campaign.units`'.
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 
-from kb_mcp.campaign.agent_base import AgentFailed, Conversation
-from kb_mcp.campaign.agent_kernel import (
-    GENERATE_SYSTEM,
-    LOWER_SYSTEM,
-    KernelAnswer,
-    changed_kernel_parser,
-    fix_request,
-    generate_request,
-    lower_request,
-    parse_kernel_answer,
-    review_fix_request,
-)
-from kb_mcp.campaign.agent_review import REVIEW_SYSTEM, parse_review, review_request
-from kb_mcp.campaign.bench import Bench, BenchError, KernelDiagnosis
+from kb_mcp.campaign.bench import Bench
 from kb_mcp.campaign.best import write_best_kernels
 from kb_mcp.campaign.models import (
-    AttemptRecord,
     CampaignConfig,
     CampaignStatus,
     InitialRecord,
-    ReviewRecord,
     StepRecord,
-    UnitRecord,
     problem_name,
 )
 from kb_mcp.campaign.report import CampaignReport, build_report, pick_best
 from kb_mcp.campaign.report_render import write_report
 from kb_mcp.campaign.store import CampaignError, CampaignStore
-from kb_mcp.clients.llm import LLMClient, LLMError, Role
-from kb_mcp.harness.problem import Problem, ProblemError, load_problem
-from kb_mcp.kb.models import Verdict, utcnow
+from kb_mcp.campaign.units import CampaignStopped, Kernel, ProblemRun, Units
+from kb_mcp.clients.llm import LLMClient, LLMError
+from kb_mcp.harness.problem import ProblemError, load_problem
+from kb_mcp.kb.models import utcnow
 
 ProblemProgress = Callable[[str, int, int, str], None]
 """progress(problem, units done, units total, message): per-problem progress (the console draws a bar per
@@ -62,44 +45,10 @@ def _quiet(problem: str, done: int, total: int, message: str) -> None:
     pass
 
 
-class CampaignStopped(Exception):
-    """The campaign stopped before finishing (stop requested, or the LLM endpoint failed); rerun to resume."""
-
-
 class CampaignAborted(KeyboardInterrupt):
     """A second interrupt: the campaign returns at once while steps may still be in flight in other
     threads. Nothing on disk is half-written, but the harness may still be busy: exit the process."""
 
-
-@dataclass
-class _Kernel:
-    candidate_id: str
-    source: str
-    time_ms: float | None
-
-
-@dataclass
-class _ProblemRun:
-    problem: Problem
-    initial: InitialRecord | None
-    steps: list[StepRecord] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def name(self) -> str:
-        return self.problem.name
-
-
-def _usable_now(attempt: AttemptRecord, compile_only: bool) -> bool:
-    """Whether a candidate may go on (review, acceptance): correct and timed, or compiled when no GPU."""
-    if compile_only:
-        return attempt.verdict == Verdict.needs_gpu or (attempt.verdict.is_valid and not attempt.record.flagged)
-    return attempt.verdict.is_valid and not attempt.record.flagged and attempt.record.time_ms is not None
-
-
-def _seed(*parts: object) -> int:
-    digest = hashlib.sha256("\0".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:4], "little")
 
 
 class Campaign:
@@ -125,10 +74,11 @@ class Campaign:
         self.log = log
         self.stop = threading.Event()
         self._gradient_lock = threading.Lock()
-        self._runs: dict[str, _ProblemRun] = {}
+        self._runs: dict[str, ProblemRun] = {}
         self._done: dict[str, int] = {}
         self._events: list[tuple[str, int, str]] = []  # (problem, done, message) from worker threads
         self._events_lock = threading.Lock()
+        self.units = Units(config, store, bench, llm, self._note)
 
     # -- setup and resume ------------------------------------------------------------------------
 
@@ -170,7 +120,7 @@ class Campaign:
                 raise CampaignError(
                     f"{path} changed since this campaign generated its first kernel; start a new campaign folder"
                 )
-            run = _ProblemRun(problem=problem, initial=initial, steps=steps_by_problem.get(problem.name, []))
+            run = ProblemRun(problem=problem, initial=initial, steps=steps_by_problem.get(problem.name, []))
             self._runs[problem.name] = run
             self._done[problem.name] = (initial is not None) + len(
                 [s for s in run.steps if s.iteration < self.config.iterations and s.step < self.config.steps]
@@ -275,7 +225,7 @@ class Campaign:
 
     # -- units -------------------------------------------------------------------------------------
 
-    def _trajectory(self, run: _ProblemRun, iteration: int) -> None:
+    def _trajectory(self, run: ProblemRun, iteration: int) -> None:
         if self.stop.is_set():
             return
         with run.lock:  # the first trajectory of a problem generates its initial kernel; the others wait
@@ -296,7 +246,7 @@ class Campaign:
                     for s in run.steps
                     if s.iteration == iteration and s.parent_candidate_id == current.candidate_id and s.optimization_id
                 ]
-            record = self._step(run, iteration, step, current, tried)
+            record = self.units.step(run, iteration, step, current, tried)
             with run.lock:
                 run.steps.append(record)
             self.store.write_step(record)
@@ -306,7 +256,7 @@ class Campaign:
             if record.outcome_recorded:
                 self._maybe_gradient()
 
-    def _current(self, run: _ProblemRun, iteration: int) -> _Kernel:
+    def _current(self, run: ProblemRun, iteration: int) -> Kernel:
         """The kernel a trajectory continues from.
 
         Each step starts from the trajectory's current kernel and replaces it only when accepted,
@@ -320,239 +270,22 @@ class Campaign:
                 cid, time_ms = last.candidate_id, last.final.record.time_ms
             else:
                 cid, time_ms = last.parent_candidate_id, last.parent_time_ms
-            return _Kernel(cid, self.store.kernel_source(run.name, cid), time_ms)
+            return Kernel(cid, self.store.kernel_source(run.name, cid), time_ms)
         best = pick_best(run.initial, run.steps)
         assert best is not None  # the trajectory runs only after an accepted initial kernel
-        return _Kernel(best.candidate_id, self.store.kernel_source(run.name, best.candidate_id), best.time_ms)
+        return Kernel(best.candidate_id, self.store.kernel_source(run.name, best.candidate_id), best.time_ms)
 
-    def _verify(self, run: _ProblemRun, source: str) -> AttemptRecord:
-        started = time.monotonic()
-        attempt = self.bench.verify(run.problem, source, compile_only=self.config.compile_only)
-        attempt.wall_s = round(time.monotonic() - started, 3)
-        self.store.save_kernel(run.name, attempt.candidate_id, source)
-        if attempt.verdict == Verdict.needs_gpu and not self.config.compile_only:
-            raise CampaignStopped(
-                "the harness found no GPU to verify on (verdict needs_gpu); run on a GPU machine or pass --compile-only"
-            )
-        return attempt
-
-    def _fix_loop(
-        self,
-        run: _ProblemRun,
-        unit: UnitRecord,
-        conv: Conversation,
-        answer: KernelAnswer,
-        attempts: int,
-        parse: Callable[[str], KernelAnswer] = parse_kernel_answer,
-    ) -> KernelAnswer:
-        """Verifies `answer`, has a usable candidate reviewed, and asks for fixes on the harness's (or
-        the review's) messages, up to `attempts` candidates.
-
-        Returns the last answer (the one whose candidate is `unit.final`). A flagged result (an
-        implausible speedup held for review) ends the loop: it is not wrong, so there is nothing to fix.
-        A review that gave no usable answer ends it too (the candidate is then not accepted).
-        """
-        for n in range(1, attempts + 1):
-            try:
-                attempt = self._verify(run, answer.source)
-            except BenchError as exc:
-                unit.error = str(exc)
-                return answer
-            unit.attempts.append(attempt)
-            if _usable_now(attempt, self.config.compile_only):
-                if not self.config.review:
-                    return answer
-                attempt.review = self._review(run, unit, answer.source)
-                if attempt.review.accepted or attempt.review.error or n == attempts:
-                    return answer
-                message = review_fix_request(attempt.review.issues, n, attempts)
-            elif attempt.record.flagged or n == attempts:
-                return answer
-            else:
-                message = fix_request(attempt.verdict.value, attempt.feedback, n, attempts)
-            try:
-                answer = conv.ask(message, parse)
-            except AgentFailed as exc:
-                unit.error = str(exc)
-                return answer
-        return answer
-
-    def _review(self, run: _ProblemRun, unit: UnitRecord, source: str) -> ReviewRecord:
-        conv = Conversation(
-            self.llm, Role.review, REVIEW_SYSTEM, problem=run.name, ledger=unit.tokens,
-            answer_retries=self.config.answer_retries
-        )
-        try:
-            answer = conv.ask(review_request(run.name, run.problem.source, source), parse_review)
-        except AgentFailed as exc:
-            # Without a usable review the result is not accepted: acceptance requires the review.
-            return ReviewRecord(accepted=False, error=str(exc))
-        return ReviewRecord(accepted=answer.accepted, issues=answer.issues, summary=answer.summary)
-
-    def _finish_unit(self, unit: UnitRecord) -> None:
-        final = unit.final
-        if final is None:
-            return
-        unit.review = final.review  # the review of the final candidate (earlier ones are on their attempts)
-
-    def _generate(self, run: _ProblemRun) -> InitialRecord:
-        started = time.monotonic()
-        record = InitialRecord(problem=run.name, problem_hash=run.problem.hash, problem_path=run.problem.path or "")
-        self._note(run.name, "generating the first kernel")
-        conv = Conversation(
-            self.llm, Role.generate, GENERATE_SYSTEM, problem=run.name, ledger=record.tokens,
-            answer_retries=self.config.answer_retries,
-        )
-        try:
-            answer = conv.ask(generate_request(run.name, run.problem.source), parse_kernel_answer)
-        except AgentFailed as exc:
-            record.error = str(exc)
-        else:
-            self._fix_loop(run, record, conv, answer, self.config.generate_attempts)
-            self._finish_unit(record)
-        final = record.final
-        record.accepted = (
-            final is not None
-            and _usable_now(final, self.config.compile_only)
-            and (record.review is None or record.review.accepted)
-        )
-        record.kb = self.bench.snapshot()
-        record.wall_s = round(time.monotonic() - started, 3)
-        record.finished_at = utcnow()
+    def _generate(self, run: ProblemRun) -> InitialRecord:
+        """The problem's first kernel (`Units.generate`), written before the next unit starts."""
+        record = self.units.generate(run)
         self.store.write_initial(record)
         with self._events_lock:
             self._done[run.name] += 1
+        final = record.final
         verdict = final.verdict.value if final else "no candidate"
         self._note(run.name, f"first kernel: {verdict}{'' if record.accepted else ' (not usable)'}")
         return record
 
-    def _step(self, run: _ProblemRun, iteration: int, step: int, current: _Kernel, tried: list[str]) -> StepRecord:
-        started = time.monotonic()
-        record = StepRecord(
-            problem=run.name, iteration=iteration, step=step,
-            parent_candidate_id=current.candidate_id, parent_time_ms=current.time_ms,
-        )
-        with run.lock:  # a profile of this kernel taken when it was accepted is reused, not retaken
-            known = next(
-                (s.next_profile_id for s in run.steps if s.candidate_id == current.candidate_id and s.next_profile_id),
-                None,
-            )
-        try:
-            diagnosis = self._diagnose(run, current.source, current.candidate_id, known)
-            record.profile_id = diagnosis.profile_id
-            record.state_id = diagnosis.state_id
-            record.state_source = diagnosis.state_source
-            offers = self.bench.suggest(
-                diagnosis.state_id, k=self.config.top_k, temperature=self.config.temperature,
-                exclude=[*tried, *diagnosis.ruled_out],
-                seed=_seed(self.config.seed, run.name, iteration, step), candidate_id=current.candidate_id,
-            )
-        except BenchError as exc:
-            record.error = str(exc)
-            return self._close_step(record, started)
-        if not offers:
-            record.error = f"no untried optimization applies in state {diagnosis.state_id}"
-            return self._close_step(record, started)
-        record.suggestions = [o.suggestion for o in offers]
-        pick = offers[0]  # already drawn by weight: the first draw is this step's choice
-        record.optimization_id = pick.suggestion.optimization_id
-        record.predicted_speedup = pick.suggestion.expected_speedup
-        conv = Conversation(
-            self.llm, Role.lower, LOWER_SYSTEM, problem=run.name, ledger=record.tokens,
-            answer_retries=self.config.answer_retries,
-        )
-        summary = "compile-only run: not timed" if current.time_ms is None else f"{current.time_ms:.4g} ms"
-        parse_changed = changed_kernel_parser(current.source)
-        try:
-            answer = conv.ask(
-                lower_request(
-                    problem_name=run.name,
-                    reference_source=run.problem.source,
-                    current_source=current.source,
-                    current_summary=summary,
-                    state_summary=diagnosis.state_summary,
-                    profile_summary=diagnosis.profile_summary,
-                    optimization_summary=pick.prompt,
-                ),
-                parse_changed,
-            )
-        except AgentFailed as exc:
-            record.error = str(exc)
-            return self._close_step(record, started)
-        answer = self._fix_loop(run, record, conv, answer, self.config.fix_attempts, parse_changed)
-        self._finish_unit(record)
-        if record.final is None:  # the harness could not check even one candidate (the error says why)
-            return self._close_step(record, started)
-        self._judge(run, record, current)
-        self._record_outcome(record, answer)
-        return self._close_step(record, started)
-
-    def _judge(self, run: _ProblemRun, record: StepRecord, current: _Kernel) -> None:
-        """Whether the step's final candidate moves the trajectory on, and the state it reaches."""
-        final = record.final
-        assert final is not None
-        reviewed_ok = record.review is None or record.review.accepted
-        if final.verdict.is_valid and final.record.time_ms and current.time_ms:
-            record.speedup_vs_parent = current.time_ms / final.record.time_ms
-        if self.config.compile_only:
-            record.accepted = _usable_now(final, True) and reviewed_ok
-        else:
-            faster = record.speedup_vs_parent is not None and record.speedup_vs_parent > 1.0
-            record.accepted = _usable_now(final, False) and reviewed_ok and faster
-        if record.accepted and not self.config.compile_only:
-            # Classify the new kernel now: the transition (state, optimization -> next state) is
-            # recorded with the outcome, and the next step of the trajectory reuses this profile.
-            try:
-                after = self._diagnose(run, self.store.kernel_source(run.name, final.candidate_id), final.candidate_id,
-                                       None)
-            except BenchError as exc:
-                record.outcome_note = f"next state unknown: {exc}; "
-            else:
-                if after.state_source == "classified":
-                    record.next_state_id, record.next_profile_id = after.state_id, after.profile_id
-
-    def _record_outcome(self, record: StepRecord, answer: KernelAnswer) -> None:
-        """Records the step's outcome in the KB through record_outcome, unless the review rejected it."""
-        if record.review is not None and not record.review.accepted:
-            # The harness's verdict stands, but a result the review rejects must not earn the
-            # optimization credit: it is kept out of the KB's statistics.
-            record.outcome_note += "not recorded: the review found dropped functionality"
-        else:
-            try:
-                recorded, note = self.bench.record(
-                    record, analysis=self._analysis(record, answer), next_state_id=record.next_state_id
-                )
-            except BenchError as exc:
-                recorded, note = False, f"not recorded: {exc}"
-            record.outcome_recorded = recorded
-            record.outcome_note += note
-
-    def _diagnose(self, run: _ProblemRun, source: str, candidate_id: str, profile_id: str | None) -> KernelDiagnosis:
-        return self.bench.diagnose(
-            run.problem, source, candidate_id, compile_only=self.config.compile_only,
-            fallback_state=self.config.fallback_state, profile_id=profile_id,
-        )
-
-    def _analysis(self, record: StepRecord, answer: KernelAnswer) -> str:
-        """The text kept with the outcome in the KB: what the harness and the review said."""
-        final = record.final
-        parts = []
-        if answer.note:
-            parts.append(f"lowering note: {answer.note}")
-        if final is not None and final.feedback:
-            parts.append(f"harness: {final.feedback[:600]}")
-        if len(record.attempts) > 1:
-            parts.append(f"{len(record.attempts)} candidates (fixes after "
-                         f"{', '.join(a.verdict.value for a in record.attempts[:-1])})")
-        if record.review is not None and record.review.issues:
-            parts.append("review: " + "; ".join(record.review.issues)[:400])
-        return " | ".join(parts)
-
-    def _close_step(self, record: StepRecord, started: float) -> StepRecord:
-        record.kb = self.bench.snapshot()
-        record.wall_s = round(time.monotonic() - started, 3)
-        record.finished_at = utcnow()
-        return record
 
     # -- textual gradient --------------------------------------------------------------------------
 

@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.campaign.bench import Bench, Verifier
-from kb_mcp.campaign.loop import Campaign, CampaignAborted, CampaignStopped, ProblemProgress
+from kb_mcp.campaign.loop import Campaign, CampaignAborted, ProblemProgress
 from kb_mcp.campaign.models import CampaignConfig, retried_text
 from kb_mcp.campaign.problems import resolve_problems
 from kb_mcp.campaign.report import CampaignReport, report_from_store
 from kb_mcp.campaign.report_render import write_report
 from kb_mcp.campaign.selection import SelectionError, select_problems
 from kb_mcp.campaign.store import CampaignError, CampaignStore
+from kb_mcp.campaign.units import CampaignStopped
 from kb_mcp.clients.llm import LLMClient, LLMConfig, Role
 from kb_mcp.kb.models import Track
 from kb_mcp.tools import compile_and_verify

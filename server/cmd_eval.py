@@ -69,7 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs the eval; exit code 0 when every matched solution was evaluated, 2 for unusable arguments."""
     from kb_mcp.campaign.cluster_models import ClusterError
-    from kb_mcp.campaign.evaluate import EvalError, EvalOptions, evaluate
+    from kb_mcp.campaign.eval_models import EvalError, EvalOptions
+    from kb_mcp.campaign.evaluate import evaluate
     from kb_mcp.campaign.store import CampaignError
     from kb_mcp.kb.models import Track
     from kb_mcp.server.campaign_console import ConsoleProgress
@@ -171,7 +172,7 @@ def baselines_summary(rows: list, out: Path) -> str:
 
 def summary(result: object) -> str:
     """The per-problem table and the headline numbers, for the terminal."""
-    from kb_mcp.campaign.evaluate import EvalResult
+    from kb_mcp.campaign.eval_models import EvalResult
 
     assert isinstance(result, EvalResult)
     rows = [f"{'problem':<44} {'verdict':<14} {'speedup':>8}  note"]

@@ -2,7 +2,7 @@
 
 A worker whose candidate calls `load_inline` with sources not in the shared cache asks the pool
 (`protocol.BuildAsk`). The server checks the flags and includes against the allow-lists
-(`toolchain.flag_refusals`), runs `python -m kb_mcp.harness.worker.build` in a sandbox of its own
+(`allow_lists.flag_refusals`), runs `python -m kb_mcp.harness.worker.build` in a sandbox of its own
 (its own scratch folder; it compiles and links but imports nothing, so no candidate code runs
 there), and copies the one `.so` it made into `<cache>/torch_extensions/<ext>/<ext>.so`, named by
 the content hash the server computes itself. Every sandbox sees that folder read-only: a candidate
@@ -25,13 +25,12 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from kb_mcp.harness.builds.allow_lists import flag_refusals, tried_outside
 from kb_mcp.harness.builds.toolchain import (
     ToolchainInfo,
     build_target,
     extension_name,
-    flag_refusals,
     light_variants,
-    tried_outside,
     truncate,
 )
 from kb_mcp.harness.candidate import SourceUnit
@@ -75,7 +74,7 @@ def toolchain(sandbox: Sandbox) -> ToolchainInfo:
 
 def refused_attempts(unit: SourceUnit, tc: ToolchainInfo, role: str) -> None:
     """Records what of the unit's refused flags and includes would have reached outside its build
-    (`toolchain.tried_outside`) as attempts of the work asking for it (`attempts.record`)."""
+    (`allow_lists.tried_outside`) as attempts of the work asking for it (`attempts.record`)."""
     tried = tried_outside(unit, tc.include_roots)
     if tried:  # one attempt per unit: a finding names a few attempts, each unit's whole request
         record(Attempt(kind="build", what=redact(f"{unit.name}: {'; '.join(tried)}", 600), role=role))

@@ -3,7 +3,7 @@
 Nothing of the candidate runs, not even its import: its CUDA sources are read from the syntax
 tree (`candidate.static_units`: string literals and module-level constants passed to
 `load_inline` or `torch.cuda._compile_kernel`), its flags and `#include`s are checked against the
-allow-lists (`toolchain.flag_refusals`), and the compilers check what is allowed, each run in a
+allow-lists (`allow_lists.flag_refusals`), and the compilers check what is allowed, each run in a
 sandbox of its own (`harness.sandbox.sandbox`, role `compiler`): nvcc for the target arch (the GPU's
 arch-specific target, `toolchain.build_target`: the default sm_90 is built as sm_90a), and the
 host compiler for `load_inline`'s C++ part. Sources built at run time (computed strings) cannot
@@ -36,6 +36,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from kb_mcp.harness.builds.allow_lists import flag_refusals
 from kb_mcp.harness.builds.builds import BuildService, ToolchainError, refused_attempts, toolchain
 from kb_mcp.harness.builds.toolchain import (
     DEFAULT_ARCH,
@@ -47,7 +48,6 @@ from kb_mcp.harness.builds.toolchain import (
     compile_runs,
     diagnostics,
     extension_name,
-    flag_refusals,
     light_variants,
     machine_limit,
     missing_declarations,

@@ -1,21 +1,19 @@
 """The baselines side of the worker pool (server side): a problem's eager and torch.compile
 baselines timed alone, without a candidate, in a verify worker no candidate ran in.
 
-`WorkerPool` (`harness.pool`) is this class plus the verify workers and the census side. Baselines
-are timed in a worker that has served no candidate (the active one while it served none, else the
-spare, which runs no candidate while it waits): a candidate's changes to its process (dynamo's or
-inductor's settings and caches, patched functions) would otherwise be measured as the reference's
-figures, and cached for every later candidate of the problem. A verification whose problem has no
-cached baselines has them timed first, that way (`_baselines_first`), and hands them to the worker.
+`WorkerPool` (`harness.pool.pool`) is this class plus the verify requests and the census side, on the
+worker processes of `harness.pool.workers`. Baselines are timed in a worker that has served no
+candidate (the active one while it served none, else the spare, which runs no candidate while it
+waits): a candidate's changes to its process (dynamo's or inductor's settings and caches, patched
+functions) would otherwise be measured as the reference's figures, and cached for every later
+candidate of the problem. A verification whose problem has no cached baselines has them timed first,
+that way (`_baselines_first`), and hands them to the worker.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from collections.abc import Callable
-from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -24,7 +22,8 @@ from kb_mcp.harness.gpu import lane
 from kb_mcp.harness.gpu.gpu_memory import DeviceMemory
 from kb_mcp.harness.judgment.verdict import VerifyOptions
 from kb_mcp.harness.phases import BASELINE_WORDS, PHASE_WORDS, PHASES, StepClock
-from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit
+from kb_mcp.harness.pool.process import ReplyReader, WorkerProcess, describe_exit
+from kb_mcp.harness.pool.workers import Workers
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.protocol import BaselineReply, BaselineRequest, ProblemFailed, VerifyReply
 from kb_mcp.harness.sandbox.channel import ChannelClosed, ForgedFrame, new_key
@@ -33,21 +32,8 @@ from kb_mcp.kb.progress import Progress, no_progress
 __all__ = ["BaselineSide"]
 
 
-class BaselineSide:
+class BaselineSide(Workers):
     """The baselines of a `WorkerPool` (see the module's docstring)."""
-
-    # Provided by WorkerPool:
-    cache_dir: Path
-    no_cuda: bool
-    start_timeout_s: float
-    _lock: threading.Lock
-    _worker: WorkerProcess | None
-    _spare: WorkerProcess | None
-    _ready: Callable[[], WorkerProcess]
-    _drop: Callable[[WorkerProcess], None]
-    _retire: Callable[[WorkerProcess], None]
-    _send: Callable[..., None]
-    _settle_starts: Callable[[], None]
 
     def baselines(self, problem: Problem, options: VerifyOptions | None = None,
                   progress: Progress = no_progress) -> BaselineRun:
@@ -111,27 +97,6 @@ class BaselineSide:
         progress(0, len(PHASES), PHASE_WORDS["reference_baselines"])
         # timed in full even for a quick verdict: the figures are cached for every later one
         return self._baselines_held(problem, opts.model_copy(update={"timing": True}), progress)
-
-    def _candidate_free(self) -> WorkerProcess:
-        """A ready verify worker that no candidate ran in: the active one while it has served none,
-        else the spare (which runs no candidate while it waits), else a new active one. Baselines are
-        timed only there: a candidate's changes to the process (dynamo's or inductor's settings and
-        caches, patched functions) would otherwise be measured as the reference's figures and cached
-        for every later candidate of the problem."""
-        w = self._ready()
-        if not w.served:
-            return w
-        spare = self._spare
-        if spare is not None and spare.alive():
-            try:
-                spare.wait_ready(self.start_timeout_s)
-                return spare
-            except WorkerError:
-                self._drop(spare)
-                self._spare = None
-        self._drop(w)
-        self._worker = None
-        return self._ready()
 
     def _baseline_request(self, w: WorkerProcess, problem: Problem, opts: VerifyOptions,
                           progress: Progress) -> BaselineRun:

@@ -1,18 +1,17 @@
-"""The census side of the worker pool (server side): the census worker, and the answers the pool
-gives a verify worker that asks for a kernel census or a work census mid-request.
+"""The census side of the worker pool (server side): the answers the pool gives a verify worker that
+asks for a kernel census or a work census mid-request, and the census on its own.
 
-`WorkerPool` (`harness.pool.pool`) is this class plus the verify workers; the census worker runs one
+`WorkerPool` (`harness.pool.pool`) is this class plus the verify requests and the baselines side, on
+the worker processes of `harness.pool.workers`; the census worker runs one
 forward under the profiler in a process of its own (`harness.worker.census`), so that the verify
 worker's timings are those of a process that never profiled.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,33 +25,23 @@ from kb_mcp.harness.judgment.composed import COMPOSED, ReferenceOpsCache
 from kb_mcp.harness.judgment.verdict import Failure, FailureKind, Finding, FindingCode, VerifyOptions
 from kb_mcp.harness.phases import CENSUS_WORDS
 from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, following
+from kb_mcp.harness.pool.workers import Workers
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.protocol import BuildAsk, CensusAnswer, CensusReply, CensusRequest, ProblemFailed
 from kb_mcp.harness.sandbox.attempts import collecting
 from kb_mcp.harness.sandbox.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
-from kb_mcp.harness.sandbox.sandbox import Sandbox
 from kb_mcp.profiling.work import take_work_census
 
 __all__ = ["CensusSide"]
 
 
-class CensusSide:
-    """The census worker of a `WorkerPool` and the census answers it gives (see the module's docstring)."""
+class CensusSide(Workers):
+    """The census answers of a `WorkerPool`, taken in its census worker (see the module's docstring)."""
 
     # Provided by WorkerPool:
-    cache_dir: Path
-    sandbox: Sandbox
     builds: BuildService
     compile_only: CompileOnly
-    start_timeout_s: float
-    census_restarts: int
-    _lock: threading.Lock
-    _census: WorkerProcess | None
     _reference_device_unknown: set[tuple[str, str]]
-    _new: Callable[..., WorkerProcess]
-    _drop: Callable[[WorkerProcess], None]
-    _replace: Callable[[WorkerProcess], None]
-    _settle_starts: Callable[[], None]
     _answer_build: Callable[[WorkerProcess, str, BuildAsk, float], None]
 
     def census(self, problem: Problem, source: str, options: VerifyOptions | None = None,
@@ -67,34 +56,6 @@ class CensusSide:
         if isinstance(reply, ProblemFailed):
             return CensusReply(failure=Failure(kind=FailureKind.census_problem_failed, detail=reply.text))
         return census_with_attempts(reply, seen)
-
-    def _census_worker(self, untouched: bool = False) -> WorkerProcess:
-        """The census worker, ready; with `untouched`, one no candidate has run in yet."""
-        for attempt in range(2):
-            w = self._census
-            if w is None or not w.alive() or (untouched and w.served):
-                if w is not None:
-                    self._drop(w)
-                w = self._census = self._new("census")
-            try:
-                w.wait_ready(self.start_timeout_s)
-            except WorkerError:
-                self._drop(w)
-                self._census = None
-                if attempt:
-                    raise
-                continue
-            if w.reader.pending():  # bytes nobody asked for: start afresh
-                self._replace_census(w)
-                continue
-            if w.alive():
-                return w
-        raise WorkerError("the census worker exited right after starting")
-
-    def _replace_census(self, w: WorkerProcess) -> None:
-        self._drop(w)
-        self.census_restarts += 1
-        self._census = self._new("census")
 
     def _census_limit(self, phase: str, opts: VerifyOptions) -> float:
         return opts.compile_timeout_s if phase in ("queued", "import", "construct") else opts.timeout_s

@@ -7,7 +7,8 @@ warm worker (`harness.pool.process`: torch and CUDA initialised once, started th
 `timeout`); one that dies (segfault, abort, `os._exit`, out-of-memory kill) yields `crashed` with
 how it ended; one that says it is unfit after a candidate (CUDA error, tampering, leftover thread
 or process) exits. In every case a replacement is started at once, so the next candidate finds a
-warm worker.
+warm worker. This module schedules the requests (routing, phases, lane holds, results); the worker
+processes' lifecycle (start, spare, retirement, replacement, health) is `harness.pool.workers`'.
 
 Only this side writes anything shared: builds a worker asks for are made by the build service
 (`harness.builds.builds`) and published read-only; a baseline a worker measured is checked and stored
@@ -36,15 +37,13 @@ other requests' compiles.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from kb_mcp.harness.attempt_findings import with_attempts
 from kb_mcp.harness.baselines import Baseline, BaselineCache, BaselineRun, not_cached
@@ -71,28 +70,21 @@ from kb_mcp.harness.judgment.verdict import (
 from kb_mcp.harness.phases import PHASE_WORDS, PHASES, PhaseClock
 from kb_mcp.harness.pool.baseline_side import BaselineSide
 from kb_mcp.harness.pool.census_side import CensusSide
-from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, following, kill_all
+from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, following
 from kb_mcp.harness.problem import Problem, candidate_id
 from kb_mcp.harness.protocol import (
-    FROM_WORKER,
     BuildAnswer,
     BuildAsk,
     CensusAsk,
-    PingReply,
-    PingRequest,
     ProblemChecked,
     ProblemFailed,
     ProblemRequest,
-    ResultFrame,
     VerifyReply,
     VerifyRequest,
-    WorkerInfo,
 )
 from kb_mcp.harness.sandbox.attempts import AttemptLog, collecting
 from kb_mcp.harness.sandbox.channel import POOL_KEY, ChannelClosed, ForgedFrame, new_key, send
-from kb_mcp.harness.sandbox.sandbox import Sandbox, detect
-from kb_mcp.harness.sandbox.scratch import sweep_scratch
-from kb_mcp.kb import paths
+from kb_mcp.harness.sandbox.sandbox import Sandbox
 from kb_mcp.kb.models import Verdict
 from kb_mcp.kb.progress import Progress, no_progress
 
@@ -120,150 +112,16 @@ class WorkerPool(BaselineSide, CensusSide):
         prestart: bool = False,
         spare: bool = True,
     ) -> None:
-        self.cache_dir = Path(cache_dir) if cache_dir else paths.cache_dir()
-        for sub in ("", "torch_extensions", "baselines"):
-            (self.cache_dir / sub).mkdir(parents=True, exist_ok=True)
-        self.sandbox = sandbox or detect()
-        sweep_scratch()
-        self.start_timeout_s = start_timeout_s
-        self.no_cuda = no_cuda
+        super().__init__(cache_dir, start_timeout_s=start_timeout_s, no_cuda=no_cuda, sandbox=sandbox, spare=spare)
         self.builds = BuildService(self.cache_dir, self.sandbox)
         self.compile_only = CompileOnly(self.cache_dir, self.sandbox)
-        self.restarts = 0  # workers replaced after a timeout, crash, forged frame or retirement
         # Called holding the lane before a GPU request: what else of this process must be still meanwhile
         # (a tool context waits there for a profiling driver still starting up).
         self.settle: Callable[[], None] = lambda: None
-        # A spare worker starts beside the active one, so that replacing a worker after a fault costs
-        # no start-up (seconds of CUDA and profiler initialisation). It runs no candidate while it waits
-        # (only baselines: `BaselineSide._candidate_free`).
-        self.spare = spare
-        self._lock = threading.Lock()
-        self._worker: WorkerProcess | None = None
-        self._spare: WorkerProcess | None = None
-        self._census: WorkerProcess | None = None
-        self.census_restarts = 0  # census workers replaced after a crash, timeout or finding
         # (problem hash, track) whose reference device time a clean census found unknown (not asked again)
         self._reference_device_unknown: set[tuple[str, str]] = set()
-        self._all: list[WorkerProcess] = []
-        self._finalizer = weakref.finalize(self, kill_all, self._all)
         if prestart:
             self._spawn()
-
-    # -- lifecycle ---------------------------------------------------------------------------
-
-    def _new(self, role: str = "verify") -> WorkerProcess:
-        w = WorkerProcess(self.sandbox, self.cache_dir, self.no_cuda, role)
-        self._all.append(w)
-        return w
-
-    def _spawn(self) -> WorkerProcess:
-        """Makes the spare (or a new worker) the active one, and starts a new spare."""
-        spare, self._spare = self._spare, None
-        self._worker = spare if spare is not None and spare.alive() else self._new()
-        if spare is not None and spare is not self._worker:
-            self._drop(spare)
-        if self.spare:
-            self._spare = self._new()
-        return self._worker
-
-    def _settle_starts(self) -> None:
-        """Waits until no spare or census worker is still starting: their CUDA and profiler
-        initialisation must not run beside a timed series."""
-        for attr in ("_spare", "_census"):
-            w: WorkerProcess | None = getattr(self, attr)
-            if w is None or not w.starting():
-                continue
-            try:
-                w.wait_ready(self.start_timeout_s)
-            except WorkerError:
-                self._drop(w)
-                setattr(self, attr, None)
-
-    def _drop(self, w: WorkerProcess) -> None:
-        w.kill()
-        if w in self._all:
-            self._all.remove(w)
-
-    def _replace(self, w: WorkerProcess) -> None:
-        self._drop(w)
-        self.restarts += 1
-        self._spawn()
-
-    def _send(self, w: WorkerProcess, request: BaseModel) -> None:
-        """Sends a request to `w`. A worker gone since it was found ready (its end of the channel
-        closed: a broken pipe, a reset) is replaced, and the request fails as a WorkerError (the
-        harness's, asked again on the new worker), never as an OSError escaping to the caller."""
-        try:
-            send(w.sock, request, POOL_KEY)
-        except (BrokenPipeError, ConnectionResetError) as exc:
-            if w is self._worker:
-                self._replace(w)
-            else:  # the census worker: started again when next needed
-                self._drop(w)
-                self._census = None if w is self._census else self._census
-            raise WorkerError(f"the {w.role} worker's channel closed before it took the request "
-                              f"({exc.strerror or exc}); it was replaced: ask again") from exc
-
-    def _ready(self) -> WorkerProcess:
-        for attempt in range(2):
-            w = self._worker
-            if w is None:
-                w = self._spawn()
-            elif not w.alive():
-                self._replace(w)
-                w = self._worker
-            assert w is not None
-            try:
-                w.wait_ready(self.start_timeout_s)
-            except WorkerError:
-                self._drop(w)
-                self._worker = None
-                if attempt:
-                    raise
-                continue
-            if w.alive():
-                if self._census is None and w.info is not None and w.info.cuda:
-                    # Its profiler warm-up takes seconds: start it now, beside the first candidate's checks.
-                    self._census = self._new("census")
-                return w
-        raise WorkerError("the harness worker exited right after starting")
-
-    def info(self) -> WorkerInfo:
-        """What the active worker reported at start: pid (as seen here), cuda, device, arch, torch_version."""
-        with self._lock:
-            info = self._ready().info
-            assert info is not None
-            return info
-
-    def state(self) -> dict[str, PingReply]:
-        """What the running workers say of themselves now, by role (`verify`, `census` when one
-        runs): their start-up info and how many profiler sessions the harness started in them."""
-        with self._lock:
-            out = {"verify": self._ping(self._ready())}
-            if self._census is not None and self._census.alive():
-                self._census.wait_ready(self.start_timeout_s)
-                out["census"] = self._ping(self._census)
-            return out
-
-    def _ping(self, w: WorkerProcess) -> PingReply:
-        rid = uuid.uuid4().hex
-        key = new_key()
-        self._send(w, PingRequest(rid=rid, key=key.hex()))
-        frame = w.reader.read_message(FROM_WORKER, key, time.monotonic() + 60)
-        if not isinstance(frame, ResultFrame) or frame.rid != rid or not isinstance(frame.body, PingReply):
-            raise WorkerError(f"the {w.role} worker answered a ping with {frame.kind!r}")
-        assert w.info is not None
-        return frame.body.model_copy(update={"info": w.info})
-
-    def close(self) -> None:
-        """Stops the worker processes."""
-        with self._lock:
-            for w in list(self._all):
-                w.stop()
-            self._all.clear()
-            self._worker = None
-            self._spare = None
-            self._census = None
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -374,15 +232,6 @@ class WorkerPool(BaselineSide, CensusSide):
         progress(PHASES.index("import"), len(PHASES), PHASE_WORDS["build_first"])
         ahead.build(source)
         return True
-
-    def _retire(self, w: WorkerProcess) -> None:
-        """Replaces `w`, the active worker or the spare."""
-        if w is not self._spare:
-            self._replace(w)
-            return
-        self._drop(w)
-        self.restarts += 1
-        self._spare = self._new() if self.spare else None
 
     def _marked(self, result: VerifyResult, opts: VerifyOptions) -> VerifyResult:
         """Names the track it was verified in; an unconfined run says so in its summary and is held for review."""

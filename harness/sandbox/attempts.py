@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 ENV_ATTEMPTS = "KB_MCP_ATTEMPTS"  # "flag" (the default) or "invalid"
 Policy = Literal["flag", "invalid"]
-# `build`: a compiler flag, folder or #include the allow-lists refused (`toolchain.tried_outside`)
+# `build`: a compiler flag, folder or #include the allow-lists refused (`allow_lists.tried_outside`)
 AttemptKind = Literal["program", "network", "write", "read", "syscall", "tamper", "build", "flood"]
 MAX_KEPT = 64  # attempts kept per log; the rest are counted (a flood is itself recorded)
 

@@ -26,7 +26,8 @@ from fakellm.campaign_script import campaign_script
 
 from kb_mcp.campaign.cluster import Cluster
 from kb_mcp.campaign.cluster_models import ClusterPlan, local_workers, thread_share
-from kb_mcp.campaign.evaluate import EvalOptions, EvalResult, evaluate
+from kb_mcp.campaign.eval_models import EvalOptions, EvalResult
+from kb_mcp.campaign.evaluate import evaluate
 from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.kb.store import KBStore
 from kb_mcp.tools.context import ToolContext

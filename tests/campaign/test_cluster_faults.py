@@ -12,7 +12,8 @@ import pytest
 
 from kb_mcp.campaign.cluster import Cluster
 from kb_mcp.campaign.cluster_models import ClusterPlan, WorkerSpec
-from kb_mcp.campaign.evaluate import EvalOptions, evaluate
+from kb_mcp.campaign.eval_models import EvalOptions
+from kb_mcp.campaign.evaluate import evaluate
 from kb_mcp.tools.context import ToolContext
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]

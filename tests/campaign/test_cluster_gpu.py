@@ -23,7 +23,8 @@ from fakellm.campaign_script import campaign_script
 from kb_mcp.campaign.baselines_eval import baselines_table, read_table
 from kb_mcp.campaign.cluster import Cluster
 from kb_mcp.campaign.cluster_models import plan_cluster
-from kb_mcp.campaign.evaluate import EvalOptions, EvalResult, evaluate
+from kb_mcp.campaign.eval_models import EvalOptions, EvalResult
+from kb_mcp.campaign.evaluate import evaluate
 from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.kb.store import KBStore
 from kb_mcp.server.gpu import detect_gpus

@@ -127,7 +127,8 @@ def test_cli_tracks_are_the_models_tracks() -> None:
 @pytest.mark.gpu
 def test_on_a_gpu_solutions_are_timed_against_both_baselines(tmp_path: Path) -> None:
     """The same tree on a GPU: valid solutions get times and speedups over eager, torch.compile and the better."""
-    from kb_mcp.campaign.evaluate import EvalOptions, evaluate
+    from kb_mcp.campaign.eval_models import EvalOptions
+    from kb_mcp.campaign.evaluate import evaluate
     from kb_mcp.kb.models import Verdict
     from kb_mcp.tools.context import ToolContext
 

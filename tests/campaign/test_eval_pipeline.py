@@ -17,8 +17,10 @@ import pytest
 from ahead_helpers import answer_candidate, descendants, gone
 
 from kb_mcp.campaign.eta import OVERALL
+from kb_mcp.campaign.eval_baselines import BaselinesAhead, Pending
+from kb_mcp.campaign.eval_models import EvalOptions, EvalResult
 from kb_mcp.campaign.eval_pipeline import Pipeline
-from kb_mcp.campaign.evaluate import BaselinesAhead, EvalOptions, EvalResult, Pending, evaluate
+from kb_mcp.campaign.evaluate import evaluate
 from kb_mcp.harness.baselines import Baseline, BaselineCache
 from kb_mcp.harness.builds.ahead import AheadTarget, BuildsAhead
 from kb_mcp.harness.builds.toolchain import DEFAULT_ARCH

@@ -2,7 +2,7 @@
 error messages, which come back in the verdict), by climbing out with `..`, through a macro (a
 computed include), or with the assembler's `.incbin`.
 
-Stopped by: the include check (`harness.toolchain.include_refusals`): only plain relative names
+Stopped by: the include check (`harness.builds.allow_lists.include_refusals`): only plain relative names
 of the toolchain's headers are compiled; the others are refused with a message, before any
 compiler runs. Beneath it, the mount view: the file does not exist where the compiler runs (NVRTC
 on a GPU reads includes in-process, in the sandboxed worker).

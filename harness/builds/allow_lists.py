@@ -7,9 +7,9 @@ way out of any check: `-wrapper /bin/sh,-c,...` runs a command during a compile,
 `#include "/absolute/path"` puts a private file into the compile log, `-fplugin=` loads code into
 the compiler. So flags come from allow-lists (`refusals` lists what is not on them, and what of it
 would reach outside the build), include folders must lie inside the toolchain's own include
-folders, and `#include` names must be plain relative names (no absolute path, no `..`, no computed include). The sandbox the compilers run in
-(`harness.sandbox`) is the second wall; this module is the first, with messages that say what to
-change. The compiler runs built from allowed flags are `harness.builds.toolchain`'s.
+folders, and `#include` names must be plain relative names (no absolute path, no `..`, no
+computed include). The sandbox the compilers run in (`harness.sandbox`) is the second wall; this
+module is the first, with messages that say what to change. The compiler runs built from allowed flags are `harness.builds.toolchain`'s.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ the compiler. So flags come from allow-lists (`refusals` lists what is not on th
 would reach outside the build), include folders must lie inside the toolchain's own include
 folders, and `#include` names must be plain relative names (no absolute path, no `..`, no
 computed include). The sandbox the compilers run in (`harness.sandbox`) is the second wall; this
-module is the first, with messages that say what to change. The compiler runs built from allowed flags are `harness.builds.toolchain`'s.
+module is the first, with messages that say what to change. The compiler runs built from allowed
+flags are `harness.builds.toolchain`'s.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from harness_helpers import fixture_source
 
+from kb_mcp.harness.builds.allow_lists import tried_outside
 from kb_mcp.harness.builds.builds import toolchain
 from kb_mcp.harness.builds.compile_only import CompileOnly
 from kb_mcp.harness.builds.toolchain import (
@@ -16,7 +17,6 @@ from kb_mcp.harness.builds.toolchain import (
     missing_declarations,
     needs_torch_headers,
     nvrtc_capability,
-    tried_outside,
 )
 from kb_mcp.harness.candidate import SourceUnit, static_units
 from kb_mcp.harness.pool.pool import WorkerPool

@@ -175,12 +175,14 @@ _VERSIONED = re.compile(r"^(?:[a-z0-9_]+-linux-gnu-)?(?P<base>gcc|g\+\+|cpp|cc|c
                         r"clang|clang\+\+)(?:[-.]?\d+(?:\.\d+)*)?$")
 
 
-def program_allowed(path: str, roots: tuple[str, ...], writable: tuple[str, ...]) -> bool:
+def program_allowed(path: str, roots: tuple[str, ...], writable: tuple[str, ...],
+                    readable: tuple[str, ...] = ()) -> bool:
     """Whether starting `path` is part of the toolchain's honest work: a program of the allow-list
     by name, or anything inside the toolchain's install folders (`roots`), never a file of the
-    writable places (what the process wrote itself)."""
+    writable places (what the process wrote itself) but those mounted read-only inside them
+    (`readable`: packages bound under /tmp, say)."""
     norm = os.path.normpath(path)
-    if any(_inside(norm, w) for w in writable):
+    if any(_inside(norm, w) for w in writable) and not any(_inside(norm, r) for r in readable):
         return False
     if any(_inside(norm, r) for r in roots):
         return True

@@ -166,6 +166,16 @@ class _Target:
         if self._mem is not None:
             os.close(self._mem)
 
+    def exists(self, path: str) -> bool | None:
+        """Whether `path` names something in the calling process's own view of the files (its root,
+        the sandbox's mounts); None where that view cannot be read."""
+        if not path.startswith("/"):
+            return None
+        try:
+            return os.path.lexists(f"/proc/{self.pid}/root{path}")
+        except OSError:
+            return None
+
     def read(self, addr: int, size: int) -> bytes:
         if self._mem is None:
             self._mem = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
@@ -340,14 +350,14 @@ class Watch:
         name = self.numbers.get(nr, f"syscall {nr}")
         target = _Target(pid)
         try:
-            refuse, attempt = self._judge(name, args, target)
+            refusal, attempt = self._judge(name, args, target)
         except Exception:  # noqa: BLE001 - an unreadable call is let through, never left waiting
-            refuse, attempt = False, None
+            refusal, attempt = 0, None
         finally:
             target.close()
         if attempt is not None:
             self._record(Attempt(kind=attempt[0], what=attempt[1], role=self.places.role))
-        resp = struct.pack("<QqiI", nid, 0, -errno.EPERM if refuse else 0, 0 if refuse else FLAG_CONTINUE)
+        resp = struct.pack("<QqiI", nid, 0, -refusal, 0 if refusal else FLAG_CONTINUE)
         try:
             fcntl.ioctl(fd, IOCTL_SEND, bytearray(resp), True)
         except OSError as exc:
@@ -365,25 +375,25 @@ class Watch:
         if new:  # told once per tree: a loop of attempts is one line of the server's log, not thousands
             announce(attempt, clients_of(logs))
 
-    def _judge(self, name: str, a: tuple[int, ...], t: _Target) -> tuple[bool, tuple[str, str] | None]:
-        """(refuse with EPERM, (kind, what) when it is an attempt)."""
+    def _judge(self, name: str, a: tuple[int, ...], t: _Target) -> tuple[int, tuple[str, str] | None]:
+        """(the errno to answer with, 0 to let the call go on; (kind, what) when it is an attempt)."""
         if name == "prctl":
             what = "prctl(PR_SET_SECCOMP): a seccomp filter of its own" if a[0] == PR_SET_SECCOMP \
                 else "prctl(PR_SET_DUMPABLE): hiding its memory from the sandbox's watch"
-            return True, ("tamper", what)
+            return errno.EPERM, ("tamper", what)
         if name == "seccomp":
-            return True, ("tamper", "seccomp(): a seccomp filter of its own")
+            return errno.EPERM, ("tamper", "seccomp(): a seccomp filter of its own")
         if name in self.denied:
-            return True, ("syscall", f"{name} (refused)")
+            return errno.EPERM, ("syscall", f"{name} (refused)")
         if name in ("execve", "execveat"):
-            return False, self._exec(name, a, t)
+            return self._exec(name, a, t)
         if name in ("connect", "sendto"):
             raw = t.read(a[1] if name == "connect" else a[4], min(128, a[2] if name == "connect" else a[5]))
             addr = _address(raw)
-            return False, ("network", f"{name} {addr}") if addr else None
-        return False, self._file(name, a, t)
+            return 0, ("network", f"{name} {addr}") if addr else None
+        return 0, self._file(name, a, t)
 
-    def _exec(self, name: str, a: tuple[int, ...], t: _Target) -> tuple[str, str] | None:
+    def _exec(self, name: str, a: tuple[int, ...], t: _Target) -> tuple[int, tuple[str, str] | None]:
         if name == "execve":
             path, argv = t.path(AT_FDCWD, t.string(a[0])), t.argv(a[1])
         else:
@@ -391,10 +401,16 @@ class Watch:
         with self._lock:
             first, self._launched = not self._launched, True
         if first:  # the launcher starting the command the server asked for
-            return None
-        if program_allowed(path, self.places.tool_roots, self.places.writable):
-            return None
-        return "program", f"{name} {where(path)}" + (f": {' '.join(argv[1:])}" if len(argv) > 1 else "")
+            return 0, None
+        if t.exists(path) is False:
+            # Nothing there to start: a search along PATH tries each folder in turn (nvcc looking for
+            # gcc, subprocess for a program), and a folder of PATH may lie in a writable place. The
+            # watch answers ENOENT itself, as the kernel would, so nothing created meanwhile can run
+            # unrecorded, and it is no attempt.
+            return errno.ENOENT, None
+        if program_allowed(path, self.places.tool_roots, self.places.writable, self.places.readable):
+            return 0, None
+        return 0, ("program", f"{name} {where(path)}" + (f": {' '.join(argv[1:])}" if len(argv) > 1 else ""))
 
     def _file(self, name: str, a: tuple[int, ...], t: _Target) -> tuple[str, str] | None:
         at_forms = {"openat": (0, 1), "openat2": (0, 1), "unlinkat": (0, 1), "renameat": (2, 3),

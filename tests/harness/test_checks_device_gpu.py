@@ -58,10 +58,12 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerPool]:
         yield p
 
 
-def judgment(result: VerifyResult) -> tuple[str, set[str], list[tuple[str, bool, bool]]]:
-    """What must agree between the paths: the verdict, the finding codes, each set's kind and outcome."""
+def judgment(result: VerifyResult, honest: bool = True) -> tuple[str, set[str], list[tuple[str, bool, bool]]]:
+    """What must agree between the paths: the verdict, the finding codes, and for an honest candidate
+    each set's kind and outcome. A cheat's sets may differ: one caching on pointers hits or misses as
+    the allocator places the sets, and the device path holds one more set on the GPU."""
     return (result.verdict.value, {f.code.value for f in result.findings},
-            [(s.kind, s.passed, s.skipped) for s in result.input_sets])
+            [(s.kind, s.passed, s.skipped) for s in result.input_sets] if honest else [])
 
 
 def both_paths(pool: WorkerPool, problem: Any, source: str, options: VerifyOptions) -> dict[str, VerifyResult]:
@@ -78,7 +80,7 @@ def both_paths(pool: WorkerPool, problem: Any, source: str, options: VerifyOptio
 def test_the_device_path_judges_as_the_host_path(pool: WorkerPool, case: Case) -> None:
     options = QUICK.model_copy(update={"allow": list(case.allow)})
     got = both_paths(pool, load_problem(case.problem_path), case.path.read_text(), options)
-    device, host = judgment(got["device"]), judgment(got["host"])
+    device, host = judgment(got["device"], case.honest), judgment(got["host"], case.honest)
     assert device == host, (got["device"].summary, got["host"].summary)
     assert device[0] in case.verdicts, got["device"].summary
     assert case.honest or device[1] & set(case.codes_any), device

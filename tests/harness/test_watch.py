@@ -68,6 +68,33 @@ def test_an_honest_process_leaves_no_record(sandbox: Sandbox, tmp_path: Path) ->
     assert seen.attempts == [] and "8.0" in out, lines(seen)
 
 
+PATH_SEARCH = r"""
+import errno, os, stat, subprocess
+home = os.environ["HOME"]
+os.environ["PATH"] = os.path.join(home, "bin") + ":" + os.environ["PATH"]  # a folder that is not there
+subprocess.run(["uname", "-m"], check=True)  # found further along PATH
+try:
+    os.execv(os.path.join(home, "gone", "gcc"), ["gcc"])
+except OSError as exc:
+    assert exc.errno == errno.ENOENT, exc
+mine = os.path.join(home, "mine.sh")
+open(mine, "w").write("#!/bin/sh\necho ran\n")
+os.chmod(mine, stat.S_IRWXU)
+subprocess.run([mine], check=True)  # a program it wrote itself: an attempt
+print("done")
+"""
+
+
+def test_a_search_along_path_is_no_attempt_and_what_it_wrote_still_is(sandbox: Sandbox, tmp_path: Path) -> None:
+    """nvcc looks for gcc, subprocess for a program, along PATH: what is not there is answered ENOENT by
+    the watch itself, unrecorded (on the GPU machines PATH's first folder lies under /tmp)."""
+    out, seen = run(sandbox, tmp_path, PATH_SEARCH)
+    text = lines(seen)
+    assert "done" in out and "ran" in out, out
+    assert "mine.sh" in text and "/bin/uname" not in text and "gone" not in text, text
+    assert len(seen.attempts) == 1, text
+
+
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no host compiler here")
 def test_the_compilers_the_toolchain_starts_are_no_attempt(sandbox: Sandbox, tmp_path: Path) -> None:
     (tmp_path / "k.cpp").write_text("#include <vector>\nint f() { return std::vector<int>(3).size(); }\n")

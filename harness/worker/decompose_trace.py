@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.fx.passes.split_module import split_module
 from torch.utils._pytree import tree_leaves
@@ -483,10 +483,21 @@ def _part_pieces(name: str, sub: fx.GraphModule, inputs: list[Any], real: nn.Mod
 def _tensor_piece(target: str, t: torch.Tensor, real: nn.Module | None) -> dict[str, Any]:
     piece: dict[str, Any] = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
                              "parameter": isinstance(t, nn.Parameter)}
-    if not piece["parameter"] and real is not None and t.numel() <= EMBED_LIMIT:
+    if piece["parameter"] or t.numel() > EMBED_LIMIT:
+        return piece
+    if real is not None:
         with contextlib.suppress(AttributeError):
             piece["values"] = _encode(_attr(real, target))
+    if "values" not in piece and _has_values(t):
+        # a constant the forward makes (export lifts `torch.tensor(...)`): the model holds no such attribute,
+        # but export computed it for real
+        piece["values"] = _encode(t)
     return piece
+
+
+def _has_values(t: torch.Tensor) -> bool:
+    """Whether a tensor holds real numbers (not a meta or fake tensor)."""
+    return not isinstance(t, FakeTensor) and t.device.type != "meta"
 
 
 # -- check -----------------------------------------------------------------------------------------

@@ -227,11 +227,11 @@ def recurrent_shapes() -> Iterator[None]:
     def forward(self: nn.RNNBase, x: torch.Tensor, hx: Any = None) -> Any:
         return recurrent_result(self, x)
 
-    nn.RNNBase.forward = forward  # type: ignore[method-assign]
+    nn.RNNBase.forward = forward
     try:
         yield
     finally:
-        nn.RNNBase.forward = real  # type: ignore[method-assign]
+        nn.RNNBase.forward = real
 
 
 def recurrent_flops(m: nn.RNNBase, x: torch.Tensor) -> int:

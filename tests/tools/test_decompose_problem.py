@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -61,7 +62,7 @@ def _own_part(part_file: Path) -> str:
 
 
 @pytest.fixture
-def ctx(tmp_path: Path) -> ToolContext:
+def ctx(tmp_path: Path) -> Iterator[ToolContext]:
     c = ToolContext(tmp_path / "kb.json", client_name="test")
     yield c
     c.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kb_mcp.decomposition import grouping, ranking, runner, writing
 from kb_mcp.decomposition.compose import PartSource, composed_source
@@ -34,6 +34,7 @@ def _parts(problem: str, trace: Trace) -> tuple[list[Part], dict[str, int]]:
     return ranking.rank_estimated(parts), grouping.assignment(groups)
 
 
+Shrink = frozenset[str] | Literal["auto"]
 Planned = tuple[Decomposition, dict[str, int]]
 Decomposed = tuple[Decomposition, dict[str, str]]
 
@@ -42,12 +43,14 @@ def plan(problem: str, source: str, traced: dict[str, Any], batch: int | None = 
     """The decomposition of a traced model (the worker's trace answer), before the split."""
     if not traced.get("ok"):
         raise DecompositionError(f"tracing {problem} failed: {traced.get('error')}")
-    trace = Trace.model_validate({k: v for k, v in traced.items() if k != "ok"})
+    trace = Trace.model_validate({k: v for k, v in traced.items() if k not in ("ok", "shrunk")})
     parts, assignment = _parts(problem, trace)
-    notes = [f"{trace.method}: traced at the real sizes on {trace.built_on} tensors" +
-             (f" with batch {batch}" if batch else "")]
+    shrunk = bool(traced.get("shrunk"))
+    sizes = "its sizes divided for a check" if shrunk else "the real sizes"
+    notes = [f"{trace.method}: traced at {sizes} on {trace.built_on} tensors"
+             + (f" with batch {batch}" if batch else "")]
     return Decomposition(problem=problem, method=trace.method, built_on=trace.built_on, failures=trace.failures,
-                         parts=parts, batch=batch, notes=notes), assignment
+                         parts=parts, batch=batch, shrunk=shrunk, notes=notes), assignment
 
 
 def finish(decomp: Decomposition, source: str, split: dict[str, Any] | None) -> dict[str, str]:
@@ -72,13 +75,17 @@ def finish(decomp: Decomposition, source: str, split: dict[str, Any] | None) -> 
 
 
 def decompose_many(problems: list[tuple[str, str]], sandbox: Sandbox | None = None, batch: int | None = None,
-                   jobs: int = 1, shrink: frozenset[str] = frozenset()) -> list[Decomposed | DecompositionError]:
+                   jobs: int = 1, shrink: Shrink = frozenset()) -> list[Decomposed | DecompositionError]:
     """Several problems (name, source) decomposed together: a decomposition and its files, or the error.
-    `batch` reduces the problems' batch size, `shrink` names problems whose sizes are divided too (both
-    for checks on a small machine; a decomposition to work from uses neither)."""
+    `batch` reduces the problems' batch size, `shrink` names problems whose sizes are divided too, or is
+    "auto" (those whose parameters would take long to build for real, where the sizes divide): both for
+    checks on a small machine; a decomposition to work from uses neither."""
     extra = {"batch": batch} if batch else {}
-    entries = [{"source": s, **extra, "shrink": name in shrink} for name, s in problems]
+    entries: list[dict[str, Any]] = [{"source": s, **extra, "shrink": shrink if shrink == "auto" else name in shrink}
+                                     for name, s in problems]
     traced = runner.run("trace", entries, sandbox, jobs=jobs)
+    for entry, t in zip(entries, traced):  # the split and the check use the sizes the trace chose
+        entry["shrink"] = bool(t.get("shrunk"))
     plans: list[Planned | DecompositionError] = []
     for (name, source), t in zip(problems, traced):
         try:

@@ -74,6 +74,7 @@ class Decomposition(BaseModel):
     share_basis: ShareBasis = "estimated"
     glue: str = ""  # the composed forward: how the parts are called (generated code)
     batch: int | None = None  # the batch it was traced at, where reduced (None: the problem's own)
+    shrunk: bool = False  # traced with the problem's sizes divided (a check on a small machine)
     notes: list[str] = Field(default_factory=list)
 
     def ranked(self) -> list[Part]:

@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("kb_mcp.server.cmd_doctor",
                "check this machine (GPU, driver, torch, nvcc, ncu, sandbox, KB) and say how to fix what fails"),
     "decompose": ("kb_mcp.server.cmd_decompose", "split a model (a level-3 problem) into parts worth one kernel each"),
+    "compose": ("kb_mcp.server.cmd_compose",
+                "compose a model's candidate from its parts' verified candidates and verify it"),
     "install-skill": ("kb_mcp.server.cmd_skill",
                       "install the kb-mcp Skill for Claude Code (the optimization round with these tools)"),
 }

@@ -11,10 +11,14 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kb_mcp.clients.llm import LLMConfig, LLMNotConfigured, Role
 from kb_mcp.kb import paths
 from kb_mcp.server import cluster_args
+
+if TYPE_CHECKING:
+    from kb_mcp.campaign.runner import CampaignOptions
 
 DEFAULT_NAME = "campaign"
 
@@ -76,6 +80,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="precision track the candidates are verified and scored in "
                         "(default fp32; a campaign keeps its track)")
     p.add_argument("--report", action="store_true", help="only rebuild the report of an existing campaign")
+    p.add_argument("--model", action="store_true",
+                   help="each problem is a model: decompose it, optimize its parts by share while Amdahl allows "
+                        "--target, compose and verify the whole in composed mode (docs/campaigns.md)")
+    p.add_argument("--target", type=float, default=1.6, help="with --model: the model speedup aimed at (default 1.6)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
     cluster_args.add_arguments(p)
     g = p.add_argument_group("LLM (any OpenAI-compatible endpoint; flags override KB_MCP_LLM_* variables)")
@@ -136,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     except LLMNotConfigured as exc:
         print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
         return 2
+    if args.model:
+        return _run_models(args, kb_path, folder, options, llm)
     from kb_mcp.server.campaign_console import ConsoleProgress
     from kb_mcp.tools.context import ToolContext
 
@@ -168,3 +178,25 @@ def run(args: argparse.Namespace) -> int:
             return 3
     print(result.summary)
     return 0 if result.finished else 1
+
+
+def _run_models(args: argparse.Namespace, kb_path: Path, folder: Path, options: CampaignOptions,
+                llm: LLMConfig) -> int:
+    """`--model`: a campaign per model (`campaign.model_campaign`), each in its own folder under `folder`."""
+    from kb_mcp.campaign.model_campaign import run_model_campaign
+    from kb_mcp.kb.errors import ToolError
+
+    models = [Path(p) for p in args.problems]
+    if not models or not all(m.is_file() for m in models):
+        print("kb-mcp run-campaign: --model takes model problem files", file=sys.stderr)
+        return 2
+    for model in models:
+        try:
+            record = run_model_campaign(folder / model.stem, kb_path, model,
+                                        options.model_copy(update={"problems": []}), llm, target=args.target)
+        except ToolError as exc:
+            print(f"kb-mcp run-campaign: {model}: {exc}", file=sys.stderr)
+            return 1
+        print(f"{record.problem}: {len(record.parts)} parts optimized ({record.stopped}); composed candidate "
+              f"{record.candidate_id}: {record.verdict}" + (f", {record.speedup:.2f}x" if record.speedup else ""))
+    return 0

@@ -27,8 +27,9 @@ TOOL_MODULES: tuple[str, ...] = (
     "kb_mcp.tools.suggest_optimizations",
     "kb_mcp.tools.compile_and_verify",
     "kb_mcp.tools.record_outcome",
+    "kb_mcp.tools.decompose_problem",
 )
-"""The five tools, in the order of one optimization round."""
+"""The six tools: the five of one optimization round, in its order, then the one for whole models."""
 
 JOB_ONLY_MODULES: dict[str, str] = {"run_campaign": "kb_mcp.campaign.job"}
 """Job kinds that run only as jobs (work far longer than any client's tool timeout), by kind name:

@@ -57,6 +57,7 @@ from kb_mcp.harness.worker.fault import ProblemBroken, tensor_bytes
 from kb_mcp.harness.worker.footprint import device_free, measure, start_request
 from kb_mcp.harness.worker.integrity import IntegrityGuard
 from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
+from kb_mcp.harness.worker.loading import with_model_weights
 from kb_mcp.harness.worker.ops import reference_dispatch_ops
 from kb_mcp.harness.worker.probes import run_probes
 from kb_mcp.harness.worker.seal import ReferenceSeal
@@ -257,7 +258,7 @@ class GpuVerification(Verification):
         try:
             with self.guard.watch_setup():
                 torch.manual_seed(self.seed)
-                self.cand = self.cmod.ModelNew(*self.init).cuda().eval()
+                self.cand = with_model_weights(self.cmod.ModelNew(*self.init).cuda().eval(), self.ref, self.composed)
         except BaseException as exc:  # noqa: BLE001
             halted = self._failure(exc, "constructing ModelNew")
             return Found(failure=halted.failure, retire=halted.retire)

@@ -39,6 +39,8 @@ async def test_real_client_over_stdio(kb_path: Path) -> None:
         assert hints["classify_state"] == ("Classify a profile into KB states", False, False, True, False)
         assert hints["record_outcome"] == ("Record a measured outcome in the KB", False, False, True, False)
         assert hints["compile_and_verify"][1:] == (False, False, False, False)
+        assert hints["decompose_problem"] == ("Decompose a model into parts (and compose them back)", False, False,
+                                              False, False)
         assert hints["profile_kernel"][1:] == (False, False, False, False)
         assert hints["job_status"][1] is True and hints["cancel_job"][2] is True
         assert all(title for title, *_ in hints.values())

@@ -1,0 +1,48 @@
+"""`kb-mcp compose PROBLEM --parts DIR`: the whole-model candidate written from the parts' verified
+candidates (each part's best standard verdict in the KB, the reference part where none) as
+DIR/composed.py, then verified end to end by compile_and_verify in composed mode (docs/models.md).
+DIR is a decomposition `kb-mcp decompose` wrote (made there first where there is none)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Adds the `compose` command."""
+    p = sub.add_parser("compose", help="compose a model's candidate from its parts' verified candidates and verify it",
+                       description=__doc__)
+    p.add_argument("problem", help="the model's problem file (KernelBench format)")
+    p.add_argument("--parts", metavar="DIR", required=True, help="the decomposition's folder (kb-mcp decompose --out)")
+    p.add_argument("--no-verify", action="store_true", help="only write DIR/composed.py")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Composes and verifies; prints the picks and the verdict. 1 when the model cannot be decomposed."""
+    from kb_mcp.kb import paths
+    from kb_mcp.tools import decompose_problem
+    from kb_mcp.tools.base import ToolError
+    from kb_mcp.tools.context import ToolContext
+
+    ctx = ToolContext(paths.resolve_kb_path(args.kb), client_name="kb-mcp compose")
+    req = decompose_problem.Request(problem=args.problem, out_dir=args.parts, compose=True, verify=not args.no_verify)
+    try:
+        result = decompose_problem.run(ctx, req)
+    except ToolError as exc:
+        print(f"kb-mcp compose: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        ctx.close()
+    own = [p for p in result.picks if p.taken == "candidate"]
+    print(f"{result.problem}: {len(own)} of {result.parts_total} parts run candidates of their own; "
+          f"written to {result.composed_file}")
+    for pick in sorted(own, key=lambda p: -p.share):
+        print(f"  {100 * pick.share:5.1f} %  {pick.part}  {pick.label}: {pick.candidate_id or 'given'} "
+              f"({pick.verdict or 'unverified'})")
+    if result.verification is not None:
+        rec = result.verification.record
+        print(f"  composed candidate {rec.candidate_id}: {rec.verdict.value} (mode {rec.mode}"
+              + (f", coverage {100 * rec.coverage:.0f} %" if rec.coverage is not None else "") + ")")
+    return 0

@@ -1,0 +1,125 @@
+"""decompose_problem: a model decomposed in the sandbox into part files, composed back from the KB's
+verdicts on its parts (a part's best standard candidate, the reference part elsewhere), and the
+composed candidate, given the model's weights by name as the verify worker does in composed mode,
+computes the model's function. Real files, the real sandbox, a real KB; no GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from kb_mcp.harness.problem import candidate_id, parse_problem
+from kb_mcp.harness.worker.loading import share_reference_state
+from kb_mcp.kb.models import CandidateRecord, Verdict
+from kb_mcp.tools import decompose_problem
+from kb_mcp.tools.base import ToolError
+from kb_mcp.tools.context import ToolContext
+
+MODEL = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.fc1 = nn.Linear(d, h)
+        self.norm = nn.LayerNorm(h)
+        self.fc2 = nn.Linear(h, d)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.norm(self.fc1(x)))) + x
+
+
+def get_inputs():
+    return [torch.randn(4, 32)]
+
+
+def get_init_inputs():
+    return [32, 64]
+'''
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _own_part(part_file: Path) -> str:
+    """A part candidate of our own: the reference part renamed, its ReLU written differently (clamp)."""
+    text = part_file.read_text().replace("class Model(", "class ModelNew(")
+    return re.sub(r"torch\.relu\((\w+)\)", r"torch.clamp_min(\1, 0.0)", text)
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> Iterator[ToolContext]:
+    c = ToolContext(tmp_path / "kb.json", client_name="test")
+    yield c
+    c.close()
+
+
+def test_a_model_is_decomposed_into_ranked_part_files(ctx: ToolContext, tmp_path: Path) -> None:
+    (tmp_path / "mlp.py").write_text(MODEL)
+    got = decompose_problem.run(ctx, decompose_problem.Request(problem=str(tmp_path / "mlp.py"),
+                                                               out_dir=str(tmp_path / "parts")))
+    assert got.method == "fx" and got.parts_total >= 2 and got.share_basis == "estimated"
+    assert abs(sum(p.share for p in got.parts) - 1.0) < 1e-3 and got.parts[0].share >= got.parts[-1].share
+    assert {p.kind for p in got.parts} >= {"gemm"}
+    for part in got.parts:
+        parse_problem(Path(part.file).read_text())  # each part is a KernelBench problem
+    assert got.composed_file is None and "compose=true" in got.next_step
+
+
+def test_compose_takes_a_parts_verified_candidate_and_computes_the_models_function(
+        ctx: ToolContext, tmp_path: Path) -> None:
+    (tmp_path / "mlp.py").write_text(MODEL)
+    out = tmp_path / "parts"
+    req = decompose_problem.Request(problem=str(tmp_path / "mlp.py"), out_dir=str(out), compose=True, verify=False)
+    first = decompose_problem.run(ctx, req)
+    assert first.picks and all(p.taken == "reference" for p in first.picks)
+    # a verified, faster candidate for the part holding the ReLU, stored as compile_and_verify stores one
+    holder = next(p for p in first.picks if "relu" in (out / f"parts/{p.part}.py").read_text())
+    part_file = out / "parts" / f"{holder.part}.py"
+    own = _own_part(part_file)
+    assert "clamp_min" in own
+    part_problem = parse_problem(part_file.read_text(), name=holder.part)
+    cid = candidate_id(part_problem, own)
+    ctx.candidates_dir.mkdir(parents=True, exist_ok=True)
+    (ctx.candidates_dir / f"{cid}.py").write_text(own)
+    with ctx.store.transaction() as tx:
+        tx.put_candidate(CandidateRecord(candidate_id=cid, problem=holder.part, problem_hash=part_problem.hash,
+                                         verdict=Verdict.faster, arch="sm_90", device="H200", time_ms=1.0,
+                                         eager_ms=2.0, speedup_vs_baseline=2.0))
+    second = decompose_problem.run(ctx, req)
+    taken = {p.part: p for p in second.picks}
+    assert taken[holder.part].taken == "candidate" and taken[holder.part].candidate_id == cid
+    assert sum(p.taken == "candidate" for p in second.picks) == 1
+    text = Path(second.composed_file or "").read_text()
+    assert "clamp_min" in text and f"candidate {cid}" in text and "class ModelNew" in text
+    # the harness builds both after the same seed, then (composed mode) gives ModelNew the model's weights
+    model_mod, composed_mod = _load(tmp_path / "mlp.py", "t_mlp"), _load(Path(second.composed_file or ""), "t_comp")
+    torch.manual_seed(3)
+    ref = model_mod.Model(32, 64).eval()
+    torch.manual_seed(3)
+    cand = composed_mod.ModelNew(32, 64).eval()
+    copied = share_reference_state(ref, cand)
+    assert set(copied) == set(ref.state_dict())
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        assert torch.equal(ref(x), cand(x))
+
+
+def test_a_model_that_does_not_build_is_the_callers_to_fix(ctx: ToolContext, tmp_path: Path) -> None:
+    broken = MODEL.replace("return [32, 64]", "return [32, 64, 5]")
+    with pytest.raises(ToolError, match="could not be decomposed"):
+        decompose_problem.run(ctx, decompose_problem.Request(problem=broken, out_dir=str(tmp_path / "p")))

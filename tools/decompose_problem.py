@@ -1,0 +1,135 @@
+"""MCP tool `decompose_problem`: a model split into parts worth one kernel each, and (with `compose`) the
+whole-model candidate composed back from the parts' verified candidates and verified end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kb_mcp.decomposition.assemble import PartPick, write_composed
+from kb_mcp.decomposition.decompose import MANIFEST, DecompositionError, decompose_many, load, write
+from kb_mcp.decomposition.models import Decomposition
+from kb_mcp.harness.problem import Problem
+from kb_mcp.harness.sandbox.sandbox import Sandbox
+from kb_mcp.tools import compile_and_verify
+from kb_mcp.tools.base import Progress, ToolError, ToolMeta, gpu_lane_inside, no_progress
+from kb_mcp.tools.context import ToolContext
+from kb_mcp.tools.source import Source, read_problem
+
+NAME = "decompose_problem"
+DESCRIPTION = """\
+Split a model (a KernelBench level-3 problem, or your own module in that format) into parts worth one
+kernel each: a convolution or GEMM with its epilogue, a normalisation, an attention core, a recurrent
+module, a pool, a pointwise chain. The model is traced in the sandbox at its real sizes without
+allocating them; each part is written as a KernelBench problem of its own (`parts/partNN.py`, its
+parameters at the model's names) and ranked by its share of the model's GPU time (estimated from FLOPs
+and bytes on an H200's peaks; `share_basis` says so). Work on the parts in order of share with the
+other tools, as on any level-1/2 problem (compile_and_verify, record_outcome). Then call again with
+compose=true: the whole-model candidate is written from each part's best standard verdict in the KB
+(a `faster` candidate; the reference part where none) as an ordinary candidate file (`composed.py`,
+readable and editable) and verified end to end by compile_and_verify in composed mode; its
+`verification.record.candidate_id` goes to record_outcome like any other."""
+
+PROBLEM = "problem.py"  # the model's own source, kept beside its parts (a changed model is decomposed again)
+
+META = ToolMeta(
+    title="Decompose a model into parts (and compose them back)",
+    uses_gpu=True,  # with compose, the composed candidate is verified and timed (the harness takes the lane)
+    # writes the parts (and with compose, a verdict in the KB); decomposing again writes the same files
+    idempotent=False,
+)
+
+
+class Request(BaseModel):
+    """The model, where its parts go, and whether to compose them back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem: Source = Field(description="the model: a KernelBench problem file (path) or its source text")
+    out_dir: str | None = Field(None, description="folder for the parts (default: beside the KB, "
+                                "decompositions/<problem>-<hash>); an existing decomposition there is reused")
+    compose: bool = Field(False, description="write the whole-model candidate from the parts' best verified "
+                          "candidates and verify it in composed mode")
+    verify: bool = Field(True, description="with compose: verify the composed candidate (false: only write it)")
+    top: int = Field(10, ge=1, le=500, description="how many parts to list, largest share first")
+
+
+class PartSummary(BaseModel):
+    """One part, as the ranking lists it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: str
+    label: str
+    share: float = Field(description="of the model's GPU time, 0..1")
+    file: str = Field(description="the part's problem file (absolute path)")
+
+
+class Result(BaseModel):
+    """The decomposition, and the composition where asked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem: str
+    out_dir: str
+    method: str = Field(description="fx | export | whole: how the model was traced")
+    failures: list[str] = Field(default_factory=list, description="why the tracers before `method` failed")
+    parts_total: int
+    share_basis: str
+    parts: list[PartSummary] = Field(description="largest share first (up to `top`)")
+    composed_file: str | None = None
+    picks: list[PartPick] = Field(default_factory=list, description="with compose: what each part took")
+    verification: compile_and_verify.Result | None = None
+    next_step: str = ""
+
+
+def default_dir(ctx: ToolContext, problem: Problem) -> Path:
+    """Where a problem's parts go when the caller names no folder: beside the KB, by name and hash."""
+    return ctx.artifacts_dir / "decompositions" / f"{problem.name}-{problem.hash}"
+
+
+def decomposed(problem: Problem, out: Path, sandbox: Sandbox | None = None) -> Decomposition:
+    """The decomposition written in `out` for this problem, made (in the sandbox) where there is none."""
+    kept = out / PROBLEM
+    if (out / MANIFEST).is_file() and kept.is_file() and kept.read_text() == problem.source:
+        return load(out)
+    (result,) = decompose_many([(problem.name, problem.source)], sandbox)
+    if isinstance(result, DecompositionError):
+        raise ToolError(f"the problem {problem.path or '(given as source text)'} could not be decomposed: {result}")
+    decomp, files = result
+    write({**files, PROBLEM: problem.source}, out)
+    return decomp
+
+
+@gpu_lane_inside
+def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
+    """Decomposes the problem (or reuses its decomposition); with compose, composes and verifies."""
+    problem = read_problem(req.problem)
+    _ = ctx.store  # the KB first: artifacts never land beside no KB
+    out = Path(req.out_dir).expanduser().resolve() if req.out_dir else default_dir(ctx, problem)
+    progress(0, 2, "decomposing")
+    decomp = decomposed(problem, out, ctx.sandbox)
+    parts = [PartSummary(name=p.name, kind=p.kind, label=p.label, share=round(p.share, 4), file=str(out / p.file))
+             for p in decomp.ranked()[: req.top]]
+    result = Result(problem=problem.name, out_dir=str(out), method=decomp.method, failures=decomp.failures,
+                    parts_total=len(decomp.parts), share_basis=decomp.share_basis, parts=parts,
+                    next_step=f"optimize the parts in order of share (start with {parts[0].file}), then call "
+                              "decompose_problem again with compose=true")
+    if not req.compose:
+        return result
+    progress(1, 2, "composing")
+    with ctx.store.read() as view:
+        composition = write_composed(out, view, ctx.candidates_dir)
+    result.composed_file, result.picks = composition.file, composition.picks
+    result.next_step = f"edit {composition.file} or verify it with compile_and_verify (mode composed)"
+    if req.verify:
+        check = compile_and_verify.Request(problem=problem.path or problem.source, candidate=composition.file,
+                                           mode="composed")
+        result.verification = compile_and_verify.run(ctx, check, progress)
+        result.next_step = f"record_outcome with candidate_id {result.verification.record.candidate_id}; " \
+                           f"{result.verification.next_step}"
+    progress(2, 2, "composed")
+    return result
+

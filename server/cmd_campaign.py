@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     """Runs (or resumes, or reports on) a campaign; returns the exit code."""
     from kb_mcp.campaign.cluster_models import ClusterError
     from kb_mcp.campaign.loop import CampaignAborted
-    from kb_mcp.campaign.runner import CampaignOptions, campaign_report, run_campaign
+    from kb_mcp.campaign.runner import campaign_report, run_campaign
     from kb_mcp.campaign.store import CampaignError
 
     kb_path = paths.resolve_kb_path(args.kb)
@@ -114,24 +114,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print("\n".join(str(p) for p in written))
         return 0
-    options = CampaignOptions(
-        problems=list(args.problems),
-        iterations=args.iterations,
-        steps=args.steps,
-        parallel=args.parallel,
-        top_k=args.top_k,
-        temperature=args.temperature,
-        fix_attempts=args.fix_attempts,
-        generate_attempts=args.generate_attempts,
-        gradient_every=args.gradient_every,
-        review=False if args.no_review else None,
-        compile_only=True if args.compile_only else None,
-        seed=args.seed,
-        arch=args.arch,
-        track=args.track,
-        level=args.level,
-        problem_ids=args.problem_ids,
-    )
+    options = _options(args)
     try:
         llm = LLMConfig.from_env(
             base_url=args.llm_base_url,
@@ -178,6 +161,19 @@ def run(args: argparse.Namespace) -> int:
             return 3
     print(result.summary)
     return 0 if result.finished else 1
+
+
+def _options(args: argparse.Namespace) -> CampaignOptions:
+    """The campaign's options, from the command line."""
+    from kb_mcp.campaign.runner import CampaignOptions
+
+    return CampaignOptions(
+        problems=list(args.problems), iterations=args.iterations, steps=args.steps, parallel=args.parallel,
+        top_k=args.top_k, temperature=args.temperature, fix_attempts=args.fix_attempts,
+        generate_attempts=args.generate_attempts, gradient_every=args.gradient_every,
+        review=False if args.no_review else None, compile_only=True if args.compile_only else None,
+        seed=args.seed, arch=args.arch, track=args.track, level=args.level, problem_ids=args.problem_ids,
+    )
 
 
 def _run_models(args: argparse.Namespace, kb_path: Path, folder: Path, options: CampaignOptions,

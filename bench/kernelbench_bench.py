@@ -77,7 +77,7 @@ class Manifest(BaseModel):
 
 class PrecisionEvidence(BaseModel):
     """The precision probes' word on a solution whose kernels compute on the tensor cores below its
-    track (`compile_and_verify`'s `precision`, a `harness.probing.PrecisionCheck`): the worst probe's
+    track (`compile_and_verify`'s `precision`, a `harness.judgment.probing.PrecisionCheck`): the worst probe's
     ratio (its error against a float64 reference over the strict reference's) and the scheme the
     harness names from the instructions and the numbers together."""
 
@@ -115,7 +115,7 @@ class PrecisionEvidence(BaseModel):
 
 def precision_evidence(result: dict[str, Any]) -> PrecisionEvidence | None:
     """The precision evidence of a `compile_and_verify` result, or None where the verdict has none
-    (no kernel below the track's precision). The server sends a `harness.probing.PrecisionCheck`
+    (no kernel below the track's precision). The server sends a `harness.judgment.probing.PrecisionCheck`
     (a ratio of "Infinity" included): its own model reads it, and a record it does not take is
     kb-mcp's to fix, as any malformed result is."""
     raw = result.get("precision")

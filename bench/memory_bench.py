@@ -4,7 +4,7 @@ For each problem and solution given (by default the largest level-1 problems we 
 one verification through the worker pool, and a table of what it took: the problem's footprint
 (one input set, one output), eager's measured peak, the plan (pristine copies on the device or the
 host), the most the verify and census workers' allocators reserved, the device's memory in use above
-its idle level at its highest (NVML, every process together) and `harness.memory.bound` (eager's peak
+its idle level at its highest (NVML, every process together) and `harness.gpu.memory.bound` (eager's peak
 plus two of the larger of an input set and an output plus the fixed overhead), with their ratio.
 
     source .whl/prelude.sh && python3 bench/memory_bench.py --kernelbench .kernelbench --out "$OUT/memory.json"

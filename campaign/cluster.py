@@ -11,7 +11,7 @@ alone writing the table.
 
 Each worker process keeps one warm harness pool (`harness.pool.WorkerPool`) for its whole life
 (`HarnessPlugin`), pinned to its GPU by its environment, so its lane is that GPU's
-(`harness.gpu_key`) and its timings never share the GPU with another worker's. A worker offers one
+(`harness.gpu.gpu_key`) and its timings never share the GPU with another worker's. A worker offers one
 `GPU_RESOURCE` and runs one task at a time; the coordinator keeps at most as many tasks in flight as
 the cluster has slots now (workers joining a running scheduler later add theirs), so a task assigned
 to a worker is a task running there.

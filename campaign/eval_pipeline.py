@@ -16,7 +16,7 @@ after its build is done; the seconds it took are the caller's to count, not the 
 
 Work ahead is never part of an outcome: its result is only counted, and what it raised is only
 logged. Leaving the `with` block (the end, an error, Ctrl-C) cancels what has not started, calls
-`stop` (which kills the processes still running, `harness.ahead.BuildsAhead.stop`) and waits for the
+`stop` (which kills the processes still running, `harness.builds.ahead.BuildsAhead.stop`) and waits for the
 threads, so nothing keeps building after the eval.
 """
 

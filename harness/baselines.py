@@ -9,7 +9,7 @@ atomically under a file lock, so several workers and servers share it safely. A 
 that failed (torch.compile cannot compile the model) is cached too, with its reason.
 
 Only the pool stores a baseline, and only one measured while the verification held the GPU alone
-(the machine-wide GPU lane, `harness.lane`): a figure measured beside another process's work would
+(the machine-wide GPU lane, `harness.gpu.lane`): a figure measured beside another process's work would
 skew every later speedup of the problem. A result whose baseline was not stored says why
 (`Timings.baseline_not_cached`).
 
@@ -57,7 +57,7 @@ def launch_bound(event_ms: float, issue_ms: float | None) -> bool:
 
 def not_cached(why: str) -> str:
     """What a result says of a baseline it measured that was not cached because the measurement did
-    not hold the GPU alone (the machine-wide GPU lane, `harness.lane`): `why` says why it did not."""
+    not hold the GPU alone (the machine-wide GPU lane, `harness.gpu.lane`): `why` says why it did not."""
     return (f"the baseline measured in this run was not cached: it did not hold the GPU alone ({why}); "
             "the next verification of this problem measures it again")
 

@@ -14,7 +14,7 @@ Two bounds, for two jobs:
 * The *work bound* (`work_bound`) says how fast the candidate's own measured work could run:
   its kernels' DRAM bytes at the device's peak bandwidth, or their executed warp instructions
   at the device's peak issue rate (four per SM per cycle at the boost clock), whichever is
-  longer. The counts come from Nsight Compute on one forward (`harness.work`). A median time
+  longer. The counts come from Nsight Compute on one forward (`profiling.work`). A median time
   below `WORK_MARGIN` of it means the timed calls did less than the profiled call did:
   `impossible_time`, a cheat.
 """

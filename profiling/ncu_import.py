@@ -9,7 +9,7 @@ Accepted: a `.ncu-rep` report, or CSV exports of one (the raw page, the details 
   how to export the pages elsewhere.
 * CSV: the page is recognised by its columns (the details page has 'Metric Name'); values may be
   auto-scaled (`us`, `Gbyte`) with thousands separators, as `ncu --import` prints them unless
-  `--print-units base`; both are converted to base units (`harness.ncu_parse`).
+  `--print-units base`; both are converted to base units (`profiling.ncu_parse`).
 
 Plain Python plus, for `.ncu-rep` only, the Nsight Compute install; no torch, no GPU.
 """

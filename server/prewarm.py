@@ -1,6 +1,6 @@
 """A server's first profile, warm: a profiling driver started in the background as the server starts.
 
-After each profile the profiler starts the next driver in standby (`harness.profile_standby`), but
+After each profile the profiler starts the next driver in standby (`profiling.profile_standby`), but
 a server's first profile found none and paid the driver's start-up (Python, torch, the CUDA
 context under ncu: about 7.5 of its ~10 s). So `kb-mcp serve`, on a machine with a GPU, starts one
 standby for the options of a request that sets none (`profile_kernel.prewarm`), in a thread: the

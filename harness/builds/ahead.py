@@ -15,7 +15,7 @@ fails is not published, so the worker asks for it again and the verification rep
 compiler's error exactly as it would have without it.
 
 In compile-only mode (no GPU, or asked for) the verification is the compile-only path's compiler runs
-(`harness.compile_only`); ahead, the same runs are made for the same units and target, and the
+(`harness.builds.compile_only`); ahead, the same runs are made for the same units and target, and the
 verification finds their results in the compile-only cache.
 
 The compilers run at a lower CPU priority (`AHEAD_NICE`) than the verification beside them, at most

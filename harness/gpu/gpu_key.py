@@ -1,5 +1,5 @@
 """Which GPU a process started from here measures on, named the same way by every process of the
-machine: the key of its GPU lane (`harness.lane`).
+machine: the key of its GPU lane (`harness.gpu.lane`).
 
 The harness's workers, census worker and profiling drivers use CUDA device 0 of what
 `CUDA_VISIBLE_DEVICES` leaves visible, so the key is that GPU's UUID, read from `nvidia-smi

@@ -23,7 +23,7 @@ read: ptxas also uses `HFMA2.MMA` to move constants in plain fp32 code.
 The SASS decides which kernels need more evidence, not the verdict (`precision_check`): an
 error-compensated scheme (3xTF32, BF16x9) computes on TF32 or bf16 instructions at float32's
 accuracy (an emulation on fp8 or integer instructions could too), so kernels beyond what the track
-allows get precision probes (`harness.probing`, run on a GPU by
+allows get precision probes (`harness.judgment.probing`, run on a GPU by
 `harness.worker.probes`), whose numbers decide (`precision_findings`). Without a GPU the check stays
 pending and the verdict says the probes will judge it.
 

@@ -2,7 +2,7 @@
 precision below its track's still reaches the track's accuracy (pure: the models, the rule and their
 wording; the worker runs the probes, `harness.worker.probes`).
 
-The SASS is the trigger, not the verdict (`harness.precision`): a kernel whose tensor-core
+The SASS is the trigger, not the verdict (`harness.judgment.precision`): a kernel whose tensor-core
 instructions compute in a precision the track does not allow (TF32 in the fp32 track, say) gets
 probes. An error-compensated scheme (3xTF32: each operand split into a TF32 high part and a TF32
 remainder, three products summed; BF16x9 with three bf16 parts) reaches float32's accuracy on TF32
@@ -111,7 +111,7 @@ class PrecisionCheck(BaseModel):
 
     @property
     def precisions(self) -> list[str]:
-        """The lowered precisions, in the order of `harness.precision.PRECISIONS`."""
+        """The lowered precisions, in the order of `harness.judgment.precision.PRECISIONS`."""
         order = ("tf32", "bf16", "fp16", "fp8", "int8")
         found = {p for ps in self.kernels.values() for p in ps}
         return sorted(found, key=lambda p: order.index(p) if p in order else len(order))

@@ -1,7 +1,7 @@
 """Sandboxed processes one owner started, so that another thread can stop them all at once.
 
 A build service or compile-only checker that works ahead of verifications (an eval building the next
-solutions while the GPU verifies the current one, `harness.ahead`) runs its compilers on threads of
+solutions while the GPU verifies the current one, `harness.builds.ahead`) runs its compilers on threads of
 its own. When the eval ends early (Ctrl-C, an error), `Running.stop` kills every process they still
 run and refuses new ones, so no compiler keeps working, or holds a build lock, after the eval has
 ended. The processes are started through `Sandbox.popen` as any other, with the owner's limits (a

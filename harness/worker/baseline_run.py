@@ -5,7 +5,7 @@ a verification times them (`harness.worker.timing`: fresh inputs from a secret s
 outside the timed region, L2 flushed, CUDA events, the track's numerics), in a verify worker, so the
 figures are the ones later verdicts of the problem are judged against (the pool caches them).
 
-Memory as in a verification (`harness.memory`): the footprint is read on the meta device first, a
+Memory as in a verification (`harness.gpu.memory`): the footprint is read on the meta device first, a
 problem whose eager forward does not fit the free memory is refused with the numbers
 (`BaselineReply.too_large`) before anything is allocated, each run makes its own input set and drops
 it, and the peak the worker's allocator reserved is reported.

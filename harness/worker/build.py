@@ -123,7 +123,7 @@ def probe() -> ToolchainInfo:
 
 def find_cuda_tool(name: str, cuda_home: str | None) -> str | None:
     """A CUDA binary utility (`cuobjdump`, and the `nvdisasm` it runs to print SASS; used by
-    `harness.precision`): on PATH, in the CUDA toolkit, else from NVIDIA's wheels of it
+    `harness.judgment.precision`): on PATH, in the CUDA toolkit, else from NVIDIA's wheels of it
     (`nvidia-cuda-cuobjdump`, `nvidia-cuda-nvdisasm`)."""
     found = shutil.which(name)
     homes = ([cuda_home] if cuda_home else []) + [str(p) for p in sorted(Path("/usr/local").glob("cuda*"))]

@@ -90,7 +90,8 @@ class Builders:
         self.ask = ask
         self.local_dir = local_dir
         self.units: list[CompileUnit] = []
-        self.sources: list[SourceUnit] = []  # what was built, for the server to read its SASS (`harness.precision`)
+        # what was built, for the server to read its SASS (`harness.judgment.precision`)
+        self.sources: list[SourceUnit] = []
         self._ce = cpp_extension
         self._real_compile_kernel = torch.cuda._compile_kernel
         self._inline_sig = inspect.signature(cpp_extension.load_inline)

@@ -13,7 +13,7 @@ rewrite). `escalate` settles which, after the timing (`harness.plausibility` say
    another shape, there supports only the problem's sizes: noted, not held against it; one that
    runs and returns wrong values is `incorrect`;
 4. the work census (hardware counters of one forward, taken by the pool under Nsight Compute:
-   `harness.work`) against the device's peaks: a median below the bound is `impossible_time`.
+   `profiling.work`) against the device's peaks: a median below the bound is `impossible_time`.
 
 A failed check makes the verdict `incorrect` or `invalid` as anywhere else; everything passed
 makes it count, with the evidence in `Timings.evidence` (and so in the summary). Only when the

@@ -2,7 +2,7 @@
 
 On the meta device tensors have shapes and dtypes but no storage: the problem's `get_init_inputs`,
 `Model(...)`, `get_inputs()` and one forward run there in milliseconds and allocate nothing, so a
-problem of 16 GB is sized without touching the GPU (`harness.memory.Footprint`). The FLOPs of that
+problem of 16 GB is sized without touching the GPU (`harness.gpu.memory.Footprint`). The FLOPs of that
 forward are counted on the way (`torch.utils.flop_counter` works on shapes), for the roofline bound.
 
 Not every forward has a meta implementation (data-dependent shapes, `.item()`, a custom op): then

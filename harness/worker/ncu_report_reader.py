@@ -2,7 +2,7 @@
 
     python -m kb_mcp.harness.worker.ncu_report_reader MODULE_DIR REPORT
 
-Run by `harness.ncu_import` inside the sandbox: the report is a user's file and the module parses it
+Run by `profiling.ncu_import` inside the sandbox: the report is a user's file and the module parses it
 in native code, so neither happens in the server's process. One JSON list on stdout, one object per
 profiled launch in report order (id, full_name, grid, block, metrics, texts, cc); values as the report
 stores them (base units).

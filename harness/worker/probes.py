@@ -1,6 +1,6 @@
 """Precision probes (worker side, torch): a candidate whose SASS computes on the tensor cores below
 its track's precision is run on inputs chosen to show it, beside the track's reference and a float64
-copy of the reference; the rule that judges the numbers is `harness.probing`'s.
+copy of the reference; the rule that judges the numbers is `harness.judgment.probing`'s.
 
 One probe at a time (problems can be many GB): its inputs are made from a fresh secret seed as the
 checks make theirs and rewritten per floating input tensor (`probe_inputs`; integer indices and
@@ -117,7 +117,7 @@ def _floor(exact: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
 
 def compare(name: str, candidate: Any, reference: list[torch.Tensor],
             exact: list[torch.Tensor]) -> ProbeError:
-    """The probe's numbers: per floating output the ratio of `harness.probing.error_ratio`, the
+    """The probe's numbers: per floating output the ratio of `harness.judgment.probing.error_ratio`, the
     worst output's kept. An output that cannot be compared is an infinite ratio."""
     got = leaves(candidate)
     if got is None or len(got) != len(exact):
@@ -187,7 +187,7 @@ def against_float64(reference: torch.nn.Module, xs: list[Any], candidate: list[t
     """The float64 arbitration of an input set the candidate failed by a rounding-sized margin: the
     candidate's outputs (`candidate`) and the strict reference's (`strict`, already computed on
     `xs`) both measured against a float64 copy of the reference on the same inputs, by the probes'
-    rule (`harness.probing.error_ratio`). `xs` are the set's pristine inputs, on the host or the
+    rule (`harness.judgment.probing.error_ratio`). `xs` are the set's pristine inputs, on the host or the
     device (copied to the outputs' device here). A float64 reference that cannot run (memory, a
     forward that raises in float64) leaves the ratio unset with the reason, and the failure stands."""
     device = strict[0].device if strict else torch.device("cpu")
@@ -208,7 +208,7 @@ def run_probes(check: PrecisionCheck, reference: torch.nn.Module, make_inputs: C
                run_candidate: Callable[[list[Any], Any], Any], probes: Iterable[str] = PROBES,
                numerics: Numerics = contextlib.nullcontext) -> PrecisionCheck:
     """Every probe, one at a time (`run_probe`), freed before the next; `check` judged by their
-    numbers (`harness.probing.judged`). `make_inputs()` gives a fresh input set of the problem's;
+    numbers (`harness.judgment.probing.judged`). `make_inputs()` gives a fresh input set of the problem's;
     a probe that rewrites floating inputs is skipped when there are none. `numerics()` puts torch
     in the strict settings for the reference's runs (the worker: `tracks.strict_numerics`)."""
     found: list[ProbeError] = []

@@ -10,7 +10,7 @@ torch.profiler instead, and the Chrome trace it writes gives per-kernel timings 
 shapes (`kernels_from_trace`).
 
 In standby mode the driver is started ahead of the request (under ncu, by
-`harness.profile_standby`): it imports torch and creates its CUDA context, then waits for its
+`profiling.profile_standby`): it imports torch and creates its CUDA context, then waits for its
 spec to appear in a rendezvous folder. Starting Python and torch is most of a fresh profile's
 wall time, and that way it is paid while the agent is thinking rather than while it waits.
 

@@ -9,7 +9,7 @@ The rule (docs/harness.md, "Precision tracks"):
 * `tf32`: TF32 allowed for matmul and cuDNN (`"high"`), for the reference and both baselines.
 * `bf16`, `fp16`: the reference stays the problem's own Model in the problem's own dtypes (it is
   not cast or autocast); TF32 is allowed as in `tf32`. The candidate may compute in the track's
-  half precision (`harness.precision.TRACK_ALLOWS`), checked at the track's tolerance.
+  half precision (`harness.judgment.precision.TRACK_ALLOWS`), checked at the track's tolerance.
 
 Every worker starts in the strict settings (`worker.main`) and returns to them after each
 verification, so the baselines a worker times between verifications are strict ones. The precision

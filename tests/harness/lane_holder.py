@@ -2,11 +2,11 @@
 
     python lane_holder.py WHAT [--times N] [--hold-s S] [--until-stdin-closes] [--child]
 
-It holds the lane (`harness.lane.hold`) N times for S seconds each (or, with
+It holds the lane (`harness.gpu.lane.hold`) N times for S seconds each (or, with
 --until-stdin-closes, once until its stdin closes); with --child it starts a process while it holds
 the lane (`sleep`, told to keep every descriptor it may), which outlives it if it is killed.
 stdout gets one JSON line per event (`waiting` with the progress message, `entered` with the hold,
-`left`); stderr gets the lane's INFO log, which the tests read back with `harness.lane.read_spans`.
+`left`); stderr gets the lane's INFO log, which the tests read back with `harness.gpu.lane.read_spans`.
 """
 
 from __future__ import annotations

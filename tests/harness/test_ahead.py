@@ -1,4 +1,4 @@
-"""Builds ahead (`harness/ahead.py`) with real builds in the sandbox and the real worker's builders.
+"""Builds ahead (`harness/builds/ahead.py`) with real builds in the sandbox and the real worker's builders.
 
 The census worker runs here without a GPU and imports candidates with the worker's `load_inline`
 builder installed, asking the pool's build service on a miss, exactly as the verify worker does on a

@@ -1,4 +1,4 @@
-"""Which worker times a problem's baselines (`harness.baseline_side`): never one a candidate ran in.
+"""Which worker times a problem's baselines (`harness.pool.baseline_side`): never one a candidate ran in.
 
 Real worker processes (compile-only ones, so the same on any machine); a worker that served a
 candidate is marked as the pool marks it when it sends one a verification.

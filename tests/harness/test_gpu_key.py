@@ -1,4 +1,4 @@
-"""The GPU lane's key (`harness.gpu_key`): the UUID of the GPU a process's harness measures on, as
+"""The GPU lane's key (`harness.gpu.gpu_key`): the UUID of the GPU a process's harness measures on, as
 `CUDA_VISIBLE_DEVICES` and nvidia-smi say; a fallback where nvidia-smi cannot say; an explicit key."""
 
 from __future__ import annotations

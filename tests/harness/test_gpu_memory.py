@@ -1,4 +1,4 @@
-"""The device's memory in use, sampled from the server (`harness.gpu_memory`)."""
+"""The device's memory in use, sampled from the server (`harness.gpu.gpu_memory`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The memory plan of a verification (`harness.memory`): pure arithmetic over a footprint and the free memory."""
+"""The memory plan of a verification (`harness.gpu.memory`): pure arithmetic over a footprint and the free memory."""
 
 from __future__ import annotations
 

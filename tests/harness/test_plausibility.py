@@ -54,7 +54,7 @@ def test_the_bound_is_tight_where_one_resource_is_saturated() -> None:
 
 
 def test_a_census_of_the_work_metrics_alone_parses() -> None:
-    # What `harness.work` asks ncu for: no sections, four metrics.
+    # What `profiling.work` asks ncu for: no sections, four metrics.
     text = ('"ID","Kernel Name","Block Size","Grid Size","dram__bytes_read.sum","dram__bytes_write.sum",'
             '"gpu__time_duration.sum","smsp__inst_executed.sum"\n'
             '"","","","","byte","byte","ns","inst"\n'

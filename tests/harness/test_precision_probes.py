@@ -1,4 +1,4 @@
-"""Precision probes on CPU (`harness.worker.probes`, `harness.probing`): the probe inputs, the error
+"""Precision probes on CPU (`harness.worker.probes`, `harness.judgment.probing`): the probe inputs, the error
 comparison against a float64 reference, and the rule, on candidates that simulate TF32, bf16, 3xTF32
 and BF16x9 arithmetic in torch (products of rounded operands accumulated in float32, or chunk by
 chunk as a tensor core's accumulator does), at the reduction length of the GPU fixtures (K = 1024)

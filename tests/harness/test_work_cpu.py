@@ -1,4 +1,4 @@
-"""The work census's way through the harness (`harness.work`, the census ask), on CPU."""
+"""The work census's way through the harness (`profiling.work`, the census ask), on CPU."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ a shell (on code under `if False:` too: the compile-only path reads sources with
 them), `-include` puts a private file into the compile log, `-fplugin` loads code into the
 compiler, `-Xcompiler` passes any of these on.
 
-Stopped by: the flag allow-lists (`harness.toolchain`): the build is refused, naming the flags,
+Stopped by: the flag allow-lists (`harness.builds.toolchain`): the build is refused, naming the flags,
 before any compiler runs. Beneath them, the compilers run in the sandbox, where the shell would be
 nobody's and the private file absent (tests/adversarial/hostile/test_hostile_cpu.py runs nvcc with
 `-wrapper` directly in the sandbox to show that).

@@ -9,7 +9,7 @@ as JSON. A worker only verifies: the coordinator alone stores verdicts in the KB
 (`BaselinesJob` in, `RemoteBaselines` out: `kb-mcp eval --baselines --gpus N`), the coordinator
 alone writing the table.
 
-Each worker process keeps one warm harness pool (`harness.pool.WorkerPool`) for its whole life
+Each worker process keeps one warm harness pool (`harness.pool.pool.WorkerPool`) for its whole life
 (`HarnessPlugin`), pinned to its GPU by its environment, so its lane is that GPU's
 (`harness.gpu.gpu_key`) and its timings never share the GPU with another worker's. A worker offers one
 `GPU_RESOURCE` and runs one task at a time; the coordinator keeps at most as many tasks in flight as

@@ -3,7 +3,7 @@
 An eval (`campaign.evaluate`) verifies one solution at a time on the GPU. Building the next solutions'
 `load_inline` extensions meanwhile, on the CPU cores the verification leaves idle, hides their cold
 builds (tens of seconds each) behind it. A build ahead goes through a build service like the pool's
-(`harness.builds`: the same sandbox, flag checks, shared cache and content-hash names), for the GPU
+(`harness.builds.builds`: the same sandbox, flag checks, shared cache and content-hash names), for the GPU
 arch and torch version the pool's worker reported, so the worker's lookup finds the extension
 published and asks for nothing. Only what the syntax tree makes certain is built
 (`candidate.inline_units_ahead`, read by the same `candidate.inline_unit` as the worker's); anything

@@ -206,7 +206,7 @@ class Disassembler:
     """`cuobjdump -sass` on built binaries, each run in the sandbox; precisions cached per content."""
 
     def __init__(self, cache_dir: Path, sandbox: object, cuobjdump: str | None, nvdisasm: str | None = None) -> None:
-        """`sandbox` is a `harness.sandbox.Sandbox`; `cuobjdump` the tool's path (None: none found),
+        """`sandbox` is a `harness.sandbox.sandbox.Sandbox`; `cuobjdump` the tool's path (None: none found),
         `nvdisasm` the disassembler it runs (found on the sandbox's PATH when not given)."""
         self.store = cache_dir / "sass"
         self.sandbox = sandbox

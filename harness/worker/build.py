@@ -1,6 +1,6 @@
 """The build process (worker side): `python -m kb_mcp.harness.worker.build SPEC.json`, or `--probe`.
 
-Started by the build service (`harness.builds`) inside a sandbox of its own for one `load_inline`
+Started by the build service (`harness.builds.builds`) inside a sandbox of its own for one `load_inline`
 unit whose flags and includes the server has already checked (`allow_lists.flag_refusals`). It
 compiles and links the extension exactly as `torch.utils.cpp_extension.load` would (torch's own
 ninja build), but never imports it: no code of the candidate runs here, C++ static constructors

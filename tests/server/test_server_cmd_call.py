@@ -66,7 +66,7 @@ async def test_list_reads_declarations_the_server_serves_unchanged(
         server.kb_ctx.close()
     assert main(["--kb", str(kb_path), "call", "--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert listed[:-1] == "\n".join(served).splitlines() and len(served) == len(server.specs) == 8
+    assert listed[:-1] == "\n".join(served).splitlines() and len(served) == len(server.specs) == 9
     assert not kb_path.exists()  # a listing opens no KB
 
 

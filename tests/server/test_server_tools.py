@@ -225,7 +225,8 @@ def test_tool_modules_declare_their_metadata() -> None:
 
     specs = {spec.name: spec for spec in load_tools(strict=True)}
     assert all(spec.meta.title and spec.meta.title != name for name, spec in specs.items())
-    assert {name for name, spec in specs.items() if spec.uses_gpu} == {"profile_kernel", "compile_and_verify"}
+    assert {name for name, spec in specs.items() if spec.uses_gpu} == {"profile_kernel", "compile_and_verify",
+                                                                       "decompose_problem"}
     assert {name for name, spec in specs.items() if spec.meta.read_only} == {"suggest_optimizations"}
     assert not any(spec.meta.destructive for spec in specs.values())
 

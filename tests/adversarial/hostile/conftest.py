@@ -28,7 +28,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerWorld]:
 
 @pytest.fixture(scope="module")
 def world_sandbox(world: ServerWorld) -> Sandbox:
-    """The sandbox a server for this world would use (its KB and artifacts among what it hides)."""
-    return detect().with_private([world.kb_dir, world.artifacts])
+    """The sandbox a server for this world would use (its KB, artifacts and home among what it hides:
+    the home is named, since a sandbox detected earlier in the run took its home from the HOME then)."""
+    return detect().with_private([world.kb_dir, world.artifacts, world.home])
 
 

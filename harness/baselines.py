@@ -5,7 +5,9 @@ precision track): the strict fp32 track times them with TF32 off, the others wit
 
 A first torch.compile costs seconds (16 s for a small MLP on an H100), so the cache is what keeps
 a warm verdict fast. The cache is a JSON file per key under `<cache>/baselines`, written
-atomically under a file lock, so several workers and servers share it safely. A measurement
+atomically under a file lock, so several workers and servers share it safely. The reference's own op sets
+(`ReferenceOps`, composed mode's allowance: `harness.judgment.composed`) are cached beside them the
+same way, under `<cache>/reference_ops`. A measurement
 that failed (torch.compile cannot compile the model) is cached too, with its reason.
 
 Only the pool stores a baseline, and only one measured while the verification held the GPU alone
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -174,3 +177,52 @@ class BaselineRun(BaseModel):
         if self.device_peak_bytes is not None and self.device_idle_bytes is not None:
             return gib(self.device_peak_bytes - self.device_idle_bytes)
         return gib(self.peak_bytes)
+
+
+class ReferenceOps(BaseModel):
+    """The reference's own op set on one GPU with one torch version, at both levels (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem_hash: str
+    device: str
+    torch_version: str
+    track: str = "fp32"
+    dispatch: list[str] | None = Field(None, description="ATen ops the op recorder saw (`ns::packet`); None: not yet")
+    kernels: list[str] | None = Field(None, description="PyTorch ops that launched kernels; None: not yet")
+    recorded_at: str = ""
+
+
+class ReferenceOpsCache:
+    """Reference op sets on disk, one file per (problem hash, GPU, torch version, track)."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.dir = cache_dir / "reference_ops"
+
+    def path(self, problem_hash: str, device: str, torch_version: str, track: str = "fp32") -> Path:
+        """Where the op set of this key lives."""
+        return self.dir / f"{problem_hash}-{_slug(device)}-{_slug(torch_version)}-{_slug(track)}.json"
+
+    def get(self, problem_hash: str, device: str, torch_version: str, track: str = "fp32") -> ReferenceOps | None:
+        """The cached op sets, or None when none was recorded (or the file is unreadable)."""
+        try:
+            return ReferenceOps.model_validate_json(self.path(problem_hash, device, torch_version, track).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def add(self, problem_hash: str, device: str, torch_version: str, track: str = "fp32", *,
+            dispatch: Collection[str] | None = None, kernels: Collection[str] | None = None) -> ReferenceOps:
+        """Stores what was recorded (either level, or both) beside what the cache holds, atomically."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        p = self.path(problem_hash, device, torch_version, track)
+        with FileLock(str(p) + ".lock"):
+            held = self.get(problem_hash, device, torch_version, track) or ReferenceOps(
+                problem_hash=problem_hash, device=device, torch_version=torch_version, track=track)
+            update: dict[str, object] = {"recorded_at": datetime.now(timezone.utc).isoformat()}
+            if dispatch is not None:
+                update["dispatch"] = sorted(set(dispatch))
+            if kernels is not None:
+                update["kernels"] = sorted(set(kernels))
+            held = held.model_copy(update=update)
+            write_atomic(p, json.dumps(held.model_dump(mode="json"), indent=1))
+        return held

@@ -17,11 +17,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from kb_mcp.harness.attempt_findings import census_with_attempts
-from kb_mcp.harness.baselines import Baseline, BaselineCache
+from kb_mcp.harness.baselines import Baseline, BaselineCache, ReferenceOpsCache
 from kb_mcp.harness.builds.builds import BuildService
 from kb_mcp.harness.builds.compile_only import CompileOnly
 from kb_mcp.harness.gpu import lane
-from kb_mcp.harness.judgment.composed import COMPOSED, ReferenceOpsCache
+from kb_mcp.harness.judgment.composed import COMPOSED
 from kb_mcp.harness.judgment.verdict import Failure, FailureKind, Finding, FindingCode, VerifyOptions
 from kb_mcp.harness.phases import CENSUS_WORDS
 from kb_mcp.harness.pool.process import ReplyReader, WorkerError, WorkerProcess, describe_exit, following

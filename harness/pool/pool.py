@@ -46,7 +46,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kb_mcp.harness.attempt_findings import with_attempts
-from kb_mcp.harness.baselines import Baseline, BaselineCache, BaselineRun, not_cached
+from kb_mcp.harness.baselines import Baseline, BaselineCache, BaselineRun, ReferenceOpsCache, not_cached
 from kb_mcp.harness.builds.ahead import BuildsAhead, target_for
 from kb_mcp.harness.builds.builds import BuildService
 from kb_mcp.harness.builds.compile_only import CompileOnly
@@ -55,7 +55,6 @@ from kb_mcp.harness.gpu import lane
 from kb_mcp.harness.gpu.gpu_memory import DeviceMemory
 from kb_mcp.harness.gpu.gpu_probe import no_gpu_reason
 from kb_mcp.harness.gpu.lane_use import LaneUse
-from kb_mcp.harness.judgment.composed import ReferenceOpsCache
 from kb_mcp.harness.judgment.verdict import (
     CompileResult,
     Evidence,

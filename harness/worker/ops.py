@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kb_mcp.harness.judgment.composed import ReferenceOpsCache
+from kb_mcp.harness.baselines import ReferenceOpsCache
 from kb_mcp.harness.judgment.kernels import ALLOWED_OPS, NOOP_ONLY_OPS, TORCH_NAMESPACES
 from kb_mcp.harness.judgment.verdict import Finding, FindingCode
 from kb_mcp.harness.worker.values import secret_seed

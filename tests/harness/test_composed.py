@@ -12,7 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kb_mcp.harness.judgment.composed import ReferenceOpsCache, coverage_note, kept_packets
+from kb_mcp.harness.baselines import ReferenceOpsCache
+from kb_mcp.harness.judgment.composed import coverage_note, kept_packets
 from kb_mcp.harness.judgment.kernels import (
     KernelLaunch,
     census_findings,

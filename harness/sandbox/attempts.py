@@ -20,7 +20,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -167,7 +167,7 @@ def policy() -> Policy:
 ALLOWED_PROGRAMS = frozenset({
     "sh", "bash", "dash", "cc", "c++", "cpp", "gcc", "g++", "clang", "clang++", "cc1", "cc1plus", "collect2",
     "lto-wrapper", "lto1", "as", "ld", "ld.bfd", "ld.gold", "ld.lld", "ar", "ranlib", "strip", "objdump",
-    "objcopy", "nm", "readelf", "c++filt", "ninja", "make", "ldconfig", "ldconfig.real", "uname", "which",
+    "objcopy", "nm", "readelf", "c++filt", "ninja", "make", "ldconfig", "ldconfig.real", "uname", "which", "file",
     "nvcc", "cicc", "ptxas", "fatbinary", "nvlink", "cudafe++", "cuobjdump", "nvdisasm", "nvprune", "cu++filt",
     "ncu", "ncu-ui", "nvidia-smi", "python", "python3",
 })
@@ -182,13 +182,38 @@ def program_allowed(path: str, roots: tuple[str, ...], writable: tuple[str, ...]
     writable places (what the process wrote itself) but those mounted read-only inside them
     (`readable`: packages bound under /tmp, say)."""
     norm = os.path.normpath(path)
-    if any(_inside(norm, w) for w in writable) and not any(_inside(norm, r) for r in readable):
+    if in_writable_place(norm, writable, readable):
         return False
     if any(_inside(norm, r) for r in roots):
         return True
     name = os.path.basename(norm)
     match = _VERSIONED.match(name)
     return name in ALLOWED_PROGRAMS or (match is not None and match.group("base") in ALLOWED_PROGRAMS)
+
+
+def in_writable_place(path: str, writable: tuple[str, ...], readable: tuple[str, ...] = ()) -> bool:
+    """Whether `path` lies where the process could have written it (a writable place, but not a
+    read-only mount inside one)."""
+    norm = os.path.normpath(path)
+    return any(_inside(norm, w) for w in writable) and not any(_inside(norm, r) for r in readable)
+
+
+SHELLS = frozenset({"sh", "bash", "dash"})
+
+
+def toolchain_script(exe: str, cmdline: Sequence[str], roots: tuple[str, ...]) -> bool:
+    """Whether a process is a shell running a script of the toolchain's install folders (`roots`):
+    the `ncu` of a CUDA toolkit is such a script, and the programs it starts to find its own
+    version (readlink, dirname, cut...) are its work, not the candidate's. `exe` is the process's
+    executable as the kernel names it (a candidate cannot rewrite it); `cmdline` its arguments, where
+    the script is the first that is not an option."""
+    if os.path.basename(exe) not in SHELLS:
+        return False
+    script = next((arg for arg in cmdline[1:] if not arg.startswith("-")), "")
+    if not script.startswith("/"):
+        return False
+    real = os.path.realpath(script)
+    return any(_inside(p, r) for p in (os.path.normpath(script), real) for r in roots)
 
 
 def _inside(path: str, root: str) -> bool:

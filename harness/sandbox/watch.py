@@ -49,7 +49,9 @@ from kb_mcp.harness.sandbox.attempts import (
     active_logs,
     announce,
     clients_of,
+    in_writable_place,
     program_allowed,
+    toolchain_script,
     where,
 )
 
@@ -175,6 +177,16 @@ class _Target:
             return os.path.lexists(f"/proc/{self.pid}/root{path}")
         except OSError:
             return None
+
+    def runs_toolchain_script(self, roots: tuple[str, ...]) -> bool:
+        """Whether the calling process is a shell running a script of the toolchain (`roots`)."""
+        try:
+            exe = os.readlink(f"/proc/{self.pid}/exe")
+            with open(f"/proc/{self.pid}/cmdline", "rb") as f:
+                cmdline = f.read(4096).decode("utf-8", "replace").split("\0")
+        except OSError:
+            return False
+        return toolchain_script(exe, cmdline, roots)
 
     def read(self, addr: int, size: int) -> bytes:
         if self._mem is None:
@@ -410,6 +422,9 @@ class Watch:
             return errno.ENOENT, None
         if program_allowed(path, self.places.tool_roots, self.places.writable, self.places.readable):
             return 0, None
+        if not in_writable_place(path, self.places.writable, self.places.readable) \
+                and t.runs_toolchain_script(self.places.tool_roots):
+            return 0, None  # a program of the system started by a script of the toolchain (ncu's wrapper)
         return 0, ("program", f"{name} {where(path)}" + (f": {' '.join(argv[1:])}" if len(argv) > 1 else ""))
 
     def _file(self, name: str, a: tuple[int, ...], t: _Target) -> tuple[str, str] | None:

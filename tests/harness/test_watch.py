@@ -62,6 +62,7 @@ def test_an_honest_process_leaves_no_record(sandbox: Sandbox, tmp_path: Path) ->
             "print(open(os.path.join(os.environ['HOME'], 'mine.txt')).read())\n"
             "tempfile.NamedTemporaryFile().write(b'y')\n"
             "import ctypes.util; ctypes.util.find_library('m')\n"
+            "import platform; platform.architecture()\n"  # runs `file -b` on the interpreter
             "subprocess.run(['uname', '-m'], check=True)\n"
             "print((torch.ones(4) * 2).sum().item())\n")
     out, seen = run(sandbox, tmp_path, code)
@@ -157,3 +158,45 @@ def test_unconfined_processes_are_said_to_be_unrecorded(tmp_path: Path) -> None:
     with collecting() as seen:
         rc, _ = unconfined.run([sys.executable, "-c", "print(1)"], Grant(role="tool", scratch=tmp_path), timeout_s=60)
     assert rc == 0 and seen.unrecorded == {"the sandbox is unconfined"}
+
+
+TOOL_SCRIPT = r"""#!/bin/sh
+# a toolchain's wrapper finding its own version, as the CUDA toolkit's ncu does
+here=$(dirname "$(readlink -f -- "$0")")
+basename "$here" >/dev/null
+echo 2025.3.1 | cut -d. -f1
+"""
+
+RUNS_SCRIPTS = r"""
+import os, stat, subprocess, sys
+subprocess.run(["/bin/sh", sys.argv[1]], check=True)  # the toolchain's script: its programs are its work
+mine = os.path.join(os.environ["HOME"], "wrapper.sh")  # the same script, written by the process itself
+open(mine, "w").write(open(sys.argv[1]).read())
+subprocess.run(["/bin/sh", mine], check=True)
+subprocess.run(["cut", "-d,", "-f2"], input=b"1,2\n", check=True)  # started by the process itself
+print("done")
+"""
+
+
+def test_programs_a_toolchain_script_starts_are_no_attempt(sandbox: Sandbox, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """ncu is a shell script of the toolkit that starts readlink, dirname, cut... to find its version:
+    those are the toolchain's work; the same programs started by a script the process wrote, or by the
+    process itself, are attempts."""
+    toolkit = tmp_path / "toolkit"
+    (toolkit / "bin").mkdir(parents=True)
+    script = toolkit / "bin" / "tool"
+    script.write_text(TOOL_SCRIPT)
+    script.chmod(0o755)
+    monkeypatch.setenv("KB_MCP_SANDBOX_RO", str(toolkit))  # a toolchain folder, as the CUDA toolkit's
+    # (the sandbox's common view was taken before: the grant mounts the folder, the watch reads the setting)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with collecting() as seen:
+        rc, out = sandbox.run([sys.executable, "-c", RUNS_SCRIPTS, str(script)],
+                              Grant(role="driver", scratch=scratch, ro=[toolkit]), timeout_s=120)
+    assert rc == 0 and "done" in out, out
+    text = lines(seen)
+    for program in ("readlink", "dirname", "basename"):
+        assert text.count(f"/{program}") == 1, text  # once: from the script the process wrote
+    assert text.count("/cut") == 2, text  # from the written script and from the process itself

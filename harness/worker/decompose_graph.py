@@ -314,19 +314,37 @@ def constructor(m: nn.Module) -> str | None:
         if isinstance(p.default, bool) and (value is None or isinstance(value, torch.Tensor)):
             value = value is not None
         if isinstance(value, (bool, int, float, str, tuple, type(None))) and _literal(value):
-            args.append(f"{name}={value!r}")
-    text = _encoder_layer(m) if isinstance(m, nn.TransformerEncoderLayer) else f"nn.{cls.__name__}({', '.join(args)})"
+            args.append((f"{name}={value!r}", p.default is not p.empty and _same(value, p.default)))
+    if isinstance(m, nn.TransformerEncoderLayer):
+        texts = [_encoder_layer(m)]
+    else:  # the arguments the module does not leave at their defaults first, all of them if that differs
+        texts = [f"nn.{cls.__name__}({', '.join(a for a, default in args if not default)})",
+                 f"nn.{cls.__name__}({', '.join(a for a, _ in args)})"]
+    text = next((t for t in texts if _builds_like(t, m)), None)
+    if text is None:
+        return None
+    dtypes = {v.dtype for v in m.state_dict().values() if v.is_floating_point()}
+    if dtypes and dtypes != {torch.float32}:
+        text += f".to({next(iter(dtypes))})"
+    return text
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Whether an attribute's value is the argument's default (`stride=(1, 1)` is `stride=1`'s)."""
+    if isinstance(value, tuple) and isinstance(default, int) and not isinstance(default, bool):
+        return all(type(v) is int and v == default for v in value)
+    return type(value) is type(default) and value == default
+
+
+def _builds_like(text: str, m: nn.Module) -> bool:
+    """Whether `text` builds (on the meta device) a module with `m`'s repr and state shapes."""
     try:
         with torch.device("meta"):
             made = eval(text, {"nn": nn})  # our own text, built from a torch.nn class's own attributes
     except Exception:  # noqa: BLE001 - a class whose signature and attributes disagree
-        return None
-    same = repr(made) == repr(m) and {k: tuple(v.shape) for k, v in made.state_dict().items()} == {
+        return False
+    return repr(made) == repr(m) and {k: tuple(v.shape) for k, v in made.state_dict().items()} == {
         k: tuple(v.shape) for k, v in m.state_dict().items()}
-    dtypes = {v.dtype for v in m.state_dict().values() if v.is_floating_point()}
-    if dtypes and dtypes != {torch.float32}:
-        text += f".to({next(iter(dtypes))})"
-    return text if same else None
 
 
 def _literal(value: Any) -> bool:

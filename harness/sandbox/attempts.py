@@ -205,15 +205,21 @@ def toolchain_script(exe: str, cmdline: Sequence[str], roots: tuple[str, ...]) -
     """Whether a process is a shell running a script of the toolchain's install folders (`roots`):
     the `ncu` of a CUDA toolkit is such a script, and the programs it starts to find its own
     version (readlink, dirname, cut...) are its work, not the candidate's. `exe` is the process's
-    executable as the kernel names it (a candidate cannot rewrite it); `cmdline` its arguments, where
-    the script is the first that is not an option."""
+    executable as the kernel names it (a candidate cannot rewrite it); `cmdline` its arguments: the
+    script is the first that is not an option, and an option that makes the shell read its commands
+    from elsewhere (`-c` text, `-s` or `-i` standard input) means there is no script."""
     if os.path.basename(exe) not in SHELLS:
         return False
-    script = next((arg for arg in cmdline[1:] if not arg.startswith("-")), "")
-    if not script.startswith("/"):
-        return False
+    args = list(cmdline[1:])
+    while args and args[0].startswith("-") and args[0] != "--":
+        if not _SCRIPT_OPTIONS.fullmatch(args.pop(0)):
+            return False
+    script = args[1] if args[:1] == ["--"] and len(args) > 1 else (args[0] if args else "")
     real = os.path.realpath(script)
-    return any(_inside(p, r) for p in (os.path.normpath(script), real) for r in roots)
+    return script.startswith("/") and os.path.isfile(real) and any(_inside(real, r) for r in roots)
+
+
+_SCRIPT_OPTIONS = re.compile(r"[-+][euxvnfpa]+")  # a script's shebang options that leave it the script
 
 
 def _inside(path: str, root: str) -> bool:

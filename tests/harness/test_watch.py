@@ -174,6 +174,9 @@ mine = os.path.join(os.environ["HOME"], "wrapper.sh")  # the same script, writte
 open(mine, "w").write(open(sys.argv[1]).read())
 subprocess.run(["/bin/sh", mine], check=True)
 subprocess.run(["cut", "-d,", "-f2"], input=b"1,2\n", check=True)  # started by the process itself
+# a shell's command text, or its standard input, that names the toolchain's script first: no script
+subprocess.run(["/bin/sh", "-c", sys.argv[1] + " >/dev/null; echo 3:4 | cut -d: -f1"], check=True)
+subprocess.run(["/bin/sh", "-s", sys.argv[1]], input=b"echo 5/6 | cut -d/ -f2\n", check=True)
 print("done")
 """
 
@@ -199,4 +202,5 @@ def test_programs_a_toolchain_script_starts_are_no_attempt(sandbox: Sandbox, tmp
     text = lines(seen)
     for program in ("readlink", "dirname", "basename"):
         assert text.count(f"/{program}") == 1, text  # once: from the script the process wrote
-    assert text.count("/cut") == 2, text  # from the written script and from the process itself
+    # from the written script, from the process itself, from the command text and the standard input
+    assert text.count("/cut") == 4, text

@@ -159,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             print(line(problem.stem, row), flush=True)
             if row["sets_passed"] != row["sets"]:
                 print(f"    {row['summary']}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(rows, indent=1))
+            if args.out:  # after each row, so a run stopped by its limit keeps what it measured
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(rows, indent=1))
     return 0
 
 

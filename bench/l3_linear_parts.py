@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tc_fp32_sync import PartRefused, part_candidate
+from tc_fp32_parts import PartRefused, part_candidate
 
 from kb_mcp.decomposition.decompose import load
 

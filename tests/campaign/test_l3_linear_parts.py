@@ -21,7 +21,7 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 from l3_linear_parts import PartRow, part_rows, parts_table  # noqa: E402
-from tc_fp32_sync import PartRefused, linear_part, part_candidate  # noqa: E402
+from tc_fp32_parts import PartRefused, linear_part, part_candidate  # noqa: E402
 
 from kb_mcp.decomposition.decompose import DecompositionError, decompose_many, write  # noqa: E402
 

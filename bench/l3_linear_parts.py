@@ -5,7 +5,7 @@
 
 Each model (a level-3 problem stem; default: the MLPs, the vanilla RNNs, LeNet-5 and SwinMLP) is
 decomposed into OUT/<problem>/ (docs/models.md). Every part that is one nn.Linear with an optional
-pointwise epilogue gets a candidate from bench/tc_fp32_sync.py (`part_candidate`): the 3xTF32 wgmma
+pointwise epilogue gets a candidate from bench/tc_fp32_parts.py (`part_candidate`): the 3xTF32 wgmma
 core with the bias and the activation fused, its Linear at the part's own dotted name. The table says,
 per GEMM part, what it is, its estimated share of the model and the candidate written or why none.
 
@@ -15,8 +15,9 @@ checks each candidate against its part in track fp32, record_outcome credits eac
 (state tensor_cores_idle, optimization compensated_fp32_tensor_cores, as for the fp32_tc solutions),
 and decompose_problem with compose=true composes the model from the parts' best verdicts and verifies
 it in composed mode. Per model it prints eager, torch.compile, ours, the coverage and the parts replaced.
-A verdict is keyed by its part file's content hash, and an unrolled RNN has a part file per step (each
-names its step), so --most bounds the verifications per model to the largest parts.
+A verdict is keyed by its part file's content hash; the places of a model that run the same computation
+on the same tensors (an unrolled RNN's steps) share one part file, verified once. --most bounds the
+verifications per model to the largest part files.
 """
 
 from __future__ import annotations
@@ -92,11 +93,11 @@ def part_rows(folder: Path) -> tuple[list[PartRow], dict[str, int]]:
     decomp = load(folder)
     rows: list[PartRow] = []
     others: dict[str, int] = {}
-    for part in decomp.ranked():
+    for part, share, _ in decomp.by_file():  # a file several places run (an RNN's steps) once, its shares summed
         if part.kind != "gemm":
             others[part.kind] = others.get(part.kind, 0) + 1
             continue
-        row = PartRow(decomp.problem, part.name, part.label, part.share, folder / part.file)
+        row = PartRow(decomp.problem, part.name, part.label, share, folder / part.file)
         rows.append(row)
         try:
             source = part_candidate(row.part_file, decomp.problem)

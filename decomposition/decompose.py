@@ -63,15 +63,28 @@ def finish(decomp: Decomposition, source: str, split: dict[str, Any] | None) -> 
         if not split.get("ok"):
             raise DecompositionError(f"splitting {decomp.problem} failed: {split.get('error')}")
         decomp.glue = split["glue"]
-        for part, pieces in zip(decomp.parts, split["parts"]):
-            part.parameters = [f"{m}.{k}" for m, info in pieces["modules"].items() for k in info["keys"]] + \
-                list(pieces["tensors"])
-            files[part.file] = writing.part_source(decomp.problem, part, pieces, len(decomp.parts))
+        files.update(_part_files(decomp, split["parts"]))
     refs = [PartSource(name=p.name, source=files[p.file], class_name="Model", note=f"{p.label}: the reference part")
             for p in decomp.parts]
     files[REFERENCE] = composed_source(decomp.problem, refs, decomp.glue)
     files[MANIFEST] = decomp.model_dump_json(indent=1)
     return files
+
+
+def _part_files(decomp: Decomposition, pieces: list[dict[str, Any]]) -> dict[str, str]:
+    """Each part's problem file. Parts that compute the same on the same tensors (their files equal but
+    for the docstring) share the first one's file: `same_as` names it, and its docstring lists them."""
+    total = len(decomp.parts)
+    first: dict[str, Part] = {}
+    for part, piece in zip(decomp.parts, pieces):
+        part.parameters = [f"{m}.{k}" for m, info in piece["modules"].items() for k in info["keys"]] + \
+            list(piece["tensors"])
+        found = first.setdefault(writing.computation(writing.part_source(decomp.problem, part, piece, total)), part)
+        if found is not part:
+            part.file, part.same_as = found.file, found.name
+    return {part.file: writing.part_source(decomp.problem, part, piece, total,
+                                           tuple(p.index for p in decomp.parts if p.same_as == part.name))
+            for part, piece in zip(decomp.parts, pieces) if part.same_as is None}
 
 
 def decompose_many(problems: list[tuple[str, str]], sandbox: Sandbox | None = None, batch: int | None = None,

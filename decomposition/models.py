@@ -60,6 +60,9 @@ class Part(BaseModel):
     share: float = 0.0  # of the model's GPU time, 0..1
     share_basis: ShareBasis = "estimated"
     file: str = ""  # the part's problem file, relative to the decomposition folder
+    # the first part whose file this one shares: the same computation on the same tensors (an unrolled
+    # RNN's steps), so one verdict on that file serves every place of the model that runs it
+    same_as: str | None = None
     state: PartState | None = None
 
 
@@ -80,3 +83,15 @@ class Decomposition(BaseModel):
     def ranked(self) -> list[Part]:
         """The parts by share of the model's time, largest first."""
         return sorted(self.parts, key=lambda p: (-p.share, p.index))
+
+    def by_file(self) -> list[tuple[Part, float, list[str]]]:
+        """Each part file once, by the share of the model's time it runs in all its places, largest
+        first: (the first part that runs it, that summed share, the other parts that run it)."""
+        first = {p.name: p for p in self.parts if p.same_as is None}
+        share = dict.fromkeys(first, 0.0)
+        others: dict[str, list[str]] = {name: [] for name in first}
+        for p in self.parts:
+            share[p.same_as or p.name] += p.share
+            if p.same_as:
+                others[p.same_as].append(p.name)
+        return sorted(((first[n], share[n], others[n]) for n in first), key=lambda t: (-t[1], t[0].index))

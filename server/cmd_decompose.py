@@ -39,11 +39,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     decomp, files = result
     write(files, out)
-    print(f"{path.stem}: {len(decomp.parts)} parts ({decomp.method} trace on {decomp.built_on} tensors), "
+    ranked = decomp.by_file()
+    shared = f" in {len(ranked)} files" if len(ranked) < len(decomp.parts) else ""
+    print(f"{path.stem}: {len(decomp.parts)} parts{shared} ({decomp.method} trace on {decomp.built_on} tensors), "
           f"written to {out}")
     for note in decomp.failures:
         print(f"  traced by {decomp.method} after: {note}")
     print(f"  share of the model's GPU time ({decomp.share_basis} from FLOPs and bytes on an H200's peaks):")
-    for part in decomp.ranked()[: args.top]:
-        print(f"  {100 * part.share:5.1f} %  {part.name}  {part.kind:<10} {part.label}  ({part.file})")
+    for part, share, others in ranked[: args.top]:
+        runs = f", run by {len(others) + 1} parts" if others else ""
+        print(f"  {100 * share:5.1f} %  {part.name}  {part.kind:<10} {part.label}  ({part.file}{runs})")
     return 0

@@ -63,8 +63,11 @@ class PartSummary(BaseModel):
     name: str
     kind: str
     label: str
-    share: float = Field(description="of the model's GPU time, 0..1")
+    share: float = Field(description="of the model's GPU time, 0..1, in every place the model runs this file")
     file: str = Field(description="the part's problem file (absolute path)")
+    same_file: list[str] = Field(default_factory=list, description="the other parts that run this same file (the "
+                                 "same computation on the same tensors, as an unrolled RNN's steps): one verdict "
+                                 "on the file serves them all")
 
 
 class Result(BaseModel):
@@ -77,8 +80,9 @@ class Result(BaseModel):
     method: str = Field(description="fx | export | whole: how the model was traced")
     failures: list[str] = Field(default_factory=list, description="why the tracers before `method` failed")
     parts_total: int
+    files_total: int = Field(description="distinct part files (fewer than parts where places share one)")
     share_basis: str
-    parts: list[PartSummary] = Field(description="largest share first (up to `top`)")
+    parts: list[PartSummary] = Field(description="each part file once, largest share first (up to `top`)")
     composed_file: str | None = None
     picks: list[PartPick] = Field(default_factory=list, description="with compose: what each part took")
     verification: compile_and_verify.Result | None = None
@@ -111,10 +115,11 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     out = Path(req.out_dir).expanduser().resolve() if req.out_dir else default_dir(ctx, problem)
     progress(0, 2, "decomposing")
     decomp = decomposed(problem, out, ctx.sandbox)
-    parts = [PartSummary(name=p.name, kind=p.kind, label=p.label, share=round(p.share, 4), file=str(out / p.file))
-             for p in decomp.ranked()[: req.top]]
+    files = decomp.by_file()
+    parts = [PartSummary(name=p.name, kind=p.kind, label=p.label, share=round(share, 4), file=str(out / p.file),
+                         same_file=others) for p, share, others in files[: req.top]]
     result = Result(problem=problem.name, out_dir=str(out), method=decomp.method, failures=decomp.failures,
-                    parts_total=len(decomp.parts), share_basis=decomp.share_basis, parts=parts,
+                    parts_total=len(decomp.parts), files_total=len(files), share_basis=decomp.share_basis, parts=parts,
                     next_step=f"optimize the parts in order of share (start with {parts[0].file}), then call "
                               "decompose_problem again with compose=true")
     if not req.compose:

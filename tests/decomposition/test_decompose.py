@@ -1,0 +1,61 @@
+"""Decomposing a model whose forward runs the same computation on the same tensors at several places
+(an RNN cell unrolled over its steps): those places share one part file, which says so, the ranking
+lists the file once with its shares summed, and the model recomposed from its parts is exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kb_mcp.decomposition import decompose, runner
+
+RNN = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, steps: int = 4):
+        super().__init__()
+        self.steps = steps
+        self.cell = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 16)
+
+    def forward(self, x):
+        h = x
+        for _ in range(self.steps):
+            h = torch.tanh(self.cell(h))
+            h = h * 0.5
+        return self.head(h)
+
+
+def get_inputs():
+    return [torch.randn(8, 64)]
+
+
+def get_init_inputs():
+    return [4]
+'''
+
+
+def test_an_unrolled_cell_is_one_part_file_for_all_its_steps(tmp_path: Path) -> None:
+    (result,) = decompose.decompose_many([("toy_rnn", RNN)])
+    assert not isinstance(result, Exception), result
+    decomp, files = result
+    cells = [p for p in decomp.parts if "cell" in p.modules]
+    assert len(cells) == 4
+    first = cells[0]
+    assert first.same_as is None and all(p.same_as == first.name and p.file == first.file for p in cells[1:])
+    part_files = [f for f in files if f.startswith("parts/")]
+    assert len(part_files) == len({p.file for p in decomp.parts}) < len(decomp.parts)
+    text = files[first.file]
+    assert f"{len(cells)} times" in text and "one verdict on it serves each of them" in text
+
+    ranked = decomp.by_file()
+    assert [p.name for p, _, _ in ranked].count(first.name) == 1
+    (_, share, others), = [(p, s, o) for p, s, o in ranked if p.name == first.name]
+    assert others == [p.name for p in cells[1:]]
+    assert abs(share - sum(p.share for p in cells)) < 1e-9 and abs(sum(s for _, s, _ in ranked) - 1.0) < 1e-6
+
+    (check,) = runner.run("check", [{"source": RNN, "composed": files[decompose.REFERENCE], "batch": None,
+                                     "shrink": False}])
+    assert check.get("exact"), check

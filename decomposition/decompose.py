@@ -106,8 +106,9 @@ def decompose_many(problems: list[tuple[str, str]], sandbox: Sandbox | None = No
         except DecompositionError as exc:
             plans.append(exc)
     todo = [i for i, p in enumerate(plans) if not isinstance(p, DecompositionError) and p[0].method != "whole"]
+    costs = [float(len(traced[i].get("nodes") or [])) for i in todo]  # splitting a graph takes its size's time
     splits = runner.run("split", [{**entries[i], "assignment": plans[i][1]}  # type: ignore[index]
-                                  for i in todo], sandbox, jobs=jobs) if todo else []
+                                  for i in todo], sandbox, jobs=jobs, costs=costs) if todo else []
     by_index = dict(zip(todo, splits))
     out: list[Decomposed | DecompositionError] = []
     for i, p in enumerate(plans):

@@ -21,11 +21,12 @@ class WorkerFailed(RuntimeError):
 
 
 def run(action: str, entries: list[dict[str, Any]], sandbox: Sandbox | None = None, timeout_s: float = 900.0,
-        jobs: int = 1) -> list[dict[str, Any]]:
-    """One result per entry (`{"ok": ...}`), in order; entries are split over `jobs` sandboxed processes."""
+        jobs: int = 1, costs: list[float] | None = None) -> list[dict[str, Any]]:
+    """One result per entry (`{"ok": ...}`), in order; entries are split over `jobs` sandboxed processes,
+    by their `costs` where known (a model's graph size: one unrolled RNN outweighs ten small nets)."""
     box = sandbox or detect()
     jobs = max(1, min(jobs, len(entries)))
-    shares = [list(range(j, len(entries), jobs)) for j in range(jobs)]
+    shares = split(costs, jobs) if costs is not None else [list(range(j, len(entries), jobs)) for j in range(jobs)]
     with ThreadPoolExecutor(jobs) as pool:
         answers = list(pool.map(lambda idx: _one(box, action, [entries[i] for i in idx], timeout_s), shares))
     out: list[dict[str, Any]] = [{} for _ in entries]
@@ -33,6 +34,18 @@ def run(action: str, entries: list[dict[str, Any]], sandbox: Sandbox | None = No
         for i, result in zip(idx, answer):
             out[i] = result
     return out
+
+
+def split(costs: list[float], jobs: int) -> list[list[int]]:
+    """Entry indices for each of `jobs` processes, the largest cost first to the least loaded (each
+    process's entries in their given order), so that no process is left running long after the others."""
+    loads = [0.0] * jobs
+    shares: list[list[int]] = [[] for _ in range(jobs)]
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
+        j = loads.index(min(loads))
+        shares[j].append(i)
+        loads[j] += costs[i]
+    return [sorted(share) for share in shares if share]
 
 
 def _one(box: Sandbox, action: str, entries: list[dict[str, Any]], timeout_s: float) -> list[dict[str, Any]]:

@@ -11,12 +11,14 @@ where the checks ran (`MemoryPlan.pristine`) and the phases (`VerifyResult.phase
 `--compare-host` the same verification with the checks on the host beside it.
 
     python3 bench/first_verdict_bench.py --kernelbench /path/to/KernelBench --compare-host --out "$OUT/first.json"
+    python3 bench/first_verdict_bench.py --kernelbench /path/to/KernelBench --baselines-apart   # their steps too
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -68,7 +70,7 @@ extern "C" __global__ void touch(float* y, int n) {{
 class ModelNew(nn.Module):
     def __init__(self, *args, **kwargs):
         super().__init__()
-        self.inner = Model(*args, **kwargs)
+        self.inner = _Reference(*args, **kwargs)
         self.kernel = None  # compiled by the first forward, which the warm-up absorbs
 
     def forward(self, *xs):
@@ -99,33 +101,44 @@ def sizes(level1: Path) -> dict[str, dict[str, Any]]:
 
 
 def candidate(problem: Path) -> tuple[str, str]:
-    """(source, mode): our solution where there is one, else the composed wrapper of the reference,
-    which keeps the reference's class as it is named (its own `super(Model, self)` names it)."""
+    """(source, mode): our solution where there is one, else the composed wrapper of the reference.
+    The reference's class is renamed wherever its code names it (its own `super(Model, self)` too): a
+    candidate that names `Model` falls back on the reference, which the static checks refuse."""
     own = SOLUTIONS / problem.name
     if own.exists():
         return own.read_text(), "own"
-    return COMPOSED.format(reference=problem.read_text()), "composed"
+    return COMPOSED.format(reference=re.sub(r"\bModel\b", "_Reference", problem.read_text())), "composed"
 
 
-def one(pool: WorkerPool, cache: Path, problem: Path, checks_on: str, mode: str, source: str) -> dict[str, Any]:
+def one(pool: WorkerPool, cache: Path, problem: Path, checks_on: str, mode: str, source: str,
+        apart: bool = False) -> dict[str, Any]:
     """One first verdict on a running pool with an empty baseline cache, as a server's first
-    verification of a problem it has not seen (the pool's own start is timed apart, in `main`)."""
+    verification of a problem it has not seen (the pool's own start is timed apart, in `main`). With
+    `apart`, the reference's baselines are timed by a call of their own just before (the same work the
+    verification would do first), so that their own steps (`baseline_phases_s`) come out too."""
     for stale in [*(cache / "baselines").glob("*"), *(cache / "reference_ops").glob("*")]:
         stale.unlink()  # the same problem verified before (--compare-host) starts cold too; builds stay
+    opts = VerifyOptions(checks_on=checks_on, mode=mode)
+    loaded = load_problem(str(problem))
     t0 = time.monotonic()
-    result = pool.verify(load_problem(str(problem)), source, VerifyOptions(checks_on=checks_on, mode=mode))
+    before = pool.baselines(loaded, opts) if apart else None
+    result = pool.verify(loaded, source, opts)
     total = time.monotonic() - t0
+    extra = {"baseline_phases_s": before.phases, "baseline_status": before.status} if before else {}
     plan = result.memory.plan if result.memory is not None else None
     return {"checks_on": checks_on, "ran_on": plan.pristine if plan else None, "note": plan.note if plan else "",
             "verdict": result.verdict.value, "total_s": round(total, 2), "phases_s": result.phases_s,
             "summary": result.summary[:240], "sets_passed": sum(s.passed for s in result.input_sets),
-            "sets": len(result.input_sets)}
+            "sets": len(result.input_sets), **extra}
 
 
 def line(stem: str, row: dict[str, Any]) -> str:
     """One printed line: the problem, the path, the verdict, the total and the phases."""
     phases = row["phases_s"]
     parts = " ".join(f"{p}={phases[p]:.1f}" for p in PHASES if p in phases)
+    apart = row.get("baseline_phases_s")
+    if apart:  # timed by their own call before the verification: their steps, then the verification's
+        parts = "baselines[" + " ".join(f"{k}={v:.1f}" for k, v in apart.items()) + "] " + parts
     return (f"{stem:<40} {row['checks_on']:>6}->{row['ran_on']!s:<6} {row['verdict']:<10} "
             f"total {row['total_s']:7.1f}s  {parts}")
 
@@ -137,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=10)
     ap.add_argument("--compare-host", action="store_true", help="also verify with the checks on the host")
     ap.add_argument("--out", type=Path, help="a JSON file for the rows")
+    ap.add_argument("--baselines-apart", action="store_true",
+                    help="time the reference's baselines by a call of their own just before each verification, "
+                    "to print their steps (construct, eager, compile, compile_timed)")
     args = ap.parse_args(argv)
     level1 = args.kernelbench / "level1"
     if not level1.is_dir():
@@ -168,7 +184,8 @@ def run(pool: WorkerPool, cache: Path, problems: list[Path], args: argparse.Name
     for problem in problems:
         source, mode = candidate(problem)
         for checks_on in ("auto", "host") if args.compare_host else ("auto",):
-            row = {"problem": problem.stem, "mode": mode, **one(pool, cache, problem, checks_on, mode, source)}
+            row = {"problem": problem.stem, "mode": mode,
+                   **one(pool, cache, problem, checks_on, mode, source, args.baselines_apart)}
             rows.append(row)
             print(line(problem.stem, row), flush=True)
             if row["sets_passed"] != row["sets"]:

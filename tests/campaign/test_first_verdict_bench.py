@@ -19,6 +19,8 @@ if str(BENCH) not in sys.path:
 
 import first_verdict_bench as bench  # noqa: E402
 
+from kb_mcp.harness.judgment.integrity_static import check_source  # noqa: E402
+
 KERNELBENCH = Path(os.environ.get("KB_MCP_KERNELBENCH", Path(__file__).resolve().parents[3] / "shared" / "kernelbench"))
 LEVEL1 = KERNELBENCH / "level1"
 # Small enough to construct on CPU in a moment; each names its class in `super(Model, self)`.
@@ -46,6 +48,7 @@ def test_the_composed_candidate_constructs_as_the_reference_does(stem: str, tmp_
     if mode == "own":
         pytest.skip(f"{stem} has a solution of ours")
     assert mode == "composed"
+    assert check_source(source, composed=True) == []  # the static checks find nothing to refuse
     ref_mod = _module(problem.read_text(), tmp_path, f"ref_{problem.stem}")
     cand_mod = _module(source, tmp_path, f"cand_{problem.stem}")
     init = ref_mod.get_init_inputs()

@@ -420,9 +420,9 @@ def _initial(p: _Planned, result: compile_and_verify.Result, seconds: float) -> 
 
 def _verify(ctx: ToolContext, p: _Planned, options: EvalOptions,
             phase: Callable[[str], None]) -> tuple[InitialRecord, float, float, bool | None]:
-    """The solution through compile_and_verify: (its record, seconds its worker spent building,
-    seconds the verification took, whether its baselines came from the cache: None when it timed
-    nothing)."""
+    """The solution through compile_and_verify: (its record, seconds spent building (its own builds before
+    the lane and its worker's), seconds the verification took, whether its baselines came from the cache:
+    None when it timed nothing)."""
 
     def progress(done: float, total: float | None = None, message: str | None = None) -> None:
         phase(message or "verifying")
@@ -434,7 +434,9 @@ def _verify(ctx: ToolContext, p: _Planned, options: EvalOptions,
         return _refused(p, exc), 0.0, time.monotonic() - t0, None
     seconds = time.monotonic() - t0
     cached = result.timings.baseline_cached if result.timings is not None else None
-    return _initial(p, result, seconds), result.compile.seconds, seconds, cached
+    # a build the verification made itself before its lane (not ahead) is building inside it all the same
+    built = result.compile.seconds + result.phases_s.get("build_first", 0.0)
+    return _initial(p, result, seconds), built, seconds, cached
 
 
 def _line(name: str, solution: Path, record: InitialRecord, note: str) -> EvalLine:

@@ -14,6 +14,10 @@ with an optional pointwise op: the core with the bias and the op as its epilogue
 part's own name (`part_candidate`; bench/l3_linear_parts.py runs it over level-3 models). It exits 2,
 saying why, for a part the core cannot serve.
 
+It also writes the level-3 model solutions of bench/kernelbench_solutions/fp32_tc_models/ (the core
+for their Linear layers, and kernels of their own from bench/tc_fp32; bench/tc_fp32_models.py renders
+them); `--check` covers them too.
+
 `unit_sources` gives the same core with an identity epilogue for bench/tc_fp32_check.py's unit test.
 """
 
@@ -320,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="write the candidate for a Linear part of a decomposed model (kb-mcp decompose's "
                         "DIR/parts/partNN.py) to --part-out, or print it")
     parser.add_argument("--part-out", type=Path, metavar="FILE", help="where --part writes its candidate")
+    parser.add_argument("--models-out", type=Path,
+                        help="the level-3 model solutions' folder (default: the shipped fp32_tc_models)")
     args = parser.parse_args(argv)
     if args.part:
         from tc_fp32_parts import PartRefused, part_candidate  # it builds on this module's templates
@@ -335,12 +341,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sys.stdout.write(text)
         return 0
+    from tc_fp32_models import OUT as MODELS_OUT  # it builds on this module's templates
+    from tc_fp32_models import expected_model_files
+
+    files = expected_files(args.out) | expected_model_files(args.models_out or MODELS_OUT)
     if args.check:
-        stale = stale_files(args.out)
+        stale = [p for p, text in files.items() if not p.is_file() or p.read_text() != text]
         for p in stale:
             print(f"out of date: {p} (run python bench/tc_fp32_sync.py)")
         return 1 if stale else 0
-    for p, text in expected_files(args.out).items():
+    for p, text in files.items():
         p.parent.mkdir(parents=True, exist_ok=True)
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)

@@ -1,0 +1,131 @@
+"""Whole-model solutions of level 3 on the strict-FP32 tensor-core kernels: every op of the model in a
+kernel of our own, written from the GEMM core (bench/tc_fp32/gemm_core.cu) and the model's own kernels
+beside it in bench/tc_fp32 (an attention core, ...).
+
+Each solution is one self-contained candidate file under bench/kernelbench_solutions/fp32_tc_models,
+named as its KernelBench problem; bench/tc_fp32_sync.py writes them with the level-1/2 ones (and its
+`--check` fails on drift). This module only renders them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tc_fp32_sync import _HEAD, _LOAD, _METHOD, _SOURCES, EXT_PREFIX, ROOT, VARIANT_MARK, render_cpp, render_cuda
+
+OUT = ROOT / "bench" / "kernelbench_solutions" / "fp32_tc_models"
+KERNELS = ROOT / "bench" / "tc_fp32"
+_PYBIND = "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
+
+
+@dataclass(frozen=True)
+class ModelSolution:
+    """A level-3 model's solution: the core with a bias epilogue for its Linear layers, and kernels of
+    the model's own (a .cu file of bench/tc_fp32 each) with their C++ wrappers."""
+
+    path: str  # relative to OUT, named as the KernelBench problem file
+    summary: str  # the docstring's first lines: what the model computes and which kernel does what
+    kernels: tuple[str, ...]  # file names under bench/tc_fp32, appended to the core in this order
+    cpp: str  # the wrappers' C++ (declarations of the launchers and the torch-facing functions)
+    binds: tuple[tuple[str, str], ...]  # (function, its description) bound beside gemm3x
+    model: str  # the ModelNew class
+
+    @property
+    def ext_name(self) -> str:
+        return f"{EXT_PREFIX}{Path(self.path).parent.name}_{Path(self.path).stem.split('_')[0]}"
+
+
+_RELU_ATTENTION_CPP = r"""
+// Defined in the CUDA source (bench/tc_fp32/relu_attention.cu).
+void launch_relu_attention(const float* qkv, float* y, int B, int T, int C, int H, float scale, void* stream);
+
+torch::Tensor relu_attention(torch::Tensor qkv, int64_t B, int64_t T, int64_t C, int64_t H, double scale,
+                             int64_t stream) {
+    TORCH_CHECK(qkv.is_cuda() && qkv.scalar_type() == torch::kFloat32 && qkv.is_contiguous(),
+                "relu_attention: qkv must be a contiguous float32 CUDA tensor");
+    TORCH_CHECK(qkv.numel() == B * T * 3 * C, "relu_attention: qkv must hold B x T x 3C values");
+    TORCH_CHECK(H > 0 && C == 64 * H, "relu_attention: the kernel's head size is 64 (C == 64 x n_head)");
+    TORCH_CHECK(T % 64 == 0, "relu_attention: the kernel takes sequences of a multiple of 64");
+    TORCH_CHECK(B * T < (1LL << 31) / (3 * C), "relu_attention: sizes must fit int32 rows");
+    auto y = torch::empty({B, T, C}, qkv.options());
+    launch_relu_attention(qkv.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(B), static_cast<int>(T),
+                          static_cast<int>(C), static_cast<int>(H), static_cast<float>(scale),
+                          reinterpret_cast<void*>(stream));
+    return y;
+}
+"""
+
+_RELU_ATTENTION_MODEL = '''class ModelNew(nn.Module):
+    """Causal ReLU self-attention: c_attn on the 3xTF32 GEMM (bias in its epilogue), then the fused
+    attention kernel reading q, k and v in place from its output."""
+
+    def __init__(self, n_embd, n_head, max_seqlen):
+        super().__init__()
+        # made in the reference's order, with its names: the same seed gives the same values, and its
+        # state dict loads by name
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.register_buffer("bias", torch.tril(torch.ones(max_seqlen, max_seqlen))
+                             .view(1, 1, max_seqlen, max_seqlen))
+        self.n_head = n_head
+        self.n_embd = n_embd
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.size()
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        qkv = _ext.gemm3x(x.reshape(B * T, C), self.c_attn.weight, self.c_attn.bias, 0.0, 0.0, 0.0, stream)
+        scale = 1.0 / math.sqrt(C // self.n_head)  # the reference's, 1 / sqrt(head size)
+        return _ext.relu_attention(qkv, B, T, C, self.n_head, scale, stream)
+'''
+
+MODELS: tuple[ModelSolution, ...] = (
+    ModelSolution(
+        "level3/50_ReLUSelfAttention.py",
+        "causal ReLU self-attention (minGPT's layer with ReLU for softmax): c_attn on the 3xTF32 wgmma GEMM\n"
+        "with its bias in the epilogue; scores, scale, causal mask, ReLU and the product with v in one kernel\n"
+        "(bench/tc_fp32/relu_attention.cu, 3xTF32 `mma.sync m16n8k8`) that never stores the T x T scores.",
+        ("relu_attention.cu",), _RELU_ATTENTION_CPP,
+        (("relu_attention", "causal ReLU attention of qkv (B, T, 3C), 3xTF32 mma.sync"),),
+        _RELU_ATTENTION_MODEL),
+)
+
+_FILE = (_HEAD + '"""Solution for {path}:\n{summary}\n\nThe GEMM core: ' + _METHOD
+         + "\nGenerated by bench/tc_fp32_sync.py from bench/tc_fp32 ({kernels}): edit those, not this file.\n"
+         + '"""\n\n' + _SOURCES.replace("import torch\n", "import math\n\nimport torch\n", 1)
+         + "\n_ext = " + _LOAD + "\n\n\n{model}")
+
+
+def render_model_cpp(sol: ModelSolution) -> str:
+    """The GEMM's wrapper (B N x K, a bias) with the model's own wrappers and bindings beside it."""
+    cpp = render_cpp(False, True, False)
+    if cpp.count(_PYBIND) != 1:
+        raise ValueError("the GEMM's C++ template must hold one PYBIND11_MODULE block")
+    binds = "".join(f'    m.def("{name}", &{name}, "{what}");\n' for name, what in sol.binds)
+    cpp = cpp.replace(_PYBIND, sol.cpp.lstrip("\n") + "\n" + _PYBIND + binds)
+    return cpp
+
+
+def render_model_cuda(sol: ModelSolution) -> str:
+    """The core with the bias epilogue, then the model's kernels."""
+    parts = [render_cuda("return v + __ldg(e.bias + col);")]
+    for name in sol.kernels:
+        text = (KERNELS / name).read_text()
+        if '"""' in text:
+            raise ValueError(f"{name} must hold no triple quote")
+        parts.append(f"// ---- {name} ----\n{text}")
+    return "\n".join(parts)
+
+
+def render_model(sol: ModelSolution) -> str:
+    """The whole solution file."""
+    return _FILE.format(path=sol.path, summary=sol.summary, kernels=", ".join(("gemm_core.cu", *sol.kernels)),
+                        orientation=("B (N x K) is K-major as it lies: a Linear's weight, copied by TMA."),
+                        epilogue_note="The bias is added to the accumulators before the only store.",
+                        ext=sol.ext_name, cpp=render_model_cpp(sol), variant_mark=VARIANT_MARK, b_kn_int=0,
+                        core=render_model_cuda(sol), model=sol.model)
+
+
+def expected_model_files(out: Path = OUT) -> dict[Path, str]:
+    """Every model solution under `out` and its content."""
+    return {out / sol.path: render_model(sol) for sol in MODELS}

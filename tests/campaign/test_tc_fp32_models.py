@@ -1,0 +1,147 @@
+"""The level-3 model solutions on the strict-fp32 tensor-core kernels (bench/kernelbench_solutions/
+fp32_tc_models, written by bench/tc_fp32_sync.py through bench/tc_fp32_models.py): each is one
+self-contained candidate with the reference's parameters, its CUDA compiles for sm_90a with no spills,
+and on a GPU its output is the reference's at float32 accuracy."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDER = ROOT / "bench" / "kernelbench_solutions" / "fp32_tc_models"
+KERNELBENCH = Path(os.environ.get("KB_MCP_KERNELBENCH", ROOT.parent / "shared" / "kernelbench"))
+BENCH = ROOT / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+from tc_fp32_models import MODELS, expected_model_files  # noqa: E402
+
+SOLUTIONS = sorted(FOLDER.rglob("*.py"))
+
+
+def _consts(path: Path) -> dict[str, Any]:
+    tree = ast.parse(path.read_text())
+    return {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+            for t in n.targets if isinstance(t, ast.Name)}
+
+
+def _without_build(path: Path) -> ModuleType:
+    """The solution's module with its `_ext = load_inline(...)` line left out: its classes, without a build."""
+    tree = ast.parse(path.read_text())
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "_ext" for t in n.targets))]
+    module = ModuleType(path.stem)
+    exec(compile(tree, str(path), "exec"), module.__dict__)  # our own shipped file
+    return module
+
+
+def _reference(problem: str) -> ModuleType:
+    path = KERNELBENCH / problem
+    if not path.is_file():
+        pytest.skip(f"no KernelBench checkout at {KERNELBENCH} (set KB_MCP_KERNELBENCH)")
+    spec = importlib.util.spec_from_file_location(f"ref_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generator_writes_one_file_per_model_and_nothing_else(tmp_path: Path) -> None:
+    assert sorted(expected_model_files()) == SOLUTIONS  # the shipped folder holds exactly the generated files
+    proc = subprocess.run([sys.executable, str(BENCH / "tc_fp32_sync.py"), "--out", str(tmp_path / "tc"),
+                           "--models-out", str(tmp_path / "models")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    written = tmp_path / "models" / MODELS[0].path
+    assert written.read_text() == (FOLDER / MODELS[0].path).read_text()
+    written.write_text(written.read_text().replace("RA_BM 64", "RA_BM 32"))
+    proc = subprocess.run([sys.executable, str(BENCH / "tc_fp32_sync.py"), "--check", "--out", str(tmp_path / "tc"),
+                           "--models-out", str(tmp_path / "models")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and MODELS[0].path.split("/")[1] in proc.stdout
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_each_model_solution_is_one_self_contained_candidate(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    assert "ModelNew" in classes and "Model" not in classes
+    imports = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    assert imports <= {"math", "torch", "torch.nn", "load_inline"}, imports
+    consts = _consts(path)
+    sol = next(s for s in MODELS if (FOLDER / s.path) == path)
+    assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in consts["CUDA"]
+    for name in sol.kernels:  # each kernel file whole, and each binding exposed
+        assert (BENCH / "tc_fp32" / name).read_text() in consts["CUDA"]
+    for fn, _ in sol.binds:
+        assert f'm.def("{fn}", &{fn}' in consts["CPP"]
+
+
+def test_the_relu_attention_solution_holds_the_references_parameters() -> None:
+    ref = _reference("level3/50_ReLUSelfAttention.py")
+    new = _without_build(FOLDER / "level3" / "50_ReLUSelfAttention.py")
+    args = [96, 3, 128]  # small: the parameters' names, shapes and seeded values are what matter
+    torch.manual_seed(7)
+    r = ref.Model(*args)
+    torch.manual_seed(7)
+    n = new.ModelNew(*args)
+    rs, ns = r.state_dict(), n.state_dict()
+    assert list(rs) == list(ns)
+    assert all(torch.equal(rs[k], ns[k]) for k in rs)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_each_model_solution_compiles_for_sm90a_without_spills(path: Path, tmp_path: Path) -> None:
+    cu = tmp_path / "solution.cu"
+    cu.write_text(_consts(path)["CUDA"])
+    proc = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-c", "-Xptxas",
+                           "-v", str(cu), "-o", str(tmp_path / "solution.o")], capture_output=True, text=True,
+                          timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    kernels = re.findall(r"Compiling entry function '(\w+)'", log)
+    assert "relu_attention_3xtf32" in kernels or "relu_attention" not in path.stem.lower(), kernels
+    assert len(re.findall(r"Used (\d+) registers", log)) == len(kernels)
+    assert all(int(a) == 0 and int(b) == 0 for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads",
+                                                                   log)), log
+    assert "warning" not in log.lower(), log
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_relu_attention_solution_is_the_reference_at_float32_accuracy() -> None:
+    """Against float64: the solution's error at most twice strict float32's, over sizes of the kernel's
+    shape (several row blocks, the diagonal, every head) and inputs of both signs."""
+    ref_mod = _reference("level3/50_ReLUSelfAttention.py")
+    spec = importlib.util.spec_from_file_location("relu_attention_solution", FOLDER / "level3" /
+                                                  "50_ReLUSelfAttention.py")
+    assert spec is not None and spec.loader is not None
+    sol = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sol)  # builds the extension
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for (b, t, c, h), signed in (((2, 256, 768, 12), False), ((1, 512, 128, 2), True), ((16, 1024, 768, 12), False)):
+        torch.manual_seed(0)
+        ref = ref_mod.Model(c, h, t).cuda()
+        new = sol.ModelNew(c, h, t).cuda()
+        new.load_state_dict(ref.state_dict())
+        x = torch.rand(b, t, c, device="cuda")
+        if signed:
+            x = x * 2 - 1
+        with torch.no_grad():
+            exact = ref.double()(x.double())
+            ref.float()
+            strict = ref(x)
+            ours = new(x)
+        err_ref = (strict.double() - exact).abs().max().item()
+        err_ours = (ours.double() - exact).abs().max().item()
+        scale = exact.abs().max().item()
+        assert err_ours <= 2 * err_ref + 1e-6 * scale, (b, t, c, h, err_ours, err_ref, scale)

@@ -26,10 +26,12 @@ class ModelSolution:
 
     path: str  # relative to OUT, named as the KernelBench problem file
     summary: str  # the docstring's first lines: what the model computes and which kernel does what
-    kernels: tuple[str, ...]  # file names under bench/tc_fp32, appended to the core in this order
-    cpp: str  # the wrappers' C++ (declarations of the launchers and the torch-facing functions)
-    binds: tuple[tuple[str, str], ...]  # (function, its description) bound beside gemm3x
     model: str  # the ModelNew class
+    kernels: tuple[str, ...] = ()  # file names under bench/tc_fp32, appended to the core in this order
+    cpp: str = ""  # the wrappers' C++ (declarations of the launchers and the torch-facing functions)
+    binds: tuple[tuple[str, str], ...] = ()  # (function, its description) bound beside gemm3x
+    epilogue: str = "return v + __ldg(e.bias + col);"  # the GEMM's, on the biased dot product's terms
+    epilogue_note: str = "The bias is added to the accumulators before the only store."
 
     @property
     def ext_name(self) -> str:
@@ -79,20 +81,93 @@ _RELU_ATTENTION_MODEL = '''class ModelNew(nn.Module):
         return _ext.relu_attention(qkv, B, T, C, self.n_head, scale, stream)
 '''
 
+# The MLPs' Linear layers: the bias, then ReLU where p0 is 1 (every layer but the last).
+_BIAS_RELU = ("const float x = v + __ldg(e.bias + col);\n"
+              "    return e.p0 != 0.0f && x < 0.0f ? 0.0f : x;  // NaN stays NaN")
+_BIAS_RELU_NOTE = ("The bias, and ReLU where the call asks for it (p0 1: every layer but the last), are applied\n"
+                   "to the accumulators before the only store.")
+_BIAS_TANH = "const float x = v + __ldg(e.bias + col);\n    return e.p0 != 0.0f ? tanhf(x) : x;"
+_BIAS_TANH_NOTE = ("The bias, and tanh where the call asks for it (p0 1: i2h), are applied to the accumulators\n"
+                   "before the only store.")
+_MLP_SUMMARY = ("a multi-layer perceptron, Linear and ReLU in turn: each Linear on the 3xTF32 wgmma GEMM with its\n"
+                "bias and the ReLU after it in the epilogue, one kernel per layer.")
+
+
+def _mlp_model(sizes: str) -> str:
+    return f'''class ModelNew(nn.Module):
+    """Linear and ReLU in turn, each Linear one GEMM with its bias and ReLU in the epilogue."""
+
+    def __init__(self, input_size, {sizes}, output_size):
+        super().__init__()
+        # the reference's layers, names and order: its state dict loads by name, the same seed gives the same values
+        layers = []
+        current_input_size = input_size
+        for size in {sizes}:
+            layers.append(nn.Linear(current_input_size, size))
+            layers.append(nn.ReLU())
+            current_input_size = size
+        layers.append(nn.Linear(current_input_size, output_size))
+        self.network = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        linears = [m for m in self.network if isinstance(m, nn.Linear)]
+        for i, layer in enumerate(linears):
+            relu = 1.0 if i < len(linears) - 1 else 0.0
+            x = _ext.gemm3x(x, layer.weight, layer.bias, relu, 0.0, 0.0, stream)
+        return x
+'''
+
+
+_RNN_MODEL = '''BATCH_SIZE = 256  # the problem's batch_size: the reference draws its hidden state of that shape first
+
+
+class ModelNew(nn.Module):
+    """h = tanh(i2h(cat(x, h0))), out = h2o(h), both Linear layers on the GEMM."""
+
+    def __init__(self, input_size: int, hidden_size: int, output_size: int):
+        super().__init__()
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.output_size = output_size
+        # drawn before the Linear layers, as the reference draws it: the same seed gives the same values
+        self.hidden = torch.randn((BATCH_SIZE, hidden_size))
+        self.i2h = nn.Linear(input_size + hidden_size, hidden_size)
+        self.h2o = nn.Linear(hidden_size, output_size)
+        self.tanh = nn.Tanh()
+
+    def forward(self, x: torch.Tensor, initial_hidden=None) -> torch.Tensor:
+        if initial_hidden is not None:
+            self.hidden.copy_(initial_hidden)
+        self.hidden = self.hidden.to(x.device)
+        combined = torch.cat((x, self.hidden), dim=1)
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        self.hidden = _ext.gemm3x(combined, self.i2h.weight, self.i2h.bias, 1.0, 0.0, 0.0, stream)
+        return _ext.gemm3x(self.hidden, self.h2o.weight, self.h2o.bias, 0.0, 0.0, 0.0, stream)
+'''
+
 MODELS: tuple[ModelSolution, ...] = (
     ModelSolution(
         "level3/50_ReLUSelfAttention.py",
         "causal ReLU self-attention (minGPT's layer with ReLU for softmax): c_attn on the 3xTF32 wgmma GEMM\n"
         "with its bias in the epilogue; scores, scale, causal mask, ReLU and the product with v in one kernel\n"
         "(bench/tc_fp32/relu_attention.cu, 3xTF32 `mma.sync m16n8k8`) that never stores the T x T scores.",
-        ("relu_attention.cu",), _RELU_ATTENTION_CPP,
-        (("relu_attention", "causal ReLU attention of qkv (B, T, 3C), 3xTF32 mma.sync"),),
-        _RELU_ATTENTION_MODEL),
+        _RELU_ATTENTION_MODEL, ("relu_attention.cu",), _RELU_ATTENTION_CPP,
+        (("relu_attention", "causal ReLU attention of qkv (B, T, 3C), 3xTF32 mma.sync"),)),
+    *(ModelSolution(f"level3/{name}.py", _MLP_SUMMARY, _mlp_model(sizes), epilogue=_BIAS_RELU,
+                    epilogue_note=_BIAS_RELU_NOTE)
+      for name, sizes in (("1_MLP", "layer_sizes"), ("2_ShallowWideMLP", "hidden_layer_sizes"),
+                          ("3_DeepNarrowMLP", "hidden_layer_sizes"))),
+    ModelSolution(
+        "level3/33_VanillaRNN.py",
+        "one step of a vanilla RNN cell, h = tanh(i2h(cat(x, h0))), out = h2o(h): both Linear layers on the\n"
+        "3xTF32 wgmma GEMM, tanh in i2h's epilogue; the concatenation is the reference's own op (composed mode).",
+        _RNN_MODEL, epilogue=_BIAS_TANH, epilogue_note=_BIAS_TANH_NOTE),
 )
 
 _FILE = (_HEAD + '"""Solution for {path}:\n{summary}\n\nThe GEMM core: ' + _METHOD
          + "\nGenerated by bench/tc_fp32_sync.py from bench/tc_fp32 ({kernels}): edit those, not this file.\n"
-         + '"""\n\n' + _SOURCES.replace("import torch\n", "import math\n\nimport torch\n", 1)
+         + '"""\n\n{imports}' + _SOURCES
          + "\n_ext = " + _LOAD + "\n\n\n{model}")
 
 
@@ -108,7 +183,7 @@ def render_model_cpp(sol: ModelSolution) -> str:
 
 def render_model_cuda(sol: ModelSolution) -> str:
     """The core with the bias epilogue, then the model's kernels."""
-    parts = [render_cuda("return v + __ldg(e.bias + col);")]
+    parts = [render_cuda(sol.epilogue)]
     for name in sol.kernels:
         text = (KERNELS / name).read_text()
         if '"""' in text:
@@ -119,9 +194,11 @@ def render_model_cuda(sol: ModelSolution) -> str:
 
 def render_model(sol: ModelSolution) -> str:
     """The whole solution file."""
-    return _FILE.format(path=sol.path, summary=sol.summary, kernels=", ".join(("gemm_core.cu", *sol.kernels)),
+    imports = "import math\n\n" if "math." in sol.model else ""
+    kernels = ", ".join(("gemm_core.cu", *sol.kernels))
+    return _FILE.format(imports=imports, path=sol.path, summary=sol.summary, kernels=kernels,
                         orientation=("B (N x K) is K-major as it lies: a Linear's weight, copied by TMA."),
-                        epilogue_note="The bias is added to the accumulators before the only store.",
+                        epilogue_note=sol.epilogue_note,
                         ext=sol.ext_name, cpp=render_model_cpp(sol), variant_mark=VARIANT_MARK, b_kn_int=0,
                         core=render_model_cuda(sol), model=sol.model)
 

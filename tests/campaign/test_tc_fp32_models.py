@@ -86,17 +86,30 @@ def test_each_model_solution_is_one_self_contained_candidate(path: Path) -> None
         assert f'm.def("{fn}", &{fn}' in consts["CPP"]
 
 
-def test_the_relu_attention_solution_holds_the_references_parameters() -> None:
-    ref = _reference("level3/50_ReLUSelfAttention.py")
-    new = _without_build(FOLDER / "level3" / "50_ReLUSelfAttention.py")
-    args = [96, 3, 128]  # small: the parameters' names, shapes and seeded values are what matter
+# Small constructor arguments per model: its parameters' names, shapes and seeded values are what matter.
+SMALL_ARGS: dict[str, list[Any]] = {
+    "1_MLP": [64, [96, 128], 32], "2_ShallowWideMLP": [64, [96, 96], 32], "3_DeepNarrowMLP": [64, [32] * 4, 16],
+    "33_VanillaRNN": [48, 64, 32], "50_ReLUSelfAttention": [96, 3, 128],
+}
+
+
+def test_every_model_solution_has_its_small_arguments() -> None:
+    assert set(SMALL_ARGS) == {p.stem for p in SOLUTIONS}
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_each_model_solution_holds_the_references_parameters(path: Path) -> None:
+    ref = _reference(f"level3/{path.name}")
+    new = _without_build(path)
     torch.manual_seed(7)
-    r = ref.Model(*args)
+    r = ref.Model(*SMALL_ARGS[path.stem])
     torch.manual_seed(7)
-    n = new.ModelNew(*args)
+    n = new.ModelNew(*SMALL_ARGS[path.stem])
     rs, ns = r.state_dict(), n.state_dict()
     assert list(rs) == list(ns)
     assert all(torch.equal(rs[k], ns[k]) for k in rs)
+    if hasattr(r, "hidden"):  # the RNN's state drawn before its layers, the same
+        assert torch.equal(r.hidden, n.hidden)
 
 
 @pytest.mark.nvcc
@@ -117,31 +130,57 @@ def test_each_model_solution_compiles_for_sm90a_without_spills(path: Path, tmp_p
     assert "warning" not in log.lower(), log
 
 
-@pytest.mark.gpu
-def test_on_a_gpu_the_relu_attention_solution_is_the_reference_at_float32_accuracy() -> None:
-    """Against float64: the solution's error at most twice strict float32's, over sizes of the kernel's
-    shape (several row blocks, the diagonal, every head) and inputs of both signs."""
-    ref_mod = _reference("level3/50_ReLUSelfAttention.py")
-    spec = importlib.util.spec_from_file_location("relu_attention_solution", FOLDER / "level3" /
-                                                  "50_ReLUSelfAttention.py")
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"solution_{path.stem}", path)
     assert spec is not None and spec.loader is not None
-    sol = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sol)  # builds the extension
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # builds the extension
+    return module
+
+
+def _against_float64(ref: Any, new: Any, xs: list[torch.Tensor]) -> tuple[float, float, float]:
+    """(our error, strict float32's error, the output's largest magnitude) against float64, on `xs`."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    for (b, t, c, h), signed in (((2, 256, 768, 12), False), ((1, 512, 128, 2), True), ((16, 1024, 768, 12), False)):
+    torch.backends.cudnn.allow_tf32 = False
+    with torch.no_grad():
+        ours = new(*[x.clone() for x in xs])
+        strict = ref(*[x.clone() for x in xs])
+        ref.double()
+        if hasattr(ref, "hidden"):
+            ref.hidden = ref.hidden.double()
+        exact = ref(*[x.double() for x in xs])
+        ref.float()
+    err_ours = (ours.double() - exact).abs().max().item()
+    err_ref = (strict.double() - exact).abs().max().item()
+    return err_ours, err_ref, exact.abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_on_a_gpu_each_model_solution_is_its_reference_at_float32_accuracy(path: Path) -> None:
+    """At the problem's real sizes, against float64: our error at most twice strict float32's."""
+    ref_mod = _reference(f"level3/{path.name}")
+    sol = _load(path)
+    torch.manual_seed(0)
+    ref = ref_mod.Model(*ref_mod.get_init_inputs()).cuda()
+    torch.manual_seed(0)
+    new = sol.ModelNew(*ref_mod.get_init_inputs()).cuda()
+    new.load_state_dict(ref.state_dict())
+    xs = [x.cuda() for x in ref_mod.get_inputs()]
+    err_ours, err_ref, scale = _against_float64(ref, new, xs)
+    assert err_ours <= 2 * err_ref + 1e-6 * scale, (err_ours, err_ref, scale)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_relu_attention_kernel_holds_over_its_shapes_and_signed_inputs() -> None:
+    """Several row blocks, the diagonal, one head or many, inputs of both signs."""
+    ref_mod = _reference("level3/50_ReLUSelfAttention.py")
+    sol = _load(FOLDER / "level3" / "50_ReLUSelfAttention.py")
+    for (b, t, c, h), signed in (((2, 256, 768, 12), False), ((1, 512, 128, 2), True), ((3, 64, 64, 1), True)):
         torch.manual_seed(0)
         ref = ref_mod.Model(c, h, t).cuda()
         new = sol.ModelNew(c, h, t).cuda()
         new.load_state_dict(ref.state_dict())
         x = torch.rand(b, t, c, device="cuda")
-        if signed:
-            x = x * 2 - 1
-        with torch.no_grad():
-            exact = ref.double()(x.double())
-            ref.float()
-            strict = ref(x)
-            ours = new(x)
-        err_ref = (strict.double() - exact).abs().max().item()
-        err_ours = (ours.double() - exact).abs().max().item()
-        scale = exact.abs().max().item()
+        err_ours, err_ref, scale = _against_float64(ref, new, [x * 2 - 1 if signed else x])
         assert err_ours <= 2 * err_ref + 1e-6 * scale, (b, t, c, h, err_ours, err_ref, scale)

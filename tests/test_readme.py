@@ -16,7 +16,8 @@ def _setup_commands() -> list[str]:
 def test_readme_has_a_main_command_and_a_test_command() -> None:
     main, tests = _setup_commands()
     assert "\n" not in main and main.endswith("kb-mcp serve")
-    assert "\n" not in tests and tests.endswith("pytest")
+    assert "\n" not in tests and re.search(r"&& pytest( -n auto --dist loadfile)?$", tests), tests
+    assert "pytest-xdist" in ROOT.joinpath("pyproject.toml").read_text()  # what `-n` needs is installed by it
 
 
 def test_ci_runs_the_readme_test_command_verbatim() -> None:

@@ -81,6 +81,87 @@ _RELU_ATTENTION_MODEL = '''class ModelNew(nn.Module):
         return _ext.relu_attention(qkv, B, T, C, self.n_head, scale, stream)
 '''
 
+_VISION_ATTENTION_CPP = r"""
+// Defined in the CUDA source (bench/tc_fp32/vision_attention.cu).
+void launch_to_tokens(const float* x, float* tokens, int B, int C, int L, void* stream);
+void launch_mha_flash(const float* qkv, float* out, int L, int N, int E, int H, float scale, void* stream);
+void launch_residual_layernorm(const float* a, const float* x, const float* gamma, const float* beta, float* y, int B,
+                               int C, int L, float eps, void* stream);
+
+namespace {
+void check_f32(const torch::Tensor& t, const char* what) {
+    TORCH_CHECK(t.is_cuda() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(), what,
+                " must be a contiguous float32 CUDA tensor");
+}
+}  // namespace
+
+torch::Tensor to_tokens(torch::Tensor x, int64_t stream) {
+    check_f32(x, "to_tokens: x");
+    TORCH_CHECK(x.dim() == 4, "to_tokens: x must be (B, C, H, W)");
+    const int64_t B = x.size(0), C = x.size(1), L = x.size(2) * x.size(3);
+    TORCH_CHECK(C % 32 == 0 && C <= 256, "to_tokens: the kernel takes 32 to 256 channels, a multiple of 32");
+    TORCH_CHECK(B * C * L < (1LL << 31), "to_tokens: sizes must fit int32");
+    auto tokens = torch::empty({L * B, C}, x.options());
+    launch_to_tokens(x.data_ptr<float>(), tokens.data_ptr<float>(), static_cast<int>(B), static_cast<int>(C),
+                     static_cast<int>(L), reinterpret_cast<void*>(stream));
+    return tokens;
+}
+
+torch::Tensor mha_attention(torch::Tensor qkv, int64_t L, int64_t N, int64_t E, int64_t H, double scale,
+                            int64_t stream) {
+    check_f32(qkv, "mha_attention: qkv");
+    TORCH_CHECK(qkv.numel() == L * N * 3 * E, "mha_attention: qkv must hold L x N x 3E values");
+    TORCH_CHECK(H > 0 && E % H == 0 && (E / H == 32 || E / H == 64), "mha_attention: head size 32 or 64");
+    TORCH_CHECK(L % 64 == 0, "mha_attention: the kernel takes sequences of a multiple of 64");
+    TORCH_CHECK(L * N * 3 * E < (1LL << 31), "mha_attention: sizes must fit int32");
+    auto out = torch::empty({L * N, E}, qkv.options());
+    launch_mha_flash(qkv.data_ptr<float>(), out.data_ptr<float>(), static_cast<int>(L), static_cast<int>(N),
+                     static_cast<int>(E), static_cast<int>(H), static_cast<float>(scale),
+                     reinterpret_cast<void*>(stream));
+    return out;
+}
+
+torch::Tensor residual_layernorm(torch::Tensor a, torch::Tensor x, torch::Tensor gamma, torch::Tensor beta, double eps,
+                                 int64_t stream) {
+    check_f32(a, "residual_layernorm: a");
+    check_f32(x, "residual_layernorm: x");
+    check_f32(gamma, "residual_layernorm: weight");
+    check_f32(beta, "residual_layernorm: bias");
+    TORCH_CHECK(x.dim() == 4, "residual_layernorm: x must be (B, C, H, W)");
+    const int64_t B = x.size(0), C = x.size(1), L = x.size(2) * x.size(3);
+    TORCH_CHECK(C % 32 == 0 && C <= 256, "residual_layernorm: the kernel takes 32 to 256 channels, a multiple of 32");
+    TORCH_CHECK(a.numel() == x.numel() && gamma.numel() == C && beta.numel() == C, "residual_layernorm: shapes differ");
+    auto y = torch::empty_like(x);
+    launch_residual_layernorm(a.data_ptr<float>(), x.data_ptr<float>(), gamma.data_ptr<float>(), beta.data_ptr<float>(),
+                              y.data_ptr<float>(), static_cast<int>(B), static_cast<int>(C), static_cast<int>(L),
+                              static_cast<float>(eps), reinterpret_cast<void*>(stream));
+    return y;
+}
+"""
+
+_VISION_ATTENTION_MODEL = '''class ModelNew(nn.Module):
+    """Self-attention over an image's pixels with a residual LayerNorm: the projections on the 3xTF32 GEMM,
+    the heads' softmax attention in one flash kernel, the layouts and the LayerNorm in kernels of their own."""
+
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        # the reference's modules, names and order: its state dict loads by name, the same seed gives the same values
+        self.attn = nn.MultiheadAttention(embed_dim, num_heads)
+        self.norm = nn.LayerNorm(embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x.shape
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        x = x.contiguous()
+        attn = self.attn
+        tokens = _ext.to_tokens(x, stream)  # (H W B, C): the reference's (seq, batch, embed) as rows
+        qkv = _ext.gemm3x(tokens, attn.in_proj_weight, attn.in_proj_bias, 0.0, 0.0, 0.0, stream)
+        scale = math.sqrt(1.0 / float(C // attn.num_heads))  # the reference's scaling of q
+        heads = _ext.mha_attention(qkv, H * W, B, C, attn.num_heads, scale, stream)
+        out = _ext.gemm3x(heads, attn.out_proj.weight, attn.out_proj.bias, 0.0, 0.0, 0.0, stream)
+        return _ext.residual_layernorm(out, x, self.norm.weight, self.norm.bias, self.norm.eps, stream)
+'''
+
 # The MLPs' Linear layers: the bias, then ReLU where p0 is 1 (every layer but the last).
 _BIAS_RELU = ("const float x = v + __ldg(e.bias + col);\n"
               "    return e.p0 != 0.0f && x < 0.0f ? 0.0f : x;  // NaN stays NaN")
@@ -154,6 +235,17 @@ MODELS: tuple[ModelSolution, ...] = (
         "(bench/tc_fp32/relu_attention.cu, 3xTF32 `mma.sync m16n8k8`) that never stores the T x T scores.",
         _RELU_ATTENTION_MODEL, ("relu_attention.cu",), _RELU_ATTENTION_CPP,
         (("relu_attention", "causal ReLU attention of qkv (B, T, 3C), 3xTF32 mma.sync"),)),
+    ModelSolution(
+        "level3/31_VisionAttention.py",
+        "multi-head self-attention over an image's pixels, then LayerNorm(attention + x): the in and out\n"
+        "projections on the 3xTF32 wgmma GEMM with their biases in the epilogue; the heads' softmax attention\n"
+        "in one flash kernel (bench/tc_fp32/vision_attention.cu, 3xTF32 `mma.sync m16n8k8`, the L x L scores\n"
+        "never stored; the averaged attention weights the model drops are not made); the image's layout to\n"
+        "tokens and back and the residual LayerNorm in kernels of their own.",
+        _VISION_ATTENTION_MODEL, ("vision_attention.cu",), _VISION_ATTENTION_CPP,
+        (("to_tokens", "an image (B, C, H, W) as token rows (H W B, C)"),
+         ("mha_attention", "softmax attention of every head of qkv (L N, 3E), flash, 3xTF32 mma.sync"),
+         ("residual_layernorm", "LayerNorm(a + x) over channels, written as (B, C, H, W)"))),
     *(ModelSolution(f"level3/{name}.py", _MLP_SUMMARY, _mlp_model(sizes), epilogue=_BIAS_RELU,
                     epilogue_note=_BIAS_RELU_NOTE)
       for name, sizes in (("1_MLP", "layer_sizes"), ("2_ShallowWideMLP", "hidden_layer_sizes"),

@@ -32,6 +32,7 @@ class ModelSolution:
     binds: tuple[tuple[str, str], ...] = ()  # (function, its description) bound beside gemm3x
     epilogue: str = "return v + __ldg(e.bias + col);"  # the GEMM's, on the biased dot product's terms
     epilogue_note: str = "The bias is added to the accumulators before the only store."
+    gemm: bool = True  # the GEMM core is in it (else only the model's own kernels)
 
     @property
     def ext_name(self) -> str:
@@ -162,6 +163,66 @@ _VISION_ATTENTION_MODEL = '''class ModelNew(nn.Module):
         return _ext.residual_layernorm(out, x, self.norm.weight, self.norm.bias, self.norm.eps, stream)
 '''
 
+_LENET_CPP = r"""
+// Defined in the CUDA source (bench/tc_fp32/lenet5.cu).
+struct LeNetWeights {
+    const float* c1w; const float* c1b;
+    const float* c2w; const float* c2b;
+    const float* f1w; const float* f1b;
+    const float* f2w; const float* f2b;
+    const float* f3w; const float* f3b;
+};
+void launch_lenet5(const float* x, const LeNetWeights& p, float* logits, int batch, int classes, void* stream);
+
+namespace {
+const float* lenet_param(const torch::Tensor& t, const torch::Tensor& x, int64_t numel, const char* what) {
+    TORCH_CHECK(t.is_cuda() && t.device() == x.device() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
+                "lenet5: ", what, " must be a contiguous float32 tensor on the input's device");
+    TORCH_CHECK(t.numel() == numel, "lenet5: ", what, " must hold ", numel, " values (LeNet-5's shapes)");
+    return t.data_ptr<float>();
+}
+}  // namespace
+
+torch::Tensor lenet5(torch::Tensor x, torch::Tensor c1w, torch::Tensor c1b, torch::Tensor c2w, torch::Tensor c2b,
+                     torch::Tensor f1w, torch::Tensor f1b, torch::Tensor f2w, torch::Tensor f2b, torch::Tensor f3w,
+                     torch::Tensor f3b, int64_t stream) {
+    TORCH_CHECK(x.dim() == 4 && x.size(1) == 1 && x.size(2) == 32 && x.size(3) == 32,
+                "lenet5: x must be (batch, 1, 32, 32)");
+    x = x.contiguous();
+    const int64_t batch = x.size(0), classes = f3b.numel();
+    TORCH_CHECK(batch < (1LL << 31) / 1024 && classes > 0, "lenet5: batch must fit int32 offsets");
+    LeNetWeights p{lenet_param(c1w, x, 150, "conv1.weight"), lenet_param(c1b, x, 6, "conv1.bias"),
+                   lenet_param(c2w, x, 2400, "conv2.weight"), lenet_param(c2b, x, 16, "conv2.bias"),
+                   lenet_param(f1w, x, 48000, "fc1.weight"), lenet_param(f1b, x, 120, "fc1.bias"),
+                   lenet_param(f2w, x, 10080, "fc2.weight"), lenet_param(f2b, x, 84, "fc2.bias"),
+                   lenet_param(f3w, x, classes * 84, "fc3.weight"), lenet_param(f3b, x, classes, "fc3.bias")};
+    lenet_param(x, x, batch * 1024, "x");
+    auto logits = torch::empty({batch, classes}, x.options());
+    launch_lenet5(x.data_ptr<float>(), p, logits.data_ptr<float>(), static_cast<int>(batch),
+                  static_cast<int>(classes), reinterpret_cast<void*>(stream));
+    return logits;
+}
+"""
+
+_LENET_MODEL = '''class ModelNew(nn.Module):
+    """LeNet-5 in one kernel: every layer of a block's images in shared memory."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        # the reference's layers, names and order: its state dict loads by name, the same seed gives the same values
+        self.conv1 = nn.Conv2d(in_channels=1, out_channels=6, kernel_size=5, stride=1)
+        self.conv2 = nn.Conv2d(in_channels=6, out_channels=16, kernel_size=5, stride=1)
+        self.fc1 = nn.Linear(in_features=16 * 5 * 5, out_features=120)
+        self.fc2 = nn.Linear(in_features=120, out_features=84)
+        self.fc3 = nn.Linear(in_features=84, out_features=num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        return _ext.lenet5(x, self.conv1.weight, self.conv1.bias, self.conv2.weight, self.conv2.bias,
+                           self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias, self.fc3.weight,
+                           self.fc3.bias, stream)
+'''
+
 # The MLPs' Linear layers: the bias, then ReLU where p0 is 1 (every layer but the last).
 _BIAS_RELU = ("const float x = v + __ldg(e.bias + col);\n"
               "    return e.p0 != 0.0f && x < 0.0f ? 0.0f : x;  // NaN stays NaN")
@@ -236,6 +297,12 @@ MODELS: tuple[ModelSolution, ...] = (
         _RELU_ATTENTION_MODEL, ("relu_attention.cu",), _RELU_ATTENTION_CPP,
         (("relu_attention", "causal ReLU attention of qkv (B, T, 3C), 3xTF32 mma.sync"),)),
     ModelSolution(
+        "level3/4_LeNet5.py",
+        "LeNet-5 whole in one kernel of float32 FMAs (bench/tc_fp32/lenet5.cu): a block takes two images through\n"
+        "both convolutions with their ReLU and pooling and the three Linear layers in shared memory, reading\n"
+        "only the images and writing only the logits.",
+        _LENET_MODEL, ("lenet5.cu",), _LENET_CPP, (("lenet5", "LeNet-5's forward in one kernel"),), gemm=False),
+    ModelSolution(
         "level3/31_VisionAttention.py",
         "multi-head self-attention over an image's pixels, then LayerNorm(attention + x): the in and out\n"
         "projections on the 3xTF32 wgmma GEMM with their biases in the epilogue; the heads' softmax attention\n"
@@ -257,15 +324,20 @@ MODELS: tuple[ModelSolution, ...] = (
         _RNN_MODEL, epilogue=_BIAS_TANH, epilogue_note=_BIAS_TANH_NOTE),
 )
 
-_FILE = (_HEAD + '"""Solution for {path}:\n{summary}\n\nThe GEMM core: ' + _METHOD
-         + "\nGenerated by bench/tc_fp32_sync.py from bench/tc_fp32 ({kernels}): edit those, not this file.\n"
+_FILE = ("{head}" + '"""Solution for {path}:\n{summary}\n\n{method}'
+         + "Generated by bench/tc_fp32_sync.py from bench/tc_fp32 ({kernels}): edit those, not this file.\n"
          + '"""\n\n{imports}' + _SOURCES
          + "\n_ext = " + _LOAD + "\n\n\n{model}")
 
 
+_BARE_CPP = ("#include <torch/types.h>\n#include <torch/csrc/utils/pybind.h>\n\n#include <cstdint>\n\n"
+             + _PYBIND + "}\n")
+
+
 def render_model_cpp(sol: ModelSolution) -> str:
-    """The GEMM's wrapper (B N x K, a bias) with the model's own wrappers and bindings beside it."""
-    cpp = render_cpp(False, True, False)
+    """The GEMM's wrapper (B N x K, a bias), where the model has the core, with the model's own wrappers and
+    bindings beside it."""
+    cpp = render_cpp(False, True, False) if sol.gemm else _BARE_CPP
     if cpp.count(_PYBIND) != 1:
         raise ValueError("the GEMM's C++ template must hold one PYBIND11_MODULE block")
     binds = "".join(f'    m.def("{name}", &{name}, "{what}");\n' for name, what in sol.binds)
@@ -275,7 +347,7 @@ def render_model_cpp(sol: ModelSolution) -> str:
 
 def render_model_cuda(sol: ModelSolution) -> str:
     """The core with the bias epilogue, then the model's kernels."""
-    parts = [render_cuda(sol.epilogue)]
+    parts = [render_cuda(sol.epilogue)] if sol.gemm else []
     for name in sol.kernels:
         text = (KERNELS / name).read_text()
         if '"""' in text:
@@ -287,10 +359,12 @@ def render_model_cuda(sol: ModelSolution) -> str:
 def render_model(sol: ModelSolution) -> str:
     """The whole solution file."""
     imports = "import math\n\n" if "math." in sol.model else ""
-    kernels = ", ".join(("gemm_core.cu", *sol.kernels))
-    return _FILE.format(imports=imports, path=sol.path, summary=sol.summary, kernels=kernels,
-                        orientation=("B (N x K) is K-major as it lies: a Linear's weight, copied by TMA."),
-                        epilogue_note=sol.epilogue_note,
+    kernels = ", ".join(("gemm_core.cu", *sol.kernels) if sol.gemm else sol.kernels)
+    method = "The GEMM core: " + _METHOD.format(
+        orientation="B (N x K) is K-major as it lies: a Linear's weight, copied by TMA.",
+        epilogue_note=sol.epilogue_note) + "\n" if sol.gemm else ""
+    head = _HEAD if sol.gemm else _HEAD.replace("gemm_core.cu", ", ".join(sol.kernels))
+    return _FILE.format(head=head, imports=imports, path=sol.path, summary=sol.summary, kernels=kernels, method=method,
                         ext=sol.ext_name, cpp=render_model_cpp(sol), variant_mark=VARIANT_MARK, b_kn_int=0,
                         core=render_model_cuda(sol), model=sol.model)
 

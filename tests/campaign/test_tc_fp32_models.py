@@ -79,7 +79,7 @@ def test_each_model_solution_is_one_self_contained_candidate(path: Path) -> None
     assert imports <= {"math", "torch", "torch.nn", "load_inline"}, imports
     consts = _consts(path)
     sol = next(s for s in MODELS if (FOLDER / s.path) == path)
-    assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in consts["CUDA"]
+    assert ("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in consts["CUDA"]) == sol.gemm
     for name in sol.kernels:  # each kernel file whole, and each binding exposed
         assert (BENCH / "tc_fp32" / name).read_text() in consts["CUDA"]
     for fn, _ in sol.binds:
@@ -90,6 +90,7 @@ def test_each_model_solution_is_one_self_contained_candidate(path: Path) -> None
 SMALL_ARGS: dict[str, list[Any]] = {
     "1_MLP": [64, [96, 128], 32], "2_ShallowWideMLP": [64, [96, 96], 32], "3_DeepNarrowMLP": [64, [32] * 4, 16],
     "33_VanillaRNN": [48, 64, 32], "50_ReLUSelfAttention": [96, 3, 128], "31_VisionAttention": [64, 2],
+    "4_LeNet5": [10],
 }
 
 

@@ -223,6 +223,63 @@ _LENET_MODEL = '''class ModelNew(nn.Module):
                            self.fc3.bias, stream)
 '''
 
+_FIRE_CPP = r"""
+// Defined in the CUDA source (bench/tc_fp32/fire_module.cu).
+void launch_fire_module(const float* x, const float* ws, const float* bs, const float* w1, const float* b1,
+                        const float* w3, const float* b3, float* y, int N, int cin, int s, int e1, int e3, int H, int W,
+                        void* stream);
+
+namespace {
+const float* fire_param(const torch::Tensor& t, const torch::Tensor& x, int64_t numel, const char* what) {
+    TORCH_CHECK(t.is_cuda() && t.device() == x.device() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
+                "fire_module: ", what, " must be a contiguous float32 tensor on the input's device");
+    TORCH_CHECK(t.numel() == numel, "fire_module: ", what, " must hold ", numel, " values");
+    return t.data_ptr<float>();
+}
+}  // namespace
+
+torch::Tensor fire_module(torch::Tensor x, torch::Tensor ws, torch::Tensor bs, torch::Tensor w1, torch::Tensor b1,
+                          torch::Tensor w3, torch::Tensor b3, int64_t stream) {
+    TORCH_CHECK(x.dim() == 4, "fire_module: x must be (N, C, H, W)");
+    x = x.contiguous();
+    const int64_t N = x.size(0), cin = x.size(1), H = x.size(2), W = x.size(3);
+    const int64_t s = bs.numel(), e1 = b1.numel(), e3 = b3.numel();
+    TORCH_CHECK(N * (e1 + e3) * H * W < (1LL << 62) && H < (1LL << 31) && W < (1LL << 31), "fire_module: too large");
+    const float* xp = fire_param(x, x, N * cin * H * W, "x");
+    const float* wsp = fire_param(ws, x, s * cin, "squeeze.weight");
+    const float* bsp = fire_param(bs, x, s, "squeeze.bias");
+    const float* w1p = fire_param(w1, x, e1 * s, "expand1x1.weight");
+    const float* b1p = fire_param(b1, x, e1, "expand1x1.bias");
+    const float* w3p = fire_param(w3, x, e3 * s * 9, "expand3x3.weight");
+    const float* b3p = fire_param(b3, x, e3, "expand3x3.bias");
+    auto y = torch::empty({N, e1 + e3, H, W}, x.options());
+    launch_fire_module(xp, wsp, bsp, w1p, b1p, w3p, b3p, y.data_ptr<float>(), static_cast<int>(N),
+                       static_cast<int>(cin), static_cast<int>(s), static_cast<int>(e1), static_cast<int>(e3),
+                       static_cast<int>(H), static_cast<int>(W), reinterpret_cast<void*>(stream));
+    return y;
+}
+"""
+
+_FIRE_MODEL = '''class ModelNew(nn.Module):
+    """The Fire module in one kernel: squeeze over a tile and its halo in shared memory, both expands and
+    the concatenation written once per output value."""
+
+    def __init__(self, in_channels, squeeze_channels, expand1x1_channels, expand3x3_channels):
+        super().__init__()
+        # the reference's layers, names and order: its state dict loads by name, the same seed gives the same values
+        self.squeeze = nn.Conv2d(in_channels, squeeze_channels, kernel_size=1)
+        self.squeeze_activation = nn.ReLU(inplace=True)
+        self.expand1x1 = nn.Conv2d(squeeze_channels, expand1x1_channels, kernel_size=1)
+        self.expand1x1_activation = nn.ReLU(inplace=True)
+        self.expand3x3 = nn.Conv2d(squeeze_channels, expand3x3_channels, kernel_size=3, padding=1)
+        self.expand3x3_activation = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        return _ext.fire_module(x, self.squeeze.weight, self.squeeze.bias, self.expand1x1.weight,
+                                self.expand1x1.bias, self.expand3x3.weight, self.expand3x3.bias, stream)
+'''
+
 # The MLPs' Linear layers: the bias, then ReLU where p0 is 1 (every layer but the last).
 _BIAS_RELU = ("const float x = v + __ldg(e.bias + col);\n"
               "    return e.p0 != 0.0f && x < 0.0f ? 0.0f : x;  // NaN stays NaN")
@@ -302,6 +359,13 @@ MODELS: tuple[ModelSolution, ...] = (
         "both convolutions with their ReLU and pooling and the three Linear layers in shared memory, reading\n"
         "only the images and writing only the logits.",
         _LENET_MODEL, ("lenet5.cu",), _LENET_CPP, (("lenet5", "LeNet-5's forward in one kernel"),), gemm=False),
+    ModelSolution(
+        "level3/17_SqueezeNetFireModule.py",
+        "SqueezeNet's Fire module whole in one kernel of float32 FMAs (bench/tc_fp32/fire_module.cu): squeeze and\n"
+        "its ReLU over a tile and its halo in shared memory, then both expands with their ReLU, each output\n"
+        "value written once in its place in the concatenation.",
+        _FIRE_MODEL, ("fire_module.cu",), _FIRE_CPP, (("fire_module", "the Fire module's forward in one kernel"),),
+        gemm=False),
     ModelSolution(
         "level3/31_VisionAttention.py",
         "multi-head self-attention over an image's pixels, then LayerNorm(attention + x): the in and out\n"

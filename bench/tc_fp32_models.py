@@ -280,6 +280,132 @@ _FIRE_MODEL = '''class ModelNew(nn.Module):
                                 self.expand1x1.bias, self.expand3x3.weight, self.expand3x3.bias, stream)
 '''
 
+_VGG_CPP = r"""
+// Defined in the CUDA source (bench/tc_fp32/vgg.cu).
+void launch_unfold3x3(const float* in, float* cols, int N, int C, int H, int W, int Kp, long long sn, long long sc,
+                      long long sy, long long sx, void* stream);
+void launch_conv_weights(const float* w, float* out, int O, int C, int Kp, void* stream);
+void launch_maxpool2_nhwc(const float* in, float* out, int N, int H, int W, int C, void* stream);
+void launch_nhwc_flatten(const float* in, float* out, int N, int H, int W, int C, void* stream);
+
+namespace {
+void check_vgg(const torch::Tensor& t, const torch::Tensor& like, const char* what) {
+    TORCH_CHECK(t.is_cuda() && t.device() == like.device() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
+                what, " must be a contiguous float32 tensor on the input's device");
+}
+}  // namespace
+
+// relu(conv3x3(x, w, padding 1) + b) as (N, H, W, O): x is (N, C, H, W), or (N, H, W, C) where
+// channels_last; unfolded into rows and multiplied on the 3xTF32 core, bias and ReLU in its epilogue.
+torch::Tensor conv3x3_relu(torch::Tensor x, torch::Tensor w, torch::Tensor b, bool channels_last, int64_t stream) {
+    check_vgg(x, x, "conv3x3_relu: x");
+    check_vgg(w, x, "conv3x3_relu: weight");
+    check_vgg(b, x, "conv3x3_relu: bias");
+    TORCH_CHECK(x.dim() == 4 && w.dim() == 4 && w.size(2) == 3 && w.size(3) == 3, "conv3x3_relu: 3 x 3 kernels");
+    const int64_t N = x.size(0);
+    const int64_t C = channels_last ? x.size(3) : x.size(1), H = channels_last ? x.size(1) : x.size(2);
+    const int64_t W = channels_last ? x.size(2) : x.size(3), O = w.size(0);
+    TORCH_CHECK(w.size(1) == C && b.numel() == O, "conv3x3_relu: the weight's channels and the bias must fit x");
+    const int64_t Kp = (9 * C + 3) / 4 * 4, M = N * H * W;
+    TORCH_CHECK(M < (1LL << 31) && Kp < (1LL << 31) && O < (1LL << 31), "conv3x3_relu: sizes must fit int32");
+    const long long sn = C * H * W, sc = channels_last ? 1 : H * W, sy = channels_last ? W * C : W,
+                    sx = channels_last ? C : 1;
+    auto cols = torch::empty({M, Kp}, x.options());
+    auto wk = torch::empty({O, Kp}, x.options());
+    void* s = reinterpret_cast<void*>(stream);
+    launch_unfold3x3(x.data_ptr<float>(), cols.data_ptr<float>(), static_cast<int>(N), static_cast<int>(C),
+                     static_cast<int>(H), static_cast<int>(W), static_cast<int>(Kp), sn, sc, sy, sx, s);
+    launch_conv_weights(w.data_ptr<float>(), wk.data_ptr<float>(), static_cast<int>(O), static_cast<int>(C),
+                        static_cast<int>(Kp), s);
+    auto y = torch::empty({N, H, W, O}, x.options());
+    launch_gemm3x(cols.data_ptr<float>(), wk.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(M),
+                  static_cast<int>(O), static_cast<int>(Kp), b.data_ptr<float>(), nullptr, 1.0f, 0.0f, 0.0f, s);
+    return y;
+}
+
+torch::Tensor maxpool2_nhwc(torch::Tensor x, int64_t stream) {
+    check_vgg(x, x, "maxpool2_nhwc: x");
+    TORCH_CHECK(x.dim() == 4, "maxpool2_nhwc: x must be (N, H, W, C)");
+    auto y = torch::empty({x.size(0), x.size(1) / 2, x.size(2) / 2, x.size(3)}, x.options());
+    launch_maxpool2_nhwc(x.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(x.size(0)),
+                         static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
+                         reinterpret_cast<void*>(stream));
+    return y;
+}
+
+torch::Tensor nhwc_flatten(torch::Tensor x, int64_t stream) {
+    check_vgg(x, x, "nhwc_flatten: x");
+    TORCH_CHECK(x.dim() == 4, "nhwc_flatten: x must be (N, H, W, C)");
+    auto y = torch::empty({x.size(0), x.size(1) * x.size(2) * x.size(3)}, x.options());
+    launch_nhwc_flatten(x.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(x.size(0)),
+                        static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
+                        reinterpret_cast<void*>(stream));
+    return y;
+}
+"""
+
+
+def _vgg_model(name: str, cfg: str) -> str:
+    return f'''# The reference's feature layers: a number is a 3 x 3 convolution (padding 1) to that many channels and
+# its ReLU, "M" a 2 x 2 max pooling.
+CFG = {cfg}
+
+
+class ModelNew(nn.Module):
+    """{name}: each convolution unfolded and multiplied on the 3xTF32 GEMM with its bias and ReLU,
+    channels-last throughout; the classifier's Linear layers on the GEMM."""
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        # the reference's layers, names and order: its state dict loads by name, the same seed gives the same values
+        layers = []
+        channels = 3
+        for v in CFG:
+            if v == "M":
+                layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
+            else:
+                layers += [nn.Conv2d(channels, v, kernel_size=3, padding=1), nn.ReLU(inplace=True)]
+                channels = v
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(
+            nn.Linear(512 * 7 * 7, 4096),
+            nn.ReLU(inplace=True),
+            nn.Dropout(p=0.0),
+            nn.Linear(4096, 4096),
+            nn.ReLU(inplace=True),
+            nn.Dropout(p=0.0),
+            nn.Linear(4096, num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        h = x.contiguous()
+        channels_last = False  # the input is (N, C, H, W); every convolution's output (N, H, W, C)
+        for layer in self.features:
+            if isinstance(layer, nn.Conv2d):
+                h = _ext.conv3x3_relu(h, layer.weight, layer.bias, channels_last, stream)
+                channels_last = True
+            elif isinstance(layer, nn.MaxPool2d):
+                h = _ext.maxpool2_nhwc(h, stream)
+        h = _ext.nhwc_flatten(h, stream)
+        linears = [m for m in self.classifier if isinstance(m, nn.Linear)]
+        for i, layer in enumerate(linears):
+            relu = 1.0 if i < len(linears) - 1 else 0.0
+            h = _ext.gemm3x(h, layer.weight, layer.bias, relu, 0.0, 0.0, stream)
+        return h
+'''
+
+
+_VGG_BINDS = (("conv3x3_relu", "relu(conv3x3 + bias), unfolded onto the 3xTF32 GEMM, channels-last out"),
+              ("maxpool2_nhwc", "2 x 2 max pooling, channels-last"),
+              ("nhwc_flatten", "channels-last to the reference's flatten order"))
+_VGG_SUMMARY = ("{name} (batch 10, 224 x 224): each 3 x 3 convolution unfolded into rows and multiplied on the 3xTF32\n"
+                "wgmma GEMM with its bias and ReLU in the epilogue, the activations channels-last throughout\n"
+                "(bench/tc_fp32/vgg.cu: the unfold, the weights' layout, the pooling, the flatten); the classifier's\n"
+                "Linear layers on the same GEMM.")
+_VGG16 = '[64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]'
+_VGG19 = '[64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M"]'
+
 # The MLPs' Linear layers: the bias, then ReLU where p0 is 1 (every layer but the last).
 _BIAS_RELU = ("const float x = v + __ldg(e.bias + col);\n"
               "    return e.p0 != 0.0f && x < 0.0f ? 0.0f : x;  // NaN stays NaN")
@@ -366,6 +492,9 @@ MODELS: tuple[ModelSolution, ...] = (
         "value written once in its place in the concatenation.",
         _FIRE_MODEL, ("fire_module.cu",), _FIRE_CPP, (("fire_module", "the Fire module's forward in one kernel"),),
         gemm=False),
+    *(ModelSolution(f"level3/{path}.py", _VGG_SUMMARY.format(name=name), _vgg_model(name, cfg), ("vgg.cu",),
+                    _VGG_CPP, _VGG_BINDS, epilogue=_BIAS_RELU, epilogue_note=_BIAS_RELU_NOTE)
+      for path, name, cfg in (("11_VGG16", "VGG16", _VGG16), ("12_VGG19", "VGG19", _VGG19))),
     ModelSolution(
         "level3/31_VisionAttention.py",
         "multi-head self-attention over an image's pixels, then LayerNorm(attention + x): the in and out\n"

@@ -348,7 +348,7 @@ torch::Tensor nhwc_flatten(torch::Tensor x, int64_t stream) {
 def _vgg_model(name: str, cfg: str) -> str:
     return f'''# The reference's feature layers: a number is a 3 x 3 convolution (padding 1) to that many channels and
 # its ReLU, "M" a 2 x 2 max pooling.
-CFG = {cfg}
+CFG: list[int | str] = {cfg}
 
 
 class ModelNew(nn.Module):
@@ -358,10 +358,10 @@ class ModelNew(nn.Module):
     def __init__(self, num_classes=1000):
         super().__init__()
         # the reference's layers, names and order: its state dict loads by name, the same seed gives the same values
-        layers = []
+        layers: list[nn.Module] = []
         channels = 3
         for v in CFG:
-            if v == "M":
+            if isinstance(v, str):  # "M"
                 layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
             else:
                 layers += [nn.Conv2d(channels, v, kernel_size=3, padding=1), nn.ReLU(inplace=True)]
@@ -404,7 +404,8 @@ _VGG_SUMMARY = ("{name} (batch 10, 224 x 224): each 3 x 3 convolution unfolded i
                 "(bench/tc_fp32/vgg.cu: the unfold, the weights' layout, the pooling, the flatten); the classifier's\n"
                 "Linear layers on the same GEMM.")
 _VGG16 = '[64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]'
-_VGG19 = '[64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M"]'
+_VGG19 = ('[64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",\n'
+          '                        512, 512, 512, 512, "M"]')
 
 # The MLPs' Linear layers: the bias, then ReLU where p0 is 1 (every layer but the last).
 _BIAS_RELU = ("const float x = v + __ldg(e.bias + col);\n"
@@ -425,7 +426,7 @@ def _mlp_model(sizes: str) -> str:
     def __init__(self, input_size, {sizes}, output_size):
         super().__init__()
         # the reference's layers, names and order: its state dict loads by name, the same seed gives the same values
-        layers = []
+        layers: list[nn.Module] = []
         current_input_size = input_size
         for size in {sizes}:
             layers.append(nn.Linear(current_input_size, size))

@@ -1164,7 +1164,8 @@ _ext = load_inline(
 
 # The reference's feature layers: a number is a 3 x 3 convolution (padding 1) to that many channels and
 # its ReLU, "M" a 2 x 2 max pooling.
-CFG = [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M"]
+CFG: list[int | str] = [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
+                        512, 512, 512, 512, "M"]
 
 
 class ModelNew(nn.Module):
@@ -1174,10 +1175,10 @@ class ModelNew(nn.Module):
     def __init__(self, num_classes=1000):
         super().__init__()
         # the reference's layers, names and order: its state dict loads by name, the same seed gives the same values
-        layers = []
+        layers: list[nn.Module] = []
         channels = 3
         for v in CFG:
-            if v == "M":
+            if isinstance(v, str):  # "M"
                 layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
             else:
                 layers += [nn.Conv2d(channels, v, kernel_size=3, padding=1), nn.ReLU(inplace=True)]

@@ -992,7 +992,7 @@ class ModelNew(nn.Module):
     def __init__(self, input_size, layer_sizes, output_size):
         super().__init__()
         # the reference's layers, names and order: its state dict loads by name, the same seed gives the same values
-        layers = []
+        layers: list[nn.Module] = []
         current_input_size = input_size
         for size in layer_sizes:
             layers.append(nn.Linear(current_input_size, size))

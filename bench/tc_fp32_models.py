@@ -280,61 +280,71 @@ _FIRE_MODEL = '''class ModelNew(nn.Module):
                                 self.expand1x1.bias, self.expand3x3.weight, self.expand3x3.bias, stream)
 '''
 
-_VGG_CPP = r"""
-// Defined in the CUDA source (bench/tc_fp32/vgg.cu).
-void launch_unfold3x3(const float* in, float* cols, int N, int C, int H, int W, int Kp, long long sn, long long sc,
-                      long long sy, long long sx, void* stream);
-void launch_conv_weights(const float* w, float* out, int O, int C, int Kp, void* stream);
-void launch_maxpool2_nhwc(const float* in, float* out, int N, int H, int W, int C, void* stream);
+_CONVNET_CPP = r"""
+// Defined in the CUDA source (bench/tc_fp32/convnet.cu).
+void launch_unfold(const float* in, float* cols, int N, int C, int H, int W, int OH, int OW, int KH, int KW,
+                   int stride, int pad, int Kp, long long sn, long long sc, long long sy, long long sx, void* stream);
+void launch_conv_weights(const float* w, float* out, int O, int C, int KH, int KW, int Kp, void* stream);
+void launch_maxpool_nhwc(const float* in, float* out, int N, int H, int W, int C, int k, int s, int OH, int OW,
+                         void* stream);
 void launch_nhwc_flatten(const float* in, float* out, int N, int H, int W, int C, void* stream);
 
 namespace {
-void check_vgg(const torch::Tensor& t, const torch::Tensor& like, const char* what) {
+void check_cn(const torch::Tensor& t, const torch::Tensor& like, const char* what) {
     TORCH_CHECK(t.is_cuda() && t.device() == like.device() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
                 what, " must be a contiguous float32 tensor on the input's device");
 }
 }  // namespace
 
-// relu(conv3x3(x, w, padding 1) + b) as (N, H, W, O): x is (N, C, H, W), or (N, H, W, C) where
+// relu(conv2d(x, w, stride, padding) + b) as (N, OH, OW, O): x is (N, C, H, W), or (N, H, W, C) where
 // channels_last; unfolded into rows and multiplied on the 3xTF32 core, bias and ReLU in its epilogue.
-torch::Tensor conv3x3_relu(torch::Tensor x, torch::Tensor w, torch::Tensor b, bool channels_last, int64_t stream) {
-    check_vgg(x, x, "conv3x3_relu: x");
-    check_vgg(w, x, "conv3x3_relu: weight");
-    check_vgg(b, x, "conv3x3_relu: bias");
-    TORCH_CHECK(x.dim() == 4 && w.dim() == 4 && w.size(2) == 3 && w.size(3) == 3, "conv3x3_relu: 3 x 3 kernels");
+torch::Tensor conv_relu(torch::Tensor x, torch::Tensor w, torch::Tensor b, int64_t stride, int64_t pad,
+                        bool channels_last, int64_t stream) {
+    check_cn(x, x, "conv_relu: x");
+    check_cn(w, x, "conv_relu: weight");
+    check_cn(b, x, "conv_relu: bias");
+    TORCH_CHECK(x.dim() == 4 && w.dim() == 4 && stride > 0 && pad >= 0, "conv_relu: a 2-d convolution's shapes");
     const int64_t N = x.size(0);
     const int64_t C = channels_last ? x.size(3) : x.size(1), H = channels_last ? x.size(1) : x.size(2);
-    const int64_t W = channels_last ? x.size(2) : x.size(3), O = w.size(0);
-    TORCH_CHECK(w.size(1) == C && b.numel() == O, "conv3x3_relu: the weight's channels and the bias must fit x");
-    const int64_t Kp = (9 * C + 3) / 4 * 4, M = N * H * W;
-    TORCH_CHECK(M < (1LL << 31) && Kp < (1LL << 31) && O < (1LL << 31), "conv3x3_relu: sizes must fit int32");
+    const int64_t W = channels_last ? x.size(2) : x.size(3), O = w.size(0), KH = w.size(2), KW = w.size(3);
+    TORCH_CHECK(w.size(1) == C && b.numel() == O, "conv_relu: the weight's channels and the bias must fit x");
+    const int64_t OH = (H + 2 * pad - KH) / stride + 1, OW = (W + 2 * pad - KW) / stride + 1;
+    TORCH_CHECK(OH > 0 && OW > 0, "conv_relu: the kernel is larger than the padded input");
+    const int64_t Kp = (KH * KW * C + 3) / 4 * 4, M = N * OH * OW;
+    TORCH_CHECK(M < (1LL << 31) && Kp < (1LL << 31) && O < (1LL << 31), "conv_relu: sizes must fit int32");
     const long long sn = C * H * W, sc = channels_last ? 1 : H * W, sy = channels_last ? W * C : W,
                     sx = channels_last ? C : 1;
     auto cols = torch::empty({M, Kp}, x.options());
     auto wk = torch::empty({O, Kp}, x.options());
     void* s = reinterpret_cast<void*>(stream);
-    launch_unfold3x3(x.data_ptr<float>(), cols.data_ptr<float>(), static_cast<int>(N), static_cast<int>(C),
-                     static_cast<int>(H), static_cast<int>(W), static_cast<int>(Kp), sn, sc, sy, sx, s);
+    launch_unfold(x.data_ptr<float>(), cols.data_ptr<float>(), static_cast<int>(N), static_cast<int>(C),
+                  static_cast<int>(H), static_cast<int>(W), static_cast<int>(OH), static_cast<int>(OW),
+                  static_cast<int>(KH), static_cast<int>(KW), static_cast<int>(stride), static_cast<int>(pad),
+                  static_cast<int>(Kp), sn, sc, sy, sx, s);
     launch_conv_weights(w.data_ptr<float>(), wk.data_ptr<float>(), static_cast<int>(O), static_cast<int>(C),
-                        static_cast<int>(Kp), s);
-    auto y = torch::empty({N, H, W, O}, x.options());
+                        static_cast<int>(KH), static_cast<int>(KW), static_cast<int>(Kp), s);
+    auto y = torch::empty({N, OH, OW, O}, x.options());
     launch_gemm3x(cols.data_ptr<float>(), wk.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(M),
                   static_cast<int>(O), static_cast<int>(Kp), b.data_ptr<float>(), nullptr, 1.0f, 0.0f, 0.0f, s);
     return y;
 }
 
-torch::Tensor maxpool2_nhwc(torch::Tensor x, int64_t stream) {
-    check_vgg(x, x, "maxpool2_nhwc: x");
-    TORCH_CHECK(x.dim() == 4, "maxpool2_nhwc: x must be (N, H, W, C)");
-    auto y = torch::empty({x.size(0), x.size(1) / 2, x.size(2) / 2, x.size(3)}, x.options());
-    launch_maxpool2_nhwc(x.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(x.size(0)),
-                         static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
-                         reinterpret_cast<void*>(stream));
+// k x k max pooling at stride s, no padding, channels-last.
+torch::Tensor maxpool_nhwc(torch::Tensor x, int64_t k, int64_t s, int64_t stream) {
+    check_cn(x, x, "maxpool_nhwc: x");
+    TORCH_CHECK(x.dim() == 4 && k > 0 && s > 0 && x.size(1) >= k && x.size(2) >= k,
+                "maxpool_nhwc: x must be (N, H, W, C) with H, W >= k");
+    const int64_t OH = (x.size(1) - k) / s + 1, OW = (x.size(2) - k) / s + 1;
+    auto y = torch::empty({x.size(0), OH, OW, x.size(3)}, x.options());
+    launch_maxpool_nhwc(x.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(x.size(0)),
+                        static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
+                        static_cast<int>(k), static_cast<int>(s), static_cast<int>(OH), static_cast<int>(OW),
+                        reinterpret_cast<void*>(stream));
     return y;
 }
 
 torch::Tensor nhwc_flatten(torch::Tensor x, int64_t stream) {
-    check_vgg(x, x, "nhwc_flatten: x");
+    check_cn(x, x, "nhwc_flatten: x");
     TORCH_CHECK(x.dim() == 4, "nhwc_flatten: x must be (N, H, W, C)");
     auto y = torch::empty({x.size(0), x.size(1) * x.size(2) * x.size(3)}, x.options());
     launch_nhwc_flatten(x.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(x.size(0)),
@@ -343,6 +353,10 @@ torch::Tensor nhwc_flatten(torch::Tensor x, int64_t stream) {
     return y;
 }
 """
+
+_CONVNET_BINDS = (("conv_relu", "relu(conv2d + bias), unfolded onto the 3xTF32 GEMM, channels-last out"),
+                  ("maxpool_nhwc", "k x k max pooling at stride s, channels-last"),
+                  ("nhwc_flatten", "channels-last to the reference's flatten order"))
 
 
 def _vgg_model(name: str, cfg: str) -> str:
@@ -383,10 +397,10 @@ class ModelNew(nn.Module):
         channels_last = False  # the input is (N, C, H, W); every convolution's output (N, H, W, C)
         for layer in self.features:
             if isinstance(layer, nn.Conv2d):
-                h = _ext.conv3x3_relu(h, layer.weight, layer.bias, channels_last, stream)
+                h = _ext.conv_relu(h, layer.weight, layer.bias, 1, 1, channels_last, stream)
                 channels_last = True
             elif isinstance(layer, nn.MaxPool2d):
-                h = _ext.maxpool2_nhwc(h, stream)
+                h = _ext.maxpool_nhwc(h, 2, 2, stream)
         h = _ext.nhwc_flatten(h, stream)
         linears = [m for m in self.classifier if isinstance(m, nn.Linear)]
         for i, layer in enumerate(linears):
@@ -396,13 +410,54 @@ class ModelNew(nn.Module):
 '''
 
 
-_VGG_BINDS = (("conv3x3_relu", "relu(conv3x3 + bias), unfolded onto the 3xTF32 GEMM, channels-last out"),
-              ("maxpool2_nhwc", "2 x 2 max pooling, channels-last"),
-              ("nhwc_flatten", "channels-last to the reference's flatten order"))
+_ALEXNET_MODEL = '''class ModelNew(nn.Module):
+    """AlexNet: each convolution unfolded and multiplied on the 3xTF32 GEMM with its bias and ReLU,
+    channels-last throughout; the classifier's Linear layers on the GEMM."""
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        # the reference's layers, names and order: its state dict loads by name, the same seed gives the same values
+        self.conv1 = nn.Conv2d(in_channels=3, out_channels=96, kernel_size=11, stride=4, padding=2)
+        self.relu1 = nn.ReLU(inplace=True)
+        self.maxpool1 = nn.MaxPool2d(kernel_size=3, stride=2)
+        self.conv2 = nn.Conv2d(in_channels=96, out_channels=256, kernel_size=5, padding=2)
+        self.relu2 = nn.ReLU(inplace=True)
+        self.maxpool2 = nn.MaxPool2d(kernel_size=3, stride=2)
+        self.conv3 = nn.Conv2d(in_channels=256, out_channels=384, kernel_size=3, padding=1)
+        self.relu3 = nn.ReLU(inplace=True)
+        self.conv4 = nn.Conv2d(in_channels=384, out_channels=384, kernel_size=3, padding=1)
+        self.relu4 = nn.ReLU(inplace=True)
+        self.conv5 = nn.Conv2d(in_channels=384, out_channels=256, kernel_size=3, padding=1)
+        self.relu5 = nn.ReLU(inplace=True)
+        self.maxpool3 = nn.MaxPool2d(kernel_size=3, stride=2)
+        self.fc1 = nn.Linear(in_features=256 * 6 * 6, out_features=4096)
+        self.relu6 = nn.ReLU(inplace=True)
+        self.dropout1 = nn.Dropout(p=0.0)
+        self.fc2 = nn.Linear(in_features=4096, out_features=4096)
+        self.relu7 = nn.ReLU(inplace=True)
+        self.dropout2 = nn.Dropout(p=0.0)
+        self.fc3 = nn.Linear(in_features=4096, out_features=num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        h = x.contiguous()
+        channels_last = False  # the input is (N, C, H, W); every convolution's output (N, H, W, C)
+        for conv, pool in ((self.conv1, self.maxpool1), (self.conv2, self.maxpool2), (self.conv3, None),
+                           (self.conv4, None), (self.conv5, self.maxpool3)):
+            h = _ext.conv_relu(h, conv.weight, conv.bias, conv.stride[0], conv.padding[0], channels_last, stream)
+            channels_last = True
+            if pool is not None:
+                h = _ext.maxpool_nhwc(h, pool.kernel_size, pool.stride, stream)
+        h = _ext.nhwc_flatten(h, stream)
+        h = _ext.gemm3x(h, self.fc1.weight, self.fc1.bias, 1.0, 0.0, 0.0, stream)
+        h = _ext.gemm3x(h, self.fc2.weight, self.fc2.bias, 1.0, 0.0, 0.0, stream)
+        return _ext.gemm3x(h, self.fc3.weight, self.fc3.bias, 0.0, 0.0, 0.0, stream)
+'''
+
 _VGG_SUMMARY = ("{name} (batch 10, 224 x 224): each 3 x 3 convolution unfolded into rows and multiplied on the 3xTF32\n"
                 "wgmma GEMM with its bias and ReLU in the epilogue, the activations channels-last throughout\n"
-                "(bench/tc_fp32/vgg.cu: the unfold, the weights' layout, the pooling, the flatten); the classifier's\n"
-                "Linear layers on the same GEMM.")
+                "(bench/tc_fp32/convnet.cu: the unfold, the weights' layout, the pooling, the flatten); the\n"
+                "classifier's Linear layers on the same GEMM.")
 _VGG16 = '[64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]'
 _VGG19 = ('[64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",\n'
           '                        512, 512, 512, 512, "M"]')
@@ -493,8 +548,16 @@ MODELS: tuple[ModelSolution, ...] = (
         "value written once in its place in the concatenation.",
         _FIRE_MODEL, ("fire_module.cu",), _FIRE_CPP, (("fire_module", "the Fire module's forward in one kernel"),),
         gemm=False),
-    *(ModelSolution(f"level3/{path}.py", _VGG_SUMMARY.format(name=name), _vgg_model(name, cfg), ("vgg.cu",),
-                    _VGG_CPP, _VGG_BINDS, epilogue=_BIAS_RELU, epilogue_note=_BIAS_RELU_NOTE)
+    ModelSolution(
+        "level3/5_AlexNet.py",
+        "AlexNet (batch 1024, 224 x 224): each convolution (11 x 11 stride 4, 5 x 5, 3 x 3) unfolded into rows and\n"
+        "multiplied on the 3xTF32 wgmma GEMM with its bias and ReLU in the epilogue, the activations\n"
+        "channels-last throughout (bench/tc_fp32/convnet.cu: the unfold, the weights' layout, the 3 x 3 stride-2\n"
+        "pooling, the flatten); the classifier's Linear layers on the same GEMM.",
+        _ALEXNET_MODEL, ("convnet.cu",), _CONVNET_CPP, _CONVNET_BINDS, epilogue=_BIAS_RELU,
+        epilogue_note=_BIAS_RELU_NOTE),
+    *(ModelSolution(f"level3/{path}.py", _VGG_SUMMARY.format(name=name), _vgg_model(name, cfg), ("convnet.cu",),
+                    _CONVNET_CPP, _CONVNET_BINDS, epilogue=_BIAS_RELU, epilogue_note=_BIAS_RELU_NOTE)
       for path, name, cfg in (("11_VGG16", "VGG16", _VGG16), ("12_VGG19", "VGG19", _VGG19))),
     ModelSolution(
         "level3/31_VisionAttention.py",

@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <math.h>
 #include <stdexcept>
 #include <string>
 
@@ -75,21 +76,75 @@ extern "C" __global__ void conv_weights(const float* __restrict__ w, float* __re
 
 __device__ __forceinline__ float cn_max(float a, float b) { return (a != a || a > b) ? a : b; }  // NaN wins
 
-// (N, H, W, C) -> (N, OH, OW, C): the maximum of each k x k window at stride s, no padding (NaN
-// propagates, as torch's).
+// (N, H, W, C) -> (N, OH, OW, C): the maximum of each k x k window at stride s, padded by pad (a padded
+// place is never the maximum, as torch's -inf padding; NaN propagates, as torch's).
 extern "C" __global__ void maxpool_nhwc(const float* __restrict__ in, float* __restrict__ out, int N, int H, int W,
-                                        int C, int k, int s, int OH, int OW) {
+                                        int C, int k, int s, int pad, int OH, int OW) {
     const long long total = static_cast<long long>(N) * OH * OW * C;
     for (long long e = blockIdx.x * 256LL + threadIdx.x; e < total; e += static_cast<long long>(gridDim.x) * 256) {
         const int c = static_cast<int>(e % C);
         const long long p = e / C;
         const int ox = static_cast<int>(p % OW), oy = static_cast<int>((p / OW) % OH);
         const long long n = p / (static_cast<long long>(OW) * OH);
-        const float* at = in + ((n * H + oy * s) * W + ox * s) * C + c;
-        float v = at[0];
-        for (int dy = 0; dy < k; ++dy)
-            for (int dx = 0; dx < k; ++dx) v = cn_max(v, at[(static_cast<long long>(dy) * W + dx) * C]);
+        const int y0 = oy * s - pad, x0 = ox * s - pad;
+        float v = -INFINITY;
+        for (int y = max(y0, 0); y < min(y0 + k, H); ++y)
+            for (int x = max(x0, 0); x < min(x0 + k, W); ++x) v = cn_max(v, in[((n * H + y) * W + x) * C + c]);
         out[e] = v;
+    }
+}
+
+// (N, C, HW) -> (N, HW, C) through 32 x 32 shared tiles: reads along HW, writes along C, both coalesced.
+extern "C" __global__ void nchw_to_nhwc(const float* __restrict__ in, float* __restrict__ out, int C, int HW) {
+    __shared__ float tile[32][33];
+    const long long n = blockIdx.z;
+    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32, tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (int r = ty; r < 32; r += blockDim.x / 32) {
+        const int c = c0 + r, p = p0 + tx;
+        tile[r][tx] = c < C && p < HW ? in[(n * C + c) * HW + p] : 0.f;
+    }
+    __syncthreads();
+    for (int r = ty; r < 32; r += blockDim.x / 32) {
+        const int p = p0 + r, c = c0 + tx;
+        if (p < HW && c < C) out[(n * HW + p) * C + c] = tile[tx][r];
+    }
+}
+
+// Channels-last parts, side by side along channels, as one channels-first (N, C, HW) output: part i
+// holds channels [first[i], first[i + 1]) at src[i] + (n HW + p) stride[i] + (c - first[i]).
+struct CnParts {
+    const float* src[4];
+    long long stride[4];
+    int first[5];
+};
+
+extern "C" __global__ void concat_to_nchw(CnParts parts, float* __restrict__ out, int C, int HW) {
+    __shared__ float tile[32][33];
+    const long long n = blockIdx.z;
+    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32, tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (int r = ty; r < 32; r += blockDim.x / 32) {  // row r: pixel p0 + r, lanes along channels
+        const int p = p0 + r, c = c0 + tx;
+        float v = 0.f;
+        if (p < HW && c < C) {
+            const float* src = parts.src[0];
+            long long stride = parts.stride[0];
+            int first = parts.first[0];
+#pragma unroll
+            for (int j = 1; j < 4; ++j) {  // (unrolled: no local copy of the parts)
+                if (c >= parts.first[j]) {
+                    src = parts.src[j];
+                    stride = parts.stride[j];
+                    first = parts.first[j];
+                }
+            }
+            v = src[(n * HW + p) * stride + (c - first)];
+        }
+        tile[r][tx] = v;
+    }
+    __syncthreads();
+    for (int r = ty; r < 32; r += blockDim.x / 32) {  // row r: channel c0 + r, lanes along pixels
+        const int c = c0 + r, p = p0 + tx;
+        if (p < HW && c < C) out[(n * C + c) * HW + p] = tile[tx][r];
     }
 }
 
@@ -118,15 +173,41 @@ void launch_conv_weights(const float* w, float* out, int O, int C, int KH, int K
     cn_check("conv_weights");
 }
 
-void launch_maxpool_nhwc(const float* in, float* out, int N, int H, int W, int C, int k, int s, int OH, int OW,
-                         void* stream) {
+void launch_maxpool_nhwc(const float* in, float* out, int N, int H, int W, int C, int k, int s, int pad, int OH,
+                         int OW, void* stream) {
     maxpool_nhwc<<<cn_blocks(1LL * N * OH * OW * C, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        in, out, N, H, W, C, k, s, OH, OW);
+        in, out, N, H, W, C, k, s, pad, OH, OW);
     cn_check("maxpool_nhwc");
+}
+
+void launch_nchw_to_nhwc(const float* in, float* out, int N, int C, int HW, void* stream) {
+    const dim3 grid((HW + 31) / 32, (C + 31) / 32, N);
+    nchw_to_nhwc<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(in, out, C, HW);
+    cn_check("nchw_to_nhwc");
+}
+
+void launch_concat_to_nchw(const float* const* src, const long long* stride, const int* first, int parts, float* out,
+                           int N, int C, int HW, void* stream) {
+    CnParts p{};
+    for (int i = 0; i < 4; ++i) {
+        p.src[i] = src[i < parts ? i : parts - 1];
+        p.stride[i] = stride[i < parts ? i : parts - 1];
+    }
+    for (int i = 0; i <= 4; ++i) p.first[i] = i <= parts ? first[i] : C;
+    const dim3 grid((HW + 31) / 32, (C + 31) / 32, N);
+    concat_to_nchw<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(p, out, C, HW);
+    cn_check("concat_to_nchw");
 }
 
 void launch_nhwc_flatten(const float* in, float* out, int N, int H, int W, int C, void* stream) {
     nhwc_flatten<<<cn_blocks(1LL * N * H * W * C, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(in, out, N, H,
                                                                                                       W, C);
     cn_check("nhwc_flatten");
+}
+
+// count floats from src to dst on the stream (the copy engine: no kernel).
+void launch_copy(float* dst, const float* src, long long count, void* stream) {
+    const cudaError_t err = cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice,
+                                            static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) throw std::runtime_error(std::string("copy: ") + cudaGetErrorString(err));
 }

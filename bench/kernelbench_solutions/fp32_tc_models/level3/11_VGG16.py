@@ -75,61 +75,110 @@ torch::Tensor gemm3x(torch::Tensor a, torch::Tensor b, torch::Tensor bias,
 void launch_unfold(const float* in, float* cols, int N, int C, int H, int W, int OH, int OW, int KH, int KW,
                    int stride, int pad, int Kp, long long sn, long long sc, long long sy, long long sx, void* stream);
 void launch_conv_weights(const float* w, float* out, int O, int C, int KH, int KW, int Kp, void* stream);
-void launch_maxpool_nhwc(const float* in, float* out, int N, int H, int W, int C, int k, int s, int OH, int OW,
-                         void* stream);
+void launch_maxpool_nhwc(const float* in, float* out, int N, int H, int W, int C, int k, int s, int pad, int OH,
+                         int OW, void* stream);
 void launch_nhwc_flatten(const float* in, float* out, int N, int H, int W, int C, void* stream);
+void launch_nchw_to_nhwc(const float* in, float* out, int N, int C, int HW, void* stream);
+void launch_concat_to_nchw(const float* const* src, const long long* stride, const int* first, int parts, float* out,
+                           int N, int C, int HW, void* stream);
+void launch_copy(float* dst, const float* src, long long count, void* stream);
 
 namespace {
 void check_cn(const torch::Tensor& t, const torch::Tensor& like, const char* what) {
     TORCH_CHECK(t.is_cuda() && t.device() == like.device() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
                 what, " must be a contiguous float32 tensor on the input's device");
 }
+
+int32_t i32(int64_t v, const char* what) {
+    TORCH_CHECK(v >= 0 && v < (1LL << 31), what, " must fit int32");
+    return static_cast<int32_t>(v);
+}
 }  // namespace
 
-// relu(conv2d(x, w, stride, padding) + b) as (N, OH, OW, O): x is (N, C, H, W), or (N, H, W, C) where
-// channels_last; unfolded into rows and multiplied on the 3xTF32 core, bias and ReLU in its epilogue.
-torch::Tensor conv_relu(torch::Tensor x, torch::Tensor w, torch::Tensor b, int64_t stride, int64_t pad,
-                        bool channels_last, int64_t stream) {
-    check_cn(x, x, "conv_relu: x");
-    check_cn(w, x, "conv_relu: weight");
-    check_cn(b, x, "conv_relu: bias");
-    TORCH_CHECK(x.dim() == 4 && w.dim() == 4 && stride > 0 && pad >= 0, "conv_relu: a 2-d convolution's shapes");
-    const int64_t N = x.size(0);
-    const int64_t C = channels_last ? x.size(3) : x.size(1), H = channels_last ? x.size(1) : x.size(2);
-    const int64_t W = channels_last ? x.size(2) : x.size(3), O = w.size(0), KH = w.size(2), KW = w.size(3);
-    TORCH_CHECK(w.size(1) == C && b.numel() == O, "conv_relu: the weight's channels and the bias must fit x");
+// conv2d(x, w, stride, padding) + b, ReLU'd where relu, as (N, OH, OW, O), over x's channels [c0, c0 + C)
+// (C: the weight's): x is (N, C', H, W), or (N, H, W, C') where channels_last. Unfolded into rows and
+// multiplied on the 3xTF32 core, bias and ReLU in its epilogue; a 1 x 1 convolution of a whole
+// channels-last input is that product directly, without the unfold.
+torch::Tensor conv2d(torch::Tensor x, torch::Tensor w, torch::Tensor b, int64_t stride, int64_t pad, bool relu,
+                     bool channels_last, int64_t c0, int64_t stream) {
+    check_cn(x, x, "conv2d: x");
+    check_cn(w, x, "conv2d: weight");
+    check_cn(b, x, "conv2d: bias");
+    TORCH_CHECK(x.dim() == 4 && w.dim() == 4 && stride > 0 && pad >= 0 && c0 >= 0,
+                "conv2d: a 2-d convolution's shapes");
+    const int64_t N = x.size(0), Cx = channels_last ? x.size(3) : x.size(1);
+    const int64_t H = channels_last ? x.size(1) : x.size(2), W = channels_last ? x.size(2) : x.size(3);
+    const int64_t O = w.size(0), C = w.size(1), KH = w.size(2), KW = w.size(3);
+    TORCH_CHECK(c0 + C <= Cx && b.numel() == O, "conv2d: the weight's channels and the bias must fit x");
     const int64_t OH = (H + 2 * pad - KH) / stride + 1, OW = (W + 2 * pad - KW) / stride + 1;
-    TORCH_CHECK(OH > 0 && OW > 0, "conv_relu: the kernel is larger than the padded input");
-    const int64_t Kp = (KH * KW * C + 3) / 4 * 4, M = N * OH * OW;
-    TORCH_CHECK(M < (1LL << 31) && Kp < (1LL << 31) && O < (1LL << 31), "conv_relu: sizes must fit int32");
-    const long long sn = C * H * W, sc = channels_last ? 1 : H * W, sy = channels_last ? W * C : W,
-                    sx = channels_last ? C : 1;
+    TORCH_CHECK(OH > 0 && OW > 0, "conv2d: the kernel is larger than the padded input");
+    const int64_t M = N * OH * OW;
+    auto y = torch::empty({N, OH, OW, O}, x.options());
+    void* s = reinterpret_cast<void*>(stream);
+    const float flag = relu ? 1.0f : 0.0f;
+    if (KH == 1 && KW == 1 && stride == 1 && pad == 0 && channels_last && c0 == 0 && C == Cx && C % 4 == 0) {
+        launch_gemm3x(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), i32(M, "conv2d: N H W"),
+                      i32(O, "conv2d: O"), i32(C, "conv2d: C"), b.data_ptr<float>(), nullptr, flag, 0.0f, 0.0f, s);
+        return y;
+    }
+    const int64_t Kp = (KH * KW * C + 3) / 4 * 4;
+    const long long sn = Cx * H * W, sc = channels_last ? 1 : H * W, sy = channels_last ? W * Cx : W,
+                    sx = channels_last ? Cx : 1;
     auto cols = torch::empty({M, Kp}, x.options());
     auto wk = torch::empty({O, Kp}, x.options());
-    void* s = reinterpret_cast<void*>(stream);
-    launch_unfold(x.data_ptr<float>(), cols.data_ptr<float>(), static_cast<int>(N), static_cast<int>(C),
-                  static_cast<int>(H), static_cast<int>(W), static_cast<int>(OH), static_cast<int>(OW),
-                  static_cast<int>(KH), static_cast<int>(KW), static_cast<int>(stride), static_cast<int>(pad),
-                  static_cast<int>(Kp), sn, sc, sy, sx, s);
-    launch_conv_weights(w.data_ptr<float>(), wk.data_ptr<float>(), static_cast<int>(O), static_cast<int>(C),
-                        static_cast<int>(KH), static_cast<int>(KW), static_cast<int>(Kp), s);
-    auto y = torch::empty({N, OH, OW, O}, x.options());
-    launch_gemm3x(cols.data_ptr<float>(), wk.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(M),
-                  static_cast<int>(O), static_cast<int>(Kp), b.data_ptr<float>(), nullptr, 1.0f, 0.0f, 0.0f, s);
+    launch_unfold(x.data_ptr<float>() + c0 * sc, cols.data_ptr<float>(), i32(N, "conv2d: N"), i32(C, "conv2d: C"),
+                  i32(H, "conv2d: H"), i32(W, "conv2d: W"), i32(OH, "conv2d: OH"), i32(OW, "conv2d: OW"),
+                  i32(KH, "conv2d: KH"), i32(KW, "conv2d: KW"), i32(stride, "conv2d: stride"), i32(pad, "conv2d: pad"),
+                  i32(Kp, "conv2d: K"), sn, sc, sy, sx, s);
+    launch_conv_weights(w.data_ptr<float>(), wk.data_ptr<float>(), i32(O, "conv2d: O"), i32(C, "conv2d: C"),
+                        i32(KH, "conv2d: KH"), i32(KW, "conv2d: KW"), i32(Kp, "conv2d: K"), s);
+    launch_gemm3x(cols.data_ptr<float>(), wk.data_ptr<float>(), y.data_ptr<float>(), i32(M, "conv2d: N OH OW"),
+                  i32(O, "conv2d: O"), i32(Kp, "conv2d: K"), b.data_ptr<float>(), nullptr, flag, 0.0f, 0.0f, s);
     return y;
 }
 
-// k x k max pooling at stride s, no padding, channels-last.
-torch::Tensor maxpool_nhwc(torch::Tensor x, int64_t k, int64_t s, int64_t stream) {
+// Three 1 x 1 convolutions of one channels-last input as one product: their weights and biases side by
+// side (copied into one buffer), so the input is read once; (N, H, W, O_a + O_b + O_c).
+torch::Tensor conv1x1_three(torch::Tensor x, torch::Tensor wa, torch::Tensor ba, torch::Tensor wb, torch::Tensor bb,
+                            torch::Tensor wc, torch::Tensor bc, int64_t stream) {
+    check_cn(x, x, "conv1x1_three: x");
+    TORCH_CHECK(x.dim() == 4 && x.size(3) % 4 == 0, "conv1x1_three: x must be (N, H, W, C), C % 4 == 0");
+    const int64_t C = x.size(3), M = x.size(0) * x.size(1) * x.size(2);
+    const torch::Tensor ws[3] = {wa, wb, wc}, bs[3] = {ba, bb, bc};
+    int64_t O = 0;
+    for (int i = 0; i < 3; ++i) {
+        check_cn(ws[i], x, "conv1x1_three: a weight");
+        check_cn(bs[i], x, "conv1x1_three: a bias");
+        TORCH_CHECK(ws[i].dim() == 4 && ws[i].size(1) == C && ws[i].size(2) == 1 && ws[i].size(3) == 1 &&
+                    bs[i].numel() == ws[i].size(0), "conv1x1_three: 1 x 1 kernels over x's channels");
+        O += ws[i].size(0);
+    }
+    auto w = torch::empty({O, C}, x.options());
+    auto b = torch::empty({O}, x.options());
+    int64_t row = 0;
+    for (int i = 0; i < 3; ++i) {
+        const int64_t o = ws[i].size(0);
+        launch_copy(w.data_ptr<float>() + row * C, ws[i].data_ptr<float>(), o * C, reinterpret_cast<void*>(stream));
+        launch_copy(b.data_ptr<float>() + row, bs[i].data_ptr<float>(), o, reinterpret_cast<void*>(stream));
+        row += o;
+    }
+    auto y = torch::empty({x.size(0), x.size(1), x.size(2), O}, x.options());
+    launch_gemm3x(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), i32(M, "conv1x1_three: N H W"),
+                  i32(O, "conv1x1_three: O"), i32(C, "conv1x1_three: C"), b.data_ptr<float>(), nullptr, 0.0f, 0.0f,
+                  0.0f, reinterpret_cast<void*>(stream));
+    return y;
+}
+
+// k x k max pooling at stride s, padded by pad, channels-last.
+torch::Tensor maxpool_nhwc(torch::Tensor x, int64_t k, int64_t s, int64_t pad, int64_t stream) {
     check_cn(x, x, "maxpool_nhwc: x");
-    TORCH_CHECK(x.dim() == 4 && k > 0 && s > 0 && x.size(1) >= k && x.size(2) >= k,
-                "maxpool_nhwc: x must be (N, H, W, C) with H, W >= k");
-    const int64_t OH = (x.size(1) - k) / s + 1, OW = (x.size(2) - k) / s + 1;
+    TORCH_CHECK(x.dim() == 4 && k > 0 && s > 0 && pad >= 0 && 2 * pad <= k && x.size(1) + 2 * pad >= k &&
+                x.size(2) + 2 * pad >= k, "maxpool_nhwc: x must be (N, H, W, C), the window within the padded input");
+    const int64_t OH = (x.size(1) + 2 * pad - k) / s + 1, OW = (x.size(2) + 2 * pad - k) / s + 1;
     auto y = torch::empty({x.size(0), OH, OW, x.size(3)}, x.options());
-    launch_maxpool_nhwc(x.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(x.size(0)),
-                        static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
-                        static_cast<int>(k), static_cast<int>(s), static_cast<int>(OH), static_cast<int>(OW),
-                        reinterpret_cast<void*>(stream));
+    launch_maxpool_nhwc(x.data_ptr<float>(), y.data_ptr<float>(), i32(x.size(0), "N"), i32(x.size(1), "H"),
+                        i32(x.size(2), "W"), i32(x.size(3), "C"), i32(k, "k"), i32(s, "s"), i32(pad, "pad"),
+                        i32(OH, "OH"), i32(OW, "OW"), reinterpret_cast<void*>(stream));
     return y;
 }
 
@@ -137,16 +186,52 @@ torch::Tensor nhwc_flatten(torch::Tensor x, int64_t stream) {
     check_cn(x, x, "nhwc_flatten: x");
     TORCH_CHECK(x.dim() == 4, "nhwc_flatten: x must be (N, H, W, C)");
     auto y = torch::empty({x.size(0), x.size(1) * x.size(2) * x.size(3)}, x.options());
-    launch_nhwc_flatten(x.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(x.size(0)),
-                        static_cast<int>(x.size(1)), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)),
-                        reinterpret_cast<void*>(stream));
+    launch_nhwc_flatten(x.data_ptr<float>(), y.data_ptr<float>(), i32(x.size(0), "N"), i32(x.size(1), "H"),
+                        i32(x.size(2), "W"), i32(x.size(3), "C"), reinterpret_cast<void*>(stream));
+    return y;
+}
+
+torch::Tensor nchw_to_nhwc(torch::Tensor x, int64_t stream) {
+    check_cn(x, x, "nchw_to_nhwc: x");
+    TORCH_CHECK(x.dim() == 4, "nchw_to_nhwc: x must be (N, C, H, W)");
+    auto y = torch::empty({x.size(0), x.size(2), x.size(3), x.size(1)}, x.options());
+    launch_nchw_to_nhwc(x.data_ptr<float>(), y.data_ptr<float>(), i32(x.size(0), "N"), i32(x.size(1), "C"),
+                        i32(x.size(2) * x.size(3), "H W"), reinterpret_cast<void*>(stream));
+    return y;
+}
+
+// Four channels-last parts side by side along channels as one (N, C, H, W): part i is channels
+// [f_i, f_i + n_i) of t_i (N, H, W, C_i).
+torch::Tensor concat_to_nchw(torch::Tensor t0, int64_t f0, int64_t n0, torch::Tensor t1, int64_t f1, int64_t n1,
+                             torch::Tensor t2, int64_t f2, int64_t n2, torch::Tensor t3, int64_t f3, int64_t n3,
+                             int64_t stream) {
+    const torch::Tensor ts[4] = {t0, t1, t2, t3};
+    const int64_t fs[4] = {f0, f1, f2, f3}, ns[4] = {n0, n1, n2, n3};
+    const float* src[4];
+    long long stride[4];
+    int first[5] = {0, 0, 0, 0, 0};
+    for (int i = 0; i < 4; ++i) {
+        check_cn(ts[i], t0, "concat_to_nchw: a part");
+        TORCH_CHECK(ts[i].dim() == 4 && ts[i].size(0) == t0.size(0) && ts[i].size(1) == t0.size(1) &&
+                    ts[i].size(2) == t0.size(2), "concat_to_nchw: the parts must be (N, H, W, C_i) of one N, H, W");
+        TORCH_CHECK(fs[i] >= 0 && ns[i] > 0 && fs[i] + ns[i] <= ts[i].size(3), "concat_to_nchw: channels out of range");
+        src[i] = ts[i].data_ptr<float>() + fs[i];
+        stride[i] = ts[i].size(3);
+        first[i + 1] = first[i] + i32(ns[i], "concat_to_nchw: channels");
+    }
+    auto y = torch::empty({t0.size(0), first[4], t0.size(1), t0.size(2)}, t0.options());
+    launch_concat_to_nchw(src, stride, first, 4, y.data_ptr<float>(), i32(t0.size(0), "N"), first[4],
+                          i32(t0.size(1) * t0.size(2), "H W"), reinterpret_cast<void*>(stream));
     return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("conv_relu", &conv_relu, "relu(conv2d + bias), unfolded onto the 3xTF32 GEMM, channels-last out");
-    m.def("maxpool_nhwc", &maxpool_nhwc, "k x k max pooling at stride s, channels-last");
+    m.def("conv2d", &conv2d, "conv2d + bias (ReLU'd or not), unfolded onto the 3xTF32 GEMM, channels-last out");
+    m.def("conv1x1_three", &conv1x1_three, "three 1 x 1 convolutions of one channels-last input as one product");
+    m.def("maxpool_nhwc", &maxpool_nhwc, "k x k max pooling at stride s with padding, channels-last");
     m.def("nhwc_flatten", &nhwc_flatten, "channels-last to the reference's flatten order");
+    m.def("nchw_to_nhwc", &nchw_to_nhwc, "channels-first to channels-last");
+    m.def("concat_to_nchw", &concat_to_nchw, "four channels-last parts side by side as one channels-first tensor");
     m.def("gemm3x", &gemm3x, "epilogue(A . op(B)) with 3xTF32 wgmma at float32 accuracy");
 }
 """
@@ -1064,6 +1149,7 @@ void launch_gemm3x(const float* a, const float* b, float* c, int M, int N, int K
 
 #include <cuda_runtime.h>
 
+#include <math.h>
 #include <stdexcept>
 #include <string>
 
@@ -1130,21 +1216,75 @@ extern "C" __global__ void conv_weights(const float* __restrict__ w, float* __re
 
 __device__ __forceinline__ float cn_max(float a, float b) { return (a != a || a > b) ? a : b; }  // NaN wins
 
-// (N, H, W, C) -> (N, OH, OW, C): the maximum of each k x k window at stride s, no padding (NaN
-// propagates, as torch's).
+// (N, H, W, C) -> (N, OH, OW, C): the maximum of each k x k window at stride s, padded by pad (a padded
+// place is never the maximum, as torch's -inf padding; NaN propagates, as torch's).
 extern "C" __global__ void maxpool_nhwc(const float* __restrict__ in, float* __restrict__ out, int N, int H, int W,
-                                        int C, int k, int s, int OH, int OW) {
+                                        int C, int k, int s, int pad, int OH, int OW) {
     const long long total = static_cast<long long>(N) * OH * OW * C;
     for (long long e = blockIdx.x * 256LL + threadIdx.x; e < total; e += static_cast<long long>(gridDim.x) * 256) {
         const int c = static_cast<int>(e % C);
         const long long p = e / C;
         const int ox = static_cast<int>(p % OW), oy = static_cast<int>((p / OW) % OH);
         const long long n = p / (static_cast<long long>(OW) * OH);
-        const float* at = in + ((n * H + oy * s) * W + ox * s) * C + c;
-        float v = at[0];
-        for (int dy = 0; dy < k; ++dy)
-            for (int dx = 0; dx < k; ++dx) v = cn_max(v, at[(static_cast<long long>(dy) * W + dx) * C]);
+        const int y0 = oy * s - pad, x0 = ox * s - pad;
+        float v = -INFINITY;
+        for (int y = max(y0, 0); y < min(y0 + k, H); ++y)
+            for (int x = max(x0, 0); x < min(x0 + k, W); ++x) v = cn_max(v, in[((n * H + y) * W + x) * C + c]);
         out[e] = v;
+    }
+}
+
+// (N, C, HW) -> (N, HW, C) through 32 x 32 shared tiles: reads along HW, writes along C, both coalesced.
+extern "C" __global__ void nchw_to_nhwc(const float* __restrict__ in, float* __restrict__ out, int C, int HW) {
+    __shared__ float tile[32][33];
+    const long long n = blockIdx.z;
+    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32, tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (int r = ty; r < 32; r += blockDim.x / 32) {
+        const int c = c0 + r, p = p0 + tx;
+        tile[r][tx] = c < C && p < HW ? in[(n * C + c) * HW + p] : 0.f;
+    }
+    __syncthreads();
+    for (int r = ty; r < 32; r += blockDim.x / 32) {
+        const int p = p0 + r, c = c0 + tx;
+        if (p < HW && c < C) out[(n * HW + p) * C + c] = tile[tx][r];
+    }
+}
+
+// Channels-last parts, side by side along channels, as one channels-first (N, C, HW) output: part i
+// holds channels [first[i], first[i + 1]) at src[i] + (n HW + p) stride[i] + (c - first[i]).
+struct CnParts {
+    const float* src[4];
+    long long stride[4];
+    int first[5];
+};
+
+extern "C" __global__ void concat_to_nchw(CnParts parts, float* __restrict__ out, int C, int HW) {
+    __shared__ float tile[32][33];
+    const long long n = blockIdx.z;
+    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32, tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (int r = ty; r < 32; r += blockDim.x / 32) {  // row r: pixel p0 + r, lanes along channels
+        const int p = p0 + r, c = c0 + tx;
+        float v = 0.f;
+        if (p < HW && c < C) {
+            const float* src = parts.src[0];
+            long long stride = parts.stride[0];
+            int first = parts.first[0];
+#pragma unroll
+            for (int j = 1; j < 4; ++j) {  // (unrolled: no local copy of the parts)
+                if (c >= parts.first[j]) {
+                    src = parts.src[j];
+                    stride = parts.stride[j];
+                    first = parts.first[j];
+                }
+            }
+            v = src[(n * HW + p) * stride + (c - first)];
+        }
+        tile[r][tx] = v;
+    }
+    __syncthreads();
+    for (int r = ty; r < 32; r += blockDim.x / 32) {  // row r: channel c0 + r, lanes along pixels
+        const int c = c0 + r, p = p0 + tx;
+        if (p < HW && c < C) out[(n * C + c) * HW + p] = tile[tx][r];
     }
 }
 
@@ -1173,17 +1313,43 @@ void launch_conv_weights(const float* w, float* out, int O, int C, int KH, int K
     cn_check("conv_weights");
 }
 
-void launch_maxpool_nhwc(const float* in, float* out, int N, int H, int W, int C, int k, int s, int OH, int OW,
-                         void* stream) {
+void launch_maxpool_nhwc(const float* in, float* out, int N, int H, int W, int C, int k, int s, int pad, int OH,
+                         int OW, void* stream) {
     maxpool_nhwc<<<cn_blocks(1LL * N * OH * OW * C, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        in, out, N, H, W, C, k, s, OH, OW);
+        in, out, N, H, W, C, k, s, pad, OH, OW);
     cn_check("maxpool_nhwc");
+}
+
+void launch_nchw_to_nhwc(const float* in, float* out, int N, int C, int HW, void* stream) {
+    const dim3 grid((HW + 31) / 32, (C + 31) / 32, N);
+    nchw_to_nhwc<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(in, out, C, HW);
+    cn_check("nchw_to_nhwc");
+}
+
+void launch_concat_to_nchw(const float* const* src, const long long* stride, const int* first, int parts, float* out,
+                           int N, int C, int HW, void* stream) {
+    CnParts p{};
+    for (int i = 0; i < 4; ++i) {
+        p.src[i] = src[i < parts ? i : parts - 1];
+        p.stride[i] = stride[i < parts ? i : parts - 1];
+    }
+    for (int i = 0; i <= 4; ++i) p.first[i] = i <= parts ? first[i] : C;
+    const dim3 grid((HW + 31) / 32, (C + 31) / 32, N);
+    concat_to_nchw<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(p, out, C, HW);
+    cn_check("concat_to_nchw");
 }
 
 void launch_nhwc_flatten(const float* in, float* out, int N, int H, int W, int C, void* stream) {
     nhwc_flatten<<<cn_blocks(1LL * N * H * W * C, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(in, out, N, H,
                                                                                                       W, C);
     cn_check("nhwc_flatten");
+}
+
+// count floats from src to dst on the stream (the copy engine: no kernel).
+void launch_copy(float* dst, const float* src, long long count, void* stream) {
+    const cudaError_t err = cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice,
+                                            static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) throw std::runtime_error(std::string("copy: ") + cudaGetErrorString(err));
 }
 """
 
@@ -1233,10 +1399,10 @@ class ModelNew(nn.Module):
         channels_last = False  # the input is (N, C, H, W); every convolution's output (N, H, W, C)
         for layer in self.features:
             if isinstance(layer, nn.Conv2d):
-                h = _ext.conv_relu(h, layer.weight, layer.bias, 1, 1, channels_last, stream)
+                h = _ext.conv2d(h, layer.weight, layer.bias, 1, 1, True, channels_last, 0, stream)
                 channels_last = True
             elif isinstance(layer, nn.MaxPool2d):
-                h = _ext.maxpool_nhwc(h, 2, 2, stream)
+                h = _ext.maxpool_nhwc(h, 2, 2, 0, stream)
         h = _ext.nhwc_flatten(h, stream)
         linears = [m for m in self.classifier if isinstance(m, nn.Linear)]
         for i, layer in enumerate(linears):

@@ -27,6 +27,8 @@ if str(BENCH) not in sys.path:
 
 from tc_fp32_models import MODELS, expected_model_files  # noqa: E402
 
+from kb_mcp.harness.judgment.integrity_static import check_source  # noqa: E402
+
 SOLUTIONS = sorted(FOLDER.rglob("*.py"))
 
 
@@ -84,6 +86,12 @@ def test_each_model_solution_is_one_self_contained_candidate(path: Path) -> None
         assert (BENCH / "tc_fp32" / name).read_text() in consts["CUDA"]
     for fn, _ in sol.binds:
         assert f'm.def("{fn}", &{fn}' in consts["CPP"]
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_each_model_solution_passes_the_static_checks_in_own_mode(path: Path) -> None:
+    # own mode, the stricter: every op of the forward path a kernel of our own (data moves by the copy engine)
+    assert check_source(path.read_text()) == []
 
 
 # Small constructor arguments per model: its parameters' names, shapes and seeded values are what matter.

@@ -140,6 +140,23 @@ def test_each_model_solution_compiles_for_sm90a_without_spills(path: Path, tmp_p
     assert "warning" not in log.lower(), log
 
 
+@pytest.fixture(scope="module")
+def built() -> None:
+    """Every solution's extension built first, side by side in processes of their own (torch's extension
+    cache then serves each test's import): one after another they would take minutes."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import importlib.util, sys; "
+                               "spec = importlib.util.spec_from_file_location('s', sys.argv[1]); "
+                               "spec.loader.exec_module(importlib.util.module_from_spec(spec))", str(path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for path in SOLUTIONS]
+    failed = []
+    for path, proc in zip(SOLUTIONS, procs):
+        out, _ = proc.communicate(timeout=1800)
+        if proc.returncode != 0:
+            failed.append(f"{path.name}: {out[-2000:]}")
+    assert not failed, "\n".join(failed)
+
+
 def _load(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"solution_{path.stem}", path)
     assert spec is not None and spec.loader is not None
@@ -167,7 +184,7 @@ def _against_float64(ref: Any, new: Any, xs: list[torch.Tensor]) -> tuple[float,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
-def test_on_a_gpu_each_model_solution_is_its_reference_at_float32_accuracy(path: Path) -> None:
+def test_on_a_gpu_each_model_solution_is_its_reference_at_float32_accuracy(path: Path, built: None) -> None:
     """At the problem's real sizes, against float64: our error at most twice strict float32's."""
     ref_mod = _reference(f"level3/{path.name}")
     sol = _load(path)
@@ -182,7 +199,7 @@ def test_on_a_gpu_each_model_solution_is_its_reference_at_float32_accuracy(path:
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_the_relu_attention_kernel_holds_over_its_shapes_and_signed_inputs() -> None:
+def test_on_a_gpu_the_relu_attention_kernel_holds_over_its_shapes_and_signed_inputs(built: None) -> None:
     """Several row blocks, the diagonal, one head or many, inputs of both signs."""
     ref_mod = _reference("level3/50_ReLUSelfAttention.py")
     sol = _load(FOLDER / "level3" / "50_ReLUSelfAttention.py")

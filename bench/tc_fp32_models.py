@@ -625,6 +625,68 @@ def _mlp_model(sizes: str) -> str:
 '''
 
 
+_TRANSITION_CPP = r"""
+// Defined in the CUDA source (bench/tc_fp32/transition.cu).
+void launch_densenet_transition(const float* x, const float* mean, const float* var, const float* gamma,
+                                const float* beta, float eps, const float* w, float* y, int N, int cin, int cout,
+                                int H, int W, void* stream);
+
+namespace {
+const float* tr_param(const torch::Tensor& t, const torch::Tensor& x, int64_t numel, const char* what) {
+    TORCH_CHECK(t.is_cuda() && t.device() == x.device() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
+                "densenet_transition: ", what, " must be a contiguous float32 tensor on the input's device");
+    TORCH_CHECK(t.numel() == numel, "densenet_transition: ", what, " must hold ", numel, " values");
+    return t.data_ptr<float>();
+}
+}  // namespace
+
+// AvgPool2d(2)(conv1x1(relu(batchnorm(x)))) with BatchNorm's running statistics (inference).
+torch::Tensor densenet_transition(torch::Tensor x, torch::Tensor mean, torch::Tensor var, torch::Tensor gamma,
+                                  torch::Tensor beta, double eps, torch::Tensor w, int64_t stream) {
+    TORCH_CHECK(x.dim() == 4 && w.dim() == 4 && w.size(2) == 1 && w.size(3) == 1, "densenet_transition: shapes");
+    x = x.contiguous();
+    const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), O = w.size(0);
+    TORCH_CHECK(w.size(1) == C && W % 2 == 0 && H >= 2, "densenet_transition: the weight must fit x; W even");
+    TORCH_CHECK(N * C * H * W < (1LL << 62) && H < (1LL << 31) && W < (1LL << 31), "densenet_transition: too large");
+    const float* xp = tr_param(x, x, N * C * H * W, "x");
+    const float* mp = tr_param(mean, x, C, "running_mean");
+    const float* vp = tr_param(var, x, C, "running_var");
+    const float* gp = tr_param(gamma, x, C, "weight");
+    const float* bp = tr_param(beta, x, C, "bias");
+    const float* wp = tr_param(w, x, O * C, "conv weight");
+    auto y = torch::empty({N, O, H / 2, W / 2}, x.options());
+    launch_densenet_transition(xp, mp, vp, gp, bp, static_cast<float>(eps), wp, y.data_ptr<float>(),
+                               static_cast<int>(N), static_cast<int>(C), static_cast<int>(O), static_cast<int>(H),
+                               static_cast<int>(W), reinterpret_cast<void*>(stream));
+    return y;
+}
+"""
+
+_TRANSITION_MODEL = '''class ModelNew(nn.Module):
+    """DenseNet's transition layer in one kernel: BatchNorm (running statistics), ReLU and the average
+    pooling per input channel, then the 1 x 1 convolution on the pooled pixels."""
+
+    def __init__(self, num_input_features: int, num_output_features: int):
+        super().__init__()
+        # the reference's layers, names and order: its state dict loads by name, the same seed gives the same values
+        self.transition = nn.Sequential(
+            nn.BatchNorm2d(num_input_features),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(num_input_features, num_output_features, kernel_size=1, bias=False),
+            nn.AvgPool2d(kernel_size=2, stride=2)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:  # BatchNorm from the batch's own statistics is not what the kernel computes
+            raise RuntimeError("this kernel computes inference BatchNorm (running statistics): call .eval() first")
+        bn, conv = self.transition[0], self.transition[2]
+        assert isinstance(bn, nn.BatchNorm2d) and isinstance(conv, nn.Conv2d)
+        assert bn.running_mean is not None and bn.running_var is not None
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        return _ext.densenet_transition(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, bn.eps, conv.weight,
+                                        stream)
+'''
+
 _RNN_CPP = r"""
 // Defined in the CUDA source (bench/tc_fp32/rnn_cell.cu).
 void launch_cat_columns(float* dst, const float* a, long long a_cols, const float* b, long long b_cols,
@@ -711,6 +773,14 @@ MODELS: tuple[ModelSolution, ...] = (
     *(ModelSolution(f"level3/{path}.py", _VGG_SUMMARY.format(name=name), _vgg_model(name, cfg), ("convnet.cu",),
                     _CONVNET_CPP, _CONVNET_BINDS, epilogue=_BIAS_RELU, epilogue_note=_BIAS_RELU_NOTE)
       for path, name, cfg in (("11_VGG16", "VGG16", _VGG16), ("12_VGG19", "VGG19", _VGG19))),
+    ModelSolution(
+        "level3/13_DenseNet121TransitionLayer.py",
+        "DenseNet's transition layer whole in one kernel of float32 FMAs (bench/tc_fp32/transition.cu): BatchNorm\n"
+        "with its running statistics, ReLU, and the 2 x 2 average pooling taken before the bias-free 1 x 1\n"
+        "convolution (both linear: the same values for a quarter of the products); the input read once, the\n"
+        "output written once.",
+        _TRANSITION_MODEL, ("transition.cu",), _TRANSITION_CPP,
+        (("densenet_transition", "DenseNet's transition layer in one kernel"),), gemm=False),
     ModelSolution(
         "level3/31_VisionAttention.py",
         "multi-head self-attention over an image's pixels, then LayerNorm(attention + x): the in and out\n"

@@ -99,7 +99,8 @@ SMALL_ARGS: dict[str, list[Any]] = {
     "1_MLP": [64, [96, 128], 32], "2_ShallowWideMLP": [64, [96, 96], 32], "3_DeepNarrowMLP": [64, [32] * 4, 16],
     "33_VanillaRNN": [48, 64, 32], "50_ReLUSelfAttention": [96, 3, 128], "31_VisionAttention": [64, 2],
     "4_LeNet5": [10], "17_SqueezeNetFireModule": [3, 6, 64, 64], "11_VGG16": [10], "12_VGG19": [10],
-    "5_AlexNet": [10], "6_GoogleNetInceptionModule": [32, 16, 8, 24, 4, 8, 8],
+    "5_AlexNet": [10], "13_DenseNet121TransitionLayer": [32, 64],
+    "6_GoogleNetInceptionModule": [32, 16, 8, 24, 4, 8, 8],
 }
 
 
@@ -189,9 +190,9 @@ def test_on_a_gpu_each_model_solution_is_its_reference_at_float32_accuracy(path:
     ref_mod = _reference(f"level3/{path.name}")
     sol = _load(path)
     torch.manual_seed(0)
-    ref = ref_mod.Model(*ref_mod.get_init_inputs()).cuda()
+    ref = ref_mod.Model(*ref_mod.get_init_inputs()).cuda().eval()  # as the harness runs both
     torch.manual_seed(0)
-    new = sol.ModelNew(*ref_mod.get_init_inputs()).cuda()
+    new = sol.ModelNew(*ref_mod.get_init_inputs()).cuda().eval()
     new.load_state_dict(ref.state_dict())
     xs = [x.cuda() for x in ref_mod.get_inputs()]
     err_ours, err_ref, scale = _against_float64(ref, new, xs)
@@ -205,8 +206,8 @@ def test_on_a_gpu_the_relu_attention_kernel_holds_over_its_shapes_and_signed_inp
     sol = _load(FOLDER / "level3" / "50_ReLUSelfAttention.py")
     for (b, t, c, h), signed in (((2, 256, 768, 12), False), ((1, 512, 128, 2), True), ((3, 64, 64, 1), True)):
         torch.manual_seed(0)
-        ref = ref_mod.Model(c, h, t).cuda()
-        new = sol.ModelNew(c, h, t).cuda()
+        ref = ref_mod.Model(c, h, t).cuda().eval()
+        new = sol.ModelNew(c, h, t).cuda().eval()
         new.load_state_dict(ref.state_dict())
         x = torch.rand(b, t, c, device="cuda")
         err_ours, err_ref, scale = _against_float64(ref, new, [x * 2 - 1 if signed else x])

@@ -69,7 +69,6 @@ torch::Tensor gemm3x(torch::Tensor a, torch::Tensor b, torch::Tensor bias,
     return c;
 }
 
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("gemm3x", &gemm3x, "epilogue(A . op(B)) with 3xTF32 wgmma at float32 accuracy");
 }

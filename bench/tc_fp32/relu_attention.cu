@@ -9,11 +9,8 @@
 // key blocks of 64 up to its diagonal (the causal mask makes the rest zero), the heaviest row blocks
 // first. Per key block: K and V tiles staged in shared memory (rows padded so the fragment reads hit 32
 // distinct banks), S = Q K^T on the tensor cores, scaled, masked and ReLU'd in registers, then Y += S V
-// with S's accumulator fragments moved into operand fragments by warp shuffles.
-//
-// 3xTF32: every operand value v is split into hi = tf32(v) and lo = tf32(v - hi), and each 8-wide K
-// chunk is lo*hi' + hi*lo' + hi*hi' accumulated afresh on the tensor core, then added to float32
-// registers with an ordinary add (the tensor core's own adder never sums more than one chunk).
+// with S's accumulator fragments moved into operand fragments by warp shuffles. The 3xTF32 products and
+// the fragment moves are mma_3xtf32.cu's (put before this file).
 
 #include <cuda_runtime.h>
 
@@ -25,37 +22,6 @@
 #define RA_D 64        // head size
 #define RA_KS (RA_D + 4)  // K tile row stride: (g * 68 + t) % 32 is distinct over a warp
 #define RA_VS (RA_D + 8)  // V tile row stride: (t * 72 + g) % 32 is distinct over a warp
-
-__device__ __forceinline__ unsigned ra_tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-
-__device__ __forceinline__ void ra_split(float v, unsigned& hi, unsigned& lo) {
-    hi = ra_tf32(v);
-    lo = ra_tf32(v - __uint_as_float(hi));
-}
-
-// d += a * b on one m16n8k8 TF32 tile.
-__device__ __forceinline__ void ra_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// acc += a * b at float32 accuracy: the three products of one chunk, added to acc as float32.
-__device__ __forceinline__ void ra_mma3(float (&acc)[4], const unsigned (&a_hi)[4], const unsigned (&a_lo)[4],
-                                        const unsigned (&b_hi)[2], const unsigned (&b_lo)[2]) {
-    float chunk[4] = {0.f, 0.f, 0.f, 0.f};
-    ra_mma(chunk, a_lo, b_hi);
-    ra_mma(chunk, a_hi, b_lo);
-    ra_mma(chunk, a_hi, b_hi);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += chunk[i];
-}
 
 extern "C" __global__ void __launch_bounds__(128) relu_attention_3xtf32(const float* __restrict__ qkv,
                                                                         float* __restrict__ y, int T, int C, int H,
@@ -75,10 +41,10 @@ extern "C" __global__ void __launch_bounds__(128) relu_attention_3xtf32(const fl
     for (int c = 0; c < 8; ++c) {
         const float* r0 = base + static_cast<long long>(q0 + g) * row_stride + 8 * c + t;
         const float* r1 = r0 + 8 * row_stride;
-        ra_split(r0[0], qh[c][0], ql[c][0]);
-        ra_split(r1[0], qh[c][1], ql[c][1]);
-        ra_split(r0[4], qh[c][2], ql[c][2]);
-        ra_split(r1[4], qh[c][3], ql[c][3]);
+        tc3_split(r0[0], qh[c][0], ql[c][0]);
+        tc3_split(r1[0], qh[c][1], ql[c][1]);
+        tc3_split(r0[4], qh[c][2], ql[c][2]);
+        tc3_split(r1[4], qh[c][3], ql[c][3]);
     }
     float acc[8][4];  // Y's 16 x 64: 8 tiles of 8 head dims
 #pragma unroll
@@ -86,8 +52,6 @@ extern "C" __global__ void __launch_bounds__(128) relu_attention_3xtf32(const fl
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
 
-    const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;  // owners of S's columns t and t + 4
-    const bool odd = t & 1;
     for (int kb = 0; kb <= rb; ++kb) {
         __syncthreads();  // the previous key block's tiles are no longer read
         const float* kbase = base + static_cast<long long>(kb * RA_BN) * row_stride + C;
@@ -111,9 +75,9 @@ extern "C" __global__ void __launch_bounds__(128) relu_attention_3xtf32(const fl
 #pragma unroll
             for (int c = 0; c < 8; ++c) {
                 unsigned bh[2], bl[2];
-                ra_split(ks[(8 * j + g) * RA_KS + 8 * c + t], bh[0], bl[0]);
-                ra_split(ks[(8 * j + g) * RA_KS + 8 * c + t + 4], bh[1], bl[1]);
-                ra_mma3(s[j], qh[c], ql[c], bh, bl);
+                tc3_split(ks[(8 * j + g) * RA_KS + 8 * c + t], bh[0], bl[0]);
+                tc3_split(ks[(8 * j + g) * RA_KS + 8 * c + t + 4], bh[1], bl[1]);
+                tc3_mma3(s[j], qh[c], ql[c], bh, bl);
             }
         }
         // scale, the causal mask (a masked score is -inf, which ReLU makes 0) and ReLU (NaN stays NaN)
@@ -130,21 +94,14 @@ extern "C" __global__ void __launch_bounds__(128) relu_attention_3xtf32(const fl
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
             if (diagonal && 8 * c > warp * 16 + 15) continue;  // all zero
-            const float x0 = __shfl_sync(0xffffffffu, s[c][0], src1), x1 = __shfl_sync(0xffffffffu, s[c][1], src1);
-            const float x2 = __shfl_sync(0xffffffffu, s[c][2], src1), x3 = __shfl_sync(0xffffffffu, s[c][3], src1);
-            const float z0 = __shfl_sync(0xffffffffu, s[c][0], src2), z1 = __shfl_sync(0xffffffffu, s[c][1], src2);
-            const float z2 = __shfl_sync(0xffffffffu, s[c][2], src2), z3 = __shfl_sync(0xffffffffu, s[c][3], src2);
             unsigned ah[4], al[4];
-            ra_split(odd ? x1 : x0, ah[0], al[0]);  // (g, t)
-            ra_split(odd ? x3 : x2, ah[1], al[1]);  // (g + 8, t)
-            ra_split(odd ? z1 : z0, ah[2], al[2]);  // (g, t + 4)
-            ra_split(odd ? z3 : z2, ah[3], al[3]);  // (g + 8, t + 4)
+            tc3_c_to_a(s[c], ah, al);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 unsigned bh[2], bl[2];
-                ra_split(vs[(8 * c + t) * RA_VS + 8 * j + g], bh[0], bl[0]);
-                ra_split(vs[(8 * c + t + 4) * RA_VS + 8 * j + g], bh[1], bl[1]);
-                ra_mma3(acc[j], ah, al, bh, bl);
+                tc3_split(vs[(8 * c + t) * RA_VS + 8 * j + g], bh[0], bl[0]);
+                tc3_split(vs[(8 * c + t + 4) * RA_VS + 8 * j + g], bh[1], bl[1]);
+                tc3_mma3(acc[j], ah, al, bh, bl);
             }
         }
     }

@@ -5,7 +5,7 @@
 // * `to_tokens`: the image (B, C, H, W) as token rows (H W B, C), row l B + n, through a shared tile;
 // * `mha_flash_3xtf32`: softmax(q k^T / sqrt(d)) v for every head, flash style (each query block walks
 //   every key block with a running maximum and sum, so the L x L scores are never stored), on the
-//   tensor cores at float32 accuracy (3xTF32 `mma.sync m16n8k8`, as relu_attention.cu);
+//   tensor cores at float32 accuracy (3xTF32 `mma.sync m16n8k8`: mma_3xtf32.cu's, put before this file);
 // * `residual_layernorm`: LayerNorm(attention + x) over the C channels of each token, written back as
 //   (B, C, H, W) through a shared tile.
 //
@@ -21,36 +21,6 @@
 #define VA_BM 64  // query rows per block of the attention kernel (16 per warp)
 #define VA_BN 64  // keys per key block
 #define VA_TILE 32  // tokens per block of the layout kernels
-
-__device__ __forceinline__ unsigned va_tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-
-__device__ __forceinline__ void va_split(float v, unsigned& hi, unsigned& lo) {
-    hi = va_tf32(v);
-    lo = va_tf32(v - __uint_as_float(hi));
-}
-
-__device__ __forceinline__ void va_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// acc += a * b at float32 accuracy: one chunk's three products, added to acc as float32.
-__device__ __forceinline__ void va_mma3(float (&acc)[4], const unsigned (&a_hi)[4], const unsigned (&a_lo)[4],
-                                        const unsigned (&b_hi)[2], const unsigned (&b_lo)[2]) {
-    float chunk[4] = {0.f, 0.f, 0.f, 0.f};
-    va_mma(chunk, a_lo, b_hi);
-    va_mma(chunk, a_hi, b_lo);
-    va_mma(chunk, a_hi, b_hi);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += chunk[i];
-}
 
 // The image (B, C, L) as token rows: tokens[(l B + n) C + c] = x[(n C + c) L + l]. Block: 32 tokens of one
 // image, 256 threads; C % 32 == 0.
@@ -91,10 +61,10 @@ __global__ void __launch_bounds__(128) mha_flash_3xtf32(const float* __restrict_
     for (int c = 0; c < KC; ++c) {
         const float* r0 = base + (q0 + g) * row_stride + 8 * c + t;
         const float* r1 = r0 + 8 * row_stride;
-        va_split(r0[0] * scale, qh[c][0], ql[c][0]);
-        va_split(r1[0] * scale, qh[c][1], ql[c][1]);
-        va_split(r0[4] * scale, qh[c][2], ql[c][2]);
-        va_split(r1[4] * scale, qh[c][3], ql[c][3]);
+        tc3_split(r0[0] * scale, qh[c][0], ql[c][0]);
+        tc3_split(r1[0] * scale, qh[c][1], ql[c][1]);
+        tc3_split(r0[4] * scale, qh[c][2], ql[c][2]);
+        tc3_split(r1[4] * scale, qh[c][3], ql[c][3]);
     }
     float acc[KC][4];  // O's 16 x HD: KC tiles of 8 head dims
 #pragma unroll
@@ -104,8 +74,6 @@ __global__ void __launch_bounds__(128) mha_flash_3xtf32(const float* __restrict_
     float m0 = -INFINITY, m1 = -INFINITY;  // running maxima of rows g and g + 8
     float l0 = 0.f, l1 = 0.f;              // this thread's share of their running sums
 
-    const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;  // owners of S's columns t and t + 4
-    const bool odd = t & 1;
     for (int kb = 0; kb < L / VA_BN; ++kb) {
         __syncthreads();  // the previous key block's tiles are no longer read
         const float* kbase = base + static_cast<long long>(kb) * VA_BN * row_stride + E;
@@ -124,9 +92,9 @@ __global__ void __launch_bounds__(128) mha_flash_3xtf32(const float* __restrict_
 #pragma unroll
             for (int c = 0; c < KC; ++c) {
                 unsigned bh[2], bl[2];
-                va_split(ks[(8 * j + g) * KS + 8 * c + t], bh[0], bl[0]);
-                va_split(ks[(8 * j + g) * KS + 8 * c + t + 4], bh[1], bl[1]);
-                va_mma3(s[j], qh[c], ql[c], bh, bl);
+                tc3_split(ks[(8 * j + g) * KS + 8 * c + t], bh[0], bl[0]);
+                tc3_split(ks[(8 * j + g) * KS + 8 * c + t + 4], bh[1], bl[1]);
+                tc3_mma3(s[j], qh[c], ql[c], bh, bl);
             }
         }
         // the running maxima: over this thread's 16 scores of each row, then over the row's quad
@@ -165,21 +133,14 @@ __global__ void __launch_bounds__(128) mha_flash_3xtf32(const float* __restrict_
         // O += P V: P's tile c is the A operand of key chunk c (moved into operand order by shuffles)
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
-            const float x0 = __shfl_sync(0xffffffffu, s[c][0], src1), x1 = __shfl_sync(0xffffffffu, s[c][1], src1);
-            const float x2 = __shfl_sync(0xffffffffu, s[c][2], src1), x3 = __shfl_sync(0xffffffffu, s[c][3], src1);
-            const float z0 = __shfl_sync(0xffffffffu, s[c][0], src2), z1 = __shfl_sync(0xffffffffu, s[c][1], src2);
-            const float z2 = __shfl_sync(0xffffffffu, s[c][2], src2), z3 = __shfl_sync(0xffffffffu, s[c][3], src2);
             unsigned ah[4], al[4];
-            va_split(odd ? x1 : x0, ah[0], al[0]);  // (g, t)
-            va_split(odd ? x3 : x2, ah[1], al[1]);  // (g + 8, t)
-            va_split(odd ? z1 : z0, ah[2], al[2]);  // (g, t + 4)
-            va_split(odd ? z3 : z2, ah[3], al[3]);  // (g + 8, t + 4)
+            tc3_c_to_a(s[c], ah, al);
 #pragma unroll
             for (int j = 0; j < KC; ++j) {
                 unsigned bh[2], bl[2];
-                va_split(vs[(8 * c + t) * VS + 8 * j + g], bh[0], bl[0]);
-                va_split(vs[(8 * c + t + 4) * VS + 8 * j + g], bh[1], bl[1]);
-                va_mma3(acc[j], ah, al, bh, bl);
+                tc3_split(vs[(8 * c + t) * VS + 8 * j + g], bh[0], bl[0]);
+                tc3_split(vs[(8 * c + t + 4) * VS + 8 * j + g], bh[1], bl[1]);
+                tc3_mma3(acc[j], ah, al, bh, bl);
             }
         }
     }

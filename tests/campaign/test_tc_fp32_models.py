@@ -84,7 +84,8 @@ def test_each_model_solution_is_one_self_contained_candidate(path: Path) -> None
     assert ("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in consts["CUDA"]) == sol.gemm
     for name in sol.kernels:  # each kernel file and its C++ wrappers whole, and each binding exposed
         assert (BENCH / "tc_fp32" / name).read_text() in consts["CUDA"]
-        assert (BENCH / "tc_fp32" / name).with_suffix(".cpp").read_text() in consts["CPP"]
+        wrappers = (BENCH / "tc_fp32" / name).with_suffix(".cpp")
+        assert not wrappers.is_file() or wrappers.read_text() in consts["CPP"]
     for fn, _ in sol.binds:
         assert f'm.def("{fn}", &{fn}' in consts["CPP"]
 

@@ -277,6 +277,26 @@ _VGG16 = '[64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 5
 _VGG19 = ('[64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",\n'
           '                        512, 512, 512, 512, "M"]')
 
+_RNN_SEQUENCE_MODEL = '''class ModelNew(nn.Module):
+    """A vanilla RNN over a sequence: the input products of every step as one GEMM, the recurrence in one
+    launch (W_h in shared memory for the whole sequence), the output products as one GEMM."""
+
+    def __init__(self, input_size: int, hidden_size: int, output_size: int):
+        super().__init__()
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.output_size = output_size
+        # the reference's layers, names and order: its state dict loads by name, the same seed gives the same values
+        self.i2h = nn.Linear(input_size + hidden_size, hidden_size)
+        self.h2o = nn.Linear(hidden_size, output_size)
+        self.tanh = nn.Tanh()
+
+    def forward(self, x: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        return _ext.rnn_sequence(x.contiguous(), h0.to(x.device).contiguous(), self.i2h.weight, self.i2h.bias,
+                                 self.h2o.weight, self.h2o.bias, stream)
+'''
+
 # The MLPs' Linear layers: the bias, then ReLU where p0 is 1 (every layer but the last).
 _BIAS_RELU = ("const float x = v + __ldg(e.bias + col);\n"
               "    return e.p0 != 0.0f && x < 0.0f ? 0.0f : x;  // NaN stays NaN")
@@ -430,6 +450,14 @@ MODELS: tuple[ModelSolution, ...] = (
                     epilogue_note=_BIAS_RELU_NOTE)
       for name, sizes in (("1_MLP", "layer_sizes"), ("2_ShallowWideMLP", "hidden_layer_sizes"),
                           ("3_DeepNarrowMLP", "hidden_layer_sizes"))),
+    ModelSolution(
+        "level3/34_VanillaRNNHidden.py",
+        "a vanilla RNN over a 256-step sequence (batch 8, hidden 256): i2h's input products for every step as one\n"
+        "3xTF32 wgmma GEMM with its bias, the recurrence tanh(P_t + W_h h_{t-1}) in one launch of float32 FMAs\n"
+        "(bench/tc_fp32/rnn_sequence.cu: a cluster of 4 blocks per batch row, W_h in shared memory for the whole\n"
+        "sequence, each step's h shared through distributed shared memory), h2o for every step as one GEMM.",
+        _RNN_SEQUENCE_MODEL, ("rnn_sequence.cu",), (("rnn_sequence", "a vanilla RNN over a whole sequence"),),
+        epilogue=_BIAS_RELU, epilogue_note=_BIAS_RELU_NOTE),
     ModelSolution(
         "level3/33_VanillaRNN.py",
         "one step of a vanilla RNN cell, h = tanh(i2h(cat(x, h0))), out = h2o(h): both Linear layers on the\n"

@@ -297,6 +297,34 @@ _RNN_SEQUENCE_MODEL = '''class ModelNew(nn.Module):
                                  self.h2o.weight, self.h2o.bias, stream)
 '''
 
+_NETVLAD_MODEL = '''class ModelNew(nn.Module):
+    """NetVLAD in one kernel, a block per batch element: the assignment, its BatchNorm (running
+    statistics) and softmax in shared memory, the residual sums and both normalisations in registers."""
+
+    def __init__(self, cluster_size, feature_size, ghost_clusters):
+        super().__init__()
+        # the reference's parameters, names and order: its state dict loads by name, the same seed gives the
+        # same values
+        self.feature_size = feature_size
+        self.cluster_size = cluster_size
+        self.ghost_clusters = ghost_clusters
+        init_sc = (1 / math.sqrt(feature_size))
+        clusters = cluster_size + ghost_clusters
+        self.clusters = nn.Parameter(init_sc * torch.randn(feature_size, clusters))
+        self.batch_norm = nn.BatchNorm1d(clusters)
+        self.clusters2 = nn.Parameter(init_sc * torch.randn(1, feature_size, cluster_size))
+        self.out_dim = self.cluster_size * feature_size
+
+    def forward(self, x: torch.Tensor, mask=None) -> torch.Tensor:
+        if self.training:  # BatchNorm from the batch's own statistics is not what the kernel computes
+            raise RuntimeError("this kernel computes inference BatchNorm (running statistics): call .eval() first")
+        bn = self.batch_norm
+        assert bn.running_mean is not None and bn.running_var is not None
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        return _ext.netvlad(x, self.clusters, bn.running_mean, bn.running_var, bn.weight, bn.bias, bn.eps,
+                            self.clusters2, stream)
+'''
+
 # The MLPs' Linear layers: the bias, then ReLU where p0 is 1 (every layer but the last).
 _BIAS_RELU = ("const float x = v + __ldg(e.bias + col);\n"
               "    return e.p0 != 0.0f && x < 0.0f ? 0.0f : x;  // NaN stays NaN")
@@ -458,6 +486,14 @@ MODELS: tuple[ModelSolution, ...] = (
         "sequence, each step's h shared through distributed shared memory), h2o for every step as one GEMM.",
         _RNN_SEQUENCE_MODEL, ("rnn_sequence.cu",), (("rnn_sequence", "a vanilla RNN over a whole sequence"),),
         epilogue=_BIAS_RELU, epilogue_note=_BIAS_RELU_NOTE),
+    *(ModelSolution(
+        f"level3/{name}.py",
+        "NetVLAD (batch 2048, 100 features of 512, 32 clusters" + ghosts + ") whole in one kernel of float32 FMAs\n"
+        "(bench/tc_fp32/netvlad.cu), a block per batch element: the assignment with its BatchNorm (running\n"
+        "statistics) and softmax in shared memory, the residual sums and both normalisations in registers;\n"
+        "x read twice, nothing else out but the result.",
+        _NETVLAD_MODEL, ("netvlad.cu",), (("netvlad", "NetVLAD in one kernel"),), gemm=False)
+      for name, ghosts in (("46_NetVladWithGhostClusters", ", 16 ghost"), ("47_NetVladNoGhostClusters", ""))),
     ModelSolution(
         "level3/33_VanillaRNN.py",
         "one step of a vanilla RNN cell, h = tanh(i2h(cat(x, h0))), out = h2o(h): both Linear layers on the\n"

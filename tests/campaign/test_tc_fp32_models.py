@@ -103,6 +103,7 @@ SMALL_ARGS: dict[str, list[Any]] = {
     "4_LeNet5": [10], "17_SqueezeNetFireModule": [3, 6, 64, 64], "11_VGG16": [10], "12_VGG19": [10],
     "5_AlexNet": [10], "13_DenseNet121TransitionLayer": [32, 64],
     "6_GoogleNetInceptionModule": [32, 16, 8, 24, 4, 8, 8], "34_VanillaRNNHidden": [64, 256, 32],
+    "46_NetVladWithGhostClusters": [32, 512, 16], "47_NetVladNoGhostClusters": [32, 512, 0],
 }
 
 

@@ -10,27 +10,15 @@ void launch_concat_to_nchw(const float* const* src, const long long* stride, con
                            int N, int C, int HW, void* stream);
 void launch_copy(float* dst, const float* src, long long count, void* stream);
 
-namespace {
-void check_cn(const torch::Tensor& t, const torch::Tensor& like, const char* what) {
-    TORCH_CHECK(t.is_cuda() && t.device() == like.device() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
-                what, " must be a contiguous float32 tensor on the input's device");
-}
-
-int32_t i32(int64_t v, const char* what) {
-    TORCH_CHECK(v >= 0 && v < (1LL << 31), what, " must fit int32");
-    return static_cast<int32_t>(v);
-}
-}  // namespace
-
 // conv2d(x, w, stride, padding) + b, ReLU'd where relu, as (N, OH, OW, O), over x's channels [c0, c0 + C)
 // (C: the weight's): x is (N, C', H, W), or (N, H, W, C') where channels_last. Unfolded into rows and
 // multiplied on the 3xTF32 core, bias and ReLU in its epilogue; a 1 x 1 convolution of a whole
 // channels-last input is that product directly, without the unfold.
 torch::Tensor conv2d(torch::Tensor x, torch::Tensor w, torch::Tensor b, int64_t stride, int64_t pad, bool relu,
                      bool channels_last, int64_t c0, int64_t stream) {
-    check_cn(x, x, "conv2d: x");
-    check_cn(w, x, "conv2d: weight");
-    check_cn(b, x, "conv2d: bias");
+    f32_arg(x, x, "conv2d: x");
+    f32_arg(w, x, "conv2d: weight");
+    f32_arg(b, x, "conv2d: bias");
     TORCH_CHECK(x.dim() == 4 && w.dim() == 4 && stride > 0 && pad >= 0 && c0 >= 0,
                 "conv2d: a 2-d convolution's shapes");
     const int64_t N = x.size(0), Cx = channels_last ? x.size(3) : x.size(1);
@@ -68,14 +56,14 @@ torch::Tensor conv2d(torch::Tensor x, torch::Tensor w, torch::Tensor b, int64_t 
 // side (copied into one buffer), so the input is read once; (N, H, W, O_a + O_b + O_c).
 torch::Tensor conv1x1_three(torch::Tensor x, torch::Tensor wa, torch::Tensor ba, torch::Tensor wb, torch::Tensor bb,
                             torch::Tensor wc, torch::Tensor bc, int64_t stream) {
-    check_cn(x, x, "conv1x1_three: x");
+    f32_arg(x, x, "conv1x1_three: x");
     TORCH_CHECK(x.dim() == 4 && x.size(3) % 4 == 0, "conv1x1_three: x must be (N, H, W, C), C % 4 == 0");
     const int64_t C = x.size(3), M = x.size(0) * x.size(1) * x.size(2);
     const torch::Tensor ws[3] = {wa, wb, wc}, bs[3] = {ba, bb, bc};
     int64_t O = 0;
     for (int i = 0; i < 3; ++i) {
-        check_cn(ws[i], x, "conv1x1_three: a weight");
-        check_cn(bs[i], x, "conv1x1_three: a bias");
+        f32_arg(ws[i], x, "conv1x1_three: a weight");
+        f32_arg(bs[i], x, "conv1x1_three: a bias");
         TORCH_CHECK(ws[i].dim() == 4 && ws[i].size(1) == C && ws[i].size(2) == 1 && ws[i].size(3) == 1 &&
                     bs[i].numel() == ws[i].size(0), "conv1x1_three: 1 x 1 kernels over x's channels");
         O += ws[i].size(0);
@@ -98,7 +86,7 @@ torch::Tensor conv1x1_three(torch::Tensor x, torch::Tensor wa, torch::Tensor ba,
 
 // k x k max pooling at stride s, padded by pad, channels-last.
 torch::Tensor maxpool_nhwc(torch::Tensor x, int64_t k, int64_t s, int64_t pad, int64_t stream) {
-    check_cn(x, x, "maxpool_nhwc: x");
+    f32_arg(x, x, "maxpool_nhwc: x");
     TORCH_CHECK(x.dim() == 4 && k > 0 && s > 0 && pad >= 0 && 2 * pad <= k && x.size(1) + 2 * pad >= k &&
                 x.size(2) + 2 * pad >= k, "maxpool_nhwc: x must be (N, H, W, C), the window within the padded input");
     const int64_t OH = (x.size(1) + 2 * pad - k) / s + 1, OW = (x.size(2) + 2 * pad - k) / s + 1;
@@ -110,7 +98,7 @@ torch::Tensor maxpool_nhwc(torch::Tensor x, int64_t k, int64_t s, int64_t pad, i
 }
 
 torch::Tensor nhwc_flatten(torch::Tensor x, int64_t stream) {
-    check_cn(x, x, "nhwc_flatten: x");
+    f32_arg(x, x, "nhwc_flatten: x");
     TORCH_CHECK(x.dim() == 4, "nhwc_flatten: x must be (N, H, W, C)");
     auto y = torch::empty({x.size(0), x.size(1) * x.size(2) * x.size(3)}, x.options());
     launch_nhwc_flatten(x.data_ptr<float>(), y.data_ptr<float>(), i32(x.size(0), "N"), i32(x.size(1), "H"),
@@ -119,7 +107,7 @@ torch::Tensor nhwc_flatten(torch::Tensor x, int64_t stream) {
 }
 
 torch::Tensor nchw_to_nhwc(torch::Tensor x, int64_t stream) {
-    check_cn(x, x, "nchw_to_nhwc: x");
+    f32_arg(x, x, "nchw_to_nhwc: x");
     TORCH_CHECK(x.dim() == 4, "nchw_to_nhwc: x must be (N, C, H, W)");
     auto y = torch::empty({x.size(0), x.size(2), x.size(3), x.size(1)}, x.options());
     launch_nchw_to_nhwc(x.data_ptr<float>(), y.data_ptr<float>(), i32(x.size(0), "N"), i32(x.size(1), "C"),
@@ -138,7 +126,7 @@ torch::Tensor concat_to_nchw(torch::Tensor t0, int64_t f0, int64_t n0, torch::Te
     long long stride[4];
     int first[5] = {0, 0, 0, 0, 0};
     for (int i = 0; i < 4; ++i) {
-        check_cn(ts[i], t0, "concat_to_nchw: a part");
+        f32_arg(ts[i], t0, "concat_to_nchw: a part");
         TORCH_CHECK(ts[i].dim() == 4 && ts[i].size(0) == t0.size(0) && ts[i].size(1) == t0.size(1) &&
                     ts[i].size(2) == t0.size(2), "concat_to_nchw: the parts must be (N, H, W, C_i) of one N, H, W");
         TORCH_CHECK(fs[i] >= 0 && ns[i] > 0 && fs[i] + ns[i] <= ts[i].size(3), "concat_to_nchw: channels out of range");

@@ -10,15 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <math.h>
-#include <stdexcept>
-#include <string>
 
 namespace {
-void cn_check(const char* what) {
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) throw std::runtime_error(std::string(what) + " launch: " + cudaGetErrorString(err));
-}
-
 unsigned cn_blocks(long long items, int per_block) {
     const long long b = (items + per_block - 1) / per_block;
     return static_cast<unsigned>(b < 65535LL * 32 ? b : 65535LL * 32);  // grid-stride loops cover the rest
@@ -164,26 +157,26 @@ void launch_unfold(const float* in, float* cols, int N, int C, int H, int W, int
                    int stride, int pad, int Kp, long long sn, long long sc, long long sy, long long sx, void* stream) {
     unfold<<<cn_blocks(1LL * N * OH * OW, 8), 256, 0, static_cast<cudaStream_t>(stream)>>>(
         in, cols, N, C, H, W, OH, OW, KH, KW, stride, pad, Kp, sn, sc, sy, sx);
-    cn_check("unfold");
+    mc_check(cudaGetLastError(), "unfold launch");
 }
 
 void launch_conv_weights(const float* w, float* out, int O, int C, int KH, int KW, int Kp, void* stream) {
     conv_weights<<<cn_blocks(1LL * O * Kp, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(w, out, O, C, KH, KW,
                                                                                                Kp);
-    cn_check("conv_weights");
+    mc_check(cudaGetLastError(), "conv_weights launch");
 }
 
 void launch_maxpool_nhwc(const float* in, float* out, int N, int H, int W, int C, int k, int s, int pad, int OH,
                          int OW, void* stream) {
     maxpool_nhwc<<<cn_blocks(1LL * N * OH * OW * C, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
         in, out, N, H, W, C, k, s, pad, OH, OW);
-    cn_check("maxpool_nhwc");
+    mc_check(cudaGetLastError(), "maxpool_nhwc launch");
 }
 
 void launch_nchw_to_nhwc(const float* in, float* out, int N, int C, int HW, void* stream) {
     const dim3 grid((HW + 31) / 32, (C + 31) / 32, N);
     nchw_to_nhwc<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(in, out, C, HW);
-    cn_check("nchw_to_nhwc");
+    mc_check(cudaGetLastError(), "nchw_to_nhwc launch");
 }
 
 void launch_concat_to_nchw(const float* const* src, const long long* stride, const int* first, int parts, float* out,
@@ -196,18 +189,17 @@ void launch_concat_to_nchw(const float* const* src, const long long* stride, con
     for (int i = 0; i <= 4; ++i) p.first[i] = i <= parts ? first[i] : C;
     const dim3 grid((HW + 31) / 32, (C + 31) / 32, N);
     concat_to_nchw<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(p, out, C, HW);
-    cn_check("concat_to_nchw");
+    mc_check(cudaGetLastError(), "concat_to_nchw launch");
 }
 
 void launch_nhwc_flatten(const float* in, float* out, int N, int H, int W, int C, void* stream) {
     nhwc_flatten<<<cn_blocks(1LL * N * H * W * C, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(in, out, N, H,
                                                                                                       W, C);
-    cn_check("nhwc_flatten");
+    mc_check(cudaGetLastError(), "nhwc_flatten launch");
 }
 
 // count floats from src to dst on the stream (the copy engine: no kernel).
 void launch_copy(float* dst, const float* src, long long count, void* stream) {
-    const cudaError_t err = cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice,
-                                            static_cast<cudaStream_t>(stream));
-    if (err != cudaSuccess) throw std::runtime_error(std::string("copy: ") + cudaGetErrorString(err));
+    mc_check(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice,
+                             static_cast<cudaStream_t>(stream)), "copy");
 }

@@ -14,7 +14,6 @@
 #include <cuda_runtime.h>
 
 #include <stdexcept>
-#include <string>
 
 #define FM_TW 32  // tile width (a warp's row)
 #define FM_TH 8   // tile height: 256 threads
@@ -101,6 +100,5 @@ void launch_fire_module(const float* x, const float* ws, const float* bs, const 
     } else {
         throw std::runtime_error("fire_module: built for 3 -> 6 -> 64 + 64 channels (level3/17's sizes) only");
     }
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) throw std::runtime_error(std::string("fire_module launch: ") + cudaGetErrorString(err));
+    mc_check(cudaGetLastError(), "fire_module launch");
 }

@@ -10,9 +10,6 @@
 
 #include <cuda_runtime.h>
 
-#include <stdexcept>
-#include <string>
-
 #define LN_IMG 2        // images per block
 #define LN_THREADS 256
 
@@ -132,6 +129,5 @@ void launch_lenet5(const float* x, const LeNetWeights& p, float* logits, int bat
     if (batch <= 0) return;
     const int blocks = (batch + LN_IMG - 1) / LN_IMG;
     lenet5_fused<<<blocks, LN_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(x, p, logits, batch, classes);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) throw std::runtime_error(std::string("lenet5 launch: ") + cudaGetErrorString(err));
+    mc_check(cudaGetLastError(), "lenet5 launch");
 }

@@ -3,15 +3,6 @@ void launch_netvlad(const float* x, const float* clusters, const float* mean, co
                     const float* beta, float eps, const float* clusters2, float* out, int B, int N, int KG,
                     void* stream);
 
-namespace {
-const float* nv_param(const torch::Tensor& t, const torch::Tensor& x, int64_t numel, const char* what) {
-    TORCH_CHECK(t.is_cuda() && t.device() == x.device() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
-                "netvlad: ", what, " must be a contiguous float32 tensor on the input's device");
-    TORCH_CHECK(t.numel() == numel, "netvlad: ", what, " must hold ", numel, " values");
-    return t.data_ptr<float>();
-}
-}  // namespace
-
 // NetVLAD of x (B, N, 512) with 32 clusters (and 0 or 16 ghost clusters), BatchNorm from its running
 // statistics: (B, 512 x 32).
 torch::Tensor netvlad(torch::Tensor x, torch::Tensor clusters, torch::Tensor mean, torch::Tensor var,
@@ -21,13 +12,13 @@ torch::Tensor netvlad(torch::Tensor x, torch::Tensor clusters, torch::Tensor mea
     x = x.contiguous();
     const int64_t B = x.size(0), N = x.size(1), KG = clusters.size(1);
     TORCH_CHECK(N > 0 && N <= 1024 && B < (1LL << 31), "netvlad: 1 to 1024 features per element");
-    const float* xp = nv_param(x, x, B * N * 512, "x");
-    const float* cp = nv_param(clusters, x, 512 * KG, "clusters");
-    const float* mp = nv_param(mean, x, KG, "batch_norm.running_mean");
-    const float* vp = nv_param(var, x, KG, "batch_norm.running_var");
-    const float* gp = nv_param(gamma, x, KG, "batch_norm.weight");
-    const float* bp = nv_param(beta, x, KG, "batch_norm.bias");
-    const float* c2 = nv_param(clusters2, x, 512 * 32, "clusters2");
+    const float* xp = f32_arg(x, x, "netvlad: x", B * N * 512);
+    const float* cp = f32_arg(clusters, x, "netvlad: clusters", 512 * KG);
+    const float* mp = f32_arg(mean, x, "netvlad: batch_norm.running_mean", KG);
+    const float* vp = f32_arg(var, x, "netvlad: batch_norm.running_var", KG);
+    const float* gp = f32_arg(gamma, x, "netvlad: batch_norm.weight", KG);
+    const float* bp = f32_arg(beta, x, "netvlad: batch_norm.bias", KG);
+    const float* c2 = f32_arg(clusters2, x, "netvlad: clusters2", 512 * 32);
     auto out = torch::empty({B, 512 * 32}, x.options());
     launch_netvlad(xp, cp, mp, vp, gp, bp, static_cast<float>(eps), c2, out.data_ptr<float>(), static_cast<int>(B),
                    static_cast<int>(N), static_cast<int>(KG), reinterpret_cast<void*>(stream));

@@ -13,7 +13,6 @@
 
 #include <math.h>
 #include <stdexcept>
-#include <string>
 
 #define NV_D 512      // feature size
 #define NV_K 32       // clusters kept (one per lane)
@@ -144,18 +143,16 @@ void launch_netvlad(const float* x, const float* clusters, const float* mean, co
     if (B <= 0) return;
     const size_t smem = (static_cast<size_t>(NV_D) * KG + static_cast<size_t>(N) * NV_K + 9 * NV_K + 1) * sizeof(float);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    cudaError_t err;
     if (KG == 32) {
-        err = cudaFuncSetAttribute(netvlad<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-        if (err == cudaSuccess) netvlad<32><<<B, NV_THREADS, smem, s>>>(x, clusters, mean, var, gamma, beta, eps,
-                                                                         clusters2, out, N);
+        mc_check(cudaFuncSetAttribute(netvlad<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                 "netvlad shared memory");
+        netvlad<32><<<B, NV_THREADS, smem, s>>>(x, clusters, mean, var, gamma, beta, eps, clusters2, out, N);
     } else if (KG == 48) {
-        err = cudaFuncSetAttribute(netvlad<48>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-        if (err == cudaSuccess) netvlad<48><<<B, NV_THREADS, smem, s>>>(x, clusters, mean, var, gamma, beta, eps,
-                                                                         clusters2, out, N);
+        mc_check(cudaFuncSetAttribute(netvlad<48>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                 "netvlad shared memory");
+        netvlad<48><<<B, NV_THREADS, smem, s>>>(x, clusters, mean, var, gamma, beta, eps, clusters2, out, N);
     } else {
         throw std::runtime_error("netvlad: built for 32 clusters and 0 or 16 ghost clusters (level3/46, 47)");
     }
-    if (err == cudaSuccess) err = cudaGetLastError();
-    if (err != cudaSuccess) throw std::runtime_error(std::string("netvlad: ") + cudaGetErrorString(err));
+    mc_check(cudaGetLastError(), "netvlad launch");
 }

@@ -3,9 +3,7 @@ void launch_relu_attention(const float* qkv, float* y, int B, int T, int C, int 
 
 torch::Tensor relu_attention(torch::Tensor qkv, int64_t B, int64_t T, int64_t C, int64_t H, double scale,
                              int64_t stream) {
-    TORCH_CHECK(qkv.is_cuda() && qkv.scalar_type() == torch::kFloat32 && qkv.is_contiguous(),
-                "relu_attention: qkv must be a contiguous float32 CUDA tensor");
-    TORCH_CHECK(qkv.numel() == B * T * 3 * C, "relu_attention: qkv must hold B x T x 3C values");
+    f32_arg(qkv, qkv, "relu_attention: qkv (B, T, 3C)", B * T * 3 * C);
     TORCH_CHECK(H > 0 && C == 64 * H, "relu_attention: the kernel's head size is 64 (C == 64 x n_head)");
     TORCH_CHECK(T % 64 == 0, "relu_attention: the kernel takes sequences of a multiple of 64");
     TORCH_CHECK(B * T < (1LL << 31) / (3 * C), "relu_attention: sizes must fit int32 rows");

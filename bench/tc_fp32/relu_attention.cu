@@ -14,9 +14,6 @@
 
 #include <cuda_runtime.h>
 
-#include <stdexcept>
-#include <string>
-
 #define RA_BM 64       // query rows per block
 #define RA_BN 64       // keys per key block
 #define RA_D 64        // head size
@@ -118,6 +115,5 @@ void launch_relu_attention(const float* qkv, float* y, int B, int T, int C, int 
     if (B <= 0 || T <= 0) return;
     const dim3 grid(T / RA_BM, B * H);
     relu_attention_3xtf32<<<grid, 128, 0, static_cast<cudaStream_t>(stream)>>>(qkv, y, T, C, H, scale);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) throw std::runtime_error(std::string("relu_attention launch: ") + cudaGetErrorString(err));
+    mc_check(cudaGetLastError(), "relu_attention launch");
 }

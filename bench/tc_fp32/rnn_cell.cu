@@ -3,17 +3,12 @@
 
 #include <cuda_runtime.h>
 
-#include <stdexcept>
-#include <string>
-
 void launch_cat_columns(float* dst, const float* a, long long a_cols, const float* b, long long b_cols,
                         long long rows, void* stream) {
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     const size_t pitch = static_cast<size_t>(a_cols + b_cols) * sizeof(float);
-    cudaError_t err = cudaMemcpy2DAsync(dst, pitch, a, a_cols * sizeof(float), a_cols * sizeof(float), rows,
-                                        cudaMemcpyDeviceToDevice, s);
-    if (err == cudaSuccess)
-        err = cudaMemcpy2DAsync(dst + a_cols, pitch, b, b_cols * sizeof(float), b_cols * sizeof(float), rows,
-                                cudaMemcpyDeviceToDevice, s);
-    if (err != cudaSuccess) throw std::runtime_error(std::string("cat_columns: ") + cudaGetErrorString(err));
+    mc_check(cudaMemcpy2DAsync(dst, pitch, a, a_cols * sizeof(float), a_cols * sizeof(float), rows,
+                               cudaMemcpyDeviceToDevice, s), "cat_columns");
+    mc_check(cudaMemcpy2DAsync(dst + a_cols, pitch, b, b_cols * sizeof(float), b_cols * sizeof(float), rows,
+                               cudaMemcpyDeviceToDevice, s), "cat_columns");
 }

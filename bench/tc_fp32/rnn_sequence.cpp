@@ -4,23 +4,16 @@ void launch_rnn_recurrence(const float* P, const float* h0, const float* wh, lon
 void launch_copy_rows(float* dst, const float* src, long long rows, long long width, long long src_stride,
                       void* stream);
 
-namespace {
-void check_rnn(const torch::Tensor& t, const torch::Tensor& like, const char* what) {
-    TORCH_CHECK(t.is_cuda() && t.device() == like.device() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
-                "rnn_sequence: ", what, " must be a contiguous float32 tensor on the input's device");
-}
-}  // namespace
-
 // The vanilla RNN over x (T, B, I) from h0 (B, H): out (T, B, O), out_t = h2o(tanh(i2h(cat(x_t, h_{t-1})))).
 // i2h's weight (H, I + H) is read as [W_x | W_h]: W_x x for all steps in one GEMM, then the recurrence.
 torch::Tensor rnn_sequence(torch::Tensor x, torch::Tensor h0, torch::Tensor wi, torch::Tensor bi, torch::Tensor wo,
                            torch::Tensor bo, int64_t stream) {
-    check_rnn(x, x, "x");
-    check_rnn(h0, x, "h0");
-    check_rnn(wi, x, "i2h.weight");
-    check_rnn(bi, x, "i2h.bias");
-    check_rnn(wo, x, "h2o.weight");
-    check_rnn(bo, x, "h2o.bias");
+    f32_arg(x, x, "rnn_sequence: x");
+    f32_arg(h0, x, "rnn_sequence: h0");
+    f32_arg(wi, x, "rnn_sequence: i2h.weight");
+    f32_arg(bi, x, "rnn_sequence: i2h.bias");
+    f32_arg(wo, x, "rnn_sequence: h2o.weight");
+    f32_arg(bo, x, "rnn_sequence: h2o.bias");
     TORCH_CHECK(x.dim() == 3 && h0.dim() == 2 && wi.dim() == 2 && wo.dim() == 2, "rnn_sequence: shapes");
     const int64_t T = x.size(0), B = x.size(1), I = x.size(2), H = h0.size(1), O = wo.size(0);
     TORCH_CHECK(H == 256, "rnn_sequence: the recurrence kernel is built for 256 hidden units");

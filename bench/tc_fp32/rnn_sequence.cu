@@ -12,9 +12,6 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include <stdexcept>
-#include <string>
-
 namespace cg = cooperative_groups;
 
 #define RS_HID 256                  // hidden units (4 blocks x 64)
@@ -64,20 +61,15 @@ extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256)
 void launch_rnn_recurrence(const float* P, const float* h0, const float* wh, long long wh_stride, float* hs, int T,
                            int B, void* stream) {
     if (T <= 0 || B <= 0) return;
-    cudaError_t err = cudaFuncSetAttribute(rnn_recurrence, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(RS_SMEM));
-    if (err == cudaSuccess) {
-        rnn_recurrence<<<B * 4, 256, RS_SMEM, static_cast<cudaStream_t>(stream)>>>(P, h0, wh, wh_stride, hs, T, B);
-        err = cudaGetLastError();
-    }
-    if (err != cudaSuccess) throw std::runtime_error(std::string("rnn_recurrence: ") + cudaGetErrorString(err));
+    mc_check(cudaFuncSetAttribute(rnn_recurrence, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(RS_SMEM)), "rnn_recurrence shared memory");
+    rnn_recurrence<<<B * 4, 256, RS_SMEM, static_cast<cudaStream_t>(stream)>>>(P, h0, wh, wh_stride, hs, T, B);
+    mc_check(cudaGetLastError(), "rnn_recurrence launch");
 }
 
 // `rows` rows of `width` floats from src (rows at src_stride floats) to dst (rows packed), by the copy engine.
 void launch_copy_rows(float* dst, const float* src, long long rows, long long width, long long src_stride,
                       void* stream) {
-    const cudaError_t err = cudaMemcpy2DAsync(dst, width * sizeof(float), src, src_stride * sizeof(float),
-                                              width * sizeof(float), rows, cudaMemcpyDeviceToDevice,
-                                              static_cast<cudaStream_t>(stream));
-    if (err != cudaSuccess) throw std::runtime_error(std::string("copy_rows: ") + cudaGetErrorString(err));
+    mc_check(cudaMemcpy2DAsync(dst, width * sizeof(float), src, src_stride * sizeof(float), width * sizeof(float),
+                               rows, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)), "copy_rows");
 }

@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include <stdexcept>
-#include <string>
 
 template <int CIN, int COUT>
 __global__ void __launch_bounds__(256)
@@ -70,7 +69,5 @@ void launch_densenet_transition(const float* x, const float* mean, const float* 
     } else {
         throw std::runtime_error("densenet_transition: built for 32 -> 64 channels (level3/13's sizes) only");
     }
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess)
-        throw std::runtime_error(std::string("densenet_transition launch: ") + cudaGetErrorString(err));
+    mc_check(cudaGetLastError(), "densenet_transition launch");
 }

@@ -4,15 +4,8 @@ void launch_mha_flash(const float* qkv, float* out, int L, int N, int E, int H, 
 void launch_residual_layernorm(const float* a, const float* x, const float* gamma, const float* beta, float* y, int B,
                                int C, int L, float eps, void* stream);
 
-namespace {
-void check_f32(const torch::Tensor& t, const char* what) {
-    TORCH_CHECK(t.is_cuda() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(), what,
-                " must be a contiguous float32 CUDA tensor");
-}
-}  // namespace
-
 torch::Tensor to_tokens(torch::Tensor x, int64_t stream) {
-    check_f32(x, "to_tokens: x");
+    f32_arg(x, x, "to_tokens: x");
     TORCH_CHECK(x.dim() == 4, "to_tokens: x must be (B, C, H, W)");
     const int64_t B = x.size(0), C = x.size(1), L = x.size(2) * x.size(3);
     TORCH_CHECK(C % 32 == 0 && C <= 256, "to_tokens: the kernel takes 32 to 256 channels, a multiple of 32");
@@ -25,7 +18,7 @@ torch::Tensor to_tokens(torch::Tensor x, int64_t stream) {
 
 torch::Tensor mha_attention(torch::Tensor qkv, int64_t L, int64_t N, int64_t E, int64_t H, double scale,
                             int64_t stream) {
-    check_f32(qkv, "mha_attention: qkv");
+    f32_arg(qkv, qkv, "mha_attention: qkv");
     TORCH_CHECK(qkv.numel() == L * N * 3 * E, "mha_attention: qkv must hold L x N x 3E values");
     TORCH_CHECK(H > 0 && E % H == 0 && (E / H == 32 || E / H == 64), "mha_attention: head size 32 or 64");
     TORCH_CHECK(L % 64 == 0, "mha_attention: the kernel takes sequences of a multiple of 64");
@@ -39,10 +32,10 @@ torch::Tensor mha_attention(torch::Tensor qkv, int64_t L, int64_t N, int64_t E, 
 
 torch::Tensor residual_layernorm(torch::Tensor a, torch::Tensor x, torch::Tensor gamma, torch::Tensor beta, double eps,
                                  int64_t stream) {
-    check_f32(a, "residual_layernorm: a");
-    check_f32(x, "residual_layernorm: x");
-    check_f32(gamma, "residual_layernorm: weight");
-    check_f32(beta, "residual_layernorm: bias");
+    f32_arg(a, x, "residual_layernorm: a");
+    f32_arg(x, x, "residual_layernorm: x");
+    f32_arg(gamma, x, "residual_layernorm: weight");
+    f32_arg(beta, x, "residual_layernorm: bias");
     TORCH_CHECK(x.dim() == 4, "residual_layernorm: x must be (B, C, H, W)");
     const int64_t B = x.size(0), C = x.size(1), L = x.size(2) * x.size(3);
     TORCH_CHECK(C % 32 == 0 && C <= 256, "residual_layernorm: the kernel takes 32 to 256 channels, a multiple of 32");

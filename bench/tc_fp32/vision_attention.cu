@@ -15,8 +15,6 @@
 #include <cuda_runtime.h>
 
 #include <math.h>
-#include <stdexcept>
-#include <string>
 
 #define VA_BM 64  // query rows per block of the attention kernel (16 per warp)
 #define VA_BN 64  // keys per key block
@@ -206,19 +204,12 @@ extern "C" __global__ void __launch_bounds__(256) residual_layernorm(const float
     }
 }
 
-namespace {
-void va_check(const char* what) {
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) throw std::runtime_error(std::string(what) + " launch: " + cudaGetErrorString(err));
-}
-}  // namespace
-
 // The launches (the C++ wrappers check the shapes): C % 32 == 0 and C <= 1024 for the layout kernels;
 // L % 64 == 0 and head size 32 or 64 for the attention.
 void launch_to_tokens(const float* x, float* tokens, int B, int C, int L, void* stream) {
     const dim3 grid((L + VA_TILE - 1) / VA_TILE, B);
     to_tokens<<<grid, 256, C * (VA_TILE + 1) * sizeof(float), static_cast<cudaStream_t>(stream)>>>(x, tokens, B, C, L);
-    va_check("to_tokens");
+    mc_check(cudaGetLastError(), "to_tokens launch");
 }
 
 void launch_mha_flash(const float* qkv, float* out, int L, int N, int E, int H, float scale, void* stream) {
@@ -229,7 +220,7 @@ void launch_mha_flash(const float* qkv, float* out, int L, int N, int E, int H, 
     } else {
         mha_flash_3xtf32<64><<<grid, 128, 0, s>>>(qkv, out, L, N, E, H, scale);
     }
-    va_check("mha_flash_3xtf32");
+    mc_check(cudaGetLastError(), "mha_flash_3xtf32 launch");
 }
 
 void launch_residual_layernorm(const float* a, const float* x, const float* gamma, const float* beta, float* y, int B,
@@ -237,5 +228,5 @@ void launch_residual_layernorm(const float* a, const float* x, const float* gamm
     const dim3 grid((L + VA_TILE - 1) / VA_TILE, B);
     residual_layernorm<<<grid, 256, C * (VA_TILE + 1) * sizeof(float), static_cast<cudaStream_t>(stream)>>>(
         a, x, gamma, beta, y, B, C, L, eps);
-    va_check("residual_layernorm");
+    mc_check(cudaGetLastError(), "residual_layernorm launch");
 }

@@ -25,7 +25,7 @@ BENCH = ROOT / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from tc_fp32_models import MODELS, expected_model_files  # noqa: E402
+from tc_fp32_models import COMMON, MODELS, expected_model_files  # noqa: E402
 
 from kb_mcp.harness.judgment.integrity_static import check_source  # noqa: E402
 
@@ -82,7 +82,7 @@ def test_each_model_solution_is_one_self_contained_candidate(path: Path) -> None
     consts = _consts(path)
     sol = next(s for s in MODELS if (FOLDER / s.path) == path)
     assert ("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in consts["CUDA"]) == sol.gemm
-    for name in sol.kernels:  # each kernel file and its C++ wrappers whole, and each binding exposed
+    for name in (COMMON, *sol.kernels) if sol.kernels else ():  # each file and its C++ wrappers whole
         assert (BENCH / "tc_fp32" / name).read_text() in consts["CUDA"]
         wrappers = (BENCH / "tc_fp32" / name).with_suffix(".cpp")
         assert not wrappers.is_file() or wrappers.read_text() in consts["CPP"]

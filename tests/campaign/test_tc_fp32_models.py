@@ -52,7 +52,12 @@ def _reference(problem: str) -> ModuleType:
     path = KERNELBENCH / problem
     if not path.is_file():
         pytest.skip(f"no KernelBench checkout at {KERNELBENCH} (set KB_MCP_KERNELBENCH)")
-    spec = importlib.util.spec_from_file_location(f"ref_{path.stem}", path)
+    return _load(path, "ref")
+
+
+def _load(path: Path, prefix: str = "solution") -> ModuleType:
+    """The module of a file (a solution's import builds its extension)."""
+    spec = importlib.util.spec_from_file_location(f"{prefix}_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -159,14 +164,6 @@ def built() -> None:
         if proc.returncode != 0:
             failed.append(f"{path.name}: {out[-2000:]}")
     assert not failed, "\n".join(failed)
-
-
-def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"solution_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # builds the extension
-    return module
 
 
 def _against_float64(ref: Any, new: Any, xs: list[torch.Tensor]) -> tuple[float, float, float]:

@@ -1068,10 +1068,10 @@ class ModelNew(nn.Module):
         self.tanh = nn.Tanh()
 
     def forward(self, x: torch.Tensor, initial_hidden=None) -> torch.Tensor:
-        if initial_hidden is not None:
-            self.hidden.copy_(initial_hidden)
-        self.hidden = self.hidden.to(x.device)
+        # The reference copies initial_hidden into its hidden state, then concatenates: the same values as
+        # concatenating initial_hidden itself, without a device copy outside the concatenation
+        h0 = initial_hidden if initial_hidden is not None else self.hidden.to(x.device)
         stream = torch.cuda.current_stream(x.device).cuda_stream
-        combined = _ext.cat_columns(x, self.hidden, stream)  # cat((x, hidden), dim 1), by the copy engine
+        combined = _ext.cat_columns(x, h0, stream)  # cat((x, h0), dim 1), by the copy engine
         self.hidden = _ext.gemm3x(combined, self.i2h.weight, self.i2h.bias, 1.0, 0.0, 0.0, stream)
         return _ext.gemm3x(self.hidden, self.h2o.weight, self.h2o.bias, 0.0, 0.0, 0.0, stream)

@@ -97,7 +97,7 @@ inline void mc_check(cudaError_t err, const char* what) {
 //
 // Run op by op, each step is a pass over a B N x (K + G) or B x D x K tensor; here x_b (N x D) is read
 // twice from memory (once per product, the second time mostly from L2) and nothing else goes out but
-// the result. The assignment lives in shared memory, C there too; a warp per row of s (lanes along the
+// the result. The assignment lives in shared memory, C there too; a warp per four rows of s (lanes along the
 // clusters), a thread per two columns of vlad (32 clusters in registers).
 
 #include <cuda_runtime.h>
@@ -108,6 +108,7 @@ inline void mc_check(cudaError_t err, const char* what) {
 #define NV_D 512      // feature size
 #define NV_K 32       // clusters kept (one per lane)
 #define NV_THREADS 256
+#define NV_R 4        // rows of s a warp computes together
 
 __device__ __forceinline__ float nv_warp_sum(float v) {
 #pragma unroll
@@ -135,36 +136,58 @@ __global__ void __launch_bounds__(NV_THREADS)
     const float* xb = x + static_cast<long long>(blockIdx.x) * N * NV_D;
     for (int e = threadIdx.x; e < NV_D * KG; e += NV_THREADS) c[e] = clusters[e];
     __syncthreads();
-    // s = x_b C, BatchNorm, softmax over the clusters: a warp per row
-    for (int n = warp; n < N; n += NV_THREADS / 32) {
-        float s[J];
+    // s = x_b C, BatchNorm, softmax over the clusters: a warp per NV_R rows at once, so that each value of C
+    // read from shared memory serves NV_R rows, and x read four columns at a time (one broadcast load a row)
+    for (int n0 = warp * NV_R; n0 < N; n0 += NV_THREADS / 32 * NV_R) {
+        float s[NV_R][J];
 #pragma unroll
-        for (int jj = 0; jj < J; ++jj) s[jj] = 0.f;
-        const float* row = xb + static_cast<long long>(n) * NV_D;
-        for (int d = 0; d < NV_D; ++d) {
-            const float xv = row[d];
+        for (int r = 0; r < NV_R; ++r)
 #pragma unroll
-            for (int jj = 0; jj < J; ++jj)
-                if (lane + 32 * jj < KG) s[jj] = fmaf(xv, c[d * KG + lane + 32 * jj], s[jj]);
-        }
-        float mx = -INFINITY;
+            for (int jj = 0; jj < J; ++jj) s[r][jj] = 0.f;
+        const float* rows[NV_R];
 #pragma unroll
-        for (int jj = 0; jj < J; ++jj) {
-            const int j = lane + 32 * jj;
-            if (j < KG) {
-                s[jj] = (s[jj] - mean[j]) * (1.0f / sqrtf(var[j] + eps)) * gamma[j] + beta[j];
-                mx = fmaxf(mx, s[jj]);
+        for (int r = 0; r < NV_R; ++r)  // past N: a row read again, its result dropped
+            rows[r] = xb + static_cast<long long>(min(n0 + r, N - 1)) * NV_D;
+        for (int d = 0; d < NV_D; d += 4) {
+            float4 xv[NV_R];
+#pragma unroll
+            for (int r = 0; r < NV_R; ++r) xv[r] = *reinterpret_cast<const float4*>(rows[r] + d);
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+#pragma unroll
+                for (int jj = 0; jj < J; ++jj) {
+                    if (lane + 32 * jj < KG) {
+                        const float cv = c[(d + t) * KG + lane + 32 * jj];
+#pragma unroll
+                        for (int r = 0; r < NV_R; ++r) {
+                            const float x = t == 0 ? xv[r].x : t == 1 ? xv[r].y : t == 2 ? xv[r].z : xv[r].w;
+                            s[r][jj] = fmaf(x, cv, s[r][jj]);
+                        }
+                    }
+                }
             }
         }
-        mx = nv_warp_max(mx);
-        float sum = 0.f;
 #pragma unroll
-        for (int jj = 0; jj < J; ++jj) {
-            s[jj] = lane + 32 * jj < KG ? expf(s[jj] - mx) : 0.f;
-            sum += s[jj];
+        for (int r = 0; r < NV_R; ++r) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int jj = 0; jj < J; ++jj) {
+                const int j = lane + 32 * jj;
+                if (j < KG) {
+                    s[r][jj] = (s[r][jj] - mean[j]) * (1.0f / sqrtf(var[j] + eps)) * gamma[j] + beta[j];
+                    mx = fmaxf(mx, s[r][jj]);
+                }
+            }
+            mx = nv_warp_max(mx);
+            float sum = 0.f;
+#pragma unroll
+            for (int jj = 0; jj < J; ++jj) {
+                s[r][jj] = lane + 32 * jj < KG ? expf(s[r][jj] - mx) : 0.f;
+                sum += s[r][jj];
+            }
+            sum = nv_warp_sum(sum);
+            if (n0 + r < N) a[(n0 + r) * NV_K + lane] = s[r][0] / sum;  // the first K = 32 clusters: the lane's first
         }
-        sum = nv_warp_sum(sum);
-        a[n * NV_K + lane] = s[0] / sum;  // the first K = 32 clusters: the lane's first
     }
     __syncthreads();
     // vlad = a^T x_b: a thread per columns d0 and d0 + 256, every cluster in registers

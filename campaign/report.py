@@ -189,6 +189,17 @@ class CampaignReport(BaseModel):
     notes: list[str] = Field(default_factory=list)
     by_track: dict[str, TrackSummary] = Field(default_factory=dict)  # every track's figures, apart
 
+    def run_label(self) -> str:
+        """Where the run happened, as reports say it (`mode` keeps its stored values, "gpu" or
+        "compile-only"; the word mode in a report means a problem's verification mode)."""
+        return "compile only" if self.mode == "compile-only" else "on the GPU"
+
+    def verification_modes(self) -> str:
+        """How many problems each verification mode judged, e.g. "own kernels 13, composed 3"."""
+        own = sum(1 for p in self.problems if p.mode != "composed")
+        composed = len(self.problems) - own
+        return ", ".join(f"{label} {n}" for label, n in (("own kernels", own), ("composed", composed)) if n)
+
 
 def _timed_ms(unit: UnitRecord) -> float:
     """The time of a usable unit's final candidate (`usable` guarantees it has one)."""

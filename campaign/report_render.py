@@ -43,10 +43,11 @@ def _header(report: CampaignReport) -> list[str]:
     c = report.config
     if c.kind == "eval":
         return ["# Evaluation report", "",
-                f"Mode: **{report.mode}** · {len(report.problems)} problems · track **{c.track.value}** · "
+                f"Run: **{report.run_label()}** · {len(report.problems)} problems · track **{c.track.value}** · "
+                f"verification mode: {report.verification_modes() or '-'} · "
                 "one solution file per problem, verified through the harness (no LLM)"]
     return ["# Campaign report", "",
-            f"Mode: **{report.mode}** · {len(report.problems)} problems × {c.iterations} iterations × {c.steps} "
+            f"Run: **{report.run_label()}** · {len(report.problems)} problems × {c.iterations} iterations × {c.steps} "
             "steps · "
             f"track **{c.track.value}** · top-k {c.top_k}, temperature {c.temperature:g}, fix attempts "
             f"{c.fix_attempts}, "

@@ -103,7 +103,7 @@ def summarize(report: CampaignReport) -> str:
     """A few lines for the terminal."""
     s = report.speedup
     lines = [
-        f"{len(report.problems)} problems, mode {report.mode}: valid rate {report.valid_rate:.0%}, "
+        f"{len(report.problems)} problems, {report.run_label()}: valid rate {report.valid_rate:.0%}, "
         f"{report.candidates} candidates ({report.compile_rate or 0:.0%} compiled)",
     ]
     if s.n:

@@ -183,7 +183,8 @@ def summary(result: object) -> str:
     report = result.report
     s = report.speedup
     rows.append("")
-    rows.append(f"{len(report.problems)} problems, track {report.config.track.value}, mode {report.mode}: "
+    rows.append(f"{len(report.problems)} problems, track {report.config.track.value}, "
+                f"{report.verification_modes() or 'no verification mode'}, {report.run_label()}: "
                 f"valid rate {report.valid_rate:.0%}")
     if s.n:
         rows.append(f"speedup over the better of eager and torch.compile: geomean {s.geomean:.2f}x, "

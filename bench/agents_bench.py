@@ -16,9 +16,11 @@ The server: `--transport http` (the default) starts one `kb-mcp serve --http` an
 to it; `--transport stdio` has each agent spawn its own `kb-mcp serve` (what a local agent does), the
 servers sharing one KB and, through the machine-wide GPU lane, the GPU. The runs, in this order:
 
-1. warm-up (not measured): each problem once with its solution untagged, so the workers are up, the
-   compilers probed and (on a GPU) its baselines timed and cached, as on a server up a while;
-2. alone: one agent, its stream one verdict after another;
+1. warm-up (not measured): each problem the two runs use, once, with its solution untagged, the agents
+   at once, so the workers are up, the compilers probed and (on a GPU) its baselines timed and cached,
+   as on a server up a while (problems the runs do not use are not warmed: on a GPU each costs a first
+   verdict of tens of seconds);
+2. alone: one agent, its stream one verdict after another (`--alone` verdicts; default `--per-agent`);
 3. together: N agents at once, each its own stream.
 
 Printed per run: verdicts per minute, p50/p95 seconds per verdict, the lane wait (p50/p95 overall and
@@ -26,7 +28,11 @@ each agent's p95 against the median agent's), the lane held beyond each verdict'
 and two busy shares: the lane held (the verdicts' `lane.held_s` over wall) and the GPU busy (NVML's
 utilization sampled in this process, `harness.gpu.gpu_busy`: kernels running); then together over alone.
 With `--compile-only` (or no GPU) the verdicts are compile-only checks on the CPU and it says so.
-Writes agents.json to --out.
+Each verdict is logged as it comes (stderr); agents.json in --out is written after each run, so a run
+stopped by a time limit keeps what it measured.
+
+On a GPU, in one device call of ten minutes: `--solutions bench/eval_pipeline_solutions --agents 8
+--per-agent 2 --alone 4` (ten level-2 problems, `load_inline` builds of tens of seconds each).
 """
 
 from __future__ import annotations
@@ -172,6 +178,22 @@ def streams(items: list[Item], agents: int, per_agent: int, run: str) -> list[li
     return out
 
 
+def used(*runs: list[list[tuple[Item, str]]]) -> list[Item]:
+    """Each item the runs' streams verify, once, in the order first met."""
+    seen: dict[str, Item] = {}
+    for run in runs:
+        for stream in run:
+            for item, _ in stream:
+                seen.setdefault(item.name, item)
+    return list(seen.values())
+
+
+def warm_up_streams(items: list[Item], agents: int) -> list[list[tuple[Item, str]]]:
+    """The warm-up: each item once, untagged, dealt round the agents (at most one agent per item)."""
+    n = max(1, min(agents, len(items)))
+    return [[(i, i.solution.read_text()) for i in items[a::n]] for a in range(n)]
+
+
 # -- the server and its clients ---------------------------------------------------------------------
 
 class HttpServer:
@@ -244,8 +266,12 @@ async def agent(n: int, connect: Callable[[], AbstractAsyncContextManager[Any]],
             except ToolCallError as exc:
                 out.append(Verdict(agent=n, problem=item.name, verdict="error", seconds=time.monotonic() - start,
                                    start_s=round(start - t0, 3), error=str(exc)[:300]))
+                _say(f"  agent {n}: {item.name} error: {str(exc)[:200]}")
                 continue
-            out.append(_verdict(n, item, r, time.monotonic() - start, start - t0))
+            v = _verdict(n, item, r, time.monotonic() - start, start - t0)
+            out.append(v)
+            _say(f"  agent {n}: {item.name} {v.verdict} in {v.seconds:.1f} s (lane waited {v.waited_s:.1f} s, "
+                 f"held {v.held_s:.1f} s, beyond its GPU phases {v.beyond_s:.2f} s)")
 
 
 def _verdict(n: int, item: Item, r: dict[str, Any], seconds: float, start_s: float) -> Verdict:
@@ -319,6 +345,7 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--per-agent", type=int, help="candidates per agent (default: the whole set, each agent "
                         "from its own offset; alone verifies the same set)")
+    parser.add_argument("--alone", type=int, help="verdicts of the one agent alone (default: --per-agent)")
     parser.add_argument("--transport", choices=("http", "stdio"), default="http")
     parser.add_argument("--solutions", type=Path, action="append")
     parser.add_argument("--problems", help="KernelBench ids to keep, e.g. 9,12,88")
@@ -336,6 +363,10 @@ def main() -> None:
     per_agent = args.per_agent or len(items)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
+    run = uuid.uuid4().hex[:6]
+    alone_streams = streams(items, 1, args.alone or per_agent, f"{run}-alone")
+    together_streams = streams(items, args.agents, per_agent, f"{run}-together")
+    runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="agents-bench-") as tmp:
         home = Path(tmp)
         os.environ.setdefault("KB_MCP_HOME", str(home))
@@ -344,22 +375,33 @@ def main() -> None:
         server = HttpServer(kb, (args.out or home) / "server.log") if args.transport == "http" else None
         try:
             connect = connector(args.transport, kb, server)
-            _say(f"warm-up: {len(items)} problems once each (workers, compilers probed, baselines)")
-            run_agents("warm-up", connect, [[(i, i.solution.read_text()) for i in items]], options)
-            run = uuid.uuid4().hex[:6]
-            _say(f"alone: 1 agent x {per_agent}")
-            alone = run_agents("alone", connect, streams(items, 1, per_agent, f"{run}-alone"), options)
+            warm = used(alone_streams, together_streams)
+            _say(f"warm-up: {len(warm)} problems once each, {min(args.agents, len(warm))} agents at once "
+                 "(workers, compilers probed, baselines)")
+            runs.append(run_agents("warm-up", connect, warm_up_streams(warm, args.agents), options))
+            _say(f"alone: 1 agent x {args.alone or per_agent}")
+            runs.append(run_agents("alone", connect, alone_streams, options))
+            write_results(args.out, runs, compile_only)
             _say(f"together: {args.agents} agents x {per_agent}")
-            together = run_agents("together", connect, streams(items, args.agents, per_agent, f"{run}-together"),
-                                  options)
+            runs.append(run_agents("together", connect, together_streams, options))
         finally:
             if server is not None:
                 server.close()
-    s = summary(alone, together, compile_only)
-    print(report(s))
-    if args.out:
-        (args.out / "agents.json").write_text(json.dumps({**s, "runs": [alone.model_dump(mode="json"),
-                                                                         together.model_dump(mode="json")]}, indent=1))
+            write_results(args.out, runs, compile_only)
+    print(report(summary(runs[1], runs[2], compile_only)))
+
+
+def write_results(out: Path | None, runs: list[Run], compile_only: bool) -> None:
+    """agents.json with the runs so far (the summary once both measured runs are in)."""
+    if out is None or not runs:
+        return
+    measured = [r for r in runs if r.name != "warm-up"]
+    body: dict[str, Any] = {"compile_only": compile_only, "runs": [r.model_dump(mode="json") for r in runs]}
+    if len(measured) == 2:
+        body = {**summary(measured[0], measured[1], compile_only), **body}
+    else:
+        body["figures"] = {r.name: r.figures() for r in runs}
+    (out / "agents.json").write_text(json.dumps(body, indent=1))
 
 
 def _say(text: str) -> None:

@@ -21,7 +21,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from agents_bench import Item, Run, Verdict, streams, summary, tagged, the_set  # noqa: E402
+from agents_bench import Item, Run, Verdict, streams, summary, tagged, the_set, used, warm_up_streams, write_results  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PAIRS = {"1_swish": "swish_nvrtc", "2_softmax": "softmax_nvrtc", "3_elementwise_chain_small":
@@ -52,6 +52,33 @@ def test_each_agent_streams_new_candidates_from_its_own_offset(tmp_path: Path) -
     source = items[0].solution.read_text()
     marked = tagged(source, "agents bench r agent 0 item 0")
     assert marked != source and marked.replace("// agents bench r agent 0 item 0\n", "", 1) == source
+
+
+def test_the_warm_up_takes_each_problem_the_runs_use_once_and_no_other(tmp_path: Path) -> None:
+    kb, sol = _tree(tmp_path)
+    items = the_set(kb, [sol], None)
+    alone, together = streams(items, 1, 1, "a"), streams(items, 2, 1, "t")  # items 0; 0 and 1
+    warm = used(alone, together)
+    assert [i.name for i in warm] == ["level1/1_swish", "level1/2_softmax"]  # not 3: no run verifies it
+    dealt = warm_up_streams(warm, 8)
+    assert len(dealt) == 2 and [[i.name for i, _ in s] for s in dealt] == [["level1/1_swish"], ["level1/2_softmax"]]
+    assert all(src == i.solution.read_text() for s in dealt for i, src in s)  # untagged: the solution itself
+    assert [len(s) for s in warm_up_streams(items, 2)] == [2, 1]
+
+
+def test_the_results_are_written_after_each_run_so_a_stopped_bench_keeps_them(tmp_path: Path) -> None:
+    import json
+
+    warm = Run(name="warm-up", agents=1, wall_s=5.0, verdicts=_verdicts(0, [0.0]))
+    alone = Run(name="alone", agents=1, wall_s=20.0, verdicts=_verdicts(0, [0.0] * 4))
+    write_results(tmp_path, [warm, alone], compile_only=False)
+    partial = json.loads((tmp_path / "agents.json").read_text())
+    assert [r["name"] for r in partial["runs"]] == ["warm-up", "alone"]
+    assert partial["figures"]["alone"]["verdicts"] == 4 and "throughput_ratio" not in partial
+    together = Run(name="together", agents=2, wall_s=10.0, verdicts=_verdicts(0, [1.0] * 4) + _verdicts(1, [1.0] * 4))
+    write_results(tmp_path, [warm, alone, together], compile_only=False)
+    whole = json.loads((tmp_path / "agents.json").read_text())
+    assert whole["throughput_ratio"] == 4.0 and len(whole["runs"]) == 3
 
 
 def _verdicts(agent: int, waits: list[float]) -> list[Verdict]:
@@ -85,7 +112,7 @@ def test_four_agents_on_one_server_verify_compile_only_side_by_side(tmp_path: Pa
     server = HttpServer(tmp_path / "home" / "kb.json", tmp_path / "server.log")
     try:
         connect = connector("http", tmp_path / "home" / "kb.json", server)
-        run_agents("warm-up", connect, [[(i, i.solution.read_text()) for i in items]], options)
+        run_agents("warm-up", connect, warm_up_streams(items, 4), options)
         alone = run_agents("alone", connect, streams(items, 1, 3, "alone"), options)
         together = run_agents("together", connect, streams(items, 4, 3, "together"), options)
     finally:

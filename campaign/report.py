@@ -195,9 +195,11 @@ class CampaignReport(BaseModel):
         return "compile only" if self.mode == "compile-only" else "on the GPU"
 
     def verification_modes(self) -> str:
-        """How many problems each verification mode judged, e.g. "own kernels 13, composed 3"."""
-        own = sum(1 for p in self.problems if p.mode != "composed")
-        composed = len(self.problems) - own
+        """How many problems each verification mode judged, e.g. "own kernels 13, composed 3" (a problem
+        nothing was verified for, a solution missing, counts in neither)."""
+        judged = [p for p in self.problems if p.initial_verdict is not None]
+        composed = sum(1 for p in judged if p.mode == "composed")
+        own = len(judged) - composed
         return ", ".join(f"{label} {n}" for label, n in (("own kernels", own), ("composed", composed)) if n)
 
 

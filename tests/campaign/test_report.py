@@ -182,3 +182,24 @@ def test_device_times_are_shown_beside_the_end_to_end_ones_and_never_rank(tmp_pa
     assert "| eager, device time (informative) | 1 | 8.00x |" in markdown
     assert "| best vs eager (device) |" in markdown and "| 0.4 | 0.05 | 8.00x |" in markdown
     assert "Device time: the summed GPU durations" in markdown
+
+
+def test_a_report_says_where_it_ran_apart_from_how_each_problem_was_judged() -> None:
+    from kb_mcp.campaign.models import CampaignConfig
+    from kb_mcp.campaign.report import CampaignReport, GradientSummary, ProblemResult, SpeedupStats
+
+    problems = [ProblemResult(problem="own", initial_verdict=Verdict.faster, mode="own"),
+                ProblemResult(problem="a", initial_verdict=Verdict.slower, mode="composed", coverage=0.4),
+                ProblemResult(problem="b", initial_verdict=Verdict.invalid, mode="composed"),
+                ProblemResult(problem="missing", mode="composed")]  # no solution: judged by no mode
+    stats = SpeedupStats.of([])
+
+    def report(mode: str) -> CampaignReport:
+        return CampaignReport(mode=mode, config=CampaignConfig(problems=["/p/x.py"]), problems=problems,
+                              valid_rate=0.5, step_valid_rate=None, compile_rate=None, candidates=3, speedup=stats,
+                              speedup_vs_eager=stats, speedup_vs_compile=stats, initial_speedup=stats, fast_p={},
+                              optimizations=[], state_visits={}, transitions=[], kb_growth=[],
+                              gradient=GradientSummary(), tokens=TokenLedger())
+
+    assert report("gpu").verification_modes() == "own kernels 1, composed 2"
+    assert (report("gpu").run_label(), report("compile-only").run_label()) == ("on the GPU", "compile only")

@@ -95,3 +95,22 @@ class Decomposition(BaseModel):
             if p.same_as:
                 others[p.same_as].append(p.name)
         return sorted(((first[n], share[n], others[n]) for n in first), key=lambda t: (-t[1], t[0].index))
+
+    def by_layer(self) -> list[tuple[list[Part], float, int]]:
+        """The model's layers that run in more than one part file, largest share first: (the first part of
+        each file, the share of all their places, how many places). Parts are one layer when they hold
+        the same parameters and compute the same kind of op: an RNN's output layer over its steps, say,
+        where each step's part also picks its own piece of an input, so no two are the same file and
+        `by_file` lists each at a step's small share."""
+        groups: dict[tuple[str, str, tuple[str, ...]], tuple[list[Part], list[float]]] = {}
+        files = {p.name: p for p in self.parts if p.same_as is None}
+        for p in self.parts:
+            first = files[p.same_as or p.name]
+            if not first.parameters:
+                continue  # no parameters: nothing says two files are one layer
+            heads, shares = groups.setdefault((first.kind, first.label, tuple(sorted(first.parameters))), ([], []))
+            if first not in heads:
+                heads.append(first)
+            shares.append(p.share)
+        layers = [(heads, sum(shares), len(shares)) for heads, shares in groups.values() if len(heads) > 1]
+        return sorted(layers, key=lambda t: (-t[1], t[0][0].index))

@@ -49,4 +49,11 @@ def run(args: argparse.Namespace) -> int:
     for part, share, others in ranked[: args.top]:
         runs = f", run by {len(others) + 1} parts" if others else ""
         print(f"  {100 * share:5.1f} %  {part.name}  {part.kind:<10} {part.label}  ({part.file}{runs})")
+    layers = decomp.by_layer()
+    if layers:
+        print("  layers that run in several files (their places differ, e.g. in the piece of an input they take):")
+    for heads, share, places in layers[: args.top]:
+        names = ", ".join(h.name for h in heads[:3]) + (f" and {len(heads) - 3} more" if len(heads) > 3 else "")
+        print(f"  {100 * share:5.1f} %  {heads[0].kind:<10} {heads[0].label}  at {places} places in {len(heads)} "
+              f"files ({names})")
     return 0

@@ -59,3 +59,24 @@ def test_an_unrolled_cell_is_one_part_file_for_all_its_steps(tmp_path: Path) -> 
     (check,) = runner.run("check", [{"source": RNN, "composed": files[decompose.REFERENCE], "batch": None,
                                      "shrink": False}])
     assert check.get("exact"), check
+
+
+STEPS = (Path(__file__).parent / "steps_model.py").read_text()
+
+
+def test_a_layer_run_over_an_inputs_steps_in_several_files_is_listed_as_one(tmp_path: Path) -> None:
+    """Each step's part picks its own piece of x, so the steps are not one file; `by_layer` still says
+    the output layer runs at every step and what share all its places take."""
+    (result,) = decompose.decompose_many([("toy_steps", STEPS)])
+    assert not isinstance(result, Exception), result
+    decomp, _ = result
+    layers = decomp.by_layer()
+    h2o = [(heads, share, places) for heads, share, places in layers if "h2o.weight" in heads[0].parameters]
+    assert len(h2o) == 1
+    heads, share, places = h2o[0]
+    runs = [p for p in decomp.parts if "h2o.weight" in p.parameters]
+    assert places == len(runs) == 5 and len(heads) == len({p.file for p in runs}) > 1
+    assert abs(share - sum(p.share for p in runs)) < 1e-9
+    assert all(len(hs) > 1 for hs, _, _ in layers)  # a layer in one file is `by_file`'s, not listed here
+    (plain,) = decompose.decompose_many([("toy_rnn", RNN)])
+    assert not isinstance(plain, Exception) and plain[0].by_layer() == []  # each layer one file already

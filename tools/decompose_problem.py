@@ -70,6 +70,19 @@ class PartSummary(BaseModel):
                                  "on the file serves them all")
 
 
+class LayerSummary(BaseModel):
+    """A layer that runs in several part files, listed once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    label: str
+    share: float = Field(description="of the model's GPU time, 0..1, in all the layer's places")
+    places: int = Field(description="places in the model that run it")
+    files_total: int = Field(description="part files those places are in (each verified on its own)")
+    files: list[str] = Field(description="the first of those files (absolute paths, up to 5)")
+
+
 class Result(BaseModel):
     """The decomposition, and the composition where asked."""
 
@@ -83,6 +96,9 @@ class Result(BaseModel):
     files_total: int = Field(description="distinct part files (fewer than parts where places share one)")
     share_basis: str
     parts: list[PartSummary] = Field(description="each part file once, largest share first (up to `top`)")
+    layers: list[LayerSummary] = Field(default_factory=list, description="layers the model runs in several part "
+                                       "files (an output layer over an input's steps, each step's part taking its "
+                                       "own piece), each once with the share of all its places, largest first")
     composed_file: str | None = None
     picks: list[PartPick] = Field(default_factory=list, description="with compose: what each part took")
     verification: compile_and_verify.Result | None = None
@@ -118,8 +134,12 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     files = decomp.by_file()
     parts = [PartSummary(name=p.name, kind=p.kind, label=p.label, share=round(share, 4), file=str(out / p.file),
                          same_file=others) for p, share, others in files[: req.top]]
+    layers = [LayerSummary(kind=heads[0].kind, label=heads[0].label, share=round(share, 4), places=places,
+                           files_total=len(heads), files=[str(out / h.file) for h in heads[:5]])
+              for heads, share, places in decomp.by_layer()[: req.top]]
     result = Result(problem=problem.name, out_dir=str(out), method=decomp.method, failures=decomp.failures,
                     parts_total=len(decomp.parts), files_total=len(files), share_basis=decomp.share_basis, parts=parts,
+                    layers=layers,
                     next_step=f"optimize the parts in order of share (start with {parts[0].file}), then call "
                               "decompose_problem again with compose=true")
     if not req.compose:

@@ -78,6 +78,16 @@ def test_a_model_is_decomposed_into_ranked_part_files(ctx: ToolContext, tmp_path
     for part in got.parts:
         parse_problem(Path(part.file).read_text())  # each part is a KernelBench problem
     assert got.composed_file is None and "compose=true" in got.next_step
+    assert got.layers == []  # every layer of the MLP is one file
+
+
+def test_a_layer_over_an_inputs_steps_is_reported_once_with_all_its_places(ctx: ToolContext, tmp_path: Path) -> None:
+    steps = Path(__file__).parents[1] / "decomposition" / "steps_model.py"
+    got = decompose_problem.run(ctx, decompose_problem.Request(problem=str(steps), out_dir=str(tmp_path / "parts")))
+    h2o = [layer for layer in got.layers if layer.files_total == 5]
+    assert len(h2o) == 1 and h2o[0].places == 5 and h2o[0].kind == "gemm"
+    assert len(h2o[0].files) == 5 and all(Path(f).is_file() for f in h2o[0].files)
+    assert 0 < h2o[0].share <= 1 and got.files_total < got.parts_total
 
 
 def test_compose_takes_a_parts_verified_candidate_and_computes_the_models_function(

@@ -10,6 +10,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -121,15 +122,20 @@ def test_deleting_a_live_lock_lets_the_stalled_holder_write_nothing(kb_path: Pat
 @pytest.mark.slow
 def test_deleting_the_lock_file_again_and_again_loses_no_acknowledged_write(kb_path: Path) -> None:
     """Four writers (journal appends and compactions) while the lock file is deleted every few
-    milliseconds: writers may refuse, but every transaction they acknowledged is in the KB."""
+    milliseconds: writers may refuse, but every transaction they acknowledged is in the KB. The chaos
+    lasts at least 6 s and until the writers have acknowledged 60 transactions (a loaded machine writes
+    slower), 60 s at most."""
     KBStore.open(kb_path)
     writers = [_spawn("chaos", str(kb_path), f"p{w}") for w in range(4)]
-    first = [w.stdout.readline() if w.stdout else "" for w in writers]  # every writer is up and committing
+    said: list[list[str]] = [[] for _ in writers]  # each writer's words as they come (its pipe read meanwhile)
+    readers = [threading.Thread(target=_read_words, args=(w, said[n]), daemon=True) for n, w in enumerate(writers)]
+    for r in readers:
+        r.start()
     lock = Path(str(kb_path) + ".lock")
     rng = random.Random(7)
     deletions = 0
-    deadline = time.monotonic() + 6.0
-    while time.monotonic() < deadline:
+    start = time.monotonic()
+    while time.monotonic() - start < 60.0 and (time.monotonic() - start < 6.0 or _acknowledged(said) < 60):
         time.sleep(rng.random() * 0.02)
         try:
             lock.unlink()
@@ -140,11 +146,12 @@ def test_deleting_the_lock_file_again_and_again_loses_no_acknowledged_write(kb_p
         w.send_signal(signal.SIGKILL)
     acknowledged: dict[str, set[int]] = {}
     conflicts = 0
-    for n, w in enumerate(writers):
-        out, err = w.communicate(timeout=60)
-        lines = (first[n] + out).split()
-        conflicts += lines.count("conflict")
-        acknowledged[f"p{n}"] = {int(x) for x in lines if x != "conflict"}
+    for n, (w, r) in enumerate(zip(writers, readers)):
+        w.wait(timeout=60)
+        r.join(timeout=60)
+        err = w.stderr.read() if w.stderr else ""
+        conflicts += said[n].count("conflict")
+        acknowledged[f"p{n}"] = {int(x) for x in said[n] if x != "conflict"}
         assert "Traceback" not in err or "KeyboardInterrupt" in err, err[-2000:]
     store = KBStore.open(kb_path)
     with store.read() as view:
@@ -152,3 +159,14 @@ def test_deleting_the_lock_file_again_and_again_loses_no_acknowledged_write(kb_p
     missing = [f"c_{p}_{i}" for p, ids in acknowledged.items() for i in ids if f"c_{p}_{i}" not in have]
     assert not missing, f"acknowledged writes lost: {missing[:5]} ({len(missing)} in all)"
     assert deletions > 50 and sum(map(len, acknowledged.values())) > 50, (deletions, conflicts)
+
+
+def _read_words(proc: subprocess.Popen[str], into: list[str]) -> None:
+    """A writer's stdout, word by word as it prints them, until it ends."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        into.extend(line.split())
+
+
+def _acknowledged(said: list[list[str]]) -> int:
+    return sum(1 for words in said for w in list(words) if w != "conflict")

@@ -22,6 +22,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from kb_mcp.campaign.selection import SelectionError, select_problems
+from kb_mcp.decomposition.models import Decomposition
+
 TIMEOUT_S = 900
 
 
@@ -67,27 +70,16 @@ def decompose(problem: Path, workdir: Path) -> Row:
 
 
 def summarize(problem: str, record: dict) -> Row:
-    """The row of a decomposition record: parts by kind and the three largest shares."""
-    parts = record["parts"]
+    """The row of a decomposition record: parts by kind and the three largest shares (a part file's
+    places summed, as `Decomposition.by_file` ranks them)."""
+    decomp = Decomposition.model_validate(record)
     kinds: dict[str, int] = {}
-    for p in parts:
-        kinds[p["kind"]] = kinds.get(p["kind"], 0) + 1
-    shares: dict[str, Share] = {}
-    for p in parts:  # a part's places summed under the first one's name
-        key = p.get("same_as") or p["name"]
-        if key in shares:
-            shares[key].share += p["share"] or 0.0
-        else:
-            shares[key] = Share(name=key, kind=p["kind"], label=p["label"], share=p["share"] or 0.0)
-    top = sorted(shares.values(), key=lambda s: -s.share)[:3]
-    return Row(problem=problem, status="ok", method=record["method"], parts=len(parts),
-               files=sum(1 for p in parts if not p.get("same_as")), kinds=kinds, top=top,
-               basis=record.get("share_basis", ""))
-
-
-def _number(path: Path) -> int:
-    head = path.name.split("_")[0]
-    return int(head) if head.isdigit() else 10**6
+    for p in decomp.parts:
+        kinds[p.kind] = kinds.get(p.kind, 0) + 1
+    ranked = decomp.by_file()
+    top = [Share(name=p.name, kind=p.kind, label=p.label, share=share) for p, share, _ in ranked[:3]]
+    return Row(problem=problem, status="ok", method=decomp.method, parts=len(decomp.parts), files=len(ranked),
+               kinds=kinds, top=top, basis=decomp.share_basis)
 
 
 def markdown(rows: list[Row]) -> str:
@@ -111,9 +103,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="the rows as JSON")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
-    problems = sorted(args.folder.glob("*.py"), key=_number)
-    if not problems:
-        sys.exit(f"no problem files in {args.folder}")
+    try:
+        problems = [ref.path for ref in select_problems([args.folder])]  # in KernelBench id order
+    except SelectionError as exc:
+        sys.exit(f"decompose_level3: {exc}")
     with tempfile.TemporaryDirectory(prefix="decompose-l3-") as tmp, \
             cf.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         futures = {pool.submit(decompose, p, Path(tmp)): p for p in problems}

@@ -102,15 +102,12 @@ class Decomposition(BaseModel):
         the same parameters and compute the same kind of op: an RNN's output layer over its steps, say,
         where each step's part also picks its own piece of an input, so no two are the same file and
         `by_file` lists each at a step's small share."""
-        groups: dict[tuple[str, str, tuple[str, ...]], tuple[list[Part], list[float]]] = {}
-        files = {p.name: p for p in self.parts if p.same_as is None}
-        for p in self.parts:
-            first = files[p.same_as or p.name]
+        groups: dict[tuple[str, str, tuple[str, ...]], tuple[list[Part], float, int]] = {}
+        for first, share, others in self.by_file():
             if not first.parameters:
                 continue  # no parameters: nothing says two files are one layer
-            heads, shares = groups.setdefault((first.kind, first.label, tuple(sorted(first.parameters))), ([], []))
-            if first not in heads:
-                heads.append(first)
-            shares.append(p.share)
-        layers = [(heads, sum(shares), len(shares)) for heads, shares in groups.values() if len(heads) > 1]
+            key = (first.kind, first.label, tuple(sorted(first.parameters)))
+            heads, total, places = groups.get(key, ([], 0.0, 0))
+            groups[key] = ([*heads, first], total + share, places + 1 + len(others))
+        layers = [layer for layer in groups.values() if len(layer[0]) > 1]
         return sorted(layers, key=lambda t: (-t[1], t[0][0].index))

@@ -19,11 +19,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "problems"
 
 
 def _part(name: str, kind: str, share: float, same_as: str | None = None) -> dict:
-    return {"name": name, "kind": kind, "label": name.upper(), "share": share, "same_as": same_as}
+    return {"index": int(name[1:]), "name": name, "kind": kind, "label": name.upper(), "nodes": [name],
+            "share": share, "same_as": same_as}
 
 
 def test_a_parts_places_add_up_under_its_first_file_and_the_three_largest_lead() -> None:
-    record = {"method": "fx", "share_basis": "estimated", "parts": [
+    record = {"problem": "m", "method": "fx", "built_on": "meta", "share_basis": "estimated", "parts": [
         _part("p1", "gemm", 0.1), _part("p2", "norm", 0.3), _part("p3", "gemm", 0.2, same_as="p1"),
         _part("p4", "gemm", 0.25, same_as="p1"), _part("p5", "pool", 0.15)]}
     row = summarize("m", record)

@@ -311,9 +311,9 @@ def expected_files(out: Path = OUT) -> dict[Path, str]:
     return {out / sol.path: render_solution(sol) for sol in SOLUTIONS}
 
 
-def stale_files(out: Path = OUT) -> list[Path]:
-    """Generated files missing or differing from what this script writes."""
-    return [p for p, text in expected_files(out).items() if not p.is_file() or p.read_text() != text]
+def stale_files(files: dict[Path, str]) -> list[Path]:
+    """Of the files this script writes (path -> text), those missing or differing on disk."""
+    return [p for p, text in files.items() if not p.is_file() or p.read_text() != text]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,15 +346,14 @@ def main(argv: list[str] | None = None) -> int:
 
     files = expected_files(args.out) | expected_model_files(args.models_out or MODELS_OUT)
     if args.check:
-        stale = [p for p, text in files.items() if not p.is_file() or p.read_text() != text]
+        stale = stale_files(files)
         for p in stale:
             print(f"out of date: {p} (run python bench/tc_fp32_sync.py)")
         return 1 if stale else 0
-    for p, text in files.items():
+    for p in stale_files(files):
         p.parent.mkdir(parents=True, exist_ok=True)
-        if not p.is_file() or p.read_text() != text:
-            p.write_text(text)
-            print(f"wrote {p}")
+        p.write_text(files[p])
+        print(f"wrote {p}")
     return 0
 
 

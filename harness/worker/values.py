@@ -131,48 +131,94 @@ def _rms(rflat: torch.Tensor) -> float:
         else:
             scale = float(rflat[finite].pow(2).mean().sqrt().item()) if bool(finite.any()) else 1.0
     else:
-        total, count = 0.0, 0
+        # Summed on the device and read once: a read per chunk stalls the stream about a hundred
+        # times for an output of several GB, and the timed runs re-check each output this way.
+        total = torch.zeros((), dtype=torch.float64, device=rflat.device)
+        count = torch.zeros((), dtype=torch.int64, device=rflat.device)
         for part in chunks(n):
             x = rflat[part].double()
             keep = torch.isfinite(x)
-            total += float(x[keep].pow(2).sum().item())
-            count += int(keep.sum().item())
-        scale = (total / count) ** 0.5 if count else 1.0
+            total += torch.where(keep, x, 0.0).pow(2).sum()
+            count += keep.sum()
+        total_sq, finite_n = float(total.item()), int(count.item())
+        scale = (total_sq / finite_n) ** 0.5 if finite_n else 1.0
     return 1.0 if scale == 0.0 or scale != scale else scale
 
 
-@dataclass
 class _Tally:
-    """What the chunks of one comparison add up to."""
+    """What the chunks of one comparison add up to, kept on the device and read once (`read`): a read
+    per statistic and chunk stalled the stream about a thousand times for an output of several GB."""
 
-    mismatched: int = 0
-    nonfinite: int = 0
-    max_abs: float | None = None
-    max_rel: float | None = None
-    c_range: tuple[float, float] = (float("inf"), float("-inf"))
-    r_range: tuple[float, float] = (float("inf"), float("-inf"))
-    all_finite: bool = True
+    def __init__(self, device: torch.device, work: torch.dtype) -> None:
+        def full(value: float, dtype: torch.dtype = work) -> torch.Tensor:
+            return torch.full((), value, dtype=dtype, device=device)
 
-    def add(self, cf: torch.Tensor, rf: torch.Tensor, atol: float, rtol: float, scale: float, detail: bool) -> None:
+        inf = float("inf")
+        self._counts = [full(0, torch.int64), full(0, torch.int64)]  # mismatched, non-finite
+        # -inf: no element counted yet (the maxima are then None); ranges as (min, max)
+        self._maxima = [full(-inf), full(-inf)]  # largest |c - r|, largest relative error
+        self._ranges = [full(inf), full(-inf), full(inf), full(-inf)]  # c min, c max, r min, r max
+        self._finite = full(1, torch.bool)
+
+    def add(self, cf: torch.Tensor, rf: torch.Tensor, atol: float, rtol: float, scale: float) -> None:
+        if not cf.numel():
+            return
         finite_r, finite_c = torch.isfinite(rf), torch.isfinite(cf)
         diff = (cf - rf).abs()
-        ok = (diff <= (atol * scale + rtol * rf.abs())) & finite_c
-        bad = int((~ok).sum().item())
-        self.mismatched += bad
-        if not detail and not bad:
-            return
-        self.nonfinite += int((~finite_c).sum().item())
+        self._counts[0] += (~_within(diff, rf, finite_c, atol, rtol, scale)).sum()
+        self._counts[1] += (~finite_c).sum()
         both = finite_c & finite_r
-        if bool(both.any()):
-            self.max_abs = max(self.max_abs or 0.0, float(diff[both].max().item()))
         big = both & (rf.abs() > 1e-3 * scale)
-        if bool(big.any()):
-            self.max_rel = max(self.max_rel or 0.0, float((diff[big] / rf[big].abs()).max().item()))
-        if bool(finite_c.all()) and bool(finite_r.all()) and cf.numel():
-            self.c_range = (min(self.c_range[0], float(cf.min().item())), max(self.c_range[1], float(cf.max().item())))
-            self.r_range = (min(self.r_range[0], float(rf.min().item())), max(self.r_range[1], float(rf.max().item())))
-        else:
-            self.all_finite = False
+        none = torch.full((), float("-inf"), dtype=diff.dtype, device=diff.device)
+        self._maxima[0] = torch.maximum(self._maxima[0], torch.where(both, diff, none).max())
+        self._maxima[1] = torch.maximum(self._maxima[1], torch.where(big, diff / rf.abs(), none).max())
+        # Ranges matter only where every element is finite (`constant`): a chunk that is not clears that.
+        self._finite &= finite_c.all() & finite_r.all()
+        lo, hi = torch.aminmax(cf)
+        rlo, rhi = torch.aminmax(rf)
+        r = self._ranges
+        self._ranges = [torch.minimum(r[0], lo), torch.maximum(r[1], hi),
+                        torch.minimum(r[2], rlo), torch.maximum(r[3], rhi)]
+
+    def read(self) -> _Totals:
+        """Every statistic, in one read from the device."""
+        values = torch.stack([t.double() for t in (*self._counts, *self._maxima, *self._ranges, self._finite)]).tolist()
+        mismatched, nonfinite, max_abs, max_rel, c_lo, c_hi, r_lo, r_hi, finite = values
+        return _Totals(mismatched=int(mismatched), nonfinite=int(nonfinite),
+                       max_abs=None if max_abs == float("-inf") else max_abs,
+                       max_rel=None if max_rel == float("-inf") else max_rel,
+                       c_range=(c_lo, c_hi), r_range=(r_lo, r_hi), all_finite=bool(finite))
+
+
+@dataclass
+class _Totals:
+    """A comparison's statistics over every chunk (`_Tally.read`)."""
+
+    mismatched: int
+    nonfinite: int
+    max_abs: float | None
+    max_rel: float | None
+    c_range: tuple[float, float]
+    r_range: tuple[float, float]
+    all_finite: bool
+
+
+def _within(diff: torch.Tensor, rf: torch.Tensor, finite_c: torch.Tensor, atol: float, rtol: float,
+            scale: float) -> torch.Tensor:
+    """Which elements pass: `diff` (|c - r|) within the tolerance, and the candidate's value finite
+    (`finite_c`: a NaN or Inf never passes)."""
+    return (diff <= (atol * scale + rtol * rf.abs())) & finite_c
+
+
+def _any_mismatch(cflat: torch.Tensor, rflat: torch.Tensor, work: torch.dtype, atol: float, rtol: float,
+                  scale: float) -> bool:
+    """Whether any element fails (`_within`), by the same arithmetic as `_Tally.add`, the count kept on
+    the device and read once: the pass-or-fail of each timed run's re-check of a large output."""
+    bad = torch.zeros((), dtype=torch.int64, device=rflat.device)
+    for part in chunks(rflat.numel()):
+        cf, rf = cflat[part].to(work), rflat[part].to(work)
+        bad += (~_within((cf - rf).abs(), rf, torch.isfinite(cf), atol, rtol, scale)).sum()
+    return bool(bad.item())
 
 
 def compare(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float, detail: bool = True) -> Comparison:
@@ -189,13 +235,14 @@ def compare(c: torch.Tensor, r: torch.Tensor, atol: float, rtol: float, detail: 
     work = torch.float64 if r.dtype == torch.float64 else torch.float32
     cflat, rflat = flat(c), flat(r)
     scale = _rms(rflat.to(work) if n <= CHUNK_ELEMENTS else rflat)
-    tally = _Tally()
-    for part in chunks(n):
-        tally.add(cflat[part].to(work), rflat[part].to(work), atol, rtol, scale, detail)
     if not detail:
-        if not tally.mismatched:
+        if not _any_mismatch(cflat, rflat, work, atol, rtol, scale):
             return Comparison(passed=True, numel=n)
         return compare(c, r, atol, rtol)  # a failure gets every statistic, over every chunk
+    tallied = _Tally(rflat.device, work)
+    for part in chunks(n):
+        tallied.add(cflat[part].to(work), rflat[part].to(work), atol, rtol, scale)
+    tally = tallied.read()
     # Poison bytes are NaN in every float format, so only a failing float output can hold any.
     poison = poison_count(c) if tally.mismatched else 0
     constant = (n > 1 and tally.all_finite and tally.c_range[0] == tally.c_range[1]
@@ -217,7 +264,7 @@ def _compare_exact(c: torch.Tensor, r: torch.Tensor) -> Comparison:
                       message="" if bad == 0 else f"{bad} of {n} elements differ (exact match required)")
 
 
-def _comparison(tally: _Tally, n: int, scale: float, poison: int, constant: bool) -> Comparison:
+def _comparison(tally: _Totals, n: int, scale: float, poison: int, constant: bool) -> Comparison:
     mismatched, nonfinite, max_abs = tally.mismatched, tally.nonfinite, tally.max_abs
     message = ""
     if mismatched:
@@ -300,12 +347,15 @@ def digest(t: torch.Tensor) -> tuple[int, int, int]:
     if pad:
         raw = torch.cat([raw, raw.new_zeros(pad)])
     words = raw.view(torch.int32)
-    first = second = 0
+    # Summed on the device (int64, wrapping alike every time) and read once: an output of several GB
+    # is hundreds of chunks, and a read per chunk stalled the stream at each.
+    sums = torch.zeros(2, dtype=torch.int64, device=words.device)
     for part in chunks(words.numel(), max(1, CHUNK_ELEMENTS // 8)):
         w = words[part].long()
         idx = torch.arange(part.start, part.stop, device=w.device, dtype=torch.int64)
-        first += int((w * (idx * 2 + 1)).sum().item())
-        second += int((w * ((idx * 0x9E3779B1) % 0x7FFFFFFF + 1)).sum().item())
+        sums[0] += (w * (idx * 2 + 1)).sum()
+        sums[1] += (w * ((idx * 0x9E3779B1) % 0x7FFFFFFF + 1)).sum()
+    first, second = sums.tolist()
     return hash((tuple(t.shape), str(t.dtype))), first, second
 
 

@@ -52,6 +52,10 @@ QUICK_RUNS = 5
 # Re-timing a cached launch-bound reference beside the candidate: as many runs as fit this much
 # event time, within [MIN_RUNS, MAX_RUNS]. Its eager calls then cost about 0.1-0.2 s of a verdict.
 RETIME_TIMED_S = 0.15
+# A series stops after this much wall time once each of its callables has had MIN_RUNS timed runs:
+# on an input of several GB, each run's fresh inputs and re-checked output cost tens of
+# milliseconds around a call of a few, so a hundred runs took 7-14 s of a first verdict.
+TIMED_WALL_S = 1.5
 
 
 @dataclass
@@ -90,6 +94,11 @@ class RunStats:
         return statistics.median(h - g for h, g in zip(self.host_ms, self.gpu_ms))
 
 
+def least_runs(runs: int) -> int:
+    """The runs a series with a wall budget makes before it may stop: MIN_RUNS, or all if fewer."""
+    return min(runs, MIN_RUNS)
+
+
 def retime_runs(eager_ms: float, quick: bool) -> int:
     """Runs of a cached launch-bound reference re-timed beside the candidate (`RETIME_TIMED_S`)."""
     if quick:
@@ -107,6 +116,7 @@ class Series:
     runs: int
     warmup: int
     check: Callable[[int, Any], str | None] | None = None
+    wall_s: float | None = None  # stop after this much wall time, once MIN_RUNS (or `runs`) have run
 
 
 def interleave_order(runs_a: int, runs_b: int) -> list[int]:
@@ -259,11 +269,13 @@ class Timer:
         runs: int,
         warmup: int,
         check: Callable[[int, Any], str | None] | None = None,
+        wall_s: float | None = None,
     ) -> RunStats:
         """`warmup` untimed runs, then `runs` timed ones; `make_args(i)` makes fresh inputs for run i
-        (called outside the timed region); `check(i, out)` returns an error text for a wrong output.
-        The caller makes sure that `guards_active()` is empty."""
-        (stats,) = self._timed([Series(fn, make_args, runs, warmup, check)], [0] * runs)
+        (called outside the timed region); `check(i, out)` returns an error text for a wrong output;
+        `wall_s` ends the series early (`Series.wall_s`). The caller makes sure that `guards_active()`
+        is empty."""
+        (stats,) = self._timed([Series(fn, make_args, runs, warmup, check, wall_s)], [0] * runs)
         return stats
 
     def interleaved(self, a: Series, b: Series) -> tuple[RunStats, RunStats]:
@@ -272,15 +284,22 @@ class Timer:
         return self._timed([a, b], interleave_order(a.runs, b.runs))  # type: ignore[return-value]
 
     def _timed(self, series: list[Series], order: list[int]) -> list[RunStats]:
-        """Warm-ups of every series, then one timed run of `series[k]` for each k in `order`."""
+        """Warm-ups of every series, then one timed run of `series[k]` for each k in `order`, until
+        the shortest `wall_s` of the series has passed and each has had its least runs
+        (`least_runs`)."""
         for s in series:
             for i in range(s.warmup):
                 s.fn(*s.make_args(-1 - i))
         self.t.synchronize()
         stats = [RunStats() for _ in series]
         done = [0] * len(series)
+        walls = [s.wall_s for s in series if s.wall_s is not None]
+        stop_at = self.t.perf_counter_ns() + int(min(walls) * 1e9) if walls else None
         with paused_gc():
             for k in order:
+                if stop_at is not None and self.t.perf_counter_ns() > stop_at and all(
+                        n >= least_runs(s.runs) for n, s in zip(done, series)):
+                    break
                 s, st, i = series[k], stats[k], done[k]
                 done[k] += 1
                 args = s.make_args(i)
@@ -324,17 +343,18 @@ def time_with_reference(
       both timed again interleaved, and that pair is returned (the candidate's timed-output errors
       of both rounds kept). Interleaving is kept to the problems whose timings drift with the host.
     """
-    warm = cand.warmup
+    warm, wall = cand.warmup, cand.wall_s
     if cached is not None and not cached.launch_bound:
-        return timer.series(cand.fn, cand.make_args, cand.runs, warm, cand.check), None
+        return timer.series(cand.fn, cand.make_args, cand.runs, warm, cand.check, wall), None
     if cached is not None:
-        return timer.interleaved(cand, Series(ref, make_ref, retime_runs(cached.eager_ms, quick), warm))
-    alone = timer.series(cand.fn, cand.make_args, cand.runs, warm, cand.check)
+        return timer.interleaved(cand, Series(ref, make_ref, retime_runs(cached.eager_ms, quick), warm, wall_s=wall))
+    alone = timer.series(cand.fn, cand.make_args, cand.runs, warm, cand.check, wall)
     eager_runs = QUICK_RUNS if quick else timer.runs_for(ref, make_ref, False, None)
-    eager = timer.series(ref, make_ref, eager_runs, warm)
+    eager = timer.series(ref, make_ref, eager_runs, warm, wall_s=wall)
     if not launch_bound(eager.median_ms, eager.issue_median_ms):
         return alone, eager
-    paired, eager = timer.interleaved(cand, Series(ref, make_ref, retime_runs(eager.median_ms, quick), warm))
+    paired, eager = timer.interleaved(cand, Series(ref, make_ref, retime_runs(eager.median_ms, quick), warm,
+                                                   wall_s=wall))
     paired.errors = alone.errors + paired.errors
     return paired, eager
 

@@ -34,6 +34,7 @@ from kb_mcp.harness.worker.timing import (
     Series,
     Timer,
     interleave_order,
+    least_runs,
     retime_runs,
     time_with_reference,
     timings_against,
@@ -152,6 +153,28 @@ def test_a_single_series_is_the_same_loop() -> None:
     seen: list[int] = []
     stats = Timer.on_host().series(lambda i: seen.append(i), lambda i: [i], 4, 1)
     assert seen == [-1, 0, 1, 2, 3] and len(stats.gpu_ms) == len(stats.issue_ms) == 4 and not stats.errors
+
+
+def test_a_wall_budget_stops_a_series_only_after_its_least_runs() -> None:
+    """A series whose runs are slow stops once its wall budget has passed and it has had MIN_RUNS;
+    a fast one makes all its runs; a series asked for fewer than MIN_RUNS makes them all."""
+    slow = Timer.on_host().series(lambda i: time.sleep(0.01), lambda i: [i], 200, 1, wall_s=0.05)
+    assert len(slow.gpu_ms) == MIN_RUNS == least_runs(200)
+    fast = Timer.on_host().series(lambda i: None, lambda i: [i], 50, 1, wall_s=5.0)
+    assert len(fast.gpu_ms) == 50
+    few = Timer.on_host().series(lambda i: time.sleep(0.01), lambda i: [i], 3, 0, wall_s=0.001)
+    assert len(few.gpu_ms) == 3 == least_runs(3)
+    unbounded = Timer.on_host().series(lambda i: time.sleep(0.002), lambda i: [i], 30, 0)
+    assert len(unbounded.gpu_ms) == 30
+
+
+def test_interleaved_series_stop_together_once_both_have_their_least_runs() -> None:
+    timer = Timer.on_host()
+    a = Series(lambda i: time.sleep(0.005), lambda i: [i], runs=100, warmup=0, wall_s=0.02)
+    b = Series(lambda i: time.sleep(0.005), lambda i: [i], runs=20, warmup=0)
+    sa, sb = timer.interleaved(a, b)
+    assert len(sa.gpu_ms) >= MIN_RUNS and len(sb.gpu_ms) >= MIN_RUNS
+    assert len(sa.gpu_ms) + len(sb.gpu_ms) < 120  # stopped by the budget, not by the runs asked
 
 
 # -- the figures a verdict reports -------------------------------------------------------------

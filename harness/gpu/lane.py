@@ -3,9 +3,11 @@ machine.
 
 Two measurements sharing a GPU each measure the other's interference, and a baseline cached under
 it skews every later speedup of that problem in a shared KB. So everything that times or profiles
-holds the lane: the GPU tools for their whole call (`tools.base.on_gpu_lane`), and the harness
-itself around each GPU request (`WorkerPool.verify` and `census`, `profiler.profile`, the work
-census), so that a direct caller of the harness (a bench, a test, a script) cannot go around it. Holds are
+holds the lane: the harness itself around each GPU request (`WorkerPool.verify` and `census`,
+`profiler.profile`, the work census), so that a direct caller of the harness (a bench, a test, a
+script) cannot go around it, and the GPU tools whose whole call is GPU work (`tools.base.on_gpu_lane`);
+`compile_and_verify` leaves it to the harness (`tools.base.gpu_lane_inside`), which takes it for the
+GPU work only, after the candidate's build. Holds are
 re-entrant within a thread: the harness's hold inside a tool's is the tool's.
 
 A hold is taken in two steps: a ticket in the GPU's line (`harness.gpu.lane_queue`: first come, first

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kb_mcp.harness.attempt_findings import census_with_attempts
-from kb_mcp.harness.baselines import Baseline, BaselineCache, ReferenceOpsCache
+from kb_mcp.harness.baselines import Baseline, BaselineCache, ReferenceOps, ReferenceOpsCache
 from kb_mcp.harness.builds.builds import BuildService
 from kb_mcp.harness.builds.compile_only import CompileOnly
 from kb_mcp.harness.gpu import lane
@@ -128,12 +128,7 @@ class CensusSide(Workers):
         The reference's device time is measured there too where wanted (`reference_device_wanted`),
         and added to the cached baseline (`BaselineCache.add_reference_device`)."""
         info, cache = w.info, BaselineCache(self.cache_dir)
-        cached = None if info is None else cache.get(problem.hash, info.device, info.torch_version,
-                                                     need_compile=False, track=opts.track.value)
-        wanted = self.reference_device_wanted(problem, opts, cached)
-        kept = None if info is None or opts.mode != COMPOSED else ReferenceOpsCache(self.cache_dir).get(
-            problem.hash, info.device, info.torch_version, opts.track.value)
-        want_ops = opts.mode == COMPOSED and (kept is None or kept.kernels is None)
+        cached, wanted, kept, want_ops = self._reference_wants(w, problem, opts)
         try:
             reply = self._take_census(problem, source, opts, cid, reference_device=wanted, reference_ops=want_ops)
         except WorkerError:
@@ -158,6 +153,36 @@ class CensusSide(Workers):
             send(w.sock, CensusAnswer(rid=rid, reply=reply), POOL_KEY)
         except OSError:
             pass  # the verify worker is gone: the next read says how
+
+    def _reference_wants(self, w: WorkerProcess, problem: Problem, opts: VerifyOptions,
+                         ) -> tuple[Baseline | None, bool, ReferenceOps | None, bool]:
+        """What a census for `w`'s verification of `problem` takes of the reference besides the
+        candidate: (the cached baseline, whether its device time is measured, the cached op set of
+        composed mode, whether that op set is taken). Either measurement needs a census worker no
+        candidate has run in."""
+        info = w.info
+        cached = None if info is None else BaselineCache(self.cache_dir).get(
+            problem.hash, info.device, info.torch_version, need_compile=False, track=opts.track.value)
+        wanted = self.reference_device_wanted(problem, opts, cached)
+        kept = None if info is None or opts.mode != COMPOSED else ReferenceOpsCache(self.cache_dir).get(
+            problem.hash, info.device, info.torch_version, opts.track.value)
+        want_ops = opts.mode == COMPOSED and (kept is None or kept.kernels is None)
+        return cached, wanted, kept, want_ops
+
+    def _census_ahead(self, w: WorkerProcess, problem: Problem, opts: VerifyOptions) -> None:
+        """Starts a census worker no candidate has run in now, while `w` runs the checks, where the
+        census of this verification will want one (`_reference_wants`: a problem's first verdicts)
+        and the one there has served a candidate. Started at the census, its start (torch, CUDA, the
+        profiler's first session) was most of a first verdict's census phase; here it overlaps the
+        checks, which measure nothing, and it is ready before anything is timed (`_census_worker`
+        waits for it, `_settle_starts` before every timed series)."""
+        current = self._census
+        if current is None or not current.served:
+            return
+        _, wanted, _, want_ops = self._reference_wants(w, problem, opts)
+        if wanted or want_ops:
+            self._drop(current)
+            self._census = self._new("census")
 
     def reference_device_wanted(self, problem: Problem, opts: VerifyOptions, cached: Baseline | None) -> bool:
         """Whether a verification's census measures the reference's device time: the cached baseline

@@ -182,6 +182,7 @@ class WorkerPool(BaselineSide, CensusSide):
                     # Bytes nobody asked for: a previous candidate left something writing to the channel.
                     self._replace(w)
                     w = self._ready()
+                self._census_ahead(w, problem, opts)
                 before = [("build_first", t0)] * built + [("lane", tb), ("queued", tl)]
                 with DeviceMemory(w.info.uuid if w.info else "") as device:
                     result = self._request(w, problem, source, opts, cid, progress, t0,

@@ -104,6 +104,31 @@ def test_the_reference_device_time_is_taken_where_no_candidate_has_run(pool: Wor
     assert (pool._census.scratch / "marked").read_text().split() == ["False", "True", "True", "True"]
 
 
+def test_an_untouched_census_worker_is_started_ahead_only_where_the_census_will_want_one(
+        tmp_path: Path, relu_problem) -> None:
+    """`_census_ahead` (called as a verification's checks begin) starts the fresh census worker a
+    first verdict's census wants, so its start overlaps the checks; that census then takes it as it
+    is. Where nothing of the reference is wanted any more, the served census worker is kept."""
+    with WorkerPool(tmp_path, no_cuda=True, spare=False) as pool:
+        w = pool._ready()
+        assert pool.census(relu_problem, _candidate()).clean
+        served = pool._census
+        assert served is not None and served.served
+        restarts = pool.census_restarts
+        pool._census_ahead(w, relu_problem, VerifyOptions())
+        ahead = pool._census
+        assert ahead is not None and ahead is not served and not ahead.served and not served.alive()
+        assert pool.census_restarts == restarts  # not counted as a fault's replacement
+        reply = pool.census(relu_problem, _candidate(), reference_device=True)
+        assert reply.clean and pool._census is ahead and ahead.served == 1  # taken as it was, no second start
+        # No CUDA here: that clean census found the reference's device time unknown, so it is not asked again.
+        pool._census_ahead(w, relu_problem, VerifyOptions())
+        assert pool._census is ahead
+        # Composed mode's first census takes the reference's op set: a fresh worker again.
+        pool._census_ahead(w, relu_problem, VerifyOptions(mode="composed"))
+        assert pool._census is not ahead and not pool._census.served
+
+
 def test_a_reference_device_time_a_clean_census_answered_is_not_asked_again(tmp_path: Path, relu_problem) -> None:
     # Unknown here (no CUDA) as where the profiler sees no device durations: asking at every
     # verification would start a fresh census worker for each candidate.

@@ -109,7 +109,10 @@ def chunks(n: int, size: int | None = None) -> Iterator[slice]:
 def all_finite(t: torch.Tensor) -> bool:
     """Whether every element of a floating tensor is finite (a chunk at a time)."""
     ft = flat(t)
-    return all(bool(torch.isfinite(ft[part]).all().item()) for part in chunks(ft.numel()))
+    finite = torch.ones((), dtype=torch.bool, device=ft.device)
+    for part in chunks(ft.numel()):  # on the device, read once
+        finite &= torch.isfinite(ft[part]).all()
+    return bool(finite.item())
 
 
 def poison_count(t: torch.Tensor) -> int:
@@ -330,13 +333,25 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     fa, fb = flat(a), flat(b)
+    if fb.device != fa.device:  # each chunk copied over first: a read per chunk costs nothing more
+        for part in chunks(fa.numel()):
+            x, y = fa[part], fb[part].to(fa.device, non_blocking=False)
+            if not bool(_equal(x, y).item()):
+                return False
+        return True
+    # on one device: every chunk's answer kept there and read once
+    alike = torch.ones((), dtype=torch.bool, device=fa.device)
     for part in chunks(fa.numel()):
-        x, y = fa[part], fb[part].to(fa.device, non_blocking=False)
-        if torch.equal(x, y):
-            continue
-        if not x.is_floating_point() or not bool(((x == y) | (x.isnan() & y.isnan())).all().item()):
-            return False
-    return True
+        alike &= _equal(fa[part], fb[part])
+    return bool(alike.item())
+
+
+def _equal(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Whether every element of `x` equals `y`'s, NaN matching NaN (a 0-d bool tensor, not read)."""
+    eq = x == y
+    if x.is_floating_point() or x.is_complex():
+        eq |= x.isnan() & y.isnan()
+    return eq.all()
 
 
 def digest(t: torch.Tensor) -> tuple[int, int, int]:

@@ -25,8 +25,10 @@ servers sharing one KB and, through the machine-wide GPU lane, the GPU. The runs
 
 Printed per run: verdicts per minute, p50/p95 seconds per verdict, the lane wait (p50/p95 overall and
 each agent's p95 against the median agent's), the lane held beyond each verdict's GPU phases (max),
-and two busy shares: the lane held (the verdicts' `lane.held_s` over wall) and the GPU busy (NVML's
-utilization sampled in this process, `harness.gpu.gpu_busy`: kernels running); then together over alone.
+the most any verdict spent under the lane on set-up (importing the problem, constructing the models:
+partly host work the "beyond" figure counts as GPU work), and two busy shares: the lane held (the
+verdicts' `lane.held_s` over wall) and the GPU busy (NVML's utilization sampled in this process,
+`harness.gpu.gpu_busy`: kernels running); then together over alone.
 With `--compile-only` (or no GPU) the verdicts are compile-only checks on the CPU and it says so.
 Each verdict is logged as it comes (stderr); agents.json in --out is written after each run, so a run
 stopped by a time limit keeps what it measured.
@@ -60,6 +62,7 @@ DEFAULT_SOLUTIONS = [ROOT / "bench" / "kernelbench_solutions", ROOT / "bench" / 
 TOKEN = "agents-bench-" + uuid.uuid4().hex
 CALL_TIMEOUT_S = 1800.0
 _TAG_BEFORE = ("#include", 'extern "C"', "__global__")
+SETUP_PHASES = ("static", "import", "construct")
 
 
 class Item(BaseModel):
@@ -88,6 +91,13 @@ class Verdict(BaseModel):
     beyond_s: float = Field(0.0, description="the lane held beyond the phases run under it")
     phases_s: dict[str, float] = Field(default_factory=dict)
     error: str = ""
+
+    @property
+    def setup_s(self) -> float:
+        """The set-up steps run under the lane (`SETUP_PHASES`): the worker's, partly host-side work
+        (importing the problem, constructing both models with their weights), which the lane's "beyond
+        its phases" counts as GPU work."""
+        return sum(self.phases_s.get(p, 0.0) for p in SETUP_PHASES)
 
 
 class Run(BaseModel):
@@ -120,6 +130,7 @@ class Run(BaseModel):
             "worst_agent_wait_p95_over_median": (round(max(by_agent.values()) / median_agent, 2) if median_agent
                                                  else None),
             "beyond_gpu_phases_max_s": round(max((v.beyond_s for v in self.verdicts), default=0.0), 3),
+            "setup_under_lane_max_s": round(max((v.setup_s for v in self.verdicts), default=0.0), 3),
             "lane_share": round(sum(v.held_s for v in self.verdicts) / self.wall_s, 3) if self.wall_s else 0.0,
             "gpu_busy": self.gpu_busy,
             "errors": sum(bool(v.error) for v in self.verdicts),
@@ -329,7 +340,8 @@ def report(s: dict[str, Any]) -> str:
                      f"{f['per_minute']:.2f}/min, per verdict p50 {f['p50_s']:.1f} s p95 {f['p95_s']:.1f} s; "
                      f"lane wait p50 {f['wait_p50_s']:.1f} s p95 {f['wait_p95_s']:.1f} s; "
                      f"lane held {f['lane_share']:.0%}, "
-                     f"GPU busy {busy}; held beyond GPU phases <= {f['beyond_gpu_phases_max_s']:.2f} s")
+                     f"GPU busy {busy}; held beyond GPU phases <= {f['beyond_gpu_phases_max_s']:.2f} s, "
+                     f"set-up under it <= {f['setup_under_lane_max_s']:.2f} s")
         lines.append(f"          verdicts {f['verdict_counts']}, errors {f['errors']}; worst agent's wait p95 over the "
                      f"median agent's: {f['worst_agent_wait_p95_over_median']}")
     if s["throughput_ratio"] is not None:

@@ -83,7 +83,8 @@ def test_the_results_are_written_after_each_run_so_a_stopped_bench_keeps_them(tm
 
 def _verdicts(agent: int, waits: list[float]) -> list[Verdict]:
     return [Verdict(agent=agent, problem="p", verdict="faster", seconds=2.0, start_s=0.0, waited_s=w, held_s=1.0,
-                    beyond_s=0.2) for w in waits]
+                    beyond_s=0.2, phases_s={"lane": w, "import": 0.1 * i, "construct": 0.05, "check": 0.5})
+            for i, w in enumerate(waits)]
 
 
 def test_the_figures_say_throughput_waits_per_agent_and_both_shares() -> None:
@@ -95,6 +96,7 @@ def test_the_figures_say_throughput_waits_per_agent_and_both_shares() -> None:
     f = s["together"]
     assert f["agent_wait_p95_s"] == {"0": 4.0, "1": 1.0} and f["worst_agent_wait_p95_over_median"] == 1.6
     assert f["lane_share"] == 0.8 and f["gpu_busy"] is None and f["beyond_gpu_phases_max_s"] == 0.2
+    assert f["setup_under_lane_max_s"] == 0.35  # import 0.3 + construct 0.05; neither the wait nor the checks
     assert s["alone"]["lane_share"] == 0.2 and s["alone"]["gpu_busy"] == 0.3
 
 

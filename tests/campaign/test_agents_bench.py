@@ -128,3 +128,24 @@ def test_four_agents_on_one_server_verify_compile_only_side_by_side(tmp_path: Pa
     assert sum(v.elapsed_s for v in together.verdicts) > 1.3 * together.wall_s, together.verdicts
     s = summary(alone, together, compile_only=True)
     assert s["wall_over_serial"] is not None and s["wall_over_serial"] < 0.9, s
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+def test_agents_over_stdio_each_spawn_a_server_sharing_one_kb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--transport stdio`: each agent starts its own `kb-mcp serve` on the one KB, as local agents
+    do; both servers answer, and each verdict is stored in the KB they share."""
+    from agents_bench import connector, run_agents
+
+    monkeypatch.setenv("KB_MCP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KB_MCP_CACHE", str(tmp_path / "cache"))
+    kb, sol = _tree(tmp_path)
+    items: list[Item] = the_set(kb, [sol], None)
+    kb_file = tmp_path / "home" / "kb.json"
+    together = run_agents("together", connector("stdio", kb_file, None), streams(items[:2], 2, 1, "stdio"),
+                          {"compile_only": True})
+    assert sorted(v.agent for v in together.verdicts) == [0, 1]
+    assert [v.verdict for v in together.verdicts] == ["needs_gpu"] * 2, together.verdicts
+    assert all(v.held_s == 0.0 and not v.error for v in together.verdicts)
+    # each server kept its candidate's source beside the one KB
+    assert len(list((tmp_path / "home").rglob("candidates/*.py"))) == 2

@@ -40,7 +40,7 @@ def instructions(tool_names: Sequence[str], gpu_tools: Sequence[str]) -> str:
         "Work longer than your tool timeout goes through start_job / job_status (or, for clients with "
         "MCP Tasks, a task-augmented tools/call). "
         "Resources read the KB: kb://states, kb://state/{id}, kb://candidates, kb://candidate/{id} "
-        "(verdict, source, lineage), kb://outcomes, kb://stats, kb://campaigns. "
+        "(verdict, source, lineage), kb://outcomes, kb://stats, kb://campaigns, kb://jobs. "
         f"Tools here: {', '.join(tool_names)}. {gpu_summary(gpu_tools)}"
     )
 

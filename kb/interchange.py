@@ -46,6 +46,14 @@ class InterchangeError(ValueError):
     """A file that cannot be imported, merged or written; the message names the file and why."""
 
 
+class DestinationExists(InterchangeError):
+    """The file to write exists and overwriting it was not allowed (`path` names it)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"{path}: exists; choose a new file name, or allow overwriting it")
+        self.path = path
+
+
 class ScoreRule(Protocol):
     """The numeric update rule (`kb_mcp.policy.update` satisfies it)."""
 
@@ -125,7 +133,7 @@ def export_kb(store: KBStore, path: Path, *, overwrite: bool = False) -> Path:
     if dest == store.path.resolve():
         raise InterchangeError(f"{dest}: that is the KB being exported; choose another file")
     if dest.exists() and not overwrite:
-        raise InterchangeError(f"{dest}: exists; choose a new file name (or pass overwrite)")
+        raise DestinationExists(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     AtomicJSONStorage(dest).write(store.snapshot())
     return dest

@@ -163,7 +163,9 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
     r = _cli("--kb", str(kb), "kb", "export", str(tmp_path / "out.json"))
     assert r.returncode == 0 and (tmp_path / "out.json").exists()
     r = _cli("--kb", str(kb), "kb", "export", str(tmp_path / "out.json"))
-    assert r.returncode == 1 and "exists" in r.stderr
+    assert r.returncode == 1 and "exists" in r.stderr and "--force" in r.stderr
+    r = _cli("--kb", str(kb), "kb", "export", str(tmp_path / "out.json"), "--force")
+    assert r.returncode == 0
     r = _cli("--kb", str(kb), "kb", "export", str(tmp_path / "ref.json"), "--format", "reference")
     assert r.returncode == 0
     assert "bandwidth_bound_gather" in json.loads((tmp_path / "ref.json").read_text())["optimization_strategies"]

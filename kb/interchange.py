@@ -7,6 +7,10 @@ JSON shape.
   deterministic ids, so the outcomes present in both files are taken out of the other file's
   scores before pooling. Records missing here (states, optimizations, lessons, outcomes,
   candidate verdicts) are added; records present in both keep this KB's version.
+  The other file is untrusted as a whole: every record is validated against its model before
+  anything is written, and one bad record refuses the file (`InterchangeError` naming it; this
+  KB unchanged). Its scores are held within the bounds this KB's own updates keep (per client and
+  in total, by the numeric rule) and its priors within those of an imported reference prior.
 * `import_reference` / `export_reference` convert the method's reference-implementation KB:
   ``{"optimization_strategies": {state: {"primary_bottleneck", "secondary_characteristics": [...],
   "optimizations": [{"technique", "description", "category", "predicted_speedup",
@@ -27,23 +31,50 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kb_mcp.kb import ids
 from kb_mcp.kb.files import AtomicJSONStorage
-from kb_mcp.kb.models import ALL_ARCH, Optimization, Outcome, Primary, Score, Secondary, Signature, State, Verdict
+from kb_mcp.kb.models import (
+    ALL_ARCH,
+    CandidateRecord,
+    Lesson,
+    Optimization,
+    Outcome,
+    Primary,
+    Score,
+    Secondary,
+    Signature,
+    State,
+    Transition,
+    Verdict,
+)
 from kb_mcp.kb.store import KBFileError, KBStore
-from kb_mcp.kb.tables import FORMAT, Tables
+from kb_mcp.kb.tables import FORMAT, Tables, decode_score
 from kb_mcp.kb.view import KBView, Transaction
 
 REFERENCE_WEIGHT_PER_CONFIDENCE = 4.0
 """A reference entry with confidence_score 1.0 counts as 4 pseudo-samples of prior."""
+MAX_PRIOR_WEIGHT = REFERENCE_WEIGHT_PER_CONFIDENCE
+"""The most pseudo-samples a prior brought in from another file counts for."""
+SPEEDUP_RANGE = (0.05, 100.0)
+"""The speedups another file may claim, as a prior or as a client's measured mean: beyond them a
+claim is held at the edge. (One outcome credits at most 8x either way, `policy.update`.)"""
+_LOG_RANGE = (math.log(SPEEDUP_RANGE[0]), math.log(SPEEDUP_RANGE[1]))
 
 
 class InterchangeError(ValueError):
     """A file that cannot be imported, merged or written; the message names the file and why."""
+
+
+class DestinationExists(InterchangeError):
+    """The file to write exists and overwriting it was not allowed (`path` names it)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"{path}: exists; choose a new file name, or allow overwriting it")
+        self.path = path
 
 
 class ScoreRule(Protocol):
@@ -84,13 +115,18 @@ class TransferReport(BaseModel):
 # ---- files -----------------------------------------------------------------------------------
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def read_json(path: Path) -> Any:
-    """Parses a JSON file, with errors that name it."""
+    """Parses a JSON file, with errors that name it. NaN and Infinity (which Python's json reads
+    by default) are refused: no KB record holds them, and one would spread into every sum."""
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text(), parse_constant=_no_constant)
     except FileNotFoundError as exc:
         raise InterchangeError(f"{path}: no such file") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError, and so is a NaN
         raise InterchangeError(f"{path}: not valid JSON ({exc})") from exc
     except OSError as exc:
         raise InterchangeError(f"{path}: cannot read: {exc}") from exc
@@ -125,7 +161,7 @@ def export_kb(store: KBStore, path: Path, *, overwrite: bool = False) -> Path:
     if dest == store.path.resolve():
         raise InterchangeError(f"{dest}: that is the KB being exported; choose another file")
     if dest.exists() and not overwrite:
-        raise InterchangeError(f"{dest}: exists; choose a new file name (or pass overwrite)")
+        raise DestinationExists(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     AtomicJSONStorage(dest).write(store.snapshot())
     return dest
@@ -135,27 +171,130 @@ def export_kb(store: KBStore, path: Path, *, overwrite: bool = False) -> Path:
 
 
 def merge_kb(store: KBStore, source: Path | Tables, rule: ScoreRule, *, label: str | None = None) -> TransferReport:
-    """Pools another kb-mcp KB into `store` in one transaction (see module doc)."""
+    """Pools another kb-mcp KB into `store` in one transaction (see module doc).
+
+    The other file is untrusted as a whole: every record is checked before anything is written,
+    and one that breaks its model (a NaN, a negative weight, a string where a number belongs)
+    refuses the whole file with an InterchangeError naming the record; this KB is then unchanged.
+    What passes is held within the bounds this KB's own updates keep (`_within_bounds`)."""
+    name = label or (str(source) if not isinstance(source, Tables) else "<tables>")
     other_tables = source if isinstance(source, Tables) else load_kb_file(Path(source))
-    other = KBView(other_tables)
-    report = TransferReport(source=label or (str(source) if not isinstance(source, Tables) else "<tables>"),
-                            format="kb-mcp")
+    incoming = _checked(other_tables, name, rule)
+    report = TransferReport(source=name, format="kb-mcp")
     with store.transaction() as tx:
-        _merge_into(tx, other, rule, report)
+        _merge_into(tx, incoming, rule, report)
     return report
 
 
-def _merge_into(tx: Transaction, other: KBView, rule: ScoreRule, report: TransferReport) -> None:
+class _Incoming(NamedTuple):
+    """The records of another KB file, each checked against its model."""
+
+    states: list[State]
+    optimizations: list[Optimization]
+    scores: list[Score]  # held within bounds
+    transitions: list[Transition]
+    outcomes: list[Outcome]
+    lessons: list[Lesson]
+    candidates: list[CandidateRecord]
+
+
+_MODELS: dict[str, type[BaseModel]] = {
+    "states": State, "optimizations": Optimization, "transitions": Transition, "outcomes": Outcome,
+    "lessons": Lesson, "candidates": CandidateRecord,
+}
+
+
+def _refused(source: str, what: str, why: str) -> InterchangeError:
+    return InterchangeError(
+        f"{source}: {what}: {why}. Nothing was merged; this KB is unchanged. The file is damaged or was "
+        "not written by kb-mcp: ask its owner for a fresh `kb-mcp kb export`, or leave it out"
+    )
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        errors = exc.errors(include_url=False)
+        said = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']} (got {e.get('input')!r:.40})"
+                         for e in errors[:3])
+        return said + (f"; and {len(errors) - 3} more" if len(errors) > 3 else "")
+    return f"malformed ({exc})"
+
+
+def _nonfinite(value: Any, where: str = "") -> str | None:
+    """The path of the first NaN or infinite number in a JSON value, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "value"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _nonfinite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _checked(tables: Tables, source: str, rule: ScoreRule) -> _Incoming:
+    """Every record of `tables` validated (scores also held within bounds); raises InterchangeError
+    naming the first record that is not what its model says."""
+    records: dict[str, list[Any]] = {}
+    for table, model in _MODELS.items():
+        records[table] = []
+        for key, doc in tables.records[table].items():
+            what = f"{table[:-1]} {key!r}"
+            bad = _nonfinite(doc)
+            if bad is not None:
+                raise _refused(source, what, f"{bad} is not a finite number")
+            try:
+                records[table].append(model.model_validate(doc))
+            except (ValidationError, TypeError, ValueError) as exc:
+                raise _refused(source, what, _why(exc)) from exc
+    scores = []
+    for (state_id, arch, track), doc in tables.scores.items():
+        for opt in sorted(doc["priors"].keys() | doc["stats"].keys()):
+            try:
+                score = decode_score(state_id, arch, opt, doc, validate=True)
+            except (ValidationError, TypeError, ValueError, IndexError, KeyError, AttributeError) as exc:
+                what = f"score of state {state_id!r}, optimization {opt!r}, arch {arch!r}, track {track!r}"
+                raise _refused(source, what, _why(exc)) from exc
+            if score is not None:
+                scores.append(_within_bounds(score, rule))
+    return _Incoming(records["states"], records["optimizations"], scores, records["transitions"],
+                     records["outcomes"], records["lessons"], records["candidates"])
+
+
+def _clamp(x: float, bounds: tuple[float, float]) -> float:
+    return min(max(x, bounds[0]), bounds[1])
+
+
+def _within_bounds(score: Score, rule: ScoreRule) -> Score:
+    """A score from another file as this KB's own updates could have left it: each client's mean
+    within SPEEDUP_RANGE (and its spread within what values in that range can have), the weights
+    capped per client and in total by the numeric rule, its change-detection run dropped, and its
+    prior within SPEEDUP_RANGE and MAX_PRIOR_WEIGHT, as an imported reference prior is."""
+    spread = (_LOG_RANGE[1] - _LOG_RANGE[0]) ** 2 / 4.0  # the most m2 / weight of values in the range
+    clients = {name: [w, _clamp(mean, _LOG_RANGE), min(m2, w * spread)] for name, (w, mean, m2) in
+               ((n, (float(v[0]), float(v[1]), float(v[2]))) for n, v in score.clients.items())}
+    if not score.clients and score.weight > 0:  # no clients named: one unnamed client holds it all
+        clients[""] = [score.weight, _clamp(score.mean_log_speedup, _LOG_RANGE),
+                       min(score.m2_log_speedup, score.weight * spread)]
+    claimed = score.model_copy(update={"clients": clients})
+    bounded = rule.merge_scores(rule.empty_like(claimed), claimed)
+    return bounded.model_copy(update={
+        "prior_mean_log_speedup": _clamp(score.prior_mean_log_speedup, _LOG_RANGE),
+        "prior_weight": min(score.prior_weight, MAX_PRIOR_WEIGHT),
+    })
+
+
+def _merge_into(tx: Transaction, other: _Incoming, rule: ScoreRule, report: TransferReport) -> None:
     mine_outcomes = tx.outcome_ids()
-    theirs = other.outcomes()
+    theirs = other.outcomes
     shared = [o for o in theirs if o.id in mine_outcomes]
     report.outcomes_shared = len(shared)
 
-    for state in other.list_states():
+    for state in other.states:
         if tx.get_state(state.id) is None:
             tx.put_state(state)
             report.states_added += 1
-    for opt in other.list_optimizations():
+    for opt in other.optimizations:
         if tx.get_optimization(opt.id) is None:
             tx.put_optimization(opt)
             report.optimizations_added += 1
@@ -166,44 +305,42 @@ def _merge_into(tx: Transaction, other: KBView, rule: ScoreRule, report: Transfe
         if rule.counts_toward_score(o.verdict) and not o.flagged:
             shared_by_pair[(o.state_id, o.optimization_id)].append(o)
 
-    for state_id in other.state_ids():
-        for arch, track in other.score_keys(state_id):
-            for theirs_score in other.scores(state_id, arch, track):
-                part = rule.empty_like(theirs_score)
-                for o in shared_by_pair.get((state_id, theirs_score.optimization_id), []):
-                    if (arch == ALL_ARCH or o.arch == arch) and o.track == track:
-                        part = rule.apply_outcome(part, o.verdict, o.speedup, o.created_at, client=o.agent)
-                mine = tx.get_score(state_id, theirs_score.optimization_id, arch, track)
-                if mine is None:
-                    tx.put_score(theirs_score)
-                    report.scores_added += 1
-                    continue
-                extra = rule.subtract_scores(theirs_score, part)
-                if extra.attempts == 0 and extra.samples == 0:
-                    continue  # nothing they measured that we lack
-                tx.put_score(rule.merge_scores(mine, extra))
-                report.scores_pooled += 1
+    for theirs_score in other.scores:
+        state_id, arch, track = theirs_score.state_id, theirs_score.arch, theirs_score.track
+        part = rule.empty_like(theirs_score)
+        for o in shared_by_pair.get((state_id, theirs_score.optimization_id), []):
+            if (arch == ALL_ARCH or o.arch == arch) and o.track == track:
+                part = rule.apply_outcome(part, o.verdict, o.speedup, o.created_at, client=o.agent)
+        mine = tx.get_score(state_id, theirs_score.optimization_id, arch, track)
+        if mine is None:
+            tx.put_score(theirs_score)
+            report.scores_added += 1
+            continue
+        extra = rule.subtract_scores(theirs_score, part)
+        if extra.attempts == 0 and extra.samples == 0:
+            continue  # nothing they measured that we lack
+        tx.put_score(rule.merge_scores(mine, extra))
+        report.scores_pooled += 1
 
     shared_moves: dict[tuple[str, str, str], int] = defaultdict(int)
     for o in shared:
         if o.next_state_id and o.verdict.is_valid and not o.flagged:
             shared_moves[(o.state_id, o.optimization_id, o.next_state_id)] += 1
-    for state_id in other.state_ids():
-        for tr in other.transitions(state_id):
-            extra_count = tr.count - shared_moves.get((tr.state_id, tr.optimization_id, tr.next_state_id), 0)
-            if extra_count > 0:
-                tx.bump_transition(tr.state_id, tr.optimization_id, tr.next_state_id, extra_count)
-                report.transitions_added += extra_count
+    for tr in other.transitions:
+        extra_count = tr.count - shared_moves.get((tr.state_id, tr.optimization_id, tr.next_state_id), 0)
+        if extra_count > 0:
+            tx.bump_transition(tr.state_id, tr.optimization_id, tr.next_state_id, extra_count)
+            report.transitions_added += extra_count
 
     for o in theirs:
         if o.id not in mine_outcomes:
             tx.put_outcome(o)
             report.outcomes_added += 1
-    for lesson in other.list_lessons():
+    for lesson in other.lessons:
         if tx.get_lesson(lesson.id) is None:
             tx.put_lesson(lesson)
             report.lessons_added += 1
-    for rec in other.list_candidates():
+    for rec in other.candidates:
         if tx.get_verdict(rec.key) is None:
             tx.put_candidate(rec)
             report.candidates_added += 1
@@ -344,7 +481,7 @@ def _import_optimization(tx: Transaction, state_id: str, e: Any, report: Transfe
     except (TypeError, ValueError):
         report.ignored.append(f"{where}: predicted_speedup/confidence_score not numbers")
         return
-    speedup = min(max(speedup, 0.05), 100.0) if math.isfinite(speedup) else 1.0
+    speedup = _clamp(speedup, SPEEDUP_RANGE) if math.isfinite(speedup) else 1.0
     confidence = min(max(confidence, 0.0), 1.0) if math.isfinite(confidence) else 0.25
     tx.put_score(
         Score(

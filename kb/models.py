@@ -15,9 +15,9 @@ import json
 import math
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from kb_mcp.kb.vocabulary import (
     ALL_ARCH,
@@ -33,10 +33,11 @@ from kb_mcp.kb.vocabulary import (
 
 # The vocabulary (`kb.vocabulary`) is importable from here, with the records built on it.
 __all__ = [
-    "ALL_ARCH", "CALIBRATION_FIELDS", "CALIBRATION_ROBUST_SCALE", "CandidateRecord", "ChangeRun", "DEFAULT_MODE",
-    "DEFAULT_TRACK", "Lesson", "MetricRange", "Mode", "Optimization", "Outcome", "PRE_RUN_VERDICTS", "Primary",
-    "SCHEMA_VERSION", "SECONDARY_OF", "Score", "ScoreStats", "Secondary", "Signature", "State", "Strength", "Track",
-    "Transition", "Verdict", "calibration_terms", "options_digest", "utcnow"
+    "ALL_ARCH", "CALIBRATION_FIELDS", "CALIBRATION_ROBUST_SCALE", "CandidateRecord", "ChangeRun", "ClientStats",
+    "Count", "DEFAULT_MODE", "DEFAULT_TRACK", "Finite", "Lesson", "MAX_COUNT", "MetricRange", "Mode", "NonNegative",
+    "Optimization", "Outcome", "PRE_RUN_VERDICTS", "Primary", "SCHEMA_VERSION", "SECONDARY_OF", "Score", "ScoreStats",
+    "Secondary", "Signature", "State", "Strength", "Track", "Transition", "Verdict", "calibration_terms",
+    "options_digest", "utcnow"
 ]
 
 SCHEMA_VERSION = 1
@@ -46,6 +47,28 @@ SCHEMA_VERSION = 1
 def utcnow() -> datetime:
     """Timezone-aware now, so timestamps in KB files compare and sort correctly."""
     return datetime.now(timezone.utc)
+
+
+MAX_COUNT = 2**53
+"""The largest count a record may hold: beyond it a JSON number is no longer an exact integer, and
+no KB ever recorded that many outcomes."""
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+"""A number that statistics can be built on (NaN or infinity would spread into every sum it joins)."""
+NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+"""A finite weight or sum of squares."""
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+"""How many records of some kind were counted."""
+
+
+def _client_stats_valid(stats: list[float]) -> list[float]:
+    if stats[0] < 0 or stats[2] < 0:
+        raise ValueError("a client's [weight, mean, m2] needs weight >= 0 and m2 >= 0")
+    return stats
+
+
+ClientStats = Annotated[list[Finite], Field(min_length=3, max_length=3), AfterValidator(_client_stats_valid)]
+"""One client's share of a score: [weight, mean log-speedup, m2], finite, weight and m2 >= 0."""
 
 
 
@@ -128,9 +151,9 @@ class ChangeRun(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     client: str
-    cusum: float  # signed: above (> 0) or below (< 0) the estimate
-    n: int  # outcomes in the run
-    mean: float  # their mean log-speedup, as measured (not clipped)
+    cusum: Finite  # signed: above (> 0) or below (< 0) the estimate
+    n: Count  # outcomes in the run
+    mean: Finite  # their mean log-speedup, as measured (not clipped)
 
 
 class Score(BaseModel):
@@ -141,6 +164,10 @@ class Score(BaseModel):
     and a 2x gain and a 0.5x loss cancel. The plain counters (`samples`, `attempts`, ...) count every
     outcome ever recorded; the weights behind the mean are bounded (per client and in total, see
     `kb_mcp.policy.update`), so the KB follows drift and no single client dominates a score.
+
+    Its numbers are finite, and its counts, weights and sums of squares never negative: one NaN
+    would spread into every sum it joins. A Score from another KB file is checked against this
+    (`kb.tables.decode_score(validate=True)`); the KB's own rows are not, on their hot path.
     """
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
@@ -149,21 +176,21 @@ class Score(BaseModel):
     optimization_id: str
     arch: str = ALL_ARCH
     track: Track = DEFAULT_TRACK
-    mean_log_speedup: float = 0.0
-    m2_log_speedup: float = 0.0  # weighted sum of squared deviations (Welford), for the variance
-    samples: int = 0  # valid timed outcomes ever recorded
-    attempts: int = 0  # every recorded outcome, failures included
-    successes: int = 0  # outcomes faster than the kernel they started from
-    compile_failures: int = 0
-    verify_failures: int = 0  # incorrect or invalid
-    weight: float = 0.0  # effective number of samples behind the mean and M2 (bounded; = samples in old files)
-    ok_weight: float = 0.0  # effective number of attempts that compiled and verified (bounded like `weight`)
-    fail_weight: float = 0.0  # effective number of attempts that did not
-    clients: dict[str, list[float]] = Field(default_factory=dict)  # client name -> [weight, mean, m2]
+    mean_log_speedup: Finite = 0.0
+    m2_log_speedup: NonNegative = 0.0  # weighted sum of squared deviations (Welford), for the variance
+    samples: Count = 0  # valid timed outcomes ever recorded
+    attempts: Count = 0  # every recorded outcome, failures included
+    successes: Count = 0  # outcomes faster than the kernel they started from
+    compile_failures: Count = 0
+    verify_failures: Count = 0  # incorrect or invalid
+    weight: NonNegative = 0.0  # effective number of samples behind the mean and M2 (bounded; = samples in old files)
+    ok_weight: NonNegative = 0.0  # effective number of attempts that compiled and verified (bounded like `weight`)
+    fail_weight: NonNegative = 0.0  # effective number of attempts that did not
+    clients: dict[str, ClientStats] = Field(default_factory=dict)  # client name -> [weight, mean, m2]
     run: ChangeRun | None = None  # the latest outcomes that lie on one side of the estimate (change detection)
     prior: bool = True  # True while the numbers are the seed's priors, not measurements
-    prior_mean_log_speedup: float = 0.0
-    prior_weight: float = 1.0  # how many pseudo-samples the prior counts for
+    prior_mean_log_speedup: Finite = 0.0
+    prior_weight: NonNegative = 1.0  # how many pseudo-samples the prior counts for
     updated_at: datetime = Field(default_factory=utcnow)
 
     @model_validator(mode="before")
@@ -300,7 +327,7 @@ class Transition(BaseModel):
     state_id: str
     optimization_id: str
     next_state_id: str
-    count: int = 0
+    count: Count = 0
 
 
 def options_digest(options: dict[str, Any], device: str, arch: str) -> str:

@@ -102,8 +102,15 @@ def encode_score(score: Score) -> tuple[list[float], list[Any] | None]:
     return prior, row
 
 
-def decode_score(state_id: str, arch: str, opt_id: str, doc: ScoreDoc) -> Score | None:
-    """The Score of `opt_id` in a (state, arch, track) document, or None when it has none."""
+def decode_score(state_id: str, arch: str, opt_id: str, doc: ScoreDoc, *, validate: bool = False) -> Score | None:
+    """The Score of `opt_id` in a (state, arch, track) document, or None when it has none.
+
+    The KB's own rows are decoded with `model_construct`: they were validated when written, and
+    decoding runs per suggestion over every optimization of a state, so validation would dominate
+    the latency. A row from elsewhere (another KB file being merged) is untrusted: `validate=True`
+    checks it against `Score`'s constraints, raising ValueError (pydantic's ValidationError) or
+    TypeError for a row of the wrong shape.
+    """
     track = Track(doc_track(doc))
     prior = doc["priors"].get(opt_id)
     row = doc["stats"].get(opt_id)
@@ -111,27 +118,40 @@ def decode_score(state_id: str, arch: str, opt_id: str, doc: ScoreDoc) -> Score 
         return None
     pm, pw = prior if prior is not None else (0.0, 1.0)
     if row is None:
-        # model_construct: these rows were validated when written; decoding runs per suggestion
-        # over every optimization of a state, so validation would dominate the latency.
+        if validate:
+            return Score.model_validate(dict(state_id=state_id, optimization_id=opt_id, arch=arch, track=track,
+                                             prior=True, prior_mean_log_speedup=pm, prior_weight=pw,
+                                             updated_at=doc["updated_at"], weight=0.0))
         return Score.model_construct(
             state_id=state_id, optimization_id=opt_id, arch=arch, track=track, mean_log_speedup=0.0,
             m2_log_speedup=0.0, samples=0, attempts=0, successes=0, compile_failures=0, verify_failures=0,
             weight=0.0, ok_weight=0.0, fail_weight=0.0, clients={}, run=None, prior=True,
             prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(doc["updated_at"]),
         )
+    if not isinstance(row, list) or len(row) < 8:
+        raise TypeError(f"a stats row is a list of at least 8 fields, not {type(row).__name__} {str(row)[:60]}")
     mean, m2, samples, attempts, successes, cf, vf, updated = row[:8]
-    run = ChangeRun.model_construct(client=row[12][0], cusum=row[12][1], n=row[12][2], mean=row[12][3]) \
-        if len(row) >= 13 and row[12] else None
+    run_row = row[12] if len(row) >= 13 and row[12] else None
     if len(row) >= 12:
         weight, ok_weight, fail_weight, clients = row[8], row[9], row[10], row[11]
     else:  # written before weights existed: every outcome counts once, from one unnamed client
         weight, ok_weight, fail_weight = float(samples), float(samples), float(cf + vf)
         clients = {"": [float(samples), mean, m2]} if samples else {}
+    if validate:
+        run = None if run_row is None else dict(zip(("client", "cusum", "n", "mean"), run_row, strict=True))
+        return Score.model_validate(dict(
+            state_id=state_id, optimization_id=opt_id, arch=arch, track=track, mean_log_speedup=mean,
+            m2_log_speedup=m2, samples=samples, attempts=attempts, successes=successes, compile_failures=cf,
+            verify_failures=vf, weight=weight, ok_weight=ok_weight, fail_weight=fail_weight, clients=clients,
+            run=run, prior=False, prior_mean_log_speedup=pm, prior_weight=pw, updated_at=updated,
+        ))
     return Score.model_construct(
         state_id=state_id, optimization_id=opt_id, arch=arch, track=track, mean_log_speedup=mean, m2_log_speedup=m2,
         samples=samples, attempts=attempts, successes=successes, compile_failures=cf, verify_failures=vf,
-        weight=weight, ok_weight=ok_weight, fail_weight=fail_weight, clients=clients, run=run, prior=False,
-        prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(updated),
+        weight=weight, ok_weight=ok_weight, fail_weight=fail_weight, clients=clients,
+        run=None if run_row is None else ChangeRun.model_construct(client=run_row[0], cusum=run_row[1], n=run_row[2],
+                                                                   mean=run_row[3]),
+        prior=False, prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(updated),
     )
 
 

@@ -17,6 +17,7 @@ from kb_mcp.kb.models import (
     ALL_ARCH,
     CALIBRATION_FIELDS,
     DEFAULT_TRACK,
+    MAX_COUNT,
     SCHEMA_VERSION,
     CandidateRecord,
     Lesson,
@@ -365,7 +366,7 @@ class Transaction(KBView):
         """Counts `n` more moves from `state_id` to `next_state_id` by `optimization_id`."""
         key = ids.transition_key(state_id, optimization_id, next_state_id)
         doc = self._t.records["transitions"].get(key)
-        count = (int(doc["count"]) if doc else 0) + n
+        count = min(MAX_COUNT, (int(doc["count"]) if doc else 0) + n)  # saturates: no count is that large
         tr = Transition(state_id=state_id, optimization_id=optimization_id, next_state_id=next_state_id, count=count)
         self.put_transition(tr)
         return tr

@@ -348,16 +348,20 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Writes the KB to a file, as a kb-mcp KB or in the reference shape."""
-    from kb_mcp.kb.interchange import export_kb, export_reference
+    from kb_mcp.kb.interchange import DestinationExists, export_kb, export_reference
 
     console = _console()
     store = _open(args)
     dest = Path(args.path).expanduser().resolve()
+    exists = f"{dest}: exists; choose a new file name, or pass --force to overwrite it"
     if args.format == "kb-mcp":
-        export_kb(store, dest, overwrite=args.force)
+        try:
+            export_kb(store, dest, overwrite=args.force)
+        except DestinationExists as exc:
+            raise CommandError(exists) from exc
     else:
         if dest.exists() and not args.force:
-            raise CommandError(f"{dest}: exists; choose a new file name or pass --force")
+            raise CommandError(exists)
         with store.read() as view:
             data = export_reference(view)
         dest.write_text(json.dumps(data, indent=1) + "\n")

@@ -16,7 +16,9 @@ from kb_mcp.kb.interchange import InterchangeError, export_kb, export_reference,
 from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Verdict
 from kb_mcp.kb.store import KBStore
 from kb_mcp.policy import update
+from kb_mcp.policy.update import CLIENT_MAX_WEIGHT, MAX_WEIGHT
 from kb_mcp.tools import record_outcome as ro
+from kb_mcp.tools import suggest_optimizations as so
 from kb_mcp.tools.context import ToolContext
 
 SAMPLE = Path(__file__).with_name("data") / "reference_kb.json"
@@ -87,6 +89,147 @@ def test_merge_refuses_foreign_files(tmp_path: Path) -> None:
         merge_kb(KBStore.open(tmp_path / "a.json"), bad, update)
     with pytest.raises(InterchangeError, match="no such file"):
         merge_kb(KBStore.open(tmp_path / "a.json"), tmp_path / "missing.json", update)
+
+
+NEW_OPT = "grid_stride_ilp"  # an optimization this KB has no hopper score for
+WHEN = "2026-01-01T00:00:00+00:00"
+
+
+def _row(mean: object = 0.5, m2: object = 0.0, samples: object = 1, *, weight: object = 1.0,
+         clients: object = None) -> list[object]:
+    """A stats row of the file layout (kb.tables): mean, m2, samples, attempts, successes, compile and
+    verify failures, updated_at, weight, ok_weight, fail_weight, clients, run."""
+    return [mean, m2, samples, samples, samples, 0, 0, WHEN, weight, weight, 0.0,
+            {"c": [weight, mean, m2]} if clients is None else clients, None]
+
+
+def _other_file(kb: Path, dest: Path) -> dict:
+    """`kb` exported to `dest` and read back, its outcomes left out (so none of its history is shared)."""
+    export_kb(KBStore.open(kb), dest)
+    data: dict = json.loads(dest.read_text())
+    data["outcomes"] = {}
+    return data
+
+
+def _with_score(data: dict, row: list[object] | None, prior: tuple[float, float] = (0.0, 1.0)) -> None:
+    """A score document for STATE on hopper holding NEW_OPT's prior and (unless None) its stats row."""
+    data["scores"]["9999"] = {"state_id": STATE, "arch": "hopper", "updated_at": WHEN, "priors": {NEW_OPT: list(prior)},
+                              "stats": {} if row is None else {NEW_OPT: row}}
+
+
+def _kb_bytes(kb: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(kb.parent.iterdir()) if p.name.startswith(kb.name)}
+
+
+BAD_SCORES = {
+    "a client's mean NaN": _row(clients={"mallory": [1.0, float("nan"), 0.0]}),
+    "an infinite mean": _row(mean=float("inf")),
+    "a string mean": _row(mean="x"),
+    "a negative m2": _row(m2=-1.0),
+    "a negative weight": _row(weight=-3.0, clients={}),
+    "a fractional count": _row(samples=1.5),
+    "a negative count": _row(samples=-2),
+    "a client entry of two numbers": _row(clients={"mallory": [1.0, 0.5]}),
+    "a client of negative weight": _row(clients={"mallory": [-1.0, 0.5, 0.0]}),
+    "a row too short": [0.5, 0.0],
+    "a prior weight NaN": None,
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SCORES))
+def test_merge_refuses_a_file_with_a_bad_score_row_and_leaves_this_kb_unchanged(tmp_path: Path, case: str) -> None:
+    kb, other = tmp_path / "kb.json", tmp_path / "other.json"
+    _record(kb, "c_1", 1.0)
+    data = _other_file(kb, other)
+    row = BAD_SCORES[case]
+    _with_score(data, row, prior=(0.0, float("nan")) if row is None else (0.0, 1.0))
+    other.write_text(json.dumps(data))  # json writes NaN and Infinity, and reads them back
+    store = KBStore.open(kb)
+    before = _kb_bytes(kb)
+
+    with pytest.raises(InterchangeError) as refused:
+        merge_kb(store, other, update)
+
+    msg = str(refused.value)
+    assert str(other) in msg and f"state {STATE!r}" in msg and f"optimization {NEW_OPT!r}" in msg
+    assert "arch 'hopper'" in msg and "track 'fp32'" in msg and "unchanged" in msg
+    assert _kb_bytes(kb) == before
+    res = so.run(ToolContext(kb, client_name="reader"), so.Request(state_id=STATE, k=3, arch="sm_90"))
+    assert all(math.isfinite(x.expected_speedup) for x in res.suggestions)
+
+
+def test_a_nan_in_a_score_this_kb_also_holds_is_refused_before_it_reaches_the_calibration(tmp_path: Path) -> None:
+    kb, other = tmp_path / "kb.json", tmp_path / "other.json"
+    for cid in ("c_1", "c_2", "c_3"):
+        _record(kb, cid, 1.0)
+    data = _other_file(kb, other)
+    for doc in data["scores"].values():  # every score of STATE/OPT, the pooled one (calibration) included
+        if doc["state_id"] == STATE and OPT in doc["stats"]:
+            row = doc["stats"][OPT]
+            row[2], row[3] = row[2] + 1, row[3] + 1
+            row[11] = {"mallory": [1.0, float("nan"), 0.0]}
+    other.write_text(json.dumps(data))
+    store = KBStore.open(kb)
+    before = _kb_bytes(kb)
+
+    with pytest.raises(InterchangeError, match=f"optimization {OPT!r}.*clients.mallory.1: Input should be a finite"):
+        merge_kb(store, other, update)
+
+    assert _kb_bytes(kb) == before
+    mine = KBStore.open(kb).get_score(STATE, OPT, ALL_ARCH)
+    assert mine is not None and mine.samples == 3 and math.isfinite(mine.mean_log_speedup)
+    res = so.run(ToolContext(kb, client_name="reader"), so.Request(state_id="compute_throughput_saturated", k=3))
+    assert res.suggestions and all(math.isfinite(x.expected_speedup) for x in res.suggestions)
+
+
+def test_merge_refuses_a_file_whose_other_records_break_their_models(tmp_path: Path) -> None:
+    kb, other = tmp_path / "kb.json", tmp_path / "other.json"
+    _record(kb, "c_1", 1.0, next_state="compute_throughput_saturated")
+    exported = json.loads(export_kb(KBStore.open(kb), tmp_path / "copy.json").read_text())
+    lesson = {"id": "l_1", "state_id": STATE, "optimization_id": OPT}  # no text
+    transition = {"state_id": STATE, "optimization_id": OPT, "next_state_id": "x", "count": -5}
+    breaks = {
+        "lesson 'l_1'": ("lessons", lesson, "text"),
+        "transition": ("transitions", transition, "count"),
+        "outcome": ("outcomes", None, "speedup is not a finite number"),
+        "candidate": ("candidates", None, "time_ms is not a finite number"),
+    }
+    store = KBStore.open(kb)
+    before = _kb_bytes(kb)
+    for what, (table, doc, why) in breaks.items():
+        data = json.loads(json.dumps(exported))
+        if doc is None:  # the one record already there, with a NaN
+            (doc,) = data[table].values()
+            doc[why.split()[0]] = float("nan")
+        else:
+            data[table]["99"] = doc
+        other.write_text(json.dumps(data))
+        with pytest.raises(InterchangeError, match=f"{other}: {what}") as refused:
+            merge_kb(store, other, update)
+        assert why in str(refused.value) and "unchanged" in str(refused.value)
+        assert _kb_bytes(kb) == before
+
+
+def test_a_score_merged_where_this_kb_has_none_is_held_within_the_bounds_of_its_own(tmp_path: Path) -> None:
+    kb, other = tmp_path / "kb.json", tmp_path / "other.json"
+    KBStore.open(kb)
+    data = _other_file(kb, other)
+    claimed = math.log(1e6)
+    _with_score(data, _row(mean=claimed, m2=1e12, samples=1000, weight=1000.0,
+                           clients={"mallory": [1000.0, claimed, 1e12], "eve": [900.0, claimed, 0.0]}),
+                prior=(math.log(1e9), 1e6))
+    other.write_text(json.dumps(data))
+
+    report = merge_kb(KBStore.open(kb), other, update)
+
+    assert report.scores_added >= 1
+    s = KBStore.open(kb).get_score(STATE, NEW_OPT, "hopper")
+    assert s is not None and s.samples == 1000  # the counters say what was claimed
+    assert all(w <= CLIENT_MAX_WEIGHT for w, _, _ in s.clients.values()) and s.weight <= MAX_WEIGHT
+    assert s.mean_log_speedup <= math.log(interchange.SPEEDUP_RANGE[1]) + 1e-9
+    assert s.m2_log_speedup <= s.weight * math.log(2000.0) ** 2 / 4 + 1e-9
+    assert s.prior_weight <= interchange.MAX_PRIOR_WEIGHT
+    assert s.prior_mean_log_speedup <= math.log(interchange.SPEEDUP_RANGE[1]) + 1e-9
 
 
 def test_reference_import_round_trip(tmp_path: Path) -> None:
@@ -163,7 +306,9 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
     r = _cli("--kb", str(kb), "kb", "export", str(tmp_path / "out.json"))
     assert r.returncode == 0 and (tmp_path / "out.json").exists()
     r = _cli("--kb", str(kb), "kb", "export", str(tmp_path / "out.json"))
-    assert r.returncode == 1 and "exists" in r.stderr
+    assert r.returncode == 1 and "exists" in r.stderr and "--force" in r.stderr
+    r = _cli("--kb", str(kb), "kb", "export", str(tmp_path / "out.json"), "--force")
+    assert r.returncode == 0
     r = _cli("--kb", str(kb), "kb", "export", str(tmp_path / "ref.json"), "--format", "reference")
     assert r.returncode == 0
     assert "bandwidth_bound_gather" in json.loads((tmp_path / "ref.json").read_text())["optimization_strategies"]
@@ -176,3 +321,21 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
     corrupt.write_text("not a kb")
     r = _cli("--kb", str(corrupt), "kb", "stats")
     assert r.returncode == 3 and str(corrupt) in r.stderr and corrupt.read_text() == "not a kb"
+
+
+def test_cli_merge_of_a_damaged_kb_file_names_the_record_and_changes_nothing(tmp_path: Path) -> None:
+    kb, other = tmp_path / "k.json", tmp_path / "other.json"
+    KBStore.open(kb)
+    data = _other_file(kb, other)
+    _with_score(data, _row(mean="x"))
+    other.write_text(json.dumps(data))
+    before = _kb_bytes(kb)
+    r = _cli("--kb", str(kb), "kb", "merge", str(other))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert str(other) in r.stderr and NEW_OPT in r.stderr and "mean_log_speedup" in r.stderr
+    assert _kb_bytes(kb) == before
+    data["scores"]["9999"]["stats"][NEW_OPT] = _row(mean=float("nan"))
+    other.write_text(json.dumps(data))
+    r = _cli("--kb", str(kb), "kb", "import", str(other))
+    assert r.returncode == 1 and "NaN is not a JSON number" in r.stderr and "Traceback" not in r.stderr
+    assert _kb_bytes(kb) == before

@@ -83,8 +83,7 @@ def run_model_campaign(folder: Path, kb_path: Path, model: Path, options: Campai
     ctx = ctx or ToolContext(kb_path, client_name="kb-mcp campaign")
     try:
         parts_dir = folder / "parts"
-        got = decompose_problem.run(ctx, decompose_problem.Request(problem=str(model), out_dir=str(parts_dir),
-                                                                   top=500))
+        got = decompose_problem.run_in(ctx, decompose_problem.Request(problem=str(model), top=500), parts_dir)
         ranked = list(got.parts)
         shares = [p.share for p in ranked]
         record = ModelCampaign(problem=got.problem, parts_dir=str(parts_dir), target=target, part_cap=part_cap)

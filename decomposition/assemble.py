@@ -12,13 +12,11 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from kb_mcp.decomposition.compose import PartSource, composed_source
-from kb_mcp.decomposition.decompose import load
+from kb_mcp.decomposition.decompose import COMPOSED, load
 from kb_mcp.decomposition.models import Decomposition
 from kb_mcp.harness.problem import content_hash
 from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 from kb_mcp.kb.view import KBView
-
-COMPOSED = "composed.py"
 
 
 class PartPick(BaseModel):

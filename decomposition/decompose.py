@@ -4,6 +4,7 @@ as a problem file of its own, and the reference recomposed from them (`composed_
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +15,10 @@ from kb_mcp.harness.sandbox.sandbox import Sandbox
 
 MANIFEST = "decomposition.json"
 REFERENCE = "composed_reference.py"
+PROBLEM = "problem.py"  # the model's own source, kept beside its parts (so a folder names the problem it is of)
+COMPOSED = "composed.py"  # the whole-model candidate composed from the parts (`assemble.write_composed`)
+_WRITTEN = re.compile(r"(problem|composed|composed_reference)\.py|decomposition\.json|parts(/part\d+\.py)?")
+"""The paths, relative to a decomposition's folder, that writing a decomposition or composing it writes."""
 WHOLE_GLUE = "def forward(self, *args):\n    return self.submod_0(*args)\n"
 
 
@@ -120,6 +125,29 @@ def decompose_many(problems: list[tuple[str, str]], sandbox: Sandbox | None = No
         except (DecompositionError, ValueError, SyntaxError) as exc:
             out.append(DecompositionError(str(exc)))
     return out
+
+
+def foreign_entries(out_dir: Path) -> list[str]:
+    """What in `out_dir` a decomposition does not write: other names, links, special files (none when
+    `out_dir` does not exist). Links are not followed: a folder holding one is not a decomposition's."""
+    if not out_dir.exists() and not out_dir.is_symlink():
+        return []
+    if out_dir.is_symlink() or not out_dir.is_dir():
+        return ["."]
+    foreign = []
+    for path in sorted(out_dir.rglob("*")):  # rglob does not descend into linked folders
+        rel = path.relative_to(out_dir).as_posix()
+        plain = path.is_dir() if rel == "parts" else path.is_file()
+        if path.is_symlink() or not plain or not _WRITTEN.fullmatch(rel):
+            foreign.append(rel)
+    return foreign
+
+
+def holds_another_problem(out_dir: Path, source: str) -> bool:
+    """True when `out_dir` holds the decomposition of a model other than `source` (another problem, or
+    another version of this one): its kept problem file differs."""
+    kept = out_dir / PROBLEM
+    return kept.is_file() and kept.read_text(errors="replace") != source
 
 
 def write(files: dict[str, str], out_dir: Path) -> None:

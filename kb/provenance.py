@@ -12,6 +12,7 @@ Seed text (shipped with kb-mcp) and text imported from a reference KB by the ope
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import TYPE_CHECKING
 
 from kb_mcp.kb.models import Lesson, Optimization, Outcome
@@ -79,10 +80,31 @@ def shown_lessons(view: KBView, state_id: str, optimization_id: str, limit: int)
     return out
 
 
+_UNSEEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+"""Characters a reader cannot see as themselves: controls (some of which `str.splitlines` and
+terminals take as line breaks: U+000B, U+000C, U+001C-U+001E, U+0085), format characters (bidi overrides
+and isolates, zero-width marks), line and paragraph separators (U+2028, U+2029), surrogates,
+private-use and unassigned code points."""
+
+
+def _escape_unseen(text: str) -> str:
+    """`text` with each character a reader cannot see as itself written as a JSON escape
+    (\\uXXXX, a surrogate pair beyond the BMP); other characters, non-ASCII ones too, left as they are."""
+    return "".join(json.dumps(ch)[1:-1] if unicodedata.category(ch) in _UNSEEN_CATEGORIES else ch for ch in text)
+
+
+def quoted_json(text: str) -> str:
+    """`text` as one JSON string on one line: every line break and every invisible or
+    direction-changing character escaped (so nothing in it can start a line of its own or reorder
+    what a reader sees), other non-ASCII text (accents, CJK) left readable."""
+    return _escape_unseen(json.dumps(text, ensure_ascii=False))
+
+
 def quote(text: str, *, author: str, source: str, outcome_id: str | None = None) -> str:
     """One prompt line holding shared text as data: its provenance, then the text as a JSON string
-    (so no line break or quote inside it can end the quotation or pose as the prompt's own words)."""
+    (`quoted_json`, so no line break, quote or bidi control inside it can end the quotation or pose
+    as the prompt's own words)."""
     origin = f"{source} {author!r}" if author else source
     if outcome_id:
         origin += f", outcome {outcome_id}"
-    return f"[untrusted KB content from {origin}] {json.dumps(text, ensure_ascii=False)}"
+    return f"[untrusted KB content from {_escape_unseen(origin)}] {quoted_json(text)}"

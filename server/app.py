@@ -15,14 +15,16 @@ from typing import Any
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult, InputRequiredResult
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from kb_mcp.server import prewarm, prompts, resources, tasks
 from kb_mcp.server.about import package_version
+from kb_mcp.server.execution import unknown_tool
 from kb_mcp.server.gpu import gpu_summary
 from kb_mcp.server.job_tools import server_specs
 from kb_mcp.server.jobs import JobManager
-from kb_mcp.server.mcp_tools import as_mcp_tool
+from kb_mcp.server.mcp_tools import as_mcp_tool, error_result
 from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.context import ToolContext
 
@@ -69,6 +71,16 @@ class KbMcpServer(MCPServer[Any]):
     async def list_tools(self) -> list[Any]:
         """The tools, those that can run as MCP Tasks marked `execution.taskSupport = optional`."""
         return tasks.mark_task_tools(await super().list_tools(), self.task_tools)
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        """Calls a tool; an unknown name is the caller's error like any other (structured, with the
+        tools this server has), not the SDK's bare "Unknown tool" text."""
+        names = [tool.name for tool in await super().list_tools()]
+        if name not in names:
+            return error_result(unknown_tool(name, names))
+        return await super().call_tool(name, arguments, context)
 
     async def read_resource(self, uri: Any, context: Context | None = None) -> Any:
         """Reads a resource; a missing one gets the error code of the client's protocol version."""

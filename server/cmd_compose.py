@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,9 +28,9 @@ def run(args: argparse.Namespace) -> int:
     from kb_mcp.tools.context import ToolContext
 
     ctx = ToolContext(paths.resolve_kb_path(args.kb), client_name="kb-mcp compose")
-    req = decompose_problem.Request(problem=args.problem, out_dir=args.parts, compose=True, verify=not args.no_verify)
-    try:
-        result = decompose_problem.run(ctx, req)
+    req = decompose_problem.Request(problem=args.problem, compose=True, verify=not args.no_verify)
+    try:  # the operator's own folder: not confined to the KB's folder for decompositions, as an MCP caller's is
+        result = decompose_problem.run_in(ctx, req, Path(args.parts).expanduser().resolve())
     except ToolError as exc:
         print(f"kb-mcp compose: {exc}", file=sys.stderr)
         return 1

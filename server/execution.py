@@ -55,6 +55,14 @@ class ToolFailure(Exception):
         return self.info.whose
 
 
+def unknown_tool(name: str, tools: list[str]) -> ToolFailure:
+    """The caller's error for a call to a tool this server does not have, naming those it has."""
+    message = f"no tool {name!r} on this server; its tools: {', '.join(sorted(tools))}"
+    action = "call one of these (tools/list gives each one's input schema)"
+    return ToolFailure(f"{message}. {action}", expected=True,
+                       info=ErrorInfo(whose="caller", type="UnknownTool", message=message, action=action))
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= _MAX_SHOWN_INPUT else text[: _MAX_SHOWN_INPUT - 3] + "..."

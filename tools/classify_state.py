@@ -27,9 +27,11 @@ shared-memory bank conflicts, register spills, hot atomics, warp divergence, mat
 tensor cores, register- or shared-memory-limited occupancy, too few blocks, many tiny launches,
 several memory-bound passes that fusion would merge). Kernels come heaviest first, each with its
 state id and name, primary/secondary bottleneck, confidence, and the evidence (metric, value,
-threshold) plus the profiler findings that agree. A signature no state has yet becomes a new
-discovered state (kb_grew=true). Next: suggest_optimizations with the state_id of the heaviest
-kernel, or of `overall` when it names a whole-candidate problem (launch overhead, redundant passes)."""
+threshold) plus the profiler findings that agree; a metric you do not give is unknown, never 0. A
+signature no state has yet becomes a new discovered state (kb_grew=true), but only from metrics that
+include sm_, memory_ and dram_throughput_pct (profile_kernel's always do). Next: suggest_optimizations
+with the state_id of the heaviest kernel, or of `overall` when it names a whole-candidate problem
+(launch overhead, redundant passes)."""
 
 META = ToolMeta(
     title="Classify a profile into KB states",
@@ -120,8 +122,17 @@ def _state(c: KernelClassification, assigned: dict[str, StateAssignment]) -> Ker
         state_origin=a.state.origin if a else None, matched_by=a.matched_by if a else None,
         primary=c.primary.value if c.primary else None, secondary=c.secondary.value if c.secondary else None,
         confidence=c.confidence, evidence=c.evidence, supporting_findings=c.rules,
-        alternatives=c.alternatives, note=c.note,
+        alternatives=c.alternatives, note=_note(c, a),
     )
+
+
+def _note(c: KernelClassification, a: StateAssignment | None) -> str:
+    """The classification's note, and why a signature matching no state added none."""
+    if a is not None or c.key is None or not c.missing:
+        return c.note
+    why = (f"{c.key} matches no KB state, and a new state is not added from incomplete metrics: give "
+           f"{', '.join(c.missing)} too (profile_kernel measures them)")
+    return f"{c.note}; {why}" if c.note else why
 
 
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
@@ -143,7 +154,8 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     target = overall if overall and overall.state_id else (kernels[0] if kernels else None)
     next_step = (
         f"call suggest_optimizations with state_id={target.state_id}" if target and target.state_id
-        else "no state could be assigned: profile again with counters (a GPU with Nsight Compute)"
+        else "no state could be assigned: profile with counters (profile_kernel on a GPU with Nsight Compute), "
+        "or give the metrics each kernel's note names"
     )
     progress(1, 1, "classified")
     return Result(

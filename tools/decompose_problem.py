@@ -8,7 +8,16 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.decomposition.assemble import PartPick, write_composed
-from kb_mcp.decomposition.decompose import MANIFEST, DecompositionError, decompose_many, load, write
+from kb_mcp.decomposition.decompose import (
+    MANIFEST,
+    PROBLEM,
+    DecompositionError,
+    decompose_many,
+    foreign_entries,
+    holds_another_problem,
+    load,
+    write,
+)
 from kb_mcp.decomposition.models import Decomposition
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.sandbox.sandbox import Sandbox
@@ -31,8 +40,6 @@ compose=true: the whole-model candidate is written from each part's best standar
 readable and editable) and verified end to end by compile_and_verify in composed mode; its
 `verification.record.candidate_id` goes to record_outcome like any other."""
 
-PROBLEM = "problem.py"  # the model's own source, kept beside its parts (a changed model is decomposed again)
-
 META = ToolMeta(
     title="Decompose a model into parts (and compose them back)",
     uses_gpu=True,  # with compose, the composed candidate is verified and timed (the harness takes the lane)
@@ -47,8 +54,9 @@ class Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     problem: Source = Field(description="the model: a KernelBench problem file (path) or its source text")
-    out_dir: str | None = Field(None, description="folder for the parts (default: beside the KB, "
-                                "decompositions/<problem>-<hash>); an existing decomposition there is reused")
+    out_dir: str | None = Field(None, description="folder for the parts, under the KB's folder for decompositions "
+                                "(a name relative to it, or a path inside it; default: <problem>-<hash> there); "
+                                "an existing decomposition of this problem there is reused")
     compose: bool = Field(False, description="write the whole-model candidate from the parts' best verified "
                           "candidates and verify it in composed mode")
     verify: bool = Field(True, description="with compose: verify the composed candidate (false: only write it)")
@@ -105,9 +113,37 @@ class Result(BaseModel):
     next_step: str = ""
 
 
+def decompositions_dir(ctx: ToolContext) -> Path:
+    """The KB's folder for decompositions: the only place an MCP caller's `out_dir` may name."""
+    return ctx.artifacts_dir / "decompositions"
+
+
 def default_dir(ctx: ToolContext, problem: Problem) -> Path:
     """Where a problem's parts go when the caller names no folder: beside the KB, by name and hash."""
-    return ctx.artifacts_dir / "decompositions" / f"{problem.name}-{problem.hash}"
+    return decompositions_dir(ctx) / f"{problem.name}-{problem.hash}"
+
+
+def caller_dir(ctx: ToolContext, out_dir: str) -> Path:
+    """The caller's `out_dir`, which must lie inside the KB's folder for decompositions (links resolved,
+    `..` refused): an MCP client, over HTTP too, chooses it, and the tool writes there."""
+    root = decompositions_dir(ctx).resolve()
+    out = (root / Path(out_dir).expanduser()).resolve()  # an absolute out_dir replaces root
+    if out == root or not out.is_relative_to(root):
+        raise ToolError(f"out_dir {out_dir!r} is outside the KB's folder for decompositions: name a folder "
+                        f"under {root} (a name relative to it will do), or leave out_dir out")
+    return out
+
+
+def refuse_to_write_over(out: Path, problem: Problem) -> None:
+    """Raises ToolError when `out` holds anything but this problem's decomposition: files a
+    decomposition does not write (links too), or another problem's decomposition."""
+    if holds_another_problem(out, problem.source):
+        raise ToolError(f"{out} holds the decomposition of another problem (or of another version of this one); "
+                        "name a new folder as out_dir, or leave out_dir out (the default folder is per problem)")
+    foreign = foreign_entries(out)
+    if foreign:
+        raise ToolError(f"{out} holds files a decomposition does not write ({', '.join(foreign[:5])}); it is not "
+                        "written over: name a new folder as out_dir, or leave out_dir out")
 
 
 def decomposed(problem: Problem, out: Path, sandbox: Sandbox | None = None) -> Decomposition:
@@ -125,10 +161,26 @@ def decomposed(problem: Problem, out: Path, sandbox: Sandbox | None = None) -> D
 
 @gpu_lane_inside
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
-    """Decomposes the problem (or reuses its decomposition); with compose, composes and verifies."""
+    """Decomposes the problem (or reuses its decomposition); with compose, composes and verifies.
+    The folder is the caller's `out_dir` inside the KB's folder for decompositions, or the default
+    one there, and holds nothing but this problem's decomposition."""
     problem = read_problem(req.problem)
     _ = ctx.store  # the KB first: artifacts never land beside no KB
-    out = Path(req.out_dir).expanduser().resolve() if req.out_dir else default_dir(ctx, problem)
+    out = caller_dir(ctx, req.out_dir) if req.out_dir else default_dir(ctx, problem)
+    refuse_to_write_over(out, problem)
+    return _run(ctx, req, problem, out, progress)
+
+
+def run_in(ctx: ToolContext, req: Request, out: Path, progress: Progress = no_progress) -> Result:
+    """`run` in a folder the operator chose (`kb-mcp compose --parts`, a model campaign's folder): it
+    need not lie in the KB's folder for decompositions, and a changed model is decomposed again
+    there. `req.out_dir` is not read."""
+    problem = read_problem(req.problem)
+    _ = ctx.store  # the KB first: artifacts never land beside no KB
+    return _run(ctx, req, problem, out, progress)
+
+
+def _run(ctx: ToolContext, req: Request, problem: Problem, out: Path, progress: Progress) -> Result:
     progress(0, 2, "decomposing")
     decomp = decomposed(problem, out, ctx.sandbox)
     files = decomp.by_file()

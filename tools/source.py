@@ -1,10 +1,11 @@
 """The one place that decides whether a tool argument is a file path or source text.
 
 `problem` and `candidate` arguments take either. A value without a line break that names a
-source file (by its suffix, or because the file exists) is a path, read on the server's own
-machine; anything else is the source text itself. What cannot be a Python module is refused here
-with a message that says what to send instead: a path the server cannot see (a client on another
-machine, e.g. over HTTP, should send the file's text), or CUDA/C++ where a Python module belongs.
+source file (by its suffix, or because something exists at that path) is a path, read on the
+server's own machine (a folder or a special file there is refused as such); anything else is the
+source text itself. What cannot be a Python module is refused here with a message that says what
+to send instead: a path the server cannot see (a client on another machine, e.g. over HTTP, should
+send the file's text), or CUDA/C++ where a Python module belongs.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def _is_path(value: str) -> bool:
     text = value.strip()
     if Path(text).suffix.lower() in _SOURCE_SUFFIXES:
         return True
-    try:
-        return Path(text).expanduser().is_file()
+    try:  # anything there is a path: a folder or a device is refused as such, never parsed as source text
+        return Path(text).expanduser().exists()
     except OSError:  # a long one-line source is not a path the OS accepts
         return False
 
@@ -97,6 +98,9 @@ def _read_file(path: Path, what: Kind) -> SourceText:
             f"{what} {path} is a CUDA/C++ file, but {_WHAT_IT_IS[what]}. Put the CUDA code in a string "
             f"inside that Python module and pass the module as `{what}`."
         )
+    if path.is_dir() or (path.exists() and not path.is_file()):
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise ToolError(f"{what} {path} is {kind}, pass a .py file (or the module's source text) as `{what}`.")
     if not path.is_file():
         raise ToolError(
             f"{what} file not found on the server's machine: {path}. The server reads paths on its own "

@@ -9,11 +9,14 @@ from kb_mcp.harness.profile_model import KernelProfile
 from kb_mcp.kb.models import Secondary
 from kb_mcp.policy.classify.models import Diagnosis, Evidence
 from kb_mcp.policy.classify.signals import (
+    Throughput,
     blocks,
     conflict_rate,
     diag,
+    given,
     has_counters,
     instructions,
+    reaches,
     rule_sector_use,
     rules_for,
     top_stall,
@@ -42,7 +45,7 @@ Detector = Callable[[KernelProfile], "Diagnosis | None"]
 def detect_too_few_blocks(k: KernelProfile) -> Diagnosis | None:
     """Fewer blocks than SMs (and no unit busy): most of the GPU idles."""
     m = k.metrics
-    if has_counters(m) and max(v(m.sm_throughput_pct), v(m.memory_throughput_pct)) >= HIGH_PCT:
+    if has_counters(m) and reaches(Throughput.of(m).busiest, HIGH_PCT):
         return None
     sms = m.extra.get("device__attribute_multiprocessor_count")
     n_blocks = blocks(k)
@@ -109,8 +112,8 @@ def detect_uncoalesced(k: KernelProfile) -> Diagnosis | None:
     stands in: the bytes each thread uses of a 32-byte sector it fetched.
     """
     m = k.metrics
-    if max(v(m.memory_throughput_pct), v(m.dram_throughput_pct)) < 20.0:
-        return None  # scattered or not, too little traffic to matter
+    if not reaches(Throughput.of(m).mem, 20.0):
+        return None  # scattered or not, too little traffic to matter (or none measured)
     spr = m.sectors_per_request
     st_req = m.extra.get("l1tex__t_requests_pipe_lsu_mem_global_op_st.sum", 0.0)
     st_spr = m.extra.get("l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum", 0.0) / st_req if st_req else 0.0
@@ -126,8 +129,14 @@ def detect_uncoalesced(k: KernelProfile) -> Diagnosis | None:
     ev = [Evidence(metric="sectors_per_request" if which == "loads" else "store_sectors_per_request",
                    value=round(worst, 2), threshold=COALESCED_MAX_SPR if worst > COALESCED_MAX_SPR else SUSPECT_SPR,
                    relation=">", note=f"global {which}: 4 is a coalesced 4-byte access, 32 one sector per thread"),
-          Evidence(metric="memory_throughput_pct", value=v(m.memory_throughput_pct))]
+          *_memory(k)]
     return diag(Secondary.uncoalesced_access, (worst - 4.0) / 28.0, ev, k.findings)
+
+
+def _memory(k: KernelProfile) -> list[Evidence]:
+    """The memory side's throughput as measured (DRAM standing in where only it is given), if at all."""
+    t = Throughput.of(k.metrics)
+    return given(t.mem_metric, t.mem)
 
 
 def _uncoalesced_by_rule(k: KernelProfile) -> Diagnosis | None:
@@ -142,7 +151,7 @@ def _uncoalesced_by_rule(k: KernelProfile) -> Diagnosis | None:
                    threshold=limit, relation="<=",
                    note=f"ncu's rule: each thread uses {used:g} of the 32 bytes of a sector it fetches "
                         "(no sector/request counters in this profile)"),
-          Evidence(metric="memory_throughput_pct", value=v(k.metrics.memory_throughput_pct))]
+          *_memory(k)]
     return diag(Secondary.uncoalesced_access, (128.0 / max(used, 1.0) - 4.0) / 28.0, ev, k.findings)
 
 
@@ -156,7 +165,7 @@ def detect_atomics(k: KernelProfile) -> Diagnosis | None:
     atomic_unit = m.extra.get("lts__d_atomic_input_cycles_active.avg.pct_of_peak_sustained_elapsed", 0.0)
     if share < ATOMIC_SHARE:
         return None
-    if max(v(m.sm_throughput_pct), v(m.memory_throughput_pct)) >= HIGH_PCT and atomic_unit < HIGH_PCT:
+    if reaches(Throughput.of(m).busiest, HIGH_PCT) and atomic_unit < HIGH_PCT:
         return None
     ev = [Evidence(metric="atomic_requests_per_inst", value=round(share, 4), threshold=ATOMIC_SHARE, relation=">=",
                    note="global atomic/reduction requests per warp instruction"),
@@ -184,7 +193,7 @@ def detect_tensor_cores_idle(k: KernelProfile) -> Diagnosis | None:
     m = k.metrics
     if m.tensor_pipe_pct is None or m.tensor_pipe_pct >= TENSOR_IDLE_PCT or v(m.fma_pipe_pct) < MATMUL_FMA_PCT:
         return None
-    if max(v(m.sm_throughput_pct), v(m.memory_throughput_pct)) < MID_PCT:
+    if not reaches(Throughput.of(m).busiest, MID_PCT):
         return None
     named = bool(MATMUL_NAME.search(k.name))
     reuse = v(m.l1_hit_rate_pct) >= MATMUL_REUSE_HIT_PCT and v(m.dram_throughput_pct) < 20.0
@@ -208,7 +217,7 @@ def detect_occupancy_limit(k: KernelProfile) -> Diagnosis | None:
     theo = m.theoretical_occupancy_pct
     if theo is None or theo > OCCUPANCY_LIMIT_PCT or m.occupancy_limiter not in ("registers", "shared_mem"):
         return None
-    if max(v(m.sm_throughput_pct), v(m.memory_throughput_pct)) >= HIGH_PCT:
+    if reaches(Throughput.of(m).busiest, HIGH_PCT):
         return None
     registers = m.occupancy_limiter == "registers"
     secondary = Secondary.register_occupancy if registers else Secondary.shared_memory_occupancy

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 
 from kb_mcp.harness.profile_model import KernelMetrics, KernelProfile, Profile
 from kb_mcp.kb import matching
 from kb_mcp.kb.models import Primary, Secondary
 from kb_mcp.policy.classify.detectors import DETECTORS
 from kb_mcp.policy.classify.models import Diagnosis, Evidence, KernelClassification, ProfileClassification
-from kb_mcp.policy.classify.signals import has_counters, v
+from kb_mcp.policy.classify.signals import has_counters, missing_headline, v
 from kb_mcp.policy.classify.thresholds import (
     HEAVY_SHARE,
     MANY_LAUNCHES,
@@ -46,7 +47,7 @@ def classify_kernel(k: KernelProfile) -> KernelClassification:
     fallback = throughput_diagnosis(k)
     ranked = sorted(found, key=lambda d: -d.score) or ([fallback] if fallback else [])
     base = KernelClassification(index=k.index, name=k.name, duration_ns=v(k.metrics.duration_ns),
-                                metrics=_match_metrics(k.metrics))
+                                metrics=_match_metrics(k.metrics), missing=missing_headline(k.metrics))
     if not ranked:
         base.note = ("no hardware counters for this kernel (timings only): its bottleneck cannot be named"
                      if not has_counters(k.metrics) else "no cause could be established from the metrics")
@@ -129,8 +130,8 @@ def _launch_overhead(kernels: list[KernelProfile], total: float) -> tuple[Kernel
                            note="launches in one forward"),
                   Evidence(metric="median_kernel_duration_us", value=round(median_us, 3), threshold=TINY_KERNEL_US,
                            relation="<", note="each kernel costs about what launching it costs the host")],
-        metrics={"duration_ns": statistics.median(durations), "sm_throughput_pct": statistics.median(
-            [v(k.metrics.sm_throughput_pct) for k in kernels])},
+        metrics={"duration_ns": statistics.median(durations),
+                 **_typical(statistics.median, "sm_throughput_pct", kernels)},
     ), "many tiny launches"
 
 
@@ -141,8 +142,6 @@ def _redundant_passes(kernels: list[KernelProfile], per: dict[int, KernelClassif
     mem_share = sum(v(k.metrics.duration_ns) for k in memory_bound) / total
     if len(memory_bound) < REDUNDANT_KERNELS or mem_share < REDUNDANT_SHARE:
         return None
-    dram = [v(k.metrics.dram_throughput_pct) for k in memory_bound]
-    sm = [v(k.metrics.sm_throughput_pct) for k in memory_bound]
     return KernelClassification(
         index=-1, name=WHOLE, instances=len(kernels), duration_ns=total, time_share=1.0,
         primary=Primary.memory, secondary=Secondary.redundant_passes,
@@ -152,8 +151,17 @@ def _redundant_passes(kernels: list[KernelProfile], per: dict[int, KernelClassif
                   Evidence(metric="memory_bound_time_share", value=round(mem_share, 3),
                            threshold=REDUNDANT_SHARE, relation=">=",
                            note="of the GPU time; one fused kernel would read and write the data once")],
-        metrics={"dram_throughput_pct": statistics.mean(dram), "sm_throughput_pct": statistics.mean(sm)},
+        metrics={**_typical(statistics.mean, "dram_throughput_pct", memory_bound),
+                 **_typical(statistics.mean, "sm_throughput_pct", memory_bound)},
+        missing=sorted({name for k in memory_bound for name in per[k.index].missing}),
     ), "several memory-bound kernels"
+
+
+def _typical(average: Callable[[list[float]], float], metric: str,
+             kernels: list[KernelProfile]) -> dict[str, float]:
+    """{metric: its average over the kernels that give it}, or {} when none does (never a 0 for them)."""
+    values = [float(x) for k in kernels if (x := getattr(k.metrics, metric)) is not None]
+    return {metric: average(values)} if values else {}
 
 
 def _time_weighted(kernels: list[KernelProfile], per: dict[int, KernelClassification],

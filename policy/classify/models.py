@@ -73,6 +73,9 @@ class KernelClassification(BaseModel):
     alternatives: list[str] = Field(default_factory=list)  # other causes that fired: 'key (score)'
     note: str = ""
     metrics: dict[str, float] = Field(default_factory=dict)  # the metrics to match KB ranges against
+    # headline metrics (signals.HEADLINE) the classification went without: it may match a KB state, but
+    # a signature read partly from assumptions never becomes a new state of the shared KB
+    missing: list[str] = Field(default_factory=list)
 
     @property
     def key(self) -> str | None:

@@ -41,9 +41,35 @@ def v(value: float | None) -> float:
     return 0.0 if value is None else float(value)
 
 
+def reaches(value: float | None, threshold: float) -> bool:
+    """Whether a metric the profile gives is at or above `threshold`; one it lacks is unknown, so
+    it reaches nothing (and, read the other way, is not shown to be below anything either)."""
+    return value is not None and value >= threshold
+
+
+def given(metric: str, value: float | None, threshold: float | None = None, note: str = "") -> list[Evidence]:
+    """Evidence of a metric the profile gives (how it stands to `threshold`, if any), none for one it
+    lacks: a value no one measured is never shown (as 0 or otherwise)."""
+    if value is None:
+        return []
+    relation = "" if threshold is None else (">=" if value >= threshold else "<")
+    return [Evidence(metric=metric, value=float(value), threshold=threshold, relation=relation, note=note)]
+
+
+HEADLINE = ("sm_throughput_pct", "memory_throughput_pct", "dram_throughput_pct")
+"""The utilisations every classification leans on (ncu's Speed Of Light section; `profile_kernel`
+records all three). A classification from a kernel lacking any may match a KB state but never adds
+one (`missing_headline`)."""
+
+
+def missing_headline(m: KernelMetrics) -> list[str]:
+    """The headline metrics `m` lacks: a classification from it rests partly on assumptions."""
+    return [name for name in HEADLINE if getattr(m, name) is None]
+
+
 def has_counters(m: KernelMetrics) -> bool:
     """Whether the metrics hold hardware counters (not only a duration from a timeline)."""
-    return m.sm_throughput_pct is not None or m.memory_throughput_pct is not None
+    return any(getattr(m, name) is not None for name in HEADLINE)
 
 
 def top_stall(m: KernelMetrics) -> tuple[str, float] | None:
@@ -223,13 +249,26 @@ def tensor_activity(k: KernelProfile) -> Evidence | None:
 
 @dataclass(frozen=True)
 class Throughput:
-    """The headline utilisations of one kernel, 0 where absent."""
+    """The headline utilisations of one kernel (% of peak), None where the profile lacks them.
 
-    sm: float
-    mem: float
-    dram: float
+    `mem` is ncu's Memory Throughput, the busiest of the memory units (DRAM, L1, L2). Where it is
+    missing and DRAM throughput is given, DRAM stands in: the busiest unit is at least that busy.
+    `mem_metric` names the metric `mem` came from, so evidence shows what was measured."""
+
+    sm: float | None
+    mem: float | None
+    dram: float | None
+    mem_metric: str = "memory_throughput_pct"
 
     @classmethod
     def of(cls, m: KernelMetrics) -> Throughput:
-        """The kernel's SM, memory and DRAM throughput (% of peak)."""
-        return cls(v(m.sm_throughput_pct), v(m.memory_throughput_pct), v(m.dram_throughput_pct))
+        """The kernel's SM, memory and DRAM throughput (% of peak), as given."""
+        if m.memory_throughput_pct is None and m.dram_throughput_pct is not None:
+            return cls(m.sm_throughput_pct, m.dram_throughput_pct, m.dram_throughput_pct, "dram_throughput_pct")
+        return cls(m.sm_throughput_pct, m.memory_throughput_pct, m.dram_throughput_pct)
+
+    @property
+    def busiest(self) -> float | None:
+        """The busier of the SM and memory sides, of those given (None: neither is)."""
+        known = [x for x in (self.sm, self.mem) if x is not None]
+        return max(known) if known else None

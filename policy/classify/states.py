@@ -26,7 +26,9 @@ class StateAssignment(BaseModel):
 
 def assign_states(tx: Transaction, classifications: Iterable[KernelClassification]) -> dict[str, StateAssignment]:
     """Maps each distinct signature key to a KB state, creating a discovered state in `tx` for a key
-    the KB lacks (one per key, inheriting its nearest state's optimizations)."""
+    the KB lacks (one per key, inheriting its nearest state's optimizations). A classification that
+    went without headline metrics (`missing`) only matches: a signature read partly from assumptions
+    would add a state to the shared KB for good, for every agent, so such a key stays unassigned."""
     out: dict[str, StateAssignment] = {}
     for c in classifications:
         sig = c.signature()
@@ -36,6 +38,8 @@ def assign_states(tx: Transaction, classifications: Iterable[KernelClassificatio
         if match is not None and match.exact:
             out[sig.key] = StateAssignment(key=sig.key, state=match.state, matched_by="signature",
                                            distance=round(match.distance, 4))
+            continue
+        if c.missing:
             continue
         state, created = matching.discover_state(tx, sig, metrics=c.metrics)
         out[sig.key] = StateAssignment(key=sig.key, state=state, matched_by="discovered" if created else "signature")

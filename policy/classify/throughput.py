@@ -16,12 +16,13 @@ from kb_mcp.policy.classify.models import Diagnosis, Evidence
 from kb_mcp.policy.classify.signals import (
     Throughput,
     diag,
+    given,
     has_counters,
     onchip_traffic,
     pipe_levels,
+    reaches,
     tensor_activity,
     top_stall,
-    v,
 )
 from kb_mcp.policy.classify.thresholds import (
     HIGH_PCT,
@@ -34,8 +35,13 @@ from kb_mcp.policy.classify.thresholds import (
 Step = Callable[[KernelProfile, Throughput], "Diagnosis | None"]
 
 
-def _pct(metric: str, value: float, threshold: float = HIGH_PCT) -> Evidence:
-    return Evidence(metric=metric, value=value, threshold=threshold, relation=">=" if value >= threshold else "<")
+def _sm(t: Throughput, threshold: float = HIGH_PCT) -> list[Evidence]:
+    return given("sm_throughput_pct", t.sm, threshold)
+
+
+def _mem(t: Throughput, threshold: float = HIGH_PCT) -> list[Evidence]:
+    note = "" if t.mem_metric == "memory_throughput_pct" else "no memory_throughput_pct given: DRAM stands in for it"
+    return given(t.mem_metric, t.mem, threshold, note)
 
 
 def _strength(level: float) -> float:
@@ -46,19 +52,19 @@ def saturated_pipe(k: KernelProfile, t: Throughput) -> Diagnosis | None:
     """A saturated pipe limits the kernel; the memory traffic that feeds it (shared-memory operands
     of a tensor-core GEMM) is not a second, independent limit."""
     secondary, metric, busiest = max(pipe_levels(k), key=lambda p: p[2])
-    if t.sm < HIGH_PCT or busiest < SATURATED_PIPE_PCT:
+    if not reaches(t.sm, HIGH_PCT) or busiest < SATURATED_PIPE_PCT:
         return None
-    ev = [_pct("sm_throughput_pct", t.sm), Evidence(metric=metric, value=busiest, threshold=SATURATED_PIPE_PCT,
+    ev = [*_sm(t), Evidence(metric=metric, value=busiest, threshold=SATURATED_PIPE_PCT,
                                                    relation=">=", note="this pipe is saturated")]
     return diag(secondary, (busiest - HIGH_PCT) / 40 + 0.5, ev, k.findings, specific=False)
 
 
 def balanced_high(k: KernelProfile, t: Throughput) -> Diagnosis | None:
     """Memory and SM both at their limit: near the roofline ridge."""
-    if t.sm < HIGH_PCT or t.mem < HIGH_PCT:
+    if t.sm is None or t.mem is None or not reaches(min(t.sm, t.mem), HIGH_PCT):
         return None
-    ev = [_pct("sm_throughput_pct", t.sm), _pct("memory_throughput_pct", t.mem)]
-    return diag(Secondary.balanced_high, _strength(min(t.sm, t.mem)), ev, k.findings, specific=False)
+    return diag(Secondary.balanced_high, _strength(min(t.sm, t.mem)), [*_sm(t), *_mem(t)], k.findings,
+                specific=False)
 
 
 def memory_limited(k: KernelProfile, t: Throughput) -> Diagnosis | None:
@@ -66,23 +72,23 @@ def memory_limited(k: KernelProfile, t: Throughput) -> Diagnosis | None:
     feeding tensor cores or not); else caches missing. A profile without a DRAM figure assumes DRAM
     only when the on-chip traffic does not explain the load."""
     m = k.metrics
-    if t.mem < HIGH_PCT or t.mem < t.sm:
+    if t.mem is None or t.mem < HIGH_PCT or (t.sm is not None and t.mem < t.sm):
         return None
-    ev_mem = _pct("memory_throughput_pct", t.mem)
+    ev_mem = _mem(t)
     strength = _strength(t.mem)
     f = k.findings
-    if m.dram_throughput_pct is not None and (t.dram >= HIGH_PCT or t.dram >= 0.8 * t.mem):
-        ev = [ev_mem, Evidence(metric="dram_throughput_pct", value=t.dram, threshold=HIGH_PCT,
-                               relation=">=" if t.dram >= HIGH_PCT else "<", note="DRAM is the busy unit")]
+    if t.dram is not None and (t.dram >= HIGH_PCT or t.dram >= 0.8 * t.mem):
+        ev = ev_mem if t.mem_metric == "dram_throughput_pct" else [*ev_mem, *given("dram_throughput_pct", t.dram,
+                                                                                    HIGH_PCT)]
+        ev[-1].note = "; ".join(x for x in (ev[-1].note, "DRAM is the busy unit") if x)
         return diag(Secondary.dram_bandwidth, strength, ev, f, specific=False)
     onchip = onchip_traffic(m)
     if onchip is not None:
         return _onchip_limited(k, ev_mem, onchip, strength)
-    if m.dram_throughput_pct is None:  # only the headline numbers given: DRAM is the usual limiter
-        ev = [ev_mem, Evidence(metric="dram_throughput_pct", value=-1.0,
-                               note="not reported: DRAM assumed to be the busy unit")]
-        return diag(Secondary.dram_bandwidth, strength * 0.6, ev, f, specific=False)
-    ev = [ev_mem, Evidence(metric="dram_throughput_pct", value=t.dram, note="DRAM is not the busy unit: L1/L2 are")]
+    if t.dram is None:  # only the headline numbers given: DRAM is the usual limiter
+        ev_mem[-1].note = "no dram_throughput_pct given: DRAM assumed to be the busy unit"
+        return diag(Secondary.dram_bandwidth, strength * 0.6, ev_mem, f, specific=False)
+    ev = [*ev_mem, *given("dram_throughput_pct", t.dram, note="DRAM is not the busy unit: L1/L2 are")]
     if m.l1_hit_rate_pct is not None and m.l1_hit_rate_pct < L1_SERVES_HIT_PCT:
         ev.append(Evidence(metric="l1_hit_rate_pct", value=m.l1_hit_rate_pct, threshold=L1_SERVES_HIT_PCT,
                            relation="<",
@@ -90,60 +96,59 @@ def memory_limited(k: KernelProfile, t: Throughput) -> Diagnosis | None:
     elif m.l1_hit_rate_pct is not None:
         ev.append(Evidence(metric="l1_hit_rate_pct", value=m.l1_hit_rate_pct,
                            note="L1 hits, but L2 is the busier unit: the traffic L1 does not hold goes to L2"))
-    ev += [Evidence(metric="l1_throughput_pct", value=v(m.l1_throughput_pct)),
-           Evidence(metric="l2_throughput_pct", value=v(m.l2_throughput_pct)),
-           Evidence(metric="l2_hit_rate_pct", value=v(m.l2_hit_rate_pct))]
+    ev += [*given("l1_throughput_pct", m.l1_throughput_pct), *given("l2_throughput_pct", m.l2_throughput_pct),
+           *given("l2_hit_rate_pct", m.l2_hit_rate_pct)]
     return diag(Secondary.cache_misses, strength, ev, f, specific=False)
 
 
-def _onchip_limited(k: KernelProfile, ev_mem: Evidence, onchip: list[Evidence], strength: float) -> Diagnosis:
+def _onchip_limited(k: KernelProfile, ev_mem: list[Evidence], onchip: list[Evidence], strength: float) -> Diagnosis:
     """L1 busy with data it holds: operands for tensor cores, or loads per math op (instruction mix)."""
     tensor = tensor_activity(k)
     if tensor is not None:
         tensor.note = "tensor cores at work: the on-chip traffic feeds them"
-        return diag(Secondary.tensor_cores, strength * 0.8, [ev_mem, *onchip, tensor], k.findings, specific=False)
-    note = Evidence(metric="fma_pipe_pct", value=v(k.metrics.fma_pipe_pct),
-                    note="loads and stores served on chip fill the memory pipe: too few math operations per load")
-    return diag(Secondary.instruction_mix, strength * 0.7, [ev_mem, *onchip, note], k.findings, specific=False)
+        return diag(Secondary.tensor_cores, strength * 0.8, [*ev_mem, *onchip, tensor], k.findings, specific=False)
+    fma = given("fma_pipe_pct", k.metrics.fma_pipe_pct,
+                note="loads and stores served on chip fill the memory pipe: too few math operations per load")
+    return diag(Secondary.instruction_mix, strength * 0.7, [*ev_mem, *onchip, *fma], k.findings, specific=False)
 
 
 def compute_limited(k: KernelProfile, t: Throughput) -> Diagnosis | None:
     """The SM side at its limit: the busiest pipe, or the issue slots (instruction mix)."""
-    if t.sm < HIGH_PCT:
+    if t.sm is None or t.sm < HIGH_PCT:
         return None
     levels = {s: (metric, level) for s, metric, level in pipe_levels(k)}
-    ev_sm = _pct("sm_throughput_pct", t.sm)
+    ev_sm = _sm(t)
     for secondary in (Secondary.tensor_cores, Secondary.special_functions, Secondary.fp32_pipe):
         metric, level = levels.get(secondary, ("", 0.0))
         if level < PIPE_BUSY_PCT:
             continue
         if secondary is Secondary.special_functions and level < levels.get(Secondary.fp32_pipe, ("", 0.0))[1]:
             continue  # FMA busier still: fp32 pipe below
-        ev = [ev_sm, Evidence(metric=metric, value=level, threshold=PIPE_BUSY_PCT, relation=">=")]
+        ev = [*ev_sm, Evidence(metric=metric, value=level, threshold=PIPE_BUSY_PCT, relation=">=")]
         return diag(secondary, _strength(t.sm), ev, k.findings, specific=False)
-    fma = levels.get(Secondary.fp32_pipe, ("fma_pipe_pct", 0.0))[1]
-    ev = [ev_sm, Evidence(metric="fma_pipe_pct", value=fma, threshold=PIPE_BUSY_PCT, relation="<",
-                          note="busy issuing, but not on the FMA, tensor or special-function pipes")]
+    fma_metric, fma = levels.get(Secondary.fp32_pipe, ("fma_pipe_pct", 0.0))
+    shown = k.metrics.fma_pipe_pct if fma_metric == "fma_pipe_pct" else fma  # a pipe level given, or a rule's
+    ev = [*ev_sm, *given(fma_metric, shown, PIPE_BUSY_PCT,
+                         note="busy issuing, but not on the FMA, tensor or special-function pipes")]
     return diag(Secondary.instruction_mix, _strength(t.sm), ev, k.findings, specific=False)
 
 
 def balanced_moderate(k: KernelProfile, t: Throughput) -> Diagnosis | None:
     """Both sides moderately busy, neither at its limit."""
-    if t.sm < MID_PCT or t.mem < MID_PCT:
+    if t.sm is None or t.mem is None or not reaches(min(t.sm, t.mem), MID_PCT):
         return None
-    ev = [_pct("sm_throughput_pct", t.sm, MID_PCT), _pct("memory_throughput_pct", t.mem, MID_PCT)]
-    return diag(Secondary.balanced_moderate, 0.5, ev, k.findings, specific=False)
+    return diag(Secondary.balanced_moderate, 0.5, [*_sm(t, MID_PCT), *_mem(t, MID_PCT)], k.findings, specific=False)
 
 
 def latency_bound(k: KernelProfile, t: Throughput) -> Diagnosis:
     """Neither side busy: the dominant warp stall names what the warps wait for."""
     f = k.findings
     stall = top_stall(k.metrics)
-    if t.mem >= MID_PCT and stall and stall[0] == "long_scoreboard":
-        ev = [_pct("memory_throughput_pct", t.mem, MID_PCT),
+    if reaches(t.mem, MID_PCT) and stall and stall[0] == "long_scoreboard":
+        ev = [*_mem(t, MID_PCT),
               Evidence(metric="warp_stalls.long_scoreboard", value=stall[1], note="warps wait on global loads")]
         return diag(Secondary.insufficient_bytes_in_flight, 0.5, ev, f, specific=False)
-    ev = [_pct("sm_throughput_pct", t.sm), _pct("memory_throughput_pct", t.mem)]
+    ev = [*_sm(t), *_mem(t)]
     if stall is None:
         return Diagnosis(primary=Primary.latency, secondary=None, strength=0.3, evidence=ev, specific=False)
     ev.append(Evidence(metric=f"warp_stalls.{stall[0]}", value=stall[1],

@@ -3,6 +3,7 @@ that really crosses its thresholds."""
 
 from __future__ import annotations
 
+import itertools
 import operator
 
 import pytest
@@ -179,3 +180,29 @@ def test_a_saturated_tensor_pipe_wins_over_busy_operand_traffic() -> None:
     c = classify_profile(own_profile("cublas_gemm")).kernels[0]
     assert _pair(c) == ("compute", "tensor_cores")
     assert {e.metric: e.value for e in c.evidence}["tensor_pipe_pct"] >= 80
+
+
+FULL = {"sm_throughput_pct": 20.0, "memory_throughput_pct": 86.0, "dram_throughput_pct": 85.0,
+        "l1_throughput_pct": 30.0, "l2_throughput_pct": 40.0, "l2_hit_rate_pct": 50.0, "fma_pipe_pct": 10.0}
+
+
+@pytest.mark.parametrize("kept", [dict(c) for n in range(1, len(FULL)) for c in itertools.combinations(FULL.items(), n)
+                                  if "sm_throughput_pct" in dict(c) or "dram_throughput_pct" in dict(c)][:64])
+def test_evidence_shows_only_metrics_that_were_given_with_their_given_values(kept: dict[str, float]) -> None:
+    k = KernelProfile(index=0, name="k", full_name="k", grid=(4096, 1, 1), block=(256, 1, 1),
+                      metrics=KernelMetrics(duration_ns=1e6, **kept))
+    c = classify_kernel(k)
+    shown = {ev.metric: ev.value for ev in c.evidence if ev.metric in KernelMetrics.model_fields}
+    assert shown.items() <= kept.items(), (kept, shown)
+
+
+def test_dram_throughput_stands_in_for_a_missing_memory_throughput() -> None:
+    """A bandwidth-bound kernel described by DRAM and SM throughput alone is bandwidth-bound, not
+    latency-bound for a memory throughput of 0 that nobody measured."""
+    given = KernelMetrics(duration_ns=1e6, dram_throughput_pct=85, sm_throughput_pct=20)
+    c = classify_kernel(KernelProfile(index=0, name="k", full_name="k", grid=(4096, 1, 1), block=(256, 1, 1),
+                                      metrics=given))
+    assert _pair(c) == ("memory", "dram_bandwidth")
+    assert [(e.metric, e.value) for e in c.evidence] == [("dram_throughput_pct", 85.0)]
+    assert c.missing == ["memory_throughput_pct"]
+    assert _one(given.model_copy(update={"memory_throughput_pct": 86})) == ("memory", "dram_bandwidth")

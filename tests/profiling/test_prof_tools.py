@@ -100,6 +100,32 @@ def test_new_signature_is_discovered_once_and_reused(kb_path: Path) -> None:
     assert after - before == {new_id}
 
 
+@pytest.mark.parametrize("metrics", [
+    {"sm_throughput_pct": 20}, {"sm_throughput_pct": 15, "dram_throughput_pct": 10},
+    NOVEL.model_copy(update={"dram_throughput_pct": None}).model_dump(exclude_none=True)])
+def test_incomplete_metrics_never_add_a_state_to_the_shared_kb(kb_path: Path, metrics: dict) -> None:
+    ctx = ToolContext(kb_path)
+    before = {s.id for s in KBStore.open(kb_path).list_states()}
+    result = classify_state.run(ctx, classify_state.Request(metrics=metrics))
+    (kernel,) = result.kernels
+    assert not result.kb_grew and result.new_state_ids == [] and kernel.state_id is None
+    assert "a new state is not added from incomplete metrics" in kernel.note
+    assert all(name in kernel.note for name in ("memory_throughput_pct", "dram_throughput_pct") if name not in metrics)
+    assert {s.id for s in KBStore.open(kb_path).list_states()} == before
+
+
+def test_dram_and_sm_throughput_alone_classify_a_bandwidth_bound_kernel(kb_path: Path) -> None:
+    ctx = ToolContext(kb_path)
+    before = len(KBStore.open(kb_path).list_states())
+    result = classify_state.run(ctx, classify_state.Request(metrics={"dram_throughput_pct": 85,
+                                                                     "sm_throughput_pct": 20}))
+    (kernel,) = result.kernels
+    assert kernel.state_id == "memory_bandwidth_saturated" and not result.kb_grew
+    assert {(e.metric, e.value) for e in kernel.evidence} <= {("dram_throughput_pct", 85.0),
+                                                               ("sm_throughput_pct", 20.0)}
+    assert len(KBStore.open(kb_path).list_states()) == before
+
+
 DISCOVER = """
 import sys
 from kb_mcp.harness.profile_model import KernelMetrics

@@ -55,6 +55,21 @@ async def test_real_client_over_stdio(kb_path: Path) -> None:
     assert kb_path.exists()  # the server created and seeded the KB it was pointed at
 
 
+async def test_an_unknown_tool_is_the_callers_error_naming_the_tools_there_are(kb_path: Path) -> None:
+    async with Client(stdio_params(kb_path)) as client:
+        names = sorted(t.name for t in (await client.list_tools()).tools)
+        result = await client.call_tool("nope_tool", {})
+        still_up = await client.call_tool("suggest_optimizations", {"state_id": "memory_bandwidth_saturated"})
+    assert result.is_error and result.structured_content is not None
+    error = result.structured_content["error"]
+    assert error["whose"] == "caller" and error["type"] == "UnknownTool"
+    assert error["message"] == f"no tool 'nope_tool' on this server; its tools: {', '.join(names)}"
+    assert "tools/list" in error["action"]
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert error["message"] in text and "compile_and_verify" in text
+    assert not still_up.is_error  # the server stays up
+
+
 def test_stdout_carries_only_json_rpc(kb_path: Path) -> None:
     requests = [
         {"jsonrpc": "2.0", "id": 1, "method": "initialize",

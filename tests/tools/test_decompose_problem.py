@@ -70,8 +70,8 @@ def ctx(tmp_path: Path) -> Iterator[ToolContext]:
 
 def test_a_model_is_decomposed_into_ranked_part_files(ctx: ToolContext, tmp_path: Path) -> None:
     (tmp_path / "mlp.py").write_text(MODEL)
-    got = decompose_problem.run(ctx, decompose_problem.Request(problem=str(tmp_path / "mlp.py"),
-                                                               out_dir=str(tmp_path / "parts")))
+    got = decompose_problem.run(ctx, decompose_problem.Request(problem=str(tmp_path / "mlp.py"), out_dir="parts"))
+    assert Path(got.out_dir) == ctx.artifacts_dir.resolve() / "decompositions" / "parts"
     assert got.method == "fx" and got.parts_total >= 2 and got.share_basis == "estimated"
     assert abs(sum(p.share for p in got.parts) - 1.0) < 1e-3 and got.parts[0].share >= got.parts[-1].share
     assert {p.kind for p in got.parts} >= {"gemm"}
@@ -83,7 +83,7 @@ def test_a_model_is_decomposed_into_ranked_part_files(ctx: ToolContext, tmp_path
 
 def test_a_layer_over_an_inputs_steps_is_reported_once_with_all_its_places(ctx: ToolContext, tmp_path: Path) -> None:
     steps = Path(__file__).parents[1] / "decomposition" / "steps_model.py"
-    got = decompose_problem.run(ctx, decompose_problem.Request(problem=str(steps), out_dir=str(tmp_path / "parts")))
+    got = decompose_problem.run(ctx, decompose_problem.Request(problem=str(steps), out_dir="parts"))
     h2o = [layer for layer in got.layers if layer.files_total == 5]
     assert len(h2o) == 1 and h2o[0].places == 5 and h2o[0].kind == "gemm"
     assert len(h2o[0].files) == 5 and all(Path(f).is_file() for f in h2o[0].files)
@@ -93,9 +93,9 @@ def test_a_layer_over_an_inputs_steps_is_reported_once_with_all_its_places(ctx: 
 def test_compose_takes_a_parts_verified_candidate_and_computes_the_models_function(
         ctx: ToolContext, tmp_path: Path) -> None:
     (tmp_path / "mlp.py").write_text(MODEL)
-    out = tmp_path / "parts"
-    req = decompose_problem.Request(problem=str(tmp_path / "mlp.py"), out_dir=str(out), compose=True, verify=False)
+    req = decompose_problem.Request(problem=str(tmp_path / "mlp.py"), out_dir="parts", compose=True, verify=False)
     first = decompose_problem.run(ctx, req)
+    out = Path(first.out_dir)
     assert first.picks and all(p.taken == "reference" for p in first.picks)
     # a verified, faster candidate for the part holding the ReLU, stored as compile_and_verify stores one
     holder = next(p for p in first.picks if "relu" in (out / f"parts/{p.part}.py").read_text())
@@ -132,4 +132,53 @@ def test_compose_takes_a_parts_verified_candidate_and_computes_the_models_functi
 def test_a_model_that_does_not_build_is_the_callers_to_fix(ctx: ToolContext, tmp_path: Path) -> None:
     broken = MODEL.replace("return [32, 64]", "return [32, 64, 5]")
     with pytest.raises(ToolError, match="could not be decomposed"):
-        decompose_problem.run(ctx, decompose_problem.Request(problem=broken, out_dir=str(tmp_path / "p")))
+        decompose_problem.run(ctx, decompose_problem.Request(problem=broken, out_dir="p"))
+
+
+def _escapes(ctx: ToolContext, tmp_path: Path) -> list[str]:
+    """out_dir values that name a folder outside the KB's folder for decompositions."""
+    root = ctx.artifacts_dir / "decompositions"
+    root.mkdir(parents=True)
+    (root / "link").symlink_to(tmp_path / "victim", target_is_directory=True)
+    return [str(tmp_path / "victim"), "../../victim", str(root / ".." / ".." / "victim"), "link", "~", str(root), "."]
+
+
+def test_an_out_dir_outside_the_kbs_decompositions_folder_is_the_callers_error_and_nothing_is_written(
+        ctx: ToolContext, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"  # e.g. the operator's own KernelBench workspace
+    victim.mkdir()
+    (victim / "problem.py").write_text("# the operator's own problem\n")
+    for out_dir in _escapes(ctx, tmp_path):
+        with pytest.raises(ToolError, match="outside the KB's folder for decompositions") as err:
+            decompose_problem.run(ctx, decompose_problem.Request(problem=MODEL, out_dir=out_dir, compose=True))
+        assert err.value.whose == "caller" and str((ctx.artifacts_dir / "decompositions").resolve()) in str(err.value)
+    assert sorted(p.name for p in victim.iterdir()) == ["problem.py"]
+    assert (victim / "problem.py").read_text() == "# the operator's own problem\n"
+
+
+def test_a_folder_holding_files_a_decomposition_does_not_write_is_not_written_over(ctx: ToolContext) -> None:
+    mine = ctx.artifacts_dir / "decompositions" / "mine"
+    (mine / "parts").mkdir(parents=True)
+    (mine / "parts" / "notes.txt").write_text("kept")
+    with pytest.raises(ToolError, match=r"does not write \(parts/notes.txt\)") as err:
+        decompose_problem.run(ctx, decompose_problem.Request(problem=MODEL, out_dir="mine"))
+    assert err.value.whose == "caller"
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == ["parts", "parts/notes.txt"]
+
+
+def test_another_problems_decomposition_and_a_linked_file_in_it_are_not_written_over(
+        ctx: ToolContext, tmp_path: Path) -> None:
+    first = decompose_problem.run(ctx, decompose_problem.Request(problem=MODEL, out_dir="shared"))
+    out = Path(first.out_dir)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    other = MODEL.replace("torch.relu", "torch.sigmoid")
+    with pytest.raises(ToolError, match="decomposition of another problem"):
+        decompose_problem.run(ctx, decompose_problem.Request(problem=other, out_dir="shared"))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    outside = tmp_path / "outside.py"
+    outside.write_text("# not the decomposition's\n")
+    (out / "composed.py").symlink_to(outside)  # compose would write through it
+    with pytest.raises(ToolError, match=r"does not write \(composed.py\)"):
+        decompose_problem.run(ctx, decompose_problem.Request(problem=MODEL, out_dir="shared", compose=True,
+                                                             verify=False))
+    assert outside.read_text() == "# not the decomposition's\n"

@@ -61,9 +61,9 @@ def own_part(reference: str) -> str:
 def test_a_model_composed_with_one_own_part_is_verified_in_composed_mode(tmp_path: Path) -> None:
     ctx = ToolContext(tmp_path / "kb.json", client_name="test")
     try:
-        out = tmp_path / "parts"
         got = decompose_problem.run(ctx, decompose_problem.Request(problem=str(LEVEL3 / "1_MLP.py"),
-                                                                   out_dir=str(out), top=50))
+                                                                   out_dir="parts", top=50))
+        out = Path(got.out_dir)
         part = next(p for p in got.parts if "ReLU" in p.label)
         candidate = tmp_path / "own_part.py"
         candidate.write_text(own_part(Path(part.file).read_text()))

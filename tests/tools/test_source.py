@@ -3,12 +3,16 @@ messages that say what to send instead."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from mcp import Client
 
 from kb_mcp.server.app import build_server
+from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.source import read_problem, read_source
@@ -42,6 +46,34 @@ def test_a_missing_path_says_the_server_reads_its_own_files() -> None:
     message = str(err.value)
     assert "candidate file not found on the server's machine: /home/someone/work/relu_new.py" in message
     assert "send the file's text as `candidate` instead" in message
+
+
+def test_a_folder_or_a_special_file_is_refused_as_such_not_parsed_as_source_text(tmp_path: Path) -> None:
+    named_py = tmp_path / "looks_like.py"
+    named_py.mkdir()
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)  # read as a file, it would block until a writer came
+    for value, kind in [(tmp_path, "a directory"), (named_py, "a directory"), (fifo, "not a regular file"),
+                        (Path("/dev/null"), "not a regular file")]:
+        for what in ("problem", "candidate"):
+            with pytest.raises(ToolError, match=f"is {kind}, pass a .py file") as err:
+                read_source(str(value), what)  # type: ignore[arg-type]
+            assert err.value.whose == "caller" and "syntax error" not in str(err.value)
+
+
+def test_compile_and_verify_given_a_folder_says_so(tmp_path: Path) -> None:
+    ctx = ToolContext(tmp_path / "kb.json")
+    try:
+        with pytest.raises(ToolError, match=rf"problem {tmp_path} is a directory, pass a .py file"):
+            compile_and_verify.run(ctx, compile_and_verify.Request(problem=str(tmp_path), candidate=str(SWISH)))
+    finally:
+        ctx.close()
+    proc = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(tmp_path / "kb.json"), "call",
+                           "compile_and_verify", "--arg", f"problem={tmp_path}", "--arg", f"candidate={SWISH}"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"problem {tmp_path} is a directory, pass a .py file" in proc.stderr
+    assert "syntax error" not in proc.stderr
 
 
 def test_a_cuda_file_or_cuda_text_is_named_as_such(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.server import cli
+from kb_mcp.server import cli, stdout
 from kb_mcp.server.about import DIST_NAME
 
 HEAVY = ("openai", "torch", "mcp", "matplotlib", "uvicorn", "starlette")
@@ -106,3 +106,19 @@ def test_an_unknown_command_is_refused_with_the_list(capsys: pytest.CaptureFixtu
         cli.main(["frobnicate"])
     assert exc.value.code == 2
     assert "run-campaign" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["kb", "states", "--json"], ["kb", "states"], ["kb", "stats"],
+     ["call", "suggest_optimizations", "--arg", "state_id=memory_bandwidth_saturated"]],
+)
+def test_a_reader_that_closes_stdout_ends_the_command_quietly(args: list[str], seeded_kb: Path) -> None:
+    # `kb-mcp ... | head -1`: the reader is gone before the command writes (its end of the pipe closed)
+    proc = subprocess.Popen([sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(seeded_kb), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == stdout.READER_GONE
+    assert err == ""

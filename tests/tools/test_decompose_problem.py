@@ -133,3 +133,32 @@ def test_a_model_that_does_not_build_is_the_callers_to_fix(ctx: ToolContext, tmp
     broken = MODEL.replace("return [32, 64]", "return [32, 64, 5]")
     with pytest.raises(ToolError, match="could not be decomposed"):
         decompose_problem.run(ctx, decompose_problem.Request(problem=broken, out_dir=str(tmp_path / "p")))
+
+
+def test_a_folder_holding_another_problems_decomposition_is_refused_not_overwritten(
+    ctx: ToolContext, tmp_path: Path
+) -> None:
+    mine, out = tmp_path / "mine.py", tmp_path / "parts"
+    mine.write_text(MODEL)
+    decompose_problem.run(ctx, decompose_problem.Request(problem=str(mine), out_dir=str(out)))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    other = tmp_path / "other.py"
+    other.write_text(MODEL.replace("return [32, 64]", "return [32, 128]"))
+    for compose in (False, True):
+        with pytest.raises(ToolError, match=r"holds the decomposition of another problem, 'mine' .* not of 'other'"):
+            decompose_problem.run(ctx, decompose_problem.Request(problem=str(other), out_dir=str(out),
+                                                                 compose=compose, verify=False))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # the same problem, changed: its own decomposition is made again in its folder
+    mine.write_text(MODEL.replace("return [32, 64]", "return [32, 96]"))
+    again = decompose_problem.run(ctx, decompose_problem.Request(problem=str(mine), out_dir=str(out)))
+    assert again.problem == "mine" and (out / "problem.py").read_text() == mine.read_text()
+
+
+def test_a_folder_whose_manifest_is_not_a_decomposition_is_refused(ctx: ToolContext, tmp_path: Path) -> None:
+    out = tmp_path / "parts"
+    out.mkdir()
+    (out / "decomposition.json").write_text('{"not": "a decomposition"}')
+    with pytest.raises(ToolError, match="is not a decomposition this kb-mcp can read"):
+        decompose_problem.run(ctx, decompose_problem.Request(problem=MODEL, out_dir=str(out)))
+    assert (out / "decomposition.json").read_text() == '{"not": "a decomposition"}'

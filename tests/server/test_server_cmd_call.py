@@ -137,3 +137,14 @@ def test_a_call_that_runs_past_its_timeout_says_so_in_one_line(kb_path: Path) ->
     assert last.startswith("kb-mcp call: compile_and_verify did not answer within --timeout 0.5 s: the call was "
                            "given too little time"), called.stderr
     assert "larger --timeout" in last and "`start_job`" in last
+
+
+def test_a_problem_file_that_is_not_utf8_is_the_environments_with_one_fix(kb_path: Path, tmp_path: Path) -> None:
+    problem = tmp_path / "latin1_problem.py"
+    problem.write_bytes("# caf\xe9\nimport torch\n".encode("latin-1"))
+    called = run_cli(["--kb", str(kb_path), "call", "compile_and_verify", "--arg", f"problem={problem}",
+                      "--arg", "candidate=x = 1"])
+    assert called.returncode == 3 and called.stdout == ""
+    assert f"{problem} is not UTF-8 text (byte 0xe9 at offset 5)" in called.stderr
+    assert f"The operator can fix it: save {problem} as UTF-8" in called.stderr
+    assert "pass its text" not in called.stderr and "Traceback" not in called.stderr

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
         "  kb-mcp call --list\n"
         "  kb-mcp call suggest_optimizations --arg state_id=memory_bandwidth_saturated --arg k=3\n"
-        "  kb-mcp call compile_and_verify --arg problem=examples/problems/relu.py --arg candidate=@relu_new.py\n"
+        "  kb-mcp call compile_and_verify --arg problem=examples/problems/swish.py --arg candidate=@swish_new.py\n"
         "  kb-mcp call start_job --json '{\"kind\": \"profile_kernel\", \"arguments\": {\"problem\": \"p.py\"}}'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

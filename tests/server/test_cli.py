@@ -6,7 +6,9 @@ the `kb` commands import none of the heavy packages.
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +124,25 @@ def test_a_reader_that_closes_stdout_ends_the_command_quietly(args: list[str], s
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == stdout.READER_GONE
     assert err == ""
+
+
+REPO = Path(__file__).resolve().parents[2]
+_REPO_PATH = re.compile(r"(?<![\w./~-])((?:[\w.-]+/)+[\w.-]+)")  # a/b/c.py, not ~/x or tcp://h:1
+
+
+def _helps(parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
+    """(prog, --help text) of the parser and every command and action under it."""
+    found = [(parser.prog, parser.format_help())]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _helps(sub)
+    return found
+
+
+def test_every_repository_path_in_the_help_texts_exists() -> None:
+    folders = {p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    named = [(prog, path) for prog, text in _helps(cli.build_parser()) for path in _REPO_PATH.findall(text)
+             if path.split("/")[0] in folders]
+    assert ("kb-mcp", "docs/agents.md") in named  # the pattern finds what the top-level help names
+    assert [(prog, path) for prog, path in named if not (REPO / path).exists()] == []

@@ -148,3 +148,14 @@ def test_a_problem_file_that_is_not_utf8_is_the_environments_with_one_fix(kb_pat
     assert f"{problem} is not UTF-8 text (byte 0xe9 at offset 5)" in called.stderr
     assert f"The operator can fix it: save {problem} as UTF-8" in called.stderr
     assert "pass its text" not in called.stderr and "Traceback" not in called.stderr
+
+
+def test_a_sandbox_setting_the_harness_cannot_use_is_the_environments(kb_path: Path) -> None:
+    # KB_MCP_SANDBOX is the operator's setting: no argument of the call can fix it
+    called = run_cli(["--kb", str(kb_path), "call", "compile_and_verify",
+                      "--arg", f"problem={EXAMPLES / 'problems' / 'swish.py'}",
+                      "--arg", f"candidate=@{EXAMPLES / 'candidates' / 'swish_nvrtc.py'}"],
+                     env={"KB_MCP_SANDBOX": "abc"})
+    assert called.returncode == 3 and called.stdout == ""
+    assert "not in your arguments" in called.stderr and "KB_MCP_SANDBOX='abc' is not a sandbox setting" in called.stderr
+    assert "`kb-mcp doctor`" in called.stderr and "Traceback" not in called.stderr

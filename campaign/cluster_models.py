@@ -134,10 +134,12 @@ def thread_share(workers: int, cpus: int | None = None, environ: Mapping[str, st
 
 
 def local_workers(count: int | None, devices: list[str], *, compile_only: bool,
-                  environ: Mapping[str, str] | None = None) -> list[WorkerSpec]:
+                  environ: Mapping[str, str] | None = None, cpu_option: str = "--compile-only") -> list[WorkerSpec]:
     """One worker per GPU (the first `count` of `devices`, or all of them); on a machine without a
     GPU, `count` CPU workers for compile-only checks; each with its share of the cores (`thread_share`,
-    `environ` the user's environment). Raises ClusterPlanError where that cannot be."""
+    `environ` the user's environment). Raises ClusterPlanError where that cannot be, naming
+    `cpu_option`, the command's own flag for CPU workers (eval's and run-campaign's `--compile-only`,
+    the worker's `--cpu-workers N`)."""
     if devices:
         if count is not None and count > len(devices):
             raise ClusterPlanError(f"--gpus {count} asks for more GPUs than this machine lets this process see "
@@ -147,7 +149,7 @@ def local_workers(count: int | None, devices: list[str], *, compile_only: bool,
         return [WorkerSpec(name=f"gpu-{d}", device=d, environ=threads) for d in chosen]
     if not compile_only:
         raise ClusterPlanError("--gpus needs CUDA GPUs to verify and time on, and this machine shows none; "
-                               "add --compile-only to compile on CPU workers, or run on a GPU machine")
+                               f"add {cpu_option} to compile on CPU workers, or run on a GPU machine")
     if count is None:
         raise ClusterPlanError("--gpus all found no GPU on this machine; give a number of CPU workers "
                                "(--gpus N --compile-only) instead")

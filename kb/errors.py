@@ -200,5 +200,5 @@ def decode_utf8(data: bytes, where: str | os.PathLike[str]) -> str:
         raise InputEncodingError(
             f"{os.fspath(where)} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
             where=where,
-            action="save the file as UTF-8 (e.g. `iconv -t UTF-8`), or pass its text instead of the path",
+            action=f"save {os.fspath(where)} as UTF-8 (e.g. `iconv -f LATIN1 -t UTF-8`), then call again as before",
         ) from exc

@@ -26,7 +26,8 @@ from kb_mcp.kb.tables import FORMAT
 
 __all__ = [
     "AtomicJSONStorage", "JournalGap", "damaged_line_error", "gap_error", "has_content", "head_seq", "journal_of",
-    "keep_damaged_copy", "missing_error", "mode_of", "new_meta", "read_from", "restore_hint", "what_remains",
+    "damaged_file_hint", "keep_damaged_copy", "missing_error", "mode_of", "new_meta", "read_from", "restore_hint",
+    "what_remains",
 ]
 
 
@@ -175,7 +176,17 @@ def missing_error(kb_path: Path, remains: list[str], *, disappeared: bool = Fals
     )
 
 
+def damaged_file_hint(kb_path: Path) -> str:
+    """What to do with a KB file that cannot be read (not JSON, empty, cut): restore a backup, and
+    where there is none, start a new KB beside it (`kb repair` needs a readable KB file)."""
+    if backups.list_backups(kb_path):
+        return restore_hint(kb_path)
+    return (f"no backup of it exists (one is kept at each compaction) and `kb repair` needs a readable KB file: "
+            f"move it aside (`mv {kb_path} {kb_path}.damaged`) and start a new KB with `kb-mcp --kb {kb_path} kb init`")
+
+
 def restore_hint(kb_path: Path) -> str:
+    """What to do with a KB whose file or journal was lost: restore a backup, else salvage the journal."""
     if backups.list_backups(kb_path):
         return (f"restore the newest backup with `kb-mcp --kb {kb_path} kb restore` (with its journal it is the "
                 f"whole KB), or pick one from `kb-mcp --kb {kb_path} kb restore --list`")

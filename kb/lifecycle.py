@@ -17,7 +17,7 @@ from pathlib import Path
 from kb_mcp.kb import backups, journal, paths
 from kb_mcp.kb.atomic import temp_beside
 from kb_mcp.kb.errors import CallerError, KBCorruptError, KBFileError, storage_error
-from kb_mcp.kb.files import AtomicJSONStorage, has_content, mode_of
+from kb_mcp.kb.files import AtomicJSONStorage, damaged_file_hint, has_content, mode_of
 from kb_mcp.kb.lock import KBLock
 from kb_mcp.kb.models import SCHEMA_VERSION
 from kb_mcp.kb.store import KBStore
@@ -142,7 +142,8 @@ class RestoreReport:
     set_aside: list[Path] = field(default_factory=list)
 
 
-def _load_tables(path: Path) -> Tables:
+def _load_tables(path: Path, kb_path: Path) -> Tables:
+    """The tables of `path`: the KB file `kb_path` itself, or one of its backups."""
     try:
         data = AtomicJSONStorage(path).read()
         if data is None:
@@ -150,7 +151,7 @@ def _load_tables(path: Path) -> Tables:
         tables = Tables.from_tinydb(data, str(path))
     except (ValueError, LayoutError) as exc:
         raise KBCorruptError(f"{path}: not a readable kb-mcp KB file ({exc})", where=path,
-                             action="choose another backup (`kb-mcp kb restore --list`)") from exc
+                             action=f"choose another backup (`kb-mcp --kb {kb_path} kb restore --list`)") from exc
     except OSError as exc:
         raise storage_error(exc, "read", path) from exc
     if tables.meta.get("schema_version") != SCHEMA_VERSION:
@@ -189,15 +190,17 @@ def restore_kb(kb_path: Path, backup: Path | None = None, *, lock_timeout: float
         found = backups.list_backups(kb_path)
         if not found:
             raise KBFileError(f"no backups of {kb_path} in {paths.backups_dir(kb_path)}", where=kb_path,
-                              action="backups are kept at each compaction and by `kb-mcp kb backup`; "
-                              "`kb-mcp kb repair` salvages a damaged journal")
+                              action=f"backups are kept at each compaction and by `kb-mcp --kb {kb_path} kb "
+                              f"backup`. Without one, `kb-mcp --kb {kb_path} kb repair` salvages a damaged journal; a "
+                              f"damaged KB file cannot be mended: move it aside (`mv {kb_path} {kb_path}.damaged`) "
+                              f"and start a new KB with `kb-mcp --kb {kb_path} kb init`")
         backup = found[0].path
     elif not backup.exists():
         candidate = paths.backups_dir(kb_path) / backup.name
         if not candidate.exists():
-            raise CallerError(f"no backup {backup}", action="pick one from `kb-mcp kb restore --list`")
+            raise CallerError(f"no backup {backup}", action=f"pick one from `kb-mcp --kb {kb_path} kb restore --list`")
         backup = candidate
-    tables = _load_tables(backup)
+    tables = _load_tables(backup, kb_path)
     seq = int(tables.meta.get("applied_seq", 0))
     journal_path = kb_path.with_name(kb_path.name + ".journal")
     mode, gid = mode_of(kb_path if kb_path.exists() else backup)
@@ -270,12 +273,13 @@ def repair_kb(kb_path: Path, *, output: Path | None = None, dry_run: bool = Fals
     with KBLock(kb_path, lock_timeout, mode=mode).held():
         if not kb_path.exists():
             raise KBFileError(f"no KB file at {kb_path}", where=kb_path,
-                              action="restore a backup (`kb-mcp kb restore`): repair needs the KB file")
+                              action=f"restore a backup (`kb-mcp --kb {kb_path} kb restore`): repair needs the KB "
+                              "file")
         try:
-            tables = _load_tables(kb_path)
+            tables = _load_tables(kb_path, kb_path)
         except KBCorruptError as exc:
             raise KBCorruptError(f"{exc.message}: the KB file itself is damaged, which repair cannot mend",
-                                 where=kb_path, action="restore a backup (`kb-mcp kb restore --list`)") from exc
+                                 where=kb_path, action=damaged_file_hint(kb_path)) from exc
         found = journal.salvage(journal_path)
         report.torn_tail_bytes = found.torn_tail
         for line, bad in found.bad:

@@ -29,6 +29,7 @@ from kb_mcp.kb.errors import KBConflictError, KBCorruptError, KBFileError, KBRea
 from kb_mcp.kb.files import (
     AtomicJSONStorage,
     JournalGap,
+    damaged_file_hint,
     damaged_line_error,
     gap_error,
     head_seq,
@@ -97,11 +98,12 @@ class KBFiles:
             data = self._storage.read()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise KBCorruptError(f"{self.path}: not valid JSON ({exc}); the file is left as it is", where=self.path,
-                                 action=restore_hint(self.path)) from exc
+                                 action=damaged_file_hint(self.path)) from exc
         except OSError as exc:
             raise storage_error(exc, "read the KB file", self.path) from exc
         if data is None:
-            raise KBCorruptError(f"{self.path}: the KB file is empty", where=self.path, action=restore_hint(self.path))
+            raise KBCorruptError(f"{self.path}: the KB file is empty", where=self.path,
+                                 action=damaged_file_hint(self.path))
         try:
             tables = Tables.from_tinydb(data, str(self.path))
         except LayoutError as exc:

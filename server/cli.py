@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from kb_mcp.server import stdout
 from kb_mcp.server.about import COMMAND, DIST_NAME
 
 # command -> (module that registers it, its one-line help). The module's `register(sub)` adds the
@@ -94,11 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader gone before the last write shows here, not at interpreter exit
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        if stdout.reader_gone(exc):  # `kb-mcp ... | head -1`: the reader had what it wanted
+            stdout.silence()
+            return stdout.READER_GONE
         # imported here, not at start-up: kb.errors builds a pydantic model, which `--help` need not pay for
         from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError
 

@@ -84,9 +84,9 @@ def _run(fn: Callable[[argparse.Namespace, KBStore], tuple[BaseModel, Printer]])
         if args.json:
             print(document.model_dump_json(indent=2, exclude_none=True))
         else:
-            from rich.console import Console
+            from kb_mcp.server import stdout
 
-            printer(Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 150), document)
+            printer(stdout.console(150, soft_wrap=False), document)
         return 0
 
     return run

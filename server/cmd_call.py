@@ -6,9 +6,9 @@ an agent gets, without spawning anything. `--url` calls a running `kb-mcp serve 
 (a team's shared server, or one that should keep a job running after this command exits).
 
 The result (structured content) goes to stdout as JSON; errors and progress go to stderr.
-Exit status: 0 success, 1 the tool refused the arguments (the caller's mistake), 2 bad command
-line or unknown tool, 3 the environment's fault (KB file, disk, lock, permissions: the message
-says what to do), 4 a kb-mcp bug (the traceback is in the log).
+Exit status: 0 success, 1 the caller's mistake (the tool refused the arguments, or the call ran
+past --timeout), 2 bad command line or unknown tool, 3 the environment's fault (KB file, disk, lock,
+permissions: the message says what to do), 4 a kb-mcp bug (the traceback is in the log).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
         "  kb-mcp call --list\n"
         "  kb-mcp call suggest_optimizations --arg state_id=memory_bandwidth_saturated --arg k=3\n"
-        "  kb-mcp call compile_and_verify --arg problem=examples/problems/relu.py --arg candidate=@relu_new.py\n"
+        "  kb-mcp call compile_and_verify --arg problem=examples/problems/swish.py --arg candidate=@swish_new.py\n"
         "  kb-mcp call start_job --json '{\"kind\": \"profile_kernel\", \"arguments\": {\"problem\": \"p.py\"}}'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -58,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="one argument; repeatable")
     p.add_argument("--url", help="call a running `kb-mcp serve --http` server at this URL (…/mcp)")
     add_token_arguments(p, "the bearer token for --url")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="give up after S seconds")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="give up after S seconds (exit status 1; `start_job` runs a long call in the background)")
     p.add_argument("--log-level", default="WARNING", choices=logs.LEVELS, help="stderr log level (default WARNING)")
     p.set_defaults(func=run)
 
@@ -120,9 +121,8 @@ def describe_tool(name: str, description: str | None, schema: dict[str, Any] | N
     return f"{name}({', '.join(params)})\n    {first}."
 
 
-def _print_listing(lines: list[str]) -> None:
-    print("\n".join(lines))
-    print("(* = required; `kb-mcp call TOOL --arg KEY=VALUE` calls one)")
+def _listing(lines: list[str]) -> str:
+    return "\n".join([*lines, "(* = required; `kb-mcp call TOOL --arg KEY=VALUE` calls one)"])
 
 
 def list_declared_tools(args: argparse.Namespace) -> None:
@@ -133,7 +133,7 @@ def list_declared_tools(args: argparse.Namespace) -> None:
     from kb_mcp.tools.context import ToolContext
 
     _jobs, specs = server_specs(ToolContext(args.kb, client_name="cli", standby_profiler=False))
-    _print_listing([describe_tool(s.name, s.description, s.input_schema()) for s in specs])
+    print(_listing([describe_tool(s.name, s.description, s.input_schema()) for s in specs]))
 
 
 @asynccontextmanager
@@ -159,18 +159,19 @@ async def _progress(progress: float, total: float | None, message: str | None) -
     print(f"[{pct}] {message or ''}".rstrip(), file=sys.stderr, flush=True)
 
 
-async def _call(args: argparse.Namespace, arguments: dict[str, Any]) -> tuple[int, Any]:
+async def _call(args: argparse.Namespace, arguments: dict[str, Any]) -> tuple[int, Any, str | None]:
+    """(exit status, the in-process server or None, what to print on stdout): stdout is written by
+    the caller, outside the SDK's task groups, so a closed stdout is an error of its own."""
     from kb_mcp.clients.mcp_client import ToolCallError, result_json
 
     async with _connect(args) as (client, server):
         listed = (await client.list_tools()).tools
         if args.list:  # a remote server's own listing (an in-process one is listed from declarations)
-            _print_listing([describe_tool(t.name, t.description, t.input_schema) for t in listed])
-            return 0, server
+            return 0, server, _listing([describe_tool(t.name, t.description, t.input_schema) for t in listed])
         names = [t.name for t in listed]
         if args.tool not in names:
             print(f"kb-mcp call: no tool {args.tool!r}; tools: {', '.join(names)}", file=sys.stderr)
-            return 2, server
+            return 2, server, None
         result = await client.call_tool(args.tool, arguments, progress_callback=_progress)
         try:
             payload = result_json(args.tool, result)
@@ -178,9 +179,8 @@ async def _call(args: argparse.Namespace, arguments: dict[str, Any]) -> tuple[in
             # the SDK prefixes every tool error with this; the command line already names the tool
             message = exc.message.removeprefix(f"Error executing tool {args.tool}: ")
             print(f"kb-mcp call {args.tool}: {message}", file=sys.stderr)
-            return EXIT_STATUS.get(exc.whose, 1), server
-        print(json.dumps(payload, indent=2))
-        return 0, server
+            return EXIT_STATUS.get(exc.whose, 1), server, None
+        return 0, server, json.dumps(payload, indent=2)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -202,11 +202,14 @@ def run(args: argparse.Namespace) -> int:
 
     server = None
     try:
-        code, server = anyio.run(_call, args, arguments)
+        code, server, output = anyio.run(_call, args, arguments)
     except KbMcpError as exc:  # e.g. the KB could not be opened while building the server
         print(f"kb-mcp call: {exc}", file=sys.stderr)
         return EXIT_STATUS.get(exc.whose, 1)
     except Exception as exc:  # the SDK's client raises task-group errors that say little
+        if timed_out(exc):
+            print(f"kb-mcp call: {timeout_message(args)}", file=sys.stderr)
+            return EXIT_STATUS["caller"]
         if not args.url:
             raise
         from kb_mcp.clients.mcp_client import explain_http_failure
@@ -215,10 +218,34 @@ def run(args: argparse.Namespace) -> int:
         print(f"kb-mcp call: {reason}", file=sys.stderr)
         log.debug("connection failure", exc_info=exc)
         return 2
+    else:
+        if output is not None:
+            print(output)
     finally:
         if server is not None:
             _wait_for_jobs(server)
     return code
+
+
+def timed_out(exc: BaseException) -> bool:
+    """True when `exc` (or an exception inside the task groups that wrap it) is the SDK giving up on
+    a request after --timeout: the MCP error REQUEST_TIMEOUT, in process or over HTTP."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import REQUEST_TIMEOUT
+
+    inner = getattr(exc, "exceptions", None)  # an exception group (its backport on Python 3.10)
+    if isinstance(inner, tuple):
+        return any(timed_out(e) for e in inner)
+    return isinstance(exc, MCPError) and exc.code == REQUEST_TIMEOUT
+
+
+def timeout_message(args: argparse.Namespace) -> str:
+    """What a call that ran out of its --timeout says: the caller's to fix, and how."""
+    what = f"{args.tool} did not answer" if args.tool else "the server did not answer"
+    within = f"within --timeout {args.timeout:g} s" if args.timeout is not None else "in the time allowed"
+    return (f"{what} {within}: the call was given too little time (the tool did not fail). Call again with a "
+            "larger --timeout (or none), or run it in the background with `start_job` and read it back with "
+            "`job_status`")
 
 
 def _wait_for_jobs(server: Any) -> None:

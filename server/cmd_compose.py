@@ -1,7 +1,8 @@
 """`kb-mcp compose PROBLEM --parts DIR`: the whole-model candidate written from the parts' verified
 candidates (each part's best standard verdict in the KB, the reference part where none) as
 DIR/composed.py, then verified end to end by compile_and_verify in composed mode (docs/models.md).
-DIR is a decomposition `kb-mcp decompose` wrote (made there first where there is none)."""
+DIR is a decomposition `kb-mcp decompose` wrote (made there first where there is none); a DIR that
+holds the decomposition of another problem is refused, not overwritten."""
 
 from __future__ import annotations
 

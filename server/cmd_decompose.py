@@ -3,7 +3,9 @@
 The problem is traced in the sandbox at its real sizes without allocating them, its ops grouped
 into parts, each written as a KernelBench-format problem under DIR/parts/, ranked by its estimated
 share of the model's GPU time; DIR/composed_reference.py is the model recomposed from the reference's
-own parts (the file `kb-mcp compose` starts from), DIR/decomposition.json the record of it all."""
+own parts (the file `kb-mcp compose` starts from), DIR/decomposition.json the record of it all.
+A decomposition of the same source in DIR is reused; a DIR that holds the decomposition of another
+problem is refused, not overwritten."""
 
 from __future__ import annotations
 
@@ -23,22 +25,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Decomposes the problem and prints the ranking; 1 when it cannot be decomposed."""
-    from kb_mcp.decomposition.decompose import DecompositionError, decompose_many, write
+    """Decomposes the problem (or reuses its decomposition in DIR) and prints the ranking; 1 when it is
+    not a problem or cannot be decomposed, or DIR holds another problem's decomposition."""
+    from kb_mcp.tools.base import ToolError
+    from kb_mcp.tools.decompose_problem import decomposed
+    from kb_mcp.tools.source import read_problem
 
     path = Path(args.problem)
-    try:
-        source = path.read_text()
-    except OSError as exc:
-        print(f"kb-mcp decompose: cannot read {path}: {exc.strerror}", file=sys.stderr)
+    if not path.is_file():
+        print(f"kb-mcp decompose: no problem file at {path}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path.cwd() / f"{path.stem}-parts"
-    (result,) = decompose_many([(path.stem, source)])
-    if isinstance(result, DecompositionError):
-        print(f"kb-mcp decompose: {result}", file=sys.stderr)
+    try:
+        # the checks every tool makes of a problem first (UTF-8, Python, a Model and its inputs), then
+        # the decomposition the tool would make or reuse in `out`
+        decomp = decomposed(read_problem(str(path)), out.expanduser().resolve())
+    except ToolError as exc:
+        print(f"kb-mcp decompose: {exc}", file=sys.stderr)
         return 1
-    decomp, files = result
-    write(files, out)
     ranked = decomp.by_file()
     shared = f" in {len(ranked)} files" if len(ranked) < len(decomp.parts) else ""
     print(f"{path.stem}: {len(decomp.parts)} parts{shared} ({decomp.method} trace on {decomp.built_on} tensors), "

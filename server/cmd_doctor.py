@@ -7,7 +7,6 @@ failed, so scripts can gate on it; `--gpu` makes everything GPU work needs a req
 from __future__ import annotations
 
 import argparse
-import sys
 
 from kb_mcp.server.doctor import Check, Report, Status, run_checks
 
@@ -31,10 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def render(report: Report) -> None:
     """The checks as a table on stdout, fixes under the lines that need them."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    from kb_mcp.server import stdout
+
+    console = stdout.console(120)
     table = Table(title=f"kb-mcp doctor{' (--gpu)' if report.require_gpu else ''}", title_justify="left",
                   show_header=False, box=None, padding=(0, 1))
     table.add_column(width=4)

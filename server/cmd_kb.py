@@ -137,10 +137,9 @@ def _wrap(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespa
 
 
 def _console() -> Console:
-    from rich.console import Console
+    from kb_mcp.server import stdout
 
-    # piped output gets a wide fixed width, so tables are not squeezed to 80 columns
-    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 150)
+    return stdout.console(150, soft_wrap=False)
 
 
 def _open(args: argparse.Namespace, *, create: bool = False) -> KBStore:

@@ -48,10 +48,10 @@ def run(args: argparse.Namespace) -> int:
                 raise ClusterPlanError("--cpu-workers takes 1 or more")
             specs = local_workers(args.cpu_workers, [], compile_only=True)
         else:
-            specs = local_workers(parse_gpus(args.gpus), visible_devices(len(detect_gpus())), compile_only=False)
+            specs = local_workers(parse_gpus(args.gpus), visible_devices(len(detect_gpus())), compile_only=False,
+                                  cpu_option="--cpu-workers N")
     except ClusterPlanError as exc:
-        print(f"kb-mcp worker: {exc}" + ("; --cpu-workers N serves compile-only checks without one"
-                                        if "shows none" in str(exc) else ""), file=sys.stderr)
+        print(f"kb-mcp worker: {exc}", file=sys.stderr)
         return 2
     try:
         from kb_mcp.campaign.cluster import serve_workers

@@ -345,10 +345,12 @@ def check_kb(kb_arg: str | None) -> Check:
                          "beside it)")
     try:
         stats = KBStore.open(path).stats()
-    except (KBFileError, OSError, ValueError) as exc:
+    except KBFileError as exc:  # it says what to do with this KB as it is (kb.files words it)
+        return Check(name="KB", status=Status.fail, summary=f"{where}: cannot be opened: {exc.message}",
+                     fix=exc.action or f"`kb-mcp --kb {path} kb stats` says why")
+    except (OSError, ValueError) as exc:
         return Check(name="KB", status=Status.fail, summary=f"{where}: cannot be opened: {exc}",
-                     fix=f"`kb-mcp --kb {path} kb repair` salvages what it can, `kb restore --list` shows its "
-                     "backups; or move the file aside and start a new KB (kb-mcp kb init)")
+                     fix=f"check {path} and the file system it is on, then `kb-mcp --kb {path} kb stats`")
     return Check(
         name="KB", status=Status.ok,
         summary=f"{where}: {sum(stats.states.values())} states, {sum(stats.optimizations.values())} optimizations, "

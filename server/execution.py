@@ -111,7 +111,7 @@ def _as_kb_mcp_error(exc: BaseException) -> KbMcpError:
     if isinstance(exc, UnicodeDecodeError):
         return InputEncodingError(
             f"an input is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})",
-            action="save the file as UTF-8, or pass its text instead of its path",
+            action="save the file as UTF-8 (e.g. `iconv -f LATIN1 -t UTF-8`), then call again as before",
         )
     if isinstance(exc, OSError) and exc.errno is not None:
         return storage_error(exc, "use", exc.filename if isinstance(exc.filename, str) else None)

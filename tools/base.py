@@ -20,9 +20,17 @@ if TYPE_CHECKING:
 
 __all__ = ["GPU_LANE_ATTR", "Progress", "ToolError", "ToolMeta", "gpu_lane_inside", "no_progress", "on_gpu_lane"]
 
-from kb_mcp.kb.errors import ToolError
+from kb_mcp.kb.errors import EnvironmentFault, ToolError
 
-__all__ = ["Progress", "ToolError", "no_progress"]
+__all__ = ["Progress", "ToolError", "harness_unavailable", "no_progress"]
+
+
+def harness_unavailable(exc: BaseException) -> EnvironmentFault:
+    """No harness worker could start on this machine (its sandbox cannot be set up as the environment
+    asks, a worker cannot start): the environment's to fix, not the caller's arguments."""
+    return EnvironmentFault(f"the harness cannot run on this machine: {exc}",
+                            action="fix what this names (`kb-mcp doctor` checks the sandbox and the harness and "
+                            "says how), then call again")
 
 
 class ToolMeta(BaseModel):

@@ -14,7 +14,7 @@ from kb_mcp.harness.judgment.verdict import CompileResult, Finding, InputSetChec
 from kb_mcp.harness.problem import Problem
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
-from kb_mcp.tools.base import Progress, ToolError, ToolMeta, gpu_lane_inside, no_progress
+from kb_mcp.tools.base import Progress, ToolError, ToolMeta, gpu_lane_inside, harness_unavailable, no_progress
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.disclosure import private, redact, redact_model
 from kb_mcp.tools.source import Source, problem_failed, read_problem, read_source
@@ -178,8 +178,8 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     problem, candidate = prepare(req)
     try:
         result = ctx.workers.verify(problem, candidate, req.options, progress)
-    except RuntimeError as exc:  # WorkerError: no worker could start at all
-        raise ToolError(f"the harness worker is unavailable: {exc}") from exc
+    except RuntimeError as exc:  # WorkerError, SandboxUnavailable: no worker could start at all
+        raise harness_unavailable(exc) from exc
     return record(ctx, req, problem, candidate, result)
 
 

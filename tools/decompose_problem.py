@@ -21,6 +21,7 @@ from kb_mcp.decomposition.decompose import (
 from kb_mcp.decomposition.models import Decomposition
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.sandbox.sandbox import Sandbox
+from kb_mcp.kb.errors import storage_error
 from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, gpu_lane_inside, no_progress
 from kb_mcp.tools.context import ToolContext
@@ -147,16 +148,38 @@ def refuse_to_write_over(out: Path, problem: Problem) -> None:
 
 
 def decomposed(problem: Problem, out: Path, sandbox: Sandbox | None = None) -> Decomposition:
-    """The decomposition written in `out` for this problem, made (in the sandbox) where there is none."""
+    """The decomposition written in `out` for this problem, made (in the sandbox) where there is none,
+    or made again where the problem changed. A folder holding another problem's decomposition is
+    refused (ToolError): decomposing there would overwrite its parts and the work on them."""
+    held = held_decomposition(out)
     kept = out / PROBLEM
-    if (out / MANIFEST).is_file() and kept.is_file() and kept.read_text() == problem.source:
-        return load(out)
+    if held is not None and kept.is_file() and kept.read_text() == problem.source:
+        return held
+    if held is not None and held.problem != problem.name:
+        raise ToolError(
+            f"{out} holds the decomposition of another problem, {held.problem!r} (its {MANIFEST}), not of "
+            f"{problem.name!r}: decomposing {problem.name!r} there would overwrite its parts. Name another folder "
+            f"for the parts of {problem.name!r}, or move {out} aside to decompose it there")
     (result,) = decompose_many([(problem.name, problem.source)], sandbox)
     if isinstance(result, DecompositionError):
         raise ToolError(f"the problem {problem.path or '(given as source text)'} could not be decomposed: {result}")
     decomp, files = result
     write({**files, PROBLEM: problem.source}, out)
     return decomp
+
+
+def held_decomposition(out: Path) -> Decomposition | None:
+    """The decomposition a folder holds (its manifest), None where it holds none; ToolError where its
+    manifest is not one kb-mcp can read (the folder was named by the caller: another folder will do)."""
+    if not (out / MANIFEST).is_file():
+        return None
+    try:
+        return load(out)
+    except ValueError as exc:  # not JSON, not UTF-8, not a decomposition (pydantic's errors are ValueErrors)
+        raise ToolError(f"{out / MANIFEST} is not a decomposition this kb-mcp can read ({type(exc).__name__}); "
+                        f"name another folder for the parts, or move {out} aside") from exc
+    except OSError as exc:
+        raise storage_error(exc, "read", out / MANIFEST) from exc
 
 
 @gpu_lane_inside

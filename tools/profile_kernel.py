@@ -23,7 +23,7 @@ from kb_mcp.profiling.profiler import (
     profile,
     start_standby,
 )
-from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress, on_gpu_lane
+from kb_mcp.tools.base import Progress, ToolError, ToolMeta, harness_unavailable, no_progress, on_gpu_lane
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.disclosure import redact_model, secret_in
 from kb_mcp.tools.source import Source, problem_failed, read_problem, read_source
@@ -236,7 +236,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     try:
         sandbox = ctx.sandbox
     except RuntimeError as exc:  # SandboxUnavailable: says what to do
-        raise ToolError(str(exc)) from exc
+        raise harness_unavailable(exc) from exc
     try:
         prof = profile(problem, candidate_source, profile_id=profile_id, report_base=store.report_base(profile_id),
                        cache_dir=ctx.cache_dir, options=options, progress=progress, standby=ctx.profilers,

@@ -47,7 +47,7 @@ def test_cpu_workers_only_for_compile_only_checks() -> None:
     assert plan is not None and [w.name for w in plan.workers] == ["cpu-0", "cpu-1"]
     assert all(w.device is None and "CUDA_VISIBLE_DEVICES" not in w.env and w.resources == {GPU_RESOURCE: 1}
                for w in plan.workers)
-    with pytest.raises(ClusterPlanError, match="add --compile-only"):
+    with pytest.raises(ClusterPlanError, match="shows none; add --compile-only to compile on CPU workers"):
         plan_cluster("2", None, gpus_found=0, compile_only=False)
     with pytest.raises(ClusterPlanError, match="found no GPU"):
         plan_cluster("all", None, gpus_found=0, compile_only=True)

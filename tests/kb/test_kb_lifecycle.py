@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import grp
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -260,6 +261,26 @@ def test_one_command_restores_a_deleted_kb_and_one_repairs_a_damaged_journal(kb_
     fixed = _cli("--kb", kb, "kb", "repair")
     assert fixed.returncode == 0 and "left out damaged line 1" in fixed.stdout, fixed.stderr
     assert _cli("--kb", kb, "kb", "stats").returncode == 0 and _ids(kb_path) == {"c_1", "c_2"}
+
+
+def test_a_damaged_kb_file_without_backup_leads_every_command_to_a_new_kb(kb_path: Path) -> None:
+    kb = str(kb_path)
+    _write(KBStore.open(kb_path), "c_1")
+    kb_path.write_text("not json{")
+    said = {}
+    for argv in (["kb", "stats"], ["kb", "repair"], ["kb", "restore"], ["doctor"]):
+        done = _cli("--kb", kb, *argv)
+        assert done.returncode == (1 if argv == ["doctor"] else 3), done.stdout + done.stderr  # doctor: a check failed
+        said[argv[-1]] = " ".join((done.stderr + done.stdout).split())  # doctor wraps its table's lines
+    for text in said.values():
+        # the one way out: the damaged file set aside, a new KB at the same path
+        assert f"move it aside (`mv {kb} {kb}.damaged`) and start a new KB with `kb-mcp --kb {kb} kb init`" in text
+        commands = re.findall(r"`(kb-mcp [^`]*)`", text)
+        assert commands and all(c.startswith(f"kb-mcp --kb {kb} ") for c in commands), text
+    assert "salvages what it can" not in said["stats"] and "Restore a backup" not in said["repair"]
+    os.replace(kb_path, kb + ".damaged")  # as the message says
+    assert _cli("--kb", kb, "kb", "init").returncode == 0
+    assert _cli("--kb", kb, "kb", "stats").returncode == 0
 
 
 def test_artifacts_written_after_the_kb_is_opened_are_private_like_the_kb(kb_path: Path) -> None:

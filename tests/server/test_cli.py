@@ -6,14 +6,16 @@ the `kb` commands import none of the heavy packages.
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from kb_mcp.server import cli
+from kb_mcp.server import cli, stdout
 from kb_mcp.server.about import DIST_NAME
 
 HEAVY = ("openai", "torch", "mcp", "matplotlib", "uvicorn", "starlette")
@@ -106,3 +108,41 @@ def test_an_unknown_command_is_refused_with_the_list(capsys: pytest.CaptureFixtu
         cli.main(["frobnicate"])
     assert exc.value.code == 2
     assert "run-campaign" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["kb", "states", "--json"], ["kb", "states"], ["kb", "stats"],
+     ["call", "suggest_optimizations", "--arg", "state_id=memory_bandwidth_saturated"]],
+)
+def test_a_reader_that_closes_stdout_ends_the_command_quietly(args: list[str], seeded_kb: Path) -> None:
+    # `kb-mcp ... | head -1`: the reader is gone before the command writes (its end of the pipe closed)
+    proc = subprocess.Popen([sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(seeded_kb), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == stdout.READER_GONE
+    assert err == ""
+
+
+REPO = Path(__file__).resolve().parents[2]
+_REPO_PATH = re.compile(r"(?<![\w./~-])((?:[\w.-]+/)+[\w.-]+)")  # a/b/c.py, not ~/x or tcp://h:1
+
+
+def _helps(parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
+    """(prog, --help text) of the parser and every command and action under it."""
+    found = [(parser.prog, parser.format_help())]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _helps(sub)
+    return found
+
+
+def test_every_repository_path_in_the_help_texts_exists() -> None:
+    folders = {p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    named = [(prog, path) for prog, text in _helps(cli.build_parser()) for path in _REPO_PATH.findall(text)
+             if path.split("/")[0] in folders]
+    assert ("kb-mcp", "docs/agents.md") in named  # the pattern finds what the top-level help names
+    assert [(prog, path) for prog, path in named if not (REPO / path).exists()] == []

@@ -1,5 +1,6 @@
-"""`kb-mcp compose`, run as a user runs it: the operator's own parts folder (the one `kb-mcp decompose
---out` wrote, anywhere) is theirs to name, unlike an MCP caller's `out_dir`."""
+"""`kb-mcp compose` and `kb-mcp decompose`, run as a user runs them: the operator's own parts folder (the
+one `kb-mcp decompose --out` wrote, anywhere) is theirs to name, unlike an MCP caller's `out_dir`; a
+folder that holds another model's decomposition is refused and left as it was."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+PROBLEMS = Path(__file__).parents[2] / "examples" / "problems"
 STEPS = Path(__file__).parents[1] / "decomposition" / "steps_model.py"
+CLI = [sys.executable, "-m", "kb_mcp.server.cli"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", *args], capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_compose_writes_the_candidate_in_the_operators_own_parts_folder(tmp_path: Path) -> None:
@@ -25,3 +31,19 @@ def test_compose_writes_the_candidate_in_the_operators_own_parts_folder(tmp_path
     assert f"written to {out / 'composed.py'}" in proc.stdout
     assert "class ModelNew" in (out / "composed.py").read_text()
     assert not (tmp_path / "kb.artifacts" / "decompositions").exists()
+
+
+def test_a_folder_holding_another_models_decomposition_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    parts = tmp_path / "mlp-parts"
+    made = _cli("decompose", str(PROBLEMS / "mlp.py"), "--out", str(parts))
+    assert made.returncode == 0, made.stderr
+    before = _files(parts)
+    assert "decomposition.json" in before and any(name.startswith("parts/") for name in before)
+    other = PROBLEMS / "gemm.py"
+    for argv in (["--kb", str(tmp_path / "kb.json"), "compose", str(other), "--parts", str(parts), "--no-verify"],
+                 ["decompose", str(other), "--out", str(parts)]):
+        refused = _cli(*argv)
+        assert refused.returncode == 1, refused.stderr
+        assert f"{parts} holds the decomposition of another problem, 'mlp'" in refused.stderr
+        assert "Name another folder for the parts of 'gemm', or move" in refused.stderr
+        assert _files(parts) == before

@@ -93,7 +93,8 @@ def test_a_host_without_gpu_serves_only_cpu_workers_when_asked(tmp_path: Path) -
     proc = subprocess.run([*CLI, "worker", "tcp://127.0.0.1:1"], env={**_env(tmp_path), "CUDA_VISIBLE_DEVICES": ""},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert "shows none" in proc.stderr and "--cpu-workers N" in proc.stderr
+    assert "shows none; add --cpu-workers N to compile on CPU workers" in proc.stderr
+    assert "--compile-only" not in proc.stderr  # eval's flag: the worker has none
     bad = subprocess.run([*CLI, "worker", "tcp://127.0.0.1:1", "--cpu-workers", "0"], env=_env(tmp_path),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--cpu-workers takes 1 or more" in bad.stderr

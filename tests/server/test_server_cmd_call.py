@@ -13,6 +13,7 @@ from kb_mcp.server.cli import main
 from kb_mcp.server.cmd_call import UsageError, build_arguments, parse_value
 
 STATE = "memory_bandwidth_saturated"
+EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 def test_argument_values(tmp_path: Path) -> None:
@@ -123,3 +124,38 @@ def test_call_a_running_http_server(kb_path: Path, tmp_path: Path, capsys: pytes
         assert "--token is not accepted" in capsys.readouterr().err
     assert main(["call", "--url", server.url, "--list"]) == 2
     assert "nothing answers at" in capsys.readouterr().err
+
+
+def test_a_call_that_runs_past_its_timeout_says_so_in_one_line(kb_path: Path) -> None:
+    # a verification takes seconds (a harness process starts); half a second is too little for it
+    called = run_cli(["--kb", str(kb_path), "call", "compile_and_verify",
+                      "--arg", f"problem={EXAMPLES / 'problems' / 'swish.py'}",
+                      "--arg", f"candidate=@{EXAMPLES / 'candidates' / 'swish_nvrtc.py'}", "--timeout", "0.5"])
+    assert called.returncode == 1 and called.stdout == ""
+    assert "Traceback" not in called.stderr and "Error" not in called.stderr
+    last = called.stderr.strip().splitlines()[-1]
+    assert last.startswith("kb-mcp call: compile_and_verify did not answer within --timeout 0.5 s: the call was "
+                           "given too little time"), called.stderr
+    assert "larger --timeout" in last and "`start_job`" in last
+
+
+def test_a_problem_file_that_is_not_utf8_is_the_environments_with_one_fix(kb_path: Path, tmp_path: Path) -> None:
+    problem = tmp_path / "latin1_problem.py"
+    problem.write_bytes("# caf\xe9\nimport torch\n".encode("latin-1"))
+    called = run_cli(["--kb", str(kb_path), "call", "compile_and_verify", "--arg", f"problem={problem}",
+                      "--arg", "candidate=x = 1"])
+    assert called.returncode == 3 and called.stdout == ""
+    assert f"{problem} is not UTF-8 text (byte 0xe9 at offset 5)" in called.stderr
+    assert f"The operator can fix it: save {problem} as UTF-8" in called.stderr
+    assert "pass its text" not in called.stderr and "Traceback" not in called.stderr
+
+
+def test_a_sandbox_setting_the_harness_cannot_use_is_the_environments(kb_path: Path) -> None:
+    # KB_MCP_SANDBOX is the operator's setting: no argument of the call can fix it
+    called = run_cli(["--kb", str(kb_path), "call", "compile_and_verify",
+                      "--arg", f"problem={EXAMPLES / 'problems' / 'swish.py'}",
+                      "--arg", f"candidate=@{EXAMPLES / 'candidates' / 'swish_nvrtc.py'}"],
+                     env={"KB_MCP_SANDBOX": "abc"})
+    assert called.returncode == 3 and called.stdout == ""
+    assert "not in your arguments" in called.stderr and "KB_MCP_SANDBOX='abc' is not a sandbox setting" in called.stderr
+    assert "`kb-mcp doctor`" in called.stderr and "Traceback" not in called.stderr

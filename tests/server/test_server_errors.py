@@ -106,6 +106,8 @@ async def test_an_input_file_that_is_not_utf8_is_named(kb_path: Path, tmp_path: 
         text, err = await _error(client, "compile_and_verify", {"problem": str(problem), "candidate": "x = 1\n"})
     assert err["whose"] == "environment" and err["type"] == "InputEncodingError" and err["where"] == str(problem)
     assert "byte 0xe9 at offset 5" in text and "UTF-8" in text
+    # one fix, the operator's: the file saved as UTF-8 (not other arguments, which the text says will not help)
+    assert f"The operator can fix it: save {problem} as UTF-8" in text and "pass its text" not in text
 
 
 async def test_a_bug_says_so_and_the_log_has_its_traceback_under_the_incident_id(kb_path: Path, tmp_path: Path) -> None:

@@ -182,3 +182,32 @@ def test_another_problems_decomposition_and_a_linked_file_in_it_are_not_written_
         decompose_problem.run(ctx, decompose_problem.Request(problem=MODEL, out_dir="shared", compose=True,
                                                              verify=False))
     assert outside.read_text() == "# not the decomposition's\n"
+
+
+def test_an_operators_folder_holding_another_problems_decomposition_is_refused_not_overwritten(
+    ctx: ToolContext, tmp_path: Path
+) -> None:
+    mine, out = tmp_path / "mine.py", tmp_path / "parts"
+    mine.write_text(MODEL)
+    decompose_problem.run_in(ctx, decompose_problem.Request(problem=str(mine)), out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    other = tmp_path / "other.py"
+    other.write_text(MODEL.replace("return [32, 64]", "return [32, 128]"))
+    for compose in (False, True):
+        with pytest.raises(ToolError, match=r"holds the decomposition of another problem, 'mine' .* not of 'other'"):
+            decompose_problem.run_in(ctx, decompose_problem.Request(problem=str(other), compose=compose,
+                                                                    verify=False), out)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # the same problem, changed: its own decomposition is made again in its folder
+    mine.write_text(MODEL.replace("return [32, 64]", "return [32, 96]"))
+    again = decompose_problem.run_in(ctx, decompose_problem.Request(problem=str(mine)), out)
+    assert again.problem == "mine" and (out / "problem.py").read_text() == mine.read_text()
+
+
+def test_an_operators_folder_whose_manifest_is_not_a_decomposition_is_refused(ctx: ToolContext, tmp_path: Path) -> None:
+    out = tmp_path / "parts"
+    out.mkdir()
+    (out / "decomposition.json").write_text('{"not": "a decomposition"}')
+    with pytest.raises(ToolError, match="is not a decomposition this kb-mcp can read"):
+        decompose_problem.run_in(ctx, decompose_problem.Request(problem=MODEL), out)
+    assert (out / "decomposition.json").read_text() == '{"not": "a decomposition"}'

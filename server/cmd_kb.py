@@ -347,7 +347,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Writes the KB to a file, as a kb-mcp KB or in the reference shape."""
-    from kb_mcp.kb.interchange import DestinationExists, export_kb, export_reference
+    from kb_mcp.kb.interchange import DestinationExists, export_kb
+    from kb_mcp.kb.reference_kb import export_reference
 
     console = _console()
     store = _open(args)
@@ -369,7 +370,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _transfer(store: KBStore, path: Path) -> TransferReport:
-    from kb_mcp.kb.interchange import detect_format, import_reference, merge_kb, read_json
+    from kb_mcp.kb.interchange import detect_format, merge_kb, read_json
+    from kb_mcp.kb.reference_kb import import_reference
     from kb_mcp.policy import update as score_rule
 
     src = Path(path).expanduser().resolve()

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from kb_mcp.kb import interchange
-from kb_mcp.kb.interchange import InterchangeError, export_kb, export_reference, import_reference, merge_kb
+from kb_mcp.kb.interchange import InterchangeError, export_kb, merge_kb
 from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Verdict
+from kb_mcp.kb.reference_kb import export_reference, import_reference
 from kb_mcp.kb.store import KBStore
 from kb_mcp.policy import update
 from kb_mcp.policy.update import CLIENT_MAX_WEIGHT, MAX_WEIGHT

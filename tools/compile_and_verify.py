@@ -13,6 +13,7 @@ from kb_mcp.harness.judgment.probing import PrecisionCheck
 from kb_mcp.harness.judgment.verdict import CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
 from kb_mcp.harness.problem import Problem
 from kb_mcp.kb.atomic import write_atomic
+from kb_mcp.kb.errors import EnvironmentFault
 from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, gpu_lane_inside, harness_unavailable, no_progress
 from kb_mcp.tools.context import ToolContext
@@ -186,10 +187,20 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
 def prepare(req: Request) -> tuple[Problem, str]:
     """The request's problem and candidate text, read and checked before anything runs (a refused
     option, a file that is not a problem: the caller's to fix, raised as ToolError)."""
-    refusal = Caps.from_env().refusal(req.options)
+    refusal = server_caps().refusal(req.options)
     if refusal:
         raise ToolError(refusal)
     return read_problem(req.problem), read_source(req.candidate, "candidate").text
+
+
+def server_caps() -> Caps:
+    """The caps this server verifies under. They are the operator's settings, so one that is not a
+    number is the environment's to fix: no argument of the call can."""
+    try:
+        return Caps.from_env()
+    except ValueError as exc:
+        raise EnvironmentFault(str(exc), action="the server's operator sets it: give a number of seconds, or "
+                               "unset it for the default") from exc
 
 
 def record(ctx: ToolContext, req: Request, problem: Problem, candidate: str, result: VerifyResult) -> Result:

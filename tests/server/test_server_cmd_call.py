@@ -159,3 +159,14 @@ def test_a_sandbox_setting_the_harness_cannot_use_is_the_environments(kb_path: P
     assert called.returncode == 3 and called.stdout == ""
     assert "not in your arguments" in called.stderr and "KB_MCP_SANDBOX='abc' is not a sandbox setting" in called.stderr
     assert "`kb-mcp doctor`" in called.stderr and "Traceback" not in called.stderr
+
+
+def test_a_cap_setting_that_is_not_a_number_is_the_environments(kb_path: Path) -> None:
+    # KB_MCP_MAX_TIMEOUT_S is the operator's setting: no argument of the call can fix it
+    called = run_cli(["--kb", str(kb_path), "call", "compile_and_verify",
+                      "--arg", f"problem={EXAMPLES / 'problems' / 'swish.py'}",
+                      "--arg", f"candidate=@{EXAMPLES / 'candidates' / 'swish_nvrtc.py'}"],
+                     env={"KB_MCP_MAX_TIMEOUT_S": "abc"})
+    assert called.returncode == 3 and called.stdout == ""
+    assert "$KB_MCP_MAX_TIMEOUT_S must be a number of seconds, got 'abc'" in called.stderr
+    assert "operator sets it" in called.stderr and "Traceback" not in called.stderr

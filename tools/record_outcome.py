@@ -21,7 +21,7 @@ from kb_mcp.kb.models import (
     Track,
     Verdict,
 )
-from kb_mcp.kb.provenance import optimization_is_verified, outcome_is_verified
+from kb_mcp.kb.provenance import lesson_may_replace, optimization_is_verified, outcome_is_verified
 from kb_mcp.kb.view import KBView, Transaction
 from kb_mcp.policy import credit
 from kb_mcp.policy.credit import Credit, CreditBasis, CreditRule, Lineage
@@ -364,13 +364,13 @@ def _keep_lesson(tx: Transaction, req: Request, outcome: Outcome, client: str) -
     if not req.lesson or not req.lesson.strip():
         return
     text = req.lesson.strip()
-    tx.put_lesson(
-        Lesson(
-            id=ids.lesson_id(req.state_id, outcome.optimization_id, text), state_id=req.state_id,
-            optimization_id=outcome.optimization_id, arch=outcome.arch, text=text, source="agent", author=client,
-            candidate_id=outcome.candidate_id, outcome_id=outcome.id,
-        )
+    lesson = Lesson(
+        id=ids.lesson_id(req.state_id, outcome.optimization_id, text), state_id=req.state_id,
+        optimization_id=outcome.optimization_id, arch=outcome.arch, text=text, source="agent", author=client,
+        candidate_id=outcome.candidate_id, outcome_id=outcome.id,
     )
+    if lesson_may_replace(tx, lesson):  # the same text told before and shown stays its first author's
+        tx.put_lesson(lesson)
 
 
 def _result(

@@ -1,0 +1,75 @@
+"""record_outcome between clients of one KB: what another client's records can change. Verdicts are stored through
+compile_and_verify's own `record`, as a verification stores them, against a real KB file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kb_mcp.harness.judgment.findings import Timings
+from kb_mcp.harness.judgment.verdict import CompileResult, InputSetCheck, VerifyResult
+from kb_mcp.harness.problem import candidate_id, load_problem
+from kb_mcp.kb.models import Verdict
+from kb_mcp.tools import compile_and_verify
+from kb_mcp.tools import record_outcome as ro
+from kb_mcp.tools import suggest_optimizations as so
+from kb_mcp.tools.context import ToolContext
+
+STATE = "memory_bandwidth_saturated"
+OPT = "fuse_elementwise_chain"
+PROBLEM = load_problem(str(Path(__file__).resolve().parents[2] / "examples" / "problems" / "swish.py"))
+
+
+def _verify(ctx: ToolContext, source: str, verdict: Verdict) -> str:
+    """Stores `ctx`'s verdict on a candidate the way compile_and_verify does; returns its candidate_id."""
+    valid = verdict.is_valid
+    cid = candidate_id(PROBLEM, source)
+    timings = Timings(candidate_ms=1.0, candidate_min_ms=1.0, candidate_host_ms=1.0, runs=10, eager_ms=1.6,
+                      speedup_vs_baseline=1.6) if valid else None
+    result = VerifyResult(
+        candidate_id=cid, problem=PROBLEM.name, problem_hash=PROBLEM.hash, verdict=verdict, summary=verdict.value,
+        compile=CompileResult(ok=verdict != Verdict.compile_error),
+        input_sets=[InputSetCheck(index=0, kind="secret", passed=valid)] if valid else [],
+        device="NVIDIA H100 80GB HBM3" if valid else "", arch="sm_90" if valid else "", timings=timings,
+    )
+    request = compile_and_verify.Request(problem=PROBLEM.source, candidate=source)
+    compile_and_verify.record(ctx, request, PROBLEM, source, result)
+    return cid
+
+
+def _clients(kb_path: Path, *names: str) -> list[ToolContext]:
+    return [ToolContext(kb_path, client_name=n) for n in names]
+
+
+def _shown(ctx: ToolContext, opt: str) -> list[tuple[str, str | None]]:
+    """(author, outcome) of the lessons suggest_optimizations shows with `opt` in STATE."""
+    others = [s.optimization_id for s in ctx.store.candidates(STATE) if s.optimization_id != opt]
+    (only,) = so.run(ctx, so.Request(state_id=STATE, k=10, temperature=0.0, exclude=others)).suggestions
+    return [(x.author, x.outcome_id) for x in only.lessons]
+
+
+# ---- lessons ------------------------------------------------------------------------------------------
+
+
+def test_a_shown_lesson_keeps_its_author_when_another_client_tells_its_text_with_a_failure(kb_path: Path) -> None:
+    writer, other, reader = _clients(kb_path, "writer", "other", "reader")
+    text = "Fusing the bias add into the GEMM epilogue saved one full pass over the output."
+    good = ro.run(writer, ro.Request(state_id=STATE, optimization_id=OPT, lesson=text,
+                                     candidate_id=_verify(writer, "# fused", Verdict.faster)))
+    assert _shown(reader, OPT) == [("writer", good.outcome_id)]
+
+    # the same text (whitespace does not count in a lesson's id) told with a compile error
+    bad = ro.run(other, ro.Request(state_id=STATE, optimization_id=OPT, lesson=text.replace(" ", "  "),
+                                   candidate_id=_verify(other, "# broken", Verdict.compile_error)))
+    assert bad.recorded
+    assert _shown(reader, OPT) == [("writer", good.outcome_id)]
+
+
+def test_a_hidden_lesson_gives_way_to_the_same_text_from_a_verified_outcome(kb_path: Path) -> None:
+    first, second, reader = _clients(kb_path, "first", "second", "reader")
+    text = "Loading rows as float4 halved the load instructions of the epilogue."
+    ro.run(first, ro.Request(state_id=STATE, optimization_id=OPT, lesson=text,
+                             candidate_id=_verify(first, "# broken", Verdict.compile_error)))
+    assert _shown(reader, OPT) == []  # a lesson of a failure is never shown
+    good = ro.run(second, ro.Request(state_id=STATE, optimization_id=OPT, lesson=text,
+                                     candidate_id=_verify(second, "# float4", Verdict.faster)))
+    assert _shown(reader, OPT) == [("second", good.outcome_id)]

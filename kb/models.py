@@ -374,6 +374,10 @@ class CandidateRecord(BaseModel):
     strength: Strength = Strength.standard
     loosened: list[str] = Field(default_factory=list)  # what the caller loosened, one note each
     options_digest: str = ""  # recomputed on every load from options, device and arch
+    # The clients whose compile_and_verify produced this verdict (the same source verified again under
+    # the same key adds its client): only they may record outcomes of the candidate
+    # (`KBView.speaks_for`). Empty in records written before it was kept: unknown.
+    verified_by: list[str] = Field(default_factory=list)
     created_at: datetime = Field(default_factory=utcnow)
 
     @model_validator(mode="before")

@@ -244,6 +244,8 @@ class Tables:
     def _put(self, table: str, key: str, doc: dict[str, Any]) -> None:
         recs = self.records[table]
         if key in recs:
+            if table == "candidates":
+                doc = _with_earlier_verifiers(doc, recs[key])
             self._unindex(table, key, recs[key])
         recs[key] = doc
         self._index(table, key, doc)
@@ -284,6 +286,16 @@ class Tables:
     def score_doc(self, state_id: str, arch: str = ALL_ARCH, track: str = FP32) -> ScoreDoc | None:
         """The score document of (state, arch, track), if any."""
         return self.scores.get((state_id, arch, track))
+
+
+def _with_earlier_verifiers(doc: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """A verdict stored again under its key (the same source verified again with the same options on the
+    same GPU, by any client) keeps the clients that verified it before: each of them still produced it
+    (`CandidateRecord.verified_by`). Applied here, so a verdict that waited on disk for the lock keeps them too."""
+    before = earlier.get("verified_by") or []
+    if not before:
+        return doc
+    return {**doc, "verified_by": list(dict.fromkeys([*before, *(doc.get("verified_by") or [])]))}
 
 
 def _drop(index: dict[Any, list[str]], group: Any, key: str) -> None:

@@ -45,7 +45,8 @@ Record what an optimization did, so the shared Knowledge Base learns from it. Ca
 compile_and_verify, once per candidate, with: the state id the kernel was in (from classify_state),
 the optimization you applied (its id from suggest_optimizations, or - for an idea of your own - a
 new_optimization with a name and a specific description of the code change), the candidate_id
-that compile_and_verify returned (record.candidate_id), and ideally the parent_candidate_id you
+that your compile_and_verify returned (record.candidate_id; only a client that verified a candidate
+may record it), and ideally the parent_candidate_id you
 started from (the speedup is then measured against it - it must be verified before, on the same
 GPU; otherwise against eager PyTorch) and the next state id if you profiled the new kernel (the KB
 learns what each optimization turns a kernel into). A kernel slower than the problem's reference is
@@ -92,7 +93,7 @@ class Request(BaseModel):
     state_id: str = Field(description="KB state the kernel was in before the change (from classify_state)")
     optimization_id: str | None = Field(None, description="id of the applied optimization (from suggest_optimizations)")
     new_optimization: NewOptimization | None = Field(None, description="instead of optimization_id: your own idea")
-    candidate_id: str = Field(description="the candidate_id compile_and_verify returned for the changed kernel")
+    candidate_id: str = Field(description="the candidate_id your compile_and_verify returned for the changed kernel")
     parent_candidate_id: str | None = Field(None,
                                             description="candidate_id of the kernel you started from, if verified")
     next_state_id: str | None = Field(None, description="state of the new kernel, if you profiled and classified it")
@@ -240,7 +241,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress, *,
     """Records the outcome in one transaction (see DESCRIPTION). `rule`: the credit's constants (the
     shipped ones; the learning simulator compares the rule before through this same code)."""
     with ctx.store.transaction() as tx:
-        cand = _checked_candidate(tx, req)
+        cand = _checked_candidate(tx, req, ctx.client_name)
         opt, created = _resolve_optimization(tx, req, ctx.client_name)
         family = arch_family(cand.arch)
         track = cand.track  # the verdict's own track: an outcome moves only that track's scores
@@ -282,14 +283,20 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress, *,
         return _result(tx, outcome, found, recorded=True, created=created, moved=moved, note=note.strip() or "recorded")
 
 
-def _checked_candidate(tx: Transaction, req: Request) -> CandidateRecord:
-    """The stored verdict the request names, once the request is known to be one that can be recorded."""
+def _checked_candidate(tx: Transaction, req: Request, client: str) -> CandidateRecord:
+    """The stored verdict the request names, once the request is known to be one `client` can record."""
     cand = tx.get_candidate(req.candidate_id)
     if cand is None:
         raise ToolError(
             f"unknown candidate_id {req.candidate_id!r}: only candidates checked by compile_and_verify on this KB "
             "can be recorded. Call compile_and_verify with the candidate source and use the candidate_id it "
             "returns."
+        )
+    if not tx.speaks_for(cand.candidate_id, client):
+        raise ToolError(
+            f"candidate {cand.candidate_id} was verified by another client, not by you ({client or 'unnamed'!r}): "
+            "only a client whose compile_and_verify produced a candidate may record outcomes of it. Record your "
+            "own candidates; to record this one, verify its source yourself with compile_and_verify first."
         )
     refusal = ineligible(cand)
     if refusal:

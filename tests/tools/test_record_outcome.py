@@ -1,17 +1,21 @@
-"""record_outcome between clients of one KB: what another client's records can change. Verdicts are stored through
+"""record_outcome between clients of one KB: who may record a candidate, and what another client's
+records can change (lessons, lineage). Verdicts are stored through
 compile_and_verify's own `record`, as a verification stores them, against a real KB file."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kb_mcp.harness.judgment.findings import Timings
 from kb_mcp.harness.judgment.verdict import CompileResult, InputSetCheck, VerifyResult
 from kb_mcp.harness.problem import candidate_id, load_problem
-from kb_mcp.kb.models import Verdict
+from kb_mcp.kb.models import CandidateRecord, Verdict
 from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools import record_outcome as ro
 from kb_mcp.tools import suggest_optimizations as so
+from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext
 
 STATE = "memory_bandwidth_saturated"
@@ -34,6 +38,12 @@ def _verify(ctx: ToolContext, source: str, verdict: Verdict) -> str:
     request = compile_and_verify.Request(problem=PROBLEM.source, candidate=source)
     compile_and_verify.record(ctx, request, PROBLEM, source, result)
     return cid
+
+
+def _made(ctx: ToolContext, cid: str) -> list[str]:
+    """Who recorded the outcomes stored for the candidate."""
+    with ctx.store.read() as view:
+        return [o.agent for o in view.outcomes_for_candidate(cid)]
 
 
 def _clients(kb_path: Path, *names: str) -> list[ToolContext]:
@@ -73,3 +83,39 @@ def test_a_hidden_lesson_gives_way_to_the_same_text_from_a_verified_outcome(kb_p
     good = ro.run(second, ro.Request(state_id=STATE, optimization_id=OPT, lesson=text,
                                      candidate_id=_verify(second, "# float4", Verdict.faster)))
     assert _shown(reader, OPT) == [("second", good.outcome_id)]
+
+
+# ---- who may record a candidate -------------------------------------------------------------------------
+
+
+def test_only_a_client_that_verified_a_candidate_may_record_its_outcomes(kb_path: Path) -> None:
+    owner, other = _clients(kb_path, "owner", "other")
+    cid = _verify(owner, "# owner's kernel", Verdict.compile_error)
+    for s in other.store.candidates(STATE)[:5]:
+        with pytest.raises(ToolError, match="verified by another client.*only a client whose compile_and_verify"):
+            ro.run(other, ro.Request(state_id=STATE, optimization_id=s.optimization_id, candidate_id=cid))
+    assert _made(other, cid) == []
+
+    suggested = so.run(owner, so.Request(state_id=STATE, k=10, candidate_id=cid))
+    assert len(suggested.suggestions) == 10 and suggested.lineage_excluded == []
+    mine = ro.run(owner, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid))
+    assert mine.recorded and _made(owner, cid) == ["owner"]
+
+
+def test_a_candidate_verified_again_by_another_client_keeps_its_first_verifier(kb_path: Path) -> None:
+    owner, again = _clients(kb_path, "owner", "again")
+    cid = _verify(owner, "# one kernel", Verdict.faster)
+    assert _verify(again, "# one kernel", Verdict.faster) == cid  # the same source: the same verdict key
+    with owner.store.read() as view:
+        assert [v.verified_by for v in view.candidate_verdicts(cid)] == [["owner", "again"]]
+    assert ro.run(owner, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid)).recorded
+    assert ro.run(again, ro.Request(state_id=STATE, optimization_id="vectorize_global_access",
+                                    candidate_id=cid)).recorded
+
+
+def test_a_verdict_stored_before_verifiers_were_kept_stays_recordable_by_any_client(kb_path: Path) -> None:
+    anyone = ToolContext(kb_path, client_name="anyone")
+    with anyone.store.transaction() as tx:  # a record of an older KB file: no verified_by
+        tx.put_candidate(CandidateRecord(candidate_id="c_0ld", problem="p", problem_hash="h",
+                                         verdict=Verdict.compile_error))
+    assert ro.run(anyone, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id="c_0ld")).recorded

@@ -46,9 +46,9 @@ compile_and_verify, once per candidate, with: the state id the kernel was in (fr
 the optimization you applied (its id from suggest_optimizations, or - for an idea of your own - a
 new_optimization with a name and a specific description of the code change), the candidate_id
 that your compile_and_verify returned (record.candidate_id; only a client that verified a candidate
-may record it), and ideally the parent_candidate_id you
-started from (the speedup is then measured against it - it must be verified before, on the same
-GPU; otherwise against eager PyTorch) and the next state id if you profiled the new kernel (the KB
+may record it), and ideally the parent_candidate_id you started from (a candidate checked on this KB;
+the speedup is then measured against it - it must be verified before, on the same GPU; otherwise
+against eager PyTorch) and the next state id if you profiled the new kernel (the KB
 learns what each optimization turns a kernel into). A kernel slower than the problem's reference is
 a fine parent: its lineage is credited with its own improvement, counted from the fastest kernel
 recorded on its way from its first kernel; a first kernel more than {credit.START_ALLOWANCE:g}x slower
@@ -69,6 +69,9 @@ META = ToolMeta(
 )
 
 MAX_TEXT = 2000
+MAX_ID = 120
+"""Longest id a request may name: candidate ids are `c_` and 16 hex digits (`harness.problem.candidate_id`),
+state and optimization ids short slugs; an id is echoed in refusals and stored with the outcome."""
 
 
 class NewOptimization(BaseModel):
@@ -90,13 +93,19 @@ class Request(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    state_id: str = Field(description="KB state the kernel was in before the change (from classify_state)")
-    optimization_id: str | None = Field(None, description="id of the applied optimization (from suggest_optimizations)")
+    state_id: str = Field(max_length=MAX_ID,
+                          description="KB state the kernel was in before the change (from classify_state)")
+    optimization_id: str | None = Field(None, max_length=MAX_ID,
+                                        description="id of the applied optimization (from suggest_optimizations)")
     new_optimization: NewOptimization | None = Field(None, description="instead of optimization_id: your own idea")
-    candidate_id: str = Field(description="the candidate_id your compile_and_verify returned for the changed kernel")
-    parent_candidate_id: str | None = Field(None,
-                                            description="candidate_id of the kernel you started from, if verified")
-    next_state_id: str | None = Field(None, description="state of the new kernel, if you profiled and classified it")
+    candidate_id: str = Field(max_length=MAX_ID,
+                              description="the candidate_id your compile_and_verify returned for the changed kernel")
+    parent_candidate_id: str | None = Field(
+        None, max_length=MAX_ID,
+        description="candidate_id of the kernel you started from (one compile_and_verify checked on this KB)",
+    )
+    next_state_id: str | None = Field(None, max_length=MAX_ID,
+                                      description="state of the new kernel, if you profiled and classified it")
     analysis: str = Field("", max_length=MAX_TEXT, description="why it helped or not (kept in the replay buffer)")
     lesson: str | None = Field(None, max_length=600, description="one reusable sentence for the next agent (optional)")
     tokens: int = Field(0, ge=0, description="LLM tokens spent on this step, for accounting")
@@ -297,6 +306,12 @@ def _checked_candidate(tx: Transaction, req: Request, client: str) -> CandidateR
             f"candidate {cand.candidate_id} was verified by another client, not by you ({client or 'unnamed'!r}): "
             "only a client whose compile_and_verify produced a candidate may record outcomes of it. Record your "
             "own candidates; to record this one, verify its source yourself with compile_and_verify first."
+        )
+    if req.parent_candidate_id is not None and not tx.candidate_verdicts(req.parent_candidate_id):
+        raise ToolError(
+            f"unknown parent_candidate_id {req.parent_candidate_id!r}: a parent must be a candidate compile_and_verify "
+            "checked on this KB. Pass the candidate_id it returned for the kernel you started from, or omit it "
+            "(the speedup is then measured over eager PyTorch)."
         )
     refusal = ineligible(cand)
     if refusal:

@@ -1,5 +1,5 @@
-"""record_outcome between clients of one KB: who may record a candidate, and what another client's
-records can change (lessons, lineage). Verdicts are stored through
+"""record_outcome between clients of one KB: who may record a candidate, what another client's records
+can change (lessons, lineage), and the ids a request may name. Verdicts are stored through
 compile_and_verify's own `record`, as a verification stores them, against a real KB file."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from kb_mcp.harness.judgment.findings import Timings
 from kb_mcp.harness.judgment.verdict import CompileResult, InputSetCheck, VerifyResult
@@ -119,3 +120,27 @@ def test_a_verdict_stored_before_verifiers_were_kept_stays_recordable_by_any_cli
         tx.put_candidate(CandidateRecord(candidate_id="c_0ld", problem="p", problem_hash="h",
                                          verdict=Verdict.compile_error))
     assert ro.run(anyone, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id="c_0ld")).recorded
+
+
+# ---- the ids a request names -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["candidate_id", "parent_candidate_id", "state_id", "next_state_id",
+                                   "optimization_id"])
+def test_an_id_longer_than_any_real_one_is_refused_by_the_request(field: str) -> None:
+    args = {"state_id": STATE, "optimization_id": OPT, "candidate_id": "c_0123456789abcdef",
+            field: "c_" + "a" * 5_000_000}
+    with pytest.raises(ValidationError, match=f"{field}\n  String should have at most {ro.MAX_ID} characters"):
+        ro.Request.model_validate(args)
+
+
+def test_a_parent_that_names_no_verified_candidate_is_refused_and_nothing_is_stored(kb_path: Path) -> None:
+    ctx = ToolContext(kb_path, client_name="agent")
+    cid = _verify(ctx, "# child", Verdict.compile_error)
+    with pytest.raises(ToolError, match="unknown parent_candidate_id 'c_0123456789abcdef': a parent must be"):
+        ro.run(ctx, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid,
+                               parent_candidate_id="c_0123456789abcdef"))
+    assert _made(ctx, cid) == []
+    parent = _verify(ctx, "# parent", Verdict.compile_error)
+    done = ro.run(ctx, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid, parent_candidate_id=parent))
+    assert done.recorded and ctx.store.get_outcome(done.outcome_id).parent_candidate_id == parent  # type: ignore[union-attr]

@@ -157,9 +157,11 @@ class Score(BaseModel):
     compile_failures: int = 0
     verify_failures: int = 0  # incorrect or invalid
     weight: float = 0.0  # effective number of samples behind the mean and M2 (bounded; = samples in old files)
-    ok_weight: float = 0.0  # effective number of attempts that compiled and verified (bounded like `weight`)
-    fail_weight: float = 0.0  # effective number of attempts that did not
+    ok_weight: float = 0.0  # effective number of attempts that compiled and verified (the sum over `rates`)
+    fail_weight: float = 0.0  # effective number of attempts that did not (the sum over `rates`)
     clients: dict[str, list[float]] = Field(default_factory=dict)  # client name -> [weight, mean, m2]
+    # client name -> [ok weight, fail weight], bounded per client and in total like `clients`
+    rates: dict[str, list[float]] = Field(default_factory=dict)
     run: ChangeRun | None = None  # the latest outcomes that lie on one side of the estimate (change detection)
     prior: bool = True  # True while the numbers are the seed's priors, not measurements
     prior_mean_log_speedup: float = 0.0
@@ -179,6 +181,9 @@ class Score(BaseModel):
                     "": [float(samples), float(data.get("mean_log_speedup") or 0.0),
                          float(data.get("m2_log_speedup") or 0.0)]
                 }
+        if isinstance(data, dict) and "rates" not in data and (data.get("ok_weight") or data.get("fail_weight")):
+            # written before rates were kept per client: one unnamed client holds them all
+            data = {**data, "rates": {"": [float(data.get("ok_weight") or 0.0), float(data.get("fail_weight") or 0.0)]}}
         return data
 
     @property

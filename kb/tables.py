@@ -15,12 +15,15 @@ File layout (a TinyDB JSON database: ``TinyDB(path).table("states").all()`` read
                                           compile_failures, verify_failures, updated_at,
                                           weight, ok_weight, fail_weight,
                                           {client: [weight, mean, m2]},
-                                          [run client, cusum, n, mean] or null]}}}}
+                                          [run client, cusum, n, mean] or null,
+                                          {client: [ok_weight, fail_weight]}]}}}}
 
 Scores are stored one document per (state, arch, track) with a compact row per optimization. A
 document without "track" is on the strict fp32 track (files written before tracks existed), and
 fp32 documents are written without it. A stats row of the first eight fields only (written before
-weights existed) counts every sample and failure once (`Score`'s weights from its counters). A KB of
+weights existed) counts every sample and failure once (`Score`'s weights from its counters); a row
+without the rates per client (written before they were kept) holds its ok and fail weights as one
+unnamed client's. A KB of
 10,000 states x 100 optimizations holds a million scores, which as one JSON object each would be a
 third of a gigabyte to parse; as rows it is ~25 MB. A Score whose optimization has no "stats" row
 is still a pure prior (``Score.prior``). TinyDB doc ids are renumbered on every full write;
@@ -98,6 +101,7 @@ def encode_score(score: Score) -> tuple[list[float], list[Any] | None]:
         score.fail_weight,
         {name: list(stats) for name, stats in score.clients.items()},
         None if score.run is None else [score.run.client, score.run.cusum, score.run.n, score.run.mean],
+        {name: list(rates) for name, rates in score.rates.items()},
     ]
     return prior, row
 
@@ -116,7 +120,7 @@ def decode_score(state_id: str, arch: str, opt_id: str, doc: ScoreDoc) -> Score 
         return Score.model_construct(
             state_id=state_id, optimization_id=opt_id, arch=arch, track=track, mean_log_speedup=0.0,
             m2_log_speedup=0.0, samples=0, attempts=0, successes=0, compile_failures=0, verify_failures=0,
-            weight=0.0, ok_weight=0.0, fail_weight=0.0, clients={}, run=None, prior=True,
+            weight=0.0, ok_weight=0.0, fail_weight=0.0, clients={}, rates={}, run=None, prior=True,
             prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(doc["updated_at"]),
         )
     mean, m2, samples, attempts, successes, cf, vf, updated = row[:8]
@@ -127,10 +131,15 @@ def decode_score(state_id: str, arch: str, opt_id: str, doc: ScoreDoc) -> Score 
     else:  # written before weights existed: every outcome counts once, from one unnamed client
         weight, ok_weight, fail_weight = float(samples), float(samples), float(cf + vf)
         clients = {"": [float(samples), mean, m2]} if samples else {}
+    if len(row) >= 14:
+        rates = row[13]
+    else:  # written before rates were kept per client: one unnamed client holds them all
+        rates = {"": [float(ok_weight), float(fail_weight)]} if ok_weight or fail_weight else {}
     return Score.model_construct(
         state_id=state_id, optimization_id=opt_id, arch=arch, track=track, mean_log_speedup=mean, m2_log_speedup=m2,
         samples=samples, attempts=attempts, successes=successes, compile_failures=cf, verify_failures=vf,
-        weight=weight, ok_weight=ok_weight, fail_weight=fail_weight, clients=clients, run=run, prior=False,
+        weight=weight, ok_weight=ok_weight, fail_weight=fail_weight, clients=clients, rates=rates, run=run,
+        prior=False,
         prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(updated),
     )
 

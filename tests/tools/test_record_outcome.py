@@ -1,5 +1,5 @@
 """record_outcome between clients of one KB: who may record a candidate, what another client's records
-can change (lessons, lineage), and the ids a request may name. Verdicts are stored through
+can change (lessons, lineage, scores), and the ids a request may name. Verdicts are stored through
 compile_and_verify's own `record`, as a verification stores them, against a real KB file."""
 
 from __future__ import annotations
@@ -51,11 +51,16 @@ def _clients(kb_path: Path, *names: str) -> list[ToolContext]:
     return [ToolContext(kb_path, client_name=n) for n in names]
 
 
-def _shown(ctx: ToolContext, opt: str) -> list[tuple[str, str | None]]:
-    """(author, outcome) of the lessons suggest_optimizations shows with `opt` in STATE."""
+def _suggested(ctx: ToolContext, opt: str) -> so.Suggestion:
+    """What suggest_optimizations says of `opt` in STATE."""
     others = [s.optimization_id for s in ctx.store.candidates(STATE) if s.optimization_id != opt]
     (only,) = so.run(ctx, so.Request(state_id=STATE, k=10, temperature=0.0, exclude=others)).suggestions
-    return [(x.author, x.outcome_id) for x in only.lessons]
+    return only
+
+
+def _shown(ctx: ToolContext, opt: str) -> list[tuple[str, str | None]]:
+    """(author, outcome) of the lessons suggest_optimizations shows with `opt` in STATE."""
+    return [(x.author, x.outcome_id) for x in _suggested(ctx, opt).lessons]
 
 
 # ---- lessons ------------------------------------------------------------------------------------------
@@ -144,3 +149,22 @@ def test_a_parent_that_names_no_verified_candidate_is_refused_and_nothing_is_sto
     parent = _verify(ctx, "# parent", Verdict.compile_error)
     done = ro.run(ctx, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid, parent_candidate_id=parent))
     assert done.recorded and ctx.store.get_outcome(done.outcome_id).parent_candidate_id == parent  # type: ignore[union-attr]
+
+
+# ---- scores ---------------------------------------------------------------------------------------------
+
+
+def test_one_clients_failures_do_not_cancel_other_clients_successes(kb_path: Path) -> None:
+    opt = "vectorize_global_access"
+    for i in range(8):  # eight clients each verified a faster kernel with it
+        (honest,) = _clients(kb_path, f"honest{i}")
+        ro.run(honest, ro.Request(state_id=STATE, optimization_id=opt,
+                                  candidate_id=_verify(honest, f"# kernel {i}", Verdict.faster)))
+    (reader,) = _clients(kb_path, "reader")
+    before = _suggested(reader, opt).success_chance
+    (noisy,) = _clients(kb_path, "noisy")
+    for i in range(40):  # compile errors: compile-only checks, no GPU needed
+        ro.run(noisy, ro.Request(state_id=STATE, optimization_id=opt,
+                                 candidate_id=_verify(noisy, f"# broken {i}", Verdict.compile_error)))
+    after = _suggested(reader, opt).success_chance
+    assert before > 0.9 and after > 0.5, f"success_chance {before} -> {after}"

@@ -32,7 +32,7 @@ from kb_mcp.clients.llm import LLMClient, Role
 from kb_mcp.kb import ids
 from kb_mcp.kb.matching import discover_state
 from kb_mcp.kb.models import ALL_ARCH, Lesson, Optimization, Outcome, Score, Verdict
-from kb_mcp.kb.provenance import outcome_is_verified, quote, shown_lessons
+from kb_mcp.kb.provenance import lesson_may_replace, outcome_is_verified, quote, shown_lessons
 from kb_mcp.kb.store import KBStore
 from kb_mcp.kb.view import KBView, Transaction
 from kb_mcp.policy.kb_edits import (
@@ -146,18 +146,18 @@ def _adjust_prior(tx: Transaction, edit: AdjustPrior, author: str) -> None:
 
 
 def _add_lesson(tx: Transaction, edit: AddLesson, author: str) -> None:
-    tx.put_lesson(
-        Lesson(
-            id=ids.lesson_id(edit.state_id, edit.optimization_id, edit.text),
-            state_id=edit.state_id,
-            optimization_id=edit.optimization_id,
-            arch=edit.arch,
-            text=edit.text,
-            source="textual_gradient",
-            author=author,
-            outcome_id=edit.outcome_id,
-        )
+    lesson = Lesson(
+        id=ids.lesson_id(edit.state_id, edit.optimization_id, edit.text),
+        state_id=edit.state_id,
+        optimization_id=edit.optimization_id,
+        arch=edit.arch,
+        text=edit.text,
+        source="textual_gradient",
+        author=author,
+        outcome_id=edit.outcome_id,
     )
+    if lesson_may_replace(tx, lesson):  # a shown lesson of the same text stays as it is
+        tx.put_lesson(lesson)
 
 
 def _add_optimization(tx: Transaction, edit: AddOptimization, author: str) -> None:

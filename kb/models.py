@@ -33,11 +33,11 @@ from kb_mcp.kb.vocabulary import (
 
 # The vocabulary (`kb.vocabulary`) is importable from here, with the records built on it.
 __all__ = [
-    "ALL_ARCH", "CALIBRATION_FIELDS", "CALIBRATION_ROBUST_SCALE", "CandidateRecord", "ChangeRun", "ClientStats",
-    "Count", "DEFAULT_MODE", "DEFAULT_TRACK", "Finite", "Lesson", "MAX_COUNT", "MetricRange", "Mode", "NonNegative",
-    "Optimization", "Outcome", "PRE_RUN_VERDICTS", "Primary", "SCHEMA_VERSION", "SECONDARY_OF", "Score", "ScoreStats",
-    "Secondary", "Signature", "State", "Strength", "Track", "Transition", "Verdict", "calibration_terms",
-    "options_digest", "utcnow"
+    "ALL_ARCH", "CALIBRATION_FIELDS", "CALIBRATION_ROBUST_SCALE", "CandidateRecord", "ChangeRun", "ClientRates",
+    "ClientStats", "Count", "DEFAULT_MODE", "DEFAULT_TRACK", "Finite", "Lesson", "MAX_COUNT", "MetricRange", "Mode",
+    "NonNegative", "Optimization", "Outcome", "PRE_RUN_VERDICTS", "Primary", "SCHEMA_VERSION", "SECONDARY_OF",
+    "Score", "ScoreStats", "Secondary", "Signature", "State", "Strength", "Track", "Transition", "Verdict",
+    "calibration_terms", "options_digest", "utcnow"
 ]
 
 SCHEMA_VERSION = 1
@@ -69,6 +69,8 @@ def _client_stats_valid(stats: list[float]) -> list[float]:
 
 ClientStats = Annotated[list[Finite], Field(min_length=3, max_length=3), AfterValidator(_client_stats_valid)]
 """One client's share of a score: [weight, mean log-speedup, m2], finite, weight and m2 >= 0."""
+ClientRates = Annotated[list[NonNegative], Field(min_length=2, max_length=2)]
+"""One client's attempts behind a score's success chance: [ok weight, fail weight], finite, >= 0."""
 
 
 
@@ -184,9 +186,11 @@ class Score(BaseModel):
     compile_failures: Count = 0
     verify_failures: Count = 0  # incorrect or invalid
     weight: NonNegative = 0.0  # effective number of samples behind the mean and M2 (bounded; = samples in old files)
-    ok_weight: NonNegative = 0.0  # effective number of attempts that compiled and verified (bounded like `weight`)
-    fail_weight: NonNegative = 0.0  # effective number of attempts that did not
+    ok_weight: NonNegative = 0.0  # effective number of attempts that compiled and verified (the sum over `rates`)
+    fail_weight: NonNegative = 0.0  # effective number of attempts that did not (the sum over `rates`)
     clients: dict[str, ClientStats] = Field(default_factory=dict)  # client name -> [weight, mean, m2]
+    # client name -> [ok weight, fail weight], bounded per client and in total like `clients`
+    rates: dict[str, ClientRates] = Field(default_factory=dict)
     run: ChangeRun | None = None  # the latest outcomes that lie on one side of the estimate (change detection)
     prior: bool = True  # True while the numbers are the seed's priors, not measurements
     prior_mean_log_speedup: Finite = 0.0
@@ -206,6 +210,9 @@ class Score(BaseModel):
                     "": [float(samples), float(data.get("mean_log_speedup") or 0.0),
                          float(data.get("m2_log_speedup") or 0.0)]
                 }
+        if isinstance(data, dict) and "rates" not in data and (data.get("ok_weight") or data.get("fail_weight")):
+            # written before rates were kept per client: one unnamed client holds them all
+            data = {**data, "rates": {"": [float(data.get("ok_weight") or 0.0), float(data.get("fail_weight") or 0.0)]}}
         return data
 
     @property
@@ -401,6 +408,10 @@ class CandidateRecord(BaseModel):
     strength: Strength = Strength.standard
     loosened: list[str] = Field(default_factory=list)  # what the caller loosened, one note each
     options_digest: str = ""  # recomputed on every load from options, device and arch
+    # The clients whose compile_and_verify produced this verdict (the same source verified again under
+    # the same key adds its client): only they may record outcomes of the candidate
+    # (`KBView.speaks_for`). Empty in records written before it was kept: unknown.
+    verified_by: list[str] = Field(default_factory=list)
     created_at: datetime = Field(default_factory=utcnow)
 
     @model_validator(mode="before")

@@ -69,6 +69,15 @@ def optimization_is_verified(view: KBView, opt: Optimization) -> bool:
     )
 
 
+def lesson_may_replace(view: KBView, lesson: Lesson) -> bool:
+    """Whether `lesson` may be stored under its id (`ids.lesson_id`: the same text on the same state and
+    optimization is one lesson). Yes when no lesson holds the id, or when the one there is not shown and
+    this one would be. A lesson other agents are shown is never replaced, so nobody can take over its
+    authorship or demote it by telling the same text with a failed or flagged candidate."""
+    stored = view.get_lesson(lesson.id)
+    return stored is None or (not lesson_is_verified(view, stored) and lesson_is_verified(view, lesson))
+
+
 def shown_lessons(view: KBView, state_id: str, optimization_id: str, limit: int) -> list[Lesson]:
     """The newest verified lessons about an optimization in a state (at most `limit`)."""
     out = []

@@ -15,12 +15,15 @@ File layout (a TinyDB JSON database: ``TinyDB(path).table("states").all()`` read
                                           compile_failures, verify_failures, updated_at,
                                           weight, ok_weight, fail_weight,
                                           {client: [weight, mean, m2]},
-                                          [run client, cusum, n, mean] or null]}}}}
+                                          [run client, cusum, n, mean] or null,
+                                          {client: [ok_weight, fail_weight]}]}}}}
 
 Scores are stored one document per (state, arch, track) with a compact row per optimization. A
 document without "track" is on the strict fp32 track (files written before tracks existed), and
 fp32 documents are written without it. A stats row of the first eight fields only (written before
-weights existed) counts every sample and failure once (`Score`'s weights from its counters). A KB of
+weights existed) counts every sample and failure once (`Score`'s weights from its counters); a row
+without the rates per client (written before they were kept) holds its ok and fail weights as one
+unnamed client's. A KB of
 10,000 states x 100 optimizations holds a million scores, which as one JSON object each would be a
 third of a gigabyte to parse; as rows it is ~25 MB. A Score whose optimization has no "stats" row
 is still a pure prior (``Score.prior``). TinyDB doc ids are renumbered on every full write;
@@ -98,6 +101,7 @@ def encode_score(score: Score) -> tuple[list[float], list[Any] | None]:
         score.fail_weight,
         {name: list(stats) for name, stats in score.clients.items()},
         None if score.run is None else [score.run.client, score.run.cusum, score.run.n, score.run.mean],
+        {name: list(rates) for name, rates in score.rates.items()},
     ]
     return prior, row
 
@@ -125,7 +129,7 @@ def decode_score(state_id: str, arch: str, opt_id: str, doc: ScoreDoc, *, valida
         return Score.model_construct(
             state_id=state_id, optimization_id=opt_id, arch=arch, track=track, mean_log_speedup=0.0,
             m2_log_speedup=0.0, samples=0, attempts=0, successes=0, compile_failures=0, verify_failures=0,
-            weight=0.0, ok_weight=0.0, fail_weight=0.0, clients={}, run=None, prior=True,
+            weight=0.0, ok_weight=0.0, fail_weight=0.0, clients={}, rates={}, run=None, prior=True,
             prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(doc["updated_at"]),
         )
     if not isinstance(row, list) or len(row) < 8:
@@ -137,18 +141,22 @@ def decode_score(state_id: str, arch: str, opt_id: str, doc: ScoreDoc, *, valida
     else:  # written before weights existed: every outcome counts once, from one unnamed client
         weight, ok_weight, fail_weight = float(samples), float(samples), float(cf + vf)
         clients = {"": [float(samples), mean, m2]} if samples else {}
+    if len(row) >= 14:
+        rates = row[13]
+    else:  # written before rates were kept per client: one unnamed client holds them all
+        rates = {"": [float(ok_weight), float(fail_weight)]} if ok_weight or fail_weight else {}
     if validate:
         run = None if run_row is None else dict(zip(("client", "cusum", "n", "mean"), run_row, strict=True))
         return Score.model_validate(dict(
             state_id=state_id, optimization_id=opt_id, arch=arch, track=track, mean_log_speedup=mean,
             m2_log_speedup=m2, samples=samples, attempts=attempts, successes=successes, compile_failures=cf,
             verify_failures=vf, weight=weight, ok_weight=ok_weight, fail_weight=fail_weight, clients=clients,
-            run=run, prior=False, prior_mean_log_speedup=pm, prior_weight=pw, updated_at=updated,
+            rates=rates, run=run, prior=False, prior_mean_log_speedup=pm, prior_weight=pw, updated_at=updated,
         ))
     return Score.model_construct(
         state_id=state_id, optimization_id=opt_id, arch=arch, track=track, mean_log_speedup=mean, m2_log_speedup=m2,
         samples=samples, attempts=attempts, successes=successes, compile_failures=cf, verify_failures=vf,
-        weight=weight, ok_weight=ok_weight, fail_weight=fail_weight, clients=clients,
+        weight=weight, ok_weight=ok_weight, fail_weight=fail_weight, clients=clients, rates=rates,
         run=None if run_row is None else ChangeRun.model_construct(client=run_row[0], cusum=run_row[1], n=run_row[2],
                                                                    mean=run_row[3]),
         prior=False, prior_mean_log_speedup=pm, prior_weight=pw, updated_at=datetime.fromisoformat(updated),
@@ -264,6 +272,8 @@ class Tables:
     def _put(self, table: str, key: str, doc: dict[str, Any]) -> None:
         recs = self.records[table]
         if key in recs:
+            if table == "candidates":
+                doc = _with_earlier_verifiers(doc, recs[key])
             self._unindex(table, key, recs[key])
         recs[key] = doc
         self._index(table, key, doc)
@@ -304,6 +314,16 @@ class Tables:
     def score_doc(self, state_id: str, arch: str = ALL_ARCH, track: str = FP32) -> ScoreDoc | None:
         """The score document of (state, arch, track), if any."""
         return self.scores.get((state_id, arch, track))
+
+
+def _with_earlier_verifiers(doc: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """A verdict stored again under its key (the same source verified again with the same options on the
+    same GPU, by any client) keeps the clients that verified it before: each of them still produced it
+    (`CandidateRecord.verified_by`). Applied here, so a verdict that waited on disk for the lock keeps them too."""
+    before = earlier.get("verified_by") or []
+    if not before:
+        return doc
+    return {**doc, "verified_by": list(dict.fromkeys([*before, *(doc.get("verified_by") or [])]))}
 
 
 def _drop(index: dict[Any, list[str]], group: Any, key: str) -> None:

@@ -279,6 +279,25 @@ class KBView:
         found = self.candidate_verdicts(candidate_id)
         return found[0] if found else None
 
+    def candidate_verifiers(self, candidate_id: str) -> set[str] | None:
+        """The clients whose compile_and_verify produced any stored verdict on the candidate, or None when
+        none of its verdicts names them (written before they were kept: who verified it is unknown)."""
+        named = [rec.verified_by for rec in self.candidate_verdicts(candidate_id) if rec.verified_by]
+        return {client for clients in named for client in clients} if named else None
+
+    def speaks_for(self, candidate_id: str, client: str) -> bool:
+        """Whether `client` may record outcomes of the candidate, and so say what it was made from: only a
+        client that verified it may, or anyone where who verified it is unknown (older KB files)."""
+        verifiers = self.candidate_verifiers(candidate_id)
+        return verifiers is None or client in verifiers
+
+    def made_outcomes(self, candidate_id: str) -> list[Outcome]:
+        """The outcomes that say how the candidate was made (lineage, credit): those recorded by a client
+        that may speak for it (`speaks_for`), oldest first. Others' records of it say nothing of it."""
+        verifiers = self.candidate_verifiers(candidate_id)
+        found = [o for o in self.outcomes_for_candidate(candidate_id) if verifiers is None or o.agent in verifiers]
+        return sorted(found, key=lambda o: o.created_at)
+
     def get_verdict(self, key: str) -> CandidateRecord | None:
         """The verdict stored under one verdict key (`CandidateRecord.key`), or None."""
         doc = self._t.records["candidates"].get(key)

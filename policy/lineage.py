@@ -4,7 +4,8 @@ it started (what `policy.credit` measures a credit from).
 Every recorded outcome names the candidate it produced, the optimization applied and (when the
 agent gave it) the parent candidate it started from, so the KB can walk from a kernel back to the
 reference. An optimization anywhere on that path is already in the kernel: suggesting it again
-re-applies what the kernel has.
+re-applies what the kernel has. Only outcomes recorded by a client that verified their candidate
+(`KBView.made_outcomes`) say how it was made: another client's records cannot change a lineage.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ MAX_DEPTH = 256
 def lineage_optimizations(view: KBView, candidate_id: str) -> list[str]:
     """Optimization ids applied on the way to `candidate_id` (its own outcomes' first), no repeats.
 
-    Every outcome recorded for the kernel or an ancestor counts, whatever its verdict: a failed
-    candidate an agent kept working from still holds the change. Cycles (a forged parent) end the walk.
+    Every outcome its verifiers recorded for the kernel or an ancestor counts, whatever its verdict: a
+    failed candidate an agent kept working from still holds the change. Cycles (a forged parent) end the walk.
     """
     seen_candidates: set[str] = set()
     found: dict[str, None] = {}
@@ -31,7 +32,7 @@ def lineage_optimizations(view: KBView, candidate_id: str) -> list[str]:
         if cid in seen_candidates:
             continue
         seen_candidates.add(cid)
-        for outcome in sorted(view.outcomes_for_candidate(cid), key=lambda o: o.created_at):
+        for outcome in view.made_outcomes(cid):
             found.setdefault(outcome.optimization_id, None)
             parent = outcome.parent_candidate_id
             if parent and parent not in seen_candidates:
@@ -53,7 +54,7 @@ def timed_verdict(view: KBView, candidate_id: str, problem_hash: str,
 def _made_from(view: KBView, candidate_id: str) -> tuple[bool, str | None]:
     """Whether a recorded outcome produced the candidate, and the parent the first such outcome named
     (None: it started from the problem's reference). Later claims of other parents do not count."""
-    made = sorted(view.outcomes_for_candidate(candidate_id), key=lambda o: o.created_at)
+    made = view.made_outcomes(candidate_id)
     return (True, made[0].parent_candidate_id) if made else (False, None)
 
 
@@ -99,7 +100,7 @@ def first_kernels(view: KBView, problem_hash: str, client: str) -> tuple[float, 
         if rec.candidate_id in looked:
             continue
         looked.add(rec.candidate_id)
-        for outcome in view.outcomes_for_candidate(rec.candidate_id):
+        for outcome in view.made_outcomes(rec.candidate_id):
             root = outcome.parent_candidate_id
             if outcome.agent == client or not root or root in found or _made_from(view, root)[0]:
                 continue

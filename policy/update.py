@@ -35,7 +35,9 @@ optimization it is credited to are the caller's claims:
   changed scores are relearnt from their first outcomes. Only falls: a good optimization's change
   upward is found by drawing it, a bad one's fall costs every draw until it is seen.
 * **No client dominates.** Each client's samples carry at most CLIENT_MAX_WEIGHT of weight in a
-  score: beyond it, the client's own older samples are discounted, never other clients'.
+  score: beyond it, the client's own older samples are discounted, never other clients'. The same
+  holds for its attempts behind the compile/verify failure rate (`Score.rates`): one client's
+  failures discount its own earlier attempts, never other clients' successes.
 * **Drift is followed.** The whole score carries at most MAX_WEIGHT: beyond it every sample is
   discounted, so the estimate follows the latest ~MAX_WEIGHT outcomes (a new GPU, a new compiler).
   The same cap applies to the compile/verify failure rate (`ok_weight`, `fail_weight`).
@@ -251,11 +253,56 @@ def _prior_outdated(score: Score, run: ChangeRun) -> bool:
     return score.weight >= RETIRE_WEIGHT and abs(run.mean - measured) > abs(measured - score.prior_mean_log_speedup)
 
 
-def _bounded_rates(ok: float, fail: float) -> tuple[float, float]:
-    total = ok + fail
+Rates = tuple[float, float]  # (ok weight, fail weight) of one client's attempts
+
+
+def _client_rates(score: Score) -> dict[str, Rates]:
+    if score.rates:
+        return {name: (float(v[0]), float(v[1])) for name, v in score.rates.items()}
+    if score.ok_weight > 0 or score.fail_weight > 0:  # built by hand without rates: one unnamed client
+        return {UNNAMED_CLIENT: (score.ok_weight, score.fail_weight)}
+    return {}
+
+
+def _rate_scaled(rates: Rates, factor: float) -> Rates:
+    return rates[0] * factor, rates[1] * factor
+
+
+def _bounded_rates(rates: Mapping[str, Rates]) -> dict[str, Rates]:
+    """Clients' attempts capped at CLIENT_MAX_WEIGHT each and MAX_WEIGHT together; at most MAX_CLIENTS
+    kept (the lightest pooled under UNNAMED_CLIENT), as `_bounded` does for the speedup statistics."""
+    out = {n: (_rate_scaled(r, CLIENT_MAX_WEIGHT / sum(r)) if sum(r) > CLIENT_MAX_WEIGHT else r)
+           for n, r in rates.items() if sum(r) > 0}
+    if len(out) > MAX_CLIENTS:
+        named = sorted((n for n in out if n != UNNAMED_CLIENT), key=lambda n: (-sum(out[n]), n))
+        rest = out.get(UNNAMED_CLIENT, (0.0, 0.0))
+        for name in named[MAX_CLIENTS - 1:]:
+            gone = out.pop(name)
+            rest = (rest[0] + gone[0], rest[1] + gone[1])
+        out[UNNAMED_CLIENT] = rest
+    total = sum(sum(r) for r in out.values())
     if total > MAX_WEIGHT:
-        return ok * MAX_WEIGHT / total, fail * MAX_WEIGHT / total
-    return ok, fail
+        out = {n: _rate_scaled(r, MAX_WEIGHT / total) for n, r in out.items()}
+    return out
+
+
+def _rates_update(rates: Mapping[str, Rates]) -> dict[str, object]:
+    """The Score fields of these per-client rates: the rates and their totals."""
+    return {
+        "rates": {n: [r[0], r[1]] for n, r in sorted(rates.items())},
+        "ok_weight": sum(r[0] for r in rates.values()),
+        "fail_weight": sum(r[1] for r in rates.values()),
+    }
+
+
+def _attempted(rates: dict[str, Rates], client: str, ok: bool) -> dict[str, Rates]:
+    """`rates` after one more attempt by `client`: beyond CLIENT_MAX_WEIGHT its own earlier attempts
+    are discounted to make room, never another client's."""
+    own = rates.get(client, (0.0, 0.0))
+    if sum(own) + 1.0 > CLIENT_MAX_WEIGHT:
+        own = _rate_scaled(own, max(0.0, CLIENT_MAX_WEIGHT - 1.0) / sum(own))
+    rates[client] = (own[0] + 1.0, own[1]) if ok else (own[0], own[1] + 1.0)
+    return _bounded_rates(rates)
 
 
 # ---- the update -----------------------------------------------------------------------------------
@@ -300,7 +347,7 @@ def apply_outcome(
     if not counts_toward_score(verdict):
         return score
     clients = _client_stats(score)
-    ok, fail = score.ok_weight, score.fail_weight
+    rates = _client_rates(score)
     run = score.run
     samples, successes = score.samples, score.successes
     cf, vf = score.compile_failures, score.verify_failures
@@ -328,16 +375,12 @@ def apply_outcome(
         clients = _bounded(clients)
         samples += 1
         successes += speedup > 1.0
-        ok += 1.0
     elif verdict in COMPILE_FAILURES:
         cf += 1
-        fail += 1.0
     elif verdict in VERIFY_FAILURES:
         vf += 1
-        fail += 1.0
-    else:  # a valid verdict without a speedup (no baseline timing): it compiled and verified
-        ok += 1.0
-    ok, fail = _bounded_rates(ok, fail)
+    # else a valid verdict without a speedup (no baseline timing): it compiled and verified
+    rates = _attempted(rates, client, verdict not in COMPILE_FAILURES | VERIFY_FAILURES)
     return _with_clients(
         score,
         clients,
@@ -347,8 +390,7 @@ def apply_outcome(
             "successes": successes,
             "compile_failures": cf,
             "verify_failures": vf,
-            "ok_weight": ok,
-            "fail_weight": fail,
+            **_rates_update(rates),
             "run": run,
             "prior": False,
             "prior_weight": prior_weight,
@@ -367,7 +409,10 @@ def merge_scores(a: Score, b: Score) -> Score:
     clients = _client_stats(a)
     for name, stats in _client_stats(b).items():
         clients[name] = _pool(clients.get(name, (0.0, 0.0, 0.0)), stats)
-    ok, fail = _bounded_rates(a.ok_weight + b.ok_weight, a.fail_weight + b.fail_weight)
+    rates = _client_rates(a)
+    for name, (ok, fail) in _client_rates(b).items():
+        mine = rates.get(name, (0.0, 0.0))
+        rates[name] = (mine[0] + ok, mine[1] + fail)
     return _with_clients(
         a,
         _bounded(clients),
@@ -377,8 +422,7 @@ def merge_scores(a: Score, b: Score) -> Score:
             "successes": a.successes + b.successes,
             "compile_failures": a.compile_failures + b.compile_failures,
             "verify_failures": a.verify_failures + b.verify_failures,
-            "ok_weight": ok,
-            "fail_weight": fail,
+            **_rates_update(_bounded_rates(rates)),
             "prior": a.prior and b.prior,
             "updated_at": max(a.updated_at, b.updated_at),
         },
@@ -396,6 +440,10 @@ def subtract_scores(total: Score, part: Score) -> Score:
     for name, stats in _client_stats(part).items():
         if name in clients:
             clients[name] = _unpool(clients[name], stats)
+    rates = _client_rates(total)
+    for name, (ok, fail) in _client_rates(part).items():
+        if name in rates:
+            rates[name] = (max(0.0, rates[name][0] - ok), max(0.0, rates[name][1] - fail))
     attempts = max(0, total.attempts - part.attempts)
     return _with_clients(
         total,
@@ -406,8 +454,7 @@ def subtract_scores(total: Score, part: Score) -> Score:
             "successes": max(0, total.successes - part.successes),
             "compile_failures": max(0, total.compile_failures - part.compile_failures),
             "verify_failures": max(0, total.verify_failures - part.verify_failures),
-            "ok_weight": max(0.0, total.ok_weight - part.ok_weight),
-            "fail_weight": max(0.0, total.fail_weight - part.fail_weight),
+            **_rates_update({n: r for n, r in rates.items() if sum(r) > 0}),
             "prior": total.prior or attempts == 0,
         },
     )
@@ -419,7 +466,7 @@ def empty_like(score: Score) -> Score:
         update={
             "samples": 0, "mean_log_speedup": 0.0, "m2_log_speedup": 0.0, "attempts": 0, "successes": 0,
             "compile_failures": 0, "verify_failures": 0, "weight": 0.0, "ok_weight": 0.0, "fail_weight": 0.0,
-            "clients": {}, "run": None, "prior": True,
+            "clients": {}, "rates": {}, "run": None, "prior": True,
         }
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Literal
 
@@ -219,7 +220,8 @@ def record(ctx: ToolContext, req: Request, problem: Problem, candidate: str, res
     if result.not_judged:  # the machine's or the harness's limit, not the candidate's: nothing to store either
         raise ToolError(f"{result.not_judged} (problem {problem.path or '(given as source text)'}; verify again "
                         "once the cause is gone)")
-    stored = result.record(req.options)
+    # who verified it: only that client may record outcomes of the candidate (`KBView.speaks_for`)
+    stored = result.record(req.options).model_copy(update={"verified_by": [ctx.client_name]})
     path = save_candidate(ctx, result, stored, candidate)
     committed = store_verdict(ctx, stored)
     strongest = ctx.store.get_candidate(stored.candidate_id) if committed else None
@@ -239,7 +241,10 @@ def store_verdict(ctx: ToolContext, record: CandidateRecord) -> bool:
     """Stores the verdict in the KB under its verdict key: persisted first, so a busy or hung lock
     holder cannot lose it. False when it still waits for the lock (committed by the next
     transaction of any process)."""
-    return ctx.store.commit_soon(f"candidate-{record.candidate_id}.{record.options_digest}",
+    # one pending file per verifier: two clients verifying the same source while the lock is busy both stay
+    # its verifiers (stored again under its key, a verdict keeps the earlier ones)
+    who = hashlib.sha256("\0".join(record.verified_by).encode()).hexdigest()[:8]
+    return ctx.store.commit_soon(f"candidate-{record.candidate_id}.{record.options_digest}.{who}",
                                  lambda tx: tx.put_candidate(record), wait_s=VERDICT_LOCK_WAIT_S)
 
 

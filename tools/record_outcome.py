@@ -21,7 +21,7 @@ from kb_mcp.kb.models import (
     Track,
     Verdict,
 )
-from kb_mcp.kb.provenance import optimization_is_verified, outcome_is_verified
+from kb_mcp.kb.provenance import lesson_may_replace, optimization_is_verified, outcome_is_verified
 from kb_mcp.kb.view import KBView, Transaction
 from kb_mcp.policy import credit
 from kb_mcp.policy.credit import Credit, CreditBasis, CreditRule, Lineage
@@ -45,9 +45,10 @@ Record what an optimization did, so the shared Knowledge Base learns from it. Ca
 compile_and_verify, once per candidate, with: the state id the kernel was in (from classify_state),
 the optimization you applied (its id from suggest_optimizations, or - for an idea of your own - a
 new_optimization with a name and a specific description of the code change), the candidate_id
-that compile_and_verify returned (record.candidate_id), and ideally the parent_candidate_id you
-started from (the speedup is then measured against it - it must be verified before, on the same
-GPU; otherwise against eager PyTorch) and the next state id if you profiled the new kernel (the KB
+that your compile_and_verify returned (record.candidate_id; only a client that verified a candidate
+may record it), and ideally the parent_candidate_id you started from (a candidate checked on this KB;
+the speedup is then measured against it - it must be verified before, on the same GPU; otherwise
+against eager PyTorch) and the next state id if you profiled the new kernel (the KB
 learns what each optimization turns a kernel into). A kernel slower than the problem's reference is
 a fine parent: its lineage is credited with its own improvement, counted from the fastest kernel
 recorded on its way from its first kernel; a first kernel more than {credit.START_ALLOWANCE:g}x slower
@@ -68,6 +69,9 @@ META = ToolMeta(
 )
 
 MAX_TEXT = 2000
+MAX_ID = 120
+"""Longest id a request may name: candidate ids are `c_` and 16 hex digits (`harness.problem.candidate_id`),
+state and optimization ids short slugs; an id is echoed in refusals and stored with the outcome."""
 
 
 class NewOptimization(BaseModel):
@@ -89,13 +93,19 @@ class Request(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    state_id: str = Field(description="KB state the kernel was in before the change (from classify_state)")
-    optimization_id: str | None = Field(None, description="id of the applied optimization (from suggest_optimizations)")
+    state_id: str = Field(max_length=MAX_ID,
+                          description="KB state the kernel was in before the change (from classify_state)")
+    optimization_id: str | None = Field(None, max_length=MAX_ID,
+                                        description="id of the applied optimization (from suggest_optimizations)")
     new_optimization: NewOptimization | None = Field(None, description="instead of optimization_id: your own idea")
-    candidate_id: str = Field(description="the candidate_id compile_and_verify returned for the changed kernel")
-    parent_candidate_id: str | None = Field(None,
-                                            description="candidate_id of the kernel you started from, if verified")
-    next_state_id: str | None = Field(None, description="state of the new kernel, if you profiled and classified it")
+    candidate_id: str = Field(max_length=MAX_ID,
+                              description="the candidate_id your compile_and_verify returned for the changed kernel")
+    parent_candidate_id: str | None = Field(
+        None, max_length=MAX_ID,
+        description="candidate_id of the kernel you started from (one compile_and_verify checked on this KB)",
+    )
+    next_state_id: str | None = Field(None, max_length=MAX_ID,
+                                      description="state of the new kernel, if you profiled and classified it")
     analysis: str = Field("", max_length=MAX_TEXT, description="why it helped or not (kept in the replay buffer)")
     lesson: str | None = Field(None, max_length=600, description="one reusable sentence for the next agent (optional)")
     tokens: int = Field(0, ge=0, description="LLM tokens spent on this step, for accounting")
@@ -240,7 +250,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress, *,
     """Records the outcome in one transaction (see DESCRIPTION). `rule`: the credit's constants (the
     shipped ones; the learning simulator compares the rule before through this same code)."""
     with ctx.store.transaction() as tx:
-        cand = _checked_candidate(tx, req)
+        cand = _checked_candidate(tx, req, ctx.client_name)
         opt, created = _resolve_optimization(tx, req, ctx.client_name)
         family = arch_family(cand.arch)
         track = cand.track  # the verdict's own track: an outcome moves only that track's scores
@@ -282,14 +292,26 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress, *,
         return _result(tx, outcome, found, recorded=True, created=created, moved=moved, note=note.strip() or "recorded")
 
 
-def _checked_candidate(tx: Transaction, req: Request) -> CandidateRecord:
-    """The stored verdict the request names, once the request is known to be one that can be recorded."""
+def _checked_candidate(tx: Transaction, req: Request, client: str) -> CandidateRecord:
+    """The stored verdict the request names, once the request is known to be one `client` can record."""
     cand = tx.get_candidate(req.candidate_id)
     if cand is None:
         raise ToolError(
             f"unknown candidate_id {req.candidate_id!r}: only candidates checked by compile_and_verify on this KB "
             "can be recorded. Call compile_and_verify with the candidate source and use the candidate_id it "
             "returns."
+        )
+    if not tx.speaks_for(cand.candidate_id, client):
+        raise ToolError(
+            f"candidate {cand.candidate_id} was verified by another client, not by you ({client or 'unnamed'!r}): "
+            "only a client whose compile_and_verify produced a candidate may record outcomes of it. Record your "
+            "own candidates; to record this one, verify its source yourself with compile_and_verify first."
+        )
+    if req.parent_candidate_id is not None and not tx.candidate_verdicts(req.parent_candidate_id):
+        raise ToolError(
+            f"unknown parent_candidate_id {req.parent_candidate_id!r}: a parent must be a candidate compile_and_verify "
+            "checked on this KB. Pass the candidate_id it returned for the kernel you started from, or omit it "
+            "(the speedup is then measured over eager PyTorch)."
         )
     refusal = ineligible(cand)
     if refusal:
@@ -364,13 +386,13 @@ def _keep_lesson(tx: Transaction, req: Request, outcome: Outcome, client: str) -
     if not req.lesson or not req.lesson.strip():
         return
     text = req.lesson.strip()
-    tx.put_lesson(
-        Lesson(
-            id=ids.lesson_id(req.state_id, outcome.optimization_id, text), state_id=req.state_id,
-            optimization_id=outcome.optimization_id, arch=outcome.arch, text=text, source="agent", author=client,
-            candidate_id=outcome.candidate_id, outcome_id=outcome.id,
-        )
+    lesson = Lesson(
+        id=ids.lesson_id(req.state_id, outcome.optimization_id, text), state_id=req.state_id,
+        optimization_id=outcome.optimization_id, arch=outcome.arch, text=text, source="agent", author=client,
+        candidate_id=outcome.candidate_id, outcome_id=outcome.id,
     )
+    if lesson_may_replace(tx, lesson):  # the same text told before and shown stays its first author's
+        tx.put_lesson(lesson)
 
 
 def _result(

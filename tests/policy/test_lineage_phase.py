@@ -53,6 +53,30 @@ def test_a_forged_cycle_of_parents_ends_the_walk(ctx: ToolContext) -> None:
         assert sorted(lineage_optimizations(view, "c_a")) == ["fuse_elementwise_chain", "grid_stride_ilp"]
 
 
+def test_outcomes_recorded_by_a_client_that_did_not_verify_the_candidate_are_no_part_of_its_lineage(
+        ctx: ToolContext) -> None:
+    """Records another client wrote of a candidate (in a KB file written before record_outcome refused
+    them) neither exclude suggestions nor move where its lineage starts."""
+    with ctx.store.transaction() as tx:
+        for cid, time_ms in (("c_root", 1.6), ("c_mine", 1.0)):
+            tx.put_candidate(CandidateRecord(candidate_id=cid, problem="p", problem_hash="h", verdict=Verdict.slower,
+                                             arch="sm_90", device="H100", time_ms=time_ms, eager_ms=2.0,
+                                             verified_by=["agent"]))
+        for opt, agent, parent in (("fuse_elementwise_chain", "squatter", "c_root"),
+                                   ("online_softmax", "agent", None)):
+            tx.put_outcome(Outcome(id=f"out_{opt}", problem="p", candidate_id="c_mine", parent_candidate_id=parent,
+                                   state_id=HLI, optimization_id=opt, arch="hopper", verdict=Verdict.slower,
+                                   agent=agent))
+    with ctx.store.read() as view:
+        assert lineage_optimizations(view, "c_mine") == ["online_softmax"]
+        mine = view.get_candidate("c_mine")
+        assert mine is not None
+        start = start_of(view, mine, "agent")
+    assert (start.root_ms, start.best_ms) == (2.0, 1.0)  # from the reference, as its verifier recorded
+    res = so.run(ctx, so.Request(state_id=HLI, k=10, candidate_id="c_mine"))
+    assert res.lineage_excluded == ["online_softmax"]
+
+
 def _verified(ctx: ToolContext, cid: str, time_ms: float, *, problem_hash: str = "h") -> CandidateRecord:
     rec = CandidateRecord(candidate_id=cid, problem="p", problem_hash=problem_hash, verdict=Verdict.slower,
                           arch="sm_90", device="H100", time_ms=time_ms, eager_ms=2.0)

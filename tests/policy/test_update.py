@@ -9,7 +9,8 @@ import statistics
 
 import pytest
 
-from kb_mcp.kb.models import Score, Verdict
+from kb_mcp.kb.models import Score, Verdict, utcnow
+from kb_mcp.kb.tables import decode_score, encode_score
 from kb_mcp.policy.select import Calibration, influence_band
 from kb_mcp.policy.update import (
     CLIENT_MAX_WEIGHT,
@@ -49,7 +50,7 @@ def test_statistics_match_direct_computation_below_the_bounds_and_counts_by_verd
             s = apply_outcome(s, Verdict.faster if xs[i] > 1 else Verdict.slower, xs[i], client=c, band=WIDE)
     s = _run(s, [(Verdict.compile_error, None)] * 3 + [(Verdict.incorrect, None), (Verdict.invalid, None),
                                                        (Verdict.timeout, None), (Verdict.crashed, None),
-                                                       (Verdict.needs_gpu, None)])
+                                                       (Verdict.needs_gpu, None)], client="d")
     logs = [math.log(x) for xs in speedups.values() for x in xs]
     assert (s.samples, s.attempts) == (12, 12 + 3 + 4)  # needs_gpu is no attempt
     assert s.successes == sum(1 for xs in speedups.values() for x in xs if x > 1)
@@ -210,6 +211,48 @@ def test_subtract_inverts_merge() -> None:
     assert (gone.samples, gone.attempts, gone.mean_log_speedup, gone.m2_log_speedup,
             gone.weight) == (0, 0, 0.0, 0.0, 0.0)
     assert gone.prior
+
+
+def test_one_clients_failures_discount_only_its_own_attempts_never_other_clients_successes() -> None:
+    s = _fresh()
+    for i in range(8):  # eight clients each verified one kernel
+        s = apply_outcome(s, Verdict.faster, 1.6, client=f"honest{i}", band=WIDE)
+    s = apply_outcome(s, Verdict.faster, 1.6, client="noisy", band=WIDE)
+    s = _run(s, [(Verdict.compile_error, None)] * 40, client="noisy")
+    assert s.compile_failures == 40
+    assert sum(s.rates["noisy"]) == pytest.approx(CLIENT_MAX_WEIGHT)  # its own earlier attempts gave way
+    assert s.rates["noisy"][0] < 0.05, "its own success is discounted by its failures"
+    # the eight successes keep their weight: the failures hold at most a client's share
+    assert s.ok_weight > s.fail_weight == pytest.approx(CLIENT_MAX_WEIGHT, abs=0.05)
+    assert s.ok_weight + s.fail_weight == pytest.approx(MAX_WEIGHT)
+    assert all(s.rates[f"honest{i}"][0] == pytest.approx(s.rates["honest0"][0]) for i in range(8))
+
+
+def test_rates_merge_and_subtract_per_client() -> None:
+    a = _run(_fresh(), [(Verdict.faster, 1.5), (Verdict.compile_error, None)], client="a")
+    b = _run(_fresh(), [(Verdict.incorrect, None)] * 3, client="b")
+    both = merge_scores(a, b)
+    assert both.rates == {"a": [1.0, 1.0], "b": [0.0, 3.0]} and (both.ok_weight, both.fail_weight) == (1.0, 4.0)
+    back = subtract_scores(both, b)
+    assert back.rates == {"a": [1.0, 1.0]} and (back.ok_weight, back.fail_weight) == (1.0, 1.0)
+
+
+def test_a_score_written_before_rates_were_kept_per_client_holds_them_as_one_unnamed_clients() -> None:
+    old = Score.model_validate({"state_id": "s", "optimization_id": "o", "samples": 4, "attempts": 7,
+                                "compile_failures": 3, "weight": 4.0, "ok_weight": 4.0, "fail_weight": 3.0,
+                                "clients": {"": [4.0, 0.3, 0.1]}, "prior": False})
+    assert old.rates == {"": [4.0, 3.0]}
+    row = encode_score(old)[1]
+    assert row is not None
+    doc = {"state_id": "s", "arch": "*", "updated_at": utcnow().isoformat(), "priors": {"o": [0.0, 1.0]},
+           "stats": {"o": row[:13]}}  # a row written before the rates
+    decoded = decode_score("s", "*", "o", doc)
+    assert decoded is not None and decoded.rates == {"": [4.0, 3.0]}
+    doc["stats"]["o"] = row
+    again = decode_score("s", "*", "o", doc)
+    assert again is not None and again.rates == old.rates
+    new = apply_outcome(old, Verdict.compile_error, None, client="a", band=WIDE)
+    assert new.rates == {"": [4.0, 3.0], "a": [0.0, 1.0]} and new.fail_weight == 4.0
 
 
 def test_a_score_written_before_weights_existed_counts_every_outcome_once() -> None:

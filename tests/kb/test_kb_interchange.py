@@ -134,6 +134,9 @@ BAD_SCORES = {
     "a client of negative weight": _row(clients={"mallory": [-1.0, 0.5, 0.0]}),
     "a row too short": [0.5, 0.0],
     "a prior weight NaN": None,
+    "a client's failures NaN": [*_row(), {"mallory": [1.0, float("nan")]}],
+    "a client's successes negative": [*_row(), {"mallory": [-5.0, 0.0]}],
+    "a client's rates of three numbers": [*_row(), {"mallory": [1.0, 0.0, 2.0]}],
 }
 
 

@@ -113,8 +113,9 @@ def unrecorded_candidates(ctx: GcScope, report: GcReport) -> Iterator[Item]:
     with ctx.store.read() as view:
         referenced = {c for o in view.outcomes() for c in (o.candidate_id, o.parent_candidate_id) if c}
         referenced |= {lesson.candidate_id for lesson in view.list_lessons() if lesson.candidate_id}
-    waiting = {p.name.removeprefix("candidate-").removesuffix(".json")
-               for p in ctx.store.pending_dir.glob("candidate-*.json")}
+    from kb_mcp.tools.compile_and_verify import waiting_candidate  # the one place that names waiting verdicts
+
+    waiting = {waiting_candidate(p.name) for p in ctx.store.pending_dir.glob("*.json")}
     for path in folder.iterdir():
         cid = path.name.split(".")[0]
         if cid in referenced or cid in waiting:

@@ -241,11 +241,25 @@ def store_verdict(ctx: ToolContext, record: CandidateRecord) -> bool:
     """Stores the verdict in the KB under its verdict key: persisted first, so a busy or hung lock
     holder cannot lose it. False when it still waits for the lock (committed by the next
     transaction of any process)."""
-    # one pending file per verifier: two clients verifying the same source while the lock is busy both stay
-    # its verifiers (stored again under its key, a verdict keeps the earlier ones)
+    return ctx.store.commit_soon(pending_key(record), lambda tx: tx.put_candidate(record), wait_s=VERDICT_LOCK_WAIT_S)
+
+
+PENDING_PREFIX = "candidate-"
+
+
+def pending_key(record: CandidateRecord) -> str:
+    """The name a verdict waits under for the KB lock: one per verdict key and verifier, so two clients
+    verifying the same source while the lock is busy both stay its verifiers (stored again under its
+    key, a verdict keeps the earlier ones)."""
     who = hashlib.sha256("\0".join(record.verified_by).encode()).hexdigest()[:8]
-    return ctx.store.commit_soon(f"candidate-{record.candidate_id}.{record.options_digest}.{who}",
-                                 lambda tx: tx.put_candidate(record), wait_s=VERDICT_LOCK_WAIT_S)
+    return f"{PENDING_PREFIX}{record.candidate_id}.{record.options_digest}.{who}"
+
+
+def waiting_candidate(name: str) -> str | None:
+    """The candidate id of a verdict waiting under the file or key `name` (`pending_key`), else None."""
+    if not name.startswith(PENDING_PREFIX):
+        return None
+    return name.removeprefix(PENDING_PREFIX).split(".", 1)[0] or None
 
 
 def save_candidate(ctx: ToolContext, result: VerifyResult, record: CandidateRecord, source: str) -> Path:

@@ -15,6 +15,7 @@ from kb_mcp.kb.models import CandidateRecord, Outcome, Verdict, utcnow
 from kb_mcp.kb.store import KBStore
 from kb_mcp.server import gc
 from kb_mcp.server.jobs import JobRecord, JobStore
+from kb_mcp.tools import compile_and_verify
 
 DAY = 86400
 
@@ -46,7 +47,9 @@ def _setup(kb_path: Path, cache: Path) -> gc.GcScope:
             (cands / f"{cid}{ext}").write_text("x" * 1000)
             _age(cands / f"{cid}{ext}", 1 if cid == "c_young" else 90)
     store.pending_dir.mkdir(parents=True)
-    (store.pending_dir / "candidate-c_pending.json").write_text("{}")
+    waiting = CandidateRecord(candidate_id="c_pending", problem="p", problem_hash="h", verdict=Verdict.faster,
+                              verified_by=["agent"])
+    (store.pending_dir / f"{compile_and_verify.pending_key(waiting)}.json").write_text("{}")
     return gc.GcScope(store=store, artifacts=art, cache=cache, limits=gc.Retention())
 
 

@@ -6,7 +6,8 @@ shape is `kb.reference_kb`'s).
   parallel combination), and history both files share is counted once: outcomes have
   deterministic ids, so the outcomes present in both files are taken out of the other file's
   scores before pooling. Records missing here (states, optimizations, lessons, outcomes,
-  candidate verdicts) are added; records present in both keep this KB's version.
+  candidate verdicts) are added; records present in both keep this KB's version. A verdict added
+  is marked with the file it came from (`CandidateRecord.imported_from`): shown, never measured from.
   The other file is untrusted as a whole: every record is validated against its model before
   anything is written, and one bad record refuses the file (`InterchangeError` naming it; this
   KB unchanged). Its scores are held within the bounds this KB's own updates keep (per client and
@@ -333,6 +334,6 @@ def _merge_into(tx: Transaction, other: _Incoming, rule: ScoreRule, report: Tran
             tx.put_lesson(lesson)
             report.lessons_added += 1
     for rec in other.candidates:
-        if tx.get_verdict(rec.key) is None:
-            tx.put_candidate(rec)
+        if tx.get_verdict(rec.key) is None:  # shown here, never measured from: not this server's own verdict
+            tx.put_candidate(rec if rec.imported_from else rec.model_copy(update={"imported_from": report.source}))
             report.candidates_added += 1

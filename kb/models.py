@@ -412,6 +412,9 @@ class CandidateRecord(BaseModel):
     # the same key adds its client): only they may record outcomes of the candidate
     # (`KBView.speaks_for`). Empty in records written before it was kept: unknown.
     verified_by: list[str] = Field(default_factory=list)
+    # The KB file a verdict was merged in from (`kb merge`); None for this server's own. A merged verdict
+    # is shown, but no outcome is measured from it here: only this server's own verdicts move scores.
+    imported_from: str | None = None
     created_at: datetime = Field(default_factory=utcnow)
 
     @model_validator(mode="before")
@@ -436,10 +439,10 @@ class CandidateRecord(BaseModel):
 
     @property
     def creditable(self) -> bool:
-        """Whether `record_outcome` may move a score with this verdict: checked with the default
-        options and not held for review, on a GPU, or compile-only for a verdict reached before
-        anything ran."""
-        if self.flagged or self.loosened:
+        """Whether `record_outcome` may move a score with this verdict: this server's own (not merged in
+        from another KB file), checked with the default options and not held for review, on a GPU, or
+        compile-only for a verdict reached before anything ran."""
+        if self.flagged or self.loosened or self.imported_from is not None:
             return False
         return self.strength == Strength.standard or (
             self.strength == Strength.compile_only and self.verdict in PRE_RUN_VERDICTS

@@ -321,7 +321,7 @@ def _with_earlier_verifiers(doc: dict[str, Any], earlier: dict[str, Any]) -> dic
     same GPU, by any client) keeps the clients that verified it before: each of them still produced it
     (`CandidateRecord.verified_by`). Applied here, so a verdict that waited on disk for the lock keeps them too."""
     before = earlier.get("verified_by") or []
-    if not before:
+    if not before or earlier.get("imported_from"):  # another file's clients never verified it here
         return doc
     return {**doc, "verified_by": list(dict.fromkeys([*before, *(doc.get("verified_by") or [])]))}
 

@@ -285,11 +285,18 @@ class KBView:
         named = [rec.verified_by for rec in self.candidate_verdicts(candidate_id) if rec.verified_by]
         return {client for clients in named for client in clients} if named else None
 
+    def own_candidate(self, candidate_id: str) -> CandidateRecord | None:
+        """This server's strongest verdict on a candidate, or None: verdicts merged in from another KB
+        file (`CandidateRecord.imported_from`) are left out, since outcomes are measured only from its own."""
+        return next((rec for rec in self.candidate_verdicts(candidate_id) if rec.imported_from is None), None)
+
     def speaks_for(self, candidate_id: str, client: str) -> bool:
         """Whether `client` may record outcomes of the candidate, and so say what it was made from: only a
-        client that verified it may, or anyone where who verified it is unknown (older KB files)."""
-        verifiers = self.candidate_verifiers(candidate_id)
-        return verifiers is None or client in verifiers
+        client whose compile_and_verify on this KB produced it may, or anyone where who verified it is
+        unknown (older KB files); nobody where all its verdicts were merged in from another file."""
+        own = [rec for rec in self.candidate_verdicts(candidate_id) if rec.imported_from is None]
+        named = {client for rec in own for client in rec.verified_by}
+        return bool(own) and (not named or client in named)
 
     def made_outcomes(self, candidate_id: str) -> list[Outcome]:
         """The outcomes that say how the candidate was made (lineage, credit): those recorded by a client

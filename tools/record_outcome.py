@@ -294,7 +294,14 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress, *,
 
 def _checked_candidate(tx: Transaction, req: Request, client: str) -> CandidateRecord:
     """The stored verdict the request names, once the request is known to be one `client` can record."""
-    cand = tx.get_candidate(req.candidate_id)
+    cand = tx.own_candidate(req.candidate_id)
+    merged = tx.get_candidate(req.candidate_id) if cand is None else None
+    if merged is not None:
+        raise ToolError(
+            f"candidate {req.candidate_id}'s verdicts were merged in from another KB file ({merged.imported_from}): "
+            "outcomes here are measured only from this server's own verdicts. Verify its source with "
+            "compile_and_verify, then record the outcome."
+        )
     if cand is None:
         raise ToolError(
             f"unknown candidate_id {req.candidate_id!r}: only candidates checked by compile_and_verify on this KB "

@@ -168,3 +168,52 @@ def test_one_clients_failures_do_not_cancel_other_clients_successes(kb_path: Pat
                                  candidate_id=_verify(noisy, f"# broken {i}", Verdict.compile_error)))
     after = _suggested(reader, opt).success_chance
     assert before > 0.9 and after > 0.5, f"success_chance {before} -> {after}"
+
+
+def _merged_from(tmp_path: Path, kb_path: Path, *sources: str, slow_ms: float | None = None) -> list[str]:
+    """Verifies `sources` on another KB (as client 'teammate'), merges that file into `kb_path`; returns
+    their candidate ids. With `slow_ms`, the other file claims that time for them (a forged verdict)."""
+    from kb_mcp.kb.interchange import merge_kb
+    from kb_mcp.kb.store import KBStore
+    from kb_mcp.policy import update
+
+    theirs = ToolContext(tmp_path / "theirs.json", client_name="teammate")
+    cids = [_verify(theirs, source, Verdict.faster) for source in sources]
+    if slow_ms is not None:
+        with theirs.store.transaction() as tx:
+            for cid in cids:
+                rec = tx.get_candidate(cid)
+                assert rec is not None
+                tx.put_candidate(rec.model_copy(update={"time_ms": slow_ms, "eager_ms": slow_ms}))
+    merge_kb(KBStore.open(kb_path), theirs.kb_path, update)
+    return cids
+
+
+def test_a_verdict_merged_in_from_another_kb_file_is_shown_but_never_recorded(kb_path: Path, tmp_path: Path) -> None:
+    (cid,) = _merged_from(tmp_path, kb_path, "# a teammate's kernel\n")
+    mine = ToolContext(kb_path, client_name="teammate")  # even under the name its verifier had there
+    with mine.store.read() as view:
+        shown = view.get_candidate(cid)
+        assert shown is not None and shown.imported_from == str(tmp_path / "theirs.json")
+        assert view.own_candidate(cid) is None and not view.speaks_for(cid, "teammate")
+    with pytest.raises(ToolError, match=r"merged in from another KB file .*theirs\.json.*only from this server's own"):
+        ro.run(mine, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid))
+    assert _made(mine, cid) == []
+    # verified here, the same source is this server's own verdict, and its verifier may record it
+    assert _verify(mine, "# a teammate's kernel\n", Verdict.faster) == cid
+    with mine.store.read() as view:
+        own = view.own_candidate(cid)
+        assert own is not None and own.imported_from is None and own.verified_by == ["teammate"]
+    assert ro.run(mine, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid)).recorded
+
+
+def test_a_parent_merged_in_with_a_forged_slow_time_inflates_no_credit(kb_path: Path, tmp_path: Path) -> None:
+    (parent,) = _merged_from(tmp_path, kb_path, "# the parent\n", slow_ms=1000.0)
+    mine = ToolContext(kb_path, client_name="me")
+    child = _verify(mine, "# the child\n", Verdict.faster)  # 1.0 ms, eager 1.6 ms
+    res = ro.run(mine, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=child,
+                                  parent_candidate_id=parent))
+    assert res.recorded and "speedup is over eager PyTorch" in res.note
+    with mine.store.read() as view:
+        (outcome,) = view.outcomes_for_candidate(child)
+    assert outcome.speedup is not None and outcome.speedup < 2.0  # 1.6x over eager, not 1000x over the parent

@@ -19,10 +19,9 @@ import threading
 
 from pydantic import ConfigDict, Field, field_validator
 
+from kb_mcp.campaign.names import CAMPAIGN_NAME, DEFAULT_CAMPAIGN_NAME, CampaignError, campaign_folder
 from kb_mcp.campaign.runner import CampaignOptions, CampaignSummary, run_campaign
-from kb_mcp.campaign.store import CampaignError
 from kb_mcp.clients.llm import ENV_BASE_URL, LLMConfig, LLMNotConfigured
-from kb_mcp.kb import paths
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 
@@ -50,7 +49,8 @@ class Request(CampaignOptions):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field("campaign", pattern=r"^[A-Za-z0-9_.-]+$", description="campaign folder name beside the KB")
+    name: str = Field(DEFAULT_CAMPAIGN_NAME, pattern=CAMPAIGN_NAME,
+                      description="campaign folder name beside the KB (a letter or digit first)")
     base_url: str | None = Field(None, description="leave out: the LLM endpoint is the server operator's "
                                  f"({ENV_BASE_URL}); only that same URL is accepted here")
     model: str | None = Field(None, description="model for every role (default: the server's environment)")
@@ -78,7 +78,10 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         llm = LLMConfig.from_env(model=req.model).require()  # the endpoint and key: the operator's only
     except LLMNotConfigured as exc:
         raise ToolError(str(exc)) from exc
-    folder = paths.artifacts_dir(ctx.kb_path) / "campaigns" / req.name
+    try:
+        folder = campaign_folder(ctx.kb_path, req.name)
+    except CampaignError as exc:
+        raise ToolError(str(exc)) from exc
     options = CampaignOptions.model_validate(req.model_dump(include=set(CampaignOptions.model_fields)))
     counts: dict[str, tuple[int, int]] = {}
     lock = threading.Lock()

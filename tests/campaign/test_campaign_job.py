@@ -4,11 +4,14 @@ client on the real server, with the scripted LLM endpoint and real nvcc (compile
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from campaign_helpers import SWISH, slow_campaign_script
+from campaign_helpers import ROOT, SWISH, slow_campaign_script
 from fakellm import FakeLLMServer
 from fakellm.campaign_script import campaign_script
 from mcp import Client
@@ -140,3 +143,16 @@ def test_the_operators_own_endpoint_may_be_named(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ValueError, match="KB_MCP_LLM_BASE_URL"):
         Request.model_validate({"base_url": "http://llm.example/v1"})
 
+
+@pytest.mark.parametrize("name", ["..", "."])
+def test_start_job_refuses_a_campaign_name_that_leaves_the_campaigns_folder(tmp_path: Path, name: str) -> None:
+    kb = tmp_path / "kb.json"
+    args = {"kind": "run_campaign", "arguments": {"name": name, "problems": [str(SWISH)], "compile_only": True}}
+    env = {**os.environ, "KB_MCP_LLM_MODEL": "x", "KB_MCP_LLM_BASE_URL": "http://127.0.0.1:9/v1",
+           "KB_MCP_LLM_MAX_RETRIES": "0", "KB_MCP_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(kb), "call", "start_job",
+                           "--json", json.dumps(args)], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 1 and "- name: " in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    artifacts = tmp_path / "kb.artifacts"
+    assert not any((folder / "campaign.json").exists() for folder in (artifacts, tmp_path))
+    assert not list((artifacts / "jobs").glob("j_*.json"))

@@ -41,6 +41,7 @@ META = ToolMeta(
     # lane call by call; holding it for the whole campaign would stop every client for hours.
     uses_gpu=False,
     open_world=True,  # talks to an LLM endpoint
+    long_running=True,  # hours against an endpoint that may stall: its own job slots (server.job_slots)
 )
 
 

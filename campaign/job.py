@@ -2,32 +2,38 @@
 
 Follows the tool-module convention (NAME, DESCRIPTION, Request, Result, run), so the server's
 job machinery runs it in the background, stores its progress beside the KB, and returns this
-module's Result from `job_status` once it ends. The LLM key is read from the server's
-environment (KB_MCP_LLM_API_KEY) and is never part of the job's stored arguments.
+module's Result from `job_status` once it ends.
+
+The LLM endpoint and its key are the operator's: both come from the server's environment
+(KB_MCP_LLM_BASE_URL, KB_MCP_LLM_API_KEY). A client may choose the model, never the endpoint: the
+server would send its own key there, and the answers, written by whoever runs that endpoint, would
+edit the shared KB with the campaign's authority. The key is never part of the stored arguments.
+The campaign reads the problem files it is given (`problems`) on the server, through
+`CampaignOptions.config` (`campaign.runner`, `select_problems` then `resolve_problems`).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
+from kb_mcp.campaign.names import CAMPAIGN_NAME, DEFAULT_CAMPAIGN_NAME, CampaignError, campaign_folder
 from kb_mcp.campaign.runner import CampaignOptions, CampaignSummary, run_campaign
-from kb_mcp.campaign.store import CampaignError
-from kb_mcp.clients.llm import LLMConfig, LLMNotConfigured
-from kb_mcp.kb import paths
+from kb_mcp.clients.llm import ENV_BASE_URL, LLMConfig, LLMNotConfigured
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 
 NAME = "run_campaign"
 DESCRIPTION = """\
 Run an autonomous optimization campaign over a set of KernelBench-format problems with the
-server's own LLM (configured on the server: KB_MCP_LLM_BASE_URL / KB_MCP_LLM_MODEL / KB_MCP_LLM_API_KEY,
-or base_url and model here). For each problem it generates a CUDA kernel, then runs iterations x
-steps of profile -> classify -> suggest -> lower -> compile_and_verify -> review -> record_outcome,
-with textual-gradient KB updates. Start it with start_job; it takes minutes to hours. Rerunning
-with the same `name` resumes a stopped campaign. The result gives the report paths, the best
-kernel files and the headline numbers (valid rate, geomean speedup)."""
+server's own LLM (configured on the server: KB_MCP_LLM_BASE_URL / KB_MCP_LLM_MODEL / KB_MCP_LLM_API_KEY;
+`model` here picks another model of that endpoint). For each problem it generates a CUDA kernel,
+then runs iterations x steps of profile -> classify -> suggest -> lower -> compile_and_verify ->
+review -> record_outcome, with textual-gradient KB updates. Start it with start_job; it takes
+minutes to hours. Rerunning with the same `name` resumes a stopped campaign. The result gives the
+report paths, the best kernel files and the headline numbers (valid rate, geomean speedup)."""
 
 META = ToolMeta(
     title="Run an optimization campaign",
@@ -35,6 +41,7 @@ META = ToolMeta(
     # lane call by call; holding it for the whole campaign would stop every client for hours.
     uses_gpu=False,
     open_world=True,  # talks to an LLM endpoint
+    long_running=True,  # hours against an endpoint that may stall: its own job slots (server.job_slots)
 )
 
 
@@ -43,9 +50,24 @@ class Request(CampaignOptions):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field("campaign", pattern=r"^[A-Za-z0-9_.-]+$", description="campaign folder name beside the KB")
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint (default: the server's environment)")
+    name: str = Field(DEFAULT_CAMPAIGN_NAME, pattern=CAMPAIGN_NAME,
+                      description="campaign folder name beside the KB (a letter or digit first)")
+    base_url: str | None = Field(None, description="leave out: the LLM endpoint is the server operator's "
+                                 f"({ENV_BASE_URL}); only that same URL is accepted here")
     model: str | None = Field(None, description="model for every role (default: the server's environment)")
+
+    @field_validator("base_url")
+    @classmethod
+    def _operators_endpoint(cls, url: str | None) -> str | None:
+        """Only the operator's endpoint: the server sends its own key to it (see the module docstring)."""
+        operators = os.environ.get(ENV_BASE_URL) or None
+        if url is not None and url.rstrip("/") != (operators or "").rstrip("/"):
+            raise ValueError(
+                "a campaign run through this server talks to the server operator's LLM endpoint, with the "
+                f"operator's key; a client cannot choose another. Leave base_url out (the operator sets the "
+                f"endpoint with {ENV_BASE_URL} where the server runs, or runs `kb-mcp run-campaign --llm-base-url` "
+                "on their own machine)")
+        return url
 
 
 Result = CampaignSummary  # the headline only: the full report stays in its files
@@ -54,10 +76,13 @@ Result = CampaignSummary  # the headline only: the full report stays in its file
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
     """Runs (or resumes) the campaign named `req.name` on this server's KB."""
     try:
-        llm = LLMConfig.from_env(base_url=req.base_url, model=req.model).require()
+        llm = LLMConfig.from_env(model=req.model).require()  # the endpoint and key: the operator's only
     except LLMNotConfigured as exc:
         raise ToolError(str(exc)) from exc
-    folder = paths.artifacts_dir(ctx.kb_path) / "campaigns" / req.name
+    try:
+        folder = campaign_folder(ctx.kb_path, req.name)
+    except CampaignError as exc:
+        raise ToolError(str(exc)) from exc
     options = CampaignOptions.model_validate(req.model_dump(include=set(CampaignOptions.model_fields)))
     counts: dict[str, tuple[int, int]] = {}
     lock = threading.Lock()

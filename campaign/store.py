@@ -34,15 +34,12 @@ from kb_mcp.campaign.models import (
     Retry,
     StepRecord,
 )
+from kb_mcp.campaign.names import CampaignError
 from kb_mcp.kb.atomic import write_atomic
 
 M = TypeVar("M", bound=BaseModel)
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _RETRIES = TypeAdapter(list[Retry])
-
-
-class CampaignError(RuntimeError):
-    """A campaign folder that cannot be used as asked; the message says what to do."""
 
 
 def atomic_write_text(path: Path, text: str) -> None:

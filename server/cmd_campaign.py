@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kb_mcp.campaign.names import DEFAULT_CAMPAIGN_NAME, CampaignError, campaign_folder
 from kb_mcp.clients.llm import LLMConfig, LLMNotConfigured, Role
 from kb_mcp.kb import paths
 from kb_mcp.server import cluster_args
@@ -20,14 +21,15 @@ from kb_mcp.server import cluster_args
 if TYPE_CHECKING:
     from kb_mcp.campaign.runner import CampaignOptions
 
-DEFAULT_NAME = "campaign"
+DEFAULT_NAME = DEFAULT_CAMPAIGN_NAME
 
 
 def campaign_dir(kb_path: Path, name: str | None, out: str | None) -> Path:
-    """The campaign folder: `--out`, else `<kb artifacts>/campaigns/<name>`."""
+    """The campaign folder: `--out` (the operator's own folder), else `<kb artifacts>/campaigns/<name>`
+    by the campaign-name rule (`campaign.store.campaign_folder`; CampaignError for a bad name)."""
     if out:
         return Path(out).expanduser().resolve()
-    return paths.artifacts_dir(kb_path) / "campaigns" / (name or DEFAULT_NAME)
+    return campaign_folder(kb_path, name or DEFAULT_NAME)
 
 
 def _role_models(pairs: list[str]) -> dict[str, str]:
@@ -102,10 +104,13 @@ def run(args: argparse.Namespace) -> int:
     from kb_mcp.campaign.cluster_models import ClusterError
     from kb_mcp.campaign.loop import CampaignAborted
     from kb_mcp.campaign.runner import campaign_report, run_campaign
-    from kb_mcp.campaign.store import CampaignError
 
     kb_path = paths.resolve_kb_path(args.kb)
-    folder = campaign_dir(kb_path, args.name, args.out)
+    try:
+        folder = campaign_dir(kb_path, args.name, args.out)
+    except CampaignError as exc:
+        print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
+        return 2
     if args.report:
         try:
             written = campaign_report(folder)

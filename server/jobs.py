@@ -8,6 +8,9 @@ the server and keeps its record in `<artifacts>/jobs/<job_id>.json`, beside the 
 * a status survives the server: a job whose server process died is reported `interrupted`;
 * a cancel request written by any server reaches the running job at its next progress report.
 
+Jobs run in this process's job slots (`server.job_slots`): campaigns in slots of their own, and
+each HTTP session with a capped number of jobs, so no client can hold up every other's.
+
 Every tool is a job kind. Work that only makes sense as a job (a campaign) is listed in
 `kb_mcp.server.registry.JOB_ONLY_MODULES` (imported when first started), or registers itself with
 `register_job_kind` (a module following the tool convention, or a `ToolSpec`).
@@ -16,7 +19,7 @@ Every tool is a job kind. Work that only makes sense as a job (a campaign) is li
 from __future__ import annotations
 
 import builtins
-import contextvars
+import functools
 import hashlib
 import hmac
 import importlib
@@ -28,7 +31,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
@@ -42,6 +44,7 @@ from kb_mcp.kb.errors import ErrorInfo
 from kb_mcp.kb.models import utcnow
 from kb_mcp.kb.owners import process_alive
 from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
+from kb_mcp.server.job_slots import JobSlots
 from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.base import Progress
 from kb_mcp.tools.disclosure import public_copy, redact, redact_data, redact_model
@@ -53,7 +56,6 @@ FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "inter
 
 _JOB_ID = re.compile(r"^j_\d{14}_[0-9a-f]{6}$")
 _PROGRESS_WRITE_INTERVAL_S = 0.5  # progress hits the disk at most this often (cancel checks too)
-MAX_CONCURRENT_JOBS = 4
 JOB_RETENTION_DAYS = 14.0  # finished job records older than this go at server start and in `kb-mcp kb gc`
 JOBS_KEPT = 500  # and the oldest finished ones beyond this many
 
@@ -256,7 +258,7 @@ class JobManager:
         self.store = store
         self._owner = _this_owner()
         self._cancel_events: dict[str, threading.Event] = {}
-        self._pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_JOBS, thread_name_prefix="kb-mcp-job")
+        self._slots = JobSlots()
 
     @property
     def kind_names(self) -> list[str]:
@@ -297,10 +299,14 @@ class JobManager:
             owner=self._owner,
             key_digest=_digest(key),
         )
-        self.store.write(record)
+        self._slots.admit(record.job_id)  # the submitter's cap (job_slots), before anything is stored
+        try:
+            self.store.write(record)
+        except BaseException:
+            self._slots.release(record.job_id)
+            raise
         self._cancel_events[record.job_id] = threading.Event()
-        # in the caller's context: what the job's sandboxed processes try is logged with its client's name
-        self._pool.submit(contextvars.copy_context().run, self._work, record.job_id, spec, request)
+        self._slots.submit(spec.meta.long_running, functools.partial(self._work, record.job_id, spec, request))
         log.info("job %s (%s) queued", record.job_id, kind)
         return record
 
@@ -362,7 +368,10 @@ class JobManager:
                 rec.status = "cancelled"
                 rec.finished_at = utcnow()
 
-        return self.store.update(job_id, request_cancel)
+        record = self.store.update(job_id, request_cancel)
+        if record.status == "cancelled":  # cancelled while queued: it no longer counts towards the cap
+            self._slots.release(job_id)
+        return record
 
     def wait(self, job_id: str, timeout_s: float, on_change: Progress | None = None) -> JobRecord:
         """Polls the record until the job finishes or `timeout_s` passes, reporting progress changes."""
@@ -396,7 +405,7 @@ class JobManager:
 
     def shutdown(self, wait: bool = True) -> None:
         """Stops accepting jobs; with `wait`, blocks until running jobs end."""
-        self._pool.shutdown(wait=wait, cancel_futures=not wait)
+        self._slots.shutdown(wait)
 
     # -- inside the job's thread -------------------------------------------------------------
 
@@ -431,6 +440,7 @@ class JobManager:
                 log.exception("job %s: could not record the failure", job_id)
         finally:
             self._cancel_events.pop(job_id, None)
+            self._slots.release(job_id)
 
     def _progress_writer(self, job_id: str, cancel_event: threading.Event) -> Progress:
         last_write = 0.0

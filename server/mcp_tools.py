@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from kb_mcp.harness.sandbox.attempts import on_behalf_of
 from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
+from kb_mcp.server.job_slots import submitted_by
 from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.disclosure import redact, redact_data
 
@@ -118,6 +119,17 @@ def tool_annotations(spec: ToolSpec) -> ToolAnnotations:
     )
 
 
+MCP_SESSION_ID = "mcp-session-id"
+
+
+def http_session(request: Any) -> str | None:
+    """The streamable-HTTP session a request belongs to (`http:<Mcp-Session-Id>`: the server made the
+    id, only its client holds it); None for a request without one (stdio, in-process, stateless)."""
+    headers = getattr(request, "headers", None)
+    session_id = headers.get(MCP_SESSION_ID) if headers is not None else None
+    return f"http:{session_id}" if session_id else None
+
+
 def client_name_of(mcp_ctx: Context[Any, Any]) -> str:
     """The calling client's name from its initialize handshake ('' when it gave none)."""
     try:
@@ -149,7 +161,9 @@ def as_mcp_tool(spec: ToolSpec, runner: ToolRunner, *, adopt_client_name: bool =
             request = parse_request(spec, arguments)
             # What the call's sandboxed processes try is logged with the client's name (the thread
             # runs in a copy of this context, and so do the jobs it starts).
-            with on_behalf_of(client_name_of(mcp_ctx) or runner.ctx.client_name):
+            # and the jobs it starts count towards its HTTP session's share of the job slots
+            with on_behalf_of(client_name_of(mcp_ctx) or runner.ctx.client_name), \
+                    submitted_by(http_session(mcp_ctx.request_context.request)):
                 result = await anyio.to_thread.run_sync(runner.run, spec, request, ProgressRelay(mcp_ctx))
         except ToolFailure as failure:
             return error_result(failure)

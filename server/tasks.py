@@ -51,7 +51,9 @@ from mcp_types import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from kb_mcp.server.execution import ToolFailure
+from kb_mcp.server.job_slots import submitted_by
 from kb_mcp.server.jobs import JobManager, JobRecord
+from kb_mcp.server.mcp_tools import http_session
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,6 @@ POLL_INTERVAL_MS = 2000
 RESULT_POLL_S = 0.5
 LIST_LIMIT = 100
 RELATED_TASK = "io.modelcontextprotocol/related-task"
-MCP_SESSION_ID = "mcp-session-id"
 
 
 def _iso(moment: datetime | None) -> str:
@@ -100,10 +101,7 @@ class TaskService:
         only that client holds), or the one client of a stdio or in-process server. None for a
         stateless HTTP request: it can own no task."""
         request = getattr(ctx, "request", None)
-        if request is None:
-            return "local"
-        session_id = request.headers.get(MCP_SESSION_ID)
-        return f"http:{session_id}" if session_id else None
+        return "local" if request is None else http_session(request)
 
     def _key(self, ctx: Any, task_id: str) -> str | None:
         """The job key of `task_id` if the session asking created it, else None."""
@@ -144,7 +142,10 @@ class TaskService:
             raise MCPError(code=INVALID_PARAMS, message=f"{params.name} does not run as a task; call it without `task`")
         key = secrets.token_hex(16)
         try:
-            record = await anyio.to_thread.run_sync(self.jobs.start, params.name, dict(params.arguments or {}), key)
+            # an HTTP session's tasks count towards its share of the job slots, as its start_job calls do
+            with submitted_by(http_session(getattr(ctx, "request", None))):
+                record = await anyio.to_thread.run_sync(self.jobs.start, params.name, dict(params.arguments or {}),
+                                                        key)
         except ToolFailure as failure:  # arguments that fail validation fail the call, as without a task
             return CallToolResult(content=[TextContent(type="text", text=failure.message)], is_error=True)
         session = self._session(ctx)

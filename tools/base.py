@@ -45,6 +45,8 @@ class ToolMeta(BaseModel):
     destructive: bool = Field(False, description="may delete or overwrite what others stored")
     idempotent: bool = Field(False, description="calling again with the same arguments changes nothing more")
     open_world: bool = Field(False, description="reaches systems outside this server and its KB (e.g. an LLM)")
+    long_running: bool = Field(False, description="runs for minutes to hours (a campaign): as a job it waits for "
+                               "one of the few slots kept for long jobs, never taking every job slot")
 
 
 GPU_LANE_ATTR = "holds_gpu_lane"

@@ -125,3 +125,18 @@ def test_an_evals_eta_is_the_overall_bars_message(capsys: pytest.CaptureFixture[
         bars.update(OVERALL, 2, 10, "ETA 4 min 10 s · 7/8 built ahead")
     text = bars.console.export_text()
     assert "ETA 4 min 10 s · 7/8 built ahead" in text and "12_Gemm" in text and "*" not in text.split("all problems")[0]
+
+
+@pytest.mark.parametrize("name", ["..", "."])
+def test_a_campaign_name_that_leaves_the_campaigns_folder_is_refused(tmp_path: Path, name: str) -> None:
+    env = {**os.environ, "KB_MCP_LLM_MODEL": "x", "KB_MCP_LLM_BASE_URL": "http://127.0.0.1:9/v1",
+           "KB_MCP_HOME": str(tmp_path / "home")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(tmp_path / "kb.json"), "run-campaign", str(SWISH),
+         "--name", name, "--compile-only", "--no-progress"],
+        env=env, capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot name a campaign" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "kb.artifacts" / "campaign.json").exists()
+    assert not (tmp_path / "campaign.json").exists()

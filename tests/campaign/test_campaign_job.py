@@ -4,16 +4,19 @@ client on the real server, with the scripted LLM endpoint and real nvcc (compile
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from campaign_helpers import SWISH, slow_campaign_script
+from campaign_helpers import ROOT, SWISH, slow_campaign_script
 from fakellm import FakeLLMServer
 from fakellm.campaign_script import campaign_script
 from mcp import Client
 
-from kb_mcp.clients.mcp_client import call_json
+from kb_mcp.clients.mcp_client import ToolCallError, call_json
 from kb_mcp.server.app import build_server
 from kb_mcp.tools.context import ToolContext
 
@@ -106,3 +109,50 @@ async def test_cancelled_campaign_job_stops_cleanly_and_resumes(tmp_path: Path,
     assert status["status"] == "succeeded", status
     store = CampaignStore(folder)
     assert store.read_status().runs == 2 and [s.step for s in store.steps()] == [0, 1, 2, 3]
+
+
+async def test_a_client_cannot_send_the_campaign_and_the_servers_key_to_another_endpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kb = tmp_path / "kb.json"
+    monkeypatch.setenv("KB_MCP_LLM_API_KEY", "sk-the-operators-key-0123456789")
+    monkeypatch.setenv("KB_MCP_LLM_MODEL", "fake-model")
+    monkeypatch.setenv("KB_MCP_LLM_BASE_URL", "http://127.0.0.1:9/v1")  # the operator's endpoint
+    arguments = {"problems": [str(SWISH)], "name": "elsewhere", "compile_only": True, "iterations": 1, "steps": 1}
+    with FakeLLMServer(campaign_script()) as chosen_by_the_client:
+        server = build_server(ToolContext(kb))
+        try:
+            async with Client(server) as client:
+                with pytest.raises(ToolCallError) as refused:
+                    await call_json(client, "start_job", {"kind": "run_campaign", "arguments": {
+                        **arguments, "base_url": chosen_by_the_client.base_url}})
+        finally:
+            server.jobs.shutdown(wait=True)
+            server.kb_ctx.close()
+        assert chosen_by_the_client.requests == []
+    message = str(refused.value)
+    assert "base_url" in message and "KB_MCP_LLM_BASE_URL" in message and "operator" in message
+    assert not list((tmp_path / "kb.artifacts" / "jobs").glob("j_*.json"))  # refused at the start: no job
+
+
+def test_the_operators_own_endpoint_may_be_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kb_mcp.campaign.job import Request
+
+    monkeypatch.setenv("KB_MCP_LLM_BASE_URL", "http://llm.example/v1/")
+    assert Request.model_validate({"base_url": "http://llm.example/v1"}).base_url == "http://llm.example/v1"
+    monkeypatch.delenv("KB_MCP_LLM_BASE_URL")  # the operator's endpoint is OpenAI's default: no other
+    with pytest.raises(ValueError, match="KB_MCP_LLM_BASE_URL"):
+        Request.model_validate({"base_url": "http://llm.example/v1"})
+
+
+@pytest.mark.parametrize("name", ["..", "."])
+def test_start_job_refuses_a_campaign_name_that_leaves_the_campaigns_folder(tmp_path: Path, name: str) -> None:
+    kb = tmp_path / "kb.json"
+    args = {"kind": "run_campaign", "arguments": {"name": name, "problems": [str(SWISH)], "compile_only": True}}
+    env = {**os.environ, "KB_MCP_LLM_MODEL": "x", "KB_MCP_LLM_BASE_URL": "http://127.0.0.1:9/v1",
+           "KB_MCP_LLM_MAX_RETRIES": "0", "KB_MCP_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(kb), "call", "start_job",
+                           "--json", json.dumps(args)], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 1 and "- name: " in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    artifacts = tmp_path / "kb.artifacts"
+    assert not any((folder / "campaign.json").exists() for folder in (artifacts, tmp_path))
+    assert not list((artifacts / "jobs").glob("j_*.json"))

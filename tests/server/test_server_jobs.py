@@ -4,17 +4,25 @@ cancellable, and honest about jobs whose server died."""
 from __future__ import annotations
 
 import dataclasses
+import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
+import httpx2
 import pytest
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from serverproc import http_server
 
-from kb_mcp.clients.mcp_client import ToolCallError, call_json
+from kb_mcp.clients.mcp_client import ToolCallError, call_json, connect_http
 from kb_mcp.server.app import KbMcpServer, build_server
 from kb_mcp.server.execution import ToolFailure, ToolRunner
+from kb_mcp.server.job_slots import MAX_JOBS_PER_SUBMITTER, submitted_by
 from kb_mcp.server.jobs import JobManager, JobRecord, JobStore, new_job_id, register_job_kind
 from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.context import ToolContext
@@ -207,3 +215,88 @@ def test_the_campaign_is_a_job_kind_of_the_real_server(kb_path: Path) -> None:
     spec = server.jobs.spec("run_campaign")  # the module named in JOB_ONLY_MODULES follows the convention
     assert spec.name == "run_campaign" and spec.request.model_fields
     server.jobs.shutdown()
+
+
+TOKEN = "s3cret-token-for-tests-0123456789"
+SWISH = Path(__file__).resolve().parents[2] / "examples" / "problems" / "swish.py"
+
+
+def test_one_submitter_has_a_capped_number_of_unfinished_jobs(kb_path: Path, toy_spec: ToolSpec) -> None:
+    manager = _manager(kb_path, toy_spec)
+    slow = {"n": 500, "step_s": 0.02}
+    with submitted_by("http:one"):
+        mine = [manager.start("toy_count", slow, "k") for _ in range(MAX_JOBS_PER_SUBMITTER)]
+        with pytest.raises(ToolFailure, match=f"MAX_JOBS_PER_SUBMITTER={MAX_JOBS_PER_SUBMITTER}.*cancel_job") as full:
+            manager.start("toy_count", slow, "k")
+        assert full.value.expected
+    with submitted_by("http:another"):
+        others = [manager.start("toy_count", {"n": 1}, "k")]  # another client is not held back
+    others.append(manager.start("toy_count", {"n": 1}, "k"))  # nor the one client of a stdio server
+    manager.cancel(mine[0].job_id, "k")
+    _wait_finished(manager, mine[0].job_id)
+    with submitted_by("http:one"):  # a finished job frees its place
+        mine.append(manager.start("toy_count", {"n": 1}, "k"))
+    for job in mine:
+        manager.cancel(job.job_id, "k")
+    assert all(_wait_finished(manager, job.job_id).status in ("succeeded", "cancelled") for job in [*mine, *others])
+    manager.shutdown()
+
+
+@contextmanager
+def _endpoint_that_never_answers() -> Iterator[tuple[str, list[socket.socket]]]:
+    """An LLM endpoint that accepts connections and never answers; yields its URL and the connections."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1", held
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+@asynccontextmanager
+async def _session_client(url: str) -> AsyncIterator[Client]:
+    """A client on the handshake-era protocol: its requests carry the Mcp-Session-Id the server gave it."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"},
+                                  timeout=httpx2.Timeout(30.0, read=300.0)) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
+            yield client
+
+
+async def test_stalled_campaigns_of_one_client_leave_another_clients_job_a_slot(kb_path: Path) -> None:
+    campaign = {"kind": "run_campaign", "arguments": {"problems": [str(SWISH)], "compile_only": True}}
+    with _endpoint_that_never_answers() as (url, held):
+        env = {"KB_MCP_TOKEN": TOKEN, "KB_MCP_LLM_MODEL": "x", "KB_MCP_LLM_MAX_RETRIES": "0",
+               "KB_MCP_LLM_BASE_URL": url}
+        with http_server(kb_path, ["--http", "127.0.0.1:0"], env=env) as server:
+            async with _session_client(server.url) as hog, _session_client(server.url) as hog_again:
+                for i in range(MAX_JOBS_PER_SUBMITTER):
+                    await call_json(hog, "start_job", {**campaign, "arguments": {
+                        **campaign["arguments"], "name": f"hog{i}"}})
+                with pytest.raises(ToolCallError, match="MAX_JOBS_PER_SUBMITTER"):
+                    await call_json(hog, "start_job", {**campaign, "arguments": {
+                        **campaign["arguments"], "name": "one-more"}})
+                await call_json(hog_again, "start_job", {**campaign, "arguments": {  # another session: allowed
+                    **campaign["arguments"], "name": "hog-again"}})
+                deadline = time.monotonic() + 60
+                while len(held) < 2 and time.monotonic() < deadline:  # the campaigns' slots are stuck
+                    time.sleep(0.2)
+                assert len(held) >= 2
+                async with connect_http(server.url, TOKEN) as other:  # today's protocol: no session
+                    job = await call_json(other, "start_job", {"kind": "suggest_optimizations", "arguments": {
+                        "state_id": "memory_bandwidth_saturated"}})
+                    view = await call_json(other, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"],
+                                                                 "wait_s": 30})
+    assert view["status"] == "succeeded", view

@@ -1,0 +1,34 @@
+"""What names a campaign, and where the campaign of a name lives: the one rule for the CLI
+(`kb-mcp run-campaign --name`) and the MCP job (`run_campaign`'s `name`). Light on purpose: the
+CLI reads it at start-up."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kb_mcp.kb import paths
+
+CAMPAIGN_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+"""A letter or digit first, so '.', '..' and hidden names cannot name the campaigns folder, its
+parent, or a folder the campaign views skip."""
+DEFAULT_CAMPAIGN_NAME = "campaign"
+
+
+class CampaignError(RuntimeError):
+    """A campaign folder that cannot be used as asked; the message says what to do."""
+
+
+def campaign_folder(kb_path: Path, name: str) -> Path:
+    """The folder of the campaign `name` beside the KB at `kb_path`: `<artifacts>/campaigns/<name>`.
+
+    A name that is not `CAMPAIGN_NAME`, or whose folder resolves anywhere but directly inside the
+    campaigns folder (a symbolic link), is refused with CampaignError.
+    """
+    root = paths.artifacts_dir(kb_path) / "campaigns"
+    folder = root / name
+    if not re.fullmatch(CAMPAIGN_NAME, name) or folder.resolve().parent != root.resolve():
+        raise CampaignError(f"{name!r} cannot name a campaign: a name starts with a letter or digit, then letters, "
+                            f"digits, '_', '.' or '-', and its folder is directly inside {root} (not a link "
+                            "elsewhere); choose another name")
+    return folder

@@ -1,0 +1,86 @@
+"""Job slots: the threads a server runs jobs in, shared by every client, so no client takes them all.
+
+* A kind declaring itself long-running (`ToolMeta.long_running`: a campaign, hours against an LLM
+  endpoint that may stall) runs in MAX_CONCURRENT_LONG_JOBS threads of its own, never in the
+  MAX_CONCURRENT_JOBS threads of the other kinds: however many campaigns wait, a quick job still runs.
+* One submitter (an HTTP client's MCP session, named by `submitted_by`) has at most
+  MAX_JOBS_PER_SUBMITTER jobs queued or running in this process, fewer than the other kinds' slots:
+  one more is the caller's error, saying to wait for one or cancel one.
+
+Within a pool, jobs start first come, first served. A session is the only identity a client has
+here (every client may share one bearer token; a job_key names a job, not who started it), so the
+cap applies to sessions only: the one client of a stdio or in-process server shares its slots with
+nobody, and clients on the sessionless 2026-07-28 protocol cannot be told apart. The campaigns'
+own slots protect the other kinds from every client alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from kb_mcp.server.execution import ToolFailure
+
+MAX_CONCURRENT_JOBS = 4  # threads of the kinds that are not long-running
+MAX_CONCURRENT_LONG_JOBS = 2  # threads of long-running kinds (campaigns), apart from the others
+MAX_JOBS_PER_SUBMITTER = 3  # below MAX_CONCURRENT_JOBS: one submitter always leaves a slot to others
+
+_SUBMITTER: contextvars.ContextVar[str | None] = contextvars.ContextVar("kb_mcp_job_submitter", default=None)
+
+
+@contextlib.contextmanager
+def submitted_by(submitter: str | None) -> Iterator[None]:
+    """Jobs started in the block (and in its threads that copy the context) count towards
+    `submitter`'s cap; None (a stdio or in-process server's one client) has no cap."""
+    token = _SUBMITTER.set(submitter)
+    try:
+        yield
+    finally:
+        _SUBMITTER.reset(token)
+
+
+class JobSlots:
+    """The two thread pools of one server, and the jobs each capped submitter has in them."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_JOBS, thread_name_prefix="kb-mcp-job")
+        self._long_pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_LONG_JOBS,
+                                             thread_name_prefix="kb-mcp-long-job")
+        self._submitters: dict[str, str] = {}  # unfinished job -> its submitter (capped submitters only)
+        self._lock = threading.Lock()
+
+    def admit(self, job_id: str) -> None:
+        """Counts `job_id` towards the current submitter's cap, or refuses it (the caller's error)."""
+        submitter = _SUBMITTER.get()
+        if submitter is None:
+            return
+        with self._lock:
+            mine = sum(1 for who in self._submitters.values() if who == submitter)
+            if mine >= MAX_JOBS_PER_SUBMITTER:
+                raise ToolFailure(
+                    f"not started: you already have {mine} jobs queued or running on this server, the most one "
+                    f"client may have at once (MAX_JOBS_PER_SUBMITTER={MAX_JOBS_PER_SUBMITTER}), so that other "
+                    "clients' jobs still find a slot. Wait for one to finish (job_status(job_id, job_key, "
+                    "wait_s=30)) or cancel one you no longer need (cancel_job), then start this one again",
+                    expected=True,
+                )
+            self._submitters[job_id] = submitter
+
+    def release(self, job_id: str) -> None:
+        """`job_id` ended (or will never start): it no longer counts towards its submitter's cap."""
+        with self._lock:
+            self._submitters.pop(job_id, None)
+
+    def submit(self, long_running: bool, work: Callable[[], None]) -> None:
+        """Runs `work` in the long-running kinds' pool or the others', in the caller's context (what
+        the job's sandboxed processes try is logged with its client's name)."""
+        pool = self._long_pool if long_running else self._pool
+        pool.submit(contextvars.copy_context().run, work)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stops accepting jobs; with `wait`, blocks until running jobs end, else drops queued ones."""
+        for pool in (self._pool, self._long_pool):
+            pool.shutdown(wait=wait, cancel_futures=not wait)

@@ -100,7 +100,7 @@ class FileAccess(BaseModel):
     def describe(self) -> str:
         """The folders as the refusal names them."""
         if not self.folders:
-            return "none at all"
+            return "at all"
         return "outside " + ", ".join(str(f) for f in self.folders)
 
 
@@ -112,7 +112,7 @@ def readable_file(files: FileAccess | None, value: str, what: FileKind) -> Path:
     regular file with the suffix of `what` inside the policy's folders; anything else raises the same
     ToolError, whether or not the path exists: the refusal tells a client nothing about the server's
     files. A campaign's problems go through here as `problem`."""
-    path = Path(value.strip()).expanduser()
+    path = _as_path(value)
     if files is None:
         return path
     try:
@@ -140,7 +140,7 @@ def read_source(value: str, what: Kind, files: FileAccess | None) -> SourceText:
     if not _is_path(value, files):
         _refuse_cuda_text(value, what)
         return SourceText(text=value)
-    _refuse_cuda_file(Path(value.strip()).expanduser(), what)
+    _refuse_cuda_file(_as_path(value), what)
     return _read_file(readable_file(files, value, what), what)
 
 
@@ -170,9 +170,19 @@ def _is_path(value: str, files: FileAccess | None) -> bool:
     if files is not None:  # by its shape alone: whether something exists there is not the client's to learn
         return text.startswith(_PATH_START)
     try:  # anything there is a path: a folder or a device is refused as such, never parsed as source text
-        return Path(text).expanduser().exists()
+        return _as_path(text).exists()
     except OSError:  # a long one-line source is not a path the OS accepts
         return False
+
+
+def _as_path(value: str) -> Path:
+    """The path a value names, `~` expanded; `~name` of no user here stays as given (found nowhere),
+    so that it is refused as any missing path is, not told apart."""
+    path = Path(value.strip())
+    try:
+        return path.expanduser()
+    except RuntimeError:
+        return path
 
 
 def _refuse_cuda_file(path: Path, what: Kind) -> None:

@@ -18,7 +18,7 @@ TOKEN = "s3cret-token-for-tests-0123456789"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PROBLEM = (EXAMPLES / "problems" / "swish.py").read_text()
 SECRET = 'db_url = "postgres://admin:pw-only-on-the-server@10.0.0.5/prod"\n'
-NO_FILES = "this server reads no files of its clients none at all: pass the file's text as `candidate` instead"
+NO_FILES = "this server reads no files of its clients at all: pass the file's text as `candidate` instead"
 
 
 def _server_files(tmp_path: Path) -> tuple[Path, Path]:

@@ -208,12 +208,15 @@ def warm_up_streams(items: list[Item], agents: int) -> list[list[tuple[Item, str
 # -- the server and its clients ---------------------------------------------------------------------
 
 class HttpServer:
-    """One `kb-mcp serve --http` on the KB; its stderr (the lane's log among it) kept in a file."""
+    """One `kb-mcp serve --http` on the KB, reading the problems of `files` (the KernelBench checkout)
+    for its clients; its stderr (the lane's log among it) kept in a file."""
 
-    def __init__(self, kb: Path, log: Path) -> None:
+    def __init__(self, kb: Path, log: Path, files: Path) -> None:
         from kb_mcp.clients.mcp_client import serve_command
 
-        self.proc = subprocess.Popen(serve_command(kb, ["--http", "127.0.0.1:0", "--log-level", "INFO"]),
+        # the agents name problems by their path in the checkout: an HTTP server reads only the folders given
+        args = ["--http", "127.0.0.1:0", "--files", str(files), "--log-level", "INFO"]
+        self.proc = subprocess.Popen(serve_command(kb, args),
                                      stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                                      env={**os.environ, "KB_MCP_TOKEN": TOKEN})
         assert self.proc.stderr is not None
@@ -384,7 +387,8 @@ def main() -> None:
         os.environ.setdefault("KB_MCP_HOME", str(home))
         os.environ.setdefault("KB_MCP_CACHE", str(home / "cache"))
         kb = home / "kb.json"
-        server = HttpServer(kb, (args.out or home) / "server.log") if args.transport == "http" else None
+        server = HttpServer(kb, (args.out or home) / "server.log", args.kernelbench) \
+            if args.transport == "http" else None
         try:
             connect = connector(args.transport, kb, server)
             warm = used(alone_streams, together_streams)

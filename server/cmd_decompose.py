@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # the checks every tool makes of a problem first (UTF-8, Python, a Model and its inputs), then
         # the decomposition the tool would make or reuse in `out`
-        decomp = decomposed(read_problem(str(path)), out.expanduser().resolve())
+        decomp = decomposed(read_problem(str(path), None), out.expanduser().resolve())  # the operator's own file
     except ToolError as exc:
         print(f"kb-mcp decompose: {exc}", file=sys.stderr)
         return 1

@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING
 
 from kb_mcp.kb.errors import KbMcpError
 from kb_mcp.server import logs
+from kb_mcp.server.env import ENV_FILES
 from kb_mcp.server.token import add_token_arguments, read_token
 
 if TYPE_CHECKING:
     from kb_mcp.server.app import KbMcpServer
     from kb_mcp.server.transport import HttpOptions
     from kb_mcp.tools.context import ToolContext
+    from kb_mcp.tools.source import FileAccess
 
 # The MCP SDK takes about a second to import: it is imported when `serve` runs, not when the
 # CLI parses its arguments (so other commands stay quick).
@@ -46,6 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="a Host name (optionally NAME:PORT) clients may use to reach the HTTP server; repeatable. "
         "Loopback names are always allowed; others are refused (DNS-rebinding protection)",
+    )
+    p.add_argument(
+        "--files",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="with --http: a folder whose files (.py problems and candidates, .ncu-rep/.csv reports) clients may "
+        "name by path; repeatable. Default: $KB_MCP_FILES (folders separated by ':'), else none: clients send the "
+        "text, and the server reads no file for them. A stdio server reads any file its user can",
     )
     p.add_argument(
         "--attempts",
@@ -78,6 +89,28 @@ def _attempt_policy(choice: str | None) -> None:
     log.info("sandbox attempts: %s", "verdicts are invalid" if policy() == "invalid" else "verdicts are flagged")
 
 
+def file_access(args: argparse.Namespace, http: bool) -> FileAccess | None:
+    """What the server's clients may have it read: anything over stdio (the client is the server's own
+    user), over HTTP only the folders of --files, else of $KB_MCP_FILES, else none. Raises ValueError
+    (the operator's to fix) for --files without --http or a folder that is not one."""
+    from kb_mcp.tools.source import FileAccess
+
+    if not http:
+        if args.files:
+            raise ValueError("--files applies to --http only: a stdio server's client is its own user, "
+                             "who may name any file it can read")
+        return None
+    folders = args.files if args.files is not None else \
+        [f for f in os.environ.get(ENV_FILES, "").split(os.pathsep) if f.strip()]
+    try:
+        files = FileAccess.of(folders)
+    except ValueError as exc:
+        raise ValueError(f"--files/${ENV_FILES}: {exc}") from exc
+    log.info("files of this machine read for clients: %s",
+             ", ".join(map(str, files.folders)) if files.folders else "none (clients send the text)")
+    return files
+
+
 def run(args: argparse.Namespace) -> int:
     """Serves until the client disconnects (stdio) or the process is interrupted (HTTP)."""
     import anyio
@@ -95,10 +128,11 @@ def run(args: argparse.Namespace) -> int:
         token = read_token(args)
         if args.http:
             options = http_options(args.http, token, args.allow_host)
+        files = file_access(args, http=options is not None)
     except (ServeError, ValueError) as exc:
         print(f"kb-mcp serve: {exc}", file=sys.stderr)
         return 2
-    ctx = ToolContext(args.kb, client_name="mcp-http" if options else "mcp")
+    ctx = ToolContext(args.kb, client_name="mcp-http" if options else "mcp", files=files)
     try:
         # Open the KB now: a KB is created where nothing of one is yet; a missing one beside its
         # remains, a damaged or a foreign one is refused here, with its name and what to do,

@@ -19,7 +19,7 @@ from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, gpu_lane_inside, harness_unavailable, no_progress
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.disclosure import private, redact, redact_model
-from kb_mcp.tools.source import Source, problem_failed, read_problem, read_source
+from kb_mcp.tools.source import FileAccess, Source, problem_failed, read_problem, read_source
 
 NAME = "compile_and_verify"
 DESCRIPTION = """\
@@ -64,8 +64,10 @@ class Request(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    problem: Source = Field(description="KernelBench problem: a path to a .py file, or its source text")
-    candidate: Source = Field(description="candidate defining class ModelNew: a path to a .py file, or its source text")
+    problem: Source = Field(description="KernelBench problem: its source text, or a path to a .py file on the server's "
+                            "machine (over HTTP read only inside the folders the server's operator allows)")
+    candidate: Source = Field(description="candidate defining class ModelNew: its source text, or a path to a .py file "
+                              "on the server's machine (over HTTP read only inside the operator's folders)")
     options: VerifyOptions = Field(
         default_factory=VerifyOptions,
         description="seeds, tolerance, timing, allow-list, limits; anything but the defaults keeps the verdict out of "
@@ -177,7 +179,14 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     """Verifies the candidate in the worker pool, stores the source and the verdict under its
     verdict key, returns the summary. The GPU lane is held by the pool around the GPU work only:
     reading, static checks and the candidate's build come before it, the KB write after it."""
-    problem, candidate = prepare(req)
+    problem, candidate = prepare(req, ctx.files)
+    return verify_read(ctx, req, problem, candidate, progress)
+
+
+def verify_read(ctx: ToolContext, req: Request, problem: Problem, candidate: str,
+                progress: Progress = no_progress) -> Result:
+    """`run` for a problem and candidate text already read and checked (`prepare`, or a candidate the
+    server wrote itself): verifies in the worker pool and stores the verdict."""
     try:
         result = ctx.workers.verify(problem, candidate, req.options, progress)
     except RuntimeError as exc:  # WorkerError, SandboxUnavailable: no worker could start at all
@@ -185,13 +194,19 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     return record(ctx, req, problem, candidate, result)
 
 
-def prepare(req: Request) -> tuple[Problem, str]:
-    """The request's problem and candidate text, read and checked before anything runs (a refused
-    option, a file that is not a problem: the caller's to fix, raised as ToolError)."""
+def prepare(req: Request, files: FileAccess | None = None) -> tuple[Problem, str]:
+    """The request's problem and candidate text, read (a path only as `files` allows: the context's
+    `files`) and checked before anything runs (a refused option, a file that is not a problem: the
+    caller's to fix, raised as ToolError)."""
+    check_options(req)
+    return read_problem(req.problem, files), read_source(req.candidate, "candidate", files).text
+
+
+def check_options(req: Request) -> None:
+    """Raises ToolError where the request's options exceed what this server verifies under."""
     refusal = server_caps().refusal(req.options)
     if refusal:
         raise ToolError(refusal)
-    return read_problem(req.problem), read_source(req.candidate, "candidate").text
 
 
 def server_caps() -> Caps:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from kb_mcp.harness.sandbox.sandbox import Sandbox
     from kb_mcp.kb.store import KBStore
     from kb_mcp.profiling.profile_standby import StandbyPool
+    from kb_mcp.tools.source import FileAccess
 
 
 class ToolContext:
@@ -32,6 +33,7 @@ class ToolContext:
         cache_dir: str | Path | None = None,
         client_name: str = "",
         standby_profiler: bool = True,
+        files: FileAccess | None = None,
     ) -> None:
         self.kb_path = paths.resolve_kb_path(kb_path)
         self.artifacts_dir = paths.artifacts_dir(self.kb_path)
@@ -40,6 +42,10 @@ class ToolContext:
         # A one-shot process (kb-mcp call) exits after its call: a driver started for a next
         # profile would be wasted work.
         self.standby_profiler = standby_profiler
+        self.files = files
+        """Which files of this machine a tool reads where an argument names one (`tools.source.FileAccess`):
+        None where the callers are this machine's user itself (stdio, the CLI), the operator's folders for
+        an HTTP server's clients. Jobs run with this context, so they are held to it too."""
         # Made here, not on first use: two threads racing to create it would get two lanes.
         self.gpu_lane = GpuLane()
         """The one GPU lane of this context: every profile and timing holds it (tools.lane)."""

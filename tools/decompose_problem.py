@@ -21,7 +21,7 @@ from kb_mcp.decomposition.decompose import (
 from kb_mcp.decomposition.models import Decomposition
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.sandbox.sandbox import Sandbox
-from kb_mcp.kb.errors import storage_error
+from kb_mcp.kb.errors import decode_utf8, storage_error
 from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, gpu_lane_inside, no_progress
 from kb_mcp.tools.context import ToolContext
@@ -54,7 +54,8 @@ class Request(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    problem: Source = Field(description="the model: a KernelBench problem file (path) or its source text")
+    problem: Source = Field(description="the model: its source text, or a path to a KernelBench problem file on the "
+                            "server's machine (over HTTP read only inside the folders the server's operator allows)")
     out_dir: str | None = Field(None, description="folder for the parts, under the KB's folder for decompositions "
                                 "(a name relative to it, or a path inside it; default: <problem>-<hash> there); "
                                 "an existing decomposition of this problem there is reused")
@@ -182,12 +183,20 @@ def held_decomposition(out: Path) -> Decomposition | None:
         raise storage_error(exc, "read", out / MANIFEST) from exc
 
 
+def read_composed(path: Path) -> str:
+    """The text of the composed candidate the server wrote (an unreadable one is the machine's fault)."""
+    try:
+        return decode_utf8(path.read_bytes(), path)
+    except OSError as exc:
+        raise storage_error(exc, "read the composed candidate", path) from exc
+
+
 @gpu_lane_inside
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
     """Decomposes the problem (or reuses its decomposition); with compose, composes and verifies.
     The folder is the caller's `out_dir` inside the KB's folder for decompositions, or the default
     one there, and holds nothing but this problem's decomposition."""
-    problem = read_problem(req.problem)
+    problem = read_problem(req.problem, ctx.files)
     _ = ctx.store  # the KB first: artifacts never land beside no KB
     out = caller_dir(ctx, req.out_dir) if req.out_dir else default_dir(ctx, problem)
     refuse_to_write_over(out, problem)
@@ -198,7 +207,7 @@ def run_in(ctx: ToolContext, req: Request, out: Path, progress: Progress = no_pr
     """`run` in a folder the operator chose (`kb-mcp compose --parts`, a model campaign's folder): it
     need not lie in the KB's folder for decompositions, and a changed model is decomposed again
     there. `req.out_dir` is not read."""
-    problem = read_problem(req.problem)
+    problem = read_problem(req.problem, ctx.files)
     _ = ctx.store  # the KB first: artifacts never land beside no KB
     return _run(ctx, req, problem, out, progress)
 
@@ -225,9 +234,12 @@ def _run(ctx: ToolContext, req: Request, problem: Problem, out: Path, progress: 
     result.composed_file, result.picks = composition.file, composition.picks
     result.next_step = f"edit {composition.file} or verify it with compile_and_verify (mode composed)"
     if req.verify:
-        check = compile_and_verify.Request(problem=problem.path or problem.source, candidate=composition.file,
-                                           mode="composed")
-        result.verification = compile_and_verify.run(ctx, check, progress)
+        # The composed file is the server's own (in the KB's folder), not one the caller named: it is
+        # read here, not through the caller's file access, and the problem is the one already read.
+        candidate = read_composed(Path(composition.file))
+        check = compile_and_verify.Request(problem=problem.source, candidate=candidate, mode="composed")
+        compile_and_verify.check_options(check)
+        result.verification = compile_and_verify.verify_read(ctx, check, problem, candidate, progress)
         result.next_step = f"record_outcome with candidate_id {result.verification.record.candidate_id}; " \
                            f"{result.verification.next_step}"
     progress(2, 2, "composed")

@@ -26,7 +26,7 @@ from kb_mcp.profiling.profiler import (
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, harness_unavailable, no_progress, on_gpu_lane
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.disclosure import redact_model, secret_in
-from kb_mcp.tools.source import Source, problem_failed, read_problem, read_source
+from kb_mcp.tools.source import Source, problem_failed, read_problem, read_source, readable_file
 
 NAME = "profile_kernel"
 DESCRIPTION = """\
@@ -69,12 +69,13 @@ class Request(BaseModel):
 
     problem: Source | None = Field(
         None,
-        description="KernelBench problem: a path to a .py file, or its source text (with `report`: optional, names it)"
+        description="KernelBench problem: its source text, or a path to a .py file on the server's machine (over HTTP "
+                    "read only inside the folders the server's operator allows); with `report`: optional, names it"
     )
     candidate: Source | None = Field(
         None,
-        description="candidate defining class ModelNew: a path to a .py file, or its source; omit to profile the "
-                    "reference"
+        description="candidate defining class ModelNew: its source text, or a path to a .py file on the server's "
+                    "machine (over HTTP read only inside the operator's folders); omit to profile the reference"
     )
     detail: bool = Field(False, description="return every kernel with all metrics (large); default: the heaviest few")
     top: int = Field(8, ge=1, le=100,
@@ -87,7 +88,8 @@ class Request(BaseModel):
     keep_report: bool = Field(False, description="keep the Nsight Compute report file beside the profile (for the GUI)")
     report: list[str] | None = Field(
         None, description="instead of profiling: your own Nsight Compute report, a .ncu-rep path or the paths of its "
-        "CSV export (`ncu --import R --csv --page raw` and/or `--page details`)"
+        "CSV export (`ncu --import R --csv --page raw` and/or `--page details`) on the server's machine (over HTTP "
+        "read only inside the folders the server's operator allows)"
     )
 
     @field_validator("report", mode="before")
@@ -218,10 +220,10 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     if req.report:
         return _imported(ctx, req, progress)
     assert req.problem is not None  # the request's validator guarantees problem or report
-    problem = read_problem(req.problem)
+    problem = read_problem(req.problem, ctx.files)
     candidate_source = None
     if req.candidate is not None:
-        candidate = read_source(req.candidate, "candidate")
+        candidate = read_source(req.candidate, "candidate", ctx.files)
         try:
             parse_candidate(candidate.text, candidate.path or "<candidate>")
         except CandidateError as exc:
@@ -305,10 +307,11 @@ def _disclosable(prof: Profile, *, keep_report: bool) -> Profile:
 
 def _imported(ctx: ToolContext, req: Request, progress: Progress) -> Result:
     """A user's own report, read (never run) and stored like a profile of ours."""
-    name = read_problem(req.problem).name if req.problem is not None else None
+    name = read_problem(req.problem, ctx.files).name if req.problem is not None else None
+    files = [readable_file(ctx.files, path, "report") for path in req.report or []]
     progress(0, 1, "reading the report")
     try:
-        prof = import_report(req.report or [], profile_id=new_profile_id(), problem=name)
+        prof = import_report(files, profile_id=new_profile_id(), problem=name)
     except ReportImportError as exc:
         raise ToolError(str(exc)) from exc
     prof = redact_model(prof)  # the user's report is stored like a profile of ours

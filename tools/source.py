@@ -1,4 +1,5 @@
-"""The one place that decides whether a tool argument is a file path or source text.
+"""The one place that decides whether a tool argument is a file path or source text, and which files
+of the server's machine a tool may read for its caller.
 
 `problem` and `candidate` arguments take either. A value without a line break that names a
 source file (by its suffix, or because something exists at that path) is a path, read on the
@@ -6,11 +7,18 @@ server's own machine (a folder or a special file there is refused as such); anyt
 source text itself. What cannot be a Python module is refused here with a message that says what
 to send instead: a path the server cannot see (a client on another machine, e.g. over HTTP, should
 send the file's text), or CUDA/C++ where a Python module belongs.
+
+Which files may be read is the context's `FileAccess` (`ToolContext.files`): None where the caller
+is the server's own user on its own machine (stdio, `kb-mcp call` without --url, the operator's CLI
+commands), which reads any file that user can; for an HTTP server, whose clients are others, only
+the folders its operator names (`kb-mcp serve --http --files DIR`), none by default.
+`readable_file` applies it to every argument that names a file (a campaign's problems too).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,19 +26,26 @@ from pydantic import BaseModel, ConfigDict
 
 from kb_mcp.harness.problem import Problem, ProblemError, parse_problem
 from kb_mcp.kb import pyparse
-from kb_mcp.kb.errors import decode_utf8, storage_error
-from kb_mcp.tools.base import ToolError
+from kb_mcp.kb.errors import ToolError, decode_utf8, storage_error
 
-__all__ = ["CUDA_SUFFIXES", "Source", "SourceText", "problem_failed", "read_problem", "read_source"]
+__all__ = ["CUDA_SUFFIXES", "FileAccess", "Source", "SourceText", "problem_failed", "read_problem", "read_source",
+           "readable_file"]
 
 Source = Annotated[str, "path or text"]
 """The type of a tool argument that is a path to a `.py` file on the server's machine, or the
 source text; `read_source` resolves it."""
 
 Kind = Literal["problem", "candidate"]
+FileKind = Literal["problem", "candidate", "report"]
+"""What an argument that names a file names: a problem or candidate module, or a profiler report."""
 
 CUDA_SUFFIXES = frozenset({".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp"})
 _SOURCE_SUFFIXES = CUDA_SUFFIXES | {".py"}
+_READABLE_SUFFIXES: dict[str, frozenset[str]] = {
+    "problem": frozenset({".py"}), "candidate": frozenset({".py"}), "report": frozenset({".ncu-rep", ".csv"}),
+}
+"""The suffixes a restricted server reads for each kind of argument: what the tool can use, nothing else."""
+_PATH_START = ("/", "~", "./", "../")  # no Python module starts so: a value that does is a path
 _CUDA_TEXT = re.compile(r"^\s*(#include\s*[<\"]|extern\s+\"C\"|template\s*<)|__global__|__device__", re.M)
 
 _WHAT_IT_IS = {
@@ -56,17 +71,83 @@ class SourceText(BaseModel):
         return Path(self.path).stem if self.path else ""
 
 
-def read_source(value: str, what: Kind) -> SourceText:
-    """Resolves a `problem` or `candidate` argument; raises ToolError with what to send instead."""
-    if _is_path(value):
-        return _read_file(Path(value.strip()).expanduser(), what)
-    _refuse_cuda_text(value, what)
-    return SourceText(text=value)
+class FileAccess(BaseModel):
+    """The files of the server's machine a tool reads for its caller, where that caller is not the
+    server's own user (an HTTP server's clients): regular files inside `folders` only, none at all
+    when there are none. A context whose caller is the server's own user holds None instead."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    folders: tuple[Path, ...] = ()
+    """Resolved (links followed), so that a file's resolved path can be compared with them."""
+
+    @classmethod
+    def of(cls, folders: Iterable[str | Path]) -> FileAccess:
+        """The policy over the operator's folders; ValueError names one that is not a folder here."""
+        resolved: list[Path] = []
+        for folder in folders:
+            path = Path(folder).expanduser().resolve()
+            if not path.is_dir():
+                raise ValueError(f"{folder} is not a folder on this machine: name folders whose files the "
+                                 "server may read for its clients")
+            resolved.append(path)
+        return cls(folders=tuple(dict.fromkeys(resolved)))
+
+    def holds(self, path: Path) -> bool:
+        """Whether a resolved path lies inside one of the folders."""
+        return any(path.is_relative_to(folder) for folder in self.folders)
+
+    def describe(self) -> str:
+        """The folders as the refusal names them."""
+        if not self.folders:
+            return "at all"
+        return "outside " + ", ".join(str(f) for f in self.folders)
 
 
-def read_problem(value: Source) -> Problem:
-    """The KernelBench problem a `problem` argument names; raises ToolError when it is not one."""
-    source = read_source(value, "problem")
+def readable_file(files: FileAccess | None, value: str, what: FileKind) -> Path:
+    """The file a tool argument names (`value`, a path), as the server may read it for its caller.
+
+    With `files` None (the caller is the server's own user) that is the path as given, checked by
+    whoever reads it. Under a `FileAccess` it must resolve (links followed, `..` normalised) to a
+    regular file with the suffix of `what` inside the policy's folders; anything else raises the same
+    ToolError, whether or not the path exists: the refusal tells a client nothing about the server's
+    files. A campaign's problems go through here as `problem`."""
+    path = _as_path(value)
+    if files is None:
+        return path
+    try:
+        real = path.resolve()
+        allowed = files.holds(real) and real.suffix.lower() in _READABLE_SUFFIXES[what] and real.is_file()
+    except (OSError, RuntimeError):  # a loop of links, a name the OS refuses: not readable either way
+        allowed = False
+    if not allowed:
+        raise _not_readable(files, what)
+    return real
+
+
+def _not_readable(files: FileAccess, what: FileKind) -> ToolError:
+    instead = (f"pass the file's text as `{what}` instead (with `kb-mcp call`, `--arg {what}=@FILE` sends a local "
+               "file's text)") if what != "report" else \
+        "profile with `problem` instead, or have the report copied into a folder the server reads"
+    return ToolError(f"`{what}` names a file on the server's machine, and this server reads no files of its clients "
+                     f"{files.describe()}: {instead}. The server's operator can allow folders with "
+                     "`kb-mcp serve --http --files DIR`.")
+
+
+def read_source(value: str, what: Kind, files: FileAccess | None) -> SourceText:
+    """Resolves a `problem` or `candidate` argument, reading a path only as `files` allows (see
+    `readable_file`); raises ToolError with what to send instead."""
+    if not _is_path(value, files):
+        _refuse_cuda_text(value, what)
+        return SourceText(text=value)
+    _refuse_cuda_file(_as_path(value), what)
+    return _read_file(readable_file(files, value, what), what)
+
+
+def read_problem(value: Source, files: FileAccess | None) -> Problem:
+    """The KernelBench problem a `problem` argument names (a path read only as `files` allows);
+    raises ToolError when it is not one."""
+    source = read_source(value, "problem", files)
     try:
         return parse_problem(source.text, name=source.name or "problem", path=source.path)
     except ProblemError as exc:
@@ -80,24 +161,40 @@ def problem_failed(problem: Problem, error: str, consequence: str) -> ToolError:
                      f"ran: {error}. Fix the problem; {consequence}")
 
 
-def _is_path(value: str) -> bool:
+def _is_path(value: str, files: FileAccess | None) -> bool:
     if "\n" in value or not value.strip():
         return False
     text = value.strip()
     if Path(text).suffix.lower() in _SOURCE_SUFFIXES:
         return True
+    if files is not None:  # by its shape alone: whether something exists there is not the client's to learn
+        return text.startswith(_PATH_START)
     try:  # anything there is a path: a folder or a device is refused as such, never parsed as source text
-        return Path(text).expanduser().exists()
+        return _as_path(text).exists()
     except OSError:  # a long one-line source is not a path the OS accepts
         return False
 
 
-def _read_file(path: Path, what: Kind) -> SourceText:
+def _as_path(value: str) -> Path:
+    """The path a value names, `~` expanded; `~name` of no user here stays as given (found nowhere),
+    so that it is refused as any missing path is, not told apart."""
+    path = Path(value.strip())
+    try:
+        return path.expanduser()
+    except RuntimeError:
+        return path
+
+
+def _refuse_cuda_file(path: Path, what: Kind) -> None:
+    """A CUDA/C++ file named where a Python module belongs gets named as such (by its name alone)."""
     if path.suffix.lower() in CUDA_SUFFIXES:
         raise ToolError(
             f"{what} {path} is a CUDA/C++ file, but {_WHAT_IT_IS[what]}. Put the CUDA code in a string "
             f"inside that Python module and pass the module as `{what}`."
         )
+
+
+def _read_file(path: Path, what: Kind) -> SourceText:
     if path.is_dir() or (path.exists() and not path.is_file()):
         kind = "a directory" if path.is_dir() else "not a regular file"
         raise ToolError(f"{what} {path} is {kind}, pass a .py file (or the module's source text) as `{what}`.")

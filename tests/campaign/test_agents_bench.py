@@ -111,7 +111,7 @@ def test_four_agents_on_one_server_verify_compile_only_side_by_side(tmp_path: Pa
     kb, sol = _tree(tmp_path)
     items: list[Item] = the_set(kb, [sol], None)
     options = {"compile_only": True}
-    server = HttpServer(tmp_path / "home" / "kb.json", tmp_path / "server.log")
+    server = HttpServer(tmp_path / "home" / "kb.json", tmp_path / "server.log", kb)  # it reads the problems of kb
     try:
         connect = connector("http", tmp_path / "home" / "kb.json", server)
         run_agents("warm-up", connect, warm_up_streams(items, 4), options)

@@ -34,7 +34,8 @@ READY = re.compile(r"serving http (http://\S+/mcp) ")
 
 def _start_server(kb: Path, env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
-        serve_command(kb, ["--http", "127.0.0.1:0", "--log-level", "INFO"]),
+        # the client and the campaign name the problem by its path: an HTTP server reads only the folders given
+        serve_command(kb, ["--http", "127.0.0.1:0", "--files", str(SWISH.parent), "--log-level", "INFO"]),
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=env, cwd=ROOT,
     )
     deadline = time.monotonic() + 60

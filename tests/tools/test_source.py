@@ -15,7 +15,7 @@ from kb_mcp.server.app import build_server
 from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext
-from kb_mcp.tools.source import read_problem, read_source
+from kb_mcp.tools.source import FileAccess, read_problem, read_source, readable_file
 
 ROOT = Path(__file__).resolve().parents[2]
 SWISH = ROOT / "examples" / "problems" / "swish.py"
@@ -28,21 +28,21 @@ __global__ void swish(const float* x, float* y, int n) {
 
 
 def test_a_path_is_read_and_text_is_taken_as_is(tmp_path: Path) -> None:
-    got = read_source(str(SWISH), "problem")
+    got = read_source(str(SWISH), "problem", None)
     assert got.path == str(SWISH.resolve()) and got.text == SWISH.read_text() and got.name == "swish"
     text = SWISH.read_text()
-    assert read_source(text, "problem").path is None and read_source(text, "problem").text == text
+    assert read_source(text, "problem", None).path is None and read_source(text, "problem", None).text == text
     # an existing file without the .py suffix is still a path
     plain = tmp_path / "problem_source"
     plain.write_text(text)
-    assert read_source(str(plain), "problem").path == str(plain.resolve())
-    problem = read_problem(str(SWISH))
+    assert read_source(str(plain), "problem", None).path == str(plain.resolve())
+    problem = read_problem(str(SWISH), None)
     assert problem.name == "swish" and problem.path == str(SWISH.resolve())
 
 
 def test_a_missing_path_says_the_server_reads_its_own_files() -> None:
     with pytest.raises(ToolError) as err:
-        read_source("/home/someone/work/relu_new.py", "candidate")
+        read_source("/home/someone/work/relu_new.py", "candidate", None)
     message = str(err.value)
     assert "candidate file not found on the server's machine: /home/someone/work/relu_new.py" in message
     assert "send the file's text as `candidate` instead" in message
@@ -57,7 +57,7 @@ def test_a_folder_or_a_special_file_is_refused_as_such_not_parsed_as_source_text
                         (Path("/dev/null"), "not a regular file")]:
         for what in ("problem", "candidate"):
             with pytest.raises(ToolError, match=f"is {kind}, pass a .py file") as err:
-                read_source(str(value), what)  # type: ignore[arg-type]
+                read_source(str(value), what, None)  # type: ignore[arg-type]
             assert err.value.whose == "caller" and "syntax error" not in str(err.value)
 
 
@@ -80,16 +80,16 @@ def test_a_cuda_file_or_cuda_text_is_named_as_such(tmp_path: Path) -> None:
     kernel = tmp_path / "swish.cu"
     kernel.write_text(CUDA)
     with pytest.raises(ToolError, match=r"swish\.cu is a CUDA/C\+\+ file, but a candidate is a Python module"):
-        read_source(str(kernel), "candidate")
+        read_source(str(kernel), "candidate", None)
     with pytest.raises(ToolError, match=r"the candidate text is CUDA/C\+\+ source, not Python"):
-        read_source(CUDA, "candidate")
+        read_source(CUDA, "candidate", None)
     with pytest.raises(ToolError, match="a KernelBench problem is a Python module"):
-        read_source(str(kernel), "problem")
+        read_source(str(kernel), "problem", None)
 
 
 def test_python_that_mentions_cuda_keywords_is_left_to_the_harness() -> None:
     module = 'KERNEL = r"""\n__global__ void k() {}\n"""\nclass ModelNew: pass\n'
-    assert read_source(module, "candidate").text == module
+    assert read_source(module, "candidate", None).text == module
 
 
 async def test_compile_and_verify_refuses_a_cu_file_before_any_work(tmp_path: Path) -> None:
@@ -109,3 +109,54 @@ async def test_compile_and_verify_refuses_a_cu_file_before_any_work(tmp_path: Pa
     assert "is a CUDA/C++ file, but a candidate is a Python module defining class ModelNew" in text
     assert "syntax error" not in text.lower()
     assert not started_a_worker  # refused before any worker started
+
+
+def _allowed_and_private(tmp_path: Path) -> tuple[FileAccess, Path, Path]:
+    allowed, private = tmp_path / "allowed", tmp_path / "private"
+    allowed.mkdir()
+    private.mkdir()
+    (allowed / "swish.py").write_text(SWISH.read_text())
+    (allowed / "raw.csv").write_text("ID,Kernel Name\n")
+    (private / "secret.py").write_text("TOKEN = 'only-on-the-server'\n")
+    (allowed / "link.py").symlink_to(private / "secret.py")
+    (allowed / "sub.py").mkdir()
+    return FileAccess.of([allowed]), allowed, private
+
+
+def test_a_restricted_policy_reads_regular_files_of_the_right_suffix_inside_its_folders(tmp_path: Path) -> None:
+    files, allowed, _ = _allowed_and_private(tmp_path)
+    assert read_source(str(allowed / "swish.py"), "problem", files).text == SWISH.read_text()
+    assert readable_file(files, str(allowed / "raw.csv"), "report") == (allowed / "raw.csv").resolve()
+    assert read_source(SWISH.read_text(), "problem", files).path is None  # text is text under any policy
+
+
+def test_a_restricted_policy_refuses_every_other_path_in_the_same_words(tmp_path: Path) -> None:
+    files, allowed, private = _allowed_and_private(tmp_path)
+    refused = [str(private / "secret.py"), str(private / "missing.py"), str(allowed / "link.py"),
+               str(allowed / ".." / "private" / "secret.py"), str(allowed / "missing.py"), str(allowed / "sub.py"),
+               str(allowed / "raw.csv"), "/etc/hostname", "/no/such/file", "~/.ssh/id_ed25519",
+               "~root/x.py", "~no-such-user-here/x.py"]
+    messages = set()
+    for value in refused:
+        with pytest.raises(ToolError) as err:
+            read_source(value, "candidate", files)
+        assert err.value.whose == "caller"
+        messages.add(str(err.value))
+    (message,) = messages  # whether a path exists on the server is not told
+    assert f"this server reads no files of its clients outside {files.folders[0]}" in message
+    assert "--arg candidate=@FILE" in message and "kb-mcp serve --http --files DIR" in message
+    with pytest.raises(ToolError, match="reads no files of its clients at all: pass"):
+        read_source(str(allowed / "swish.py"), "problem", FileAccess())
+    with pytest.raises(ToolError, match="`report` names a file"):
+        readable_file(files, str(allowed / "swish.py"), "report")
+
+
+def test_without_a_policy_the_path_is_read_as_given(tmp_path: Path) -> None:
+    _, _, private = _allowed_and_private(tmp_path)
+    assert "only-on-the-server" in read_source(str(private / "secret.py"), "candidate", None).text
+    assert readable_file(None, "~/x.csv", "report") == Path("~/x.csv").expanduser()
+
+
+def test_a_policy_is_made_of_existing_folders_only(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="is not a folder on this machine"):
+        FileAccess.of([tmp_path / "nope"])

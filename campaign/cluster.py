@@ -429,7 +429,7 @@ def verify_on(cluster: Cluster, ctx: ToolContext,
     checked here, the candidate verified there, its verdict stored here exactly as the tool stores its
     own (`compile_and_verify.record`). Raises ToolError as the tool does, ClusterError where the cluster
     gave no result."""
-    problem, candidate = compile_and_verify.prepare(request)
+    problem, candidate = compile_and_verify.prepare(request, ctx.files)
     remote = cluster.verify(VerifyJob(problem=problem, candidate=candidate, options=request.options))
     if remote.result is None:
         raise ClusterError(remote.error or f"the worker {remote.where} sent no result (ours to fix)")

@@ -21,9 +21,11 @@ from pydantic import ConfigDict, Field, field_validator
 
 from kb_mcp.campaign.names import CAMPAIGN_NAME, DEFAULT_CAMPAIGN_NAME, CampaignError, campaign_folder
 from kb_mcp.campaign.runner import CampaignOptions, CampaignSummary, run_campaign
+from kb_mcp.campaign.selection import SelectionError, select_problems
 from kb_mcp.clients.llm import ENV_BASE_URL, LLMConfig, LLMNotConfigured
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
+from kb_mcp.tools.source import readable_problems
 
 NAME = "run_campaign"
 DESCRIPTION = """\
@@ -84,6 +86,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     except CampaignError as exc:
         raise ToolError(str(exc)) from exc
     options = CampaignOptions.model_validate(req.model_dump(include=set(CampaignOptions.model_fields)))
+    _readable(ctx, options)
     counts: dict[str, tuple[int, int]] = {}
     lock = threading.Lock()
 
@@ -99,3 +102,15 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     except CampaignError as exc:
         raise ToolError(str(exc)) from exc
     return result.headline()
+
+
+def _readable(ctx: ToolContext, options: CampaignOptions) -> None:
+    """Refuses, as `compile_and_verify` would, a problem path the server may not read for this caller
+    (`ToolContext.files`): a campaign reads its problems on the server's machine."""
+    if ctx.files is None or not options.problems:
+        return
+    try:
+        refs = select_problems(list(options.problems), level=options.level, ids=options.problem_ids)
+    except SelectionError:
+        refs = []  # nothing selected: the campaign itself says so, once the paths are known to be readable
+    readable_problems(ctx.files, options.problems, [r.path for r in refs])

@@ -194,7 +194,7 @@ def verify_read(ctx: ToolContext, req: Request, problem: Problem, candidate: str
     return record(ctx, req, problem, candidate, result)
 
 
-def prepare(req: Request, files: FileAccess | None = None) -> tuple[Problem, str]:
+def prepare(req: Request, files: FileAccess | None) -> tuple[Problem, str]:
     """The request's problem and candidate text, read (a path only as `files` allows: the context's
     `files`) and checked before anything runs (a refused option, a file that is not a problem: the
     caller's to fix, raised as ToolError)."""

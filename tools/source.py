@@ -125,6 +125,24 @@ def readable_file(files: FileAccess | None, value: str, what: FileKind) -> Path:
     return real
 
 
+def readable_problems(files: FileAccess | None, values: Iterable[str], found: Iterable[Path]) -> None:
+    """Raises the refusal of `readable_file` unless every path a campaign was given (`values`: problem
+    files or folders) and every problem file found through them (`found`) lies inside the policy's
+    folders: a folder is read for its problems, and a link in it must not lead outside either."""
+    if files is None:
+        return
+    for value in values:
+        try:
+            real = _as_path(value).resolve()
+            allowed = files.holds(real) and real.is_dir()
+        except (OSError, RuntimeError):
+            allowed = False
+        if not allowed:
+            readable_file(files, value, "problem")
+    for path in found:
+        readable_file(files, str(path), "problem")
+
+
 def _not_readable(files: FileAccess, what: FileKind) -> ToolError:
     instead = (f"pass the file's text as `{what}` instead (with `kb-mcp call`, `--arg {what}=@FILE` sends a local "
                "file's text)") if what != "report" else \

@@ -19,10 +19,11 @@ from mcp import Client
 from kb_mcp.clients.mcp_client import ToolCallError, call_json
 from kb_mcp.server.app import build_server
 from kb_mcp.tools.context import ToolContext
+from kb_mcp.tools.source import FileAccess
 
 
-async def _run_job(kb: Path, arguments: dict, timeout_s: float = 400) -> dict:
-    server = build_server(ToolContext(kb))
+async def _run_job(kb: Path, arguments: dict, timeout_s: float = 400, files: FileAccess | None = None) -> dict:
+    server = build_server(ToolContext(kb, files=files))
     try:
         async with Client(server) as client:
             tools = {t.name for t in (await client.list_tools()).tools}
@@ -156,3 +157,25 @@ def test_start_job_refuses_a_campaign_name_that_leaves_the_campaigns_folder(tmp_
     artifacts = tmp_path / "kb.artifacts"
     assert not any((folder / "campaign.json").exists() for folder in (artifacts, tmp_path))
     assert not list((artifacts / "jobs").glob("j_*.json"))
+
+
+async def test_a_campaign_reads_no_problem_file_outside_the_folders_its_server_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    allowed, outside = tmp_path / "shared", tmp_path / "private"
+    allowed.mkdir()
+    outside.mkdir()
+    (allowed / "swish.py").write_text(SWISH.read_text())
+    (outside / "secret.py").write_text(SWISH.read_text())
+    (allowed / "linked.py").symlink_to(outside / "secret.py")
+    files = FileAccess.of([allowed])
+    with FakeLLMServer(campaign_script()) as llm:
+        monkeypatch.setenv("KB_MCP_LLM_BASE_URL", llm.base_url)
+        monkeypatch.setenv("KB_MCP_LLM_MODEL", "fake-model")
+        for problems in ([str(outside / "secret.py")], [str(outside)], [str(allowed)], [str(allowed / "linked.py")],
+                         [str(allowed / ".." / "private" / "secret.py")]):
+            status = await _run_job(tmp_path / "kb.json", {"problems": problems, "compile_only": True,
+                                                           "iterations": 1, "steps": 1, "gradient_every": 0},
+                                    files=files)
+            assert status["status"] == "failed", (problems, status)
+            assert "reads no files of its clients outside" in status["error"], status["error"]
+        assert llm.requests == []  # refused before anything was asked of the LLM, or read

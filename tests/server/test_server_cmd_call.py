@@ -150,23 +150,20 @@ def test_a_problem_file_that_is_not_utf8_is_the_environments_with_one_fix(kb_pat
     assert "pass its text" not in called.stderr and "Traceback" not in called.stderr
 
 
-def test_a_sandbox_setting_the_harness_cannot_use_is_the_environments(kb_path: Path) -> None:
-    # KB_MCP_SANDBOX is the operator's setting: no argument of the call can fix it
+# Settings of the server's operator: no argument of the call can fix them, so they are the environment's.
+OPERATOR_SETTINGS = {
+    "KB_MCP_SANDBOX": ("KB_MCP_SANDBOX='abc' is not a sandbox setting", "`kb-mcp doctor`"),
+    "KB_MCP_MAX_TIMEOUT_S": ("$KB_MCP_MAX_TIMEOUT_S must be a number of seconds, got 'abc'", "operator sets it"),
+}
+
+
+@pytest.mark.parametrize("variable", sorted(OPERATOR_SETTINGS))
+def test_an_operators_setting_the_server_cannot_use_is_the_environments(kb_path: Path, variable: str) -> None:
     called = run_cli(["--kb", str(kb_path), "call", "compile_and_verify",
                       "--arg", f"problem={EXAMPLES / 'problems' / 'swish.py'}",
                       "--arg", f"candidate=@{EXAMPLES / 'candidates' / 'swish_nvrtc.py'}"],
-                     env={"KB_MCP_SANDBOX": "abc"})
+                     env={variable: "abc"})
+    what, action = OPERATOR_SETTINGS[variable]
     assert called.returncode == 3 and called.stdout == ""
-    assert "not in your arguments" in called.stderr and "KB_MCP_SANDBOX='abc' is not a sandbox setting" in called.stderr
-    assert "`kb-mcp doctor`" in called.stderr and "Traceback" not in called.stderr
-
-
-def test_a_cap_setting_that_is_not_a_number_is_the_environments(kb_path: Path) -> None:
-    # KB_MCP_MAX_TIMEOUT_S is the operator's setting: no argument of the call can fix it
-    called = run_cli(["--kb", str(kb_path), "call", "compile_and_verify",
-                      "--arg", f"problem={EXAMPLES / 'problems' / 'swish.py'}",
-                      "--arg", f"candidate=@{EXAMPLES / 'candidates' / 'swish_nvrtc.py'}"],
-                     env={"KB_MCP_MAX_TIMEOUT_S": "abc"})
-    assert called.returncode == 3 and called.stdout == ""
-    assert "$KB_MCP_MAX_TIMEOUT_S must be a number of seconds, got 'abc'" in called.stderr
-    assert "operator sets it" in called.stderr and "Traceback" not in called.stderr
+    assert "not in your arguments" in called.stderr and what in called.stderr
+    assert action in called.stderr and "Traceback" not in called.stderr

@@ -279,7 +279,7 @@ async def test_stalled_campaigns_of_one_client_leave_another_clients_job_a_slot(
     campaign = {"kind": "run_campaign", "arguments": {"problems": [str(SWISH)], "compile_only": True}}
     with _endpoint_that_never_answers() as (url, held):
         env = {"KB_MCP_TOKEN": TOKEN, "KB_MCP_LLM_MODEL": "x", "KB_MCP_LLM_MAX_RETRIES": "0",
-               "KB_MCP_LLM_BASE_URL": url}
+               "KB_MCP_LLM_BASE_URL": url, "KB_MCP_FILES": str(SWISH.parent)}  # the problem, read on the server
         with http_server(kb_path, ["--http", "127.0.0.1:0"], env=env) as server:
             async with _session_client(server.url) as hog, _session_client(server.url) as hog_again:
                 for i in range(MAX_JOBS_PER_SUBMITTER):

@@ -58,7 +58,8 @@ async def _verify_at_once(servers: list[HttpServer], compile_only: bool) -> tupl
 def _two_servers_verify(tmp_path: Path, env: dict[str, str], compile_only: bool
                         ) -> tuple[list[lane.LaneSpan], list[int], list[list[str]], list[str]]:
     kb = tmp_path / "kb.json"  # one KB: the shared-KB case
-    env = {**env, "KB_MCP_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    env = {**env, "KB_MCP_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1",
+           "KB_MCP_FILES": str(PROBLEM.parent)}  # the clients name the problem by its path on the server
     with http_server(kb, env=env) as first, http_server(kb, env=env) as second:
         said, verdicts = anyio.run(_verify_at_once, [first, second], compile_only)
         pids = [first.proc.pid, second.proc.pid]

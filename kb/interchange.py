@@ -11,7 +11,8 @@ shape is `kb.reference_kb`'s).
   The other file is untrusted as a whole: every record is validated against its model before
   anything is written, and one bad record refuses the file (`InterchangeError` naming it; this
   KB unchanged). Its scores are held within the bounds this KB's own updates keep (per client and
-  in total, by the numeric rule) and its priors within those of an imported reference prior.
+  in total, by the numeric rule), its priors within those of an imported reference prior, and its
+  moves between states within what its outcomes made.
 The numeric rule that turns outcomes into statistics belongs to `policy.update`; `kb` imports
 nothing of ours above it, so `merge_kb` takes that rule as an argument (pass the module).
 """
@@ -319,8 +320,15 @@ def _merge_into(tx: Transaction, other: _Incoming, rule: ScoreRule, report: Tran
     for o in shared:
         if o.next_state_id and o.verdict.is_valid and not o.flagged:
             shared_moves[(o.state_id, o.optimization_id, o.next_state_id)] += 1
+    # A move is counted once per valid outcome that made it (`record_outcome`), so a file may claim no more
+    # moves than its own outcomes show: a count beyond them is held to them, not believed.
+    their_moves: dict[tuple[str, str, str], int] = defaultdict(int)
+    for o in theirs:
+        if o.next_state_id and o.verdict.is_valid:
+            their_moves[(o.state_id, o.optimization_id, o.next_state_id)] += 1
     for tr in other.transitions:
-        extra_count = tr.count - shared_moves.get((tr.state_id, tr.optimization_id, tr.next_state_id), 0)
+        move = (tr.state_id, tr.optimization_id, tr.next_state_id)
+        extra_count = min(tr.count, their_moves.get(move, 0)) - shared_moves.get(move, 0)
         if extra_count > 0:
             tx.bump_transition(tr.state_id, tr.optimization_id, tr.next_state_id, extra_count)
             report.transitions_added += extra_count

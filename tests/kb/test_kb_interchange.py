@@ -236,6 +236,22 @@ def test_a_score_merged_where_this_kb_has_none_is_held_within_the_bounds_of_its_
     assert s.prior_mean_log_speedup <= math.log(interchange.SPEEDUP_RANGE[1]) + 1e-9
 
 
+def test_a_file_claims_no_more_moves_between_states_than_its_outcomes_made(tmp_path: Path) -> None:
+    theirs, other, kb = tmp_path / "theirs.json", tmp_path / "other.json", tmp_path / "kb.json"
+    _record(theirs, "c_1", 1.0, next_state="compute_throughput_saturated")
+    export_kb(KBStore.open(theirs), other)
+    data = json.loads(other.read_text())
+    (move,) = data["transitions"].values()
+    move["count"] = 10**12  # one outcome made it; the file says a trillion did
+    other.write_text(json.dumps(data))
+    KBStore.open(kb)
+
+    report = merge_kb(KBStore.open(kb), other, update)
+
+    (merged,) = KBStore.open(kb).transitions(STATE)
+    assert merged.count == 1 and report.transitions_added == 1
+
+
 def test_reference_import_round_trip(tmp_path: Path) -> None:
     original = json.loads(SAMPLE.read_text())
     store = KBStore.open(tmp_path / "a.json")

@@ -110,9 +110,15 @@ def _states(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Printe
         for s in doc.states:
             table.add_row(s.id, s.bottleneck, s.origin, str(s.scored_optimizations), str(s.outcomes))
         console.print(table)
-        console.print("one state in full: kb-mcp kb show STATE")
+        console.print(f"one state in full: {kb_command(store, 'kb show STATE')}", markup=False)
 
     return kb_views.states_overview(store), show
+
+
+def kb_command(store: KBStore, rest: str) -> str:
+    """A command to suggest about this KB: with its `--kb` unless it is the KB a plain command opens."""
+    chosen = "" if store.path.resolve() == paths.resolve_kb_path() else f" --kb {store.path}"
+    return f"kb-mcp{chosen} {rest}"
 
 
 def _candidates(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Printer]:
@@ -139,7 +145,8 @@ def _candidates(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pr
         for c in doc.candidates if args.flagged else []:
             console.print(f"{c.candidate_id} flagged: {', '.join(c.findings) or 'loosened options'}"
                           + (f"\n  sandbox_attempt: {c.attempt}" if c.attempt else ""), markup=False)
-        console.print("one candidate with its source and lineage: kb-mcp kb candidate ID")
+        console.print(f"one candidate with its source and lineage: {kb_command(store, 'kb candidate ID')}",
+                      markup=False)
 
     overview = kb_views.candidates_overview(store, problem=args.problem, verdict=args.verdict, flagged=args.flagged,
                                             limit=args.limit)
@@ -154,7 +161,8 @@ def _candidate(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pri
 
     matches = kb_views.resolve_candidate_id(store, args.candidate_id)
     if not matches:
-        raise BrowseError(f"no candidate {args.candidate_id!r} in {store.path}; `kb-mcp kb candidates` lists them")
+        raise BrowseError(f"no candidate {args.candidate_id!r} in {store.path}; `{kb_command(store, 'kb candidates')}` "
+                          "lists them")
     if len(matches) > 1:
         raise BrowseError(f"{args.candidate_id!r} names {len(matches)} candidates ({', '.join(matches[:5])}...); give "
                           "more of the id")

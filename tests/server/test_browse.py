@@ -110,7 +110,7 @@ def test_a_candidate_by_prefix_shows_verdict_source_and_lineage(kb: Path) -> Non
 
 def test_an_unknown_or_ambiguous_candidate_is_refused(kb: Path) -> None:
     missing = _kb(kb, "candidate", "c_nope")
-    assert missing.returncode == 1 and "kb-mcp kb candidates" in missing.stderr
+    assert missing.returncode == 1 and f"kb-mcp --kb {kb} kb candidates" in missing.stderr
     ambiguous = _kb(kb, "candidate", "c_")
     assert ambiguous.returncode == 1 and "names 4 candidates" in ambiguous.stderr
 
@@ -186,3 +186,8 @@ async def test_ids_complete(kb: Path) -> None:
         cands = await client.complete(ResourceTemplateReference(uri="kb://candidate/{candidate_id}"),
                                       {"name": "candidate_id", "value": "c_l"})
         assert cands.completion.values == ["c_leaf000000000003"]
+
+
+def test_the_commands_a_listing_suggests_keep_the_kb_it_was_given(kb: Path) -> None:
+    assert f"kb-mcp --kb {kb} kb show STATE" in _kb(kb, "states").stdout
+    assert f"kb-mcp --kb {kb} kb candidate ID" in _kb(kb, "candidates").stdout

@@ -13,6 +13,7 @@ shape is `kb.reference_kb`'s).
   KB unchanged). Its scores are held within the bounds this KB's own updates keep (per client and
   in total, by the numeric rule), its priors within those of an imported reference prior, and its
   moves between states within what its outcomes made.
+
 The numeric rule that turns outcomes into statistics belongs to `policy.update`; `kb` imports
 nothing of ours above it, so `merge_kb` takes that rule as an argument (pass the module).
 """

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from kb_mcp.kb.errors import KbMcpError
 from kb_mcp.server import logs
+from kb_mcp.server.agents import read_agents
 from kb_mcp.server.env import ENV_FILES
 from kb_mcp.server.token import add_token_arguments, read_token
 
@@ -50,6 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Loopback names are always allowed; others are refused (DNS-rebinding protection)",
     )
     p.add_argument(
+        "--agents-file",
+        metavar="PATH",
+        help="with --http: a file of 'NAME TOKEN' lines, one per agent, so the server tells its agents apart: "
+        "each is the only verifier of what it verifies and one client of the KB (its outcomes, lessons and jobs "
+        "are its own). Default: $KB_MCP_AGENTS. Agents of the shared token are one client to the KB",
+    )
+    p.add_argument(
         "--files",
         action="append",
         default=None,
@@ -77,6 +85,16 @@ def _stats_line(server: KbMcpServer) -> str:
         f"{sum(stats.states.values())} states, {sum(stats.optimizations.values())} optimizations, "
         f"{sum(stats.outcomes.values())} outcomes"
     )
+
+
+def _tokens_line(opts: HttpOptions) -> str:
+    """Which bearer tokens the server takes, for its banner."""
+    if not opts.credentials.required:
+        return "bearer token off"
+    kinds = (["the shared token"] if opts.token else []) + \
+        ([f"{len(opts.agents)} agents' own tokens ({', '.join(a.name for a in opts.agents[:5])}"
+          f"{', ...' if len(opts.agents) > 5 else ''})"] if opts.agents else [])
+    return "bearer token required: " + " or ".join(kinds)
 
 
 def _attempt_policy(choice: str | None) -> None:
@@ -111,23 +129,34 @@ def file_access(args: argparse.Namespace, http: bool) -> FileAccess | None:
     return files
 
 
+def _http_options(args: argparse.Namespace) -> HttpOptions | None:
+    """The HTTP configuration of --http, its tokens and agents file (None: serve stdio); raises
+    ValueError or ServeError (the operator's to fix) for one that must not start."""
+    from kb_mcp.server.transport import http_options
+
+    token = read_token(args)
+    if args.http:
+        return http_options(args.http, token, args.allow_host, read_agents(args.agents_file, token))
+    if args.agents_file:
+        raise ValueError("--agents-file applies to --http only: a stdio server has one client, the agent that "
+                         "started it")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Serves until the client disconnects (stdio) or the process is interrupted (HTTP)."""
     import anyio
 
     from kb_mcp.server.app import build_server, package_version
     from kb_mcp.server.banner import http_connect_lines, print_banner, stdio_connect_lines, token_hint_lines
-    from kb_mcp.server.transport import BearerGate, ServeError, http_options, serve_http
+    from kb_mcp.server.transport import BearerGate, ServeError, serve_http
     from kb_mcp.tools.context import ToolContext
 
     logs.configure(args.log_level)
     logs.log_attempts()
-    options: HttpOptions | None = None
     try:
         _attempt_policy(args.attempts)
-        token = read_token(args)
-        if args.http:
-            options = http_options(args.http, token, args.allow_host)
+        options = _http_options(args)
         files = file_access(args, http=options is not None)
     except (ServeError, ValueError) as exc:
         print(f"kb-mcp serve: {exc}", file=sys.stderr)
@@ -167,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
             anyio.run(server.run_stdio_async)
         else:
             app = BearerGate(server.streamable_http_app(transport_security=options.security(), host=options.host),
-                             options.token)
+                             options.credentials)
 
             def ready(port: int, opts: HttpOptions) -> None:
                 url = opts.url(port)
@@ -178,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
                     tools=tools,
                     gpu_tools=gpu_tools,
                     connect=http_connect_lines(url, opts.token is not None) + token_hint_lines(opts.token),
-                    footer=f"serving http {url} (bearer token {'required' if opts.token else 'off'}; "
+                    footer=f"serving http {url} ({_tokens_line(opts)}; "
                     f"allowed hosts: {', '.join(opts.allowed_hosts)}); Ctrl-C quits",
                 )
 

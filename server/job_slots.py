@@ -3,15 +3,17 @@
 * A kind declaring itself long-running (`ToolMeta.long_running`: a campaign, hours against an LLM
   endpoint that may stall) runs in MAX_CONCURRENT_LONG_JOBS threads of its own, never in the
   MAX_CONCURRENT_JOBS threads of the other kinds: however many campaigns wait, a quick job still runs.
-* One submitter (an HTTP client's MCP session, named by `submitted_by`) has at most
+* One submitter (an agent of the agents file, else an HTTP client's MCP session, named by
+  `submitted_by`) has at most
   MAX_JOBS_PER_SUBMITTER jobs queued or running in this process, fewer than the other kinds' slots:
   one more is the caller's error, saying to wait for one or cancel one.
 
-Within a pool, jobs start first come, first served. A session is the only identity a client has
-here (every client may share one bearer token; a job_key names a job, not who started it), so the
-cap applies to sessions only: the one client of a stdio or in-process server shares its slots with
-nobody, and clients on the sessionless 2026-07-28 protocol cannot be told apart. The campaigns'
-own slots protect the other kinds from every client alike.
+Within a pool, jobs start first come, first served. An agent with a token of its own
+(`server.agents`) is capped as itself, whatever session or protocol it uses. Clients of the shared
+token have no identity here but their session (a job_key names a job, not who started it), so the
+cap applies to their sessions: the one client of a stdio or in-process server shares its slots with
+nobody, and shared-token clients on the sessionless 2026-07-28 protocol cannot be told apart. The
+campaigns' own slots protect the other kinds from every client alike.
 """
 
 from __future__ import annotations

@@ -8,10 +8,12 @@ says whose the failure is and what to do, with the same as structured content (`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import anyio
@@ -25,9 +27,11 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel
 
 from kb_mcp.harness.sandbox.attempts import on_behalf_of
+from kb_mcp.server.agents import AGENT_PREFIX, CLIENT_SCOPE_KEY
 from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
 from kb_mcp.server.job_slots import submitted_by
 from kb_mcp.server.registry import ToolSpec
+from kb_mcp.tools.context import acting_for
 from kb_mcp.tools.disclosure import redact, redact_data
 
 log = logging.getLogger(__name__)
@@ -122,6 +126,36 @@ def tool_annotations(spec: ToolSpec) -> ToolAnnotations:
 MCP_SESSION_ID = "mcp-session-id"
 
 
+def http_client(request: Any) -> str | None:
+    """Who the HTTP gate found sent `request` (`transport.BearerGate`): an agent of the agents file, or
+    the shared token's client. None where no gate named anyone (stdio, in-process, a loopback server
+    started without a token)."""
+    scope = getattr(request, "scope", None)
+    client = scope.get(CLIENT_SCOPE_KEY) if isinstance(scope, Mapping) else None
+    return client if isinstance(client, str) else None
+
+
+def agent_of(request: Any) -> str | None:
+    """The agent of the agents file that sent `request` (its token proves it), else None: the shared
+    token's client is everyone who holds it."""
+    client = http_client(request)
+    return client if client is not None and client.startswith(AGENT_PREFIX) else None
+
+
+def submitter_of(request: Any) -> str | None:
+    """Whose share of the job slots a request's jobs count towards: a named agent's, whatever session
+    or protocol it uses; else its HTTP session's (None: not capped, see `job_slots`)."""
+    return agent_of(request) or http_session(request)
+
+
+@contextlib.contextmanager
+def made_by(request: Any) -> Iterator[None]:
+    """The work of `request` (tool calls, and the jobs they start) is done for whoever the HTTP gate
+    found sent it, and counts towards their share of the job slots."""
+    with acting_for(agent_of(request)), submitted_by(submitter_of(request)):
+        yield
+
+
 def http_session(request: Any) -> str | None:
     """The streamable-HTTP session a request belongs to (`http:<Mcp-Session-Id>`: the server made the
     id, only its client holds it); None for a request without one (stdio, in-process, stateless)."""
@@ -160,10 +194,12 @@ def as_mcp_tool(spec: ToolSpec, runner: ToolRunner, *, adopt_client_name: bool =
         try:
             request = parse_request(spec, arguments)
             # What the call's sandboxed processes try is logged with the client's name (the thread
-            # runs in a copy of this context, and so do the jobs it starts).
-            # and the jobs it starts count towards its HTTP session's share of the job slots
-            with on_behalf_of(client_name_of(mcp_ctx) or runner.ctx.client_name), \
-                    submitted_by(http_session(mcp_ctx.request_context.request)):
+            # runs in a copy of this context, and so do the jobs it starts),
+            # and the jobs it starts count towards its share of the job slots; an agent of an agents
+            # file is the client of what it verifies and records
+            http_request = mcp_ctx.request_context.request
+            with made_by(http_request), \
+                    on_behalf_of(agent_of(http_request) or client_name_of(mcp_ctx) or runner.ctx.client_name):
                 result = await anyio.to_thread.run_sync(runner.run, spec, request, ProgressRelay(mcp_ctx))
         except ToolFailure as failure:
             return error_result(failure)

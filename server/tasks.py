@@ -51,9 +51,8 @@ from mcp_types import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from kb_mcp.server.execution import ToolFailure
-from kb_mcp.server.job_slots import submitted_by
 from kb_mcp.server.jobs import JobManager, JobRecord
-from kb_mcp.server.mcp_tools import http_session
+from kb_mcp.server.mcp_tools import http_session, made_by
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +141,9 @@ class TaskService:
             raise MCPError(code=INVALID_PARAMS, message=f"{params.name} does not run as a task; call it without `task`")
         key = secrets.token_hex(16)
         try:
-            # an HTTP session's tasks count towards its share of the job slots, as its start_job calls do
-            with submitted_by(http_session(getattr(ctx, "request", None))):
+            # a task counts towards its HTTP session's (or agent's) share of the job slots, as a start_job
+            # call does, and its job is that agent's
+            with made_by(getattr(ctx, "request", None)):
                 record = await anyio.to_thread.run_sync(self.jobs.start, params.name, dict(params.arguments or {}),
                                                         key)
         except ToolFailure as failure:  # arguments that fail validation fail the call, as without a task

@@ -10,11 +10,9 @@ Rules (from the product design):
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import json
 import logging
-import re
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -23,11 +21,11 @@ from typing import Any
 import anyio
 from mcp.server.transport_security import TransportSecuritySettings
 
-from kb_mcp.server.env import ENV_TOKEN
+from kb_mcp.server.agents import CLIENT_SCOPE_KEY, MIN_TOKEN_CHARS, PLACEHOLDER, Agent, Credentials
+from kb_mcp.server.env import ENV_AGENTS, ENV_TOKEN
 
 log = logging.getLogger(__name__)
 
-MIN_TOKEN_CHARS = 16
 MCP_PATH = "/mcp"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
@@ -42,9 +40,15 @@ class HttpOptions:
 
     host: str  # as bound (IPv6 without brackets)
     port: int
-    token: str | None
+    token: str | None  # the shared token
     allowed_hosts: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)
+    agents: tuple[Agent, ...] = ()  # the agents file's, each with a token of its own
+
+    @property
+    def credentials(self) -> Credentials:
+        """The tokens requests may carry, and who each one is."""
+        return Credentials(self.token, self.agents)
 
     @property
     def loopback(self) -> bool:
@@ -109,24 +113,27 @@ def _host_patterns(name: str) -> tuple[list[str], list[str]]:
     return hosts, origins
 
 
-def http_options(bind: str, token: str | None, allow_hosts: Sequence[str] = ()) -> HttpOptions:
-    """Validates a serve configuration; raises ServeError with the fix when it must not start."""
+def http_options(bind: str, token: str | None, allow_hosts: Sequence[str] = (),
+                 agents: Sequence[Agent] = ()) -> HttpOptions:
+    """Validates a serve configuration (`agents`: those of an agents file, already checked by
+    `agents.read_agents`); raises ServeError with the fix when it must not start."""
     host, port = parse_bind(bind)
     token = token or None
-    if token is not None and _PLACEHOLDER.match(token):
+    if token is not None and PLACEHOLDER.match(token):
         raise ServeError(
             f"the bearer token is the unexpanded text {token!r}: the variable it names is not set where this "
             f"server starts; set it (e.g. export {ENV_TOKEN}=...) or put the token in a file and pass --token-file PATH"
         )
     loopback = is_loopback(host)
     if not loopback:
-        if token is None:
+        if token is None and not agents:
             raise ServeError(
                 f"refusing to serve on {host} without a bearer token: anyone who can reach this port could "
                 f"run code on its GPU and write to the KB. Set {ENV_TOKEN} (or pass --token-file PATH), e.g.\n"
-                f"  export {ENV_TOKEN}=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
+                f"  export {ENV_TOKEN}=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')\n"
+                f"or give each agent a token of its own (--agents-file PATH or ${ENV_AGENTS})"
             )
-        if len(token) < MIN_TOKEN_CHARS:
+        if token is not None and len(token) < MIN_TOKEN_CHARS:
             raise ServeError(f"the bearer token is too short ({len(token)} chars); use at least {MIN_TOKEN_CHARS}")
     names: list[str] = list(LOOPBACK_NAMES)
     if not loopback and host not in ("0.0.0.0", "::"):
@@ -144,7 +151,7 @@ def http_options(bind: str, token: str | None, allow_hosts: Sequence[str] = ()) 
         hosts, origins = _host_patterns(name)
         allowed_hosts += [h for h in hosts if h not in allowed_hosts]
         allowed_origins += [o for o in origins if o not in allowed_origins]
-    return HttpOptions(host, port, token, allowed_hosts, allowed_origins)
+    return HttpOptions(host, port, token, allowed_hosts, allowed_origins, tuple(agents))
 
 
 def check_bindable(host: str, port: int) -> None:
@@ -187,7 +194,8 @@ async def serve_http(app: ASGIApp, options: HttpOptions, on_ready: Callable[[int
 
 # -- bearer token check ------------------------------------------------------------------------------
 #
-# kb-mcp's HTTP server takes one static bearer token; it is not an OAuth resource server. MCP
+# kb-mcp's HTTP server takes static bearer tokens (a shared one, and one per agent of an agents
+# file); it is not an OAuth resource server. MCP
 # clients start OAuth discovery from a 401 whose WWW-Authenticate names `resource_metadata`, or by
 # fetching /.well-known/oauth-protected-resource and /.well-known/oauth-authorization-server. So a
 # 401 here never names resource metadata, every /.well-known/ path answers 404 saying there is no
@@ -198,9 +206,6 @@ Message = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 REALM = "kb-mcp"
-# `${KB_MCP_TOKEN}`, `$KB_MCP_TOKEN`, `${env:KB_MCP_TOKEN}`, `${input:kb-mcp-token}`: what a client
-# config holds before its variables are substituted.
-_PLACEHOLDER = re.compile(r"^\$(\{[A-Za-z_][\w:.-]*\}|[A-Za-z_]\w*)$")
 
 
 @dataclass(frozen=True)
@@ -221,50 +226,54 @@ class AuthProblem:
         return json.dumps({"error": self.error, "error_description": self.description}).encode()
 
 
-def auth_problem(authorization: str | None, token: str) -> AuthProblem | None:
-    """What is wrong with an `Authorization` header for a server whose token is `token` (None: nothing)."""
+def authenticate(authorization: str | None, credentials: Credentials) -> str | AuthProblem:
+    """Who sends an `Authorization` header (an agent's name, or `agents.SHARED_CLIENT` for the shared
+    token), or what is wrong with it, for a server accepting `credentials`."""
     if authorization is None or not authorization.strip():
         return AuthProblem(
             "invalid_request",
             f"no bearer token: this kb-mcp server requires the header 'Authorization: Bearer <token>' "
-            f"with the token the server was started with (its {ENV_TOKEN})",
+            f"with the token the server was started with (its {ENV_TOKEN}, or your own from its agents file)",
         )
-    scheme, _, credentials = authorization.strip().partition(" ")
+    scheme, _, presented = authorization.strip().partition(" ")
     if scheme.lower() != "bearer":
         return AuthProblem(
             "invalid_request",
             f"the Authorization header uses the scheme {scheme[:20]!r}; send 'Authorization: Bearer <token>'",
         )
-    credentials = credentials.strip()
-    if not credentials:
+    presented = presented.strip()
+    if not presented:
         return AuthProblem(
             "invalid_request",
             "the bearer token is empty: the variable your client configuration takes it from is empty or unset "
             f"where the client runs (export {ENV_TOKEN}=... before starting the client)",
         )
-    if _PLACEHOLDER.match(credentials):
+    if PLACEHOLDER.match(presented):
         return AuthProblem(
             "invalid_token",
-            f"the bearer token is the unexpanded text {credentials!r}: your client did not substitute that variable "
+            f"the bearer token is the unexpanded text {presented!r}: your client did not substitute that variable "
             "(it is unset where the client runs, or this client does not expand variables in headers); "
             "set it, or write the token into the configuration",
-            placeholder=credentials,
+            placeholder=presented,
         )
-    if not hmac.compare_digest(credentials.encode(), token.encode()):
+    client = credentials.client_of(presented)
+    if client is None:
         return AuthProblem("invalid_token",
-                           "the bearer token is not this server's token: check the token your client sends")
-    return None
+                           "the bearer token is not one of this server's tokens: check the token your client sends")
+    return client
 
 
 class BearerGate:
     """ASGI middleware in front of the MCP app: the bearer-token check, and no OAuth endpoints.
 
-    With `token=None` (a loopback server without a token) only the /.well-known/ answers apply.
+    A request it lets through carries who sent it in its scope (`CLIENT_SCOPE_KEY`): an agent of the
+    agents file, or the shared token's client. Without any token (a loopback server started without
+    one) only the /.well-known/ answers apply, and nobody is named.
     """
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, credentials: Credentials) -> None:
         self.app = app
-        self.token = token
+        self.credentials = credentials
         self._warned: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
@@ -279,13 +288,15 @@ class BearerGate:
                 "('Authorization: Bearer <token>'), or none on a loopback server started without one",
             })
             return
-        if self.token is not None:
-            problem = auth_problem(_header(scope, b"authorization"), self.token)
-            if problem is not None:
-                self._log(problem)
-                await _send_json(send, 401, problem.body(), [(b"www-authenticate",
-                                                              problem.www_authenticate().encode())])
+        # Whatever a client put in the scope itself is not trusted: only this gate names the sender.
+        scope.pop(CLIENT_SCOPE_KEY, None)
+        if self.credentials.required:
+            found = authenticate(_header(scope, b"authorization"), self.credentials)
+            if isinstance(found, AuthProblem):
+                self._log(found)
+                await _send_json(send, 401, found.body(), [(b"www-authenticate", found.www_authenticate().encode())])
                 return
+            scope[CLIENT_SCOPE_KEY] = found
         await self.app(scope, receive, send)
 
     def _log(self, problem: AuthProblem) -> None:

@@ -7,7 +7,10 @@ torch or starts a worker.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +24,21 @@ if TYPE_CHECKING:
     from kb_mcp.kb.store import KBStore
     from kb_mcp.profiling.profile_standby import StandbyPool
     from kb_mcp.tools.source import FileAccess
+
+
+_CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("kb_mcp_caller", default=None)
+
+
+@contextlib.contextmanager
+def acting_for(client: str | None) -> Iterator[None]:
+    """Tool calls made in the block (and in its threads and jobs, which copy the context) are
+    `client`'s: an HTTP server's agent, told apart by its token. None leaves each context's own
+    client name."""
+    token = _CALLER.set(client)
+    try:
+        yield
+    finally:
+        _CALLER.reset(token)
 
 
 class ToolContext:
@@ -38,7 +56,7 @@ class ToolContext:
         self.kb_path = paths.resolve_kb_path(kb_path)
         self.artifacts_dir = paths.artifacts_dir(self.kb_path)
         self.cache_dir = Path(cache_dir) if cache_dir else paths.cache_dir()
-        self.client_name = client_name  # provenance for lessons and outcomes
+        self._client_name = client_name
         # A one-shot process (kb-mcp call) exits after its call: a driver started for a next
         # profile would be wasted work.
         self.standby_profiler = standby_profiler
@@ -51,6 +69,16 @@ class ToolContext:
         """The one GPU lane of this context: every profile and timing holds it (tools.lane)."""
         self.closed = False
         """Set by `close`: a closed context starts no more profiling drivers."""
+
+    @property
+    def client_name(self) -> str:
+        """Who the current call is to the KB (the verifier of what it verifies, the provenance of what
+        it records): the agent a call is made for (`acting_for`), else this context's own client."""
+        return _CALLER.get() or self._client_name
+
+    @client_name.setter
+    def client_name(self, name: str) -> None:
+        self._client_name = name
 
     @cached_property
     def store(self) -> KBStore:

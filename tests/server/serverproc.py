@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from kb_mcp.clients.mcp_client import serve_command
 
@@ -100,3 +105,36 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+@contextmanager
+def endpoint_that_never_answers() -> Iterator[tuple[str, list[socket.socket]]]:
+    """An LLM endpoint that accepts connections and never answers; yields its URL and the connections."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1", held
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+@asynccontextmanager
+async def session_client(url: str, token: str) -> AsyncIterator[Client]:
+    """A client on the handshake-era protocol: its requests carry the Mcp-Session-Id the server gave it."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                  timeout=httpx2.Timeout(30.0, read=300.0)) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
+            yield client

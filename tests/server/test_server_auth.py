@@ -51,7 +51,7 @@ def _post(url: str, authorization: str | None) -> httpx2.Response:
         (None, "invalid_request", "no bearer token"),
         ("Bearer", "invalid_request", "token is empty"),
         ("Bearer ${KB_MCP_TOKEN}", "invalid_token", "unexpanded text '${KB_MCP_TOKEN}'"),
-        ("Bearer not-the-token-0123456789", "invalid_token", "not this server's token"),
+        ("Bearer not-the-token-0123456789", "invalid_token", "not one of this server's tokens"),
     ],
 )
 def test_a_refusal_names_its_reason(server, authorization: str | None, error: str, words: str) -> None:  # type: ignore[no-untyped-def]

@@ -7,17 +7,12 @@ import dataclasses
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
-import httpx2
 import pytest
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from serverproc import http_server
+from serverproc import endpoint_that_never_answers, http_server, session_client
 
 from kb_mcp.clients.mcp_client import ToolCallError, call_json, connect_http
 from kb_mcp.server.app import KbMcpServer, build_server
@@ -102,7 +97,6 @@ def test_a_job_whose_server_died_is_reported_interrupted(kb_path: Path, toy_spec
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
     manager = _manager(kb_path, toy_spec)
-    import socket
 
     orphan = JobRecord(job_id=new_job_id(), kind="toy_count", status="running",
                        owner=f"{socket.gethostname()}:{dead_pid}")
@@ -242,46 +236,13 @@ def test_one_submitter_has_a_capped_number_of_unfinished_jobs(kb_path: Path, toy
     manager.shutdown()
 
 
-@contextmanager
-def _endpoint_that_never_answers() -> Iterator[tuple[str, list[socket.socket]]]:
-    """An LLM endpoint that accepts connections and never answers; yields its URL and the connections."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1", held
-    finally:
-        listener.close()
-        for conn in held:
-            conn.close()
-
-
-@asynccontextmanager
-async def _session_client(url: str) -> AsyncIterator[Client]:
-    """A client on the handshake-era protocol: its requests carry the Mcp-Session-Id the server gave it."""
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"},
-                                  timeout=httpx2.Timeout(30.0, read=300.0)) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
-            yield client
-
-
 async def test_stalled_campaigns_of_one_client_leave_another_clients_job_a_slot(kb_path: Path) -> None:
     campaign = {"kind": "run_campaign", "arguments": {"problems": [str(SWISH)], "compile_only": True}}
-    with _endpoint_that_never_answers() as (url, held):
+    with endpoint_that_never_answers() as (url, held):
         env = {"KB_MCP_TOKEN": TOKEN, "KB_MCP_LLM_MODEL": "x", "KB_MCP_LLM_MAX_RETRIES": "0",
                "KB_MCP_LLM_BASE_URL": url, "KB_MCP_FILES": str(SWISH.parent)}  # the problem, read on the server
         with http_server(kb_path, ["--http", "127.0.0.1:0"], env=env) as server:
-            async with _session_client(server.url) as hog, _session_client(server.url) as hog_again:
+            async with session_client(server.url, TOKEN) as hog, session_client(server.url, TOKEN) as hog_again:
                 for i in range(MAX_JOBS_PER_SUBMITTER):
                     await call_json(hog, "start_job", {**campaign, "arguments": {
                         **campaign["arguments"], "name": f"hog{i}"}})

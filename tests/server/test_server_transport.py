@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kb_mcp.server.transport import ServeError, auth_problem, http_options, is_loopback, parse_bind
+from kb_mcp.server.agents import Agent, Credentials
+from kb_mcp.server.transport import AuthProblem, ServeError, authenticate, http_options, is_loopback, parse_bind
 
 TOKEN = "t" * 32
 
@@ -82,12 +83,12 @@ def test_wildcard_bind_needs_an_allow_list() -> None:
         ("Bearer $KB_MCP_TOKEN", "invalid_token", "unexpanded"),
         ("Bearer ${env:KB_MCP_TOKEN}", "invalid_token", "unexpanded"),
         ("Bearer ${input:kb-mcp-token}", "invalid_token", "unexpanded"),
-        (f"Bearer {TOKEN[:-1]}", "invalid_token", "not this server's token"),
+        (f"Bearer {TOKEN[:-1]}", "invalid_token", "not one of this server's tokens"),
     ],
 )
 def test_each_refusal_says_what_is_wrong(header: str | None, error: str, words: str) -> None:
-    problem = auth_problem(header, TOKEN)
-    assert problem is not None and problem.error == error and words in problem.description
+    problem = authenticate(header, Credentials(TOKEN))
+    assert isinstance(problem, AuthProblem) and problem.error == error and words in problem.description
     challenge = problem.www_authenticate()
     assert challenge.startswith('Bearer realm="kb-mcp", error="' + error + '"')
     assert "resource_metadata" not in challenge  # what makes MCP clients start OAuth discovery
@@ -95,8 +96,26 @@ def test_each_refusal_says_what_is_wrong(header: str | None, error: str, words: 
 
 
 def test_the_right_token_passes_in_any_scheme_case() -> None:
-    assert auth_problem(f"Bearer {TOKEN}", TOKEN) is None
-    assert auth_problem(f"bearer {TOKEN}", TOKEN) is None
+    assert authenticate(f"Bearer {TOKEN}", Credentials(TOKEN)) == "mcp-http"
+    assert authenticate(f"bearer {TOKEN}", Credentials(TOKEN)) == "mcp-http"
+
+
+def test_each_agents_token_names_its_agent_and_the_shared_token_the_shared_client() -> None:
+    alice, bob = Agent("alice", "alice-token-0123456789"), Agent("bob", "bob-token-0123456789ab")
+    both = Credentials(TOKEN, (alice, bob))
+    assert authenticate(f"Bearer {alice.token}", both) == "agent:alice"
+    assert authenticate(f"Bearer {bob.token}", both) == "agent:bob"
+    assert authenticate(f"Bearer {TOKEN}", both) == "mcp-http"
+    assert isinstance(authenticate(f"Bearer {alice.token}x", both), AuthProblem)
+    agents_only = Credentials(None, (alice,))
+    assert agents_only.required  # a loopback server with an agents file still wants a token
+    assert isinstance(authenticate(f"Bearer {TOKEN}", agents_only), AuthProblem)
+    assert "alice-token" not in repr(both)  # a token is never shown
+
+
+def test_an_agents_file_is_a_token_for_a_server_off_loopback() -> None:
+    opts = http_options("10.0.0.7:8765", None, agents=[Agent("alice", "alice-token-0123456789")])
+    assert opts.credentials.required and opts.token is None
 
 
 def test_an_unexpanded_server_token_is_refused_at_start() -> None:

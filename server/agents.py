@@ -1,0 +1,162 @@
+"""The agents of a shared HTTP server, told apart by a bearer token each.
+
+Every client of `kb-mcp serve --http --token-file F` sends the same token, so the server cannot tell
+them apart: to the KB they are one client (SHARED_CLIENT), who may record any of their candidates and
+whose outcomes are bounded together. An agents file gives each agent a token of its own, one per line:
+
+    # NAME     TOKEN
+    alice      3q2Yw...   (at least MIN_TOKEN_CHARS characters)
+    ci-bot     Zx9Lk...
+
+A request carrying one of these tokens is that agent's (`agent:alice`): it alone is the verifier of
+the candidates it verifies, its outcomes weigh as one client's, its lessons carry its name, and its
+jobs count towards its own cap whatever session or protocol it uses. The shared token, where one is
+given too, stays the shared client's. The file is the operator's: every mistake in it stops the
+server with the line it is on (and never the token's text).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kb_mcp.server.env import ENV_AGENTS, ENV_TOKEN
+
+__all__ = [
+    "AGENT_PREFIX",
+    "CLIENT_SCOPE_KEY",
+    "MIN_TOKEN_CHARS",
+    "PLACEHOLDER",
+    "SHARED_CLIENT",
+    "Agent",
+    "Credentials",
+    "parse_agents",
+    "read_agents",
+]
+
+log = logging.getLogger(__name__)
+
+MIN_TOKEN_CHARS = 16
+SHARED_CLIENT = "mcp-http"
+"""Who every client of the shared token (and of a loopback server without one) is to the KB."""
+AGENT_PREFIX = "agent:"
+"""An agent's name in the KB: apart from the names local clients give themselves (`cli`, a stdio
+client's own name), so no agent of the file can pass for one of them, nor one of them for an agent."""
+CLIENT_SCOPE_KEY = "kb_mcp.client"
+"""The ASGI scope key under which the HTTP gate (`transport.BearerGate`) names who sent a request it
+let through; the gate removes whatever a request brought under it."""
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
+PLACEHOLDER = re.compile(r"^\$(\{[A-Za-z_][\w:.-]*\}|[A-Za-z_]\w*)$")
+"""`${KB_MCP_TOKEN}`, `$KB_MCP_TOKEN`, `${env:KB_MCP_TOKEN}`, `${input:kb-mcp-token}`: what a client
+config holds before its variables are substituted; a template never filled in, not a token."""
+
+
+@dataclass(frozen=True)
+class Agent:
+    """One agent of the agents file: its name and its token (never shown)."""
+
+    name: str
+    token: str = field(repr=False)
+
+    @property
+    def client(self) -> str:
+        """Who this agent is to the KB (its verdicts, outcomes, lessons and jobs)."""
+        return f"{AGENT_PREFIX}{self.name}"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The tokens an HTTP server accepts: the shared one, the agents', or none (a loopback server
+    without a token)."""
+
+    shared: str | None = field(default=None, repr=False)
+    agents: tuple[Agent, ...] = ()
+
+    @property
+    def required(self) -> bool:
+        """Whether a request must carry one of these tokens."""
+        return self.shared is not None or bool(self.agents)
+
+    def client_of(self, presented: str) -> str | None:
+        """Who a request carrying `presented` is (an agent's name, or SHARED_CLIENT), or None for a
+        token of no one here. Every token is compared, each in constant time, so the answer's timing
+        tells nothing of which one came close."""
+        found: str | None = None
+        given = presented.encode()
+        for agent in self.agents:
+            if hmac.compare_digest(given, agent.token.encode()):
+                found = agent.client
+        if self.shared is not None and hmac.compare_digest(given, self.shared.encode()):
+            found = found or SHARED_CLIENT
+        return found
+
+
+def parse_agents(text: str, where: str, shared: str | None = None) -> tuple[Agent, ...]:
+    """The agents of an agents file's text; raises ValueError naming `where` and the line for a
+    malformed line, a bad or repeated name, a short, templated or repeated token, or a token that is
+    also the shared one (whose requests could then not be told apart)."""
+    agents: list[Agent] = []
+    names: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        at = f"{where} line {number}"
+        fields = line.split()
+        if len(fields) != 2:
+            raise ValueError(f"{at}: expected 'NAME TOKEN' (two fields separated by spaces), found {len(fields)} "
+                             "field(s)")
+        name, token = fields
+        if not _NAME.match(name):
+            raise ValueError(f"{at}: the agent name {name[:60]!r} is not 1-40 letters, digits, '.', '_' or '-' "
+                             "(starting with a letter or digit)")
+        if name in names:
+            raise ValueError(f"{at}: the agent {name!r} is already named on line {names[name]}")
+        if PLACEHOLDER.match(token):
+            raise ValueError(f"{at}: {name}'s token is the unexpanded text {token!r}: write the token itself")
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"{at}: {name}'s token is too short ({len(token)} characters); use at least "
+                             f"{MIN_TOKEN_CHARS}, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
+        if token in tokens:
+            raise ValueError(f"{at}: {name}'s token is also the token on line {tokens[token]}: each agent needs "
+                             "its own, or the server cannot tell them apart")
+        if shared is not None and hmac.compare_digest(token.encode(), shared.encode()):
+            raise ValueError(f"{at}: {name}'s token is the shared token (--token-file, ${ENV_TOKEN}): give the "
+                             "agent a token of its own")
+        names[name], tokens[token] = number, number
+        agents.append(Agent(name, token))
+    if not agents:
+        raise ValueError(f"{where} names no agent: write one 'NAME TOKEN' line per agent")
+    return tuple(agents)
+
+
+def read_agents(path: str | None, shared: str | None = None) -> tuple[Agent, ...]:
+    """The agents of `path`, else of the file $KB_MCP_AGENTS names, else none. Raises ValueError (the
+    operator's to fix) where the file cannot be read or is not a valid agents file; warns where users
+    other than its owner may read it. Each token is registered as a secret: it is redacted from
+    everything the server returns or stores."""
+    from kb_mcp.tools.disclosure import register_secret
+
+    chosen = path or os.environ.get(ENV_AGENTS) or None
+    if chosen is None:
+        return ()
+    where = Path(chosen).expanduser()
+    try:
+        text = where.read_text(encoding="utf-8")
+        mode = where.stat().st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ValueError(f"cannot read the agents file {where}: {reason}") from exc
+    agents = parse_agents(text, f"the agents file {where}", shared)
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        log.warning("the agents file %s may be read by other users of this machine, who could then act as any "
+                    "agent in it: chmod 600 %s", where, where)
+    for agent in agents:
+        register_secret(agent.token)
+    return agents

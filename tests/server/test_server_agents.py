@@ -1,0 +1,159 @@
+"""The agents of a shared HTTP server, told apart by a token each (`server.agents`): what an agents file
+may hold, and, over a spawned `kb-mcp serve --http --agents-file` with real MCP clients, that each
+agent is a client of its own to the KB (the only verifier of what it verifies, the name on what it
+records) and has its own share of the job slots whatever session it uses."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from serverproc import endpoint_that_never_answers, http_server, run_cli, session_client
+
+from kb_mcp.clients.mcp_client import ToolCallError, call_json, connect_http
+from kb_mcp.kb.store import KBStore
+from kb_mcp.server.agents import Agent, Credentials, parse_agents, read_agents
+from kb_mcp.server.job_slots import MAX_JOBS_PER_SUBMITTER
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SWISH = EXAMPLES / "problems" / "swish.py"
+SHARED = "shared-token-for-tests-0123456789"
+ALICE = "alice-token-for-tests-0123456789"
+BOB = "bob-token-for-tests-01234567890ab"
+STATE = "memory_bandwidth_saturated"
+OPT = "fuse_elementwise_chain"
+
+
+def _agents_file(tmp_path: Path, text: str = f"# NAME TOKEN\nalice {ALICE}\n\n  bob\t{BOB}  \n") -> Path:
+    path = tmp_path / "agents"
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+# ---- the agents file ------------------------------------------------------------------------------------
+
+
+def test_an_agents_file_names_each_agent_with_its_token() -> None:
+    agents = parse_agents(f"# NAME TOKEN\nalice {ALICE}\n\n  bob\t{BOB}  \n", "f")
+    assert [(a.name, a.client) for a in agents] == [("alice", "agent:alice"), ("bob", "agent:bob")]
+    assert Credentials(None, agents).client_of(BOB) == "agent:bob"
+    assert Credentials(None, agents).client_of(SHARED) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (f"alice {ALICE} extra\n", "line 1: expected 'NAME TOKEN'"),
+        ("alice\n", "line 1: expected 'NAME TOKEN'"),
+        (f"al/ice {ALICE}\n", "line 1: the agent name 'al/ice' is not"),
+        (f"-alice {ALICE}\n", "the agent name '-alice' is not"),
+        (f"{'a' * 41} {ALICE}\n", "is not 1-40 letters"),
+        (f"alice {ALICE}\n# x\nalice {BOB}\n", "line 3: the agent 'alice' is already named on line 1"),
+        (f"alice {ALICE}\nbob {ALICE}\n", "line 2: bob's token is also the token on line 1"),
+        ("alice short-token\n", "line 1: alice's token is too short (11 characters)"),
+        ("alice ${ALICE_TOKEN}\n", "alice's token is the unexpanded text '${ALICE_TOKEN}'"),
+        (f"alice {SHARED}\n", "alice's token is the shared token"),
+        ("# only a comment\n\n", "names no agent"),
+    ],
+)
+def test_a_bad_agents_file_is_refused_with_its_line_and_never_its_token(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match="the agents file F") as refused:
+        parse_agents(text, "the agents file F", shared=SHARED)
+    assert words in str(refused.value)
+    for token in (ALICE, BOB, SHARED):
+        assert token not in str(refused.value)
+
+
+def test_the_agents_file_comes_from_the_option_else_the_environment(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KB_MCP_AGENTS", raising=False)
+    assert read_agents(None) == ()
+    path = _agents_file(tmp_path)
+    monkeypatch.setenv("KB_MCP_AGENTS", str(path))
+    assert [a.name for a in read_agents(None)] == ["alice", "bob"]
+    with pytest.raises(ValueError, match=f"cannot read the agents file {tmp_path / 'missing'}"):
+        read_agents(str(tmp_path / "missing"))
+
+
+def test_an_agents_file_others_may_read_is_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _agents_file(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="kb_mcp.server.agents"):
+        read_agents(str(path))
+    assert not caplog.records
+    path.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="kb_mcp.server.agents"):
+        read_agents(str(path))
+    assert f"chmod 600 {path}" in caplog.text
+
+
+def test_an_agents_token_is_never_shown() -> None:
+    assert ALICE not in repr(Agent("alice", ALICE)) and ALICE not in repr(Credentials(SHARED, (Agent("alice", ALICE),)))
+
+
+def test_serve_refuses_an_agents_file_without_http_or_with_a_mistake(kb_path: Path, tmp_path: Path) -> None:
+    stdio = run_cli(["--kb", str(kb_path), "serve", "--agents-file", str(_agents_file(tmp_path))])
+    assert stdio.returncode == 2 and "--agents-file applies to --http only" in stdio.stderr
+    bad = _agents_file(tmp_path, f"alice {ALICE}\nbob {ALICE}\n")
+    refused = run_cli(["--kb", str(kb_path), "serve", "--http", "127.0.0.1:0", "--agents-file", str(bad)])
+    assert refused.returncode == 2 and "line 2: bob's token is also the token on line 1" in refused.stderr
+    assert ALICE not in refused.stderr and "Traceback" not in refused.stderr
+
+
+# ---- over HTTP ------------------------------------------------------------------------------------------
+
+
+async def test_each_agent_is_a_client_of_its_own_to_the_kb(kb_path: Path, tmp_path: Path) -> None:
+    args = ["--http", "127.0.0.1:0", "--agents-file", str(_agents_file(tmp_path))]
+    with http_server(kb_path, args, env={"KB_MCP_TOKEN": SHARED}) as server:
+        assert "bearer token required: the shared token or 2 agents' own tokens (alice, bob)" in server.stderr
+        async with connect_http(server.url, ALICE) as alice, connect_http(server.url, BOB) as bob, \
+                connect_http(server.url, SHARED) as shared:
+            verified = await call_json(alice, "compile_and_verify", {"problem": SWISH.read_text(),
+                                                                     "candidate": "class ModelNew: pass  # alice's\n"})
+            cid = verified["record"]["candidate_id"]
+            for other in (bob, shared):  # neither another agent nor the shared token's clients are alice
+                with pytest.raises(ToolCallError, match="verified by another client"):
+                    await call_json(other, "record_outcome", {"state_id": STATE, "optimization_id": OPT,
+                                                              "candidate_id": cid, "lesson": "bob was here"})
+            recorded = await call_json(alice, "record_outcome", {"state_id": STATE, "optimization_id": OPT,
+                                                                 "candidate_id": cid})
+            assert recorded["recorded"], recorded
+        with pytest.raises(Exception):  # noqa: B017 - a token of no one is refused before any tool runs
+            async with connect_http(server.url, "nobody-token-0123456789abcdef") as nobody:
+                await call_json(nobody, "suggest_optimizations", {"state_id": STATE})
+    with KBStore.open(kb_path).read() as view:
+        assert [v.verified_by for v in view.candidate_verdicts(cid)] == [["agent:alice"]]
+        assert [o.agent for o in view.outcomes_for_candidate(cid)] == ["agent:alice"]
+    for token in (ALICE, BOB, SHARED):
+        assert token not in server.stderr
+
+
+async def test_an_agents_jobs_count_towards_its_own_cap_whatever_its_session(kb_path: Path, tmp_path: Path) -> None:
+    campaign = {"kind": "run_campaign", "arguments": {"problems": [str(SWISH)], "compile_only": True}}
+
+    def named(name: str) -> dict[str, object]:
+        return {**campaign, "arguments": {**campaign["arguments"], "name": name}}  # type: ignore[dict-item]
+
+    with endpoint_that_never_answers() as (url, _held):
+        env = {"KB_MCP_LLM_MODEL": "x", "KB_MCP_LLM_MAX_RETRIES": "0", "KB_MCP_LLM_BASE_URL": url,
+               "KB_MCP_FILES": str(SWISH.parent), "KB_MCP_TOKEN": ""}
+        args = ["--http", "127.0.0.1:0", "--agents-file", str(_agents_file(tmp_path))]
+        with http_server(kb_path, args, env=env) as server:
+            async with session_client(server.url, ALICE) as first, session_client(server.url, ALICE) as second:
+                for i in range(MAX_JOBS_PER_SUBMITTER - 1):
+                    await call_json(first, "start_job", named(f"a{i}"))
+                await call_json(second, "start_job", named("a-last"))
+                for client in (first, second):  # a new session does not make alice someone else
+                    with pytest.raises(ToolCallError, match="MAX_JOBS_PER_SUBMITTER"):
+                        await call_json(client, "start_job", named("one-more"))
+                async with connect_http(server.url, ALICE) as sessionless:  # nor does a protocol without one
+                    with pytest.raises(ToolCallError, match="MAX_JOBS_PER_SUBMITTER"):
+                        await call_json(sessionless, "start_job", named("sessionless"))
+                async with connect_http(server.url, BOB) as bob:  # bob's share is his own
+                    job = await call_json(bob, "start_job", {"kind": "suggest_optimizations",
+                                                             "arguments": {"state_id": STATE}})
+                    view = await call_json(bob, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"],
+                                                               "wait_s": 30})
+    assert view["status"] == "succeeded", view

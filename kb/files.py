@@ -6,7 +6,6 @@ both build on it."""
 from __future__ import annotations
 
 import gc
-import json
 import os
 import re
 import shutil
@@ -18,7 +17,7 @@ from typing import Any
 
 from tinydb.storages import Storage
 
-from kb_mcp.kb import backups, journal, paths
+from kb_mcp.kb import backups, journal, jsontext, paths
 from kb_mcp.kb.atomic import temp_beside
 from kb_mcp.kb.errors import KBCorruptError, KBMissingError
 from kb_mcp.kb.models import SCHEMA_VERSION, utcnow
@@ -55,7 +54,7 @@ class AtomicJSONStorage(Storage):
         enabled = gc.isenabled()
         gc.disable()
         try:
-            data: dict[str, dict[str, Any]] = json.loads(raw)
+            data: dict[str, dict[str, Any]] = jsontext.loads(raw)
             return data
         finally:
             if enabled:
@@ -74,7 +73,7 @@ class AtomicJSONStorage(Storage):
 
     def write_temp(self, data: dict[str, dict[str, Any]], mode: int, gid: int = -1) -> Path:
         """Writes `data` to a fsynced temp file beside the file (mode and group given); returns it."""
-        blob = json.dumps(data, separators=(",", ":")).encode()
+        blob = jsontext.dumps(data, separators=(",", ":")).encode()
         tmp = temp_beside(self.path, hidden=False)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         try:

@@ -20,7 +20,6 @@ nothing of ours above it, so `merge_kb` takes that rule as an argument (pass the
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from datetime import datetime
@@ -29,6 +28,8 @@ from typing import Any, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kb_mcp.kb import jsontext
+from kb_mcp.kb.errors import KBCorruptError
 from kb_mcp.kb.files import AtomicJSONStorage
 from kb_mcp.kb.models import (
     ALL_ARCH,
@@ -105,15 +106,11 @@ class TransferReport(BaseModel):
 # ---- files -----------------------------------------------------------------------------------
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def read_json(path: Path) -> Any:
     """Parses a JSON file, with errors that name it. NaN and Infinity (which Python's json reads
     by default) are refused: no KB record holds them, and one would spread into every sum."""
     try:
-        return json.loads(Path(path).read_text(), parse_constant=_no_constant)
+        return jsontext.loads(Path(path).read_text())
     except FileNotFoundError as exc:
         raise InterchangeError(f"{path}: no such file") from exc
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError, and so is a NaN
@@ -141,6 +138,10 @@ def load_kb_file(path: Path) -> Tables:
     try:
         other = KBStore(p)
         return other.refresh()
+    except KBCorruptError as exc:
+        # The advice for a damaged KB (restore it, start a new one) is for its own user, not for one
+        # merging it: this KB is what matters here, and it is unchanged.
+        raise _refused(str(p), "damaged", exc.message.removeprefix(f"{p}: ").rstrip(". ")) from exc
     except KBFileError as exc:
         raise InterchangeError(str(exc)) from exc
 

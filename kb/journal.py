@@ -28,7 +28,6 @@ every valid transaction (`salvage`).
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kb_mcp.kb import jsontext
 from kb_mcp.kb.atomic import temp_beside
 from kb_mcp.kb.errors import KBConflictError, KBReadOnlyError
 
@@ -93,7 +93,7 @@ class Chunk:
 
 def encode(entry: Entry) -> bytes:
     """The journal line of `entry` (with checksum and expected offset, newline-terminated)."""
-    body = json.dumps({"seq": entry.seq, "at": entry.at, "ops": entry.ops}, separators=(",", ":")).encode()[1:]
+    body = jsontext.dumps({"seq": entry.seq, "at": entry.at, "ops": entry.ops}, separators=(",", ":")).encode()[1:]
     return b'%s%08x",%s\n' % (_CRC_PREFIX, zlib.crc32(body), body)
 
 
@@ -112,7 +112,7 @@ def decode(line: bytes) -> Entry:
     else:
         keys = _LEGACY_KEYS
     try:
-        obj = json.loads(line)
+        obj = jsontext.loads(line)
     except ValueError as exc:
         raise ValueError(f"not valid JSON ({exc})") from exc
     if not isinstance(obj, dict) or obj.keys() != keys:

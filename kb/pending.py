@@ -12,7 +12,6 @@ Files: ``<artifacts>/pending/<key>.json`` holding ``{"key": ..., "ops": [...], "
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -20,7 +19,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from kb_mcp.kb import journal
+from kb_mcp.kb import journal, jsontext
 from kb_mcp.kb.atomic import write_atomic
 
 log = logging.getLogger(__name__)
@@ -41,8 +40,8 @@ def write(folder: Path, key: str, ops: list[Any], mode: int) -> Path:
         raise ValueError(f"pending key {key!r}: letters, digits, '_', '.', '-' only")
     check_ops(ops)
     folder.mkdir(parents=True, exist_ok=True)
-    body = json.dumps(ops, separators=(",", ":"))
-    blob = json.dumps({"key": key, "crc": zlib.crc32(body.encode()), "ops": ops}, separators=(",", ":")).encode()
+    body = jsontext.dumps(ops, separators=(",", ":"))
+    blob = jsontext.dumps({"key": key, "crc": zlib.crc32(body.encode()), "ops": ops}, separators=(",", ":")).encode()
     path = folder / f"{key}.json"
     write_atomic(path, blob, mode=mode, fsync=True)  # a temp file per writer: threads may write one key at once
     journal.fsync_dir(folder)
@@ -60,9 +59,9 @@ def read_all(folder: Path) -> list[tuple[Path, list[Any]]]:
     for entry in sorted(entries, key=lambda e: e.stat().st_mtime_ns):
         path = Path(entry.path)
         try:
-            doc = json.loads(path.read_bytes())
+            doc = jsontext.loads(path.read_bytes())
             ops = doc["ops"]
-            if zlib.crc32(json.dumps(ops, separators=(",", ":")).encode()) != doc["crc"]:
+            if zlib.crc32(jsontext.dumps(ops, separators=(",", ":")).encode()) != doc["crc"]:
                 raise ValueError("checksum mismatch")
             check_ops(ops)
         except FileNotFoundError:

@@ -17,7 +17,6 @@ journal, and each commit written to them durably (`kb.store` builds reads and tr
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -96,7 +95,7 @@ class KBFiles:
         self._tables = None
         try:
             data = self._storage.read()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except ValueError as exc:  # not JSON: its syntax, a NaN or an infinity (jsontext), bytes not UTF-8
             raise KBCorruptError(f"{self.path}: not valid JSON ({exc}); the file is left as it is", where=self.path,
                                  action=damaged_file_hint(self.path)) from exc
         except OSError as exc:

@@ -140,6 +140,9 @@ BAD_SCORES = {
 }
 
 
+NOT_JSON = {"a client's mean NaN", "an infinite mean", "a prior weight NaN", "a client's failures NaN"}
+
+
 @pytest.mark.parametrize("case", sorted(BAD_SCORES))
 def test_merge_refuses_a_file_with_a_bad_score_row_and_leaves_this_kb_unchanged(tmp_path: Path, case: str) -> None:
     kb, other = tmp_path / "kb.json", tmp_path / "other.json"
@@ -155,8 +158,12 @@ def test_merge_refuses_a_file_with_a_bad_score_row_and_leaves_this_kb_unchanged(
         merge_kb(store, other, update)
 
     msg = str(refused.value)
-    assert str(other) in msg and f"state {STATE!r}" in msg and f"optimization {NEW_OPT!r}" in msg
-    assert "arch 'hopper'" in msg and "track 'fp32'" in msg and "unchanged" in msg
+    assert str(other) in msg and "unchanged" in msg
+    if case in NOT_JSON:  # refused as the file is read, naming where it stands
+        assert f"is not a JSON number (at scores/9999/{'priors' if row is None else 'stats'}/{NEW_OPT}/" in msg
+    else:
+        assert f"state {STATE!r}" in msg and f"optimization {NEW_OPT!r}" in msg
+        assert "arch 'hopper'" in msg and "track 'fp32'" in msg
     assert _kb_bytes(kb) == before
     res = so.run(ToolContext(kb, client_name="reader"), so.Request(state_id=STATE, k=3, arch="sm_90"))
     assert all(math.isfinite(x.expected_speedup) for x in res.suggestions)
@@ -176,7 +183,7 @@ def test_a_nan_in_a_score_this_kb_also_holds_is_refused_before_it_reaches_the_ca
     store = KBStore.open(kb)
     before = _kb_bytes(kb)
 
-    with pytest.raises(InterchangeError, match=f"optimization {OPT!r}.*clients.mallory.1: Input should be a finite"):
+    with pytest.raises(InterchangeError, match=rf"NaN is not a JSON number \(at scores/\d+/stats/{OPT}/11/mallory/1\)"):
         merge_kb(store, other, update)
 
     assert _kb_bytes(kb) == before
@@ -195,8 +202,8 @@ def test_merge_refuses_a_file_whose_other_records_break_their_models(tmp_path: P
     breaks = {
         "lesson 'l_1'": ("lessons", lesson, "text"),
         "transition": ("transitions", transition, "count"),
-        "outcome": ("outcomes", None, "speedup is not a finite number"),
-        "candidate": ("candidates", None, "time_ms is not a finite number"),
+        "damaged": ("outcomes", None, "NaN is not a JSON number (at outcomes/1/speedup)"),
+        "damaged: not valid JSON": ("candidates", None, "NaN is not a JSON number (at candidates/1/time_ms)"),
     }
     store = KBStore.open(kb)
     before = _kb_bytes(kb)
@@ -204,7 +211,7 @@ def test_merge_refuses_a_file_whose_other_records_break_their_models(tmp_path: P
         data = json.loads(json.dumps(exported))
         if doc is None:  # the one record already there, with a NaN
             (doc,) = data[table].values()
-            doc[why.split()[0]] = float("nan")
+            doc[why.rstrip(")").rsplit("/", 1)[1]] = float("nan")
         else:
             data[table]["99"] = doc
         other.write_text(json.dumps(data))

@@ -5,6 +5,7 @@ than overwrite what another writer put there."""
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,22 @@ def test_a_line_that_lost_a_race_is_skipped_and_the_winner_and_later_lines_count
     j.write_bytes(winner + loser + later)
     store = KBStore.open(kb_path)
     assert store.get_candidate("c_winner") and store.get_candidate("c_later") and store.get_candidate("c_loser") is None
+
+
+def test_a_line_holding_a_nan_is_damage_even_with_a_checksum_made_for_it(kb_path: Path) -> None:
+    KBStore.open(kb_path)
+    j = Path(str(kb_path) + ".journal")
+    doc = _candidate("c_nan").model_dump(mode="json") | {"time_ms": float("nan")}
+    body = json.dumps({"seq": 1, "at": 0, "ops": [["put", "candidates", "c_nan", doc]]})
+    legacy = json.dumps({"seq": 1, "ops": [["put", "candidates", "c_nan", doc]]}) + "\n"
+    assert "NaN" in body  # python's json writes it, and would read it back
+    for line in (legacy, _checksummed(body)):
+        j.write_text(line)
+        with pytest.raises(KBCorruptError, match=r"line 1.*NaN is not a JSON number \(at ops/0/3/time_ms\)"):
+            KBStore.open(kb_path)
+
+
+def _checksummed(body: str) -> str:
+    """`body` as a journal line of today's format, its checksum computed for exactly that text."""
+    tail = body.encode()[1:]
+    return (journal._CRC_PREFIX + b'%08x",' % zlib.crc32(tail) + tail + b"\n").decode()

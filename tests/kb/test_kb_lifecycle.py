@@ -263,6 +263,23 @@ def test_one_command_restores_a_deleted_kb_and_one_repairs_a_damaged_journal(kb_
     assert _cli("--kb", kb, "kb", "stats").returncode == 0 and _ids(kb_path) == {"c_1", "c_2"}
 
 
+def test_a_kb_file_edited_to_hold_a_nan_is_damaged_and_its_backup_brings_it_back(kb_path: Path) -> None:
+    kb = str(kb_path)
+    _write(KBStore.open(kb_path), "c_1")
+    assert _cli("--kb", kb, "kb", "backup").returncode == 0
+    text = kb_path.read_text()
+    edited = re.sub(r'"fuse_elementwise_chain":\[[-0-9.e]+,', '"fuse_elementwise_chain":[NaN,', text, count=1)
+    assert edited != text
+    kb_path.write_text(edited)  # by hand, or by anyone the file lets write
+    for argv in (["kb", "stats"], ["call", "suggest_optimizations", "--arg", "state_id=memory_bandwidth_saturated"]):
+        said = _cli("--kb", kb, *argv)
+        assert said.returncode == 3, said.stdout + said.stderr
+        assert "NaN is not a JSON number" in said.stderr and "kb restore" in said.stderr, said.stderr
+        assert "Traceback" not in said.stderr
+    assert _cli("--kb", kb, "kb", "restore").returncode == 0
+    assert _cli("--kb", kb, "kb", "stats").returncode == 0 and _ids(kb_path) == {"c_1"}
+
+
 def test_a_damaged_kb_file_without_backup_leads_every_command_to_a_new_kb(kb_path: Path) -> None:
     kb = str(kb_path)
     _write(KBStore.open(kb_path), "c_1")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 from tinydb import TinyDB
 
+from kb_mcp.kb.errors import KBCorruptError
 from kb_mcp.kb.models import ALL_ARCH, SCHEMA_VERSION, CandidateRecord, Score, Verdict
 from kb_mcp.kb.store import KBFileError, KBStore
 
@@ -60,6 +62,29 @@ def test_corrupt_or_foreign_file_is_refused_and_untouched(kb_path: Path, content
         KBStore.open(kb_path)
     assert str(kb_path) in str(err.value) and words in str(err.value)
     assert kb_path.read_text() == content and kb_path.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_kb_file_holding_a_nan_or_an_infinity_is_refused_as_damaged(kb_path: Path, constant: str) -> None:
+    KBStore.open(kb_path)
+    text = kb_path.read_text()
+    edited = re.sub(r'"fuse_elementwise_chain":\[[-0-9.e]+,', f'"fuse_elementwise_chain":[{constant},', text, count=1)
+    assert edited != text
+    kb_path.write_text(edited)  # what python's json would read, and spread into every expected speedup
+    said = f"not valid JSON ({constant} is not a JSON number (at scores/1/priors/fuse_elementwise_chain/0))"
+    with pytest.raises(KBCorruptError, match=re.escape(said)):
+        KBStore.open(kb_path)
+    assert kb_path.read_text() == edited
+
+
+def test_a_nan_is_never_written_into_a_kb_file(kb_path: Path) -> None:
+    store = KBStore.open(kb_path)
+    before = kb_path.read_bytes(), Path(f"{kb_path}.journal").read_bytes()
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"), \
+            store.transaction() as tx:
+        tx.put_candidate(CandidateRecord.model_construct(  # built past its validation, as a bug would
+            candidate_id="c_nan", problem="p", problem_hash="h", verdict=Verdict.faster, time_ms=float("nan")))
+    assert (kb_path.read_bytes(), Path(f"{kb_path}.journal").read_bytes()) == before
 
 
 def test_newer_schema_is_refused(kb_path: Path) -> None:

@@ -23,6 +23,7 @@ threads, so nothing keeps building after the eval.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -65,7 +66,8 @@ class Pipeline(Generic[T, R]):
         if self._pool is None:
             return
         with self._lock:
-            self._futures[key] = self._pool.submit(self.work, item)
+            # in the submitter's context: a build is made for the same client as the verification it serves
+            self._futures[key] = self._pool.submit(contextvars.copy_context().run, self.work, item)
 
     def counts(self) -> tuple[int, int]:
         """(items whose work is done, items submitted)."""

@@ -15,6 +15,7 @@ unit is `campaign.units`'.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -186,9 +187,12 @@ class Campaign:
         failure: BaseException | None = None
         interrupt: BaseException | None = None
         pool = ThreadPoolExecutor(max_workers=self.config.parallel, thread_name_prefix="kb-mcp-rollout")
+        # Each trajectory runs in a copy of this thread's context: a campaign a server runs for one of
+        # its agents verifies and records as that agent (`tools.context.acting_for`), and what its
+        # candidates try in the sandbox is logged with the agent's name.
         pending: set[Future[None]] = {
-            pool.submit(self._trajectory, run,
-                        it) for run in self._runs.values() for it in range(self.config.iterations)
+            pool.submit(contextvars.copy_context().run, self._trajectory, run, it)
+            for run in self._runs.values() for it in range(self.config.iterations)
         }
         while pending:
             try:

@@ -157,3 +157,31 @@ async def test_an_agents_jobs_count_towards_its_own_cap_whatever_its_session(kb_
                     view = await call_json(bob, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"],
                                                                "wait_s": 30})
     assert view["status"] == "succeeded", view
+
+
+@pytest.mark.nvcc
+async def test_a_campaign_an_agent_starts_verifies_as_that_agent(kb_path: Path, tmp_path: Path) -> None:
+    from fakellm import FakeLLMServer
+    from fakellm.campaign_script import campaign_script
+
+    with FakeLLMServer(campaign_script()) as llm:
+        env = {"KB_MCP_LLM_MODEL": "fake-model", "KB_MCP_LLM_BASE_URL": llm.base_url, "KB_MCP_TOKEN": "",
+               "KB_MCP_FILES": str(SWISH.parent)}
+        args = ["--http", "127.0.0.1:0", "--agents-file", str(_agents_file(tmp_path))]
+        with http_server(kb_path, args, env=env) as server:
+            async with connect_http(server.url, ALICE) as alice:
+                job = await call_json(alice, "start_job", {"kind": "run_campaign", "arguments": {
+                    "problems": [str(SWISH)], "name": "alices", "compile_only": True, "iterations": 1, "steps": 2,
+                    "gradient_every": 0}})
+                view = job
+                for _ in range(40):
+                    view = await call_json(alice, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"],
+                                                                 "wait_s": 10})
+                    if view["status"] not in ("queued", "running"):
+                        break
+    assert view["status"] == "succeeded", view
+    with KBStore.open(kb_path).read() as kb:
+        verdicts = kb.list_candidates()
+        agents = {o.agent for o in kb.outcomes()}
+    assert verdicts and {tuple(v.verified_by) for v in verdicts} == {("agent:alice",)}  # its rollouts are alice's
+    assert agents <= {"agent:alice"}

@@ -34,6 +34,7 @@ __all__ = [
     "PLACEHOLDER",
     "SHARED_CLIENT",
     "Agent",
+    "AgentsFile",
     "Credentials",
     "parse_agents",
     "read_agents",
@@ -69,18 +70,61 @@ class Agent:
         return f"{AGENT_PREFIX}{self.name}"
 
 
+class AgentsFile:
+    """An agents file, read again whenever it changes: an operator adds an agent, or revokes a token
+    that leaked, without stopping the server (and the jobs it runs).
+
+    The first read is the server's start, and a mistake stops it. A later change that cannot be used
+    (a mistake in the file, the file gone) is logged with what is wrong, and until the file is right
+    again no agent's token is accepted: a token the operator meant to revoke never outlives the edit
+    that revoked it. The shared token is not in the file and keeps working.
+    """
+
+    def __init__(self, path: Path, shared: str | None = None) -> None:
+        self.path = path
+        self._shared = shared
+        self._stamp = _stamp(path)
+        self._agents = _read(path, shared)
+
+    def agents(self) -> tuple[Agent, ...]:
+        """The agents the file names now (none while it cannot be used)."""
+        stamp = _stamp(self.path)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            try:
+                self._agents = _read(self.path, self._shared)
+            except ValueError as exc:
+                self._agents = ()
+                log.error("%s; no agent's token is accepted until the file is right again (the shared token "
+                          "still is)", exc)
+            else:
+                log.info("the agents file %s changed: %d agents (%s)", self.path, len(self._agents),
+                         ", ".join(a.name for a in self._agents))
+        return self._agents
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when the file does (replaced, rewritten or resized); None when it is gone."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 @dataclass(frozen=True)
 class Credentials:
-    """The tokens an HTTP server accepts: the shared one, the agents', or none (a loopback server
-    without a token)."""
+    """The tokens an HTTP server accepts: the shared one, the agents file's, or none (a loopback
+    server started without a token)."""
 
     shared: str | None = field(default=None, repr=False)
-    agents: tuple[Agent, ...] = ()
+    agents_file: AgentsFile | None = None
 
     @property
     def required(self) -> bool:
-        """Whether a request must carry one of these tokens."""
-        return self.shared is not None or bool(self.agents)
+        """Whether a request must carry one of these tokens (always, for a server started with an
+        agents file, however many agents it names now)."""
+        return self.shared is not None or self.agents_file is not None
 
     def client_of(self, presented: str) -> str | None:
         """Who a request carrying `presented` is (an agent's name, or SHARED_CLIENT), or None for a
@@ -88,7 +132,8 @@ class Credentials:
         tells nothing of which one came close."""
         found: str | None = None
         given = presented.encode()
-        for agent in self.agents:
+        agents = self.agents_file.agents() if self.agents_file is not None else ()
+        for agent in agents:
             if hmac.compare_digest(given, agent.token.encode()):
                 found = agent.client
         if self.shared is not None and hmac.compare_digest(given, self.shared.encode()):
@@ -136,17 +181,21 @@ def parse_agents(text: str, where: str, shared: str | None = None) -> tuple[Agen
     return tuple(agents)
 
 
-def read_agents(path: str | None, shared: str | None = None) -> tuple[Agent, ...]:
-    """The agents of `path`, else of the file $KB_MCP_AGENTS names, else none. Raises ValueError (the
-    operator's to fix) where the file cannot be read or is not a valid agents file; warns where users
+def read_agents(path: str | None, shared: str | None = None) -> AgentsFile | None:
+    """The agents file `path`, else the one $KB_MCP_AGENTS names, else None. Raises ValueError (the
+    operator's to fix) where the file cannot be read or is not a valid agents file."""
+    chosen = path or os.environ.get(ENV_AGENTS) or None
+    if chosen is None:
+        return None
+    return AgentsFile(Path(chosen).expanduser(), shared)
+
+
+def _read(where: Path, shared: str | None) -> tuple[Agent, ...]:
+    """The agents of the file `where` (ValueError where it cannot be read or used); warns where users
     other than its owner may read it. Each token is registered as a secret: it is redacted from
     everything the server returns or stores."""
     from kb_mcp.tools.disclosure import register_secret
 
-    chosen = path or os.environ.get(ENV_AGENTS) or None
-    if chosen is None:
-        return ()
-    where = Path(chosen).expanduser()
     try:
         text = where.read_text(encoding="utf-8")
         mode = where.stat().st_mode

@@ -91,9 +91,11 @@ def _tokens_line(opts: HttpOptions) -> str:
     """Which bearer tokens the server takes, for its banner."""
     if not opts.credentials.required:
         return "bearer token off"
+    agents = opts.agents_file.agents() if opts.agents_file is not None else ()
     kinds = (["the shared token"] if opts.token else []) + \
-        ([f"{len(opts.agents)} agents' own tokens ({', '.join(a.name for a in opts.agents[:5])}"
-          f"{', ...' if len(opts.agents) > 5 else ''})"] if opts.agents else [])
+        ([f"{len(agents)} agents' own tokens ({', '.join(a.name for a in agents[:5])}"
+          f"{', ...' if len(agents) > 5 else ''}; {opts.agents_file.path} is read again when it changes)"]
+         if opts.agents_file is not None else [])
     return "bearer token required: " + " or ".join(kinds)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 from mcp.server.transport_security import TransportSecuritySettings
 
-from kb_mcp.server.agents import CLIENT_SCOPE_KEY, MIN_TOKEN_CHARS, PLACEHOLDER, Agent, Credentials
+from kb_mcp.server.agents import CLIENT_SCOPE_KEY, MIN_TOKEN_CHARS, PLACEHOLDER, AgentsFile, Credentials
 from kb_mcp.server.env import ENV_AGENTS, ENV_TOKEN
 
 log = logging.getLogger(__name__)
@@ -43,12 +43,12 @@ class HttpOptions:
     token: str | None  # the shared token
     allowed_hosts: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)
-    agents: tuple[Agent, ...] = ()  # the agents file's, each with a token of its own
+    agents_file: AgentsFile | None = None  # each agent's own token
 
     @property
     def credentials(self) -> Credentials:
         """The tokens requests may carry, and who each one is."""
-        return Credentials(self.token, self.agents)
+        return Credentials(self.token, self.agents_file)
 
     @property
     def loopback(self) -> bool:
@@ -114,9 +114,9 @@ def _host_patterns(name: str) -> tuple[list[str], list[str]]:
 
 
 def http_options(bind: str, token: str | None, allow_hosts: Sequence[str] = (),
-                 agents: Sequence[Agent] = ()) -> HttpOptions:
-    """Validates a serve configuration (`agents`: those of an agents file, already checked by
-    `agents.read_agents`); raises ServeError with the fix when it must not start."""
+                 agents_file: AgentsFile | None = None) -> HttpOptions:
+    """Validates a serve configuration (`agents_file`: read and checked by `agents.read_agents`);
+    raises ServeError with the fix when it must not start."""
     host, port = parse_bind(bind)
     token = token or None
     if token is not None and PLACEHOLDER.match(token):
@@ -126,7 +126,7 @@ def http_options(bind: str, token: str | None, allow_hosts: Sequence[str] = (),
         )
     loopback = is_loopback(host)
     if not loopback:
-        if token is None and not agents:
+        if token is None and agents_file is None:
             raise ServeError(
                 f"refusing to serve on {host} without a bearer token: anyone who can reach this port could "
                 f"run code on its GPU and write to the KB. Set {ENV_TOKEN} (or pass --token-file PATH), e.g.\n"
@@ -151,7 +151,7 @@ def http_options(bind: str, token: str | None, allow_hosts: Sequence[str] = (),
         hosts, origins = _host_patterns(name)
         allowed_hosts += [h for h in hosts if h not in allowed_hosts]
         allowed_origins += [o for o in origins if o not in allowed_origins]
-    return HttpOptions(host, port, token, allowed_hosts, allowed_origins, tuple(agents))
+    return HttpOptions(host, port, token, allowed_hosts, allowed_origins, agents_file)
 
 
 def check_bindable(host: str, port: int) -> None:

@@ -13,7 +13,7 @@ from serverproc import endpoint_that_never_answers, http_server, run_cli, sessio
 
 from kb_mcp.clients.mcp_client import ToolCallError, call_json, connect_http
 from kb_mcp.kb.store import KBStore
-from kb_mcp.server.agents import Agent, Credentials, parse_agents, read_agents
+from kb_mcp.server.agents import Agent, AgentsFile, Credentials, parse_agents, read_agents
 from kb_mcp.server.job_slots import MAX_JOBS_PER_SUBMITTER
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -38,8 +38,6 @@ def _agents_file(tmp_path: Path, text: str = f"# NAME TOKEN\nalice {ALICE}\n\n  
 def test_an_agents_file_names_each_agent_with_its_token() -> None:
     agents = parse_agents(f"# NAME TOKEN\nalice {ALICE}\n\n  bob\t{BOB}  \n", "f")
     assert [(a.name, a.client) for a in agents] == [("alice", "agent:alice"), ("bob", "agent:bob")]
-    assert Credentials(None, agents).client_of(BOB) == "agent:bob"
-    assert Credentials(None, agents).client_of(SHARED) is None
 
 
 @pytest.mark.parametrize(
@@ -69,10 +67,11 @@ def test_a_bad_agents_file_is_refused_with_its_line_and_never_its_token(text: st
 def test_the_agents_file_comes_from_the_option_else_the_environment(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KB_MCP_AGENTS", raising=False)
-    assert read_agents(None) == ()
+    assert read_agents(None) is None
     path = _agents_file(tmp_path)
     monkeypatch.setenv("KB_MCP_AGENTS", str(path))
-    assert [a.name for a in read_agents(None)] == ["alice", "bob"]
+    from_env = read_agents(None)
+    assert from_env is not None and [a.name for a in from_env.agents()] == ["alice", "bob"]
     with pytest.raises(ValueError, match=f"cannot read the agents file {tmp_path / 'missing'}"):
         read_agents(str(tmp_path / "missing"))
 
@@ -88,8 +87,31 @@ def test_an_agents_file_others_may_read_is_warned_of(tmp_path: Path, caplog: pyt
     assert f"chmod 600 {path}" in caplog.text
 
 
-def test_an_agents_token_is_never_shown() -> None:
-    assert ALICE not in repr(Agent("alice", ALICE)) and ALICE not in repr(Credentials(SHARED, (Agent("alice", ALICE),)))
+def test_an_agents_token_is_never_shown(tmp_path: Path) -> None:
+    assert ALICE not in repr(Agent("alice", ALICE))
+    agents = AgentsFile(_agents_file(tmp_path))
+    assert ALICE not in repr(Credentials(SHARED, agents)) + repr(agents)
+
+
+def test_an_edited_agents_file_takes_effect_at_once_and_a_bad_edit_admits_no_agent(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _agents_file(tmp_path)
+    tokens = Credentials(SHARED, AgentsFile(path))
+    assert tokens.client_of(BOB) == "agent:bob"
+    carol = "carol-token-for-tests-0123456789"
+    path.write_text(f"alice {ALICE}\ncarol {carol}\n")  # bob revoked, carol added: no restart
+    assert (tokens.client_of(BOB), tokens.client_of(carol), tokens.client_of(ALICE)) == (None, "agent:carol",
+                                                                                          "agent:alice")
+    with caplog.at_level(logging.INFO, logger="kb_mcp.server.agents"):
+        path.write_text(f"alice {ALICE}\nbob {ALICE} oops\n")  # a mistake: nobody of the file is let in
+        assert tokens.client_of(ALICE) is None and tokens.client_of(SHARED) == "mcp-http"
+        assert "line 2: expected 'NAME TOKEN'" in caplog.text and "no agent's token is accepted" in caplog.text
+        assert ALICE not in caplog.text
+        path.unlink()  # nor while the file is gone
+        assert tokens.client_of(ALICE) is None and "cannot read the agents file" in caplog.text
+        path.write_text(f"alice {ALICE}\n")
+        assert tokens.client_of(ALICE) == "agent:alice" and "changed: 1 agents (alice)" in caplog.text
+    assert tokens.required
 
 
 def test_serve_refuses_an_agents_file_without_http_or_with_a_mistake(kb_path: Path, tmp_path: Path) -> None:
@@ -107,7 +129,9 @@ def test_serve_refuses_an_agents_file_without_http_or_with_a_mistake(kb_path: Pa
 async def test_each_agent_is_a_client_of_its_own_to_the_kb(kb_path: Path, tmp_path: Path) -> None:
     args = ["--http", "127.0.0.1:0", "--agents-file", str(_agents_file(tmp_path))]
     with http_server(kb_path, args, env={"KB_MCP_TOKEN": SHARED}) as server:
-        assert "bearer token required: the shared token or 2 agents' own tokens (alice, bob)" in server.stderr
+        said = " ".join(server.stderr.split())
+        assert "bearer token required: the shared token or 2 agents' own tokens (alice, bob; " in said
+        assert "is read again when it changes)" in said
         async with connect_http(server.url, ALICE) as alice, connect_http(server.url, BOB) as bob, \
                 connect_http(server.url, SHARED) as shared:
             verified = await call_json(alice, "compile_and_verify", {"problem": SWISH.read_text(),
@@ -120,9 +144,13 @@ async def test_each_agent_is_a_client_of_its_own_to_the_kb(kb_path: Path, tmp_pa
             recorded = await call_json(alice, "record_outcome", {"state_id": STATE, "optimization_id": OPT,
                                                                  "candidate_id": cid})
             assert recorded["recorded"], recorded
-        with pytest.raises(Exception):  # noqa: B017 - a token of no one is refused before any tool runs
-            async with connect_http(server.url, "nobody-token-0123456789abcdef") as nobody:
-                await call_json(nobody, "suggest_optimizations", {"state_id": STATE})
+        (tmp_path / "agents").write_text(f"alice {ALICE}\n")  # bob revoked while the server runs
+        for revoked in ("nobody-token-0123456789abcdef", BOB):  # refused before any tool runs
+            with pytest.raises(Exception):  # noqa: B017
+                async with connect_http(server.url, revoked) as nobody:
+                    await call_json(nobody, "suggest_optimizations", {"state_id": STATE})
+        async with connect_http(server.url, ALICE) as alice:
+            assert (await call_json(alice, "suggest_optimizations", {"state_id": STATE}))["suggestions"]
     with KBStore.open(kb_path).read() as view:
         assert [v.verified_by for v in view.candidate_verdicts(cid)] == [["agent:alice"]]
         assert [o.agent for o in view.outcomes_for_candidate(cid)] == ["agent:alice"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from kb_mcp.server.agents import Agent, Credentials
+from kb_mcp.server.agents import AgentsFile, Credentials
 from kb_mcp.server.transport import AuthProblem, ServeError, authenticate, http_options, is_loopback, parse_bind
 
 TOKEN = "t" * 32
@@ -100,21 +102,29 @@ def test_the_right_token_passes_in_any_scheme_case() -> None:
     assert authenticate(f"bearer {TOKEN}", Credentials(TOKEN)) == "mcp-http"
 
 
-def test_each_agents_token_names_its_agent_and_the_shared_token_the_shared_client() -> None:
-    alice, bob = Agent("alice", "alice-token-0123456789"), Agent("bob", "bob-token-0123456789ab")
-    both = Credentials(TOKEN, (alice, bob))
-    assert authenticate(f"Bearer {alice.token}", both) == "agent:alice"
-    assert authenticate(f"Bearer {bob.token}", both) == "agent:bob"
+ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789ab"
+
+
+def _agents(tmp_path: Path, text: str) -> AgentsFile:
+    path = tmp_path / "agents"
+    path.write_text(text)
+    return AgentsFile(path)
+
+
+def test_each_agents_token_names_its_agent_and_the_shared_token_the_shared_client(tmp_path: Path) -> None:
+    both = Credentials(TOKEN, _agents(tmp_path, f"alice {ALICE}\nbob {BOB}\n"))
+    assert authenticate(f"Bearer {ALICE}", both) == "agent:alice"
+    assert authenticate(f"Bearer {BOB}", both) == "agent:bob"
     assert authenticate(f"Bearer {TOKEN}", both) == "mcp-http"
-    assert isinstance(authenticate(f"Bearer {alice.token}x", both), AuthProblem)
-    agents_only = Credentials(None, (alice,))
+    assert isinstance(authenticate(f"Bearer {ALICE}x", both), AuthProblem)
+    agents_only = Credentials(None, both.agents_file)
     assert agents_only.required  # a loopback server with an agents file still wants a token
     assert isinstance(authenticate(f"Bearer {TOKEN}", agents_only), AuthProblem)
-    assert "alice-token" not in repr(both)  # a token is never shown
+    assert ALICE not in repr(both) and TOKEN not in repr(both)  # a token is never shown
 
 
-def test_an_agents_file_is_a_token_for_a_server_off_loopback() -> None:
-    opts = http_options("10.0.0.7:8765", None, agents=[Agent("alice", "alice-token-0123456789")])
+def test_an_agents_file_is_a_token_for_a_server_off_loopback(tmp_path: Path) -> None:
+    opts = http_options("10.0.0.7:8765", None, agents_file=_agents(tmp_path, f"alice {ALICE}\n"))
     assert opts.credentials.required and opts.token is None
 
 

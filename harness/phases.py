@@ -13,7 +13,7 @@ from collections.abc import Callable
 __all__ = ["BASELINE_WORDS", "CENSUS_WORDS", "PHASES", "PHASE_WORDS", "PhaseClock", "StepClock"]
 
 PHASES = ("static", "import", "construct", "check", "census", "probes", "timing", "baselines", "evidence",
-          "compile")
+          "finish", "compile")
 PHASE_WORDS = {
     "build_first": "building the candidate's load_inline extensions before taking the GPU lane",
     "lane": "waiting in line for the GPU lane",
@@ -29,6 +29,7 @@ PHASE_WORDS = {
     "reference_baselines": ("timing the reference's eager and torch.compile baselines (a problem's first verdict "
                             "on this GPU) in a worker no candidate ran in"),
     "evidence": "checking a result above the review threshold further (more inputs, weights, a second shape, its work)",
+    "finish": "freeing what the verification held and answering",
     "compile": "compiling the candidate's CUDA sources",
 }
 BASELINE_WORDS = {  # a baselines request's phases (`worker.baseline_run`), no candidate in it

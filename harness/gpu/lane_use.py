@@ -23,7 +23,8 @@ class LaneUse(BaseModel):
     # The phases a verification runs holding the lane (`harness.phases`); "build_first" and "lane"
     # come before it, the caller's KB write after it.
     GPU_PHASES: ClassVar[tuple[str, ...]] = ("queued", "reference_baselines", "static", "import", "construct",
-                                             "check", "census", "probes", "timing", "baselines", "evidence")
+                                             "check", "census", "probes", "timing", "baselines", "evidence",
+                                             "finish")
 
     waited_s: float = Field(0.0, description="seconds waiting in line for the lane")
     held_s: float = Field(0.0, description="seconds holding it")

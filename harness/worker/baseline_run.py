@@ -29,7 +29,7 @@ from kb_mcp.harness.protocol import BaselineReply, ProblemFailed
 from kb_mcp.harness.worker.footprint import PeakMeter, device_free, measure, nbytes, request_peak, start_request
 from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
 from kb_mcp.harness.worker.loading import load_module, short_traceback
-from kb_mcp.harness.worker.timing import QUICK_RUNS, TIMED_WALL_S
+from kb_mcp.harness.worker.timing import QUICK_RUNS, stop_rules
 from kb_mcp.harness.worker.tracks import numerics, track_numerics
 from kb_mcp.harness.worker.trusted import compiler_settings
 from kb_mcp.harness.worker.values import secret_seed
@@ -122,7 +122,8 @@ def _measure(env: Any, problem: Problem, options: VerifyOptions, pmod: Any, foot
                                                      + meter.extra})
             del xs
             runs = QUICK_RUNS if quick else timer.runs_for(ref, make, False, options.timed_runs)
-            eager = timer.series(ref, make, runs, warm, wall_s=None if options.timed_runs else TIMED_WALL_S)
+            wall, precision = stop_rules(options.timed_runs)
+            eager = timer.series(ref, make, runs, warm, wall_s=wall, precision=precision)
     except Exception as exc:  # noqa: BLE001 - the problem's forward
         return _failed("forward", exc, footprint, files)
     phases.mark("eager")
@@ -147,7 +148,8 @@ def _compiled(env: Any, ref: Any, make: Callable[[int], list[Any]], baseline: Ba
             compiled(*make(-1))  # the first call compiles (and autotunes): its cost apart from the series'
             phases.mark("compile")
             cruns = QUICK_RUNS if quick else timer.runs_for(compiled, make, False, None)
-            stats = timer.series(compiled, make, cruns, warm, wall_s=TIMED_WALL_S)
+            wall, precision = stop_rules(None)
+            stats = timer.series(compiled, make, cruns, warm, wall_s=wall, precision=precision)
         baseline = baseline.model_copy(update={"compile_ms": stats.median_ms, "compile_runs": len(stats.gpu_ms)})
         phases.mark("compile_timed")
     except Exception as exc:  # noqa: BLE001 - torch.compile cannot handle every model

@@ -39,7 +39,7 @@ from kb_mcp.harness.plausibility import (
 )
 from kb_mcp.harness.worker.checks import Checker
 from kb_mcp.harness.worker.fault import is_cuda_error, is_out_of_memory
-from kb_mcp.harness.worker.timing import dram_bandwidth
+from kb_mcp.harness.worker.roofline import dram_bandwidth
 from kb_mcp.harness.worker.values import clone_inputs, compare, largest, leaves, secret_seed, tolerance_for
 
 __all__ = ["EXTRA_SETS", "PERTURB_ROUNDS", "SHAPE_SETS", "device_peaks", "escalate"]
@@ -65,7 +65,8 @@ def escalate(v: Any, checker: Checker, timings: Timings) -> list[Finding]:
     findings it adds. `v` is the `verify.GpuVerification`: its sets and findings grow here."""
     reasons = escalation_reasons(timings, v.options.implausible_speedup)
     if not reasons:
-        return []
+        return []  # nothing more runs: the verification's end frees what the checks held
+    checker.release()  # the evidence's runs need the memory the timed series left cached
     v._phase("evidence")
     first, noted = len(v.sets), len(v.findings)
     index = itertools.count(max((c.index for c in v.sets), default=-1) + 1)

@@ -16,14 +16,12 @@ from kb_mcp.harness.gpu.memory import Footprint
 from kb_mcp.harness.judgment.verdict import Timings
 from kb_mcp.harness.protocol import CensusReply
 from kb_mcp.harness.worker.footprint import first_float, nbytes
+from kb_mcp.harness.worker.roofline import dram_bandwidth, peak_flops, roofline_ms
 from kb_mcp.harness.worker.rounding import RoundingJudge
 from kb_mcp.harness.worker.timing import (
-    TIMED_WALL_S,
     RunStats,
     Series,
-    dram_bandwidth,
-    peak_flops,
-    roofline_ms,
+    stop_rules,
     time_with_reference,
     timings_against,
 )
@@ -100,9 +98,8 @@ class TimedChecks:
         quick = not v.options.timing
         warm = 1 if quick else v.options.warmup_runs
         runs = timer.runs_for(self.cand, self._named(self._gen(None)), quick, v.options.timed_runs)
-        # runs asked for are all made; otherwise a large problem's series stops at its wall budget
-        wall = None if v.options.timed_runs else TIMED_WALL_S
-        cand = Series(self.cand, self._named(self._gen(refs, seeds)), runs, warm, check, wall)
+        wall, precision = stop_rules(v.options.timed_runs)
+        cand = Series(self.cand, self._named(self._gen(refs, seeds)), runs, warm, check, wall, precision)
         return time_with_reference(timer, cand, self.ref, self._gen(None), base, quick)
 
     def _timed_output(self, out: Any, ref_out: Any, seed: int) -> str | None:

@@ -4,12 +4,14 @@ Each run: fresh inputs (generated outside the timed region, so no future input e
 for a candidate to precompute), the reference output for them (for the re-check), an L2 flush
 (writing a buffer twice the L2 size), a device-wide synchronize, then CUDA events around the call
 on the current stream plus the host clock around events and a second device-wide synchronize.
-The median of many runs is reported. The host clock is the cross-check: work the candidate leaves
-on a side stream or in a thread finishes inside the second synchronize but outside the events, so
-the host time exceeds the event time by more than this process's own calibrated gap. The host clock
-is also read once the call has returned and its end event is queued (before the synchronize): that
-*issue time* says how long the host took to launch the call's work. When it is a large part of the
-event time, the GPU was waiting on the host (a launch-bound call, `baselines.launch_bound`).
+The median of many runs is reported: as many as fit a budget, or fewer once the median is known
+within +-1 % (`RunStats.precise`) or the series' wall budget has passed. The host clock is the
+cross-check: work the candidate leaves on a side stream or in a thread finishes inside the second
+synchronize but outside the events, so the host time exceeds the event time by more than this
+process's own calibrated gap. The host clock is also read once the call has returned and its end
+event is queued (before the synchronize): that *issue time* says how long the host took to launch
+the call's work. When it is a large part of the event time, the GPU was waiting on the host (a
+launch-bound call, `baselines.launch_bound`).
 
 Two callables can be timed interleaved (`Timer.interleaved`): their runs alternate, spread evenly
 (`interleave_order`), each run with its own flush and syncs, so that both series see the same
@@ -30,6 +32,7 @@ compares this timer in a worker with the same timer in a bare process.
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 import sys
 import time
@@ -56,6 +59,12 @@ RETIME_TIMED_S = 0.15
 # on an input of several GB, each run's fresh inputs and re-checked output cost tens of
 # milliseconds around a call of a few, so a hundred runs took 7-14 s of a first verdict.
 TIMED_WALL_S = 1.5
+# A series also stops once the median of its event times is known this closely (the 95 % interval
+# `median_interval` within +-PRECISION of the median) after PRECISE_MIN_RUNS runs: a GPU-bound call
+# of a fraction of a millisecond is that stable within a few dozen runs, and each run beyond them
+# costs its fresh inputs and re-checked output, several times the call itself.
+PRECISION = 0.01
+PRECISE_MIN_RUNS = 20
 
 
 @dataclass
@@ -93,6 +102,32 @@ class RunStats:
         """Median of host minus event time per run."""
         return statistics.median(h - g for h, g in zip(self.host_ms, self.gpu_ms))
 
+    def precise(self, precision: float) -> bool:
+        """Whether the median event time is known to within +-`precision` of itself (its 95 %
+        interval, `median_interval`), after at least PRECISE_MIN_RUNS runs."""
+        if len(self.gpu_ms) < PRECISE_MIN_RUNS:
+            return False
+        lo, hi = median_interval(self.gpu_ms)
+        return hi - lo <= 2 * precision * self.median_ms
+
+
+def median_interval(ms: Sequence[float]) -> tuple[float, float]:
+    """A distribution-free 95 % confidence interval of the median of `ms` (at least one value): the
+    order statistics at ranks (n - 1.96 sqrt n) / 2 and 1 + (n + 1.96 sqrt n) / 2, as the sign test
+    gives them; nothing is assumed about the shape of run times, which are skewed."""
+    xs = sorted(ms)
+    n = len(xs)
+    half = 1.96 * math.sqrt(n)
+    lo = max(math.floor((n - half) / 2), 1)
+    hi = min(math.ceil(1 + (n + half) / 2), n)
+    return xs[lo - 1], xs[hi - 1]
+
+
+def stop_rules(asked: int | None) -> tuple[float | None, float | None]:
+    """A series' (`wall_s`, `precision`): none where the caller asked for a number of runs (all are
+    made), else the wall budget (`TIMED_WALL_S`) and the precision (`PRECISION`)."""
+    return (None, None) if asked else (TIMED_WALL_S, PRECISION)
+
 
 def least_runs(runs: int) -> int:
     """The runs a series with a wall budget makes before it may stop: MIN_RUNS, or all if fewer."""
@@ -117,6 +152,7 @@ class Series:
     warmup: int
     check: Callable[[int, Any], str | None] | None = None
     wall_s: float | None = None  # stop after this much wall time, once MIN_RUNS (or `runs`) have run
+    precision: float | None = None  # stop once the median is this precise (`RunStats.precise`)
 
 
 def interleave_order(runs_a: int, runs_b: int) -> list[int]:
@@ -270,12 +306,13 @@ class Timer:
         warmup: int,
         check: Callable[[int, Any], str | None] | None = None,
         wall_s: float | None = None,
+        precision: float | None = None,
     ) -> RunStats:
         """`warmup` untimed runs, then `runs` timed ones; `make_args(i)` makes fresh inputs for run i
         (called outside the timed region); `check(i, out)` returns an error text for a wrong output;
-        `wall_s` ends the series early (`Series.wall_s`). The caller makes sure that `guards_active()`
-        is empty."""
-        (stats,) = self._timed([Series(fn, make_args, runs, warmup, check, wall_s)], [0] * runs)
+        `wall_s` and `precision` end the series early (`Series`). The caller makes sure that
+        `guards_active()` is empty."""
+        (stats,) = self._timed([Series(fn, make_args, runs, warmup, check, wall_s, precision)], [0] * runs)
         return stats
 
     def interleaved(self, a: Series, b: Series) -> tuple[RunStats, RunStats]:
@@ -286,7 +323,7 @@ class Timer:
     def _timed(self, series: list[Series], order: list[int]) -> list[RunStats]:
         """Warm-ups of every series, then one timed run of `series[k]` for each k in `order`, until
         the shortest `wall_s` of the series has passed and each has had its least runs
-        (`least_runs`)."""
+        (`least_runs`), or until every series has a `precision` and its median is that precise."""
         for s in series:
             for i in range(s.warmup):
                 s.fn(*s.make_args(-1 - i))
@@ -299,6 +336,8 @@ class Timer:
             for k in order:
                 if stop_at is not None and self.t.perf_counter_ns() > stop_at and all(
                         n >= least_runs(s.runs) for n, s in zip(done, series)):
+                    break
+                if _settled(series, stats):
                     break
                 s, st, i = series[k], stats[k], done[k]
                 done[k] += 1
@@ -329,6 +368,11 @@ class Timer:
         return None
 
 
+def _settled(series: list[Series], stats: list[RunStats]) -> bool:
+    """Whether every series asks for a precision and its median already has it."""
+    return all(s.precision is not None and st.precise(s.precision) for s, st in zip(series, stats))
+
+
 def time_with_reference(
     timer: Timer, cand: Series, ref: Callable[..., Any], make_ref: Callable[[int], Sequence[Any]],
     cached: Baseline | None, quick: bool,
@@ -343,18 +387,19 @@ def time_with_reference(
       both timed again interleaved, and that pair is returned (the candidate's timed-output errors
       of both rounds kept). Interleaving is kept to the problems whose timings drift with the host.
     """
-    warm, wall = cand.warmup, cand.wall_s
+    warm, wall, precision = cand.warmup, cand.wall_s, cand.precision
     if cached is not None and not cached.launch_bound:
-        return timer.series(cand.fn, cand.make_args, cand.runs, warm, cand.check, wall), None
+        return timer.series(cand.fn, cand.make_args, cand.runs, warm, cand.check, wall, precision), None
     if cached is not None:
-        return timer.interleaved(cand, Series(ref, make_ref, retime_runs(cached.eager_ms, quick), warm, wall_s=wall))
-    alone = timer.series(cand.fn, cand.make_args, cand.runs, warm, cand.check, wall)
+        return timer.interleaved(cand, Series(ref, make_ref, retime_runs(cached.eager_ms, quick), warm, wall_s=wall,
+                                              precision=precision))
+    alone = timer.series(cand.fn, cand.make_args, cand.runs, warm, cand.check, wall, precision)
     eager_runs = QUICK_RUNS if quick else timer.runs_for(ref, make_ref, False, None)
-    eager = timer.series(ref, make_ref, eager_runs, warm, wall_s=wall)
+    eager = timer.series(ref, make_ref, eager_runs, warm, wall_s=wall, precision=precision)
     if not launch_bound(eager.median_ms, eager.issue_median_ms):
         return alone, eager
     paired, eager = timer.interleaved(cand, Series(ref, make_ref, retime_runs(eager.median_ms, quick), warm,
-                                                   wall_s=wall))
+                                                   wall_s=wall, precision=precision))
     paired.errors = alone.errors + paired.errors
     return paired, eager
 
@@ -444,42 +489,3 @@ def _device_fields(device: DeviceTime | None, eager_device: DeviceTime | None,
         "speedup_device_vs_eager": round(eager / cand, 4) if eager is not None and cand else None,
     }
     return fields, notes
-
-
-# Peak dense throughput per dtype family (FLOP/s) used for the roofline bound: the fastest any
-# unit of the chip can do that dtype (tensor cores included), from NVIDIA's H100/H200 SXM data
-# sheets. Unknown GPUs get no compute bound.
-PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "H100": {"float64": 67e12, "float32": 495e12, "float16": 989e12, "bfloat16": 989e12, "float8": 1979e12},
-    "H200": {"float64": 67e12, "float32": 495e12, "float16": 989e12, "bfloat16": 989e12, "float8": 1979e12},
-}
-
-
-def dram_bandwidth(props: Any) -> float | None:
-    """Peak DRAM bytes/s from the device properties (memory clock x bus width x 2 for DDR)."""
-    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
-    bus_bits = getattr(props, "memory_bus_width", 0) or 0
-    if not clock_khz or not bus_bits:
-        return None
-    return clock_khz * 1e3 * 2 * bus_bits / 8
-
-
-def peak_flops(device_name: str, dtype: torch.dtype) -> float | None:
-    """The roofline compute peak for `dtype` on this GPU, or None when unknown."""
-    family = next((k for k in PEAK_FLOPS if k in device_name), None)
-    if family is None:
-        return None
-    name = str(dtype).replace("torch.", "")
-    if name.startswith("float8"):
-        name = "float8"
-    return PEAK_FLOPS[family].get(name)
-
-
-def roofline_ms(bytes_moved: int, flops: float, bandwidth: float | None, peak: float | None) -> float | None:
-    """Lower bound on the time: moving `bytes_moved` through DRAM, or `flops` at peak, whichever is longer."""
-    bounds = []
-    if bandwidth:
-        bounds.append(bytes_moved / bandwidth)
-    if peak and flops:
-        bounds.append(flops / peak)
-    return max(bounds) * 1e3 if bounds else None

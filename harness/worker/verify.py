@@ -95,9 +95,10 @@ class GpuVerification(Verification):
             with track_numerics(self.options.track, self.env.snapshot) as snapshot:
                 result = self._run(snapshot)
         except ProblemBroken as broken:
-            self.cleanup()
             return broken.failure, True
         finally:
+            # its own phase, so that what freeing the verification's memory costs is not the last stage's
+            self._phase("finish")
             self.cleanup()
         # Whatever is left active (a mode, a trace function) would slow the next candidate's timed
         # runs and baselines: the next candidate gets a clean process instead.
@@ -365,7 +366,6 @@ class GpuVerification(Verification):
         speedups and their plausibility."""
         checker = self.checker
         assert checker is not None and self.stats is not None
-        checker.release()  # the evidence's runs may come next
         with torch.no_grad():
             timings = checker.timings(self.stats, self.eager, self.base, self.census)
         if self.new_baseline is not None:

@@ -18,12 +18,13 @@ and `perturb` touch tensors.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from kb_mcp.harness.worker.values import digest
 
 __all__ = ["ParamGroup", "ParamInfo", "ParamMapping", "map_parameters", "parameter_infos", "perturb"]
 
@@ -103,10 +104,12 @@ def map_parameters(ref: Sequence[ParamInfo], cand: Sequence[ParamInfo]) -> Param
 
 
 def _digest(t: torch.Tensor) -> str:
-    data = t.detach().contiguous().cpu()
-    if data.dtype == torch.bfloat16:  # numpy has no bfloat16: hash the same bytes as int16
-        data = data.view(torch.int16)
-    return hashlib.sha256(data.numpy().tobytes()).hexdigest()
+    """A fingerprint of the parameter's bytes, taken where it lives (`values.digest`): a copy to the
+    host and a hash there took seconds for a weight of hundreds of MB, holding the GPU lane. Equal
+    digests pair parameters for the same new values; the values are the reference's secret-seeded
+    ones, which a candidate cannot aim a collision at, and a wrong pair only perturbs the candidate
+    more."""
+    return ":".join(str(part) for part in digest(t.detach()))
 
 
 def parameter_infos(model: torch.nn.Module) -> tuple[list[ParamInfo], dict[str, torch.nn.Parameter]]:

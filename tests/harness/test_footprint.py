@@ -161,6 +161,18 @@ def test_a_digest_tells_apart_outputs_that_differ_in_one_bit(small_chunks: None)
     assert digest(torch.zeros(8, dtype=torch.float16)) != digest(torch.zeros(4, dtype=torch.float32))
 
 
+@pytest.mark.parametrize(("p", "q"), [(0, 1), (5, 4000), (1023, 1024), (17, 3999)])
+def test_two_words_changed_so_that_one_sum_stays_still_change_the_digest(small_chunks: None, p: int, q: int) -> None:
+    """Word i weighs 2i+1 in the first sum: changes of +(2q+1) at p and -(2p+1) at q leave it as it
+    was (over several chunks); the second sum, by the squares, tells them apart."""
+    x = torch.randint(-1000, 1000, (4096,), dtype=torch.int32)
+    y = x.clone()
+    y[p] += 2 * q + 1
+    y[q] -= 2 * p + 1
+    kind, first, second = digest(x)
+    assert digest(y)[:2] == (kind, first) and digest(y)[2] != second
+
+
 def test_finite_and_poison_counts_run_over_chunks(small_chunks: None) -> None:
     x = torch.randn(3500)
     assert all_finite(x)

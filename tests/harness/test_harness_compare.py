@@ -8,7 +8,7 @@ import torch
 from kb_mcp.harness.baselines import PROTOCOL, Baseline, BaselineCache
 from kb_mcp.harness.judgment.verdict import VerifyOptions
 from kb_mcp.harness.worker import values
-from kb_mcp.harness.worker.timing import dram_bandwidth, peak_flops, roofline_ms
+from kb_mcp.harness.worker.roofline import dram_bandwidth, peak_flops, roofline_ms
 from kb_mcp.harness.worker.values import DEFAULT_TOLERANCES, POISON_BYTE, compare, leaves, tolerance_for
 
 
@@ -72,6 +72,16 @@ def test_the_timed_recheck_decides_exactly_as_the_full_comparison(case: str) -> 
         assert quick == full  # a failing output gets every statistic and the same message
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_chunked_scale_of_finite_values_is_their_rms(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-kernel-per-chunk path (every value finite) gives the RMS the masked path gives."""
+    torch.manual_seed(4)
+    r = (torch.randn(5000) * 7.0).to(dtype)
+    monkeypatch.setattr(values, "CHUNK_ELEMENTS", 1000)
+    bad = compare(r + 1.0, r, 1e-4, 0.0)
+    assert bad.scaled == pytest.approx(bad.max_abs / float(r.double().pow(2).mean().sqrt()), rel=1e-9)
+
+
 def test_chunked_scale_is_the_rms_of_the_finite_values(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(3)
     r = torch.randn(5000) * 7.0
@@ -80,6 +90,64 @@ def test_chunked_scale_is_the_rms_of_the_finite_values(monkeypatch: pytest.Monke
     monkeypatch.setattr(values, "CHUNK_ELEMENTS", 1000)
     bad = compare(r + 1.0, r, 1e-4, 0.0)
     assert bad.scaled == pytest.approx(bad.max_abs / float(finite.pow(2).mean().sqrt()), rel=1e-9)
+
+
+_SPECIALS = [float("nan"), float("inf"), float("-inf"), 3.0e38, -3.0e38]
+
+
+def _candidates(r: torch.Tensor, scale: float, atol: float, rtol: float, seed: int) -> list[torch.Tensor]:
+    """Outputs to re-check against `r`: its copy, every value within half its tolerance (both ways),
+    one value four tolerances off (both ways), one NaN, Inf or overflowing value."""
+    gen = torch.Generator().manual_seed(seed)
+    tol = atol * scale + rtol * r.double().abs()
+    i = int(torch.randint(0, r.numel(), (1,), generator=gen))
+    out = [r.clone(), (r.double() + 0.5 * tol).to(r.dtype), (r.double() - 0.5 * tol).to(r.dtype)]
+    for off in (4.0, -4.0):
+        c = r.double().clone()
+        c[i] += off * float(tol[i])
+        out.append(c.to(r.dtype))
+    for special in _SPECIALS:
+        c = r.clone()
+        c[i] = special
+        out.append(c)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("tolerances", [(1e-4, 1e-4), (1e-2, 0.0), (0.0, 1e-3), (0.0, 0.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_the_lean_recheck_of_a_finite_reference_decides_as_the_general_one(
+        seed: int, tolerances: tuple[float, float], dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where every reference value is finite, the re-check without its own finiteness test fails
+    exactly the outputs the general one fails: NaN, Inf and overflowing values of the candidate,
+    values outside the tolerance either way, and passes those inside it, over several chunks."""
+    gen = torch.Generator().manual_seed(seed)
+    r = (torch.randn(3000, generator=gen) * 5.0).to(dtype)
+    monkeypatch.setattr(values, "CHUNK_ELEMENTS", 1000)
+    atol, rtol = tolerances
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    scale, finite = values._scale(r.to(work))
+    assert finite
+    decided = []
+    for cand in _candidates(r, scale, atol, rtol, seed):
+        general = values._any_mismatch(cand, r, work, atol, rtol, scale)
+        lean = values._any_mismatch(cand, r, work, atol, rtol, scale, finite_reference=True)
+        assert lean == general
+        decided.append(lean)
+    assert decided[0] is False and all(decided[-len(_SPECIALS):])
+    if dtype != torch.float16 and atol + rtol:  # offsets of a tolerance are representable here
+        assert decided[1:5] == [False, False, True, True]
+
+
+def test_a_reference_with_a_non_finite_value_is_never_re_checked_the_lean_way() -> None:
+    r = torch.randn(100)
+    r[3] = float("inf")
+    c = r.clone()
+    c[3] = float("-inf")  # within an infinite tolerance, yet not finite: it must fail
+    scale, finite = values._scale(r)
+    assert not finite
+    assert values._any_mismatch(c, r, torch.float32, 1e-4, 1e-4, scale)
+    assert not compare(c, r, 1e-4, 1e-4, detail=False).passed
 
 
 def test_integers_must_match_exactly() -> None:

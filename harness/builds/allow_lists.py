@@ -169,6 +169,10 @@ def refusals(unit: SourceUnit, include_roots: Sequence[str]) -> list[tuple[str, 
 _DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(include_next|include|import|embed)\b[ \t]*(.*)$", re.M)
 _HAS = re.compile(r"__has_(?:include_next|include|embed)\s*\(\s*([^)]*)\)")
 _ASM_INCLUDE = re.compile(r"\.(?:incbin|include)\b")
+# `#pragma GCC dependency "file"` opens a file found as an #include's would be (to compare its date)
+_PRAGMA = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+(.*)$", re.M)
+_PRAGMA_OPERATOR = re.compile(r'_Pragma\s*\(\s*"((?:[^"\\\n]|\\.)*)"\s*\)')
+_DEPENDENCY = re.compile(r"^(?:GCC[ \t]+)?dependency\b[ \t]*(.*)$")
 _OPERAND = re.compile(r'^(?:"([^"\n]*)"|<([^>\n]*)>)')
 
 
@@ -187,10 +191,19 @@ def _bad_name(name: str) -> str | None:
     return None
 
 
+def _dependencies(clean: str) -> list[str]:
+    """The operands of `#pragma GCC dependency` lines and of `_Pragma("GCC dependency ...")`
+    operators (its string destringized as the preprocessor does)."""
+    pragmas = [m.group(1) for m in _PRAGMA.finditer(clean)]
+    pragmas += [re.sub(r'\\(["\\])', r"\1", m.group(1)) for m in _PRAGMA_OPERATOR.finditer(clean)]
+    return [m.group(1).strip() for text in pragmas if (m := _DEPENDENCY.match(text.strip()))]
+
+
 def include_refusals(unit: SourceUnit) -> list[tuple[str, str]]:
-    """`#include` lines of the unit's sources that name a file by absolute path, climb out with
-    `..`, or compute the name (a macro), and assembler `.incbin`/`.include`: (why refused, what it
-    tried outside the build; "" for a malformed line, a mistake)."""
+    """`#include` lines (and the other ways of naming a file the compiler opens: `__has_include`,
+    `#embed`, `#pragma GCC dependency`) of the unit's sources that name a file by absolute path,
+    climb out with `..`, or compute the name (a macro), and assembler `.incbin`/`.include`: (why
+    refused, what it tried outside the build; "" for a malformed line, a mistake)."""
     out: list[tuple[str, str]] = []
     for label, text in (("cuda_sources", unit.cuda_source), ("cpp_sources", unit.cpp_source)):
         if not text:
@@ -199,6 +212,7 @@ def include_refusals(unit: SourceUnit) -> list[tuple[str, str]]:
         clean = _preprocessed(text)
         operands = [(m.group(1), m.group(2).strip()) for m in _DIRECTIVE.finditer(clean)]
         operands += [("__has_include", m.group(1).strip()) for m in _HAS.finditer(clean)]
+        operands += [("pragma GCC dependency", operand) for operand in _dependencies(clean)]
         for what, operand in operands:
             m = _OPERAND.match(operand)
             if not m:

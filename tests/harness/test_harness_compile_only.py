@@ -3,6 +3,11 @@ found statically and checked, without running the candidate."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 from harness_helpers import fixture_source
 
@@ -36,6 +41,37 @@ def test_refused_flags_that_reach_outside_the_build_are_attempts_and_unknown_one
     honest = SourceUnit(kind="load_inline", name="h", cuda_source="#include <cuda.h>\n",
                         nvcc_options=["-keep", "-O3"], cflags=["-funroll-all-loops"])
     assert tried_outside(honest, ["/usr/include"]) == []
+
+
+def test_a_dependency_pragma_naming_a_file_outside_is_refused_as_an_include_would_be() -> None:
+    """`#pragma GCC dependency` (and its `_Pragma` spelling) opens the file it names: by absolute
+    path, climbing out with `..`, or computed, it is refused and is an attempt; a relative name of
+    the toolchain's headers is not."""
+    cuda = ('#pragma GCC dependency "/home/u/.ssh/id_rsa"\n'
+            '_Pragma("GCC dependency \\"../../../home/u/.ssh/id_rsa\\"") __global__ void k() {}\n')
+    unit = SourceUnit(kind="load_inline", name="d", cuda_source=cuda,
+                      cpp_source="#  pragma dependency KEY extra\n#pragma GCC dependency <cuda.h>\n#pragma once\n")
+    assert tried_outside(unit, ["/usr/include"]) == [
+        '#pragma GCC dependency "/home/u/.ssh/id_rsa" (cuda_sources)',
+        '#pragma GCC dependency "../../../home/u/.ssh/id_rsa" (cuda_sources)',
+        "#pragma GCC dependency KEY extra (computed, cpp_sources)"]
+
+
+@pytest.mark.nvcc
+def test_the_host_compiler_opens_the_file_a_dependency_pragma_names(tmp_path: Path) -> None:
+    """Why the pragma is refused: the compiler reads the named file's date (and fails on a missing one)."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler here")
+    source = tmp_path / "a.cpp"
+    source.write_text(f'#pragma GCC dependency "{tmp_path / "newer"}"\nint f() {{ return 1; }}\n')
+    (tmp_path / "newer").write_text("x")
+    os.utime(source, (1, 1))  # older than the file it names
+    done = subprocess.run([cxx, "-c", str(source), "-o", str(tmp_path / "a.o")], capture_output=True, text=True)
+    assert done.returncode == 0 and "older than" in done.stderr, done.stderr
+    (tmp_path / "newer").unlink()
+    done = subprocess.run([cxx, "-c", str(source), "-o", str(tmp_path / "a.o")], capture_output=True, text=True)
+    assert done.returncode != 0 and "newer" in done.stderr, done.stderr
 
 
 def test_light_header_detection() -> None:

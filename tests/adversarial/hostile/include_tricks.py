@@ -1,6 +1,7 @@
 """Attack: `#include` a private file by absolute path (its content then appears in the compiler's
 error messages, which come back in the verdict), by climbing out with `..`, through a macro (a
-computed include), or with the assembler's `.incbin`.
+computed include), with the assembler's `.incbin`, or by `#pragma GCC dependency` (the compiler
+opens the file to compare its date: whether it exists, and how old it is, shows in the log).
 
 Stopped by: the include check (`harness.builds.allow_lists.include_refusals`): only plain relative names
 of the toolchain's headers are compiled; the others are refused with a message, before any
@@ -30,11 +31,16 @@ INCBIN = r"""
 __asm__(".section .rodata\n.incbin \"__SSH_KEY__\"\n.previous");
 void run_d(float* x) {}
 """
+DEPENDENCY = r"""
+#pragma GCC dependency "__SSH_KEY__"
+void run_e(float* x) {}
+"""
 
 _a = torch.cuda._compile_kernel(ABSOLUTE, "a")
 _b = torch.cuda._compile_kernel(CLIMB, "b")
 _c = load_inline(name="hostile_include", cpp_sources="void run_c(float* x);", cuda_sources=COMPUTED)
 _d = load_inline(name="hostile_incbin", cpp_sources=INCBIN)
+_e = load_inline(name="hostile_dependency", cpp_sources=DEPENDENCY)
 
 
 class ModelNew(nn.Module):

@@ -100,7 +100,8 @@ def test_flag_and_include_tricks_are_refused_by_name(pool: WorkerPool, world: Se
     tried = attempt_of(includes.findings)
     for what in ("build: a: #include \"", ".ssh/id_rsa\" (cuda_sources)", "build: b: #include \"../../../../..",
                  "build: hostile_include: #include SECRET (computed, cuda_sources)",
-                 "build: hostile_incbin: assembler __asm__(\".section .rodata\\n.incbin"):
+                 "build: hostile_incbin: assembler __asm__(\".section .rodata\\n.incbin",
+                 "build: hostile_dependency: #pragma GCC dependency \""):
         assert what in tried, tried
     world.assert_untouched(world.snapshot(), flags.model_dump_json(), includes.model_dump_json())
 

@@ -3,17 +3,17 @@
 * A kind declaring itself long-running (`ToolMeta.long_running`: a campaign, hours against an LLM
   endpoint that may stall) runs in MAX_CONCURRENT_LONG_JOBS threads of its own, never in the
   MAX_CONCURRENT_JOBS threads of the other kinds: however many campaigns wait, a quick job still runs.
-* One submitter (an agent of the agents file, else an HTTP client's MCP session, named by
-  `submitted_by`) has at most
+* One submitter (an agent of the agents file, else an HTTP client's MCP session, else every HTTP
+  client with neither, named by `submitted_by`) has at most
   MAX_JOBS_PER_SUBMITTER jobs queued or running in this process, fewer than the other kinds' slots:
   one more is the caller's error, saying to wait for one or cancel one.
 
 Within a pool, jobs start first come, first served. An agent with a token of its own
 (`server.agents`) is capped as itself, whatever session or protocol it uses. Clients of the shared
 token have no identity here but their session (a job_key names a job, not who started it), so the
-cap applies to their sessions: the one client of a stdio or in-process server shares its slots with
-nobody, and shared-token clients on the sessionless 2026-07-28 protocol cannot be told apart. The
-campaigns' own slots protect the other kinds from every client alike.
+cap applies to their sessions; shared-token clients on the sessionless 2026-07-28 protocol cannot be
+told apart, so they share one cap (SESSIONLESS). The one client of a stdio or in-process server
+shares its slots with nobody. The campaigns' own slots protect the other kinds from every client alike.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ from kb_mcp.server.execution import ToolFailure
 MAX_CONCURRENT_JOBS = 4  # threads of the kinds that are not long-running
 MAX_CONCURRENT_LONG_JOBS = 2  # threads of long-running kinds (campaigns), apart from the others
 MAX_JOBS_PER_SUBMITTER = 3  # below MAX_CONCURRENT_JOBS: one submitter always leaves a slot to others
+SESSIONLESS = "sessionless"
+"""The one submitter every HTTP client is that has neither a session nor a token of its own: clients
+that cannot be told apart share one cap, so together they too leave a slot to others."""
 
 _SUBMITTER: contextvars.ContextVar[str | None] = contextvars.ContextVar("kb_mcp_job_submitter", default=None)
 
@@ -66,7 +69,9 @@ class JobSlots:
                     f"not started: you already have {mine} jobs queued or running on this server, the most one "
                     f"client may have at once (MAX_JOBS_PER_SUBMITTER={MAX_JOBS_PER_SUBMITTER}), so that other "
                     "clients' jobs still find a slot. Wait for one to finish (job_status(job_id, job_key, "
-                    "wait_s=30)) or cancel one you no longer need (cancel_job), then start this one again",
+                    "wait_s=30)) or cancel one you no longer need (cancel_job), then start this one again"
+                    + (". Clients without a session or a token of their own count as one here: ask the server's "
+                       "operator for your own token (kb-mcp serve --agents-file)" if submitter == SESSIONLESS else ""),
                     expected=True,
                 )
             self._submitters[job_id] = submitter

@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from kb_mcp.harness.sandbox.attempts import on_behalf_of
 from kb_mcp.server.agents import AGENT_PREFIX, CLIENT_SCOPE_KEY
 from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
-from kb_mcp.server.job_slots import submitted_by
+from kb_mcp.server.job_slots import SESSIONLESS, submitted_by
 from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.context import acting_for
 from kb_mcp.tools.disclosure import redact, redact_data
@@ -144,8 +144,12 @@ def agent_of(request: Any) -> str | None:
 
 def submitter_of(request: Any) -> str | None:
     """Whose share of the job slots a request's jobs count towards: a named agent's, whatever session
-    or protocol it uses; else its HTTP session's (None: not capped, see `job_slots`)."""
-    return agent_of(request) or http_session(request)
+    or protocol it uses; else its HTTP session's; else, for an HTTP request with neither, the one share
+    of all such clients (`job_slots.SESSIONLESS`). None (not capped): no HTTP request at all, the one
+    client of a stdio or in-process server."""
+    if request is None:
+        return None
+    return agent_of(request) or http_session(request) or SESSIONLESS
 
 
 @contextlib.contextmanager

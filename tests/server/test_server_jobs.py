@@ -261,3 +261,23 @@ async def test_stalled_campaigns_of_one_client_leave_another_clients_job_a_slot(
                     view = await call_json(other, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"],
                                                                  "wait_s": 30})
     assert view["status"] == "succeeded", view
+
+
+async def test_clients_without_a_session_or_token_of_their_own_share_one_cap(kb_path: Path) -> None:
+    campaign = {"kind": "run_campaign", "arguments": {"problems": [str(SWISH)], "compile_only": True}}
+
+    def named(name: str) -> dict[str, object]:
+        return {**campaign, "arguments": {**campaign["arguments"], "name": name}}  # type: ignore[dict-item]
+
+    with endpoint_that_never_answers() as (url, _held):
+        env = {"KB_MCP_TOKEN": TOKEN, "KB_MCP_LLM_MODEL": "x", "KB_MCP_LLM_MAX_RETRIES": "0",
+               "KB_MCP_LLM_BASE_URL": url, "KB_MCP_FILES": str(SWISH.parent)}
+        with http_server(kb_path, ["--http", "127.0.0.1:0"], env=env) as server:
+            for i in range(MAX_JOBS_PER_SUBMITTER):  # each a new client on today's protocol: no session
+                async with connect_http(server.url, TOKEN) as sessionless:
+                    await call_json(sessionless, "start_job", named(f"anon{i}"))
+            async with connect_http(server.url, TOKEN) as one_more:
+                with pytest.raises(ToolCallError, match="MAX_JOBS_PER_SUBMITTER.*--agents-file"):
+                    await call_json(one_more, "start_job", named("anon-more"))
+            async with session_client(server.url, TOKEN) as with_a_session:  # told apart: a share of its own
+                await call_json(with_a_session, "start_job", named("with-a-session"))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from kb_mcp.kb.errors import KbMcpError
 from kb_mcp.server import logs
-from kb_mcp.server.agents import read_agents
+from kb_mcp.server.agents import SHARED_CLIENT, read_agents
 from kb_mcp.server.env import ENV_FILES
 from kb_mcp.server.token import add_token_arguments, read_token
 
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     except (ServeError, ValueError) as exc:
         print(f"kb-mcp serve: {exc}", file=sys.stderr)
         return 2
-    ctx = ToolContext(args.kb, client_name="mcp-http" if options else "mcp", files=files)
+    ctx = ToolContext(args.kb, client_name=SHARED_CLIENT if options else "mcp", files=files)
     try:
         # Open the KB now: a KB is created where nothing of one is yet; a missing one beside its
         # remains, a damaged or a foreign one is refused here, with its name and what to do,

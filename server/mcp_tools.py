@@ -126,20 +126,13 @@ def tool_annotations(spec: ToolSpec) -> ToolAnnotations:
 MCP_SESSION_ID = "mcp-session-id"
 
 
-def http_client(request: Any) -> str | None:
-    """Who the HTTP gate found sent `request` (`transport.BearerGate`): an agent of the agents file, or
-    the shared token's client. None where no gate named anyone (stdio, in-process, a loopback server
-    started without a token)."""
+def agent_of(request: Any) -> str | None:
+    """The agent of the agents file the HTTP gate found sent `request` (`transport.BearerGate`: its
+    token proves it), else None: the shared token's client is everyone who holds it, and nobody is
+    named over stdio, in-process or on a loopback server started without a token."""
     scope = getattr(request, "scope", None)
     client = scope.get(CLIENT_SCOPE_KEY) if isinstance(scope, Mapping) else None
-    return client if isinstance(client, str) else None
-
-
-def agent_of(request: Any) -> str | None:
-    """The agent of the agents file that sent `request` (its token proves it), else None: the shared
-    token's client is everyone who holds it."""
-    client = http_client(request)
-    return client if client is not None and client.startswith(AGENT_PREFIX) else None
+    return client if isinstance(client, str) and client.startswith(AGENT_PREFIX) else None
 
 
 def submitter_of(request: Any) -> str | None:

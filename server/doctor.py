@@ -329,10 +329,15 @@ def _kb_source(kb_arg: str | None) -> str:
 
 def check_kb(kb_arg: str | None) -> Check:
     """The KB file this command line would serve: where it comes from, that it opens, what is in it."""
+    from kb_mcp.kb.files import path_error
     from kb_mcp.kb.store import KBFileError, KBStore
 
     path = paths.resolve_kb_path(kb_arg)
     where = f"{path} (from {_kb_source(kb_arg)})"
+    unusable = path_error(path)
+    if unusable is not None:  # a folder, or a file where one of its folders should be
+        return Check(name="KB", status=Status.fail, summary=f"{where}: {unusable.message.removeprefix(f'{path}: ')}",
+                     fix=unusable.action)
     if not path.exists():
         folder = next((p for p in path.parents if p.exists()), None)
         if folder is None or not os.access(folder, os.W_OK):

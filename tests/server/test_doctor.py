@@ -53,6 +53,15 @@ def test_json_lists_every_check_and_the_exit_status_follows_them(tmp_path: Path)
     assert not (tmp_path / "kb.json").exists()  # the doctor looks, it does not create
 
 
+def test_a_kb_path_below_a_file_fails_saying_which_file(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.write_text("")
+    done = _doctor(["--json"], home / "kb.json")
+    kb = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "KB")
+    assert done.returncode == 1 and kb["status"] == "fail"
+    assert f"{home} is a file, not a folder" in kb["summary"] and "--kb" in kb["fix"]
+
+
 def test_a_damaged_kb_fails_with_a_fix_on_one_screen() -> None:
     # a short path, as a user's (a test runner's temporary folders are long enough to be elided on screen)
     with tempfile.TemporaryDirectory(prefix="kb") as short:

@@ -326,3 +326,13 @@ def test_a_kb_path_below_a_file_is_refused_naming_the_file_by_every_command(tmp_
     assert f"{home} is a file, not a folder" in done.stderr and "KB_MCP_HOME" in done.stderr
     assert home.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == ["home"]
 
+
+def test_listing_a_deleted_kb_beside_its_backup_says_restore_it_not_init(kb_path: Path) -> None:
+    kb = str(kb_path)
+    _write(KBStore.open(kb_path), "c_1")
+    assert _cli("--kb", kb, "kb", "backup").returncode == 0
+    kb_path.unlink()
+    for action in ("states", "candidates", "outcomes", "campaigns"):
+        done = _cli("--kb", kb, "kb", action)
+        assert done.returncode == 3 and "kb restore" in done.stderr, done.stderr
+        assert "kb init" not in done.stderr and not kb_path.exists()

@@ -48,6 +48,23 @@ def test_an_llm_setting_that_cannot_be_used_is_named_before_anything_starts(
     assert not (tmp_path / "kb.artifacts").exists()  # nothing was started
 
 
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--iterations", "-1"], "--iterations -1: input should be greater than or equal to 1"),
+    (["--top-k", "0"], "--top-k 0: input should be greater than or equal to 1"),
+    (["--temperature", "-3"], "--temperature -3.0: input should be greater than or equal to 0"),
+])
+def test_an_option_out_of_range_is_named_by_its_flag_before_anything_starts(
+        tmp_path: Path, flags: list[str], said: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(tmp_path / "kb.json"), "run-campaign", str(SWISH),
+         *flags], env={**os.environ, "KB_MCP_HOME": str(tmp_path / "home")},
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == f"kb-mcp run-campaign: {said}"
+    assert not (tmp_path / "kb.artifacts").exists()  # nothing was started
+
+
 @pytest.mark.nvcc
 def test_endpoint_failure_stops_the_campaign_and_a_rerun_resumes(tmp_path: Path) -> None:
     kb, out = tmp_path / "kb.json", tmp_path / "camp"

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
@@ -56,6 +56,11 @@ class LLMNotConfigured(RuntimeError):
     """No endpoint or model was given; the message says how to configure one."""
 
 
+class LLMSettingInvalid(LLMNotConfigured):
+    """A setting of the LLM (a KB_MCP_LLM_ variable or its flag) holds a value that cannot be used;
+    the message names it and what it takes."""
+
+
 class LLMError(RuntimeError):
     """The endpoint failed after all retries, or answered with something that is not a chat reply."""
 
@@ -80,8 +85,8 @@ class LLMConfig(BaseModel):
     api_key: str | None = Field(default=None, exclude=True, repr=False)
     model: str | None = None
     role_models: dict[Role, str] = Field(default_factory=dict)
-    timeout_s: float = 300.0
-    max_retries: int = 3
+    timeout_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
+    max_retries: int = Field(default=3, ge=0)
     temperature: float | None = None
     max_tokens: int | None = None
 
@@ -100,10 +105,10 @@ class LLMConfig(BaseModel):
             "model": env.get(ENV_MODEL) or None,
             "role_models": role_models,
         }
-        if env.get(ENV_TIMEOUT):
-            values["timeout_s"] = float(env[ENV_TIMEOUT])
-        if env.get(ENV_MAX_RETRIES):
-            values["max_retries"] = int(env[ENV_MAX_RETRIES])
+        named: dict[str, str] = {}  # field -> the variable its value came from, to name it in an error
+        for field, name in (("timeout_s", ENV_TIMEOUT), ("max_retries", ENV_MAX_RETRIES)):
+            if env.get(name, "").strip():
+                values[field], named[field] = env[name].strip(), name
         for key, value in overrides.items():
             if value is None:
                 continue
@@ -115,7 +120,15 @@ class LLMConfig(BaseModel):
                 values[key] = merged
             else:
                 values[key] = value
-        return cls.model_validate(values)
+                named.pop(key, None)
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = str(err["loc"][0]) if err["loc"] else ""
+            setting = f"${named[field]}" if field in named else f"the LLM's {field}"
+            raise LLMSettingInvalid(f"{setting}={err.get('input')!r} cannot be used: {err['msg'].lower()}; give a "
+                                    "valid value, or leave it unset for the default") from exc
 
     @property
     def configured(self) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kb_mcp.kb import journal, paths
+from kb_mcp.kb import journal, paths, settings
 from kb_mcp.kb.atomic import temp_beside
 
 ENV_BACKUPS = "KB_MCP_BACKUPS"
@@ -27,11 +27,9 @@ _NAME = re.compile(r"^(?P<stem>.+)\.(?P<when>\d{8}T\d{6}\d{6}Z)\.seq(?P<seq>\d+)
 
 
 def default_keep() -> int:
-    """How many backups a compaction keeps (``KB_MCP_BACKUPS``, default 5; 0 keeps none)."""
-    try:
-        return max(0, int(os.environ.get(ENV_BACKUPS) or DEFAULT_KEEP))
-    except ValueError:
-        return DEFAULT_KEEP
+    """How many backups a compaction keeps (``KB_MCP_BACKUPS``, default 5; 0 keeps none); SettingError
+    for a value that is not a whole number >= 0 (one read as 0 would delete every backup)."""
+    return settings.count(ENV_BACKUPS, DEFAULT_KEEP)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@
     │   │   ├── KBLockTimeout       another process held the KB lock too long (its pid, host, since when)
     │   │   └── KBConflictError     the KB changed under a writer that held the lock (a deleted lock file)
     │   ├── StorageError            a file kb-mcp writes or reads failed: disk full, I/O error, permissions
+    │   ├── SettingError            an environment variable (KB_MCP_...) holds a value kb-mcp cannot use
     │   └── InputEncodingError      a file given as input is not UTF-8 text
     └── InternalError               ours: a kb-mcp bug; the traceback is in the log
 
@@ -42,6 +43,7 @@ __all__ = [
     "KBMissingError",
     "KBReadOnlyError",
     "KbMcpError",
+    "SettingError",
     "StorageError",
     "ToolError",
     "Whose",
@@ -164,6 +166,12 @@ class StorageError(EnvironmentFault):
     permissions, a read-only file system."""
 
 
+class SettingError(EnvironmentFault):
+    """An environment variable holds a value kb-mcp cannot use (`kb.settings` reads them): the message
+    names the variable, its value and what it takes. kb-mcp refuses to guess rather than run with a
+    value its operator did not mean (a backup count of -1 read as 0 would delete every backup)."""
+
+
 class InputEncodingError(EnvironmentFault):
     """A file given as input is not UTF-8 text; the message names it and the first bad byte."""
 
@@ -181,6 +189,8 @@ _STORAGE_ACTIONS = {
     errno.EPERM: "give this account permission on that path (or run kb-mcp as its owner)",
     errno.EROFS: "the file system is mounted read-only: remount it read-write or move the KB",
     errno.EIO: "the device reported an I/O error: check the disk (dmesg) before writing again",
+    errno.EFBIG: "the file grew past the largest this process may write (`ulimit -f`) or its file system holds: "
+    "raise that limit, or write to another file system",
 }
 
 

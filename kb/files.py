@@ -19,14 +19,14 @@ from tinydb.storages import Storage
 
 from kb_mcp.kb import backups, journal, jsontext, paths
 from kb_mcp.kb.atomic import temp_beside
-from kb_mcp.kb.errors import KBCorruptError, KBMissingError
+from kb_mcp.kb.errors import KBCorruptError, KBFileError, KBMissingError
 from kb_mcp.kb.models import SCHEMA_VERSION, utcnow
 from kb_mcp.kb.tables import FORMAT
 
 __all__ = [
     "AtomicJSONStorage", "JournalGap", "damaged_line_error", "gap_error", "has_content", "head_seq", "journal_of",
-    "damaged_file_hint", "keep_damaged_copy", "missing_error", "mode_of", "new_meta", "read_from", "restore_hint",
-    "what_remains",
+    "damaged_file_hint", "keep_damaged_copy", "missing_error", "mode_of", "new_meta", "path_error", "read_from",
+    "restore_hint", "what_remains",
 ]
 
 
@@ -157,6 +157,23 @@ def what_remains(kb_path: Path) -> list[str]:
         out.append(f"{len(found)} backup(s) in {paths.backups_dir(kb_path)}, the newest from "
                    f"{found[0].created:%Y-%m-%d %H:%M} UTC")
     return out
+
+
+def path_error(kb_path: Path) -> KBFileError | None:
+    """Why no KB file can be at `kb_path` (a folder there, or a file where one of its folders should
+    be), or None. `--kb`, `KB_MCP_KB` and `KB_MCP_HOME` all name it, so each answer says which to fix."""
+    if kb_path.is_dir():
+        return KBFileError(f"{kb_path}: is a directory, not a KB file", where=kb_path,
+                           action="pass the path of the KB file itself (e.g. .../kb.json)")
+    # The nearest existing folder above: a file there makes every path below it unusable (ENOTDIR).
+    above = next((p for p in kb_path.parents if os.path.lexists(p)), None)
+    if above is not None and not above.is_dir():
+        return KBFileError(
+            f"{kb_path}: {above} is a file, not a folder, so no KB file can be inside it", where=above,
+            action="pass --kb the path of a KB file in a folder (or fix KB_MCP_KB / KB_MCP_HOME, which name it when "
+            "--kb is not given)",
+        )
+    return None
 
 
 def missing_error(kb_path: Path, remains: list[str], *, disappeared: bool = False) -> KBMissingError:

@@ -1,7 +1,9 @@
 """Moving knowledge between KB files: export, import and merge (the reference implementation's JSON
 shape is `kb.reference_kb`'s).
 
-* `export_kb` writes the whole KB (journal folded in) as a standalone kb-mcp file.
+* `export_kb` writes the whole KB (journal folded in) as a standalone kb-mcp file; every export
+  (the reference shape too) checks its destination with `export_destination` and writes it whole
+  or not at all with `write_export`.
 * `merge_kb` pools another kb-mcp file into the store. Statistics are pooled exactly (Welford's
   parallel combination), and history both files share is counted once: outcomes have
   deterministic ids, so the outcomes present in both files are taken out of the other file's
@@ -29,8 +31,9 @@ from typing import Any, NamedTuple, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kb_mcp.kb import jsontext
-from kb_mcp.kb.errors import KBCorruptError
-from kb_mcp.kb.files import AtomicJSONStorage
+from kb_mcp.kb.atomic import write_atomic
+from kb_mcp.kb.errors import KBCorruptError, storage_error
+from kb_mcp.kb.files import mode_of
 from kb_mcp.kb.models import (
     ALL_ARCH,
     CandidateRecord,
@@ -148,14 +151,34 @@ def load_kb_file(path: Path) -> Tables:
 
 def export_kb(store: KBStore, path: Path, *, overwrite: bool = False) -> Path:
     """Writes the whole KB to `path` as a standalone kb-mcp file (atomic); returns the path."""
+    dest = export_destination(store, path, overwrite=overwrite)
+    write_export(dest, jsontext.dumps(store.snapshot(), separators=(",", ":")))
+    return dest
+
+
+def export_destination(store: KBStore, path: Path, *, overwrite: bool = False) -> Path:
+    """The file an export of `store` may write (resolved), or InterchangeError saying why not: the KB
+    itself, a folder, or an existing file that overwriting was not allowed for (the caller's to change)."""
     dest = Path(path).expanduser().resolve()
     if dest == store.path.resolve():
         raise InterchangeError(f"{dest}: that is the KB being exported; choose another file")
+    if dest.is_dir():
+        raise InterchangeError(f"{dest}: is a directory; name the file to write (e.g. {dest / 'kb-export.json'})")
     if dest.exists() and not overwrite:
         raise DestinationExists(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    AtomicJSONStorage(dest).write(store.snapshot())
     return dest
+
+
+def write_export(dest: Path, text: str) -> None:
+    """Replaces `dest` with `text` whole or not at all (a temp file, fsynced, renamed over it), private
+    like a new KB file; a write the machine refuses (disk full, permissions, a file size limit, a
+    read-only file system) is a StorageError and leaves `dest` as it was."""
+    mode, _ = mode_of(dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(dest, text, mode=mode, fsync=True)
+    except OSError as exc:
+        raise storage_error(exc, "write the export", dest) from exc
 
 
 # ---- merge -------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 from kb_mcp.kb import backups, journal, paths
 from kb_mcp.kb.atomic import temp_beside
 from kb_mcp.kb.errors import CallerError, KBCorruptError, KBFileError, storage_error
-from kb_mcp.kb.files import AtomicJSONStorage, damaged_file_hint, has_content, mode_of
+from kb_mcp.kb.files import AtomicJSONStorage, damaged_file_hint, has_content, mode_of, path_error
 from kb_mcp.kb.lock import KBLock
 from kb_mcp.kb.models import SCHEMA_VERSION
 from kb_mcp.kb.store import KBStore
@@ -59,6 +59,13 @@ class InitReport:
     notes: list[str] = field(default_factory=list)
 
 
+def _usable(kb_path: Path) -> None:
+    """Raises the KBFileError of a path no KB file can be at (see `files.path_error`)."""
+    unusable = path_error(kb_path)
+    if unusable is not None:
+        raise unusable
+
+
 def init_kb(kb_path: Path, *, group: str | None = None) -> InitReport:
     """Creates and seeds the KB at `kb_path` unless it exists; with `group`, the KB and its folders
     are (made) readable and writable by that group.
@@ -68,6 +75,7 @@ def init_kb(kb_path: Path, *, group: str | None = None) -> InitReport:
     that file), never folded into the new one.
     """
     notes: list[str] = []
+    _usable(kb_path)
     if has_content(kb_path):
         store = KBStore.open(kb_path, create=False)
         if group:
@@ -186,6 +194,7 @@ def restore_kb(kb_path: Path, backup: Path | None = None, *, lock_timeout: float
     whole KB: this brings back a deleted or damaged KB file without losing a transaction);
     otherwise it is set aside with the replaced KB file, and the KB is what the backup holds.
     """
+    _usable(kb_path)
     if backup is None:
         found = backups.list_backups(kb_path)
         if not found:
@@ -267,6 +276,7 @@ def repair_kb(kb_path: Path, *, output: Path | None = None, dry_run: bool = Fals
     (``.before-repair-<time>``) and starting an empty journal. A damaged KB *file* cannot be
     repaired here: restore a backup.
     """
+    _usable(kb_path)
     journal_path = kb_path.with_name(kb_path.name + ".journal")
     report = RepairReport(kb_path, output or kb_path, dry_run=dry_run)
     mode, gid = mode_of(kb_path)

@@ -25,6 +25,7 @@ from typing import Any
 
 import filelock
 
+from kb_mcp.kb import settings
 from kb_mcp.kb.errors import KBConflictError, KBLockTimeout, storage_error
 from kb_mcp.kb.owners import process_alive
 
@@ -34,11 +35,9 @@ _HOLDER_BYTES = 512  # the holder record, padded: every write covers the last on
 
 
 def default_timeout() -> float:
-    """Seconds a writer waits for the KB lock (``KB_MCP_LOCK_TIMEOUT``, default 60)."""
-    try:
-        return float(os.environ.get(ENV_LOCK_TIMEOUT) or DEFAULT_TIMEOUT_S)
-    except ValueError:
-        return DEFAULT_TIMEOUT_S
+    """Seconds a writer waits for the KB lock (``KB_MCP_LOCK_TIMEOUT``, default 60); SettingError
+    for a value that is not a number of seconds."""
+    return settings.seconds(ENV_LOCK_TIMEOUT, DEFAULT_TIMEOUT_S)
 
 
 class KBLock:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from kb_mcp.kb import backups, journal, paths, pending
 from kb_mcp.kb.errors import KBFileError, KBLockTimeout, KbMcpError, storage_error
-from kb_mcp.kb.files import AtomicJSONStorage, has_content, missing_error, new_meta, what_remains
+from kb_mcp.kb.files import AtomicJSONStorage, has_content, missing_error, new_meta, path_error, what_remains
 from kb_mcp.kb.journal import FileId
 from kb_mcp.kb.lock import KBLock
 from kb_mcp.kb.models import (
@@ -74,9 +74,9 @@ class KBStore(KBFiles):
         untouched.
         """
         p = paths.resolve_kb_path(path)
-        if p.is_dir():
-            raise KBFileError(f"{p}: is a directory, not a KB file", where=p,
-                              action="pass the path of the KB file itself (e.g. .../kb.json)")
+        unusable = path_error(p)
+        if unusable is not None:
+            raise unusable
         store = cls(p, **options)
         if not has_content(p):
             remains = what_remains(p)

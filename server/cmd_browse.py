@@ -72,9 +72,9 @@ def _run(fn: Callable[[argparse.Namespace, KBStore], tuple[BaseModel, Printer]])
 
         path = paths.resolve_kb_path(args.kb)
         try:
-            if not path.exists():
-                raise BrowseError(f"no KB at {path}; create one with `kb-mcp --kb {path} kb init` (or pass --kb)")
-            document, printer = fn(args, KBStore.open(path))
+            # The store says what is wrong with a KB it cannot open (missing, deleted beside its backups,
+            # a folder): a listing never creates one, and never advises `kb init` over a lost KB.
+            document, printer = fn(args, KBStore.open(path, create=False))
         except BrowseError as exc:
             print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
             return EXIT_STATUS["caller"]

@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError
+from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError, decode_utf8
 from kb_mcp.server import logs
 from kb_mcp.server.token import add_token_arguments, read_token
 
@@ -70,9 +70,10 @@ def _read_source(text: str) -> str:
     if text.startswith("@"):
         path = Path(text[1:]).expanduser()
         try:
-            return path.read_text()
+            data = path.read_bytes()
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        return decode_utf8(data, path)  # names the file and the byte, as for every input file
     return text
 
 

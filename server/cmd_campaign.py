@@ -119,7 +119,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print("\n".join(str(p) for p in written))
         return 0
-    options = _options(args)
+    try:
+        options = _options(args)
+    except CampaignError as exc:
+        print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
+        return 2
     try:
         llm = LLMConfig.from_env(
             base_url=args.llm_base_url,
@@ -169,16 +173,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _options(args: argparse.Namespace) -> CampaignOptions:
-    """The campaign's options, from the command line."""
+    """The campaign's options, from the command line; CampaignError names the flag CampaignOptions
+    refuses (the model holds each option's range, the flags only carry it)."""
+    from pydantic import ValidationError
+
     from kb_mcp.campaign.runner import CampaignOptions
 
-    return CampaignOptions(
-        problems=list(args.problems), iterations=args.iterations, steps=args.steps, parallel=args.parallel,
-        top_k=args.top_k, temperature=args.temperature, fix_attempts=args.fix_attempts,
-        generate_attempts=args.generate_attempts, gradient_every=args.gradient_every,
-        review=False if args.no_review else None, compile_only=True if args.compile_only else None,
-        seed=args.seed, arch=args.arch, track=args.track, level=args.level, problem_ids=args.problem_ids,
-    )
+    try:
+        return CampaignOptions(
+            problems=list(args.problems), iterations=args.iterations, steps=args.steps, parallel=args.parallel,
+            top_k=args.top_k, temperature=args.temperature, fix_attempts=args.fix_attempts,
+            generate_attempts=args.generate_attempts, gradient_every=args.gradient_every,
+            review=False if args.no_review else None, compile_only=True if args.compile_only else None,
+            seed=args.seed, arch=args.arch, track=args.track, level=args.level, problem_ids=args.problem_ids,
+        )
+    except ValidationError as exc:
+        refused = []
+        for err in exc.errors():
+            field = str(err["loc"][0]) if err["loc"] else "options"
+            flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
+            refused.append(f"{flag} {err.get('input')!r}: {err['msg'].lower()}")
+        raise CampaignError("; ".join(refused)) from exc
+
+
+_FLAGS = {"problem_ids": "--problems", "problems": "PROBLEMS", "review": "--no-review"}  # fields named otherwise
 
 
 def _run_models(args: argparse.Namespace, kb_path: Path, folder: Path, options: CampaignOptions,

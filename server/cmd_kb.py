@@ -347,24 +347,21 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Writes the KB to a file, as a kb-mcp KB or in the reference shape."""
-    from kb_mcp.kb.interchange import DestinationExists, export_kb
+    from kb_mcp.kb.interchange import DestinationExists, export_destination, export_kb, write_export
     from kb_mcp.kb.reference_kb import export_reference
 
     console = _console()
     store = _open(args)
-    dest = Path(args.path).expanduser().resolve()
-    exists = f"{dest}: exists; choose a new file name, or pass --force to overwrite it"
-    if args.format == "kb-mcp":
-        try:
-            export_kb(store, dest, overwrite=args.force)
-        except DestinationExists as exc:
-            raise CommandError(exists) from exc
-    else:
-        if dest.exists() and not args.force:
-            raise CommandError(exists)
-        with store.read() as view:
-            data = export_reference(view)
-        dest.write_text(json.dumps(data, indent=1) + "\n")
+    try:
+        if args.format == "kb-mcp":
+            dest = export_kb(store, Path(args.path), overwrite=args.force)
+        else:
+            dest = export_destination(store, Path(args.path), overwrite=args.force)
+            with store.read() as view:
+                data = export_reference(view)
+            write_export(dest, json.dumps(data, indent=1) + "\n")
+    except DestinationExists as exc:
+        raise CommandError(f"{exc.path}: exists; choose a new file name, or pass --force to overwrite it") from exc
     console.print(f"exported {store.path} to {dest} ({args.format})")
     return 0
 

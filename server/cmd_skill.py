@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from kb_mcp.kb.atomic import write_atomic
+from kb_mcp.kb.errors import storage_error
 
 SKILL_NAME = "cuda-kernel-optimization"
 
@@ -55,11 +56,18 @@ def run(args: argparse.Namespace) -> int:
         print(text, end="")
         return 0
     dest = target_dir(args) / SKILL_NAME / "SKILL.md"
+    try:
+        return _install(dest, text, force=args.force)
+    except OSError as exc:  # a file where a folder should be, permissions, a full disk: the machine's
+        raise storage_error(exc, "install the Skill at", dest) from exc
+
+
+def _install(dest: Path, text: str, *, force: bool) -> int:
     if dest.exists():
         if dest.read_text() == text:
             print(f"the Skill is already installed at {dest}")
             return 0
-        if not args.force:
+        if not force:
             print(f"kb-mcp install-skill: {dest} exists and differs from this version's Skill (edited, or "
                   "from another version); pass --force to replace it", file=sys.stderr)
             return 1

@@ -237,6 +237,13 @@ def check_ncu(machine: Machine, require_gpu: bool) -> Check:
     from kb_mcp.profiling.profiler import ENV_NCU, find_ncu
 
     ncu = find_ncu()
+    given = os.environ.get(ENV_NCU, "").strip()
+    if ncu is None and given:  # find_ncu looks nowhere else once it is set
+        return Check(
+            name="ncu", status=_gpu_or_warn(require_gpu), summary=f"${ENV_NCU}={given!r} is not an executable file",
+            fix=f"set {ENV_NCU} to the path of an ncu this user can run, or unset it to look on PATH and in the "
+            "usual CUDA folders",
+        )
     if ncu is None:
         return Check(
             name="ncu", status=_gpu_or_warn(require_gpu), summary="Nsight Compute not found",
@@ -329,10 +336,16 @@ def _kb_source(kb_arg: str | None) -> str:
 
 def check_kb(kb_arg: str | None) -> Check:
     """The KB file this command line would serve: where it comes from, that it opens, what is in it."""
-    from kb_mcp.kb.store import KBFileError, KBStore
+    from kb_mcp.kb.errors import KbMcpError
+    from kb_mcp.kb.files import path_error
+    from kb_mcp.kb.store import KBStore
 
     path = paths.resolve_kb_path(kb_arg)
     where = f"{path} (from {_kb_source(kb_arg)})"
+    unusable = path_error(path)
+    if unusable is not None:  # a folder, or a file where one of its folders should be
+        return Check(name="KB", status=Status.fail, summary=f"{where}: {unusable.message.removeprefix(f'{path}: ')}",
+                     fix=unusable.action)
     if not path.exists():
         folder = next((p for p in path.parents if p.exists()), None)
         if folder is None or not os.access(folder, os.W_OK):
@@ -345,7 +358,7 @@ def check_kb(kb_arg: str | None) -> Check:
                          "beside it)")
     try:
         stats = KBStore.open(path).stats()
-    except KBFileError as exc:  # it says what to do with this KB as it is (kb.files words it)
+    except KbMcpError as exc:  # it says what to do with this KB as it is (kb.files words it), or a setting
         return Check(name="KB", status=Status.fail, summary=f"{where}: cannot be opened: {exc.message}",
                      fix=exc.action or f"`kb-mcp --kb {path} kb stats` says why")
     except (OSError, ValueError) as exc:
@@ -356,6 +369,37 @@ def check_kb(kb_arg: str | None) -> Check:
         summary=f"{where}: {sum(stats.states.values())} states, {sum(stats.optimizations.values())} optimizations, "
         f"{sum(stats.outcomes.values())} outcomes, {stats.candidates} candidates",
     )
+
+
+def _setting_readers() -> list[Callable[[], object]]:
+    """Every reader of an operator's KB_MCP_ setting that refuses a value it cannot use: the doctor asks
+    them, so it says what the server would refuse, in the same words (none of them is a second copy)."""
+    from kb_mcp.clients.llm import LLMConfig
+    from kb_mcp.harness.judgment.caps import Caps
+    from kb_mcp.harness.sandbox import attempts
+    from kb_mcp.kb import backups, lock
+
+    return [lock.default_timeout, backups.default_keep, Caps.from_env, attempts.policy, LLMConfig.from_env]
+
+
+def check_settings() -> Check:
+    """The KB_MCP_ variables set in this environment: each is read by the code that uses it."""
+    from kb_mcp.kb.errors import KbMcpError
+
+    refused = []
+    for read in _setting_readers():
+        try:
+            read()
+        except (KbMcpError, ValueError, RuntimeError) as exc:  # the readers' own refusals (LLM: RuntimeError)
+            refused.append(str(exc).rstrip(". "))
+    given = sorted(name for name in os.environ if name.startswith("KB_MCP_"))
+    if refused:
+        return Check(name="settings", status=Status.fail, summary="; ".join(refused),
+                     fix="set each variable named to a value it takes, or unset it for its default: kb-mcp refuses "
+                     "to start (or to run the tool that reads it) until then")
+    return Check(name="settings", status=Status.ok,
+                 summary=f"KB_MCP_ variables set: {', '.join(given)}" if given else "no KB_MCP_ variable set: "
+                 "the defaults")
 
 
 def check_cache() -> Check:
@@ -445,6 +489,7 @@ def run_checks(kb_arg: str | None, *, require_gpu: bool = False, on_check: Calla
     machine = Machine()
     steps: list[Callable[[], Check]] = [
         check_install,
+        check_settings,
         lambda: check_gpu(machine, require_gpu),
         lambda: check_torch(machine, require_gpu),
         lambda: check_nvcc(machine, require_gpu),

@@ -11,6 +11,7 @@ and the scratch folder of a worker process that is still running (only its old f
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kb_mcp.kb.errors import CallerError
 from kb_mcp.kb.owners import process_alive
 
 if TYPE_CHECKING:  # `kb-mcp kb` reads `Limits` for its help; the store and job records load when gc runs
@@ -36,6 +38,14 @@ class Retention:
     scratch_hours: float = 6.0  # files in a running worker's scratch folder
     cache_days: float = 30.0  # build and baseline cache entries not used for this long
     cache_max_mb: float | None = None  # and the oldest beyond this total size
+
+    def __post_init__(self) -> None:
+        # A negative age or count would let every record go (`kb gc --jobs-kept -5` kept none): refused.
+        for name, value in vars(self).items():
+            if value is not None and not 0 <= value < math.inf:
+                flag = "--" + name.replace("_", "-")  # each field is the `kb gc` option of that name
+                raise CallerError(f"{flag} {value:g}: must be a number, 0 or more", where=flag,
+                                  action=f"give {flag} 0 or more, or leave it out for the default")
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ they give are the ones the suite and the server hold."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kb_mcp.server.app import build_server
+from kb_mcp.server.cli import COMMANDS, build_parser
 from kb_mcp.tools.context import ToolContext
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +37,65 @@ def test_every_file_the_docs_name_exists() -> None:
                for m in _FILE.finditer(line)
                if not (ROOT / m.group(1)).exists()]
     assert not missing, "files named in the docs that are not in the repository:\n" + "\n".join(missing)
+
+
+def _commands(text: str) -> list[str]:
+    """Every `kb-mcp ...` command line a doc shows: in code blocks (continued lines joined) and in backticks."""
+    shown = [" ".join(m.group(1).split()) for m in re.finditer(r"`(kb-mcp [^`]+)`", text)]
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+        shown += [line.split(" #")[0] for line in block.replace("\\\n", " ").splitlines() if "kb-mcp " in line]
+    return shown
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next((dict(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {o for a in parser._actions for o in a.option_strings}
+
+
+def _unknown_words(command: str, top: argparse.ArgumentParser) -> list[str]:
+    """The commands and options of `command` (one `kb-mcp` call of its line on) the CLI does not have.
+    A word that is neither (a value, a placeholder) is passed over; `a|b` names alternatives."""
+    unknown: list[str] = []
+    parser, chain = top, ["kb-mcp"]
+    for word in command.split()[1:]:
+        if word in ("|", "&&", ";", "--") or word.startswith((">", "2>", "|")):
+            break
+        subs = _subcommands(parser)
+        if word.startswith("--"):
+            option = word.split("=")[0].rstrip(",.;:)")
+            if re.fullmatch(r"--[a-z][a-z0-9-]*", option) and option not in _options(parser) | _options(top):
+                unknown.append(f"{' '.join(chain)} {option}")
+        elif subs and re.fullmatch(r"[a-z][a-z|-]*", word) and chain[-1] != "call":
+            names = word.split("|")
+            unknown += [f"{' '.join(chain)} {n}" for n in names if n not in subs]
+            if names[0] not in subs:
+                break
+            parser = subs[names[0]]
+            chain.append(names[0])
+    return unknown
+
+
+def test_every_command_and_option_the_docs_show_is_the_clis() -> None:
+    top = build_parser(None)
+    wrong = [f"{doc.relative_to(ROOT)}: `{shown}`: no {word}"
+             for doc in [*_described(), *(ROOT / "docs" / name for name in sorted(HISTORY))]
+             for line in _commands(doc.read_text())
+             for shown in (line[m.start():] for m in re.finditer(r"(?<![\w-])kb-mcp (?=-?-?[a-z])", line))
+             if shown.split()[1] in COMMANDS or shown.split()[1].startswith("--")
+             for word in _unknown_words(shown, top)]
+    assert not wrong, "commands in the docs the CLI does not have:\n" + "\n".join(wrong)
+
+
+def test_the_command_check_finds_an_option_or_command_the_cli_lacks() -> None:
+    top = build_parser(None)
+    assert _unknown_words("kb-mcp --kb k.json kb export out.json --format reference --force", top) == []
+    assert _unknown_words("kb-mcp kb states|candidates --json", top) == []
+    assert _unknown_words("kb-mcp kb export out.json --overwrite", top) == ["kb-mcp kb export --overwrite"]
+    assert _unknown_words("kb-mcp kb vacuum", top) == ["kb-mcp kb vacuum"]
+    assert _unknown_words("kb-mcp serve --stdio", top) == ["kb-mcp serve --stdio"]
 
 
 def test_the_readme_counts_the_cheats_the_suite_holds() -> None:

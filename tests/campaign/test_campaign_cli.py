@@ -29,6 +29,42 @@ def test_unconfigured_llm_is_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "kb.artifacts").exists()  # nothing was started
 
 
+@pytest.mark.parametrize(("variable", "value", "said"), [
+    ("KB_MCP_LLM_TIMEOUT", "abc", "a valid number"),
+    ("KB_MCP_LLM_TIMEOUT", "-5", "greater than 0"),
+    ("KB_MCP_LLM_MAX_RETRIES", "-1", "greater than or equal to 0"),
+    ("KB_MCP_LLM_MAX_RETRIES", "2.5", "a valid integer"),
+])
+def test_an_llm_setting_that_cannot_be_used_is_named_before_anything_starts(
+        tmp_path: Path, variable: str, value: str, said: str) -> None:
+    env = {**os.environ, "KB_MCP_HOME": str(tmp_path / "home"), "KB_MCP_LLM_BASE_URL": "http://127.0.0.1:9/v1",
+           "KB_MCP_LLM_MODEL": "m", variable: value}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(tmp_path / "kb.json"), "run-campaign", str(SWISH)],
+        env=env, capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"${variable}={value!r} cannot be used" in proc.stderr and said in proc.stderr
+    assert not (tmp_path / "kb.artifacts").exists()  # nothing was started
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--iterations", "-1"], "--iterations -1: input should be greater than or equal to 1"),
+    (["--top-k", "0"], "--top-k 0: input should be greater than or equal to 1"),
+    (["--temperature", "-3"], "--temperature -3.0: input should be greater than or equal to 0"),
+])
+def test_an_option_out_of_range_is_named_by_its_flag_before_anything_starts(
+        tmp_path: Path, flags: list[str], said: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(tmp_path / "kb.json"), "run-campaign", str(SWISH),
+         *flags], env={**os.environ, "KB_MCP_HOME": str(tmp_path / "home")},
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == f"kb-mcp run-campaign: {said}"
+    assert not (tmp_path / "kb.artifacts").exists()  # nothing was started
+
+
 @pytest.mark.nvcc
 def test_endpoint_failure_stops_the_campaign_and_a_rerun_resumes(tmp_path: Path) -> None:
     kb, out = tmp_path / "kb.json", tmp_path / "camp"

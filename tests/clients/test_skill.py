@@ -76,3 +76,12 @@ def test_install_places_it_where_claude_code_looks_and_keeps_edits(tmp_path: Pat
     assert (project / ".claude" / "skills" / SKILL_NAME / "SKILL.md").is_file()
     assert _install("--dir", str(tmp_path / "elsewhere"), cwd=project, home=home).returncode == 0
     assert (tmp_path / "elsewhere" / SKILL_NAME / "SKILL.md").is_file()
+
+
+def test_a_dir_that_is_a_file_is_refused_naming_it_and_the_file_is_kept(tmp_path: Path) -> None:
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine\n")
+    done = _install("--dir", str(taken), cwd=tmp_path, home=tmp_path)
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert f"cannot install the Skill at {taken / SKILL_NAME / 'SKILL.md'}: Not a directory" in done.stderr
+    assert taken.read_text() == "mine\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -348,6 +349,35 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
     corrupt.write_text("not a kb")
     r = _cli("--kb", str(corrupt), "kb", "stats")
     assert r.returncode == 3 and str(corrupt) in r.stderr and corrupt.read_text() == "not a kb"
+
+
+def _limit_file_size() -> None:
+    # exports are ~100 KB: a write past 20 KB fails with EFBIG, as on a full quota, part way through
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+
+@pytest.mark.parametrize("fmt", ["kb-mcp", "reference"])
+def test_an_export_that_fails_part_way_is_the_environments_and_leaves_the_old_file(tmp_path: Path, fmt: str) -> None:
+    kb, dest = tmp_path / "k.json", tmp_path / "out.json"
+    KBStore.open(kb)
+    dest.write_text("the export before\n")
+    r = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(kb), "kb", "export", str(dest),
+                        "--format", fmt, "--force"], capture_output=True, text=True, timeout=120,
+                       preexec_fn=_limit_file_size)
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot write the export {dest}: File too large" in r.stderr and "ulimit -f" in r.stderr
+    assert dest.read_text() == "the export before\n"  # whole or not at all
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out.json")) == []  # no temp file left
+
+
+@pytest.mark.parametrize("fmt", ["kb-mcp", "reference"])
+def test_an_export_to_a_directory_is_the_callers_mistake(tmp_path: Path, fmt: str) -> None:
+    kb = tmp_path / "k.json"
+    KBStore.open(kb)
+    (tmp_path / "folder").mkdir()
+    r = _cli("--kb", str(kb), "kb", "export", str(tmp_path / "folder"), "--format", fmt, "--force")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "is a directory; name the file to write" in r.stderr and not any((tmp_path / "folder").iterdir())
 
 
 def test_cli_merge_of_a_damaged_kb_file_names_the_record_and_changes_nothing(tmp_path: Path) -> None:

@@ -312,3 +312,27 @@ def test_artifacts_written_after_the_kb_is_opened_are_private_like_the_kb(kb_pat
         assert _mode(ctx.candidates_dir) == 0o700 and _mode(ctx.candidates_dir / "c_1.py") == 0o600
     finally:
         os.umask(before)
+
+
+@pytest.mark.parametrize("argv", [["kb", "init"], ["kb", "stats"], ["kb", "states"], ["kb", "backup"],
+                                  ["kb", "restore"], ["kb", "repair"], ["kb", "export", "out.json"]])
+def test_a_kb_path_below_a_file_is_refused_naming_the_file_by_every_command(tmp_path: Path, argv: list[str]) -> None:
+    # KB_MCP_HOME set to a file (or --kb .../kb.json/kb.json): no KB can be there, and nothing is written
+    home = tmp_path / "home"
+    home.write_text("not a folder\n")
+    done = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", *argv], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env={**os.environ, paths.ENV_HOME: str(home), paths.ENV_KB: ""})
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert f"{home} is a file, not a folder" in done.stderr and "KB_MCP_HOME" in done.stderr
+    assert home.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+
+
+def test_listing_a_deleted_kb_beside_its_backup_says_restore_it_not_init(kb_path: Path) -> None:
+    kb = str(kb_path)
+    _write(KBStore.open(kb_path), "c_1")
+    assert _cli("--kb", kb, "kb", "backup").returncode == 0
+    kb_path.unlink()
+    for action in ("states", "candidates", "outcomes", "campaigns"):
+        done = _cli("--kb", kb, "kb", action)
+        assert done.returncode == 3 and "kb restore" in done.stderr, done.stderr
+        assert "kb init" not in done.stderr and not kb_path.exists()

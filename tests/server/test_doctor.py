@@ -24,7 +24,8 @@ from kb_mcp.server.doctor import (
     torch_cuda_build,
 )
 
-NAMES = ["kb-mcp", "GPU", "PyTorch", "nvcc", "ncu", "sandbox", "attempts", "GPU lane", "KB", "cache", "cluster"]
+NAMES = ["kb-mcp", "settings", "GPU", "PyTorch", "nvcc", "ncu", "sandbox", "attempts", "GPU lane", "KB", "cache",
+         "cluster"]
 
 # nvidia-smi on an H100 machine (driver 580), as `--query-gpu=name,driver_version --format=csv,noheader`
 # and the header of plain `nvidia-smi`
@@ -51,6 +52,42 @@ def test_json_lists_every_check_and_the_exit_status_follows_them(tmp_path: Path)
     kb = next(c for c in report["checks"] if c["name"] == "KB")
     assert kb["status"] == "ok" and "from --kb" in kb["summary"] and "created and seeded on first use" in kb["summary"]
     assert not (tmp_path / "kb.json").exists()  # the doctor looks, it does not create
+
+
+def test_a_kb_path_below_a_file_fails_saying_which_file(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.write_text("")
+    done = _doctor(["--json"], home / "kb.json")
+    kb = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "KB")
+    assert done.returncode == 1 and kb["status"] == "fail"
+    assert f"{home} is a file, not a folder" in kb["summary"] and "--kb" in kb["fix"]
+
+
+BAD_SETTINGS = {  # each variable, a value its reader refuses, and words of that refusal
+    "KB_MCP_LOCK_TIMEOUT": ("abc", "$KB_MCP_LOCK_TIMEOUT='abc' is not a number of seconds"),
+    "KB_MCP_BACKUPS": ("-1", "$KB_MCP_BACKUPS='-1' is not a whole number"),
+    "KB_MCP_MAX_TIMEOUT_S": ("x", "$KB_MCP_MAX_TIMEOUT_S must be a number of seconds, got 'x'"),
+    "KB_MCP_ATTEMPTS": ("bogus", "KB_MCP_ATTEMPTS='bogus' is not a setting"),
+    "KB_MCP_LLM_TIMEOUT": ("0", "$KB_MCP_LLM_TIMEOUT='0' cannot be used"),
+}
+
+
+def test_every_setting_the_server_would_refuse_fails_by_name_and_the_doctor_finishes(tmp_path: Path) -> None:
+    done = _doctor(["--json"], tmp_path / "kb.json", env={k: v for k, (v, _) in BAD_SETTINGS.items()})
+    report = json.loads(done.stdout)  # every check ran: a refused setting does not stop the doctor
+    assert [c["name"] for c in report["checks"]] == NAMES and done.returncode == 1, done.stderr
+    settings = next(c for c in report["checks"] if c["name"] == "settings")
+    assert settings["status"] == "fail" and "unset it" in settings["fix"]
+    for variable, (_, said) in BAD_SETTINGS.items():
+        assert said in settings["summary"], variable
+
+
+def test_an_ncu_set_to_nothing_runnable_is_named(tmp_path: Path) -> None:
+    done = _doctor(["--json"], tmp_path / "kb.json", env={"KB_MCP_NCU": str(tmp_path / "ncu")})
+    ncu = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "ncu")
+    assert ncu["status"] in ("warn", "fail")
+    assert f"$KB_MCP_NCU='{tmp_path / 'ncu'}' is not an executable" in ncu["summary"]
+    assert "unset it" in ncu["fix"]
 
 
 def test_a_damaged_kb_fails_with_a_fix_on_one_screen() -> None:

@@ -150,6 +150,16 @@ def test_a_problem_file_that_is_not_utf8_is_the_environments_with_one_fix(kb_pat
     assert "pass its text" not in called.stderr and "Traceback" not in called.stderr
 
 
+@pytest.mark.parametrize("form", ["--arg", "--json"])
+def test_an_argument_file_that_is_not_utf8_is_named_with_its_byte(kb_path: Path, tmp_path: Path, form: str) -> None:
+    given = tmp_path / "latin1.txt"
+    given.write_bytes("x = 'caf\xe9'\n".encode("latin-1"))
+    how = ["--arg", f"candidate=@{given}"] if form == "--arg" else ["--json", f"@{given}"]
+    called = run_cli(["--kb", str(kb_path), "call", "compile_and_verify", *how])
+    assert called.returncode == 3 and called.stdout == "" and "Traceback" not in called.stderr, called.stderr
+    assert f"{given} is not UTF-8 text (byte 0xe9 at offset 8)" in called.stderr and "iconv" in called.stderr
+
+
 # Settings of the server's operator: no argument of the call can fix them, so they are the environment's.
 OPERATOR_SETTINGS = {
     "KB_MCP_SANDBOX": ("KB_MCP_SANDBOX='abc' is not a sandbox setting", "`kb-mcp doctor`"),

@@ -10,6 +10,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from kb_mcp.kb import paths
 from kb_mcp.kb.models import CandidateRecord, Outcome, Verdict, utcnow
 from kb_mcp.kb.store import KBStore
@@ -124,3 +126,16 @@ def test_kb_gc_command_lists_then_removes(kb_path: Path, tmp_path: Path) -> None
     done = subprocess.run(cli, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and "unrecorded candidates: removed 2" in done.stdout, done.stderr
     assert not (paths.artifacts_dir(kb_path) / "candidates" / "c_lonely.py").exists()
+
+
+@pytest.mark.parametrize("flags", [["--jobs-kept", "-5"], ["--job-days", "-1"], ["--cache-max-mb", "nan"]])
+def test_a_negative_retention_is_refused_and_removes_nothing(kb_path: Path, tmp_path: Path, flags: list[str]) -> None:
+    KBStore.open(kb_path)
+    jobs = JobStore(paths.artifacts_dir(kb_path) / "jobs")
+    _job(jobs, "j_20210101000000_dddddd", "succeeded", 0.1)
+    env = {**os.environ, paths.ENV_CACHE: str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(kb_path), "kb", "gc", *flags],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"{flags[0]} {flags[1]}: must be a number, 0 or more" in done.stderr
+    assert jobs.path("j_20210101000000_dddddd").exists()  # before: -5 kept none, -1 day expired all

@@ -96,6 +96,29 @@ def test_compaction_keeps_rotated_backups_and_restore_brings_back_a_deleted_kb_w
     assert _ids(kb_path) == set(cids), "the newest backup plus the journal is the whole KB"
 
 
+def test_junk_in_the_backups_folder_is_passed_over_by_listing_rotation_and_restore(kb_path: Path) -> None:
+    store = KBStore.open(kb_path, backups=2)
+    _write(store, "c_1")
+    store.backup()
+    folder = paths.backups_dir(kb_path)
+    junk = [folder / f"{kb_path.name}.20261399T999999000000Z.seq9.json",  # a backup's shape, no time
+            folder / f"{kb_path.name}.20990101T000000000000Z.seq9.json",  # a folder named like a backup
+            folder / "notes.txt"]
+    junk[0].write_text("junk")
+    junk[1].mkdir()
+    junk[2].write_text("mine")
+    _write(store, "c_2")
+    store.backup()
+    store.backup()  # rotation drops the oldest backup, never the junk
+    kept = backups.list_backups(kb_path)
+    assert len(kept) == 2 and all(b.path.is_file() and b.path not in junk for b in kept)
+    assert all(j.exists() for j in junk)
+    kb_path.unlink()
+    done = _cli("--kb", str(kb_path), "kb", "restore")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert _ids(kb_path) == {"c_1", "c_2"}
+
+
 def test_restoring_an_older_backup_goes_back_in_time_and_keeps_what_it_replaces(kb_path: Path) -> None:
     store = KBStore.open(kb_path, compact_min_bytes=3000, compact_fraction=0.0, backups=5)
     _write(store, *[f"c_{i}" for i in range(60)])

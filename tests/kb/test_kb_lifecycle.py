@@ -16,6 +16,7 @@ import pytest
 
 from kb_mcp.kb import backups, lifecycle, paths
 from kb_mcp.kb.errors import KBCorruptError, KBMissingError, KBReadOnlyError, StorageError
+from kb_mcp.kb.files import head_seq
 from kb_mcp.kb.models import CandidateRecord, Verdict
 from kb_mcp.kb.store import KBStore
 
@@ -256,6 +257,33 @@ def test_a_full_disk_is_the_environments_fault_and_loses_nothing_acknowledged(ti
     assert _ids(kb) == set(acknowledged)  # the journal has no half line, nothing committed is missing
     _write(KBStore.open(kb), "c_after")
     assert "c_after" in _ids(kb)
+
+
+def test_a_compaction_whose_backup_cannot_be_kept_keeps_the_journal_so_restore_loses_nothing(
+    tiny_disk: Path, kb_path: Path
+) -> None:
+    paths.backups_dir(kb_path).symlink_to(tiny_disk)  # the backups alone on a disk about to be full
+    store = KBStore.open(kb_path, compact_min_bytes=3000, compact_fraction=0.0)
+    _write(store, "c_0")
+    store.backup()
+    with open(tiny_disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    base = head_seq(kb_path)
+    cids = ["c_0"]
+    while head_seq(kb_path) == base:  # until a compaction folded the journal into the file
+        cids.append(f"c_{len(cids)}")
+        _write(store, cids[-1])
+    _write(store, "c_last")
+    assert len(backups.list_backups(kb_path)) == 1, "no backup fits on the full disk"
+    kb_path.unlink()
+    report = lifecycle.restore_kb(kb_path)
+    assert report.journal_kept, "the newest backup plus the journal is the whole KB"
+    assert _ids(kb_path) == {*cids, "c_last"}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -66,6 +66,20 @@ def test_a_deleted_kb_file_is_refused_saying_what_is_left_and_nothing_is_created
         store.get_candidate("c_1")  # a running server notices too
 
 
+def test_a_kb_file_cut_to_nothing_is_called_empty_and_restore_brings_it_back(kb_path: Path) -> None:
+    store = KBStore.open(kb_path)
+    _write(store, "c_1")
+    store.backup()
+    _write(store, "c_2")
+    kb_path.write_bytes(b"")  # `> kb.json`, or a file system that lost the file's blocks
+    with pytest.raises(KBMissingError) as err:
+        KBStore.open(kb_path)
+    assert "is empty (0 bytes)" in err.value.message and "deleted or moved" not in err.value.message
+    assert err.value.action and "kb restore" in err.value.action
+    lifecycle.restore_kb(kb_path)
+    assert _ids(kb_path) == {"c_1", "c_2"}
+
+
 def test_an_explicit_init_creates_beside_remains_and_sets_a_stray_journal_aside(kb_path: Path) -> None:
     _write(KBStore.open(kb_path), "c_old")
     kb_path.unlink()

@@ -300,6 +300,42 @@ def test_a_compaction_whose_backup_cannot_be_kept_keeps_the_journal_so_restore_l
     assert _ids(kb_path) == {*cids, "c_last"}
 
 
+_FSIZE_WRITER = """
+import resource, sys
+from kb_mcp.kb.models import CandidateRecord, Verdict
+from kb_mcp.kb.store import KBStore
+store = KBStore.open(sys.argv[1], compact_min_bytes=int(sys.argv[2]), compact_fraction=0.0)
+limit = int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # no file of this process grows past it
+for i in range(10_000):
+    try:
+        with store.transaction() as tx:
+            tx.put_candidate(CandidateRecord(candidate_id=f"c_{i}", problem="p", problem_hash="h", verdict="slower"))
+    except Exception as exc:
+        print("refused", type(exc).__name__, getattr(exc, "whose", ""), exc, flush=True)
+        break
+    print(f"c_{i}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("compact_min_bytes", [10**9, 3000], ids=["journal append", "compaction"])
+def test_a_write_cut_by_the_file_size_limit_is_the_environments_and_loses_nothing_acknowledged(
+    kb_path: Path, compact_min_bytes: int
+) -> None:
+    _write(KBStore.open(kb_path), "c_seed")
+    limit = kb_path.stat().st_size + 4000  # a few journal lines more, and never a whole new KB file
+    done = subprocess.run([sys.executable, "-c", _FSIZE_WRITER, str(kb_path), str(compact_min_bytes), str(limit)],
+                          capture_output=True, text=True, timeout=120)
+    said = done.stdout.splitlines()
+    assert said and said[-1].startswith("refused StorageError environment"), done.stdout + done.stderr
+    assert "File too large" in said[-1] and "ulimit -f" in said[-1]
+    if compact_min_bytes < limit:  # compactions failed first; the transactions they followed stood
+        assert "is committed in the journal, but the KB was not compacted" in done.stderr
+    assert _ids(kb_path) == {"c_seed", *said[:-1]}  # every acknowledged write, and no half line
+    _write(KBStore.open(kb_path), "c_after")
+    assert "c_after" in _ids(kb_path)
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", *args], capture_output=True, text=True,
                           timeout=120)

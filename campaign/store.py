@@ -36,6 +36,7 @@ from kb_mcp.campaign.models import (
 )
 from kb_mcp.campaign.names import CampaignError
 from kb_mcp.kb.atomic import write_atomic
+from kb_mcp.kb.errors import EnvironmentFault
 
 M = TypeVar("M", bound=BaseModel)
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -46,6 +47,19 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Writes `text` to `path` so that readers (and a crash) see the old file or the new, never a mix."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text, fsync=True)
+
+
+def _damaged(path: Path, what: str, exc: ValidationError) -> EnvironmentFault:
+    """A record file that does not read back: this module writes each one whole (temp file, fsync,
+    rename), so something else changed it (a hand edit, a damaged disk): the environment's fault."""
+    first = exc.errors()[0]
+    where = f" at {'.'.join(map(str, first['loc']))}" if first["loc"] else ""
+    return EnvironmentFault(
+        f"{path} is not {what} ({first['msg']}{where}): it was changed or damaged after it was written",
+        where=path,
+        action=f"restore it from a copy, or move it aside (`mv {path} {path}.damaged`): a resumed campaign "
+        "redoes a step whose record is missing",
+    )
 
 
 def _safe(name: str) -> str:
@@ -104,9 +118,9 @@ class CampaignStore:
 
     def _read(self, path: Path, model: type[M]) -> M:
         try:
-            return model.model_validate_json(path.read_text())
-        except (ValidationError, ValueError) as exc:
-            raise CampaignError(f"{path} is not a valid {model.__name__} record: {exc}") from exc
+            return model.model_validate_json(path.read_bytes())
+        except ValidationError as exc:
+            raise _damaged(path, f"a {model.__name__} record", exc) from exc
 
     def read_status(self) -> CampaignStatus | None:
         """The campaign header, or None for a new folder."""
@@ -173,9 +187,9 @@ class CampaignStore:
         found: list[Retry] = []
         for path in sorted(folder.glob("run*.json")) if folder.is_dir() else []:
             try:
-                found += _RETRIES.validate_json(path.read_text())
-            except (ValidationError, ValueError) as exc:
-                raise CampaignError(f"{path} is not a valid list of Retry records: {exc}") from exc
+                found += _RETRIES.validate_json(path.read_bytes())
+            except ValidationError as exc:
+                raise _damaged(path, "a list of Retry records", exc) from exc
         return found
 
     # -- kernels -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -54,12 +55,17 @@ def list_backups(kb_path: Path) -> list[Backup]:
         m = _NAME.match(name)
         if not m or m.group("stem") != kb_path.name:
             continue
-        when = datetime.strptime(m.group("when"), "%Y%m%dT%H%M%S%fZ").replace(tzinfo=timezone.utc)
         try:
-            size = (folder / name).stat().st_size
+            when = datetime.strptime(m.group("when"), "%Y%m%dT%H%M%S%fZ").replace(tzinfo=timezone.utc)
+        except ValueError:
+            continue  # shaped like a backup's name but no time: not one of ours (the folder is the operator's too)
+        try:
+            st = (folder / name).stat()
         except FileNotFoundError:
             continue
-        found.append(Backup(folder / name, when, int(m.group("seq")), size))
+        if not stat.S_ISREG(st.st_mode):
+            continue  # a folder or device under a backup's name is no backup (and rotation must not remove it)
+        found.append(Backup(folder / name, when, int(m.group("seq")), st.st_size))
     return sorted(found, key=lambda b: (b.created, b.applied_seq), reverse=True)
 
 

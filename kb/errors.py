@@ -189,8 +189,8 @@ _STORAGE_ACTIONS = {
     errno.EPERM: "give this account permission on that path (or run kb-mcp as its owner)",
     errno.EROFS: "the file system is mounted read-only: remount it read-write or move the KB",
     errno.EIO: "the device reported an I/O error: check the disk (dmesg) before writing again",
-    errno.EFBIG: "the file grew past the largest this process may write (`ulimit -f`) or its file system holds: "
-    "raise that limit, or write to another file system",
+    errno.EFBIG: "the file would grow past the size this process may write (`ulimit -f`) or its file system "
+    "allows: raise that limit, or write to a file system that takes larger files",
 }
 
 

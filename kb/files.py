@@ -181,9 +181,12 @@ def missing_error(kb_path: Path, remains: list[str], *, disappeared: bool = Fals
     if not remains:
         return KBMissingError(f"no KB file at {kb_path}", where=kb_path,
                               action=f"create one with `kb-mcp --kb {kb_path} kb init` (or pass --kb PATH)")
-    what = "disappeared while in use" if disappeared else "is missing"
+    if kb_path.exists():  # an empty file: cut to nothing by something other than kb-mcp, which never writes one
+        what, how = "is empty (0 bytes)", "it was cut to nothing by another program or a crash of the file system"
+    else:
+        what, how = "disappeared while in use" if disappeared else "is missing", "it was deleted or moved"
     return KBMissingError(
-        f"the KB file {kb_path} {what}, but {'; '.join(remains)} remain: it was deleted or moved, and kb-mcp does "
+        f"the KB file {kb_path} {what}, but {'; '.join(remains)} remain: {how}, and kb-mcp does "
         "not start an empty KB in its place",
         where=kb_path,
         action=restore_hint(kb_path) if backups.list_backups(kb_path) else

@@ -21,6 +21,7 @@ from typing import Any
 
 from kb_mcp.kb import journal, jsontext
 from kb_mcp.kb.atomic import write_atomic
+from kb_mcp.kb.tables import Tables
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,18 @@ def check_ops(ops: list[Any]) -> None:
     for op in ops:
         if not (isinstance(op, list) and len(op) == 4 and op[0] == "put" and op[1] != "meta"):
             raise ValueError(f"only whole-record puts can wait for the lock, not {str(op)[:80]}")
+
+
+def _check_applies(ops: list[Any]) -> None:
+    """Raises ValueError unless `ops` apply (to an empty KB: whole-record puts need nothing else).
+
+    A file read back is untrusted like any file of a KB (another kb-mcp version, a hand edit): one
+    whose ops do not apply would fail every transaction of every process that folds it in.
+    """
+    try:
+        Tables().replay(ops)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"its records do not apply ({type(exc).__name__}: {exc})") from exc
 
 
 def write(folder: Path, key: str, ops: list[Any], mode: int) -> Path:
@@ -64,16 +77,27 @@ def read_all(folder: Path) -> list[tuple[Path, list[Any]]]:
             if zlib.crc32(jsontext.dumps(ops, separators=(",", ":")).encode()) != doc["crc"]:
                 raise ValueError("checksum mismatch")
             check_ops(ops)
+            _check_applies(ops)
         except FileNotFoundError:
             continue  # committed and removed by another process meanwhile
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            damaged = folder / "damaged"
-            damaged.mkdir(exist_ok=True)
-            log.warning("pending KB record %s is damaged (%s); moved to %s, not applied", path, exc, damaged)
-            os.replace(path, damaged / path.name)
+            _set_aside(path, exc)
             continue
         out.append((path, ops))
     return out
+
+
+def _set_aside(path: Path, why: Exception) -> None:
+    """Moves a damaged pending file to ``damaged/`` beside it; it is never applied either way."""
+    damaged = path.parent / "damaged"
+    try:
+        damaged.mkdir(exist_ok=True)
+        os.replace(path, damaged / path.name)
+    except OSError as exc:  # it stays, skipped by every transaction, warned about each time
+        log.warning("pending KB record %s is damaged (%s) and could not be moved to %s (%s); not applied", path,
+                    why, damaged, exc.strerror or exc)
+        return
+    log.warning("pending KB record %s is damaged (%s); moved to %s, not applied", path, why, damaged)
 
 
 def remove(paths: list[Path]) -> None:

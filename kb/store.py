@@ -259,20 +259,30 @@ class KBStore(KBFiles):
             self.refresh()
             self._check_writable()
             if self._last_seq != self._base_seq or FileId.of(self.journal_path) is None:
-                self._write_base(self._last_seq + 1)
+                self._fold()
+
+    def _fold(self) -> OSError | None:
+        """Compacts now (the caller holds the lock): a file that holds the journal's last line (an
+        empty transaction when there is none to fold) and its backup (see `KBFiles._write_base`)."""
+        if self._last_seq == self._base_seq:
+            self._append(self._last_seq + 1, [])  # the new file's sequence tells it from the old one
+        return self._write_base()
 
     def backup(self) -> Path:
         """Compacts when the journal holds anything and keeps a backup of the file; returns it."""
         with self._locked(), self._mutex:
             self.refresh()
             self._check_writable()
+            failed: OSError | None = None
             if self._last_seq != self._base_seq or FileId.of(self.journal_path) is None:
-                self._write_base(self._last_seq + 1)
+                failed = self._fold()
             else:
                 try:
                     backups.make_backup(self.path, self._base_seq, max(1, self.keep_backups), self._mode, self._gid)
                 except OSError as exc:
-                    raise storage_error(exc, "keep a backup in", paths.backups_dir(self.path)) from exc
+                    failed = exc
+            if failed is not None:
+                raise storage_error(failed, "keep a backup in", paths.backups_dir(self.path)) from failed
         newest = backups.list_backups(self.path)
         assert newest, "a backup was just written"
         return newest[0].path

@@ -1,11 +1,12 @@
 """The KB store's files: the tables of one KB file cached in memory, kept current with the file and its
 journal, and each commit written to them durably (`kb.store` builds reads and transactions on it).
 
-* Small transactions append one checksummed, fsynced line to a journal beside the file (see
-  `kb.journal`); when the journal has grown to a quarter of the file (at least `compact_min_bytes`),
-  or a transaction is large, the whole KB is written to a temp file, fsynced, and moved over the
-  TinyDB file with ``os.replace`` (a reader sees the old file or the new one, never a mix), the
-  journal starts empty, and a copy of the new file is kept as a rotated backup (`kb.backups`).
+* Every transaction appends one checksummed, fsynced line to a journal beside the file (see
+  `kb.journal`): that line is the commit. When the journal has grown to a quarter of the file (at
+  least `compact_min_bytes`), or a transaction is large, the whole KB is then written to a temp file,
+  fsynced, and moved over the TinyDB file with ``os.replace`` (a reader sees the old file or the new
+  one, never a mix), a copy of the new file is kept as a rotated backup (`kb.backups`), and only then
+  does the journal start empty: the newest backup plus the journal is the whole KB at every instant.
 * Reads need no lock: they compare the file's and the journal's identity (inode, size, mtime)
   with what is cached, re-read the TinyDB file only when it was replaced, and read only the
   journal lines appended since last time.
@@ -24,7 +25,14 @@ from collections import deque
 from pathlib import Path
 
 from kb_mcp.kb import backups, journal, paths
-from kb_mcp.kb.errors import KBConflictError, KBCorruptError, KBFileError, KBReadOnlyError, storage_error
+from kb_mcp.kb.errors import (
+    EnvironmentFault,
+    KBConflictError,
+    KBCorruptError,
+    KBFileError,
+    KBReadOnlyError,
+    storage_error,
+)
 from kb_mcp.kb.files import (
     AtomicJSONStorage,
     JournalGap,
@@ -231,12 +239,24 @@ class KBFiles:
                 )
 
     def _commit(self, ops: list[KBOp]) -> None:
-        seq = self._last_seq + 1
+        """Commits `ops` as the next transaction: one journal line, then a compaction when the journal
+        has grown or the transaction is large. The line is the commit: a compaction that fails after it
+        is logged, and the transaction stands (it is in the journal)."""
         base_size = self._base_id.size if self._base_id else 0
         threshold = max(self.compact_min_bytes, int(base_size * self.compact_fraction))
-        if len(ops) > 2000 or self._j_offset >= threshold:
-            self._write_base(seq)
-            return
+        fold = len(ops) > 2000 or self._j_offset >= threshold
+        if fold:
+            self._check_writable(folder=True)  # a read-only folder refuses the transaction, not its compaction
+        self._append(self._last_seq + 1, ops)
+        if fold:
+            try:
+                self._write_base()
+            except (EnvironmentFault, OSError) as exc:  # a later transaction compacts again
+                log.warning("%s: transaction %d is committed in the journal, but the KB was not compacted: %s",
+                            self.path, self._last_seq, exc)
+
+    def _append(self, seq: int, ops: list[KBOp]) -> None:
+        """Appends transaction `seq` to the journal, durably (the caller holds the KB lock)."""
         self.lock.assert_held()
         try:
             end, ino = journal.append_entry(self.journal_path, Entry(seq, [op.wire() for op in ops]), self._j_offset,
@@ -259,8 +279,16 @@ class KBFiles:
         self._j_offset = end
         self._last_seq = seq
 
-    def _write_base(self, seq: int) -> None:
+    def _write_base(self) -> OSError | None:
+        """Compacts: writes the cached tables (every transaction up to `_last_seq`, each already in the
+        journal) as the new KB file, keeps a backup of it, and only then empties the journal.
+
+        So the newest backup plus the journal is the whole KB at every instant: a process killed
+        between the new file and its backup leaves the journal whole, and a backup that cannot be
+        made (returned; logged) leaves the journal as it is until a later compaction makes one.
+        """
         assert self._tables is not None
+        seq = self._last_seq
         self._check_writable(folder=True)
         self._tables.meta["applied_seq"] = seq
         self._tables.meta["schema_version"] = SCHEMA_VERSION
@@ -280,25 +308,27 @@ class KBFiles:
                 raise storage_error(exc, "replace the KB file", self.path) from exc
             raise
         journal.fsync_dir(self.path.parent)
-        try:
-            # The new file holds every entry (their sequences are folded), so failing here loses nothing.
-            journal.reset(self.journal_path, self._mode, self._gid)
-        except OSError as exc:
-            self._tables = None
-            raise storage_error(exc, "empty the KB journal", self.journal_path) from exc
         self._base_id = FileId.of(self.path)
-        self._base_seq = self._last_seq = seq
-        jid = FileId.of(self.journal_path)
-        self._j_ino = jid.ino if jid else None
-        self._j_offset = 0
+        self._base_seq = seq  # the journal's lines, all folded now, are skipped by every reader
         for pattern in (f"{self.path.name}.tmp-*", f"{self.journal_path.name}.tmp-*"):
             for orphan in self.path.parent.glob(pattern):
                 orphan.unlink(missing_ok=True)  # temp files of writers killed mid-write (we hold the lock)
         try:
             backups.make_backup(self.path, seq, self.keep_backups, self._mode, self._gid)
         except OSError as exc:
-            log.warning("%s: compacted, but no backup could be kept in %s: %s", self.path,
+            log.warning("%s: compacted, but no backup could be kept in %s (%s); the journal is kept until one can be, "
+                        "so that the newest backup and the journal still hold every transaction", self.path,
                         paths.backups_dir(self.path), exc)
+            return exc
+        try:
+            journal.reset(self.journal_path, self._mode, self._gid)
+        except OSError as exc:
+            self._tables = None  # re-read from the file; the journal's lines are all folded into it
+            raise storage_error(exc, "empty the KB journal", self.journal_path) from exc
+        jid = FileId.of(self.journal_path)
+        self._j_ino = jid.ino if jid else None
+        self._j_offset = 0
+        return None
 
     def _assert_journal_unchanged(self) -> None:
         """Before a compaction replaces the file: the journal holds nothing this process has not read."""

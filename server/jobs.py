@@ -37,10 +37,10 @@ from types import ModuleType
 from typing import Any, Literal
 
 from filelock import FileLock
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kb_mcp.kb.atomic import write_atomic
-from kb_mcp.kb.errors import ErrorInfo
+from kb_mcp.kb.errors import EnvironmentFault, ErrorInfo
 from kb_mcp.kb.models import utcnow
 from kb_mcp.kb.owners import process_alive
 from kb_mcp.server.execution import ToolFailure, ToolRunner, parse_request
@@ -168,9 +168,17 @@ class JobStore:
         """The record, or None if there is no such job."""
         path = self.path(job_id)
         try:
-            return JobRecord.model_validate_json(path.read_text())
+            return JobRecord.model_validate_json(path.read_bytes())
         except FileNotFoundError:
             return None
+        except ValidationError as exc:  # cut, not JSON, or not a job record
+            first = exc.errors()[0]  # its words and place only: the record's text may be the submitter's alone
+            reason = first["msg"] + (f" at {'.'.join(map(str, first['loc']))}" if first["loc"] else "")
+            raise EnvironmentFault(
+                f"the job record {path} is damaged and cannot be read ({reason})", where=path,
+                action=f"nothing else beside the KB is affected: remove the record (`rm {path}`) and start the job "
+                "again if its result is needed",
+            ) from exc
 
     def write(self, record: JobRecord) -> None:
         """Writes `record` atomically (readers never see a torn file)."""

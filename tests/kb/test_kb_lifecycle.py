@@ -16,6 +16,7 @@ import pytest
 
 from kb_mcp.kb import backups, lifecycle, paths
 from kb_mcp.kb.errors import KBCorruptError, KBMissingError, KBReadOnlyError, StorageError
+from kb_mcp.kb.files import head_seq
 from kb_mcp.kb.models import CandidateRecord, Verdict
 from kb_mcp.kb.store import KBStore
 
@@ -65,6 +66,20 @@ def test_a_deleted_kb_file_is_refused_saying_what_is_left_and_nothing_is_created
         store.get_candidate("c_1")  # a running server notices too
 
 
+def test_a_kb_file_cut_to_nothing_is_called_empty_and_restore_brings_it_back(kb_path: Path) -> None:
+    store = KBStore.open(kb_path)
+    _write(store, "c_1")
+    store.backup()
+    _write(store, "c_2")
+    kb_path.write_bytes(b"")  # `> kb.json`, or a file system that lost the file's blocks
+    with pytest.raises(KBMissingError) as err:
+        KBStore.open(kb_path)
+    assert "is empty (0 bytes)" in err.value.message and "deleted or moved" not in err.value.message
+    assert err.value.action and "kb restore" in err.value.action
+    lifecycle.restore_kb(kb_path)
+    assert _ids(kb_path) == {"c_1", "c_2"}
+
+
 def test_an_explicit_init_creates_beside_remains_and_sets_a_stray_journal_aside(kb_path: Path) -> None:
     _write(KBStore.open(kb_path), "c_old")
     kb_path.unlink()
@@ -94,6 +109,29 @@ def test_compaction_keeps_rotated_backups_and_restore_brings_back_a_deleted_kb_w
     report = lifecycle.restore_kb(kb_path)
     assert report.journal_kept and report.backup == kept[0].path
     assert _ids(kb_path) == set(cids), "the newest backup plus the journal is the whole KB"
+
+
+def test_junk_in_the_backups_folder_is_passed_over_by_listing_rotation_and_restore(kb_path: Path) -> None:
+    store = KBStore.open(kb_path, backups=2)
+    _write(store, "c_1")
+    store.backup()
+    folder = paths.backups_dir(kb_path)
+    junk = [folder / f"{kb_path.name}.20261399T999999000000Z.seq9.json",  # a backup's shape, no time
+            folder / f"{kb_path.name}.20990101T000000000000Z.seq9.json",  # a folder named like a backup
+            folder / "notes.txt"]
+    junk[0].write_text("junk")
+    junk[1].mkdir()
+    junk[2].write_text("mine")
+    _write(store, "c_2")
+    store.backup()
+    store.backup()  # rotation drops the oldest backup, never the junk
+    kept = backups.list_backups(kb_path)
+    assert len(kept) == 2 and all(b.path.is_file() and b.path not in junk for b in kept)
+    assert all(j.exists() for j in junk)
+    kb_path.unlink()
+    done = _cli("--kb", str(kb_path), "kb", "restore")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert _ids(kb_path) == {"c_1", "c_2"}
 
 
 def test_restoring_an_older_backup_goes_back_in_time_and_keeps_what_it_replaces(kb_path: Path) -> None:
@@ -233,6 +271,69 @@ def test_a_full_disk_is_the_environments_fault_and_loses_nothing_acknowledged(ti
     assert _ids(kb) == set(acknowledged)  # the journal has no half line, nothing committed is missing
     _write(KBStore.open(kb), "c_after")
     assert "c_after" in _ids(kb)
+
+
+def test_a_compaction_whose_backup_cannot_be_kept_keeps_the_journal_so_restore_loses_nothing(
+    tiny_disk: Path, kb_path: Path
+) -> None:
+    paths.backups_dir(kb_path).symlink_to(tiny_disk)  # the backups alone on a disk about to be full
+    store = KBStore.open(kb_path, compact_min_bytes=3000, compact_fraction=0.0)
+    _write(store, "c_0")
+    store.backup()
+    with open(tiny_disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    base = head_seq(kb_path)
+    cids = ["c_0"]
+    while head_seq(kb_path) == base:  # until a compaction folded the journal into the file
+        cids.append(f"c_{len(cids)}")
+        _write(store, cids[-1])
+    _write(store, "c_last")
+    assert len(backups.list_backups(kb_path)) == 1, "no backup fits on the full disk"
+    kb_path.unlink()
+    report = lifecycle.restore_kb(kb_path)
+    assert report.journal_kept, "the newest backup plus the journal is the whole KB"
+    assert _ids(kb_path) == {*cids, "c_last"}
+
+
+_FSIZE_WRITER = """
+import resource, sys
+from kb_mcp.kb.models import CandidateRecord, Verdict
+from kb_mcp.kb.store import KBStore
+store = KBStore.open(sys.argv[1], compact_min_bytes=int(sys.argv[2]), compact_fraction=0.0)
+limit = int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # no file of this process grows past it
+for i in range(10_000):
+    try:
+        with store.transaction() as tx:
+            tx.put_candidate(CandidateRecord(candidate_id=f"c_{i}", problem="p", problem_hash="h", verdict="slower"))
+    except Exception as exc:
+        print("refused", type(exc).__name__, getattr(exc, "whose", ""), exc, flush=True)
+        break
+    print(f"c_{i}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("compact_min_bytes", [10**9, 3000], ids=["journal append", "compaction"])
+def test_a_write_cut_by_the_file_size_limit_is_the_environments_and_loses_nothing_acknowledged(
+    kb_path: Path, compact_min_bytes: int
+) -> None:
+    _write(KBStore.open(kb_path), "c_seed")
+    limit = kb_path.stat().st_size + 4000  # a few journal lines more, and never a whole new KB file
+    done = subprocess.run([sys.executable, "-c", _FSIZE_WRITER, str(kb_path), str(compact_min_bytes), str(limit)],
+                          capture_output=True, text=True, timeout=120)
+    said = done.stdout.splitlines()
+    assert said and said[-1].startswith("refused StorageError environment"), done.stdout + done.stderr
+    assert "File too large" in said[-1] and "ulimit -f" in said[-1]
+    if compact_min_bytes < limit:  # compactions failed first; the transactions they followed stood
+        assert "is committed in the journal, but the KB was not compacted" in done.stderr
+    assert _ids(kb_path) == {"c_seed", *said[:-1]}  # every acknowledged write, and no half line
+    _write(KBStore.open(kb_path), "c_after")
+    assert "c_after" in _ids(kb_path)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

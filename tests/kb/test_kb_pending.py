@@ -124,6 +124,25 @@ def test_only_whole_record_puts_may_wait_and_a_damaged_file_is_set_aside(kb_path
     assert (store.pending_dir / "damaged" / "candidate-c_bad.json").exists()
 
 
+@pytest.mark.parametrize("ops", [
+    [["put", "no_such_table", "k", {}]],  # a table this kb-mcp does not know (another version's?)
+    [["put", "candidates", "c_bad", {"verdict": "faster"}]],  # a record without its id
+    [["put", "states", "s", None]],  # no record at all
+])
+def test_a_pending_file_whose_records_do_not_apply_is_set_aside_not_failing_every_transaction(
+    kb_path: Path, ops: list[list[object]]
+) -> None:
+    store = KBStore.open(kb_path)
+    pending.write(store.pending_dir, "candidate-c_bad", ops, 0o600)  # framed and checksummed like a good one
+    pending.write(store.pending_dir, "candidate-c_p", [["put", "candidates", "c_p", _record("c_p").model_dump(
+        mode="json")]], 0o600)
+    with store.transaction() as tx:
+        tx.put_candidate(_record("c_1"))
+    assert (store.pending_dir / "damaged" / "candidate-c_bad.json").exists() and store.pending_count() == 0
+    fresh = KBStore.open(kb_path)
+    assert fresh.get_candidate("c_1") is not None and fresh.get_candidate("c_p") is not None
+
+
 def test_lock_timeout_names_the_holder_and_never_advises_deleting_the_lock(kb_path: Path) -> None:
     store = KBStore.open(kb_path, lock_timeout=0.5)
     holder = _hung_holder(kb_path)

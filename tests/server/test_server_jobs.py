@@ -15,8 +15,9 @@ from mcp import Client
 from serverproc import endpoint_that_never_answers, http_server, session_client
 
 from kb_mcp.clients.mcp_client import ToolCallError, call_json, connect_http
+from kb_mcp.kb.errors import EnvironmentFault
 from kb_mcp.server.app import KbMcpServer, build_server
-from kb_mcp.server.execution import ToolFailure, ToolRunner
+from kb_mcp.server.execution import ToolFailure, ToolRunner, describe_failure
 from kb_mcp.server.job_slots import MAX_JOBS_PER_SUBMITTER, submitted_by
 from kb_mcp.server.jobs import JobManager, JobRecord, JobStore, new_job_id, register_job_kind
 from kb_mcp.server.registry import ToolSpec
@@ -107,6 +108,20 @@ def test_a_job_whose_server_died_is_reported_interrupted(kb_path: Path, toy_spec
     record = manager.status(orphan.job_id)
     assert record.status == "interrupted" and record.error is not None and "start it again" in record.error
     assert manager.status(foreign.job_id).status == "running"  # another host's job: not ours to judge
+    manager.shutdown()
+
+
+def test_a_damaged_job_record_is_the_environments_fault_and_named(kb_path: Path, toy_spec: ToolSpec) -> None:
+    manager = _manager(kb_path, toy_spec)
+    record = JobRecord(job_id=new_job_id(), kind="toy_count", status="succeeded")
+    manager.store.write(record)
+    path = manager.store.path(record.job_id)
+    path.write_bytes(path.read_bytes()[:40])  # cut, as a damaged disk or a hand edit leaves it
+    with pytest.raises(EnvironmentFault) as err:
+        manager.status(record.job_id)
+    assert err.value.where == str(path) and "damaged" in err.value.message and err.value.action
+    seen = describe_failure(toy_spec, err.value)
+    assert seen.whose == "environment" and str(path) in seen.message and "not in your arguments" in seen.message
     manager.shutdown()
 
 

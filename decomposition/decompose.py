@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from kb_mcp.decomposition import grouping, ranking, runner, writing
 from kb_mcp.decomposition.compose import PartSource, composed_source
+from kb_mcp.decomposition.limits import TIME_LIMIT_S
 from kb_mcp.decomposition.models import Decomposition, Part, Trace
 from kb_mcp.harness.sandbox.sandbox import Sandbox
 
@@ -24,6 +25,22 @@ WHOLE_GLUE = "def forward(self, *args):\n    return self.submod_0(*args)\n"
 
 class DecompositionError(RuntimeError):
     """The model could not be decomposed (the message says at which step and why)."""
+
+
+class PastTimeLimit(DecompositionError):
+    """The problem's own code ran past the time limit in a step of its decomposition: the problem's
+    fault (it never returns), or a limit too short for it (`limit_s` says which limit)."""
+
+    def __init__(self, message: str, limit_s: float) -> None:
+        super().__init__(message)
+        self.limit_s = limit_s
+
+
+def failed(step: str, problem: str, answer: dict[str, Any]) -> DecompositionError:
+    """The error for a worker's failed answer at `step` ("tracing", "splitting")."""
+    message = f"{step} {problem} failed: {answer.get('error')}"
+    limit = answer.get("timed_out")
+    return PastTimeLimit(message, float(limit)) if isinstance(limit, (int, float)) else DecompositionError(message)
 
 
 def _parts(problem: str, trace: Trace) -> tuple[list[Part], dict[str, int]]:
@@ -47,7 +64,7 @@ Decomposed = tuple[Decomposition, dict[str, str]]
 def plan(problem: str, source: str, traced: dict[str, Any], batch: int | None = None) -> Planned:
     """The decomposition of a traced model (the worker's trace answer), before the split."""
     if not traced.get("ok"):
-        raise DecompositionError(f"tracing {problem} failed: {traced.get('error')}")
+        raise failed("tracing", problem, traced)
     trace = Trace.model_validate({k: v for k, v in traced.items() if k not in ("ok", "shrunk")})
     parts, assignment = _parts(problem, trace)
     shrunk = bool(traced.get("shrunk"))
@@ -66,7 +83,7 @@ def finish(decomp: Decomposition, source: str, split: dict[str, Any] | None) -> 
         decomp.glue = WHOLE_GLUE
     else:
         if not split.get("ok"):
-            raise DecompositionError(f"splitting {decomp.problem} failed: {split.get('error')}")
+            raise failed("splitting", decomp.problem, split)
         decomp.glue = split["glue"]
         files.update(_part_files(decomp, split["parts"]))
     refs = [PartSource(name=p.name, source=files[p.file], class_name="Model", note=f"{p.label}: the reference part")
@@ -93,15 +110,17 @@ def _part_files(decomp: Decomposition, pieces: list[dict[str, Any]]) -> dict[str
 
 
 def decompose_many(problems: list[tuple[str, str]], sandbox: Sandbox | None = None, batch: int | None = None,
-                   jobs: int = 1, shrink: Shrink = frozenset()) -> list[Decomposed | DecompositionError]:
-    """Several problems (name, source) decomposed together: a decomposition and its files, or the error.
-    `batch` reduces the problems' batch size, `shrink` names problems whose sizes are divided too, or is
-    "auto" (those whose parameters would take long to build for real, where the sizes divide): both for
-    checks on a small machine; a decomposition to work from uses neither."""
+                   jobs: int = 1, shrink: Shrink = frozenset(),
+                   timeout_s: float = TIME_LIMIT_S) -> list[Decomposed | DecompositionError]:
+    """Several problems (name, source) decomposed together: a decomposition and its files, or the error
+    (`PastTimeLimit` where a problem's code ran past `timeout_s`, its limit in each step). `batch` reduces
+    the problems' batch size, `shrink` names problems whose sizes are divided too, or is "auto" (those
+    whose parameters would take long to build for real, where the sizes divide): both for checks on a
+    small machine; a decomposition to work from uses neither."""
     extra = {"batch": batch} if batch else {}
     entries: list[dict[str, Any]] = [{"source": s, **extra, "shrink": shrink if shrink == "auto" else name in shrink}
                                      for name, s in problems]
-    traced = runner.run("trace", entries, sandbox, jobs=jobs)
+    traced = runner.run("trace", entries, sandbox, timeout_s, jobs=jobs)
     for entry, t in zip(entries, traced):  # the split and the check use the sizes the trace chose
         entry["shrink"] = bool(t.get("shrunk"))
     plans: list[Planned | DecompositionError] = []
@@ -113,7 +132,7 @@ def decompose_many(problems: list[tuple[str, str]], sandbox: Sandbox | None = No
     todo = [i for i, p in enumerate(plans) if not isinstance(p, DecompositionError) and p[0].method != "whole"]
     costs = [float(len(traced[i].get("nodes") or [])) for i in todo]  # splitting a graph takes its size's time
     splits = runner.run("split", [{**entries[i], "assignment": plans[i][1]}  # type: ignore[index]
-                                  for i in todo], sandbox, jobs=jobs, costs=costs) if todo else []
+                                  for i in todo], sandbox, timeout_s, jobs=jobs, costs=costs) if todo else []
     by_index = dict(zip(todo, splits))
     out: list[Decomposed | DecompositionError] = []
     for i, p in enumerate(plans):
@@ -122,7 +141,9 @@ def decompose_many(problems: list[tuple[str, str]], sandbox: Sandbox | None = No
             continue
         try:
             out.append((p[0], finish(p[0], problems[i][1], by_index.get(i))))
-        except (DecompositionError, ValueError, SyntaxError) as exc:
+        except DecompositionError as exc:
+            out.append(exc)
+        except (ValueError, SyntaxError) as exc:
             out.append(DecompositionError(str(exc)))
     return out
 

@@ -1,14 +1,17 @@
 """`kb-mcp compose PROBLEM --parts DIR`: the whole-model candidate written from the parts' verified
 candidates (each part's best standard verdict in the KB, the reference part where none) as
 DIR/composed.py, then verified end to end by compile_and_verify in composed mode (docs/models.md).
-DIR is a decomposition `kb-mcp decompose` wrote (made there first where there is none); a DIR that
-holds the decomposition of another problem is refused, not overwritten."""
+DIR is a decomposition `kb-mcp decompose` wrote (made there first where there is none, under the same
+--timeout); a DIR that holds the decomposition of another problem is refused, not overwritten. Progress
+goes to stderr."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+from kb_mcp.server.cmd_decompose import add_timeout, say
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("problem", help="the model's problem file (KernelBench format)")
     p.add_argument("--parts", metavar="DIR", required=True, help="the decomposition's folder (kb-mcp decompose --out)")
     p.add_argument("--no-verify", action="store_true", help="only write DIR/composed.py")
+    add_timeout(p)
     p.set_defaults(func=run)
 
 
@@ -29,9 +33,16 @@ def run(args: argparse.Namespace) -> int:
     from kb_mcp.tools.context import ToolContext
 
     ctx = ToolContext(paths.resolve_kb_path(args.kb), client_name="kb-mcp compose")
-    req = decompose_problem.Request(problem=args.problem, compose=True, verify=not args.no_verify)
+    req = decompose_problem.Request(problem=args.problem, compose=True, verify=not args.no_verify,
+                                    timeout_s=args.timeout)
+    said = say("compose")
+
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        if message:
+            said(message)
+
     try:  # the operator's own folder: not confined to the KB's folder for decompositions, as an MCP caller's is
-        result = decompose_problem.run_in(ctx, req, Path(args.parts).expanduser().resolve())
+        result = decompose_problem.run_in(ctx, req, Path(args.parts).expanduser().resolve(), progress)
     except ToolError as exc:
         print(f"kb-mcp compose: {exc}", file=sys.stderr)
         return 1

@@ -5,13 +5,17 @@ into parts, each written as a KernelBench-format problem under DIR/parts/, ranke
 share of the model's GPU time; DIR/composed_reference.py is the model recomposed from the reference's
 own parts (the file `kb-mcp compose` starts from), DIR/decomposition.json the record of it all.
 A decomposition of the same source in DIR is reused; a DIR that holds the decomposition of another
-problem is refused, not overwritten."""
+problem is refused, not overwritten. The problem's own code may run --timeout seconds in each step
+(the trace, the split) before it is stopped; progress goes to stderr."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+from kb_mcp.decomposition.limits import TIME_LIMIT_S, time_limit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +25,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("problem", help="the problem file (KernelBench format: Model, get_inputs, get_init_inputs)")
     p.add_argument("--out", metavar="DIR", help="where to write the parts (default: ./<problem>-parts)")
     p.add_argument("--top", type=int, default=10, help="how many parts to list, largest share first (default 10)")
+    add_timeout(p)
     p.set_defaults(func=run)
+
+
+def add_timeout(p: argparse.ArgumentParser) -> None:
+    """Adds `--timeout SECONDS`: how long the problem's own code may run while it is decomposed."""
+    p.add_argument("--timeout", type=_seconds, default=TIME_LIMIT_S, metavar="SECONDS",
+                   help="stop the problem's own code (its Model's construction or forward) after this many seconds "
+                   f"in each step of the decomposition, the trace and the split (default {TIME_LIMIT_S:g})")
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    try:
+        return time_limit(seconds)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def say(command: str) -> Callable[[str], None]:
+    """What a command says as it goes: a line on stderr each (stdout holds its result)."""
+    return lambda message: print(f"kb-mcp {command}: {message}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         # the checks every tool makes of a problem first (UTF-8, Python, a Model and its inputs), then
         # the decomposition the tool would make or reuse in `out`
-        decomp = decomposed(read_problem(str(path), None), out.expanduser().resolve())  # the operator's own file
+        decomp = decomposed(read_problem(str(path), None), out.expanduser().resolve(),  # the operator's own file
+                            timeout_s=args.timeout, say=say("decompose"))
     except ToolError as exc:
         print(f"kb-mcp decompose: {exc}", file=sys.stderr)
         return 1

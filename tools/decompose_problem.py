@@ -3,6 +3,8 @@ whole-model candidate composed back from the parts' verified candidates and veri
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -12,12 +14,14 @@ from kb_mcp.decomposition.decompose import (
     MANIFEST,
     PROBLEM,
     DecompositionError,
+    PastTimeLimit,
     decompose_many,
     foreign_entries,
     holds_another_problem,
     load,
     write,
 )
+from kb_mcp.decomposition.limits import MAX_TIME_LIMIT_S, MIN_TIME_LIMIT_S, TIME_LIMIT_S
 from kb_mcp.decomposition.models import Decomposition
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.sandbox.sandbox import Sandbox
@@ -63,6 +67,10 @@ class Request(BaseModel):
                           "candidates and verify it in composed mode")
     verify: bool = Field(True, description="with compose: verify the composed candidate (false: only write it)")
     top: int = Field(10, ge=1, le=500, description="how many parts to list, largest share first")
+    timeout_s: float = Field(TIME_LIMIT_S, ge=MIN_TIME_LIMIT_S, le=MAX_TIME_LIMIT_S,
+                             description="seconds the model's own code may run in the sandbox while it is traced, "
+                             "and again while it is split into parts, before it is stopped (a model that never "
+                             "returns); raise it for a model that is only slow to build")
 
 
 class PartSummary(BaseModel):
@@ -148,25 +156,39 @@ def refuse_to_write_over(out: Path, problem: Problem) -> None:
                         "written over: name a new folder as out_dir, or leave out_dir out")
 
 
-def decomposed(problem: Problem, out: Path, sandbox: Sandbox | None = None) -> Decomposition:
-    """The decomposition written in `out` for this problem, made (in the sandbox) where there is none,
-    or made again where the problem changed. A folder holding another problem's decomposition is
+def decomposed(problem: Problem, out: Path, sandbox: Sandbox | None = None, timeout_s: float = TIME_LIMIT_S,
+               say: Callable[[str], None] = lambda message: None) -> Decomposition:
+    """The decomposition written in `out` for this problem, made (in the sandbox, its code stopped after
+    `timeout_s` in each step) where there is none, or made again where the problem changed; `say` hears
+    what it does and how long the trace took. A folder holding another problem's decomposition is
     refused (ToolError): decomposing there would overwrite its parts and the work on them."""
     held = held_decomposition(out)
     kept = out / PROBLEM
     if held is not None and kept.is_file() and kept.read_text() == problem.source:
+        say(f"{problem.name}: its decomposition in {out} is reused (the same source)")
         return held
     if held is not None and held.problem != problem.name:
         raise ToolError(
             f"{out} holds the decomposition of another problem, {held.problem!r} (its {MANIFEST}), not of "
             f"{problem.name!r}: decomposing {problem.name!r} there would overwrite its parts. Name another folder "
             f"for the parts of {problem.name!r}, or move {out} aside to decompose it there")
-    (result,) = decompose_many([(problem.name, problem.source)], sandbox)
+    say(f"tracing {problem.name} in the sandbox (time limit {timeout_s:g} s)...")
+    started = time.monotonic()
+    (result,) = decompose_many([(problem.name, problem.source)], sandbox, timeout_s=timeout_s)
     if isinstance(result, DecompositionError):
-        raise ToolError(f"the problem {problem.path or '(given as source text)'} could not be decomposed: {result}")
+        raise ToolError(f"the problem {problem.path or '(given as source text)'} could not be decomposed: {result}"
+                        + (f". {RAISE_THE_LIMIT}" if isinstance(result, PastTimeLimit) else ""))
+    say(f"traced and split {problem.name} in {time.monotonic() - started:.1f} s")
     decomp, files = result
     write({**files, PROBLEM: problem.source}, out)
     return decomp
+
+
+RAISE_THE_LIMIT = (f"If the model is only slow to build or trace, raise the limit (up to {MAX_TIME_LIMIT_S:g} s): "
+                   "`--timeout SECONDS` for kb-mcp decompose and kb-mcp compose, `timeout_s` in a decompose_problem "
+                   "request; if it never returns (a loop that waits for something that does not come), fix the "
+                   "problem file")
+"""How the limit a problem ran past is raised, wherever it was set."""
 
 
 def held_decomposition(out: Path) -> Decomposition | None:
@@ -214,7 +236,7 @@ def run_in(ctx: ToolContext, req: Request, out: Path, progress: Progress = no_pr
 
 def _run(ctx: ToolContext, req: Request, problem: Problem, out: Path, progress: Progress) -> Result:
     progress(0, 2, "decomposing")
-    decomp = decomposed(problem, out, ctx.sandbox)
+    decomp = decomposed(problem, out, ctx.sandbox, req.timeout_s, lambda message: progress(0, 2, message))
     files = decomp.by_file()
     parts = [PartSummary(name=p.name, kind=p.kind, label=p.label, share=round(share, 4), file=str(out / p.file),
                          same_file=others) for p, share, others in files[: req.top]]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 PROBLEMS = Path(__file__).parents[2] / "examples" / "problems"
 STEPS = Path(__file__).parents[1] / "decomposition" / "steps_model.py"
+ENDLESS = Path(__file__).parents[1] / "decomposition" / "endless_model.py"
 CLI = [sys.executable, "-m", "kb_mcp.server.cli"]
 
 
@@ -47,3 +48,17 @@ def test_a_folder_holding_another_models_decomposition_is_refused_and_left_as_it
         assert f"{parts} holds the decomposition of another problem, 'mlp'" in refused.stderr
         assert "Name another folder for the parts of 'gemm', or move" in refused.stderr
         assert _files(parts) == before
+
+
+def test_compose_that_decomposes_first_stops_a_model_that_never_builds_at_its_timeout(tmp_path: Path) -> None:
+    problem = tmp_path / "endless.py"
+    problem.write_text(ENDLESS.read_text())
+    parts = tmp_path / "endless-parts"
+    proc = _cli("--kb", str(tmp_path / "kb.json"), "compose", str(problem), "--parts", str(parts), "--no-verify",
+                "--timeout", "3")
+    assert proc.returncode == 1, proc.stderr
+    assert "kb-mcp compose: tracing endless in the sandbox (time limit 3 s)..." in proc.stderr.splitlines()
+    error = proc.stderr.splitlines()[-1]
+    assert error.startswith("kb-mcp compose: the problem ") and "ran past the time limit of 3 s" in error, error
+    assert "`--timeout SECONDS` for kb-mcp decompose and kb-mcp compose" in error
+    assert not parts.exists()

@@ -14,6 +14,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from kb_mcp.harness.problem import candidate_id, parse_problem
 from kb_mcp.harness.worker.loading import share_reference_state
@@ -133,6 +134,29 @@ def test_a_model_that_does_not_build_is_the_callers_to_fix(ctx: ToolContext, tmp
     broken = MODEL.replace("return [32, 64]", "return [32, 64, 5]")
     with pytest.raises(ToolError, match="could not be decomposed"):
         decompose_problem.run(ctx, decompose_problem.Request(problem=broken, out_dir="p"))
+
+
+def test_a_model_that_never_builds_is_stopped_at_the_requests_timeout(ctx: ToolContext, tmp_path: Path) -> None:
+    endless = (Path(__file__).parents[1] / "decomposition" / "endless_model.py").read_text()
+    heard: list[str] = []
+    with pytest.raises(ToolError) as caught:
+        decompose_problem.run(ctx, decompose_problem.Request(problem=endless, out_dir="p", timeout_s=3),
+                              lambda done, total=None, message=None: heard.append(message or ""))
+    said = str(caught.value)
+    assert caught.value.whose == "caller" and "ran past the time limit of 3 s" in said, said
+    assert "`timeout_s` in a decompose_problem request" in said
+    assert "tracing problem in the sandbox (time limit 3 s)..." in heard, heard  # the client's progress
+    assert not (ctx.artifacts_dir / "decompositions" / "p").exists()
+
+
+def test_a_requests_timeout_is_taken_within_its_range_and_refused_outside_it() -> None:
+    assert decompose_problem.Request(problem=MODEL).timeout_s == 180
+    assert [decompose_problem.Request(problem=MODEL, timeout_s=s).timeout_s for s in (1, 3600)] == [1, 3600]
+    for seconds in (0, 0.5, 3601, float("inf"), float("nan")):
+        with pytest.raises(ValidationError) as caught:
+            decompose_problem.Request(problem=MODEL, timeout_s=seconds)
+        (error,) = caught.value.errors()
+        assert error["loc"] == ("timeout_s",) and error["type"] in ("greater_than_equal", "less_than_equal"), error
 
 
 def _escapes(ctx: ToolContext, tmp_path: Path) -> list[str]:

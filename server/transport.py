@@ -21,7 +21,14 @@ from typing import Any
 import anyio
 from mcp.server.transport_security import TransportSecuritySettings
 
-from kb_mcp.server.agents import CLIENT_SCOPE_KEY, MIN_TOKEN_CHARS, PLACEHOLDER, AgentsFile, Credentials
+from kb_mcp.server.agents import (
+    CLIENT_SCOPE_KEY,
+    MIN_TOKEN_CHARS,
+    PLACEHOLDER,
+    AgentsFile,
+    Credentials,
+    unsendable,
+)
 from kb_mcp.server.env import ENV_AGENTS, ENV_TOKEN
 
 log = logging.getLogger(__name__)
@@ -124,6 +131,9 @@ def http_options(bind: str, token: str | None, allow_hosts: Sequence[str] = (),
             f"the bearer token is the unexpanded text {token!r}: the variable it names is not set where this "
             f"server starts; set it (e.g. export {ENV_TOKEN}=...) or put the token in a file and pass --token-file PATH"
         )
+    why = unsendable(token) if token is not None else None
+    if why is not None:
+        raise ServeError(f"the bearer token (--token-file or ${ENV_TOKEN}) {why}")
     loopback = is_loopback(host)
     if not loopback:
         if token is None and agents_file is None:

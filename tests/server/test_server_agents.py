@@ -54,6 +54,13 @@ def test_an_agents_file_names_each_agent_with_its_token() -> None:
         ("alice ${ALICE_TOKEN}\n", "alice's token is the unexpanded text '${ALICE_TOKEN}'"),
         (f"alice {SHARED}\n", "alice's token is the shared token"),
         ("# only a comment\n\n", "names no agent"),
+        (f"alice {ALICE}\nAlice {BOB}\n", "line 2: the agent 'Alice' is already named on line 1 (names that differ "
+                                           "only in case"),
+        ("alice caf\u00e9-token-for-tests-0123\n", "alice's token holds the character 'é' (U+00E9), which no client "
+                                                   "can send"),
+        ("alice tab\x01token-for-tests-0123\n", "alice's token holds the character '\\x01'"),
+        (f"alice {ALICE}\x0bbob {BOB}\n", "line 1: expected 'NAME TOKEN' (two fields separated by spaces), found 4"),
+        (f"alice {ALICE}\n\u2028\nalice {BOB}\n", "line 3: the agent 'alice' is already named on line 1"),
     ],
 )
 def test_a_bad_agents_file_is_refused_with_its_line_and_never_its_token(text: str, words: str) -> None:

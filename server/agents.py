@@ -216,12 +216,7 @@ def _read(where: Path, shared: str | None) -> tuple[Agent, ...]:
     everything the server returns or stores."""
     from kb_mcp.tools.disclosure import register_secret
 
-    try:
-        text = where.read_text(encoding="utf-8")
-        mode = where.stat().st_mode
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise ValueError(f"cannot read the agents file {where}: {reason}") from exc
+    text, mode = _text_of(where)
     agents = parse_agents(text, f"the agents file {where}", shared)
     if mode & (stat.S_IRGRP | stat.S_IROTH):
         log.warning("the agents file %s may be read by other users of this machine, who could then act as any "
@@ -230,3 +225,27 @@ def _read(where: Path, shared: str | None) -> tuple[Agent, ...]:
         register_secret(agent.token)
     return agents
 
+
+def _text_of(where: Path) -> tuple[str, int]:
+    """The text and mode of the agents file `where`; ValueError where it is not a regular file (a
+    folder, a pipe or a device, which would never end or never be the same twice: a pipe with no
+    writer would hold the server's start, and every request after a change) or cannot be read."""
+    try:
+        # O_NONBLOCK: opening a pipe does not wait for a writer; a regular file reads as usual
+        fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ValueError(f"cannot read the agents file {where}: {exc.strerror or exc}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"the agents file {where} is not a regular file (a folder, a pipe or a device): name "
+                             "a file of 'NAME TOKEN' lines")
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read().decode("utf-8"), mode
+    except OSError as exc:
+        raise ValueError(f"cannot read the agents file {where}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"cannot read the agents file {where}: it is not UTF-8 text ({exc.reason} at byte "
+                         f"{exc.start})") from exc
+    finally:
+        os.close(fd)

@@ -6,6 +6,7 @@ records) and has its own share of the job slots whatever session it uses."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,27 @@ def test_serve_refuses_an_agents_file_without_http_or_with_a_mistake(kb_path: Pa
     refused = run_cli(["--kb", str(kb_path), "serve", "--http", "127.0.0.1:0", "--agents-file", str(bad)])
     assert refused.returncode == 2 and "line 2: bob's token is also the token on line 1" in refused.stderr
     assert ALICE not in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.parametrize("kind", ["folder", "pipe"])
+def test_serve_refuses_an_agents_file_that_is_no_regular_file_at_once(kb_path: Path, tmp_path: Path,
+                                                                      kind: str) -> None:
+    path = tmp_path / "agents"
+    if kind == "folder":
+        path.mkdir()
+    else:
+        os.mkfifo(path)  # no writer: reading it would wait for ever
+    refused = run_cli(["--kb", str(kb_path), "serve", "--http", "127.0.0.1:0", "--agents-file", str(path)],
+                      timeout=30)
+    assert refused.returncode == 2, refused.stderr
+    assert f"the agents file {path} is not a regular file" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_an_agents_file_that_is_not_utf8_is_refused_in_words(tmp_path: Path) -> None:
+    path = tmp_path / "agents"
+    path.write_bytes(b"alice \xff" + ALICE.encode() + b"\n")
+    with pytest.raises(ValueError, match=f"cannot read the agents file {path}: it is not UTF-8 text"):
+        read_agents(str(path))
 
 
 # ---- over HTTP ------------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.transport_security import TransportSecuritySettings
 
 from kb_mcp.server.agents import (
@@ -300,6 +302,7 @@ class BearerGate:
             return
         # Whatever a client put in the scope itself is not trusted: only this gate names the sender.
         scope.pop(CLIENT_SCOPE_KEY, None)
+        scope.pop("user", None)
         if self.credentials.required:
             found = authenticate(_header(scope, b"authorization"), self.credentials)
             if isinstance(found, AuthProblem):
@@ -307,6 +310,7 @@ class BearerGate:
                 await _send_json(send, 401, found.body(), [(b"www-authenticate", found.www_authenticate().encode())])
                 return
             scope[CLIENT_SCOPE_KEY] = found
+            scope["user"] = _principal(found)
         await self.app(scope, receive, send)
 
     def _log(self, problem: AuthProblem) -> None:
@@ -318,6 +322,14 @@ class BearerGate:
             )
         else:
             log.info("refused a request (401): %s", problem.description)
+
+
+def _principal(client: str) -> AuthenticatedUser:
+    """`client` as the MCP SDK's authenticated user: its session manager then holds each session to
+    the client that opened it, and answers any other client's request in it as for a session that does
+    not exist (404). An Mcp-Session-Id that leaked (a log, a proxy) lets no other agent read its
+    tasks' private text or cancel them. The token itself stays out of it."""
+    return AuthenticatedUser(AccessToken(token="", client_id=client, scopes=[]))
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

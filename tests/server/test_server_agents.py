@@ -5,10 +5,13 @@ records) and has its own share of the job slots whatever session it uses."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
+import httpx2
 import pytest
 from serverproc import endpoint_that_never_answers, http_server, run_cli, session_client
 
@@ -214,6 +217,44 @@ async def test_an_agents_jobs_count_towards_its_own_cap_whatever_its_session(kb_
                     view = await call_json(bob, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"],
                                                                "wait_s": 30})
     assert view["status"] == "succeeded", view
+
+
+def _rpc(http: httpx2.Client, url: str, token: str, session: str, method: str,
+         params: dict[str, Any]) -> tuple[int, dict[str, Any], str]:
+    """One JSON-RPC request of the 2025-11-25 protocol, sent with `token` in `session` ('' opens one):
+    (HTTP status, the answer or {}, the session id the server names)."""
+    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {token}"}
+    if session:
+        headers |= {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    response = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=headers)
+    answer: dict[str, Any] = {}
+    if response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream"):
+        answer = next(json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:"))
+    elif response.status_code == 200:
+        answer = response.json()
+    return response.status_code, answer, response.headers.get("mcp-session-id", session)
+
+
+def test_an_agents_session_is_no_one_elses_even_with_its_id(kb_path: Path, tmp_path: Path) -> None:
+    """Another agent that learns an agent's Mcp-Session-Id (a log, a proxy) cannot use the session:
+    not to read its task's private text, not to cancel its tasks."""
+    args = ["--http", "127.0.0.1:0", "--agents-file", str(_agents_file(tmp_path))]
+    with http_server(kb_path, args, env={"KB_MCP_TOKEN": SHARED}) as server, httpx2.Client(timeout=60) as http:
+        _, _, session = _rpc(http, server.url, ALICE, "", "initialize", {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "alice", "version": "0"}})
+        http.post(server.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                  headers={"Authorization": f"Bearer {ALICE}", "Mcp-Session-Id": session,
+                           "MCP-Protocol-Version": "2025-11-25", "Accept": "application/json, text/event-stream"})
+        _, created, _ = _rpc(http, server.url, ALICE, session, "tools/call", {
+            "name": "suggest_optimizations", "arguments": {"state_id": "alices_private_state"}, "task": {}})
+        task = {"taskId": created["result"]["task"]["taskId"]}
+        _, mine, _ = _rpc(http, server.url, ALICE, session, "tasks/result", task)
+        assert "alices_private_state" in json.dumps(mine)  # alice's own session sees her task's text
+        for token in (BOB, SHARED):
+            for method in ("tasks/result", "tasks/cancel", "tools/list"):
+                status, answer, _ = _rpc(http, server.url, token, session, method, task if "tasks" in method else {})
+                assert status == 404 and "alices_private_state" not in json.dumps(answer), (token[:3], method, answer)
+        assert _rpc(http, server.url, ALICE, session, "tasks/get", task)[0] == 200  # and her session goes on
 
 
 @pytest.mark.nvcc

@@ -13,6 +13,9 @@ from typing import Any
 
 import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import Implementation
 from serverproc import endpoint_that_never_answers, http_server, run_cli, session_client
 
 from kb_mcp.clients.mcp_client import ToolCallError, call_json, connect_http
@@ -255,6 +258,48 @@ def test_an_agents_session_is_no_one_elses_even_with_its_id(kb_path: Path, tmp_p
                 status, answer, _ = _rpc(http, server.url, token, session, method, task if "tasks" in method else {})
                 assert status == 404 and "alices_private_state" not in json.dumps(answer), (token[:3], method, answer)
         assert _rpc(http, server.url, ALICE, session, "tasks/get", task)[0] == 200  # and her session goes on
+
+
+HOSTILE_FLAGS = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+CUDA = "__global__ void k(float* x) { x[threadIdx.x] *= 2.f; }\\nvoid launch(float* x) { k<<<1, 32>>>(x); }\\n"
+_ext = load_inline(name="tricky", cpp_sources="void launch(float* x);", cuda_sources=CUDA,
+                   extra_cuda_cflags=["-wrapper", "/bin/sh,-c,id"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(x)
+'''
+
+
+@pytest.mark.nvcc
+async def test_a_sandbox_attempt_is_logged_for_who_the_token_says_not_the_name_a_client_gives_itself(
+        kb_path: Path, tmp_path: Path) -> None:
+    """A holder of the shared token that calls itself `agent:alice` is logged as the shared client
+    (its own name only quoted), so the operator does not revoke alice; an agent's task is logged as
+    that agent, as its tool calls are."""
+    verify = {"problem": SWISH.read_text(), "candidate": HOSTILE_FLAGS, "options": {"compile_only": True}}
+    args = ["--http", "127.0.0.1:0", "--agents-file", str(_agents_file(tmp_path))]
+    with http_server(kb_path, args, env={"KB_MCP_TOKEN": SHARED}) as server:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {SHARED}"},
+                                      timeout=httpx2.Timeout(30.0, read=300.0)) as http:
+            async with Client(streamable_http_client(server.url, http_client=http), mode="legacy",
+                              client_info=Implementation(name="agent:alice", version="0")) as posing:
+                await call_json(posing, "compile_and_verify", verify)
+        with httpx2.Client(timeout=300) as http:
+            _, _, session = _rpc(http, server.url, BOB, "", "initialize", {
+                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bob", "version": "0"}})
+            _, created, _ = _rpc(http, server.url, BOB, session, "tools/call",
+                                 {"name": "compile_and_verify", "arguments": verify, "task": {}})
+            _rpc(http, server.url, BOB, session, "tasks/result", {"taskId": created["result"]["task"]["taskId"]})
+        log = server.stderr
+    assert "sandbox attempt by mcp-http (calls itself 'agent:alice'): build: tricky" in log, log
+    assert "sandbox attempt by agent:alice" not in log, log
+    assert "sandbox attempt by agent:bob (calls itself 'bob'): build: tricky" in log, log
 
 
 @pytest.mark.nvcc

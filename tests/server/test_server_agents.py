@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client
@@ -21,7 +22,6 @@ from serverproc import endpoint_that_never_answers, http_server, run_cli, sessio
 from kb_mcp.clients.mcp_client import ToolCallError, call_json, connect_http
 from kb_mcp.kb.store import KBStore
 from kb_mcp.server.agents import Agent, AgentsFile, Credentials, parse_agents, read_agents
-from kb_mcp.server.job_slots import MAX_JOBS_PER_SUBMITTER
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SWISH = EXAMPLES / "problems" / "swish.py"
@@ -194,6 +194,9 @@ async def test_each_agent_is_a_client_of_its_own_to_the_kb(kb_path: Path, tmp_pa
 
 
 async def test_an_agents_jobs_count_towards_its_own_cap_whatever_its_session(kb_path: Path, tmp_path: Path) -> None:
+    """Alice's campaign in one session is hers in every other and on the sessionless protocol: her
+    second is refused, saying why and what to do, and bob's campaign still finds a slot (before, alice
+    could hold both campaign slots, and bob's waited queued for as long as hers stalled)."""
     campaign = {"kind": "run_campaign", "arguments": {"problems": [str(SWISH)], "compile_only": True}}
 
     def named(name: str) -> dict[str, object]:
@@ -205,21 +208,27 @@ async def test_an_agents_jobs_count_towards_its_own_cap_whatever_its_session(kb_
         args = ["--http", "127.0.0.1:0", "--agents-file", str(_agents_file(tmp_path))]
         with http_server(kb_path, args, env=env) as server:
             async with session_client(server.url, ALICE) as first, session_client(server.url, ALICE) as second:
-                for i in range(MAX_JOBS_PER_SUBMITTER - 1):
-                    await call_json(first, "start_job", named(f"a{i}"))
-                await call_json(second, "start_job", named("a-last"))
+                await call_json(first, "start_job", named("alices"))
                 for client in (first, second):  # a new session does not make alice someone else
-                    with pytest.raises(ToolCallError, match="MAX_JOBS_PER_SUBMITTER"):
+                    with pytest.raises(ToolCallError, match=r"MAX_LONG_JOBS_PER_SUBMITTER=1.*campaigns still find "
+                                                            r"one of the 2 slots.*cancel_job"):
                         await call_json(client, "start_job", named("one-more"))
                 async with connect_http(server.url, ALICE) as sessionless:  # nor does a protocol without one
-                    with pytest.raises(ToolCallError, match="MAX_JOBS_PER_SUBMITTER"):
+                    with pytest.raises(ToolCallError, match="MAX_LONG_JOBS_PER_SUBMITTER"):
                         await call_json(sessionless, "start_job", named("sessionless"))
                 async with connect_http(server.url, BOB) as bob:  # bob's share is his own
-                    job = await call_json(bob, "start_job", {"kind": "suggest_optimizations",
-                                                             "arguments": {"state_id": STATE}})
-                    view = await call_json(bob, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"],
-                                                               "wait_s": 30})
-    assert view["status"] == "succeeded", view
+                    job = await call_json(bob, "start_job", named("bobs"))
+                    view = await call_json(bob, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"]})
+                    for _ in range(60):
+                        if view["status"] != "queued":
+                            break
+                        await anyio.sleep(0.25)
+                        view = await call_json(bob, "job_status", {"job_id": job["job_id"]})
+                    quick = await call_json(bob, "start_job", {"kind": "suggest_optimizations",
+                                                               "arguments": {"state_id": STATE}})
+                    done = await call_json(bob, "job_status", {"job_id": quick["job_id"], "wait_s": 30})
+    assert view["status"] == "running", view
+    assert done["status"] == "succeeded", done
 
 
 def _rpc(http: httpx2.Client, url: str, token: str, session: str, method: str,

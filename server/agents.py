@@ -99,6 +99,9 @@ class AgentsFile:
         self._shared = shared
         self._stamp = _stamp(path)
         self._agents = _read(path, shared)
+        self.unusable = False
+        """Whether the file's last change could not be used (no agent's token is accepted meanwhile):
+        a refused agent is then told that the fault is the operator's, not its token's."""
 
     def agents(self) -> tuple[Agent, ...]:
         """The agents the file names now (none while it cannot be used)."""
@@ -107,8 +110,9 @@ class AgentsFile:
             self._stamp = stamp
             try:
                 self._agents = _read(self.path, self._shared)
+                self.unusable = False
             except ValueError as exc:
-                self._agents = ()
+                self._agents, self.unusable = (), True
                 log.error("%s; no agent's token is accepted until the file is right again (the shared token "
                           "still is)", exc)
             else:

@@ -269,6 +269,10 @@ def authenticate(authorization: str | None, credentials: Credentials) -> str | A
             placeholder=presented,
         )
     client = credentials.client_of(presented)
+    if client is None and credentials.agents_file is not None and credentials.agents_file.unusable:
+        return AuthProblem("invalid_token", "the bearer token is not accepted now: this server's agents file cannot be "
+                           "used since its last change (the operator's to fix), so no agent's own token is accepted "
+                           "until it is right again; ask the server's operator, or use the shared token if you have it")
     if client is None:
         return AuthProblem("invalid_token",
                            "the bearer token is not one of this server's tokens: check the token your client sends")

@@ -231,6 +231,26 @@ async def test_an_agents_jobs_count_towards_its_own_cap_whatever_its_session(kb_
     assert done["status"] == "succeeded", done
 
 
+def test_an_agent_refused_while_the_agents_file_is_broken_is_told_it_is_the_operators_to_fix(
+        kb_path: Path, tmp_path: Path) -> None:
+    path = _agents_file(tmp_path)
+    args = ["--http", "127.0.0.1:0", "--agents-file", str(path)]
+    with http_server(kb_path, args, env={"KB_MCP_TOKEN": SHARED}) as server, httpx2.Client(timeout=30) as http:
+        def refusal(token: str) -> str:
+            answer = http.post(server.url, json={}, headers={"Authorization": f"Bearer {token}"})
+            assert answer.status_code == 401, answer.text
+            return str(answer.json()["error_description"])
+
+        path.write_text(f"alice {ALICE}\nbob {ALICE}\n")  # a mistake while the server runs
+        for token in (ALICE, "not-a-token-of-anyone-0123456789"):
+            said = refusal(token)
+            assert "agents file cannot be used since its last change (the operator's to fix)" in said, said
+            assert "line 2" not in said and ALICE not in said  # what is wrong is the operator's log's
+        path.write_text(f"alice {ALICE}\n")
+        assert "check the token your client sends" in refusal(BOB)  # a file that works: the token is wrong
+    assert "line 2: bob's token is also the token on line 1" in server.stderr
+
+
 def _rpc(http: httpx2.Client, url: str, token: str, session: str, method: str,
          params: dict[str, Any]) -> tuple[int, dict[str, Any], str]:
     """One JSON-RPC request of the 2025-11-25 protocol, sent with `token` in `session` ('' opens one):

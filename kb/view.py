@@ -280,9 +280,15 @@ class KBView:
         return found[0] if found else None
 
     def candidate_verifiers(self, candidate_id: str) -> set[str] | None:
-        """The clients whose compile_and_verify produced any stored verdict on the candidate, or None when
-        none of its verdicts names them (written before they were kept: who verified it is unknown)."""
-        named = [rec.verified_by for rec in self.candidate_verdicts(candidate_id) if rec.verified_by]
+        """The clients whose compile_and_verify produced one of the candidate's strongest verdicts (this
+        server's own, where it has any): those of the strength its outcomes are measured from. A weaker
+        check (compile-only, loosened) of a source another client timed on a GPU does not make its
+        client one, since an outcome it recorded would claim that other client's measurement. None when
+        none of those verdicts names them (written before they were kept: who verified it is unknown)."""
+        found = self.candidate_verdicts(candidate_id)
+        found = [rec for rec in found if rec.imported_from is None] or found
+        top = found[0].strength.rank if found else 0  # strongest first
+        named = [rec.verified_by for rec in found if rec.strength.rank == top and rec.verified_by]
         return {client for clients in named for client in clients} if named else None
 
     def own_candidate(self, candidate_id: str) -> CandidateRecord | None:
@@ -292,11 +298,13 @@ class KBView:
 
     def speaks_for(self, candidate_id: str, client: str) -> bool:
         """Whether `client` may record outcomes of the candidate, and so say what it was made from: only a
-        client whose compile_and_verify on this KB produced it may, or anyone where who verified it is
-        unknown (older KB files); nobody where all its verdicts were merged in from another file."""
-        own = [rec for rec in self.candidate_verdicts(candidate_id) if rec.imported_from is None]
-        named = {client for rec in own for client in rec.verified_by}
-        return bool(own) and (not named or client in named)
+        client whose compile_and_verify on this KB produced one of its strongest verdicts may
+        (`candidate_verifiers`), or anyone where who verified it is unknown (older KB files); nobody where
+        all its verdicts were merged in from another file."""
+        if self.own_candidate(candidate_id) is None:
+            return False
+        verifiers = self.candidate_verifiers(candidate_id)
+        return verifiers is None or client in verifiers
 
     def made_outcomes(self, candidate_id: str) -> list[Outcome]:
         """The outcomes that say how the candidate was made (lineage, credit): those recorded by a client

@@ -38,6 +38,7 @@ __all__ = [
     "Credentials",
     "parse_agents",
     "read_agents",
+    "unsendable",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,19 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
 PLACEHOLDER = re.compile(r"^\$(\{[A-Za-z_][\w:.-]*\}|[A-Za-z_]\w*)$")
 """`${KB_MCP_TOKEN}`, `$KB_MCP_TOKEN`, `${env:KB_MCP_TOKEN}`, `${input:kb-mcp-token}`: what a client
 config holds before its variables are substituted; a template never filled in, not a token."""
+
+
+def unsendable(token: str) -> str | None:
+    """Why no client can send `token` as it is in an `Authorization: Bearer` header (None when one can):
+    a header carries printable ASCII, so a token with any other character (a control character, a tab
+    among them, or a letter outside ASCII) would be refused for every request, by the client that
+    cannot encode it or by this server, which reads a header as Latin-1. The answer names the
+    character, never the token."""
+    bad = next((c for c in token if not " " <= c <= "~"), None)
+    if bad is None:
+        return None
+    return (f"holds the character {bad!r} (U+{ord(bad):04X}), which no client can send in an HTTP header: a token "
+            "is printable ASCII, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,9 @@ class AgentsFile:
         self._shared = shared
         self._stamp = _stamp(path)
         self._agents = _read(path, shared)
+        self.unusable = False
+        """Whether the file's last change could not be used (no agent's token is accepted meanwhile):
+        a refused agent is then told that the fault is the operator's, not its token's."""
 
     def agents(self) -> tuple[Agent, ...]:
         """The agents the file names now (none while it cannot be used)."""
@@ -93,8 +110,9 @@ class AgentsFile:
             self._stamp = stamp
             try:
                 self._agents = _read(self.path, self._shared)
+                self.unusable = False
             except ValueError as exc:
-                self._agents = ()
+                self._agents, self.unusable = (), True
                 log.error("%s; no agent's token is accepted until the file is right again (the shared token "
                           "still is)", exc)
             else:
@@ -146,9 +164,11 @@ def parse_agents(text: str, where: str, shared: str | None = None) -> tuple[Agen
     malformed line, a bad or repeated name, a short, templated or repeated token, or a token that is
     also the shared one (whose requests could then not be told apart)."""
     agents: list[Agent] = []
-    names: dict[str, int] = {}
+    names: dict[str, int] = {}  # folded to lower case: names that differ only in case are one name
     tokens: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" only (a "\r" before it is stripped): the line numbers are those an editor shows,
+    # and no other character (\x0b, \x85, U+2028 ...) can start a line of its own within one line.
+    for number, raw in enumerate(text.split("\n"), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -161,10 +181,14 @@ def parse_agents(text: str, where: str, shared: str | None = None) -> tuple[Agen
         if not _NAME.match(name):
             raise ValueError(f"{at}: the agent name {name[:60]!r} is not 1-40 letters, digits, '.', '_' or '-' "
                              "(starting with a letter or digit)")
-        if name in names:
-            raise ValueError(f"{at}: the agent {name!r} is already named on line {names[name]}")
+        if name.lower() in names:
+            raise ValueError(f"{at}: the agent {name!r} is already named on line {names[name.lower()]} (names that "
+                             "differ only in case are one name: the KB's readers could not tell them apart)")
         if PLACEHOLDER.match(token):
             raise ValueError(f"{at}: {name}'s token is the unexpanded text {token!r}: write the token itself")
+        why = unsendable(token)
+        if why is not None:
+            raise ValueError(f"{at}: {name}'s token {why}")
         if len(token) < MIN_TOKEN_CHARS:
             raise ValueError(f"{at}: {name}'s token is too short ({len(token)} characters); use at least "
                              f"{MIN_TOKEN_CHARS}, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
@@ -174,7 +198,7 @@ def parse_agents(text: str, where: str, shared: str | None = None) -> tuple[Agen
         if shared is not None and hmac.compare_digest(token.encode(), shared.encode()):
             raise ValueError(f"{at}: {name}'s token is the shared token (--token-file, ${ENV_TOKEN}): give the "
                              "agent a token of its own")
-        names[name], tokens[token] = number, number
+        names[name.lower()], tokens[token] = number, number
         agents.append(Agent(name, token))
     if not agents:
         raise ValueError(f"{where} names no agent: write one 'NAME TOKEN' line per agent")
@@ -196,12 +220,7 @@ def _read(where: Path, shared: str | None) -> tuple[Agent, ...]:
     everything the server returns or stores."""
     from kb_mcp.tools.disclosure import register_secret
 
-    try:
-        text = where.read_text(encoding="utf-8")
-        mode = where.stat().st_mode
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise ValueError(f"cannot read the agents file {where}: {reason}") from exc
+    text, mode = _text_of(where)
     agents = parse_agents(text, f"the agents file {where}", shared)
     if mode & (stat.S_IRGRP | stat.S_IROTH):
         log.warning("the agents file %s may be read by other users of this machine, who could then act as any "
@@ -209,3 +228,28 @@ def _read(where: Path, shared: str | None) -> tuple[Agent, ...]:
     for agent in agents:
         register_secret(agent.token)
     return agents
+
+
+def _text_of(where: Path) -> tuple[str, int]:
+    """The text and mode of the agents file `where`; ValueError where it is not a regular file (a
+    folder, a pipe or a device, which would never end or never be the same twice: a pipe with no
+    writer would hold the server's start, and every request after a change) or cannot be read."""
+    try:
+        # O_NONBLOCK: opening a pipe does not wait for a writer; a regular file reads as usual
+        fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ValueError(f"cannot read the agents file {where}: {exc.strerror or exc}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"the agents file {where} is not a regular file (a folder, a pipe or a device): name "
+                             "a file of 'NAME TOKEN' lines")
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read().decode("utf-8"), mode
+    except OSError as exc:
+        raise ValueError(f"cannot read the agents file {where}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"cannot read the agents file {where}: it is not UTF-8 text ({exc.reason} at byte "
+                         f"{exc.start})") from exc
+    finally:
+        os.close(fd)

@@ -5,8 +5,11 @@
   MAX_CONCURRENT_JOBS threads of the other kinds: however many campaigns wait, a quick job still runs.
 * One submitter (an agent of the agents file, else an HTTP client's MCP session, else every HTTP
   client with neither, named by `submitted_by`) has at most
-  MAX_JOBS_PER_SUBMITTER jobs queued or running in this process, fewer than the other kinds' slots:
-  one more is the caller's error, saying to wait for one or cancel one.
+  MAX_JOBS_PER_SUBMITTER jobs queued or running in this process, fewer than the other kinds' slots,
+  and of them at most MAX_LONG_JOBS_PER_SUBMITTER long-running ones, fewer than their slots: one
+  more is the caller's error, saying to wait for one or cancel one. Without the second bound one
+  submitter's stalled campaigns would hold every campaign slot for hours, and another's campaign would
+  wait queued all that time without a word.
 
 Within a pool, jobs start first come, first served. An agent with a token of its own
 (`server.agents`) is capped as itself, whatever session or protocol it uses. Clients of the shared
@@ -29,6 +32,7 @@ from kb_mcp.server.execution import ToolFailure
 MAX_CONCURRENT_JOBS = 4  # threads of the kinds that are not long-running
 MAX_CONCURRENT_LONG_JOBS = 2  # threads of long-running kinds (campaigns), apart from the others
 MAX_JOBS_PER_SUBMITTER = 3  # below MAX_CONCURRENT_JOBS: one submitter always leaves a slot to others
+MAX_LONG_JOBS_PER_SUBMITTER = MAX_CONCURRENT_LONG_JOBS - 1  # and a campaign slot: campaigns last hours
 SESSIONLESS = "sessionless"
 """The one submitter every HTTP client is that has neither a session nor a token of its own: clients
 that cannot be told apart share one cap, so together they too leave a slot to others."""
@@ -54,27 +58,27 @@ class JobSlots:
         self._pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_JOBS, thread_name_prefix="kb-mcp-job")
         self._long_pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_LONG_JOBS,
                                              thread_name_prefix="kb-mcp-long-job")
-        self._submitters: dict[str, str] = {}  # unfinished job -> its submitter (capped submitters only)
+        # unfinished job -> its submitter and whether it is long-running (capped submitters only)
+        self._submitters: dict[str, tuple[str, bool]] = {}
         self._lock = threading.Lock()
 
-    def admit(self, job_id: str) -> None:
-        """Counts `job_id` towards the current submitter's cap, or refuses it (the caller's error)."""
+    def admit(self, job_id: str, long_running: bool = False) -> None:
+        """Counts `job_id` (of a long-running kind or not) towards the current submitter's caps, or
+        refuses it (the caller's error)."""
         submitter = _SUBMITTER.get()
         if submitter is None:
             return
         with self._lock:
-            mine = sum(1 for who in self._submitters.values() if who == submitter)
-            if mine >= MAX_JOBS_PER_SUBMITTER:
-                raise ToolFailure(
-                    f"not started: you already have {mine} jobs queued or running on this server, the most one "
-                    f"client may have at once (MAX_JOBS_PER_SUBMITTER={MAX_JOBS_PER_SUBMITTER}), so that other "
-                    "clients' jobs still find a slot. Wait for one to finish (job_status(job_id, job_key, "
-                    "wait_s=30)) or cancel one you no longer need (cancel_job), then start this one again"
-                    + (". Clients without a session or a token of their own count as one here: ask the server's "
-                       "operator for your own token (kb-mcp serve --agents-file)" if submitter == SESSIONLESS else ""),
-                    expected=True,
-                )
-            self._submitters[job_id] = submitter
+            mine = [long for who, long in self._submitters.values() if who == submitter]
+            if len(mine) >= MAX_JOBS_PER_SUBMITTER:
+                raise _refusal(f"{len(mine)} jobs", f"MAX_JOBS_PER_SUBMITTER={MAX_JOBS_PER_SUBMITTER}",
+                               "other clients' jobs still find a slot", submitter)
+            if long_running and sum(mine) >= MAX_LONG_JOBS_PER_SUBMITTER:
+                raise _refusal(f"{sum(mine)} long-running job(s) (a campaign)",
+                               f"MAX_LONG_JOBS_PER_SUBMITTER={MAX_LONG_JOBS_PER_SUBMITTER}",
+                               f"other clients' campaigns still find one of the {MAX_CONCURRENT_LONG_JOBS} slots "
+                               "campaigns run in", submitter)
+            self._submitters[job_id] = (submitter, long_running)
 
     def release(self, job_id: str) -> None:
         """`job_id` ended (or will never start): it no longer counts towards its submitter's cap."""
@@ -91,3 +95,16 @@ class JobSlots:
         """Stops accepting jobs; with `wait`, blocks until running jobs end, else drops queued ones."""
         for pool in (self._pool, self._long_pool):
             pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
+def _refusal(held: str, cap: str, why: str, submitter: str) -> ToolFailure:
+    """The caller's error for a job over one of its submitter's caps: what it holds, the cap, why the
+    cap is there, and what to do."""
+    return ToolFailure(
+        f"not started: you already have {held} queued or running on this server, the most one client may "
+        f"have at once ({cap}), so that {why}. Wait for one to finish (job_status(job_id, job_key, wait_s=30)) "
+        "or cancel one you no longer need (cancel_job), then start this one again"
+        + (". Clients without a session or a token of their own count as one here: ask the server's operator "
+           "for your own token (kb-mcp serve --agents-file)" if submitter == SESSIONLESS else ""),
+        expected=True,
+    )

@@ -307,7 +307,8 @@ class JobManager:
             owner=self._owner,
             key_digest=_digest(key),
         )
-        self._slots.admit(record.job_id)  # the submitter's cap (job_slots), before anything is stored
+        # the submitter's caps (job_slots), before anything is stored
+        self._slots.admit(record.job_id, spec.meta.long_running)
         try:
             self.store.write(record)
         except BaseException:

@@ -146,10 +146,13 @@ def submitter_of(request: Any) -> str | None:
 
 
 @contextlib.contextmanager
-def made_by(request: Any) -> Iterator[None]:
-    """The work of `request` (tool calls, and the jobs they start) is done for whoever the HTTP gate
-    found sent it, and counts towards their share of the job slots."""
-    with acting_for(agent_of(request)), submitted_by(submitter_of(request)):
+def made_by(request: Any, given: str, own: str) -> Iterator[None]:
+    """The work of `request` (tool calls, and the jobs and tasks they start) is done for whoever the
+    HTTP gate found sent it, counts towards their share of the job slots, and what its sandboxed
+    processes try is logged with their name (`named_for_attempts`; `given`: the name the client gave
+    itself, `own`: the server's own name for its clients)."""
+    with acting_for(agent_of(request)), submitted_by(submitter_of(request)), \
+            on_behalf_of(named_for_attempts(request, given, own)):
         yield
 
 
@@ -159,6 +162,21 @@ def http_session(request: Any) -> str | None:
     headers = getattr(request, "headers", None)
     session_id = headers.get(MCP_SESSION_ID) if headers is not None else None
     return f"http:{session_id}" if session_id else None
+
+
+def named_for_attempts(request: Any, given: str, own: str) -> str:
+    """Whom the server's log names for what a call's sandboxed processes try (`sandbox attempt by NAME`).
+
+    Over HTTP, who the gate found sent the request (`agent_of`, else the server's own name for its
+    clients, `own`), never a name the client gave itself: any client may call itself `agent:alice`,
+    and the operator would then revoke the wrong token. Its own name follows, quoted, as a hint of
+    which client it was (quoting keeps a line break in it from starting a log line of its own). A
+    stdio or in-process server's one client is its machine's user: its own name is its name.
+    """
+    if request is None:
+        return given or own
+    sender = agent_of(request) or own
+    return f"{sender} (calls itself {given!r})" if given and given != sender else sender
 
 
 def client_name_of(mcp_ctx: Context[Any, Any]) -> str:
@@ -190,13 +208,8 @@ def as_mcp_tool(spec: ToolSpec, runner: ToolRunner, *, adopt_client_name: bool =
             runner.ctx.client_name = client_name_of(mcp_ctx) or runner.ctx.client_name
         try:
             request = parse_request(spec, arguments)
-            # What the call's sandboxed processes try is logged with the client's name (the thread
-            # runs in a copy of this context, and so do the jobs it starts),
-            # and the jobs it starts count towards its share of the job slots; an agent of an agents
-            # file is the client of what it verifies and records
-            http_request = mcp_ctx.request_context.request
-            with made_by(http_request), \
-                    on_behalf_of(agent_of(http_request) or client_name_of(mcp_ctx) or runner.ctx.client_name):
+            # The thread runs in a copy of this context, and so do the jobs it starts
+            with made_by(mcp_ctx.request_context.request, client_name_of(mcp_ctx), runner.ctx.client_name):
                 result = await anyio.to_thread.run_sync(runner.run, spec, request, ProgressRelay(mcp_ctx))
         except ToolFailure as failure:
             return error_result(failure)

@@ -52,7 +52,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from kb_mcp.server.execution import ToolFailure
 from kb_mcp.server.jobs import JobManager, JobRecord
-from kb_mcp.server.mcp_tools import http_session, made_by
+from kb_mcp.server.mcp_tools import client_name_of, http_session, made_by
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +142,8 @@ class TaskService:
         key = secrets.token_hex(16)
         try:
             # a task counts towards its HTTP session's (or agent's) share of the job slots, as a start_job
-            # call does, and its job is that agent's
-            with made_by(getattr(ctx, "request", None)):
+            # call does, its job is that agent's, and what it tries in the sandbox is logged with its name
+            with made_by(getattr(ctx, "request", None), client_name_of(ctx), self.jobs.runner.ctx.client_name):
                 record = await anyio.to_thread.run_sync(self.jobs.start, params.name, dict(params.arguments or {}),
                                                         key)
         except ToolFailure as failure:  # arguments that fail validation fail the call, as without a task

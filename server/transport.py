@@ -19,9 +19,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.transport_security import TransportSecuritySettings
 
-from kb_mcp.server.agents import CLIENT_SCOPE_KEY, MIN_TOKEN_CHARS, PLACEHOLDER, AgentsFile, Credentials
+from kb_mcp.server.agents import (
+    CLIENT_SCOPE_KEY,
+    MIN_TOKEN_CHARS,
+    PLACEHOLDER,
+    AgentsFile,
+    Credentials,
+    unsendable,
+)
 from kb_mcp.server.env import ENV_AGENTS, ENV_TOKEN
 
 log = logging.getLogger(__name__)
@@ -124,6 +133,9 @@ def http_options(bind: str, token: str | None, allow_hosts: Sequence[str] = (),
             f"the bearer token is the unexpanded text {token!r}: the variable it names is not set where this "
             f"server starts; set it (e.g. export {ENV_TOKEN}=...) or put the token in a file and pass --token-file PATH"
         )
+    why = unsendable(token) if token is not None else None
+    if why is not None:
+        raise ServeError(f"the bearer token (--token-file or ${ENV_TOKEN}) {why}")
     loopback = is_loopback(host)
     if not loopback:
         if token is None and agents_file is None:
@@ -257,6 +269,10 @@ def authenticate(authorization: str | None, credentials: Credentials) -> str | A
             placeholder=presented,
         )
     client = credentials.client_of(presented)
+    if client is None and credentials.agents_file is not None and credentials.agents_file.unusable:
+        return AuthProblem("invalid_token", "the bearer token is not accepted now: this server's agents file cannot be "
+                           "used since its last change (the operator's to fix), so no agent's own token is accepted "
+                           "until it is right again; ask the server's operator, or use the shared token if you have it")
     if client is None:
         return AuthProblem("invalid_token",
                            "the bearer token is not one of this server's tokens: check the token your client sends")
@@ -290,6 +306,7 @@ class BearerGate:
             return
         # Whatever a client put in the scope itself is not trusted: only this gate names the sender.
         scope.pop(CLIENT_SCOPE_KEY, None)
+        scope.pop("user", None)
         if self.credentials.required:
             found = authenticate(_header(scope, b"authorization"), self.credentials)
             if isinstance(found, AuthProblem):
@@ -297,6 +314,7 @@ class BearerGate:
                 await _send_json(send, 401, found.body(), [(b"www-authenticate", found.www_authenticate().encode())])
                 return
             scope[CLIENT_SCOPE_KEY] = found
+            scope["user"] = _principal(found)
         await self.app(scope, receive, send)
 
     def _log(self, problem: AuthProblem) -> None:
@@ -308,6 +326,14 @@ class BearerGate:
             )
         else:
             log.info("refused a request (401): %s", problem.description)
+
+
+def _principal(client: str) -> AuthenticatedUser:
+    """`client` as the MCP SDK's authenticated user: its session manager then holds each session to
+    the client that opened it, and answers any other client's request in it as for a session that does
+    not exist (404). An Mcp-Session-Id that leaked (a log, a proxy) lets no other agent read its
+    tasks' private text or cancel them. The token itself stays out of it."""
+    return AuthenticatedUser(AccessToken(token="", client_id=client, scopes=[]))
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -309,10 +309,13 @@ def _checked_candidate(tx: Transaction, req: Request, client: str) -> CandidateR
             "returns."
         )
     if not tx.speaks_for(cand.candidate_id, client):
+        on = f" on {cand.device}" if cand.device else ""
         raise ToolError(
             f"candidate {cand.candidate_id} was verified by another client, not by you ({client or 'unnamed'!r}): "
-            "only a client whose compile_and_verify produced a candidate may record outcomes of it. Record your "
-            "own candidates; to record this one, verify its source yourself with compile_and_verify first."
+            "only a client whose compile_and_verify produced a candidate's strongest verdict (the one its outcomes "
+            f"are measured from: {cand.strength.value}{on}) may record outcomes of it. Record your own candidates; "
+            "to record this one, verify its source yourself with compile_and_verify first, with the default "
+            "options" + (" on a GPU" if cand.device else "") + "."
         )
     if req.parent_candidate_id is not None and not tx.candidate_verdicts(req.parent_candidate_id):
         raise ToolError(

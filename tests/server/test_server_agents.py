@@ -5,16 +5,23 @@ records) and has its own share of the job slots whatever session it uses."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from pathlib import Path
+from typing import Any
 
+import anyio
+import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import Implementation
 from serverproc import endpoint_that_never_answers, http_server, run_cli, session_client
 
 from kb_mcp.clients.mcp_client import ToolCallError, call_json, connect_http
 from kb_mcp.kb.store import KBStore
 from kb_mcp.server.agents import Agent, AgentsFile, Credentials, parse_agents, read_agents
-from kb_mcp.server.job_slots import MAX_JOBS_PER_SUBMITTER
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SWISH = EXAMPLES / "problems" / "swish.py"
@@ -54,6 +61,13 @@ def test_an_agents_file_names_each_agent_with_its_token() -> None:
         ("alice ${ALICE_TOKEN}\n", "alice's token is the unexpanded text '${ALICE_TOKEN}'"),
         (f"alice {SHARED}\n", "alice's token is the shared token"),
         ("# only a comment\n\n", "names no agent"),
+        (f"alice {ALICE}\nAlice {BOB}\n", "line 2: the agent 'Alice' is already named on line 1 (names that differ "
+                                           "only in case"),
+        ("alice caf\u00e9-token-for-tests-0123\n", "alice's token holds the character 'é' (U+00E9), which no client "
+                                                   "can send"),
+        ("alice tab\x01token-for-tests-0123\n", "alice's token holds the character '\\x01'"),
+        (f"alice {ALICE}\x0bbob {BOB}\n", "line 1: expected 'NAME TOKEN' (two fields separated by spaces), found 4"),
+        (f"alice {ALICE}\n\u2028\nalice {BOB}\n", "line 3: the agent 'alice' is already named on line 1"),
     ],
 )
 def test_a_bad_agents_file_is_refused_with_its_line_and_never_its_token(text: str, words: str) -> None:
@@ -123,6 +137,27 @@ def test_serve_refuses_an_agents_file_without_http_or_with_a_mistake(kb_path: Pa
     assert ALICE not in refused.stderr and "Traceback" not in refused.stderr
 
 
+@pytest.mark.parametrize("kind", ["folder", "pipe"])
+def test_serve_refuses_an_agents_file_that_is_no_regular_file_at_once(kb_path: Path, tmp_path: Path,
+                                                                      kind: str) -> None:
+    path = tmp_path / "agents"
+    if kind == "folder":
+        path.mkdir()
+    else:
+        os.mkfifo(path)  # no writer: reading it would wait for ever
+    refused = run_cli(["--kb", str(kb_path), "serve", "--http", "127.0.0.1:0", "--agents-file", str(path)],
+                      timeout=30)
+    assert refused.returncode == 2, refused.stderr
+    assert f"the agents file {path} is not a regular file" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_an_agents_file_that_is_not_utf8_is_refused_in_words(tmp_path: Path) -> None:
+    path = tmp_path / "agents"
+    path.write_bytes(b"alice \xff" + ALICE.encode() + b"\n")
+    with pytest.raises(ValueError, match=f"cannot read the agents file {path}: it is not UTF-8 text"):
+        read_agents(str(path))
+
+
 # ---- over HTTP ------------------------------------------------------------------------------------------
 
 
@@ -159,6 +194,9 @@ async def test_each_agent_is_a_client_of_its_own_to_the_kb(kb_path: Path, tmp_pa
 
 
 async def test_an_agents_jobs_count_towards_its_own_cap_whatever_its_session(kb_path: Path, tmp_path: Path) -> None:
+    """Alice's campaign in one session is hers in every other and on the sessionless protocol: her
+    second is refused, saying why and what to do, and bob's campaign still finds a slot (before, alice
+    could hold both campaign slots, and bob's waited queued for as long as hers stalled)."""
     campaign = {"kind": "run_campaign", "arguments": {"problems": [str(SWISH)], "compile_only": True}}
 
     def named(name: str) -> dict[str, object]:
@@ -170,21 +208,127 @@ async def test_an_agents_jobs_count_towards_its_own_cap_whatever_its_session(kb_
         args = ["--http", "127.0.0.1:0", "--agents-file", str(_agents_file(tmp_path))]
         with http_server(kb_path, args, env=env) as server:
             async with session_client(server.url, ALICE) as first, session_client(server.url, ALICE) as second:
-                for i in range(MAX_JOBS_PER_SUBMITTER - 1):
-                    await call_json(first, "start_job", named(f"a{i}"))
-                await call_json(second, "start_job", named("a-last"))
+                await call_json(first, "start_job", named("alices"))
                 for client in (first, second):  # a new session does not make alice someone else
-                    with pytest.raises(ToolCallError, match="MAX_JOBS_PER_SUBMITTER"):
+                    with pytest.raises(ToolCallError, match=r"MAX_LONG_JOBS_PER_SUBMITTER=1.*campaigns still find "
+                                                            r"one of the 2 slots.*cancel_job"):
                         await call_json(client, "start_job", named("one-more"))
                 async with connect_http(server.url, ALICE) as sessionless:  # nor does a protocol without one
-                    with pytest.raises(ToolCallError, match="MAX_JOBS_PER_SUBMITTER"):
+                    with pytest.raises(ToolCallError, match="MAX_LONG_JOBS_PER_SUBMITTER"):
                         await call_json(sessionless, "start_job", named("sessionless"))
                 async with connect_http(server.url, BOB) as bob:  # bob's share is his own
-                    job = await call_json(bob, "start_job", {"kind": "suggest_optimizations",
-                                                             "arguments": {"state_id": STATE}})
-                    view = await call_json(bob, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"],
-                                                               "wait_s": 30})
-    assert view["status"] == "succeeded", view
+                    job = await call_json(bob, "start_job", named("bobs"))
+                    view = await call_json(bob, "job_status", {"job_id": job["job_id"], "job_key": job["job_key"]})
+                    for _ in range(60):
+                        if view["status"] != "queued":
+                            break
+                        await anyio.sleep(0.25)
+                        view = await call_json(bob, "job_status", {"job_id": job["job_id"]})
+                    quick = await call_json(bob, "start_job", {"kind": "suggest_optimizations",
+                                                               "arguments": {"state_id": STATE}})
+                    done = await call_json(bob, "job_status", {"job_id": quick["job_id"], "wait_s": 30})
+    assert view["status"] == "running", view
+    assert done["status"] == "succeeded", done
+
+
+def test_an_agent_refused_while_the_agents_file_is_broken_is_told_it_is_the_operators_to_fix(
+        kb_path: Path, tmp_path: Path) -> None:
+    path = _agents_file(tmp_path)
+    args = ["--http", "127.0.0.1:0", "--agents-file", str(path)]
+    with http_server(kb_path, args, env={"KB_MCP_TOKEN": SHARED}) as server, httpx2.Client(timeout=30) as http:
+        def refusal(token: str) -> str:
+            answer = http.post(server.url, json={}, headers={"Authorization": f"Bearer {token}"})
+            assert answer.status_code == 401, answer.text
+            return str(answer.json()["error_description"])
+
+        path.write_text(f"alice {ALICE}\nbob {ALICE}\n")  # a mistake while the server runs
+        for token in (ALICE, "not-a-token-of-anyone-0123456789"):
+            said = refusal(token)
+            assert "agents file cannot be used since its last change (the operator's to fix)" in said, said
+            assert "line 2" not in said and ALICE not in said  # what is wrong is the operator's log's
+        path.write_text(f"alice {ALICE}\n")
+        assert "check the token your client sends" in refusal(BOB)  # a file that works: the token is wrong
+    assert "line 2: bob's token is also the token on line 1" in server.stderr
+
+
+def _rpc(http: httpx2.Client, url: str, token: str, session: str, method: str,
+         params: dict[str, Any]) -> tuple[int, dict[str, Any], str]:
+    """One JSON-RPC request of the 2025-11-25 protocol, sent with `token` in `session` ('' opens one):
+    (HTTP status, the answer or {}, the session id the server names)."""
+    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {token}"}
+    if session:
+        headers |= {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    response = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=headers)
+    answer: dict[str, Any] = {}
+    if response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream"):
+        answer = next(json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:"))
+    elif response.status_code == 200:
+        answer = response.json()
+    return response.status_code, answer, response.headers.get("mcp-session-id", session)
+
+
+def test_an_agents_session_is_no_one_elses_even_with_its_id(kb_path: Path, tmp_path: Path) -> None:
+    """Another agent that learns an agent's Mcp-Session-Id (a log, a proxy) cannot use the session:
+    not to read its task's private text, not to cancel its tasks."""
+    args = ["--http", "127.0.0.1:0", "--agents-file", str(_agents_file(tmp_path))]
+    with http_server(kb_path, args, env={"KB_MCP_TOKEN": SHARED}) as server, httpx2.Client(timeout=60) as http:
+        _, _, session = _rpc(http, server.url, ALICE, "", "initialize", {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "alice", "version": "0"}})
+        http.post(server.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                  headers={"Authorization": f"Bearer {ALICE}", "Mcp-Session-Id": session,
+                           "MCP-Protocol-Version": "2025-11-25", "Accept": "application/json, text/event-stream"})
+        _, created, _ = _rpc(http, server.url, ALICE, session, "tools/call", {
+            "name": "suggest_optimizations", "arguments": {"state_id": "alices_private_state"}, "task": {}})
+        task = {"taskId": created["result"]["task"]["taskId"]}
+        _, mine, _ = _rpc(http, server.url, ALICE, session, "tasks/result", task)
+        assert "alices_private_state" in json.dumps(mine)  # alice's own session sees her task's text
+        for token in (BOB, SHARED):
+            for method in ("tasks/result", "tasks/cancel", "tools/list"):
+                status, answer, _ = _rpc(http, server.url, token, session, method, task if "tasks" in method else {})
+                assert status == 404 and "alices_private_state" not in json.dumps(answer), (token[:3], method, answer)
+        assert _rpc(http, server.url, ALICE, session, "tasks/get", task)[0] == 200  # and her session goes on
+
+
+HOSTILE_FLAGS = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+CUDA = "__global__ void k(float* x) { x[threadIdx.x] *= 2.f; }\\nvoid launch(float* x) { k<<<1, 32>>>(x); }\\n"
+_ext = load_inline(name="tricky", cpp_sources="void launch(float* x);", cuda_sources=CUDA,
+                   extra_cuda_cflags=["-wrapper", "/bin/sh,-c,id"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(x)
+'''
+
+
+@pytest.mark.nvcc
+async def test_a_sandbox_attempt_is_logged_for_who_the_token_says_not_the_name_a_client_gives_itself(
+        kb_path: Path, tmp_path: Path) -> None:
+    """A holder of the shared token that calls itself `agent:alice` is logged as the shared client
+    (its own name only quoted), so the operator does not revoke alice; an agent's task is logged as
+    that agent, as its tool calls are."""
+    verify = {"problem": SWISH.read_text(), "candidate": HOSTILE_FLAGS, "options": {"compile_only": True}}
+    args = ["--http", "127.0.0.1:0", "--agents-file", str(_agents_file(tmp_path))]
+    with http_server(kb_path, args, env={"KB_MCP_TOKEN": SHARED}) as server:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {SHARED}"},
+                                      timeout=httpx2.Timeout(30.0, read=300.0)) as http:
+            async with Client(streamable_http_client(server.url, http_client=http), mode="legacy",
+                              client_info=Implementation(name="agent:alice", version="0")) as posing:
+                await call_json(posing, "compile_and_verify", verify)
+        with httpx2.Client(timeout=300) as http:
+            _, _, session = _rpc(http, server.url, BOB, "", "initialize", {
+                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bob", "version": "0"}})
+            _, created, _ = _rpc(http, server.url, BOB, session, "tools/call",
+                                 {"name": "compile_and_verify", "arguments": verify, "task": {}})
+            _rpc(http, server.url, BOB, session, "tasks/result", {"taskId": created["result"]["task"]["taskId"]})
+        log = server.stderr
+    assert "sandbox attempt by mcp-http (calls itself 'agent:alice'): build: tricky" in log, log
+    assert "sandbox attempt by agent:alice" not in log, log
+    assert "sandbox attempt by agent:bob (calls itself 'bob'): build: tricky" in log, log
 
 
 @pytest.mark.nvcc

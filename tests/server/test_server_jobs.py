@@ -18,7 +18,7 @@ from kb_mcp.clients.mcp_client import ToolCallError, call_json, connect_http
 from kb_mcp.kb.errors import EnvironmentFault
 from kb_mcp.server.app import KbMcpServer, build_server
 from kb_mcp.server.execution import ToolFailure, ToolRunner, describe_failure
-from kb_mcp.server.job_slots import MAX_JOBS_PER_SUBMITTER, submitted_by
+from kb_mcp.server.job_slots import MAX_JOBS_PER_SUBMITTER, MAX_LONG_JOBS_PER_SUBMITTER, submitted_by
 from kb_mcp.server.jobs import JobManager, JobRecord, JobStore, new_job_id, register_job_kind
 from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.context import ToolContext
@@ -251,6 +251,30 @@ def test_one_submitter_has_a_capped_number_of_unfinished_jobs(kb_path: Path, toy
     manager.shutdown()
 
 
+def test_one_submitter_leaves_a_long_running_slot_to_others(kb_path: Path, toy_spec: ToolSpec) -> None:
+    long_spec = dataclasses.replace(toy_spec, meta=toy_spec.meta.model_copy(update={"long_running": True}))
+    manager = JobManager(ToolRunner(ToolContext(kb_path)), [dataclasses.replace(long_spec, name="toy_long"), toy_spec],
+                         JobStore(kb_path.with_name("kb.artifacts") / "jobs"))
+    slow = {"n": 500, "step_s": 0.02}
+    with submitted_by("agent:one"):
+        mine = [manager.start("toy_long", slow, "k") for _ in range(MAX_LONG_JOBS_PER_SUBMITTER)]
+        with pytest.raises(ToolFailure, match=f"MAX_LONG_JOBS_PER_SUBMITTER={MAX_LONG_JOBS_PER_SUBMITTER}.*"
+                                              "campaigns still find one of the.*cancel_job") as full:
+            manager.start("toy_long", slow, "k")
+        assert full.value.expected
+        mine.append(manager.start("toy_count", {"n": 1}, "k"))  # its other kinds are not held back
+    with submitted_by("agent:another"):  # and another's long job runs now, not after the first one's
+        theirs = manager.start("toy_long", slow, "k")
+        deadline = time.monotonic() + 5
+        while manager.status(theirs.job_id).status == "queued" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert manager.status(theirs.job_id).status == "running"
+    for job in [*mine, theirs]:
+        manager.cancel(job.job_id, "k")
+    assert all(_wait_finished(manager, job.job_id).status in ("succeeded", "cancelled") for job in [*mine, theirs])
+    manager.shutdown()
+
+
 async def test_stalled_campaigns_of_one_client_leave_another_clients_job_a_slot(kb_path: Path) -> None:
     campaign = {"kind": "run_campaign", "arguments": {"problems": [str(SWISH)], "compile_only": True}}
     with endpoint_that_never_answers() as (url, held):
@@ -258,10 +282,8 @@ async def test_stalled_campaigns_of_one_client_leave_another_clients_job_a_slot(
                "KB_MCP_LLM_BASE_URL": url, "KB_MCP_FILES": str(SWISH.parent)}  # the problem, read on the server
         with http_server(kb_path, ["--http", "127.0.0.1:0"], env=env) as server:
             async with session_client(server.url, TOKEN) as hog, session_client(server.url, TOKEN) as hog_again:
-                for i in range(MAX_JOBS_PER_SUBMITTER):
-                    await call_json(hog, "start_job", {**campaign, "arguments": {
-                        **campaign["arguments"], "name": f"hog{i}"}})
-                with pytest.raises(ToolCallError, match="MAX_JOBS_PER_SUBMITTER"):
+                await call_json(hog, "start_job", {**campaign, "arguments": {**campaign["arguments"], "name": "hog"}})
+                with pytest.raises(ToolCallError, match="MAX_LONG_JOBS_PER_SUBMITTER"):
                     await call_json(hog, "start_job", {**campaign, "arguments": {
                         **campaign["arguments"], "name": "one-more"}})
                 await call_json(hog_again, "start_job", {**campaign, "arguments": {  # another session: allowed
@@ -288,11 +310,10 @@ async def test_clients_without_a_session_or_token_of_their_own_share_one_cap(kb_
         env = {"KB_MCP_TOKEN": TOKEN, "KB_MCP_LLM_MODEL": "x", "KB_MCP_LLM_MAX_RETRIES": "0",
                "KB_MCP_LLM_BASE_URL": url, "KB_MCP_FILES": str(SWISH.parent)}
         with http_server(kb_path, ["--http", "127.0.0.1:0"], env=env) as server:
-            for i in range(MAX_JOBS_PER_SUBMITTER):  # each a new client on today's protocol: no session
-                async with connect_http(server.url, TOKEN) as sessionless:
-                    await call_json(sessionless, "start_job", named(f"anon{i}"))
-            async with connect_http(server.url, TOKEN) as one_more:
-                with pytest.raises(ToolCallError, match="MAX_JOBS_PER_SUBMITTER.*--agents-file"):
+            async with connect_http(server.url, TOKEN) as sessionless:  # today's protocol: no session
+                await call_json(sessionless, "start_job", named("anon"))
+            async with connect_http(server.url, TOKEN) as one_more:  # another client, as unnamed as the first
+                with pytest.raises(ToolCallError, match="MAX_LONG_JOBS_PER_SUBMITTER.*--agents-file"):
                     await call_json(one_more, "start_job", named("anon-more"))
             async with session_client(server.url, TOKEN) as with_a_session:  # told apart: a share of its own
                 await call_json(with_a_session, "start_job", named("with-a-session"))

@@ -131,3 +131,10 @@ def test_an_agents_file_is_a_token_for_a_server_off_loopback(tmp_path: Path) -> 
 def test_an_unexpanded_server_token_is_refused_at_start() -> None:
     with pytest.raises(ServeError, match="unexpanded"):
         http_options("0.0.0.0:8765", "${KB_MCP_TOKEN}", ["gpu-box"])
+
+
+@pytest.mark.parametrize("token", ["caf\u00e9-shared-token-0123456789", "tab\tshared-token-0123456789"])
+def test_a_server_token_no_client_can_send_is_refused_at_start(token: str) -> None:
+    with pytest.raises(ServeError, match="no client can send in an HTTP header") as refused:
+        http_options("0.0.0.0:8765", token, ["gpu-box"])
+    assert token not in str(refused.value)

@@ -119,6 +119,21 @@ def test_a_candidate_verified_again_by_another_client_keeps_its_first_verifier(k
                                     candidate_id=cid)).recorded
 
 
+def test_a_weaker_check_of_another_clients_timed_candidate_does_not_let_its_client_record_it(kb_path: Path) -> None:
+    """A compile-only check of a source another client timed on a GPU (its text is in kb://candidate)
+    would let an outcome claim that other client's measurement, and take the (candidate, optimization)
+    outcome the timing client would record: it does not make its client one who may record it."""
+    timer, checker = _clients(kb_path, "agent:bob", "agent:alice")
+    cid = _verify(timer, "# bob's kernel", Verdict.faster)
+    assert _verify(checker, "# bob's kernel", Verdict.needs_gpu) == cid  # built, never timed
+    with pytest.raises(ToolError, match=r"verified by another client.*strongest verdict.*standard on NVIDIA H100"
+                                        r".*default options on a GPU"):
+        ro.run(checker, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid, lesson="alice's lesson"))
+    assert _made(checker, cid) == []
+    assert ro.run(timer, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid)).recorded
+    assert _made(timer, cid) == ["agent:bob"]
+
+
 def test_a_verdict_stored_before_verifiers_were_kept_stays_recordable_by_any_client(kb_path: Path) -> None:
     anyone = ToolContext(kb_path, client_name="anyone")
     with anyone.store.transaction() as tx:  # a record of an older KB file: no verified_by

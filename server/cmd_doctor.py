@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from kb_mcp.server.doctor import Check, Report, Status, run_checks
+from kb_mcp.server.doctor import run_checks
+from kb_mcp.server.doctor_model import Check, Report, Status
 
 MARKS = {Status.ok: "[green]ok[/green]", Status.info: "[blue]--[/blue]", Status.warn: "[yellow]warn[/yellow]",
          Status.fail: "[bold red]FAIL[/bold red]"}

@@ -17,53 +17,19 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from enum import Enum
 from importlib import util
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from kb_mcp.kb import paths
 from kb_mcp.server.about import DIST_NAME, installed_version, package_version
+from kb_mcp.server.doctor_model import Check, Report, Status
+from kb_mcp.server.doctor_sandbox import check_attempts, check_sandbox
 
 TORCH_RANGE = ">=2.6,<2.15"
 PROFILING_PARAMS = Path("/proc/driver/nvidia/params")
 MIN_FREE_BYTES = 2 * 1024**3  # builds and profiles of a few problems fit comfortably
-
-
-class Status(str, Enum):
-    """How a check went: `fail` makes `doctor` exit 1; `warn` is something that limits what works."""
-
-    ok = "ok"
-    info = "info"
-    warn = "warn"
-    fail = "fail"
-
-
-class Check(BaseModel):
-    """One line of the doctor's screen."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    status: Status
-    summary: str = Field(description="what was found")
-    fix: str | None = Field(None, description="what to do about it (set for warn and fail)")
-
-
-class Report(BaseModel):
-    """Every check, and the exit status they add up to."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    version: str
-    require_gpu: bool
-    checks: list[Check]
-
-    @property
-    def exit_code(self) -> int:
-        """0 when nothing failed, else 1."""
-        return 1 if any(c.status == Status.fail for c in self.checks) else 0
 
 
 class Machine(BaseModel):
@@ -278,25 +244,6 @@ def counters_restricted(params: Path = PROFILING_PARAMS) -> bool | None:
     return bool(int(found.group(1))) if found else None
 
 
-def check_sandbox() -> Check:
-    """The harness's sandbox (bubblewrap), as `harness.sandbox.sandbox.detect` finds it on this machine."""
-    from kb_mcp.harness.sandbox.sandbox import SandboxUnavailable, detect
-
-    try:
-        sandbox = detect()
-    except SandboxUnavailable as exc:
-        why = str(exc).partition(". To run")[0].removeprefix("untrusted code is not run: ")
-        return Check(name="sandbox", status=Status.fail, summary=f"no sandbox: {why}",
-                     fix="set up what the line above names; or set KB_MCP_SANDBOX=unconfined to run candidates "
-                     "without confinement (they can then read and change what this user can; every verdict is flagged)")
-    if not sandbox.confined:
-        return Check(name="sandbox", status=Status.warn, summary=sandbox.describe(),
-                     fix="unset KB_MCP_SANDBOX to confine candidates with bubblewrap")
-    # docs/harness.md: as root the kernel does not count processes (RLIMIT_NPROC); the pid namespace holds
-    as_root = "; as root: no process-count limit, the pid namespace contains them" if os.geteuid() == 0 else ""
-    return Check(name="sandbox", status=Status.ok, summary=sandbox.describe() + as_root)
-
-
 def check_lane() -> Check:
     """The GPU lane: the key this process's GPU takes turns under with every kb-mcp of the machine,
     whether the lane folder serves them all, and who holds it now (`harness.gpu.lane`)."""
@@ -434,53 +381,6 @@ def check_cluster(machine: Machine, distributed: str | None) -> Check:
         here = "no GPU here: --gpus N --compile-only runs N CPU workers, --cluster ADDRESS spreads over hosts"
     return Check(name="cluster", status=Status.ok,
                  summary=f"Dask distributed {distributed}; {here}; every host's workers need this same version")
-
-
-# A connection the sandbox's network namespace cannot make (TEST-NET-1): recorded where the watch works.
-_PROBE_ATTEMPT = ("import socket\ns = socket.socket()\ns.settimeout(1)\n"
-                  "try:\n    s.connect(('192.0.2.1', 9))\nexcept OSError:\n    pass\n")
-_ATTEMPT_FIXES = {
-    "KB_MCP_WATCH=off": "unset KB_MCP_WATCH to record what candidates try",
-    "libseccomp": "install libseccomp (e.g. apt-get install libseccomp2)",
-    "kernel": "run on Linux 5.5 or newer outside gVisor (seccomp user notification with CONTINUE)",
-    "unconfined": "unset KB_MCP_SANDBOX: attempts are recorded only in the bubblewrap sandbox",
-}
-
-
-def check_attempts() -> Check:
-    """Whether what a candidate tries in the sandbox can be recorded here (`harness.sandbox.watch`): one real
-    attempt made in the sandbox, and whether the server's record saw it; else why not."""
-    import time
-
-    from kb_mcp.harness.sandbox.attempts import collecting
-    from kb_mcp.harness.sandbox.sandbox import Grant, SandboxUnavailable, detect
-    from kb_mcp.harness.sandbox.scratch import new_scratch
-
-    try:
-        sandbox = detect()
-    except SandboxUnavailable:
-        return Check(name="attempts", status=Status.info, summary="not recorded: no sandbox (see the line above)")
-    why = sandbox.watch_unavailable()
-    if not why:
-        scratch = new_scratch("doctor")
-        try:
-            with collecting() as seen:
-                code, out = sandbox.run([sys.executable, "-c", _PROBE_ATTEMPT], Grant(role="tool", scratch=scratch),
-                                        timeout_s=60)
-            for _ in range(20):  # the watch's thread may still be saying why it has no record
-                if seen.attempts or seen.unrecorded:
-                    break
-                time.sleep(0.1)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        if any(a.kind == "network" and "192.0.2.1" in a.what for a in seen.attempts):
-            return Check(name="attempts", status=Status.ok,
-                         summary="recorded: a test connection from the sandbox was seen by the server's watch")
-        why = "; ".join(sorted(seen.unrecorded)) or \
-            f"the test attempt left no record (exit {code}: {out.strip()[-200:]})"
-    fix = next((f for key, f in _ATTEMPT_FIXES.items() if key in why),
-               "see docs/harness.md (What a candidate tried): candidates stay confined, their attempts go unreported")
-    return Check(name="attempts", status=Status.warn, summary=f"not recorded: {why}", fix=fix)
 
 
 def run_checks(kb_arg: str | None, *, require_gpu: bool = False, on_check: Callable[[Check],

@@ -106,7 +106,7 @@ def _age_s(path: Path, now: float) -> float:
 
 def job_records(ctx: GcScope, report: GcReport) -> Iterator[Item]:
     """Finished job records older than `job_days`, and the oldest beyond `jobs_kept`."""
-    from kb_mcp.server.jobs import JobStore
+    from kb_mcp.server.job_store import JobStore
 
     jobs = JobStore(ctx.artifacts / "jobs")
     for job_id, why in jobs.expired(ctx.limits.job_days * DAY_S, ctx.limits.jobs_kept, ctx.now):

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from kb_mcp.kb.errors import ErrorInfo
 from kb_mcp.kb.models import utcnow
 from kb_mcp.server.execution import ToolRunner
-from kb_mcp.server.jobs import JobManager, JobProgress, JobRecord, JobStatus, JobStore, registered_job_kinds
+from kb_mcp.server.job_store import JobProgress, JobRecord, JobStatus, JobStore
+from kb_mcp.server.jobs import JobManager, registered_job_kinds
 from kb_mcp.server.registry import JOB_ONLY_MODULES, ToolSpec, load_tools
 from kb_mcp.tools.base import Progress, ToolMeta
 from kb_mcp.tools.context import ToolContext

@@ -6,7 +6,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from kb_mcp.server.jobs import JobManager, JobProgress, JobStatus
+from kb_mcp.server.job_store import JobProgress, JobStatus
+from kb_mcp.server.jobs import JobManager
 
 
 class JobSummary(BaseModel):

@@ -51,7 +51,8 @@ from mcp_types import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from kb_mcp.server.execution import ToolFailure
-from kb_mcp.server.jobs import JobManager, JobRecord
+from kb_mcp.server.job_store import JobRecord
+from kb_mcp.server.jobs import JobManager
 from kb_mcp.server.mcp_tools import client_name_of, http_session, made_by
 
 log = logging.getLogger(__name__)

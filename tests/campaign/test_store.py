@@ -1,5 +1,6 @@
 """campaign/store.py: what a folder keeps of the verifications its runs re-ran on a cluster, read back
-by every later report (real files, the report built from them)."""
+by every later report (real files, the report built from them); a record damaged after it was written
+is the environment's fault, named with its path and what to do."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.campaign.models import CampaignConfig, CampaignStatus, Retry
+from kb_mcp.campaign.models import CampaignConfig, CampaignStatus, KBSnapshot, Retry
 from kb_mcp.campaign.report import report_from_store
-from kb_mcp.campaign.store import CampaignError, CampaignStore
+from kb_mcp.campaign.store import CampaignStore
+from kb_mcp.kb.errors import EnvironmentFault
 
 
 def _store(tmp_path: Path) -> CampaignStore:
@@ -40,11 +42,20 @@ def test_each_runs_retries_are_kept_and_the_report_lists_them_all(tmp_path: Path
     assert "withdrawn (gpu-1): softmax" in notes
 
 
-def test_a_damaged_retry_file_is_named_not_skipped(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    _started(store, 1)
-    store.write_retried([Retry(problem="swish", candidate_id="a", deaths=1)])
-    damaged = store.root / "raw" / "retried" / "run001.json"
-    damaged.write_text('[{"problem": "swish"')
-    with pytest.raises(CampaignError, match="run001.json is not a valid list of Retry records"):
-        store.retried()
+def _snapshot() -> KBSnapshot:
+    return KBSnapshot(states=1, discovered_states=0, optimizations=2, deprecated_optimizations=0, lessons=0,
+                      outcomes=0, measured_scores=0, bytes=10)
+
+
+@pytest.mark.parametrize("damage", [b"", b'{"states": 1', b"\xff\xfe", b'{"states": "many"}'])
+def test_a_record_damaged_after_it_was_written_is_the_environments_fault(tmp_path: Path, damage: bytes) -> None:
+    store = CampaignStore(tmp_path)
+    store.write_kb_start(_snapshot())
+    store.write_retried([Retry(problem="p", candidate_id="c_1", deaths=1)])
+    for path, read in ((tmp_path / "raw" / "kb_start.json", store.kb_start),
+                       (tmp_path / "raw" / "retried" / "run001.json", store.retried)):
+        path.write_bytes(damage)  # a hand edit or a damaged disk: the store itself writes whole files only
+        with pytest.raises(EnvironmentFault) as err:
+            read()
+        assert err.value.whose == "environment" and err.value.where == str(path)
+        assert str(path) in err.value.message and err.value.action and f"mv {path}" in err.value.action

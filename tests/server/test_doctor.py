@@ -17,12 +17,12 @@ from kb_mcp.harness.gpu import lane
 from kb_mcp.server.about import installed_version
 from kb_mcp.server.doctor import (
     Machine,
-    Status,
     check_cluster,
     counters_restricted,
     parse_smi,
     torch_cuda_build,
 )
+from kb_mcp.server.doctor_model import Status
 
 NAMES = ["kb-mcp", "settings", "GPU", "PyTorch", "nvcc", "ncu", "sandbox", "attempts", "GPU lane", "KB", "cache",
          "cluster"]

@@ -16,7 +16,7 @@ from kb_mcp.kb import paths
 from kb_mcp.kb.models import CandidateRecord, Outcome, Verdict, utcnow
 from kb_mcp.kb.store import KBStore
 from kb_mcp.server import gc
-from kb_mcp.server.jobs import JobRecord, JobStore
+from kb_mcp.server.job_store import JobRecord, JobStore
 from kb_mcp.tools import compile_and_verify
 
 DAY = 86400

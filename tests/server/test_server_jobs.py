@@ -19,7 +19,8 @@ from kb_mcp.kb.errors import EnvironmentFault
 from kb_mcp.server.app import KbMcpServer, build_server
 from kb_mcp.server.execution import ToolFailure, ToolRunner, describe_failure
 from kb_mcp.server.job_slots import MAX_JOBS_PER_SUBMITTER, MAX_LONG_JOBS_PER_SUBMITTER, submitted_by
-from kb_mcp.server.jobs import JobManager, JobRecord, JobStore, new_job_id, register_job_kind
+from kb_mcp.server.job_store import JobRecord, JobStore, new_job_id
+from kb_mcp.server.jobs import JobManager, register_job_kind
 from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.context import ToolContext
 

@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kb_mcp.server.app import build_server, package_version
     from kb_mcp.server.banner import http_connect_lines, print_banner, stdio_connect_lines, token_hint_lines
-    from kb_mcp.server.transport import BearerGate, ServeError, serve_http
+    from kb_mcp.server.transport import MAX_REQUEST_BYTES, BearerGate, ServeError, serve_http
     from kb_mcp.tools.context import ToolContext
 
     logs.configure(args.log_level)
@@ -197,8 +197,11 @@ def run(args: argparse.Namespace) -> int:
                 log.info("kb-mcp %s serving %s over stdio (%s)", package_version(), ctx.kb_path, stats_line)
             anyio.run(server.run_stdio_async)
         else:
-            app = BearerGate(server.streamable_http_app(transport_security=options.security(), host=options.host),
-                             options.credentials)
+            # The gate bounds request bodies; the SDK's own bound (4 MiB by default) is set to the same, so
+            # that a body the gate lets through is never refused below it in other words.
+            mcp_app = server.streamable_http_app(transport_security=options.security(), host=options.host,
+                                                 max_request_body_size=MAX_REQUEST_BYTES)
+            app = BearerGate(mcp_app, options.credentials)
 
             def ready(port: int, opts: HttpOptions) -> None:
                 url = opts.url(port)

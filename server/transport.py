@@ -5,7 +5,8 @@ Rules (from the product design):
 * bound to anything else, a token is required: without one the server refuses to start;
 * DNS-rebinding protection stays on with an explicit allow-list of Host names: loopback names
   for a loopback bind, the bound address plus every `--allow-host` otherwise. A wildcard bind
-  (0.0.0.0, ::) has no name of its own, so it needs `--allow-host`.
+  (0.0.0.0, ::) has no name of its own, so it needs `--allow-host`;
+* a request body over `MAX_REQUEST_BYTES` is refused (413) as it arrives, before the MCP app reads it.
 """
 
 from __future__ import annotations
@@ -32,11 +33,17 @@ from kb_mcp.server.agents import (
     unsendable,
 )
 from kb_mcp.server.env import ENV_AGENTS, ENV_TOKEN
+from kb_mcp.tools.source import MAX_SOURCE_BYTES
 
 log = logging.getLogger(__name__)
 
 MCP_PATH = "/mcp"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+MAX_REQUEST_BYTES = 8 * MAX_SOURCE_BYTES
+"""The largest HTTP request body the server reads: 8 MiB. The largest legitimate one is a tool call
+with two sources (a problem and a candidate, `MAX_SOURCE_BYTES` each) in JSON, whose escapes can
+double a text; one client sending more must not hold the server's memory, so the gate counts a body
+as it arrives and refuses it (413) once it passes this, whether or not it declared its length."""
 
 
 class ServeError(ValueError):
@@ -284,12 +291,14 @@ class BearerGate:
 
     A request it lets through carries who sent it in its scope (`CLIENT_SCOPE_KEY`): an agent of the
     agents file, or the shared token's client. Without any token (a loopback server started without
-    one) only the /.well-known/ answers apply, and nobody is named.
+    one) only the /.well-known/ answers apply, and nobody is named. Either way its body is at most
+    `max_body` bytes (`MAX_REQUEST_BYTES`): a larger one is answered 413 and never reaches the app.
     """
 
-    def __init__(self, app: ASGIApp, credentials: Credentials) -> None:
+    def __init__(self, app: ASGIApp, credentials: Credentials, max_body: int = MAX_REQUEST_BYTES) -> None:
         self.app = app
         self.credentials = credentials
+        self.max_body = max_body
         self._warned: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
@@ -315,7 +324,12 @@ class BearerGate:
                 return
             scope[CLIENT_SCOPE_KEY] = found
             scope["user"] = _principal(found)
-        await self.app(scope, receive, send)
+        body = await _read_body(scope, receive, self.max_body)
+        if isinstance(body, BodyTooLarge):
+            log.info("refused a request (413): %s", body.description)
+            await _send_json(send, 413, body.body())
+            return
+        await self.app(scope, body, send)
 
     def _log(self, problem: AuthProblem) -> None:
         if problem.placeholder is not None and problem.placeholder not in self._warned:
@@ -326,6 +340,57 @@ class BearerGate:
             )
         else:
             log.info("refused a request (401): %s", problem.description)
+
+
+@dataclass(frozen=True)
+class BodyTooLarge:
+    """A request body over the limit: what it declared or what had arrived when it passed the limit."""
+
+    size: int
+    limit: int
+    declared: bool  # the size is its Content-Length; otherwise the bytes read before the gate stopped
+
+    @property
+    def description(self) -> str:
+        """The refusal in words: both sizes, and what to send instead."""
+        size = f"is {self.size} bytes" if self.declared else f"passed {self.limit} bytes (chunked, {self.size} read)"
+        return (f"the request body {size}, over the {self.limit} bytes ({self.limit >> 20} MiB) this kb-mcp server "
+                f"reads in one request; a problem or candidate is at most {MAX_SOURCE_BYTES >> 20} MiB: "
+                "send smaller sources")
+
+    def body(self) -> bytes:
+        """The JSON body of the 413, in the form of the gate's other refusals."""
+        return json.dumps({"error": "request_too_large", "error_description": self.description}).encode()
+
+
+async def _read_body(scope: Scope, receive: Callable[[], Awaitable[Message]],
+                     limit: int) -> Callable[[], Awaitable[Message]] | BodyTooLarge:
+    """Reads a request's body up to `limit` bytes and returns a `receive` that hands it to the app
+    as it came, then whatever the client sends next (a disconnect); or BodyTooLarge, without reading
+    further, once the declared length or the bytes that arrived pass the limit. The MCP app reads
+    every body whole before parsing it anyway, so holding it here first costs no streaming."""
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        return BodyTooLarge(int(declared), limit, declared=True)
+    messages: list[Message] = []
+    size = 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        size += len(message.get("body", b""))
+        if size > limit:
+            return BodyTooLarge(size, limit, declared=False)
+        if not message.get("more_body", False):
+            break
+    pending = iter(messages)
+
+    async def replay() -> Message:
+        message = next(pending, None)
+        return message if message is not None else await receive()
+
+    return replay
 
 
 def _principal(client: str) -> AuthenticatedUser:

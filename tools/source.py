@@ -17,6 +17,7 @@ the folders its operator names (`kb-mcp serve --http --files DIR`), none by defa
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,12 +29,17 @@ from kb_mcp.harness.problem import Problem, ProblemError, parse_problem
 from kb_mcp.kb import pyparse
 from kb_mcp.kb.errors import ToolError, decode_utf8, storage_error
 
-__all__ = ["CUDA_SUFFIXES", "FileAccess", "Source", "SourceText", "problem_failed", "read_problem", "read_source",
-           "readable_file"]
+__all__ = ["CUDA_SUFFIXES", "MAX_SOURCE_BYTES", "FileAccess", "Source", "SourceText", "problem_failed", "read_problem",
+           "read_source", "readable_file"]
 
 Source = Annotated[str, "path or text"]
 """The type of a tool argument that is a path to a `.py` file on the server's machine, or the
 source text; `read_source` resolves it."""
+
+MAX_SOURCE_BYTES = 1 << 20
+"""The largest problem or candidate a tool takes, in UTF-8 bytes, as text or as a file: 1 MiB. Real
+ones are far smaller (KernelBench problems a few KB, the largest candidates in
+bench/kernelbench_solutions about 73 KB), so only a mistake or an attack comes near it."""
 
 Kind = Literal["problem", "candidate"]
 FileKind = Literal["problem", "candidate", "report"]
@@ -128,7 +134,8 @@ def readable_file(files: FileAccess | None, value: str, what: FileKind) -> Path:
 def readable_problems(files: FileAccess | None, values: Iterable[str], found: Iterable[Path]) -> None:
     """Raises the refusal of `readable_file` unless every path a campaign was given (`values`: problem
     files or folders) and every problem file found through them (`found`) lies inside the policy's
-    folders: a folder is read for its problems, and a link in it must not lead outside either."""
+    folders: a folder is read for its problems, and a link in it must not lead outside either. Each
+    problem found is at most `MAX_SOURCE_BYTES`, as `read_source` holds a problem file."""
     if files is None:
         return
     for value in values:
@@ -140,7 +147,12 @@ def readable_problems(files: FileAccess | None, values: Iterable[str], found: It
         if not allowed:
             readable_file(files, value, "problem")
     for path in found:
-        readable_file(files, str(path), "problem")
+        real = readable_file(files, str(path), "problem")
+        try:
+            size = real.stat().st_size
+        except OSError as exc:
+            raise storage_error(exc, "read the problem file", real) from exc
+        _refuse_too_large(size, "problem", f"problem {path}")
 
 
 def _not_readable(files: FileAccess, what: FileKind) -> ToolError:
@@ -155,6 +167,8 @@ def _not_readable(files: FileAccess, what: FileKind) -> ToolError:
 def read_source(value: str, what: Kind, files: FileAccess | None) -> SourceText:
     """Resolves a `problem` or `candidate` argument, reading a path only as `files` allows (see
     `readable_file`); raises ToolError with what to send instead."""
+    # first: no path is this long, and a value this long is refused as it is, whatever its shape
+    _refuse_too_large(_utf8_size(value), what, f"the {what} text")
     if not _is_path(value, files):
         _refuse_cuda_text(value, what)
         return SourceText(text=value)
@@ -222,10 +236,33 @@ def _read_file(path: Path, what: Kind) -> SourceText:
             f"file system; a client elsewhere (e.g. over HTTP) should send the file's text as `{what}` instead."
         )
     try:
-        data = path.read_bytes()
+        with path.open("rb") as file:
+            _refuse_too_large(os.fstat(file.fileno()).st_size, what, f"{what} {path}")
+            data = file.read(MAX_SOURCE_BYTES + 1)  # a file that grew since is not read past the limit either
     except OSError as exc:  # permissions, an I/O error: the machine's, not the caller's
         raise storage_error(exc, f"read the {what} file", path) from exc
+    _refuse_too_large(len(data), what, f"{what} {path}")
     return SourceText(text=decode_utf8(data, path), path=str(path.resolve()))
+
+
+def _utf8_size(text: str) -> int:
+    """The size of `text` in UTF-8 bytes (a lone surrogate, which JSON can carry, counts as 3)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _refuse_too_large(size: int, what: Kind, named: str) -> None:
+    """A source over `MAX_SOURCE_BYTES` is the caller's error, with both sizes in it."""
+    if size > MAX_SOURCE_BYTES:
+        raise ToolError(
+            f"{named} is {_size_words(size)}, over the {_size_words(MAX_SOURCE_BYTES)} a {what} may be: "
+            f"real ones are a few KB to a few tens of KB. Check that this is the {what} you meant; "
+            "keep data (weights, tables) out of the source, and generate it in code instead."
+        )
+
+
+def _size_words(size: int) -> str:
+    """`size` bytes as people read it, the exact count beside it."""
+    return f"{size / (1 << 20):.1f} MiB ({size} bytes)" if size >= 1 << 20 else f"{size} bytes"
 
 
 def _refuse_cuda_text(text: str, what: Kind) -> None:

@@ -1,7 +1,8 @@
 """Which files of its machine an HTTP server reads for its clients: a spawned `kb-mcp serve --http`
 and real MCP clients. Without `--files` none (clients send the text); with it, regular files of the
 right suffix inside the operator's folders only. A refused path reads the same whether or not it
-exists, and a job is held to the same rule as a direct call."""
+exists, and a job is held to the same rule as a direct call. A source over the size limit is refused,
+as text or as a file."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from serverproc import http_server, run_cli
 
 from kb_mcp.clients.mcp_client import ToolCallError, call_json, connect_http
+from kb_mcp.tools.source import MAX_SOURCE_BYTES
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -132,3 +134,23 @@ def test_a_files_folder_that_is_not_one_or_files_without_http_stops_serve(kb_pat
     assert from_env.returncode == 2 and "KB_MCP_FILES" in from_env.stderr and "is not a folder" in from_env.stderr
     stdio = run_cli(["--kb", str(kb_path), "serve", "--files", str(tmp_path)], stdin="")
     assert stdio.returncode == 2 and "--files applies to --http only" in stdio.stderr
+
+
+async def test_a_source_over_the_limit_is_refused_as_text_and_as_a_file(kb_path: Path, tmp_path: Path) -> None:
+    allowed, _ = _server_files(tmp_path)
+    line = "# " + "x" * 97 + "\n"
+    over = PROBLEM + line * (MAX_SOURCE_BYTES // len(line))  # a little over 1 MiB
+    (allowed / "over.py").write_text(over)
+    size = len(over.encode())
+    args = ["--http", "127.0.0.1:0", "--files", str(allowed)]
+    with http_server(kb_path, args, env={"KB_MCP_TOKEN": TOKEN}) as server:
+        async with connect_http(server.url, TOKEN) as client:
+            for value, named in [(over, "the candidate text"),
+                                 (str(allowed / "over.py"), f"candidate {allowed.resolve() / 'over.py'}")]:
+                refused = await _refusal(client, "compile_and_verify", {"problem": PROBLEM, "candidate": value})
+                assert f"{named} is 1.0 MiB ({size} bytes), over the 1.0 MiB (1048576 bytes)" in refused, refused
+            for tool in ("profile_kernel", "decompose_problem"):
+                refused = await _refusal(client, tool, {"problem": str(allowed / "over.py")})
+                assert f"problem {allowed.resolve() / 'over.py'} is 1.0 MiB ({size} bytes)" in refused, refused
+    # nothing of it was saved where candidates are kept
+    assert not [p for p in (kb_path.parent / "candidates").rglob("*") if p.stat().st_size > MAX_SOURCE_BYTES]

@@ -1,13 +1,31 @@
-"""HTTP serve rules, as pure functions: bind parsing, loopback, token requirement, Host allow-list."""
+"""HTTP serve rules, as pure functions: bind parsing, loopback, token requirement, Host allow-list;
+and the request body limit, on a spawned `kb-mcp serve --http` with raw requests as any client sends
+them (a declared length, a chunked body) and with the SDK's client."""
 
 from __future__ import annotations
 
+import json
+import select
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+from serverproc import HttpServer, http_server
 
+from kb_mcp.clients.mcp_client import ToolCallError, call_json, connect_http
 from kb_mcp.server.agents import AgentsFile, Credentials
-from kb_mcp.server.transport import AuthProblem, ServeError, authenticate, http_options, is_loopback, parse_bind
+from kb_mcp.server.transport import (
+    MAX_REQUEST_BYTES,
+    AuthProblem,
+    ServeError,
+    authenticate,
+    http_options,
+    is_loopback,
+    parse_bind,
+)
+from kb_mcp.tools.source import MAX_SOURCE_BYTES
 
 TOKEN = "t" * 32
 
@@ -138,3 +156,87 @@ def test_a_server_token_no_client_can_send_is_refused_at_start(token: str) -> No
     with pytest.raises(ServeError, match="no client can send in an HTTP header") as refused:
         http_options("0.0.0.0:8765", token, ["gpu-box"])
     assert token not in str(refused.value)
+
+
+# -- the request body limit, over real HTTP -----------------------------------------------------------
+
+HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
+    kb = tmp_path_factory.mktemp("body") / "kb.json"
+    with http_server(kb, ["--http", "127.0.0.1:0"], env={"KB_MCP_TOKEN": TOKEN}) as running:
+        yield running
+
+
+def _exchange(url: str, head: dict[str, str], chunks: Iterator[bytes]) -> tuple[bytes, int]:
+    """POSTs `head` and then `chunks` on a raw socket, stopping as soon as the server answers; returns
+    the answer (head and body) and how many body bytes were sent before it came."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
+        lines = [f"POST {parts.path} HTTP/1.1", f"Host: {parts.netloc}", f"Authorization: Bearer {TOKEN}",
+                 *(f"{k}: {v}" for k, v in {**HEADERS, **head}.items())]
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        sent = 0
+        for chunk in chunks:
+            if select.select([sock], [], [], 0)[0]:
+                break  # the server answered: it reads no further
+            try:
+                sock.sendall(chunk)
+            except OSError:  # it answered and closed while this was being sent
+                break
+            sent += len(chunk)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _length(answer):
+            data = sock.recv(65536)
+            if not data:
+                break
+            answer += data
+    return answer, sent
+
+
+def _length(answer: bytes) -> int:
+    """The Content-Length of a response's head."""
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+def _refusal(answer: bytes) -> dict[str, str]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), answer[:300]
+    assert b"content-type: application/json" in head.lower()
+    return dict(json.loads(body))
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_any_of_it_is_sent(server: HttpServer) -> None:
+    declared = 100 << 20
+    answer, _ = _exchange(server.url, {"Content-Length": str(declared)}, iter(()))  # sends no body at all
+    refusal = _refusal(answer)
+    assert refusal["error"] == "request_too_large"
+    assert f"the request body is {declared} bytes, over the {MAX_REQUEST_BYTES} bytes (8 MiB)" \
+        in refusal["error_description"]
+    assert "a problem or candidate is at most 1 MiB" in refusal["error_description"]
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_limit(server: HttpServer) -> None:
+    chunk = b"x" * (1 << 20)
+    framed = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    answer, sent = _exchange(server.url, {"Transfer-Encoding": "chunked"}, (framed for _ in range(256)))
+    refusal = _refusal(answer)
+    assert refusal["error"] == "request_too_large"
+    assert f"passed {MAX_REQUEST_BYTES} bytes (chunked" in refusal["error_description"]
+    assert sent < 64 << 20  # answered long before the 256 MiB the client had to send
+
+
+async def test_a_request_with_two_sources_at_the_limit_reaches_the_tool(server: HttpServer) -> None:
+    # a comment of backslashes doubles in JSON: two sources of 1 MiB make a body of over 4 MiB
+    source = "#" + "\\" * (MAX_SOURCE_BYTES - 1)
+    async with connect_http(server.url, TOKEN) as client:
+        with pytest.raises(ToolCallError) as err:
+            await call_json(client, "compile_and_verify", {"problem": source, "candidate": source})
+    assert err.value.error is not None and err.value.error["whose"] == "caller"
+    assert "not a KernelBench problem, missing top-level Model" in str(err.value)  # the tool read it whole

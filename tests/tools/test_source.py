@@ -15,7 +15,14 @@ from kb_mcp.server.app import build_server
 from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext
-from kb_mcp.tools.source import FileAccess, read_problem, read_source, readable_file
+from kb_mcp.tools.source import (
+    MAX_SOURCE_BYTES,
+    FileAccess,
+    read_problem,
+    read_source,
+    readable_file,
+    readable_problems,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SWISH = ROOT / "examples" / "problems" / "swish.py"
@@ -38,6 +45,59 @@ def test_a_path_is_read_and_text_is_taken_as_is(tmp_path: Path) -> None:
     assert read_source(str(plain), "problem", None).path == str(plain.resolve())
     problem = read_problem(str(SWISH), None)
     assert problem.name == "swish" and problem.path == str(SWISH.resolve())
+
+
+def _padded(size: int) -> str:
+    """The swish problem, padded with comment lines to exactly `size` UTF-8 bytes."""
+    text = SWISH.read_text()
+    pad = size - len(text.encode())
+    line = "# " + "x" * 97 + "\n"  # 100 bytes
+    text += line * (pad // len(line)) + "#" * (pad % len(line))
+    assert len(text.encode()) == size
+    return text
+
+
+def test_a_source_up_to_the_limit_is_read_as_text_and_as_a_file(tmp_path: Path) -> None:
+    text = _padded(MAX_SOURCE_BYTES)
+    path = tmp_path / "at_limit.py"
+    path.write_text(text)
+    assert read_source(text, "candidate", None).text == text
+    assert read_source(str(path), "candidate", None).text == text
+    assert read_problem(str(path), None).name == "at_limit"
+
+
+def test_a_source_over_the_limit_is_the_callers_error_with_both_sizes(tmp_path: Path) -> None:
+    text = _padded(MAX_SOURCE_BYTES + 1)
+    path = tmp_path / "over_limit.py"
+    path.write_text(text)
+    allowed = FileAccess.of([tmp_path])
+    for value, named in [(text, "the candidate text"), (str(path), f"candidate {path}")]:
+        for files in (None, allowed):
+            with pytest.raises(ToolError) as err:
+                read_source(value, "candidate", files)
+            assert err.value.whose == "caller"
+            assert f"{named} is 1.0 MiB (1048577 bytes), over the 1.0 MiB (1048576 bytes) a candidate may be" \
+                in str(err.value)
+    with pytest.raises(ToolError, match="problem text is 1.0 MiB"):
+        read_problem(text, None)
+
+
+def test_a_huge_file_is_refused_by_its_size_before_it_is_read(tmp_path: Path) -> None:
+    huge = tmp_path / "huge.py"
+    with huge.open("wb") as f:  # sparse: 64 GiB that nothing here could hold in memory
+        f.truncate(64 << 30)
+    with pytest.raises(ToolError, match=r"problem .*huge.py is 65536.0 MiB \(68719476736 bytes\), over the"):
+        read_problem(str(huge), FileAccess.of([tmp_path]))
+
+
+def test_a_campaigns_problem_files_are_held_to_the_same_limit(tmp_path: Path) -> None:
+    small, large = tmp_path / "small.py", tmp_path / "large.py"
+    small.write_text(SWISH.read_text())
+    large.write_text(_padded(MAX_SOURCE_BYTES + 1))
+    allowed = FileAccess.of([tmp_path])
+    readable_problems(allowed, [str(tmp_path)], [small])
+    with pytest.raises(ToolError, match=f"problem {large} is 1.0 MiB \\(1048577 bytes\\), over the"):
+        readable_problems(allowed, [str(tmp_path)], [small, large])
 
 
 def test_a_missing_path_says_the_server_reads_its_own_files() -> None:

@@ -249,16 +249,21 @@ def tiny_disk(tmp_path: Path):
     subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
-def test_a_full_disk_is_the_environments_fault_and_loses_nothing_acknowledged(tiny_disk: Path) -> None:
-    kb = tiny_disk / "kb.json"
-    store = KBStore.open(kb)
-    with open(tiny_disk / "filler", "wb") as f:
+def _fill(disk: Path) -> None:
+    """Writes a filler file on `disk` until the disk is full."""
+    with open(disk / "filler", "wb") as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
                 f.flush()
         except OSError:
             pass
+
+
+def test_a_full_disk_is_the_environments_fault_and_loses_nothing_acknowledged(tiny_disk: Path) -> None:
+    kb = tiny_disk / "kb.json"
+    store = KBStore.open(kb)
+    _fill(tiny_disk)
     acknowledged = []
     with pytest.raises(StorageError) as err:
         for i in range(1000):
@@ -280,13 +285,7 @@ def test_a_compaction_whose_backup_cannot_be_kept_keeps_the_journal_so_restore_l
     store = KBStore.open(kb_path, compact_min_bytes=3000, compact_fraction=0.0)
     _write(store, "c_0")
     store.backup()
-    with open(tiny_disk / "filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
+    _fill(tiny_disk)
     base = head_seq(kb_path)
     cids = ["c_0"]
     while head_seq(kb_path) == base:  # until a compaction folded the journal into the file

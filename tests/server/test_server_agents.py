@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from hostile_candidates import HOSTILE_FLAGS
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import Implementation
@@ -287,22 +288,6 @@ def test_an_agents_session_is_no_one_elses_even_with_its_id(kb_path: Path, tmp_p
                 status, answer, _ = _rpc(http, server.url, token, session, method, task if "tasks" in method else {})
                 assert status == 404 and "alices_private_state" not in json.dumps(answer), (token[:3], method, answer)
         assert _rpc(http, server.url, ALICE, session, "tasks/get", task)[0] == 200  # and her session goes on
-
-
-HOSTILE_FLAGS = '''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-CUDA = "__global__ void k(float* x) { x[threadIdx.x] *= 2.f; }\\nvoid launch(float* x) { k<<<1, 32>>>(x); }\\n"
-_ext = load_inline(name="tricky", cpp_sources="void launch(float* x);", cuda_sources=CUDA,
-                   extra_cuda_cflags=["-wrapper", "/bin/sh,-c,id"])
-
-
-class ModelNew(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.sigmoid(x)
-'''
 
 
 @pytest.mark.nvcc

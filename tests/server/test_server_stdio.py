@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hostile_candidates import HOSTILE_FLAGS
 from mcp import Client
 
 from kb_mcp.clients.mcp_client import ToolCallError, call_json, serve_command, stdio_params
@@ -138,22 +139,6 @@ def test_a_corrupt_kb_is_refused_at_start_and_left_alone(kb_path: Path) -> None:
     assert f"cannot open the KB {kb_path}" in done.stderr
     assert kb_path.read_text() == "{ this is not json"
     assert done.stdout == ""
-
-
-HOSTILE_FLAGS = '''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-CUDA = "__global__ void k(float* x) { x[threadIdx.x] *= 2.f; }\\nvoid launch(float* x) { k<<<1, 32>>>(x); }\\n"
-_ext = load_inline(name="tricky", cpp_sources="void launch(float* x);", cuda_sources=CUDA,
-                   extra_cuda_cflags=["-wrapper", "/bin/sh,-c,id"])
-
-
-class ModelNew(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.sigmoid(x)
-'''
 
 
 def _exchange(command: list[str], requests: list[dict], last_id: int) -> tuple[dict[int, dict], str]:

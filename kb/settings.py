@@ -6,10 +6,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from typing import TypeVar
 
 from kb_mcp.kb.errors import SettingError
 
-__all__ = ["count", "seconds"]
+__all__ = ["count", "seconds", "word"]
+
+T = TypeVar("T")
 
 
 def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
@@ -17,13 +20,15 @@ def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
     return value or None  # unset and empty both mean the default
 
 
-def _refused(name: str, value: str, wanted: str, default: float) -> SettingError:
+def _refused(name: str, value: str, wanted: str, default: float | str) -> SettingError:
+    shown = f"{default:g}" if isinstance(default, float | int) else default
     return SettingError(f"${name}={value!r} is not {wanted}", where=name,
-                        action=f"set {name} to {wanted}, or unset it for the default ({default:g})")
+                        action=f"set {name} to {wanted}, or unset it for the default ({shown})")
 
 
-def seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
-    """A duration in seconds from `name` (a finite number >= 0), else `default` where unset or empty."""
+def seconds(name: str, default: float, environ: Mapping[str, str] | None = None, *, positive: bool = False) -> float:
+    """A duration in seconds from `name` (a finite number >= 0; > 0 where `positive`: a limit of 0 s
+    would refuse everything it bounds), else `default` where unset or empty."""
     value = _raw(name, environ)
     if value is None:
         return default
@@ -31,9 +36,20 @@ def seconds(name: str, default: float, environ: Mapping[str, str] | None = None)
         number = float(value)
     except ValueError:
         number = math.nan
-    if not math.isfinite(number) or number < 0:
-        raise _refused(name, value, "a number of seconds, 0 or more", default)
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        wanted = "a number of seconds, more than 0" if positive else "a number of seconds, 0 or more"
+        raise _refused(name, value, wanted, default)
     return number
+
+
+def word(name: str, default: str, words: Mapping[str, T], environ: Mapping[str, str] | None = None) -> T:
+    """What `words` maps the value of `name` to (any case), else what it maps `default` to where unset or
+    empty. Any other value is refused by name: a switch set to 'maybe' is not read as on."""
+    value = _raw(name, environ)
+    key = default if value is None else value.lower()
+    if key not in words:
+        raise _refused(name, value or "", "one of " + ", ".join(f"'{w}'" for w in words), default)
+    return words[key]
 
 
 def count(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:

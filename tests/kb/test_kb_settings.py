@@ -50,3 +50,15 @@ def test_unset_and_empty_settings_are_the_default_and_good_ones_are_read() -> No
     with pytest.raises(SettingError) as err:
         settings.seconds("X", 60.0, {"X": "-1"})
     assert err.value.whose == "environment" and err.value.where == "X"
+
+
+def test_a_positive_duration_refuses_zero_and_a_word_refuses_any_other_word() -> None:
+    assert settings.seconds("X", 60.0, {"X": "0"}) == 0.0
+    with pytest.raises(SettingError, match=r"\$X='0' is not a number of seconds, more than 0"):
+        settings.seconds("X", 60.0, {"X": "0"}, positive=True)
+    words = {"on": True, "off": False}
+    assert settings.word("X", "on", words, {}) is True and settings.word("X", "on", words, {"X": " OFF "}) is False
+    with pytest.raises(SettingError) as err:
+        settings.word("X", "on", words, {"X": "maybe"})
+    assert "$X='maybe' is not one of 'on', 'off'" in str(err.value) and "the default (on)" in str(err.value)
+    assert err.value.where == "X"

@@ -5,8 +5,9 @@ go on; a session it ends gives it room for a new one."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,12 @@ import httpx2
 import pytest
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from serverproc import HttpServer, http_server, session_client
+from serverproc import HttpServer, http_server, session_client, wait_until
 
 from kb_mcp.clients.mcp_client import call_json, connect_http
+from kb_mcp.server.agents import Credentials
 from kb_mcp.server.sessions import SessionCap
+from kb_mcp.server.transport import BearerGate
 
 SHARED = "shared-token-for-tests-0123456789"
 ALICE = "alice-token-for-tests-0123456789"
@@ -113,3 +116,31 @@ def test_the_sdk_still_records_who_opened_each_session() -> None:
     assert SessionCap(manager, 1).open_sessions("agent:alice") == 0
     with pytest.raises(RuntimeError, match="keeps no record of who opened each session"):
         SessionCap(object(), 1)
+
+
+@contextmanager
+def _gated_server(session_idle_timeout: float, limit: int) -> Iterator[str]:
+    """A bare MCP server in this process behind the gate, its sessions closed after `session_idle_timeout`
+    idle seconds (kb-mcp's own keeps the SDK's 30 minutes); yields its URL."""
+    import uvicorn
+
+    mcp = Server("probe")
+    app = mcp.streamable_http_app(session_idle_timeout=session_idle_timeout, host="127.0.0.1")
+    gate = BearerGate(app, Credentials(SHARED, None), sessions=SessionCap(mcp.session_manager, limit))
+    running = uvicorn.Server(uvicorn.Config(gate, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=running.run, daemon=True)
+    thread.start()
+    try:
+        assert wait_until(lambda: running.started, timeout=30)
+        yield f"http://127.0.0.1:{running.servers[0].sockets[0].getsockname()[1]}/mcp"
+    finally:
+        running.should_exit = True
+        thread.join(30)
+
+
+def test_a_session_closed_for_being_idle_frees_its_place() -> None:
+    """The SDK closes an idle session itself (no DELETE reaches the gate): its place is free again."""
+    with _gated_server(session_idle_timeout=0.5, limit=1) as url:
+        assert _open_session(url, SHARED).status_code == 200
+        assert _open_session(url, SHARED).status_code == 429
+        assert wait_until(lambda: _open_session(url, SHARED).status_code == 200, timeout=20, interval=0.3)

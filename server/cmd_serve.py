@@ -9,7 +9,7 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING
 
-from kb_mcp.kb.errors import KbMcpError
+from kb_mcp.kb.errors import KbMcpError, SettingError
 from kb_mcp.server import logs
 from kb_mcp.server.agents import SHARED_CLIENT, read_agents
 from kb_mcp.server.env import ENV_FILES
@@ -151,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kb_mcp.server.app import build_server, package_version
     from kb_mcp.server.banner import http_connect_lines, print_banner, stdio_connect_lines, token_hint_lines
+    from kb_mcp.server.sessions import SESSION_IDLE_S, SessionCap, sdk_max_sessions, sessions_per_client
     from kb_mcp.server.transport import MAX_REQUEST_BYTES, BearerGate, ServeError, serve_http
     from kb_mcp.tools.context import ToolContext
 
@@ -160,9 +161,13 @@ def run(args: argparse.Namespace) -> int:
         _attempt_policy(args.attempts)
         options = _http_options(args)
         files = file_access(args, http=options is not None)
+        sessions_per = sessions_per_client() if options is not None else 0
     except (ServeError, ValueError) as exc:
         print(f"kb-mcp serve: {exc}", file=sys.stderr)
         return 2
+    except SettingError as exc:
+        print(f"kb-mcp serve: {exc}", file=sys.stderr)
+        return EXIT_CODES[exc.whose]
     ctx = ToolContext(args.kb, client_name=SHARED_CLIENT if options else "mcp", files=files)
     try:
         # Open the KB now: a KB is created where nothing of one is yet; a missing one beside its
@@ -199,9 +204,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             # The gate bounds request bodies; the SDK's own bound (4 MiB by default) is set to the same, so
             # that a body the gate lets through is never refused below it in other words.
+            # Each client holds at most `sessions_per` sessions (the gate refuses it more); where every
+            # session has an owner, the SDK's own limit, which names no one, is lifted (sessions.py says why).
             mcp_app = server.streamable_http_app(transport_security=options.security(), host=options.host,
-                                                 max_request_body_size=MAX_REQUEST_BYTES)
-            app = BearerGate(mcp_app, options.credentials)
+                                                 max_request_body_size=MAX_REQUEST_BYTES,
+                                                 session_idle_timeout=SESSION_IDLE_S,
+                                                 max_sessions=sdk_max_sessions(options.credentials.required))
+            app = BearerGate(mcp_app, options.credentials,
+                             sessions=SessionCap(server.session_manager, sessions_per))
 
             def ready(port: int, opts: HttpOptions) -> None:
                 url = opts.url(port)

@@ -325,8 +325,10 @@ def _setting_readers() -> list[Callable[[], object]]:
     from kb_mcp.harness.judgment.caps import Caps
     from kb_mcp.harness.sandbox import attempts
     from kb_mcp.kb import backups, lock
+    from kb_mcp.server.sessions import sessions_per_client
 
-    return [lock.default_timeout, backups.default_keep, Caps.from_env, attempts.policy, LLMConfig.from_env]
+    return [lock.default_timeout, backups.default_keep, Caps.from_env, attempts.policy, LLMConfig.from_env,
+            sessions_per_client]
 
 
 def check_settings() -> Check:

@@ -6,7 +6,8 @@ Rules (from the product design):
 * DNS-rebinding protection stays on with an explicit allow-list of Host names: loopback names
   for a loopback bind, the bound address plus every `--allow-host` otherwise. A wildcard bind
   (0.0.0.0, ::) has no name of its own, so it needs `--allow-host`;
-* a request body over `MAX_REQUEST_BYTES` is refused (413) as it arrives, before the MCP app reads it.
+* a request body over `MAX_REQUEST_BYTES` is refused (413) as it arrives, before the MCP app reads it;
+* a client already holding its most open MCP sessions (`sessions.SessionCap`) is refused a new one (429).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from kb_mcp.server.agents import (
     unsendable,
 )
 from kb_mcp.server.env import ENV_AGENTS, ENV_TOKEN
+from kb_mcp.server.sessions import SessionCap, SessionCapReached, opens_session
 from kb_mcp.tools.source import MAX_SOURCE_BYTES
 
 log = logging.getLogger(__name__)
@@ -293,12 +295,16 @@ class BearerGate:
     agents file, or the shared token's client. Without any token (a loopback server started without
     one) only the /.well-known/ answers apply, and nobody is named. Either way its body is at most
     `max_body` bytes (`MAX_REQUEST_BYTES`): a larger one is answered 413 and never reaches the app.
+    A named client's request that would open an MCP session while it holds the most `sessions` allows
+    is answered 429 and never reaches the app either.
     """
 
-    def __init__(self, app: ASGIApp, credentials: Credentials, max_body: int = MAX_REQUEST_BYTES) -> None:
+    def __init__(self, app: ASGIApp, credentials: Credentials, max_body: int = MAX_REQUEST_BYTES,
+                 sessions: SessionCap | None = None) -> None:
         self.app = app
         self.credentials = credentials
         self.max_body = max_body
+        self.sessions = sessions
         self._warned: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
@@ -329,7 +335,19 @@ class BearerGate:
             log.info("refused a request (413): %s", body.description)
             await _send_json(send, 413, body.body())
             return
-        await self.app(scope, body, send)
+        client = scope.get(CLIENT_SCOPE_KEY)
+        if self.sessions is None or client is None or not opens_session(scope):
+            await self.app(scope, body, send)
+            return
+        opening = self.sessions.admit(client)
+        if isinstance(opening, SessionCapReached):
+            log.info("refused a new session (429): %s", opening.description)
+            await _send_json(send, 429, opening.body(), opening.headers())
+            return
+        try:
+            await self.app(scope, body, opening.watch(send))
+        finally:
+            opening.started()  # it ended without a response: nothing was opened
 
     def _log(self, problem: AuthProblem) -> None:
         if problem.placeholder is not None and problem.placeholder not in self._warned:

@@ -62,3 +62,12 @@ def test_a_positive_duration_refuses_zero_and_a_word_refuses_any_other_word() ->
         settings.word("X", "on", words, {"X": "maybe"})
     assert "$X='maybe' is not one of 'on', 'off'" in str(err.value) and "the default (on)" in str(err.value)
     assert err.value.where == "X"
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "\u00b2", "1.5"])
+def test_a_positive_count_refuses_zero_and_anything_but_ascii_digits_by_name(value: str) -> None:
+    assert settings.count("X", 16, {"X": "0"}) == 0 and settings.count("X", 16, {"X": "7"}, positive=True) == 7
+    with pytest.raises(SettingError, match=r"is not a whole number, more than 0.*unset it for the default \(16\)"):
+        settings.count("X", 16, {"X": value}, positive=True)
+    with pytest.raises(SettingError):  # before: a superscript two passed as a digit and int() raised
+        settings.count("X", 16, {"X": "\u00b2"})

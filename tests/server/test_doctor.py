@@ -69,6 +69,7 @@ BAD_SETTINGS = {  # each variable, a value its reader refuses, and words of that
     "KB_MCP_MAX_TIMEOUT_S": ("x", "$KB_MCP_MAX_TIMEOUT_S must be a number of seconds, got 'x'"),
     "KB_MCP_ATTEMPTS": ("bogus", "KB_MCP_ATTEMPTS='bogus' is not a setting"),
     "KB_MCP_LLM_TIMEOUT": ("0", "$KB_MCP_LLM_TIMEOUT='0' cannot be used"),
+    "KB_MCP_SESSIONS_PER_CLIENT": ("0", "$KB_MCP_SESSIONS_PER_CLIENT='0' is not a whole number, more than 0"),
 }
 
 

@@ -52,11 +52,13 @@ def word(name: str, default: str, words: Mapping[str, T], environ: Mapping[str, 
     return words[key]
 
 
-def count(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
-    """A whole number >= 0 from `name`, else `default` where unset or empty."""
+def count(name: str, default: int, environ: Mapping[str, str] | None = None, *, positive: bool = False) -> int:
+    """A whole number >= 0 from `name` (> 0 where `positive`: a bound of 0 would keep nothing it bounds),
+    else `default` where unset or empty."""
     value = _raw(name, environ)
     if value is None:
         return default
-    if not value.isdigit():  # digits only: no sign, no fraction, no exponent
-        raise _refused(name, value, "a whole number, 0 or more", default)
+    # digits only: no sign, no fraction, no exponent
+    if not value.isdigit() or (positive and int(value) == 0):
+        raise _refused(name, value, "a whole number, 1 or more" if positive else "a whole number, 0 or more", default)
     return int(value)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kb_mcp.kb import settings
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.errors import EnvironmentFault, ErrorInfo
 from kb_mcp.kb.models import utcnow
@@ -26,8 +27,8 @@ from kb_mcp.kb.owners import process_alive
 from kb_mcp.server.execution import ToolFailure
 
 __all__ = [
-    "FINISHED", "JOBS_KEPT", "JOB_RETENTION_DAYS", "JobProgress", "JobRecord", "JobStatus", "JobStore", "new_job_id",
-    "owner_alive", "this_owner",
+    "ENV_JOBS_KEPT_PER_CLIENT", "FINISHED", "JOBS_KEPT", "JOBS_KEPT_PER_CLIENT", "JOB_RETENTION_DAYS", "JobProgress",
+    "JobRecord", "JobStatus", "JobStore", "jobs_kept_per_client", "new_job_id", "owner_alive", "this_owner",
 ]
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,19 @@ FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "inter
 _JOB_ID = re.compile(r"^j_\d{14}_[0-9a-f]{6}$")
 JOB_RETENTION_DAYS = 14.0  # finished job records older than this go at server start and in `kb-mcp kb gc`
 JOBS_KEPT = 500  # and the oldest finished ones beyond this many
+JOBS_KEPT_PER_CLIENT = 50
+"""Finished job records one client keeps on a server while it runs: when another of its jobs finishes,
+its oldest finished record beyond this many goes. A record holds the job's arguments (a problem and a
+candidate of up to 1 MiB each) and its result, so without it one client starting quick jobs in a loop
+fills the disk before the next server start prunes anything."""
+ENV_JOBS_KEPT_PER_CLIENT = "KB_MCP_JOBS_KEPT_PER_CLIENT"
+
+
+def jobs_kept_per_client() -> int:
+    """How many finished job records each client keeps (``KB_MCP_JOBS_KEPT_PER_CLIENT``, default
+    JOBS_KEPT_PER_CLIENT); SettingError for a value that is not a whole number of 1 or more (0 would
+    remove a job's result before its client could read it)."""
+    return settings.count(ENV_JOBS_KEPT_PER_CLIENT, JOBS_KEPT_PER_CLIENT, positive=True)
 
 
 class JobProgress(BaseModel):
@@ -60,6 +74,9 @@ class JobRecord(BaseModel):
     job_id: str
     kind: str
     status: JobStatus = "queued"
+    # who started it, as the KB names its clients (`agent:NAME`, every client of the shared token as
+    # one, a stdio client's own name): finished records are kept per client (JOBS_KEPT_PER_CLIENT)
+    client: str = ""
     arguments: dict[str, Any] = Field(default_factory=dict)
     progress: JobProgress = Field(default_factory=JobProgress)
     result: dict[str, Any] | None = None
@@ -189,6 +206,24 @@ class JobStore:
         """The record of a job and its lock file (those that exist)."""
         path = self.path(job_id)
         return [p for p in (path, path.with_name(path.name + ".lock")) if p.exists()]
+
+    def trim(self, finished: builtins.list[str], keep: int) -> builtins.list[str]:
+        """Keeps one client's newest `keep` finished jobs (`finished`: their ids, oldest first) and
+        removes the records of the others, oldest first. A record found unfinished is kept whatever
+        (never a job that may still run). Returns the ids still kept, oldest first."""
+        kept = list(finished)
+        for job_id in finished[:max(0, len(finished) - keep)]:
+            with self._lock(job_id):
+                try:
+                    record = self.read(job_id)
+                except EnvironmentFault:  # damaged since it finished: it goes like any other
+                    record = None
+                if record is not None and not record.finished:
+                    continue
+                self.path(job_id).unlink(missing_ok=True)
+            Path(self._lock(job_id).lock_file).unlink(missing_ok=True)
+            kept.remove(job_id)
+        return kept
 
     def prune(self, max_age_s: float = JOB_RETENTION_DAYS * 86400, keep: int = JOBS_KEPT) -> int:
         """Removes expired job records (see `expired`); returns how many went."""

@@ -25,7 +25,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -40,6 +40,7 @@ from kb_mcp.server.job_store import (
     JobRecord,
     JobStatus,
     JobStore,
+    jobs_kept_per_client,
     new_job_id,
     owner_alive,
     this_owner,
@@ -99,6 +100,9 @@ class JobManager:
         self._owner = this_owner()
         self._cancel_events: dict[str, threading.Event] = {}
         self._slots = JobSlots()
+        self.kept_per_client = jobs_kept_per_client()  # a bad setting stops the server here, by name
+        self._finished: dict[str, list[str]] = {}  # client -> its finished jobs known here, oldest first
+        self._finished_lock = threading.RLock()
 
     @property
     def kind_names(self) -> list[str]:
@@ -138,6 +142,7 @@ class JobManager:
             arguments=request.model_dump(mode="json"),
             owner=self._owner,
             key_digest=_digest(key),
+            client=self.runner.ctx.client_name,
         )
         # the submitter's caps (job_slots), before anything is stored
         self._slots.admit(record.job_id, spec.meta.long_running)
@@ -147,7 +152,8 @@ class JobManager:
             self._slots.release(record.job_id)
             raise
         self._cancel_events[record.job_id] = threading.Event()
-        self._slots.submit(spec.meta.long_running, functools.partial(self._work, record.job_id, spec, request))
+        work = functools.partial(self._work, record.job_id, record.client, spec, request)
+        self._slots.submit(spec.meta.long_running, work)
         log.info("job %s (%s) queued", record.job_id, kind)
         return record
 
@@ -178,7 +184,9 @@ class JobManager:
         record = self.store.read(job_id)
         if record is None:
             raise ToolFailure(
-                f"no job {job_id} in {self.store.root} (jobs live beside the KB: is this server on the same KB?)",
+                f"no job {job_id} in {self.store.root}: jobs live beside the KB (is this server on the same KB?), "
+                f"and each client keeps its newest {self.kept_per_client} finished jobs, so the oldest one's record "
+                "goes when another of its jobs finishes; start the job again if you still need its result",
                 expected=True,
             )
         if not record.finished and not owner_alive(record.owner):
@@ -228,13 +236,18 @@ class JobManager:
         return record
 
     def recover(self) -> list[str]:
-        """Marks unfinished jobs of dead server processes `interrupted` and removes finished records
-        past retention (`JobStore.prune`); returns the ids marked."""
-        marked = []
+        """Marks unfinished jobs of dead server processes `interrupted`, removes finished records past
+        retention (`JobStore.prune`) and each client's beyond its newest `kept_per_client`; returns the
+        ids marked."""
+        marked, records = [], []
         for record in self.store.list(limit=1000):
             if not record.finished and not owner_alive(record.owner):
-                self.store.update(record.job_id, _mark_interrupted)
+                record = self.store.update(record.job_id, _mark_interrupted)
                 marked.append(record.job_id)
+            records.append(record)
+        finished = sorted((r for r in records if r.finished and r.client), key=lambda r: r.finished_at or r.created_at)
+        for record in finished:  # oldest first
+            self._remember_finished(record.client, record.job_id)
         try:
             pruned = self.store.prune()
         except OSError as exc:
@@ -250,38 +263,64 @@ class JobManager:
 
     # -- inside the job's thread -------------------------------------------------------------
 
-    def _work(self, job_id: str, spec: ToolSpec, request: BaseModel) -> None:
+    def _work(self, job_id: str, client: str, spec: ToolSpec, request: BaseModel) -> None:
         cancel_event = self._cancel_events.setdefault(job_id, threading.Event())
         try:
             record = self.store.read(job_id)
             if record is None or record.finished or record.cancel_requested:
                 if record is not None and not record.finished:
-                    self.store.update(job_id, lambda r: _finish(r, "cancelled"))
+                    self._end(job_id, client, lambda r: _finish(r, "cancelled"))
+                elif record is not None:  # cancelled while queued (`cancel`): it ended there
+                    self._remember_finished(client, job_id)
                 return
             self.store.update(job_id, _mark_running)
             try:
                 result = self.runner.run(spec, request, self._progress_writer(job_id, cancel_event))
             except JobCancelled:
-                self.store.update(job_id, lambda r: _finish(r, "cancelled", error="cancelled on request"))
+                self._end(job_id, client, lambda r: _finish(r, "cancelled", error="cancelled on request"))
                 log.info("job %s cancelled", job_id)
             except ToolFailure as failure:
                 message = redact(failure.message)
                 info = redact_model(failure.info) if failure.info is not None else None
-                self.store.update(job_id, lambda r: _finish(r, "failed", error=message, info=info))
+                self._end(job_id, client, lambda r: _finish(r, "failed", error=message, info=info))
                 log.info("job %s failed: %s", job_id, message.splitlines()[0])
             else:
                 payload = redact_data(result.model_dump(mode="json"))
-                self.store.update(job_id, lambda r: _finish(r, "succeeded", result=payload))
+                self._end(job_id, client, lambda r: _finish(r, "succeeded", result=payload))
                 log.info("job %s succeeded", job_id)
         except Exception:  # the record must not stay "running" because bookkeeping failed
             log.exception("job %s: internal error", job_id)
             try:
-                self.store.update(job_id, lambda r: _finish(r, "failed", error="internal error; see the server log"))
+                self._end(job_id, client, lambda r: _finish(r, "failed", error="internal error; see the server log"))
             except Exception:
                 log.exception("job %s: could not record the failure", job_id)
         finally:
             self._cancel_events.pop(job_id, None)
             self._slots.release(job_id)
+
+    def _end(self, job_id: str, client: str, change: Callable[[JobRecord], None]) -> None:
+        """Writes how the job ended and counts it among its client's finished jobs in one step: a job
+        anyone saw finished is counted before any job that ends after it, so the oldest go first."""
+        with self._finished_lock:
+            self.store.update(job_id, change)
+            self._remember_finished(client, job_id)
+
+    def _remember_finished(self, client: str, job_id: str) -> None:
+        """`job_id` of `client` has finished: the client's oldest finished records beyond
+        `kept_per_client` go (`JobStore.trim`), never another client's."""
+        with self._finished_lock:
+            finished = self._finished.setdefault(client, [])
+            if job_id not in finished:
+                finished.append(job_id)
+            try:
+                self._finished[client] = self.store.trim(finished, self.kept_per_client)
+            except OSError as exc:  # a full or read-only disk: the next finished job tries again
+                log.warning("could not remove old job records of %s in %s: %s", client or "a client",
+                            self.store.root, exc)
+            else:
+                if len(self._finished[client]) < len(finished):
+                    log.info("removed %d finished job record(s) of %s beyond its newest %d",
+                             len(finished) - len(self._finished[client]), client or "a client", self.kept_per_client)
 
     def _progress_writer(self, job_id: str, cancel_event: threading.Event) -> Progress:
         last_write = 0.0

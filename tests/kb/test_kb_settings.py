@@ -56,6 +56,9 @@ def test_a_positive_duration_refuses_zero_and_a_word_refuses_any_other_word() ->
     assert settings.seconds("X", 60.0, {"X": "0"}) == 0.0
     with pytest.raises(SettingError, match=r"\$X='0' is not a number of seconds, more than 0"):
         settings.seconds("X", 60.0, {"X": "0"}, positive=True)
+    assert settings.count("X", 5, {"X": "1"}, positive=True) == 1
+    with pytest.raises(SettingError, match=r"\$X='0' is not a whole number, more than 0"):
+        settings.count("X", 5, {"X": "0"}, positive=True)
     words = {"on": True, "off": False}
     assert settings.word("X", "on", words, {}) is True and settings.word("X", "on", words, {"X": " OFF "}) is False
     with pytest.raises(SettingError) as err:

@@ -4,6 +4,7 @@ cancellable, and honest about jobs whose server died."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import subprocess
 import sys
@@ -19,10 +20,10 @@ from kb_mcp.kb.errors import EnvironmentFault
 from kb_mcp.server.app import KbMcpServer, build_server
 from kb_mcp.server.execution import ToolFailure, ToolRunner, describe_failure
 from kb_mcp.server.job_slots import MAX_JOBS_PER_SUBMITTER, MAX_LONG_JOBS_PER_SUBMITTER, submitted_by
-from kb_mcp.server.job_store import JobRecord, JobStore, new_job_id
+from kb_mcp.server.job_store import ENV_JOBS_KEPT_PER_CLIENT, JobRecord, JobStore, new_job_id
 from kb_mcp.server.jobs import JobManager, register_job_kind
 from kb_mcp.server.registry import ToolSpec
-from kb_mcp.tools.context import ToolContext
+from kb_mcp.tools.context import ToolContext, acting_for
 
 
 def _manager(kb: Path, spec: ToolSpec) -> JobManager:
@@ -318,3 +319,81 @@ async def test_clients_without_a_session_or_token_of_their_own_share_one_cap(kb_
                     await call_json(one_more, "start_job", named("anon-more"))
             async with session_client(server.url, TOKEN) as with_a_session:  # told apart: a share of its own
                 await call_json(with_a_session, "start_job", named("with-a-session"))
+
+
+def _records_of(jobs: Path) -> dict[str, list[str]]:
+    """The job records on disk, by the client that started them (ids sorted)."""
+    by_client: dict[str, list[str]] = {}
+    for path in sorted(jobs.glob("j_*.json")):
+        record = JobRecord.model_validate_json(path.read_text())
+        by_client.setdefault(record.client, []).append(record.job_id)
+    return by_client
+
+
+def test_one_client_keeps_a_bounded_number_of_finished_jobs_and_never_touches_anothers(
+        kb_path: Path, toy_spec: ToolSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client starting quick jobs in a loop (each record carrying ~100 KB of arguments) keeps its
+    newest 3 finished records and its running job on disk; another client's records all stay."""
+    monkeypatch.setenv(ENV_JOBS_KEPT_PER_CLIENT, "3")
+    manager = _manager(kb_path, toy_spec)
+    jobs = manager.store.root
+    bulky = {"n": 1, "label": "x" * 100_000}
+    with acting_for("agent:other"):
+        theirs = [_wait_finished(manager, manager.start("toy_count", bulky, "k").job_id).job_id for _ in range(3)]
+    with acting_for("agent:hog"):
+        running = manager.start("toy_count", {"n": 500, "step_s": 0.02}, "k").job_id
+        mine = [_wait_finished(manager, manager.start("toy_count", bulky, "k").job_id).job_id for _ in range(12)]
+    on_disk = _records_of(jobs)
+    assert on_disk["agent:hog"] == sorted([running, *mine[-3:]])  # its newest 3 finished, and the running one
+    assert on_disk["agent:other"] == sorted(theirs)  # another client's records are not the hog's to push out
+    hog_bytes = sum(p.stat().st_size for p in jobs.glob("j_*.json") if p.stem in on_disk["agent:hog"])
+    assert hog_bytes < 3 * 210_000 + 10_000  # 3 finished of ~200 KB (the label in the arguments and the result)
+    with pytest.raises(ToolFailure, match="keeps its newest 3 finished jobs.*start the job again") as gone:
+        manager.status(mine[0])
+    assert gone.value.expected
+    manager.cancel(running, "k")
+    _wait_finished(manager, running)
+    manager.shutdown()
+    assert _records_of(jobs)["agent:hog"] == sorted([*mine[-2:], running])  # it finished last: the oldest went
+
+    monkeypatch.setenv(ENV_JOBS_KEPT_PER_CLIENT, "2")  # a server started later keeps its own bound
+    again = _manager(kb_path, toy_spec)
+    again.recover()
+    assert _records_of(jobs) == {"agent:hog": sorted([mine[-1], running]), "agent:other": sorted(theirs[-2:])}
+    again.shutdown()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "many"])
+def test_a_bad_bound_on_kept_jobs_is_refused_by_name(kb_path: Path, value: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(kb_path), "call", "--list"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, ENV_JOBS_KEPT_PER_CLIENT: value})
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert f"${ENV_JOBS_KEPT_PER_CLIENT}={value!r} is not a whole number, 1 or more" in done.stderr
+
+
+async def test_an_agent_starting_jobs_in_a_loop_keeps_only_its_newest_on_a_real_server(
+        kb_path: Path, tmp_path: Path) -> None:
+    """Over a spawned HTTP server with an agents file: alice's finished job records stay at the bound
+    whatever she starts, bob's job record stays, and alice's oldest job is answered in words."""
+    alice, bob = "alice-token-for-tests-0123456789", "bob-token-for-tests-01234567890ab"
+    agents = tmp_path / "agents"
+    agents.write_text(f"alice {alice}\nbob {bob}\n")
+    agents.chmod(0o600)
+    quick = {"kind": "suggest_optimizations", "arguments": {"state_id": "memory_bandwidth_saturated"}}
+    env = {ENV_JOBS_KEPT_PER_CLIENT: "2", "KB_MCP_TOKEN": ""}
+    with http_server(kb_path, ["--http", "127.0.0.1:0", "--agents-file", str(agents)], env=env) as server:
+        async with connect_http(server.url, bob) as as_bob, connect_http(server.url, alice) as as_alice:
+            bobs = await call_json(as_bob, "start_job", quick)
+            assert (await call_json(as_bob, "job_status", {"job_id": bobs["job_id"], "wait_s": 30}))["status"] \
+                == "succeeded"
+            started = []
+            for _ in range(6):
+                job = await call_json(as_alice, "start_job", quick)
+                view = await call_json(as_alice, "job_status", {"job_id": job["job_id"], "wait_s": 30})
+                assert view["status"] == "succeeded", view
+                started.append(job["job_id"])
+            on_disk = _records_of(kb_path.with_name("kb.artifacts") / "jobs")
+            with pytest.raises(ToolCallError, match="keeps its newest 2 finished jobs"):
+                await call_json(as_alice, "job_status", {"job_id": started[0]})
+    assert on_disk == {"agent:bob": [bobs["job_id"]], "agent:alice": sorted(started[-2:])}

@@ -10,7 +10,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from kb_mcp.kb.errors import KbMcpError
-from kb_mcp.server import logs
+from kb_mcp.server import exit_status, logs
 from kb_mcp.server.agents import SHARED_CLIENT, read_agents
 from kb_mcp.server.env import ENV_FILES
 from kb_mcp.server.token import add_token_arguments, read_token
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 # The MCP SDK takes about a second to import: it is imported when `serve` runs, not when the
 # CLI parses its arguments (so other commands stay quick).
-EXIT_CODES = {"caller": 2, "environment": 3, "kb-mcp": 4}
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +159,9 @@ def run(args: argparse.Namespace) -> int:
         _attempt_policy(args.attempts)
         options = _http_options(args)
         files = file_access(args, http=options is not None)
-    except (ServeError, ValueError) as exc:
+    except (ServeError, ValueError) as exc:  # an option's value, or a file it names (AgentsFileError says whose)
         print(f"kb-mcp serve: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.of(exc, default="usage")
     ctx = ToolContext(args.kb, client_name=SHARED_CLIENT if options else "mcp", files=files)
     try:
         # Open the KB now: a KB is created where nothing of one is yet; a missing one beside its
@@ -173,12 +172,12 @@ def run(args: argparse.Namespace) -> int:
         stats_line = _stats_line(server)
     except KbMcpError as exc:
         print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc}", file=sys.stderr)
-        return EXIT_CODES[exc.whose]
+        return exit_status.of(exc)
     except Exception as exc:
         log.exception("cannot open the KB %s", ctx.kb_path)
         print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc} (a kb-mcp bug: the traceback is above)",
               file=sys.stderr)
-        return 4
+        return exit_status.BUG
     tools = list(server.specs)
     gpu_tools = server.gpu_tools
     try:
@@ -219,12 +218,12 @@ def run(args: argparse.Namespace) -> int:
             anyio.run(serve_http, app, options, partial(ready, opts=options))
     except ServeError as exc:
         print(f"kb-mcp serve: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.of(exc)
     except KeyboardInterrupt:
         pass
     finally:
         _finish(server, ctx)
-    return 0
+    return exit_status.OK
 
 
 def _finish(server: KbMcpServer, ctx: ToolContext) -> None:
@@ -241,5 +240,5 @@ def _finish(server: KbMcpServer, ctx: ToolContext) -> None:
     except KeyboardInterrupt:
         log.warning("abandoned running jobs; they will read as interrupted")
         ctx.close()
-        os._exit(130)  # job threads are not daemons: a normal exit would wait for them again
+        os._exit(exit_status.INTERRUPTED)  # job threads are not daemons: a normal exit would wait for them again
     ctx.close()

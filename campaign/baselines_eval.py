@@ -34,6 +34,7 @@ from kb_mcp.harness.baselines import BaselineRun, BaselineStatus
 from kb_mcp.harness.judgment.verdict import VerifyOptions
 from kb_mcp.harness.problem import ProblemError, load_problem
 from kb_mcp.kb.atomic import write_atomic
+from kb_mcp.kb.errors import Fault
 from kb_mcp.kb.models import DEFAULT_MODE, DEFAULT_TRACK, Mode, Track
 from kb_mcp.kb.progress import Progress
 from kb_mcp.tools.context import ToolContext
@@ -50,7 +51,12 @@ MAX_WAITING = 256  # problems waiting for a worker of the cluster at once (each 
 
 
 class BaselinesError(Exception):
-    """The baselines cannot be timed as asked (selection, output file); the message says what to change."""
+    """The baselines cannot be timed as asked (selection, output file); the message says what to change,
+    `whose` who changes it (the CLI's exit status follows it)."""
+
+    def __init__(self, message: str, *, whose: Fault = "caller") -> None:
+        super().__init__(message)
+        self.whose: Fault = whose
 
 
 class BaselineRow(BaseModel):
@@ -129,7 +135,7 @@ def baselines_table(out: Path, ctx: ToolContext, problems: list[str | Path], *, 
     try:
         refs = select_problems(problems, level=level, ids=ids)
     except SelectionError as exc:
-        raise BaselinesError(str(exc)) from exc
+        raise BaselinesError(str(exc), whose=exc.whose) from exc
     table = _Table(out)
     say = log or (lambda text: None)
     show = progress or (lambda *a: None)

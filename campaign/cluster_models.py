@@ -100,9 +100,9 @@ def parse_gpus(text: str | int | None) -> int | None:
         try:
             count = int(text)
         except ValueError:
-            raise ClusterPlanError(f"--gpus takes a number of GPUs or 'all', not {text!r}") from None
+            raise ClusterPlanError(f"--gpus takes a number of GPUs or 'all', not {text!r}", whose="usage") from None
     if count is not None and count < 1:
-        raise ClusterPlanError(f"--gpus takes 1 or more (or 'all'), not {count}")
+        raise ClusterPlanError(f"--gpus takes 1 or more (or 'all'), not {count}", whose="usage")
     return count
 
 
@@ -143,16 +143,18 @@ def local_workers(count: int | None, devices: list[str], *, compile_only: bool,
     if devices:
         if count is not None and count > len(devices):
             raise ClusterPlanError(f"--gpus {count} asks for more GPUs than this machine lets this process see "
-                                   f"({len(devices)}: {', '.join(devices)}); ask for {len(devices)} or 'all'")
+                                   f"({len(devices)}: {', '.join(devices)}); ask for {len(devices)} or 'all'",
+                                   whose="environment")
         chosen = devices if count is None else devices[:count]
         threads = thread_share(len(chosen), environ=environ)
         return [WorkerSpec(name=f"gpu-{d}", device=d, environ=threads) for d in chosen]
     if not compile_only:
         raise ClusterPlanError("--gpus needs CUDA GPUs to verify and time on, and this machine shows none; "
-                               f"add {cpu_option} to compile on CPU workers, or run on a GPU machine")
+                               f"add {cpu_option} to compile on CPU workers, or run on a GPU machine",
+                               whose="environment")
     if count is None:
         raise ClusterPlanError("--gpus all found no GPU on this machine; give a number of CPU workers "
-                               "(--gpus N --compile-only) instead")
+                               "(--gpus N --compile-only) instead", whose="environment")
     threads = thread_share(count, environ=environ)
     return [WorkerSpec(name=f"cpu-{i}", environ=threads) for i in range(count)]
 
@@ -164,7 +166,7 @@ def plan_cluster(gpus: str | int | None, address: str | None, *, gpus_found: int
     if address:
         if gpus is not None:
             raise ClusterPlanError("--cluster uses the workers of a running scheduler; --gpus starts local ones: "
-                                   "give one of them")
+                                   "give one of them", whose="usage")
         return ClusterPlan(address=address)
     if gpus is None:
         return None

@@ -108,7 +108,7 @@ def evaluate(
     try:
         refs = select_problems(list(options.problems), level=options.level, ids=options.ids)
     except SelectionError as exc:
-        raise EvalError(str(exc)) from exc
+        raise EvalError(str(exc), whose=exc.whose) from exc
     solutions = Path(options.solutions).expanduser().resolve() if options.solutions else None
     if solutions is not None and not solutions.is_dir():
         raise EvalError(f"solutions folder not found: {solutions}")

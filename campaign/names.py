@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kb_mcp.kb import paths
+
+if TYPE_CHECKING:  # kb.errors builds a pydantic model, which the CLI's start-up need not pay for
+    from kb_mcp.kb.errors import Fault
 
 CAMPAIGN_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 """A letter or digit first, so '.', '..' and hidden names cannot name the campaigns folder, its
@@ -16,7 +20,13 @@ DEFAULT_CAMPAIGN_NAME = "campaign"
 
 
 class CampaignError(RuntimeError):
-    """A campaign folder that cannot be used as asked; the message says what to do."""
+    """A campaign folder that cannot be used as asked; the message says what to do, and `whose`
+    who can do it (the caller by default; "usage" for an option no run could use, "environment"
+    for the machine's), which the CLI's exit status follows."""
+
+    def __init__(self, message: str, *, whose: Fault = "caller") -> None:
+        super().__init__(message)
+        self.whose: Fault = whose
 
 
 def campaign_folder(kb_path: Path, name: str) -> Path:
@@ -30,5 +40,5 @@ def campaign_folder(kb_path: Path, name: str) -> Path:
     if not re.fullmatch(CAMPAIGN_NAME, name) or folder.resolve().parent != root.resolve():
         raise CampaignError(f"{name!r} cannot name a campaign: a name starts with a letter or digit, then letters, "
                             f"digits, '_', '.' or '-', and its folder is directly inside {root} (not a link "
-                            "elsewhere); choose another name")
+                            "elsewhere); choose another name", whose="usage")
     return folder

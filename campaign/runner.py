@@ -60,7 +60,7 @@ class CampaignOptions(BaseModel):
             try:
                 refs = select_problems(list(self.problems), level=self.level, ids=self.problem_ids)
             except SelectionError as exc:
-                raise CampaignError(str(exc)) from exc
+                raise CampaignError(str(exc), whose=exc.whose) from exc
             given["problems"] = resolve_problems([r.path for r in refs])
         elif stored is None:
             raise CampaignError("no problems given and no campaign to resume in this folder")

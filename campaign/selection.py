@@ -19,8 +19,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kb_mcp.kb.models import Mode
+
+if TYPE_CHECKING:
+    from kb_mcp.kb.errors import Fault
 
 _ID = re.compile(r"^(\d+)_")
 _LEVEL = re.compile(r"^level_?(\d+)$", re.IGNORECASE)
@@ -29,7 +33,12 @@ MAX_IDS = 100_000  # an id range larger than any benchmark: a typo, not a select
 
 
 class SelectionError(ValueError):
-    """The problem selection cannot be satisfied; the message says what was given and what exists."""
+    """The problem selection cannot be satisfied; the message says what was given and what exists,
+    `whose` whether the paths given (the caller's) or an option no run could use ("usage")."""
+
+    def __init__(self, message: str, *, whose: Fault = "caller") -> None:
+        super().__init__(message)
+        self.whose: Fault = whose
 
 
 @dataclass(frozen=True)
@@ -54,16 +63,16 @@ def parse_ids(text: str) -> set[int]:
             continue
         match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
         if match is None:
-            raise SelectionError(f"--problems expects ids and ranges like 1-20,40; got {part!r}")
+            raise SelectionError(f"--problems expects ids and ranges like 1-20,40; got {part!r}", whose="usage")
         lo = int(match.group(1))
         hi = int(match.group(2) or lo)
         if hi < lo:
-            raise SelectionError(f"--problems: the range {part!r} runs backwards")
+            raise SelectionError(f"--problems: the range {part!r} runs backwards", whose="usage")
         if hi - lo >= MAX_IDS:
-            raise SelectionError(f"--problems: the range {part!r} is too large")
+            raise SelectionError(f"--problems: the range {part!r} is too large", whose="usage")
         ids.update(range(lo, hi + 1))
     if not ids:
-        raise SelectionError("--problems is empty; give ids and ranges like 1-20,40")
+        raise SelectionError("--problems is empty; give ids and ranges like 1-20,40", whose="usage")
     return ids
 
 

@@ -36,7 +36,7 @@ from kb_mcp.campaign.models import (
 )
 from kb_mcp.campaign.names import CampaignError
 from kb_mcp.kb.atomic import write_atomic
-from kb_mcp.kb.errors import EnvironmentFault
+from kb_mcp.kb.errors import EnvironmentFault, storage_error
 
 M = TypeVar("M", bound=BaseModel)
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -79,14 +79,16 @@ class CampaignStore:
 
     def acquire(self) -> None:
         """Claims the folder for this process; refuses if another run of it is in progress."""
-        self.root.mkdir(parents=True, exist_ok=True)
         try:
+            self.root.mkdir(parents=True, exist_ok=True)
             self._lock.acquire(timeout=0)
         except Timeout as exc:
             raise CampaignError(
                 f"another run of the campaign in {self.root} is in progress (lock {self._lock.lock_file}); "
-                "wait for it to finish or stop it first"
+                "wait for it to finish or stop it first", whose="environment"
             ) from exc
+        except OSError as exc:  # a file where the folder should be, permissions, a full disk: the machine's
+            raise storage_error(exc, "create the folder", self.root) from exc
 
     def release(self) -> None:
         """Gives the folder up."""
@@ -207,7 +209,8 @@ class CampaignStore:
         try:
             return path.read_text()
         except FileNotFoundError as exc:
-            raise CampaignError(f"kernel source {path} is missing; the campaign folder is incomplete") from exc
+            raise CampaignError(f"kernel source {path} is missing; the campaign folder is incomplete",
+                                whose="environment") from exc
 
     def write_best(self, problem: str, source: str, header: str) -> Path:
         """Saves the best kernel of `problem`, with a comment header saying what it is."""

@@ -34,6 +34,7 @@ __all__ = [
     "EnvironmentFault",
     "EXIT_STATUS",
     "ErrorInfo",
+    "Fault",
     "InputEncodingError",
     "InternalError",
     "KBConflictError",
@@ -49,12 +50,20 @@ __all__ = [
     "Whose",
     "storage_error",
     "decode_utf8",
+    "input_error",
+    "names_no_file",
 ]
 
 Whose = Literal["caller", "environment", "kb-mcp"]
 
-EXIT_STATUS: dict[str, int] = {"caller": 1, "environment": 3, "kb-mcp": 4}
-"""The exit status of a kb-mcp command that failed with an error of each kind."""
+Fault = Literal["usage", "caller", "environment", "kb-mcp"]
+"""Whose a command's refusal is: `Whose`, or the command line's own ("usage": an unknown command or
+option, or an option value no run could use), which only a command line has."""
+
+EXIT_STATUS: dict[str, int] = {"caller": 1, "usage": 2, "environment": 3, "kb-mcp": 4}
+"""The exit status of a kb-mcp command that failed with a fault of each kind: the one table every
+command answers by (`kb_mcp.server.exit_status` names them; docs/agents.md, "Exit statuses", lists
+them). 2 is also what argparse exits with for a command line it cannot parse."""
 
 
 class ErrorInfo(BaseModel):
@@ -200,6 +209,25 @@ def storage_error(exc: OSError, doing: str, path: str | os.PathLike[str] | None 
     reason = exc.strerror or str(exc)
     action = _STORAGE_ACTIONS.get(exc.errno or 0, "check that path and the file system it is on, then try again")
     return StorageError(f"cannot {doing} {where or ''}: {reason}".replace("  ", " "), where=where, action=action)
+
+
+_MISSING = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG)
+
+
+def names_no_file(exc: OSError) -> bool:
+    """Whether `exc` says the path itself names no readable file (none there, a folder, a file
+    where a folder should be): the one who gave the path can fix it, unlike permissions or a disk."""
+    return exc.errno in _MISSING
+
+
+def input_error(exc: OSError, what: str, path: str | os.PathLike[str]) -> KbMcpError:
+    """Words an OSError met reading `what` (a file the caller named) at `path`: a path that names no
+    file is the caller's mistake; permissions, a full or failing disk are the machine's (`storage_error`)."""
+    if names_no_file(exc):
+        where = os.fspath(path)
+        return CallerError(f"cannot read {what} {where}: {exc.strerror or exc}", where=where,
+                           action="give the path of an existing file")
+    return storage_error(exc, f"read {what}", path)
 
 
 def decode_utf8(data: bytes, where: str | os.PathLike[str]) -> str:

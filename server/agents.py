@@ -25,6 +25,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kb_mcp.kb.errors import Fault, names_no_file
 from kb_mcp.server.env import ENV_AGENTS, ENV_TOKEN
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "SHARED_CLIENT",
     "Agent",
     "AgentsFile",
+    "AgentsFileError",
     "Credentials",
     "parse_agents",
     "read_agents",
@@ -42,6 +44,14 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+class AgentsFileError(ValueError):
+    """An agents file that cannot be used; `whose` says who fixes it: the caller (a path that names
+    no file, a file that is no agents file) or the environment (permissions, a failing disk)."""
+
+    def __init__(self, message: str, *, whose: Fault = "caller") -> None:
+        super().__init__(message)
+        self.whose: Fault = whose
 
 MIN_TOKEN_CHARS = 16
 SHARED_CLIENT = "mcp-http"
@@ -221,7 +231,10 @@ def _read(where: Path, shared: str | None) -> tuple[Agent, ...]:
     from kb_mcp.tools.disclosure import register_secret
 
     text, mode = _text_of(where)
-    agents = parse_agents(text, f"the agents file {where}", shared)
+    try:
+        agents = parse_agents(text, f"the agents file {where}", shared)
+    except ValueError as exc:  # a file that is no agents file: the one who wrote it fixes it
+        raise AgentsFileError(str(exc)) from exc
     if mode & (stat.S_IRGRP | stat.S_IROTH):
         log.warning("the agents file %s may be read by other users of this machine, who could then act as any "
                     "agent in it: chmod 600 %s", where, where)
@@ -238,18 +251,20 @@ def _text_of(where: Path) -> tuple[str, int]:
         # O_NONBLOCK: opening a pipe does not wait for a writer; a regular file reads as usual
         fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
-        raise ValueError(f"cannot read the agents file {where}: {exc.strerror or exc}") from exc
+        raise AgentsFileError(f"cannot read the agents file {where}: {exc.strerror or exc}",
+                              whose="caller" if names_no_file(exc) else "environment") from exc
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise ValueError(f"the agents file {where} is not a regular file (a folder, a pipe or a device): name "
-                             "a file of 'NAME TOKEN' lines")
+            raise AgentsFileError(f"the agents file {where} is not a regular file (a folder, a pipe or a device): "
+                                  "name a file of 'NAME TOKEN' lines")
         with os.fdopen(os.dup(fd), "rb") as file:
             return file.read().decode("utf-8"), mode
     except OSError as exc:
-        raise ValueError(f"cannot read the agents file {where}: {exc.strerror or exc}") from exc
+        raise AgentsFileError(f"cannot read the agents file {where}: {exc.strerror or exc}",
+                              whose="environment") from exc
     except UnicodeDecodeError as exc:
-        raise ValueError(f"cannot read the agents file {where}: it is not UTF-8 text ({exc.reason} at byte "
-                         f"{exc.start})") from exc
+        raise AgentsFileError(f"cannot read the agents file {where}: it is not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start})") from exc
     finally:
         os.close(fd)

@@ -100,18 +100,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return stdout.INTERRUPTED
     except Exception as exc:
         if stdout.reader_gone(exc):  # `kb-mcp ... | head -1`: the reader had what it wanted
             stdout.silence()
             return stdout.READER_GONE
         # imported here, not at start-up: kb.errors builds a pydantic model, which `--help` need not pay for
-        from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError
+        from kb_mcp.kb.errors import KbMcpError
+        from kb_mcp.server import exit_status
 
         if not isinstance(exc, KbMcpError):
             raise
         print(f"{COMMAND} {args.command}: {exc}", file=sys.stderr)  # a command that did not word it itself
-        return EXIT_STATUS[exc.whose]
+        return exit_status.of(exc)
 
 
 if __name__ == "__main__":

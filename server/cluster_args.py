@@ -55,6 +55,6 @@ def opened(plan: ClusterPlan | None, private: list[Path]) -> Iterator[Cluster | 
         from kb_mcp.campaign.cluster import Cluster
     except ImportError as exc:
         raise ClusterPlanError(f"--gpus and --cluster need Dask distributed ({exc}); install it with `{INSTALL}`, "
-                               "or leave both out to verify on one GPU") from exc
+                               "or leave both out to verify on one GPU", whose="environment") from exc
     with Cluster(plan, private) as cluster:
         yield cluster

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from kb_mcp.kb import paths
 from kb_mcp.kb.models import Verdict
+from kb_mcp.server import exit_status
 
 if TYPE_CHECKING:  # the views and rich are imported when a browsing command runs, not when `kb` parses
     from pydantic import BaseModel
@@ -67,7 +68,7 @@ def _json(parser: argparse.ArgumentParser) -> None:
 
 def _run(fn: Callable[[argparse.Namespace, KBStore], tuple[BaseModel, Printer]]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError
+        from kb_mcp.kb.errors import KbMcpError
         from kb_mcp.kb.store import KBStore
 
         path = paths.resolve_kb_path(args.kb)
@@ -77,17 +78,17 @@ def _run(fn: Callable[[argparse.Namespace, KBStore], tuple[BaseModel, Printer]])
             document, printer = fn(args, KBStore.open(path, create=False))
         except BrowseError as exc:
             print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
-            return EXIT_STATUS["caller"]
+            return exit_status.CALLER
         except KbMcpError as exc:  # the KB file's state (damaged, locked, unreadable): the operator's to fix
             print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
-            return EXIT_STATUS[exc.whose]
+            return exit_status.of(exc)
         if args.json:
             print(document.model_dump_json(indent=2, exclude_none=True))
         else:
             from kb_mcp.server import stdout
 
             printer(stdout.console(150, soft_wrap=False), document)
-        return 0
+        return exit_status.OK
 
     return run
 

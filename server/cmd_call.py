@@ -23,8 +23,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError, decode_utf8
-from kb_mcp.server import logs
+from kb_mcp.kb.errors import KbMcpError, decode_utf8, input_error
+from kb_mcp.server import exit_status, logs
 from kb_mcp.server.token import add_token_arguments, read_token
 
 if TYPE_CHECKING:  # the MCP SDK is imported when `call` runs (it takes a second to import)
@@ -71,8 +71,8 @@ def _read_source(text: str) -> str:
         path = Path(text[1:]).expanduser()
         try:
             data = path.read_bytes()
-        except OSError as exc:
-            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        except OSError as exc:  # no such file: the caller's; permissions, a failing disk: the machine's
+            raise input_error(exc, "the file", path) from exc
         return decode_utf8(data, path)  # names the file and the byte, as for every input file
     return text
 
@@ -168,11 +168,12 @@ async def _call(args: argparse.Namespace, arguments: dict[str, Any]) -> tuple[in
     async with _connect(args) as (client, server):
         listed = (await client.list_tools()).tools
         if args.list:  # a remote server's own listing (an in-process one is listed from declarations)
-            return 0, server, _listing([describe_tool(t.name, t.description, t.input_schema) for t in listed])
+            described = [describe_tool(t.name, t.description, t.input_schema) for t in listed]
+            return exit_status.OK, server, _listing(described)
         names = [t.name for t in listed]
         if args.tool not in names:
             print(f"kb-mcp call: no tool {args.tool!r}; tools: {', '.join(names)}", file=sys.stderr)
-            return 2, server, None
+            return exit_status.USAGE, server, None
         result = await client.call_tool(args.tool, arguments, progress_callback=_progress)
         try:
             payload = result_json(args.tool, result)
@@ -180,8 +181,8 @@ async def _call(args: argparse.Namespace, arguments: dict[str, Any]) -> tuple[in
             # the SDK prefixes every tool error with this; the command line already names the tool
             message = exc.message.removeprefix(f"Error executing tool {args.tool}: ")
             print(f"kb-mcp call {args.tool}: {message}", file=sys.stderr)
-            return EXIT_STATUS.get(exc.whose, 1), server, None
-        return 0, server, json.dumps(payload, indent=2)
+            return exit_status.of(exc), server, None
+        return exit_status.OK, server, json.dumps(payload, indent=2)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -189,16 +190,19 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(args.log_level)
     if not args.list and not args.tool:
         print("kb-mcp call: name a tool (or --list to see them)", file=sys.stderr)
-        return 2
+        return exit_status.USAGE
     try:
         arguments = build_arguments(args.json, args.arg)
         read_token(args)  # refuses --token, an unreadable token file, before anything starts
     except (UsageError, ValueError) as exc:
         print(f"kb-mcp call: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.USAGE
+    except KbMcpError as exc:  # a file named by --arg KEY=@FILE or --token-file that cannot be read
+        print(f"kb-mcp call: {exc}", file=sys.stderr)
+        return exit_status.of(exc)
     if args.list and not args.url:
         list_declared_tools(args)
-        return 0
+        return exit_status.OK
     import anyio
 
     server = None
@@ -206,11 +210,11 @@ def run(args: argparse.Namespace) -> int:
         code, server, output = anyio.run(_call, args, arguments)
     except KbMcpError as exc:  # e.g. the KB could not be opened while building the server
         print(f"kb-mcp call: {exc}", file=sys.stderr)
-        return EXIT_STATUS.get(exc.whose, 1)
+        return exit_status.of(exc)
     except Exception as exc:  # the SDK's client raises task-group errors that say little
         if timed_out(exc):
             print(f"kb-mcp call: {timeout_message(args)}", file=sys.stderr)
-            return EXIT_STATUS["caller"]
+            return exit_status.CALLER
         if not args.url:
             raise
         from kb_mcp.clients.mcp_client import explain_http_failure
@@ -218,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         reason = explain_http_failure(args.url, read_token(args))
         print(f"kb-mcp call: {reason}", file=sys.stderr)
         log.debug("connection failure", exc_info=exc)
-        return 2
+        return exit_status.USAGE  # most often a wrong --url or token (docs/agents.md, "Exit statuses")
     else:
         if output is not None:
             print(output)
@@ -264,5 +268,5 @@ def _wait_for_jobs(server: Any) -> None:
     except KeyboardInterrupt:
         print("kb-mcp call: abandoned the job(s); they will read as interrupted", file=sys.stderr)
         server.kb_ctx.close()
-        os._exit(130)  # job threads are not daemons: a normal exit would wait for them again
+        os._exit(exit_status.INTERRUPTED)  # job threads are not daemons: a normal exit would wait for them again
     server.kb_ctx.close()

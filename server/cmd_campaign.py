@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from kb_mcp.campaign.names import DEFAULT_CAMPAIGN_NAME, CampaignError, campaign_folder
 from kb_mcp.clients.llm import LLMConfig, LLMNotConfigured, Role
 from kb_mcp.kb import paths
-from kb_mcp.server import cluster_args
+from kb_mcp.server import cluster_args, exit_status
 
 if TYPE_CHECKING:
     from kb_mcp.campaign.runner import CampaignOptions
@@ -38,8 +38,8 @@ def _role_models(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         role, sep, model = pair.partition("=")
         if not sep or role not in roles or not model:
-            raise SystemExit(f"--llm-model-for expects ROLE=MODEL with ROLE one of {', '.join(sorted(roles))}; got "
-                             f"{pair!r}")
+            raise CampaignError(f"--llm-model-for expects ROLE=MODEL with ROLE one of {', '.join(sorted(roles))}; "
+                                f"got {pair!r}", whose="usage")
         models[role] = model
     return models
 
@@ -110,21 +110,22 @@ def run(args: argparse.Namespace) -> int:
         folder = campaign_dir(kb_path, args.name, args.out)
     except CampaignError as exc:
         print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.of(exc)
     if args.report:
         try:
             written = campaign_report(folder)
-        except (CampaignError, FileNotFoundError) as exc:
+        except CampaignError as exc:
             print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
-            return 2
+            return exit_status.of(exc)
+        except OSError as exc:  # a record gone from the folder, permissions, a full disk: the machine's
+            from kb_mcp.kb.errors import storage_error
+
+            print(f"kb-mcp run-campaign: {storage_error(exc, 'rebuild the report in', folder)}", file=sys.stderr)
+            return exit_status.ENVIRONMENT
         print("\n".join(str(p) for p in written))
-        return 0
+        return exit_status.OK
     try:
         options = _options(args)
-    except CampaignError as exc:
-        print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
-        return 2
-    try:
         llm = LLMConfig.from_env(
             base_url=args.llm_base_url,
             api_key=args.llm_api_key,
@@ -133,9 +134,12 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=args.llm_timeout,
             max_retries=args.llm_max_retries,
         ).require()
-    except LLMNotConfigured as exc:
+    except CampaignError as exc:
         print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.of(exc)
+    except LLMNotConfigured as exc:  # no endpoint or model given, or a flag's (a KB_MCP_LLM_ variable's) value unusable
+        print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
+        return exit_status.USAGE
     if args.model:
         return _run_models(args, kb_path, folder, options, llm)
     from kb_mcp.server.campaign_console import ConsoleProgress
@@ -145,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         plan = cluster_args.plan_from(args, bool(args.compile_only))
     except CampaignError as exc:
         print(f"kb-mcp run-campaign: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.of(exc)
     with ConsoleProgress(enabled=not args.no_progress) as console:
         try:
             with cluster_args.opened(plan, ToolContext(kb_path).private_places) as cluster:
@@ -158,18 +162,19 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.flush()
             # Rollout threads may still be inside an LLM call or a verification; every record is
             # written atomically, so nothing needs them to finish: leave without waiting.
-            os._exit(130)
+            os._exit(exit_status.INTERRUPTED)
         except KeyboardInterrupt:
             console.log(f"interrupted; every finished step is saved. Rerun the same command to resume ({folder}).")
-            return 130
+            return exit_status.INTERRUPTED
         except CampaignError as exc:
             console.log(f"kb-mcp run-campaign: {exc}")
-            return 2
+            return exit_status.of(exc)
         except ClusterError as exc:
             console.log(f"kb-mcp run-campaign: {exc}")
-            return 3
+            return exit_status.ENVIRONMENT
     print(result.summary)
-    return 0 if result.finished else 1
+    # a run that did not finish was stopped by its LLM endpoint failing past every retry: the machine's
+    return exit_status.OK if result.finished else exit_status.ENVIRONMENT
 
 
 def _options(args: argparse.Namespace) -> CampaignOptions:
@@ -193,7 +198,7 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
             field = str(err["loc"][0]) if err["loc"] else "options"
             flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
             refused.append(f"{flag} {err.get('input')!r}: {err['msg'].lower()}")
-        raise CampaignError("; ".join(refused)) from exc
+        raise CampaignError("; ".join(refused), whose="usage") from exc
 
 
 _FLAGS = {"problem_ids": "--problems", "problems": "PROBLEMS", "review": "--no-review"}  # fields named otherwise
@@ -208,14 +213,15 @@ def _run_models(args: argparse.Namespace, kb_path: Path, folder: Path, options: 
     models = [Path(p) for p in args.problems]
     if not models or not all(m.is_file() for m in models):
         print("kb-mcp run-campaign: --model takes model problem files", file=sys.stderr)
-        return 2
+        # none given: the command line's; a path that is no file: the caller's
+        return exit_status.CALLER if models else exit_status.USAGE
     for model in models:
         try:
             record = run_model_campaign(folder / model.stem, kb_path, model,
                                         options.model_copy(update={"problems": []}), llm, target=args.target)
         except ToolError as exc:
             print(f"kb-mcp run-campaign: {model}: {exc}", file=sys.stderr)
-            return 1
+            return exit_status.of(exc)
         print(f"{record.problem}: {len(record.parts)} parts optimized ({record.stopped}); composed candidate "
               f"{record.candidate_id}: {record.verdict}" + (f", {record.speedup:.2f}x" if record.speedup else ""))
-    return 0
+    return exit_status.OK

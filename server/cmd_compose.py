@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kb_mcp.server import exit_status
 from kb_mcp.server.cmd_decompose import add_timeout, say
 
 
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         result = decompose_problem.run_in(ctx, req, Path(args.parts).expanduser().resolve(), progress)
     except ToolError as exc:
         print(f"kb-mcp compose: {exc}", file=sys.stderr)
-        return 1
+        return exit_status.of(exc)
     finally:
         ctx.close()
     own = [p for p in result.picks if p.taken == "candidate"]
@@ -58,4 +59,4 @@ def run(args: argparse.Namespace) -> int:
         rec = result.verification.record
         print(f"  composed candidate {rec.candidate_id}: {rec.verdict.value} (mode {rec.mode}"
               + (f", coverage {100 * rec.coverage:.0f} %" if rec.coverage is not None else "") + ")")
-    return 0
+    return exit_status.OK

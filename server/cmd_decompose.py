@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kb_mcp.decomposition.limits import TIME_LIMIT_S, time_limit
+from kb_mcp.server import exit_status
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,8 +54,9 @@ def say(command: str) -> Callable[[str], None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Decomposes the problem (or reuses its decomposition in DIR) and prints the ranking; 1 when it is
-    not a problem or cannot be decomposed, or DIR holds another problem's decomposition."""
+    """Decomposes the problem (or reuses its decomposition in DIR) and prints the ranking; the caller's
+    status (1) when there is no problem file, it is not a problem or cannot be decomposed, or DIR holds
+    another problem's decomposition."""
     from kb_mcp.tools.base import ToolError
     from kb_mcp.tools.decompose_problem import decomposed
     from kb_mcp.tools.source import read_problem
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.problem)
     if not path.is_file():
         print(f"kb-mcp decompose: no problem file at {path}", file=sys.stderr)
-        return 2
+        return exit_status.CALLER
     out = Path(args.out) if args.out else Path.cwd() / f"{path.stem}-parts"
     try:
         # the checks every tool makes of a problem first (UTF-8, Python, a Model and its inputs), then
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                             timeout_s=args.timeout, say=say("decompose"))
     except ToolError as exc:
         print(f"kb-mcp decompose: {exc}", file=sys.stderr)
-        return 1
+        return exit_status.of(exc)
     ranked = decomp.by_file()
     shared = f" in {len(ranked)} files" if len(ranked) < len(decomp.parts) else ""
     print(f"{path.stem}: {len(decomp.parts)} parts{shared} ({decomp.method} trace on {decomp.built_on} tensors), "
@@ -89,4 +91,4 @@ def run(args: argparse.Namespace) -> int:
         names = ", ".join(h.name for h in heads[:3]) + (f" and {len(heads) - 3} more" if len(heads) > 3 else "")
         print(f"  {100 * share:5.1f} %  {heads[0].kind:<10} {heads[0].label}  at {places} places in {len(heads)} "
               f"files ({names})")
-    return 0
+    return exit_status.OK

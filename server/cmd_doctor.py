@@ -63,7 +63,7 @@ def _escape(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the checks, prints them, and returns 0 or 1."""
+    """Runs the checks, prints them, and returns 0, or the environment's status when a check failed."""
     report = run_checks(args.kb, require_gpu=args.gpu)
     if args.json:
         print(report.model_dump_json(indent=2))

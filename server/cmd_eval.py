@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from kb_mcp.kb import paths
-from kb_mcp.server import cluster_args
+from kb_mcp.server import cluster_args, exit_status
 
 DEFAULT_NAME = "eval"
 TRACKS = ("fp32", "tf32", "bf16", "fp16")  # kb.models.Track's values (kept literal: start-up stays light)
@@ -67,7 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the eval; exit code 0 when every matched solution was evaluated, 2 for unusable arguments."""
+    """Runs the eval; exit status 0 when every matched solution was evaluated, else the refusal's
+    (`exit_status`: the caller's inputs, the command line, the machine)."""
+    from pydantic import ValidationError
+
     from kb_mcp.campaign.cluster_models import ClusterError
     from kb_mcp.campaign.eval_models import EvalError, EvalOptions
     from kb_mcp.campaign.evaluate import evaluate
@@ -81,12 +84,19 @@ def run(args: argparse.Namespace) -> int:
     folder = eval_dir(kb_path, args.name, args.out)
     if args.build_jobs is not None and args.build_jobs < 0:
         print("kb-mcp eval: --build-jobs takes 0 (no builds ahead) or more", file=sys.stderr)
-        return 2
+        return exit_status.USAGE
     if args.baselines or args.solutions is None:
         return run_baselines(args, kb_path, folder)
-    options = EvalOptions(problems=list(args.problems), solutions=args.solutions, level=args.level, ids=args.ids,
-                          track=Track(args.track), mode=args.mode, compile_only=args.compile_only,
-                          build_jobs=args.build_jobs)
+    try:
+        options = EvalOptions(problems=list(args.problems), solutions=args.solutions, level=args.level, ids=args.ids,
+                              track=Track(args.track), mode=args.mode, compile_only=args.compile_only,
+                              build_jobs=args.build_jobs)
+    except ValidationError as exc:  # e.g. --level 0, --build-jobs 1000: an option no eval could use
+        flags = {"ids": "--problems", "problems": "PROBLEMS"}  # fields named otherwise on the command line
+        refused = "; ".join(f"{flags.get(str(e['loc'][0]), '--' + str(e['loc'][0]).replace('_', '-'))} "
+                            f"{e.get('input')!r}: {e['msg'].lower()}" for e in exc.errors() if e["loc"])
+        print(f"kb-mcp eval: {refused}", file=sys.stderr)
+        return exit_status.USAGE
     ctx = ToolContext(kb_path, client_name="kb-mcp eval")
     try:
         plan = cluster_args.plan_from(args, args.compile_only)
@@ -98,18 +108,18 @@ def run(args: argparse.Namespace) -> int:
                               log=console.log, cluster=cluster)
     except (EvalError, CampaignError) as exc:
         print(f"kb-mcp eval: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.of(exc)
     except ClusterError as exc:
         print(f"kb-mcp eval: {exc}", file=sys.stderr)
-        return 3
+        return exit_status.ENVIRONMENT
     except KeyboardInterrupt:
         print(f"interrupted; every finished problem is saved. Rerun the same command to continue ({folder}).",
               file=sys.stderr)
-        return 130
+        return exit_status.INTERRUPTED
     finally:
         ctx.close()
     print(summary(result))
-    return 0
+    return exit_status.OK
 
 
 def run_baselines(args: argparse.Namespace, kb_path: Path, folder: Path) -> int:
@@ -129,12 +139,13 @@ def run_baselines(args: argparse.Namespace, kb_path: Path, folder: Path) -> int:
         select_problems([*args.problems], level=args.level, ids=args.ids)
     except SelectionError as exc:
         print(f"kb-mcp eval: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.of(exc)
     if args.compile_only or (not args.cluster and not detect_gpus()):
         print("kb-mcp eval: timing baselines needs a CUDA GPU, and there is none here"
               + (" (--compile-only)" if args.compile_only else "") + "; give --solutions to compile solutions "
               "without one", file=sys.stderr)
-        return 2
+        # --compile-only asked for no GPU: the command line's; a machine without one: the machine's
+        return exit_status.USAGE if args.compile_only else exit_status.ENVIRONMENT
     out = folder / "baselines.json"
     ctx = ToolContext(kb_path, client_name="kb-mcp eval")
     try:
@@ -148,17 +159,17 @@ def run_baselines(args: argparse.Namespace, kb_path: Path, folder: Path) -> int:
                                    cluster=cluster)
     except (BaselinesError, CampaignError) as exc:
         print(f"kb-mcp eval: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.of(exc)
     except ClusterError as exc:
         print(f"kb-mcp eval: {exc}", file=sys.stderr)
-        return 3
+        return exit_status.ENVIRONMENT
     except KeyboardInterrupt:
         print(f"interrupted; every finished problem is in {out}. Rerun the same command to continue.", file=sys.stderr)
-        return 130
+        return exit_status.INTERRUPTED
     finally:
         ctx.close()
     print(baselines_summary(rows, out))
-    return 0
+    return exit_status.OK
 
 
 def baselines_summary(rows: list, out: Path) -> str:

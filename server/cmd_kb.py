@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kb_mcp.kb import paths
+from kb_mcp.server import exit_status
 from kb_mcp.server.gc import Retention
 
 # Each action imports what it needs when it runs: `kb --help` and `kb stats` do not pay for the
@@ -114,16 +115,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _wrap(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        from kb_mcp.kb.errors import EXIT_STATUS, KbMcpError
+        from kb_mcp.kb.errors import KbMcpError
 
         try:
             return fn(args)
         except KbMcpError as exc:
             print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
-            return EXIT_STATUS[exc.whose]
+            return exit_status.of(exc)
         except CommandError as exc:
             print(f"kb-mcp kb: error: {exc}", file=sys.stderr)
-            return EXIT_STATUS["caller"]
+            return exit_status.CALLER
         except Exception as exc:
             from kb_mcp.kb.arch import ArchError
             from kb_mcp.kb.interchange import InterchangeError
@@ -131,7 +132,7 @@ def _wrap(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespa
             if not isinstance(exc, (InterchangeError, ArchError)):
                 raise
             print(f"kb-mcp kb: error: {exc}", file=sys.stderr)  # a file or argument given on the command line
-            return EXIT_STATUS["caller"]
+            return exit_status.CALLER
 
     return run
 
@@ -163,7 +164,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     )
     for note in report.notes:
         console.print(note)
-    return 0
+    return exit_status.OK
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
@@ -175,7 +176,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     dest = store.backup()
     console.print(f"backup of {store.path} kept at {dest} ({len(backups.list_backups(store.path))} kept; "
                   f"${backups.ENV_BACKUPS} sets how many, default {backups.DEFAULT_KEEP})")
-    return 0
+    return exit_status.OK
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
@@ -190,14 +191,14 @@ def cmd_restore(args: argparse.Namespace) -> int:
             console.print(f"no backups of {path} in {paths.backups_dir(path)}")
         for b in found:
             console.print(lifecycle.describe_backup(b))
-        return 0
+        return exit_status.OK
     report = lifecycle.restore_kb(path, Path(args.backup).expanduser() if args.backup else None)
     console.print(f"restored {path} from {report.backup} (transaction {report.applied_seq})"
                   + ("; its journal continues that backup and was kept: nothing was lost" if report.journal_kept
                      else "; the journal did not continue that backup: the KB is now what the backup holds"))
     for kept in report.set_aside:
         console.print(f"  kept the replaced file as {kept}")
-    return 0
+    return exit_status.OK
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
@@ -224,7 +225,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
             console.print(f"  kept the old file as {kept}")
     if not r.damaged:
         console.print("no damage found")
-    return 0
+    return exit_status.OK
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -250,7 +251,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
                   "record points to")
     for err in report.errors:
         console.print(f"  could not remove {err}")
-    return 3 if report.errors else 0
+    return exit_status.ENVIRONMENT if report.errors else exit_status.OK  # a file it could not remove: the machine's
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -259,7 +260,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     stats = store.stats()
     if args.json:
         print(json.dumps({"kb_path": str(store.path), "stats": stats.model_dump(mode="json")}, indent=2))
-        return 0
+        return exit_status.OK
     from rich.table import Table
 
     from kb_mcp.kb import backups
@@ -291,7 +292,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     table.add_row("backups", str(len(kept)), f"newest {kept[0].path.name}" if kept else "kept at each compaction")
     table.add_row("lock", "", store.lock.probe())
     console.print(table)
-    return 0
+    return exit_status.OK
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -342,7 +343,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if moves:
         moved = "; ".join(f"{m.optimization_id} -> {m.next_state_id} ({m.count})" for m in moves)
         console.print("most frequent transitions: " + moved)
-    return 0
+    return exit_status.OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -363,7 +364,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     except DestinationExists as exc:
         raise CommandError(f"{exc.path}: exists; choose a new file name, or pass --force to overwrite it") from exc
     console.print(f"exported {store.path} to {dest} ({args.format})")
-    return 0
+    return exit_status.OK
 
 
 def _transfer(store: KBStore, path: Path) -> TransferReport:
@@ -404,7 +405,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     console = _console()
     store = _open(args, create=True)
     _print_report(console, _transfer(store, args.path))
-    return 0
+    return exit_status.OK
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -413,4 +414,4 @@ def cmd_merge(args: argparse.Namespace) -> int:
     store = _open(args, create=True)
     for p in args.paths:
         _print_report(console, _transfer(store, p))
-    return 0
+    return exit_status.OK

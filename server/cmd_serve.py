@@ -9,21 +9,20 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING
 
-from kb_mcp.kb.errors import KbMcpError, SettingError
-from kb_mcp.server import logs
+from kb_mcp.kb.errors import KbMcpError
+from kb_mcp.server import exit_status, logs
 from kb_mcp.server.agents import SHARED_CLIENT, read_agents
 from kb_mcp.server.env import ENV_FILES
 from kb_mcp.server.token import add_token_arguments, read_token
 
 if TYPE_CHECKING:
     from kb_mcp.server.app import KbMcpServer
-    from kb_mcp.server.transport import HttpOptions
+    from kb_mcp.server.transport import BearerGate, HttpOptions
     from kb_mcp.tools.context import ToolContext
     from kb_mcp.tools.source import FileAccess
 
 # The MCP SDK takes about a second to import: it is imported when `serve` runs, not when the
 # CLI parses its arguments (so other commands stay quick).
-EXIT_CODES = {"caller": 2, "environment": 3, "kb-mcp": 4}
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +150,8 @@ def run(args: argparse.Namespace) -> int:
 
     from kb_mcp.server.app import build_server, package_version
     from kb_mcp.server.banner import http_connect_lines, print_banner, stdio_connect_lines, token_hint_lines
-    from kb_mcp.server.sessions import SESSION_IDLE_S, SessionCap, sdk_max_sessions, sessions_per_client
-    from kb_mcp.server.transport import MAX_REQUEST_BYTES, BearerGate, ServeError, serve_http
+    from kb_mcp.server.sessions import sessions_per_client
+    from kb_mcp.server.transport import ServeError, serve_http
     from kb_mcp.tools.context import ToolContext
 
     logs.configure(args.log_level)
@@ -162,12 +161,9 @@ def run(args: argparse.Namespace) -> int:
         options = _http_options(args)
         files = file_access(args, http=options is not None)
         sessions_per = sessions_per_client() if options is not None else 0
-    except (ServeError, ValueError) as exc:
+    except (ServeError, ValueError, KbMcpError) as exc:  # an option's value, a file it names, a setting: each says whose
         print(f"kb-mcp serve: {exc}", file=sys.stderr)
-        return 2
-    except SettingError as exc:
-        print(f"kb-mcp serve: {exc}", file=sys.stderr)
-        return EXIT_CODES[exc.whose]
+        return exit_status.of(exc, default="usage")
     ctx = ToolContext(args.kb, client_name=SHARED_CLIENT if options else "mcp", files=files)
     try:
         # Open the KB now: a KB is created where nothing of one is yet; a missing one beside its
@@ -178,12 +174,12 @@ def run(args: argparse.Namespace) -> int:
         stats_line = _stats_line(server)
     except KbMcpError as exc:
         print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc}", file=sys.stderr)
-        return EXIT_CODES[exc.whose]
+        return exit_status.of(exc)
     except Exception as exc:
         log.exception("cannot open the KB %s", ctx.kb_path)
         print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc} (a kb-mcp bug: the traceback is above)",
               file=sys.stderr)
-        return 4
+        return exit_status.BUG
     tools = list(server.specs)
     gpu_tools = server.gpu_tools
     try:
@@ -202,16 +198,7 @@ def run(args: argparse.Namespace) -> int:
                 log.info("kb-mcp %s serving %s over stdio (%s)", package_version(), ctx.kb_path, stats_line)
             anyio.run(server.run_stdio_async)
         else:
-            # The gate bounds request bodies; the SDK's own bound (4 MiB by default) is set to the same, so
-            # that a body the gate lets through is never refused below it in other words.
-            # Each client holds at most `sessions_per` sessions (the gate refuses it more); where every
-            # session has an owner, the SDK's own limit, which names no one, is lifted (sessions.py says why).
-            mcp_app = server.streamable_http_app(transport_security=options.security(), host=options.host,
-                                                 max_request_body_size=MAX_REQUEST_BYTES,
-                                                 session_idle_timeout=SESSION_IDLE_S,
-                                                 max_sessions=sdk_max_sessions(options.credentials.required))
-            app = BearerGate(mcp_app, options.credentials,
-                             sessions=SessionCap(server.session_manager, sessions_per))
+            app = _http_app(server, options, sessions_per)
 
             def ready(port: int, opts: HttpOptions) -> None:
                 url = opts.url(port)
@@ -229,12 +216,28 @@ def run(args: argparse.Namespace) -> int:
             anyio.run(serve_http, app, options, partial(ready, opts=options))
     except ServeError as exc:
         print(f"kb-mcp serve: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.of(exc)
     except KeyboardInterrupt:
         pass
     finally:
         _finish(server, ctx)
-    return 0
+    return exit_status.OK
+
+
+def _http_app(server: KbMcpServer, options: HttpOptions, sessions_per: int) -> BearerGate:
+    """The MCP app over streamable HTTP behind the gate. The gate bounds request bodies; the SDK's own
+    bound (4 MiB by default) is set to the same, so that a body the gate lets through is never refused
+    below it in other words. Each client holds at most `sessions_per` sessions (the gate refuses it
+    more); where every session has an owner, the SDK's own limit, which names no one, is lifted
+    (sessions.py says why)."""
+    from kb_mcp.server.sessions import SESSION_IDLE_S, SessionCap, sdk_max_sessions
+    from kb_mcp.server.transport import MAX_REQUEST_BYTES, BearerGate
+
+    mcp_app = server.streamable_http_app(transport_security=options.security(), host=options.host,
+                                         max_request_body_size=MAX_REQUEST_BYTES,
+                                         session_idle_timeout=SESSION_IDLE_S,
+                                         max_sessions=sdk_max_sessions(options.credentials.required))
+    return BearerGate(mcp_app, options.credentials, sessions=SessionCap(server.session_manager, sessions_per))
 
 
 def _finish(server: KbMcpServer, ctx: ToolContext) -> None:
@@ -251,5 +254,5 @@ def _finish(server: KbMcpServer, ctx: ToolContext) -> None:
     except KeyboardInterrupt:
         log.warning("abandoned running jobs; they will read as interrupted")
         ctx.close()
-        os._exit(130)  # job threads are not daemons: a normal exit would wait for them again
+        os._exit(exit_status.INTERRUPTED)  # job threads are not daemons: a normal exit would wait for them again
     ctx.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.errors import storage_error
+from kb_mcp.server import exit_status
 
 SKILL_NAME = "cuda-kernel-optimization"
 
@@ -50,11 +51,11 @@ def target_dir(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Installs (or prints) the Skill; 1 when an edited copy is in the way."""
+    """Installs (or prints) the Skill; the caller's status (1) when an edited copy is in the way."""
     text = skill_text()
     if args.print:
         print(text, end="")
-        return 0
+        return exit_status.OK
     dest = target_dir(args) / SKILL_NAME / "SKILL.md"
     try:
         return _install(dest, text, force=args.force)
@@ -66,15 +67,15 @@ def _install(dest: Path, text: str, *, force: bool) -> int:
     if dest.exists():
         if dest.read_text() == text:
             print(f"the Skill is already installed at {dest}")
-            return 0
+            return exit_status.OK
         if not force:
             print(f"kb-mcp install-skill: {dest} exists and differs from this version's Skill (edited, or "
                   "from another version); pass --force to replace it", file=sys.stderr)
-            return 1
+            return exit_status.CALLER
     dest.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(dest, text)
     print(f"installed the Skill {SKILL_NAME} at {dest}")
     print(
         "Claude Code loads it in new sessions; it uses the kb-mcp MCP server (claude mcp add kb-mcp -- kb-mcp serve)."
     )
-    return 0
+    return exit_status.OK

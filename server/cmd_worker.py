@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kb_mcp.server import exit_status
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Adds the `worker` command."""
@@ -35,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serves until interrupted; 2 for unusable arguments or a missing extra."""
+    """Serves until interrupted; the usage status for unusable arguments, the environment's for a
+    machine that cannot serve them (no GPU, Dask not installed)."""
     from kb_mcp.campaign.cluster_models import ClusterPlanError, local_workers, parse_gpus, visible_devices
     from kb_mcp.kb import paths
     from kb_mcp.server.cluster_args import INSTALL
@@ -45,23 +48,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.cpu_workers is not None:
             if args.cpu_workers < 1:
-                raise ClusterPlanError("--cpu-workers takes 1 or more")
+                raise ClusterPlanError("--cpu-workers takes 1 or more", whose="usage")
             specs = local_workers(args.cpu_workers, [], compile_only=True)
         else:
             specs = local_workers(parse_gpus(args.gpus), visible_devices(len(detect_gpus())), compile_only=False,
                                   cpu_option="--cpu-workers N")
     except ClusterPlanError as exc:
         print(f"kb-mcp worker: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.of(exc)
     try:
         from kb_mcp.campaign.cluster import serve_workers
     except ImportError as exc:
         print(f"kb-mcp worker: needs Dask distributed ({exc}); install it with `{INSTALL}`", file=sys.stderr)
-        return 2
+        return exit_status.ENVIRONMENT
     print(f"kb-mcp worker: {len(specs)} worker(s) for {args.address}: "
           + ", ".join(s.name for s in specs), file=sys.stderr, flush=True)
     try:
         serve_workers(args.address, specs, [kb.parent, paths.artifacts_dir(kb)])
-    except KeyboardInterrupt:
-        return 0
-    return 0
+    except KeyboardInterrupt:  # how a worker is stopped: not a failure
+        return exit_status.OK
+    return exit_status.OK

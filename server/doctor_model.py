@@ -7,6 +7,8 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kb_mcp.server import exit_status
+
 __all__ = ["Check", "Report", "Status"]
 
 
@@ -41,5 +43,5 @@ class Report(BaseModel):
 
     @property
     def exit_code(self) -> int:
-        """0 when nothing failed, else 1."""
-        return 1 if any(c.status == Status.fail for c in self.checks) else 0
+        """0 when nothing failed, else the environment's status: a failed check is the machine's to fix."""
+        return exit_status.ENVIRONMENT if any(c.status == Status.fail for c in self.checks) else exit_status.OK

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 READER_GONE = 128 + 13  # 128 + SIGPIPE: what `yes | head -1` leaves as yes's exit status
+INTERRUPTED = 128 + 2  # 128 + SIGINT: Ctrl-C, as a shell reports a program it interrupted
 
 
 def reader_gone(exc: BaseException) -> bool:

@@ -25,7 +25,8 @@ def add_token_arguments(p: argparse.ArgumentParser, what: str) -> None:
 
 def read_token(args: argparse.Namespace) -> str | None:
     """The bearer token from --token-file, else $KB_MCP_TOKEN, else None; raises ValueError with a
-    message for the user (a --token on the command line, an unreadable or empty file). The token is
+    message for the user (a --token on the command line, an empty file), a KbMcpError for a file
+    that cannot be read (whose says whether the path or the machine is at fault). The token is
     registered as a secret: it is redacted from everything the server returns or stores."""
     from kb_mcp.tools.disclosure import register_secret
 
@@ -36,8 +37,10 @@ def read_token(args: argparse.Namespace) -> str | None:
         path = Path(args.token_file).expanduser()
         try:
             token = path.read_text().strip()
-        except OSError as exc:
-            raise ValueError(f"cannot read the token file {path}: {exc.strerror or exc}") from exc
+        except OSError as exc:  # no such file: the caller's (KbMcpError); permissions, a failing disk: the machine's
+            from kb_mcp.kb.errors import input_error
+
+            raise input_error(exc, "the token file", path) from exc
         if not token:
             raise ValueError(f"the token file {path} is empty")
     else:

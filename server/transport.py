@@ -25,6 +25,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.transport_security import TransportSecuritySettings
 
+from kb_mcp.kb.errors import Fault
 from kb_mcp.server.agents import (
     CLIENT_SCOPE_KEY,
     MIN_TOKEN_CHARS,
@@ -49,7 +50,12 @@ as it arrives and refuses it (413) once it passes this, whether or not it declar
 
 
 class ServeError(ValueError):
-    """A serve configuration that must not start; the message says how to fix it."""
+    """A serve configuration that must not start; the message says how to fix it, `whose` who does:
+    the command line ("usage", the default) or the machine ("environment": a port it cannot bind)."""
+
+    def __init__(self, message: str, *, whose: Fault = "usage") -> None:
+        super().__init__(message)
+        self.whose: Fault = whose
 
 
 @dataclass(frozen=True)
@@ -183,7 +189,7 @@ def check_bindable(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise ServeError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from exc
+            raise ServeError(f"cannot bind {host}:{port}: {exc.strerror or exc}", whose="environment") from exc
 
 
 async def serve_http(app: ASGIApp, options: HttpOptions, on_ready: Callable[[int], None]) -> None:

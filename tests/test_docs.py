@@ -136,3 +136,12 @@ def test_the_servers_instructions_name_every_resource(served: tuple[set[str], se
     _, uris, instructions = served
     shown = {re.sub(r"\{\w+\}", "{}", u.rstrip(".,;)")) for u in re.findall(r"kb://\S+", instructions)}
     assert {u for u in uris if re.sub(r"\{\w+\}", "{}", u) not in shown} == set()
+
+
+def test_the_exit_status_table_is_the_one_every_command_answers_by() -> None:
+    from kb_mcp.server import exit_status
+
+    text = (ROOT / "docs" / "agents.md").read_text()
+    section = text.split("\n## Exit statuses\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+) \| ([a-z -]+) \|", section, re.M)
+    assert {int(status): whose for status, whose in rows} == exit_status.STATUSES

@@ -34,7 +34,7 @@ def test_without_a_gpu_the_cli_says_baselines_need_one(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(tmp_path / "kb.json"), "eval", str(TREE),
            "--no-progress", "--out", str(tmp_path / "out")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 2 and "timing baselines needs a CUDA GPU" in proc.stderr, proc.stderr
+    assert proc.returncode == 3 and "timing baselines needs a CUDA GPU" in proc.stderr, proc.stderr  # the machine's
     assert not (tmp_path / "out" / "baselines.json").exists()
 
 

@@ -106,21 +106,22 @@ def test_an_eval_in_another_track_is_its_own_key_and_its_own_folder(first_run) -
     assert len({v.key for v in verdicts}) == 2
     # one folder never holds two tracks' results (a report would rank them together)
     again = _eval(tmp, str(TREE), "--solutions", str(SOLUTIONS), "--compile-only", "--track", "fp32", "--out", str(out))
-    assert again.returncode == 2 and "holds results of the tf32 track" in again.stderr
+    assert again.returncode == 1 and "holds results of the tf32 track" in again.stderr
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "status", "message"),
     [
-        (["--problems", "7"], "none with ids 7"),
-        (["--solutions", "/no/such/dir"], "solutions folder not found"),
-        (["--level", "5"], "has no level5 folder"),
-        (["--build-jobs", "-1"], "--build-jobs takes 0 (no builds ahead) or more"),
+        (["--problems", "7"], 1, "none with ids 7"),  # the caller's: what is selected is not there
+        (["--solutions", "/no/such/dir"], 1, "solutions folder not found"),
+        (["--level", "5"], 1, "has no level5 folder"),
+        (["--problems", "7-1"], 2, "runs backwards"),  # the command line's: no run could use it
+        (["--build-jobs", "-1"], 2, "--build-jobs takes 0 (no builds ahead) or more"),
     ],
 )
-def test_unusable_arguments_are_the_callers_to_fix(tmp_path: Path, args: list[str], message: str) -> None:
+def test_unusable_arguments_are_the_callers_to_fix(tmp_path: Path, args: list[str], status: int, message: str) -> None:
     proc = _eval(tmp_path, str(TREE), *args, "--out", str(tmp_path / "o"))
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert proc.returncode == status and message in proc.stderr, proc.stderr
 
 
 def test_cli_tracks_are_the_models_tracks() -> None:

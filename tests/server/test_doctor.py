@@ -45,7 +45,7 @@ def test_json_lists_every_check_and_the_exit_status_follows_them(tmp_path: Path)
     report = json.loads(done.stdout)
     assert [c["name"] for c in report["checks"]] == NAMES
     failed = [c for c in report["checks"] if c["status"] == "fail"]
-    assert done.returncode == (1 if failed else 0)
+    assert done.returncode == (3 if failed else 0)  # a failed check is the machine's
     for check in report["checks"]:
         if check["status"] in ("warn", "fail"):
             assert check["fix"], check  # every problem comes with what to do
@@ -59,7 +59,7 @@ def test_a_kb_path_below_a_file_fails_saying_which_file(tmp_path: Path) -> None:
     home.write_text("")
     done = _doctor(["--json"], home / "kb.json")
     kb = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "KB")
-    assert done.returncode == 1 and kb["status"] == "fail"
+    assert done.returncode == 3 and kb["status"] == "fail"
     assert f"{home} is a file, not a folder" in kb["summary"] and "--kb" in kb["fix"]
 
 
@@ -76,7 +76,7 @@ BAD_SETTINGS = {  # each variable, a value its reader refuses, and words of that
 def test_every_setting_the_server_would_refuse_fails_by_name_and_the_doctor_finishes(tmp_path: Path) -> None:
     done = _doctor(["--json"], tmp_path / "kb.json", env={k: v for k, (v, _) in BAD_SETTINGS.items()})
     report = json.loads(done.stdout)  # every check ran: a refused setting does not stop the doctor
-    assert [c["name"] for c in report["checks"]] == NAMES and done.returncode == 1, done.stderr
+    assert [c["name"] for c in report["checks"]] == NAMES and done.returncode == 3, done.stderr
     settings = next(c for c in report["checks"] if c["name"] == "settings")
     assert settings["status"] == "fail" and "unset it" in settings["fix"]
     for variable, (_, said) in BAD_SETTINGS.items():
@@ -100,7 +100,7 @@ def test_a_damaged_kb_fails_with_a_fix_on_one_screen() -> None:
 def _a_damaged_kb_fails_with_a_fix_on_one_screen(kb: Path) -> None:
     kb.write_text('{"not": "a kb"')
     done = _doctor([], kb, env={"COLUMNS": "120"})
-    assert done.returncode == 1
+    assert done.returncode == 3
     lines = done.stdout.splitlines()
     assert len(lines) <= 40  # one screen
     row = next(i for i, line in enumerate(lines) if line.split()[1:2] == ["KB"])
@@ -119,7 +119,7 @@ def test_without_nvcc_the_fix_says_where_to_find_it_and_gpu_mode_fails(tmp_path:
     nvcc = next(c for c in report["checks"] if c["name"] == "nvcc")
     assert nvcc["status"] == "warn" and "PATH" in nvcc["fix"]
     strict = _doctor(["--json", "--gpu"], tmp_path / "kb.json", env)
-    assert strict.returncode == 1
+    assert strict.returncode == 3
     statuses = {c["name"]: c["status"] for c in json.loads(strict.stdout)["checks"]}
     assert statuses["nvcc"] == "fail" and statuses["ncu"] == "fail"
 
@@ -167,7 +167,7 @@ def test_the_sandbox_check_is_the_harness_own(tmp_path: Path) -> None:
         }
 
     bogus = sandbox("bogus")
-    assert bogus["status"] == "fail" and "not a sandbox setting" in bogus["summary"] and bogus["rc"] == "1"
+    assert bogus["status"] == "fail" and "not a sandbox setting" in bogus["summary"] and bogus["rc"] == "3"
     unconfined = sandbox("unconfined")
     assert unconfined["status"] == "warn" and "UNCONFINED" in unconfined["summary"]
     confined = sandbox("bwrap")  # this machine has bubblewrap (the sandbox tests need it)

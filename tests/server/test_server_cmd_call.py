@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from serverproc import http_server, run_cli
 
+from kb_mcp.kb.errors import CallerError
 from kb_mcp.server.cli import main
 from kb_mcp.server.cmd_call import UsageError, build_arguments, parse_value
 
@@ -29,10 +30,11 @@ def test_argument_values(tmp_path: Path) -> None:
         ("[1]", [], "JSON object"),
         ("{", [], "not valid JSON"),
         (None, ["novalue"], "KEY=VALUE"),
-        (None, [f"x=@{tmp_path / 'missing.py'}"], "cannot read"),
     ]:
         with pytest.raises(UsageError, match=message):
             build_arguments(bad_json, bad_pairs)
+    with pytest.raises(CallerError, match="cannot read the file"):  # the file's path is the caller's to fix
+        build_arguments(None, [f"x=@{tmp_path / 'missing.py'}"])
 
 
 def test_list_and_call_in_process(kb_path: Path) -> None:

@@ -78,18 +78,19 @@ async def test_loopback_without_token_is_open_to_local_clients(kb_path: Path) ->
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "status", "message"),
     [
-        (["--http", "10.11.12.13:0"], "refusing to serve on 10.11.12.13 without a bearer token"),
-        (["--http", "10.11.12.13:0", "--token-file", "{short}"], "too short"),
-        (["--http", "0.0.0.0:0", "--token-file", "{token}"], "--allow-host"),
-        (["--http", "10.11.12.13:0", "--token-file", "{missing}"], "cannot read the token file"),
-        (["--http", "10.11.12.13:0", "--token", TOKEN], "--token is not accepted"),
-        (["--http", "nonsense"], "HOST:PORT"),
+        (["--http", "10.11.12.13:0"], 2, "refusing to serve on 10.11.12.13 without a bearer token"),
+        (["--http", "10.11.12.13:0", "--token-file", "{short}"], 2, "too short"),
+        (["--http", "0.0.0.0:0", "--token-file", "{token}"], 2, "--allow-host"),
+        (["--http", "10.11.12.13:0", "--token-file", "{missing}"], 1, "cannot read the token file"),  # the caller's
+        (["--http", "10.11.12.13:0", "--token", TOKEN], 2, "--token is not accepted"),
+        (["--http", "nonsense"], 2, "HOST:PORT"),
     ],
 )
 def test_unsafe_or_broken_http_configs_refuse_to_start(
-    kb_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    kb_path: Path, args: list[str], status: int, message: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("KB_MCP_TOKEN", raising=False)
     files = {"short": kb_path.parent / "short", "token": kb_path.parent / "token",
@@ -98,7 +99,7 @@ def test_unsafe_or_broken_http_configs_refuse_to_start(
     files["token"].write_text(TOKEN + "\n")
     args = [a.format(**files) for a in args]
     # the console entry point's own function, in this process: it must return before serving anything
-    assert main(["--kb", str(kb_path), "serve", *args]) == 2
+    assert main(["--kb", str(kb_path), "serve", *args]) == status
     out, err = capsys.readouterr()
     assert message in err and out == ""
     assert not kb_path.exists()  # refused before touching the KB

@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         options = _http_options(args)
         files = file_access(args, http=options is not None)
         sessions_per = sessions_per_client() if options is not None else 0
-    except (ServeError, ValueError, KbMcpError) as exc:  # an option's value, a file it names, a setting: each says whose
+    except (ServeError, ValueError, KbMcpError) as exc:  # an option, a file, a setting: each says whose
         print(f"kb-mcp serve: {exc}", file=sys.stderr)
         return exit_status.of(exc, default="usage")
     ctx = ToolContext(args.kb, client_name=SHARED_CLIENT if options else "mcp", files=files)

@@ -45,7 +45,9 @@ def credit_holders(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
     One candidate's measurement moves the KB's scores once: the outcome holding its credit is the
     only one of it whose speedup credits a score, bumps a transition, keeps a lesson or vouches for
     an agent-made optimization. `record_outcome` refuses to record the candidate for another
-    (state, optimization), so one fast kernel cannot lift every optimization it is recorded against.
+    (state, optimization), and a merge leaves out another file's outcomes of a candidate whose credit
+    another outcome holds (and takes them out of that file's scores), so one fast kernel cannot lift
+    every optimization it is recorded against.
     """
     found: dict[str, Outcome] = {}
     for outcome in sorted(outcomes, key=lambda o: o.created_at):  # stable: ties keep their stored order

@@ -7,7 +7,10 @@ shape is `kb.reference_kb`'s).
 * `merge_kb` pools another kb-mcp file into the store. Statistics are pooled exactly (Welford's
   parallel combination), and history both files share is counted once: outcomes have
   deterministic ids, so the outcomes present in both files are taken out of the other file's
-  scores before pooling. Records missing here (states, optimizations, lessons, outcomes,
+  scores before pooling. One candidate's measurement moves scores once (`kb.view.credit_holders`):
+  the other file's outcomes of a candidate whose credit an outcome here or an earlier one there holds
+  are left out (with their lessons), and taken out of that file's scores and moves as shared ones are.
+  Records missing here (states, optimizations, lessons, outcomes,
   candidate verdicts) are added; records present in both keep this KB's version. A verdict added
   is marked with the file it came from (`CandidateRecord.imported_from`): shown, never measured from.
   The other file is untrusted as a whole: every record is validated against its model before
@@ -47,7 +50,7 @@ from kb_mcp.kb.models import (
 )
 from kb_mcp.kb.store import KBFileError, KBStore
 from kb_mcp.kb.tables import FORMAT, Tables, decode_score
-from kb_mcp.kb.view import Transaction
+from kb_mcp.kb.view import Transaction, credit_holders
 
 REFERENCE_WEIGHT_PER_CONFIDENCE = 4.0
 """A reference entry with confidence_score 1.0 counts as 4 pseudo-samples of prior."""
@@ -100,6 +103,7 @@ class TransferReport(BaseModel):
     scores_pooled: int = 0
     outcomes_added: int = 0
     outcomes_shared: int = 0  # already here: counted once
+    outcomes_left_out: int = 0  # of a candidate whose credit another outcome holds: not added, not counted
     lessons_added: int = 0
     transitions_added: int = 0  # counts added
     candidates_added: int = 0
@@ -303,11 +307,28 @@ def _within_bounds(score: Score, rule: ScoreRule) -> Score:
     })
 
 
+def _left_out(tx: Transaction, theirs: list[Outcome], mine_outcomes: set[str]) -> list[Outcome]:
+    """The other file's outcomes (not held here) of a candidate whose credit another outcome holds
+    (`kb.view.credit_holders`): here, or earlier in that file. One candidate's measurement moves scores once."""
+    first = credit_holders(theirs)
+    found = []
+    for o in theirs:
+        if o.id in mine_outcomes:
+            continue  # shared history: counted once already
+        holder = tx.credited_outcome(o.candidate_id) or first[o.candidate_id]
+        if holder.id != o.id:
+            found.append(o)
+    return found
+
+
 def _merge_into(tx: Transaction, other: _Incoming, rule: ScoreRule, report: TransferReport) -> None:
     mine_outcomes = tx.outcome_ids()
-    theirs = other.outcomes
-    shared = [o for o in theirs if o.id in mine_outcomes]
+    shared = [o for o in other.outcomes if o.id in mine_outcomes]
     report.outcomes_shared = len(shared)
+    left_out = _left_out(tx, other.outcomes, mine_outcomes)
+    report.outcomes_left_out = len(left_out)
+    skipped = {o.id for o in left_out}
+    theirs = [o for o in other.outcomes if o.id not in skipped]
 
     for state in other.states:
         if tx.get_state(state.id) is None:
@@ -318,24 +339,25 @@ def _merge_into(tx: Transaction, other: _Incoming, rule: ScoreRule, report: Tran
             tx.put_optimization(opt)
             report.optimizations_added += 1
 
-    # what the shared outcomes contributed to each score, so it is not pooled twice
-    shared_by_pair: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
-    for o in shared:
+    # what the shared outcomes contributed to each score, so it is not pooled twice, and what the outcomes
+    # left out did, so a candidate credited elsewhere does not credit this score too
+    counted_by_pair: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
+    for o in shared + left_out:
         if rule.counts_toward_score(o.verdict) and not o.flagged:
-            shared_by_pair[(o.state_id, o.optimization_id)].append(o)
+            counted_by_pair[(o.state_id, o.optimization_id)].append(o)
 
     for theirs_score in other.scores:
         state_id, arch, track = theirs_score.state_id, theirs_score.arch, theirs_score.track
         part = rule.empty_like(theirs_score)
-        for o in shared_by_pair.get((state_id, theirs_score.optimization_id), []):
+        for o in counted_by_pair.get((state_id, theirs_score.optimization_id), []):
             if (arch == ALL_ARCH or o.arch == arch) and o.track == track:
                 part = rule.apply_outcome(part, o.verdict, o.speedup, o.created_at, client=o.agent)
         mine = tx.get_score(state_id, theirs_score.optimization_id, arch, track)
-        if mine is None:
-            tx.put_score(theirs_score)
+        extra = rule.subtract_scores(theirs_score, part)
+        if mine is None:  # nothing shared can be in it, but outcomes left out can
+            tx.put_score(extra if part.attempts else theirs_score)
             report.scores_added += 1
             continue
-        extra = rule.subtract_scores(theirs_score, part)
         if extra.attempts == 0 and extra.samples == 0:
             continue  # nothing they measured that we lack
         tx.put_score(rule.merge_scores(mine, extra))
@@ -363,7 +385,7 @@ def _merge_into(tx: Transaction, other: _Incoming, rule: ScoreRule, report: Tran
             tx.put_outcome(o)
             report.outcomes_added += 1
     for lesson in other.lessons:
-        if tx.get_lesson(lesson.id) is None:
+        if lesson.outcome_id not in skipped and tx.get_lesson(lesson.id) is None:
             tx.put_lesson(lesson)
             report.lessons_added += 1
     for rec in other.candidates:

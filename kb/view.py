@@ -8,6 +8,7 @@ reads inside the transaction see them, and written to disk when the transaction 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +36,23 @@ from kb_mcp.kb.tables import Tables, decode_score, score_op
 
 TRACK_ALARMS = "track_alarms"
 """Meta field: per "track/arch family", the level of its change detector (files without it: all 0)."""
+
+
+def credit_holders(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
+    """For each candidate, the outcome that holds its credit: the first recorded for it (the oldest;
+    of two recorded at once, the one stored first).
+
+    One candidate's measurement moves the KB's scores once: the outcome holding its credit is the
+    only one of it whose speedup credits a score, bumps a transition, keeps a lesson or vouches for
+    an agent-made optimization. `record_outcome` refuses to record the candidate for another
+    (state, optimization), and a merge leaves out another file's outcomes of a candidate whose credit
+    another outcome holds (and takes them out of that file's scores), so one fast kernel cannot lift
+    every optimization it is recorded against.
+    """
+    found: dict[str, Outcome] = {}
+    for outcome in sorted(outcomes, key=lambda o: o.created_at):  # stable: ties keep their stored order
+        found.setdefault(outcome.candidate_id, outcome)
+    return found
 
 
 class KBStats(BaseModel):
@@ -254,9 +272,14 @@ class KBView:
         return set(self._t.records["outcomes"])
 
     def outcomes_for_candidate(self, candidate_id: str) -> list[Outcome]:
-        """Outcomes recorded for one candidate (one per optimization credited with it)."""
+        """Outcomes recorded for one candidate: one (`credited_outcome`), except in files written before
+        a candidate's credit was held by one outcome."""
         recs = self._t.records["outcomes"]
         return [Outcome.model_validate(recs[k]) for k in self._t.outcomes_by_candidate.get(candidate_id, [])]
+
+    def credited_outcome(self, candidate_id: str) -> Outcome | None:
+        """The outcome that holds the candidate's credit (`credit_holders`), or None: none recorded yet."""
+        return credit_holders(self.outcomes_for_candidate(candidate_id)).get(candidate_id)
 
     def list_candidates(self) -> list[CandidateRecord]:
         """Every stored candidate verdict (one per candidate and options digest)."""

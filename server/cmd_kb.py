@@ -391,7 +391,8 @@ def _print_report(console: Console, r: TransferReport) -> None:
     console.print(
         f"{r.source} ({r.format}): +{r.states_added} states, +{r.optimizations_added} optimizations, "
         f"+{r.scores_added} scores, {r.scores_pooled} scores pooled, +{r.outcomes_added} outcomes "
-        f"({r.outcomes_shared} already here, counted once), +{r.lessons_added} lessons, "
+        f"({r.outcomes_shared} already here, counted once; {r.outcomes_left_out} left out: their candidate's "
+        f"credit is held by another outcome), +{r.lessons_added} lessons, "
         f"+{r.transitions_added} transitions, +{r.candidates_added} candidate verdicts"
     )
     for line in r.ignored[:10]:

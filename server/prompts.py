@@ -55,7 +55,8 @@ Work in rounds. One round:
 6. Record: call `record_outcome` with the state id, the optimization id, the `candidate_id` and
    the `parent_candidate_id` of the kernel you started from (the KB keeps the lineage), plus a
    short analysis (why it helped or not), and the next state id if you profiled the new kernel.
-   Record failures too: the KB learns from them.
+   Record failures too: the KB learns from them. Record each candidate once, for the one
+   optimization it applied (a kernel with several changes: the main one, the others in the analysis).
    Scores move only on the server's own measured verdict for that candidate, never on numbers you
    report, so do not restate speedups; explain them.
 

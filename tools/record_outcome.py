@@ -59,12 +59,17 @@ you cannot and need not report a speedup - only on a verdict checked with compil
 default options (others are refused), and how far one outcome moves it is bounded. Explain in
 `analysis` why it helped or not; add a one-sentence `lesson` for the next agent when you learned
 something reusable (other agents see it, marked as untrusted KB content, only if this candidate
-verified). Recording the same candidate and optimization twice changes nothing. Returns the
-updated entry: expected speedup, confidence and counts."""
+verified). One candidate credits one optimization in one state, once: the first outcome recorded
+for it (by any client that verified it) holds its credit, and recording it for another optimization
+or state is refused. A kernel combining several changes is credited to the main one (describe the
+others in `analysis`); to credit each change, verify each as its own candidate. Recording the same
+candidate and optimization twice changes nothing. Returns the updated entry: expected speedup,
+confidence and counts."""
 
 META = ToolMeta(
     title="Record a measured outcome in the KB",
-    # one outcome per (candidate, optimization): recording it again changes nothing
+    # one outcome per candidate (`KBView.credited_outcome`): recording it again changes nothing, recording
+    # it for another optimization or state is refused
     idempotent=True,
 )
 
@@ -259,8 +264,11 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress, *,
         if previous is not None:
             before, _ = _measured_credit(tx, cand, previous.parent_candidate_id, previous.agent, rule)
             return _result(tx, previous, before, recorded=False, created=False, moved=False,
-                           note="already recorded: this candidate was credited to this optimization before; nothing "
-                                "changed")
+                           note="already recorded: this candidate was credited to this optimization before (in "
+                                f"state {previous.state_id!r}); nothing changed")
+        holder = tx.credited_outcome(cand.candidate_id)
+        if holder is not None:  # refused before anything is written: no score, transition, lesson or optimization
+            raise ToolError(_already_credited(holder, opt.id, req.state_id))
 
         found, note = _measured_credit(tx, cand, req.parent_candidate_id, ctx.client_name, rule)
         speedup = found.speedup if found is not None else None
@@ -290,6 +298,19 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress, *,
             # an agent-made optimization first recorded with a failure is vouched for by this verified outcome
             tx.put_optimization(opt.model_copy(update={"outcome_id": oid}))
         return _result(tx, outcome, found, recorded=True, created=created, moved=moved, note=note.strip() or "recorded")
+
+
+def _already_credited(holder: Outcome, opt_id: str, state_id: str) -> str:
+    """The refusal of a second (state, optimization) for a candidate whose credit `holder` holds."""
+    other = f"optimization {opt_id!r}" + (f" in state {state_id!r}" if state_id != holder.state_id else "")
+    return (
+        f"candidate {holder.candidate_id} already credits optimization {holder.optimization_id!r} in state "
+        f"{holder.state_id!r} (outcome {holder.id}, recorded by {holder.agent or 'an unnamed client'!r}): one "
+        f"candidate's measurement moves the KB's scores once, so it cannot also credit {other}. A kernel that "
+        "combines several changes is credited to one optimization: record the main change, and describe the "
+        "others in `analysis`. To credit another change, verify a kernel with only that change as its own "
+        "candidate (compile_and_verify) and record that one."
+    )
 
 
 def _checked_candidate(tx: Transaction, req: Request, client: str) -> CandidateRecord:

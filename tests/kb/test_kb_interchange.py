@@ -8,13 +8,14 @@ import random
 import resource
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from kb_mcp.kb import interchange
+from kb_mcp.kb import ids, interchange
 from kb_mcp.kb.interchange import InterchangeError, export_kb, merge_kb
-from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Verdict
+from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Lesson, Score, Verdict
 from kb_mcp.kb.reference_kb import export_reference, import_reference
 from kb_mcp.kb.store import KBStore
 from kb_mcp.policy import update
@@ -28,12 +29,12 @@ STATE, OPT = "memory_bandwidth_saturated", "vectorize_global_access"
 
 
 def _record(kb: Path, cid: str, time_ms: float, *, verdict: Verdict = Verdict.faster,
-            next_state: str | None = None) -> None:
+            next_state: str | None = None, opt: str = OPT) -> None:
     ctx = ToolContext(kb, client_name=f"agent-{cid}")  # one client per record: no per-client bound applies
     with ctx.store.transaction() as tx:
         tx.put_candidate(CandidateRecord(candidate_id=cid, problem="p", problem_hash="h", verdict=verdict, arch="sm_90",
                                          time_ms=time_ms, eager_ms=2.0))
-    ro.run(ctx, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid, next_state_id=next_state))
+    ro.run(ctx, ro.Request(state_id=STATE, optimization_id=opt, candidate_id=cid, next_state_id=next_state))
 
 
 def test_export_is_a_standalone_kb_with_the_journal_folded_in(tmp_path: Path) -> None:
@@ -258,6 +259,61 @@ def test_a_file_claims_no_more_moves_between_states_than_its_outcomes_made(tmp_p
 
     (merged,) = KBStore.open(kb).transitions(STATE)
     assert merged.count == 1 and report.transitions_added == 1
+
+
+OTHER_OPT, NEXT = "fuse_elementwise_chain", "compute_throughput_saturated"
+
+
+def _credit_again(kb: Path, cid: str, opt: str) -> None:
+    """What a file written before a candidate's credit was held by one outcome could hold: the
+    candidate's outcome recorded again for `opt` (later), with its score, transition and lesson."""
+    with KBStore.open(kb).transaction() as tx:
+        (first,) = tx.outcomes_for_candidate(cid)
+        again = first.model_copy(update={"id": ids.outcome_id(cid, opt), "optimization_id": opt,
+                                         "created_at": first.created_at + timedelta(seconds=1)})
+        tx.put_outcome(again)
+        for arch in ("hopper", ALL_ARCH):
+            base = tx.get_score(STATE, opt, arch) or Score(state_id=STATE, optimization_id=opt, arch=arch)
+            tx.put_score(update.apply_outcome(base, again.verdict, again.speedup, client=again.agent))
+        tx.bump_transition(STATE, opt, NEXT)
+        text = "Fusing helped here as well."
+        tx.put_lesson(Lesson(id=ids.lesson_id(STATE, opt, text), state_id=STATE, optimization_id=opt, arch="hopper",
+                             text=text, source="agent", author=again.agent, candidate_id=cid, outcome_id=again.id))
+
+
+def _measured(kb: Path, opt: str) -> list[int]:
+    """Samples of `opt`'s hopper and pooled scores in STATE (0 where there is none)."""
+    scores = [KBStore.open(kb).get_score(STATE, opt, arch) for arch in ("hopper", ALL_ARCH)]
+    return [s.samples if s is not None else 0 for s in scores]
+
+
+def test_a_merged_file_credits_a_candidate_to_its_first_outcome_only(tmp_path: Path) -> None:
+    theirs, kb = tmp_path / "theirs.json", tmp_path / "kb.json"
+    _record(theirs, "c_1", 1.0, next_state=NEXT)
+    _credit_again(theirs, "c_1", OTHER_OPT)
+    assert _measured(theirs, OTHER_OPT) == [1, 1]
+    KBStore.open(kb)
+
+    report = merge_kb(KBStore.open(kb), theirs, update)
+
+    assert report.outcomes_added == 1 and report.outcomes_left_out == 1
+    assert _measured(kb, OPT) == [1, 1] and _measured(kb, OTHER_OPT) == [0, 0]
+    assert [(t.optimization_id, t.count) for t in KBStore.open(kb).transitions(STATE)] == [(OPT, 1)]
+    assert KBStore.open(kb).lessons(STATE, OTHER_OPT) == []
+
+
+def test_a_merged_outcome_of_a_candidate_this_kb_credited_elsewhere_moves_nothing(tmp_path: Path) -> None:
+    theirs, kb = tmp_path / "theirs.json", tmp_path / "kb.json"
+    _record(kb, "c_1", 1.0, next_state=NEXT)
+    _record(theirs, "c_1", 1.0, next_state=NEXT, opt=OTHER_OPT)  # the same kernel, credited to another there
+    before = KBStore.open(kb).snapshot()
+
+    report = merge_kb(KBStore.open(kb), theirs, update)
+
+    assert report.outcomes_added == 0 and report.outcomes_left_out == 1
+    assert _measured(kb, OTHER_OPT) == [0, 0]
+    after = KBStore.open(kb).snapshot()
+    assert after["outcomes"] == before["outcomes"] and after["transitions"] == before["transitions"]
 
 
 def test_reference_import_round_trip(tmp_path: Path) -> None:

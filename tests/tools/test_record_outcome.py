@@ -115,8 +115,7 @@ def test_a_candidate_verified_again_by_another_client_keeps_its_first_verifier(k
     with owner.store.read() as view:
         assert [v.verified_by for v in view.candidate_verdicts(cid)] == [["owner", "again"]]
     assert ro.run(owner, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid)).recorded
-    assert ro.run(again, ro.Request(state_id=STATE, optimization_id="vectorize_global_access",
-                                    candidate_id=cid)).recorded
+    assert not ro.run(again, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid)).recorded
 
 
 def test_a_weaker_check_of_another_clients_timed_candidate_does_not_let_its_client_record_it(kb_path: Path) -> None:
@@ -140,6 +139,81 @@ def test_a_verdict_stored_before_verifiers_were_kept_stays_recordable_by_any_cli
         tx.put_candidate(CandidateRecord(candidate_id="c_0ld", problem="p", problem_hash="h",
                                          verdict=Verdict.compile_error))
     assert ro.run(anyone, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id="c_0ld")).recorded
+
+
+# ---- one candidate, one credit -------------------------------------------------------------------------
+
+OTHER_OPT = "vectorize_global_access"
+OTHER_STATE = "compute_throughput_saturated"
+
+
+def _credited(ctx: ToolContext, state: str = STATE, opt: str = OPT) -> str:
+    """A faster candidate verified by `ctx`, recorded for `opt` in `state`; returns its candidate_id."""
+    cid = _verify(ctx, f"# one fast kernel for {state} {opt}", Verdict.faster)
+    assert ro.run(ctx, ro.Request(state_id=state, optimization_id=opt, candidate_id=cid)).recorded
+    return cid
+
+
+def test_a_candidate_credited_to_one_optimization_is_refused_for_another_and_nothing_moves(kb_path: Path) -> None:
+    (agent,) = _clients(kb_path, "agent")
+    cid = _credited(agent)
+    before = agent.store.snapshot()
+    with pytest.raises(ToolError, match=rf"candidate {cid} already credits optimization '{OPT}' in state '{STATE}'"
+                                        r".*record the main change.*`analysis`.*its own candidate"):
+        ro.run(agent, ro.Request(state_id=STATE, optimization_id=OTHER_OPT, candidate_id=cid,
+                                 next_state_id=OTHER_STATE, lesson="Vectorized loads helped here as well."))
+    assert agent.store.snapshot() == before  # no score, transition, lesson or outcome of OTHER_OPT
+    with agent.store.read() as view:
+        assert [o.optimization_id for o in view.outcomes()] == [OPT]
+    # the same candidate and optimization again is still the idempotent repeat
+    again = ro.run(agent, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid))
+    assert not again.recorded and agent.store.snapshot() == before
+
+
+def test_a_second_client_that_verified_the_candidate_cannot_credit_it_to_another_optimization(
+        kb_path: Path) -> None:
+    owner, again = _clients(kb_path, "owner", "again")
+    cid = _credited(owner)
+    assert _verify(again, f"# one fast kernel for {STATE} {OPT}", Verdict.faster) == cid
+    before = again.store.snapshot()
+    with pytest.raises(ToolError, match=rf"already credits optimization '{OPT}'.*recorded by 'owner'"):
+        ro.run(again, ro.Request(state_id=STATE, optimization_id=OTHER_OPT, candidate_id=cid))
+    assert again.store.snapshot() == before and _made(again, cid) == ["owner"]
+
+
+def test_a_credited_candidate_cannot_create_an_optimization_of_its_own(kb_path: Path) -> None:
+    (agent,) = _clients(kb_path, "agent")
+    cid = _credited(agent)
+    before = agent.store.snapshot()
+    idea = ro.NewOptimization(name="Cache row max in registers",
+                              description="keep the running row maximum in a register across the tile loop")
+    with pytest.raises(ToolError, match=rf"already credits optimization '{OPT}'"):
+        ro.run(agent, ro.Request(state_id=STATE, new_optimization=idea, candidate_id=cid,
+                                 lesson="Registers beat shared memory for the row max."))
+    assert agent.store.snapshot() == before
+    assert [o.id for o in agent.store.list_optimizations() if o.origin == "agent"] == []
+
+
+def test_a_credited_candidate_cannot_be_credited_again_in_another_state(kb_path: Path) -> None:
+    (agent,) = _clients(kb_path, "agent")
+    cid = _credited(agent)
+    before = agent.store.snapshot()
+    with pytest.raises(ToolError, match=rf"already credits optimization '{OPT}' in state '{STATE}'"):
+        ro.run(agent, ro.Request(state_id=OTHER_STATE, optimization_id=OTHER_OPT, candidate_id=cid))
+    # the same optimization named with another state is the same outcome: nothing changes
+    same = ro.run(agent, ro.Request(state_id=OTHER_STATE, optimization_id=OPT, candidate_id=cid))
+    assert not same.recorded and f"in state '{STATE}'" in same.note
+    assert agent.store.snapshot() == before
+
+
+def test_a_failed_candidate_lowers_one_optimization_only(kb_path: Path) -> None:
+    (agent,) = _clients(kb_path, "agent")
+    cid = _verify(agent, "# broken", Verdict.compile_error)
+    assert ro.run(agent, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=cid)).recorded
+    before = agent.store.snapshot()
+    with pytest.raises(ToolError, match=rf"already credits optimization '{OPT}'"):
+        ro.run(agent, ro.Request(state_id=STATE, optimization_id=OTHER_OPT, candidate_id=cid))
+    assert agent.store.snapshot() == before
 
 
 # ---- the ids a request names -------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -302,6 +303,29 @@ class KBView:
         found = self.candidate_verdicts(candidate_id)
         return found[0] if found else None
 
+    def sole_candidates(self, client: str) -> list[str]:
+        """The candidates `client` alone verified (every verdict on them names it as its one verifier,
+        `CandidateRecord.verified_by`), oldest first by their newest verdict: whose kept sources are
+        that client's alone to lose. A candidate another client verified too, or one a verdict names
+        nobody for (written before verifiers were kept), is nobody's alone."""
+        newest: dict[str, datetime] = {}
+        shared: set[str] = set()
+        for doc in self._t.records["candidates"].values():  # raw: read on every verification
+            cid = doc["candidate_id"]
+            if doc.get("verified_by") != [client]:
+                shared.add(cid)
+                continue
+            when = _instant(doc.get("created_at"))
+            newest[cid] = max(newest.get(cid, when), when)
+        return sorted((c for c in newest if c not in shared), key=lambda c: (newest[c], c))
+
+    def named_candidates(self) -> set[str]:
+        """The candidates an outcome (as its candidate or its parent) or a lesson names."""
+        recs = self._t.records
+        named = {o.get(k) for o in recs["outcomes"].values() for k in ("candidate_id", "parent_candidate_id")}
+        named |= {lesson.get("candidate_id") for lesson in recs["lessons"].values()}
+        return {c for c in named if isinstance(c, str) and c}
+
     def candidate_verifiers(self, candidate_id: str) -> set[str] | None:
         """The clients whose compile_and_verify produced one of the candidate's strongest verdicts (this
         server's own, where it has any): those of the strength its outcomes are measured from. A weaker
@@ -446,3 +470,16 @@ class Transaction(KBView):
             raise ValueError(f"meta fields {sorted(reserved)} are managed by the store")
         meta = {**self._t.meta, **values}
         self._do(PutMeta(meta))
+
+
+def _instant(value: Any) -> datetime:
+    """A stored record's time (ISO text, or a datetime not yet written), comparable with any other;
+    the epoch for one that is neither."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            value = None
+    if not isinstance(value, datetime):
+        return datetime.fromtimestamp(0, timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)

@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--jobs-kept", type=int, default=d.jobs_kept,
                    help=f"newest finished job records kept (default {d.jobs_kept})")
     s.add_argument("--candidate-days", type=float, default=d.candidate_days,
-                   help="files of candidates no outcome or lesson names, older than this (default "
+                   help="files of candidates the KB does not need, older than this (default "
                         f"{d.candidate_days:g})")
     s.add_argument("--scratch-hours", type=float, default=d.scratch_hours,
                    help=f"files in a running worker's scratch folder older than this (default {d.scratch_hours:g})")

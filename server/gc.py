@@ -5,7 +5,7 @@ runs the rules and removes what they found (or only lists it, with `dry_run`). A
 leftover is adding a rule to `default_rules`.
 
 Never removed: anything a KB record points to (the sources and reports of candidates that an
-outcome or a lesson names, records still waiting to be committed), jobs that are not finished,
+outcome or a lesson names or a composition takes, records still waiting to be committed), jobs that are not finished,
 and the scratch folder of a worker process that is still running (only its old files go).
 """
 
@@ -34,7 +34,7 @@ class Retention:
 
     job_days: float = 14.0
     jobs_kept: int = 500  # newest finished job records kept whatever their age
-    candidate_days: float = 30.0  # sources and reports of candidates no outcome or lesson names
+    candidate_days: float = 30.0  # sources and reports of candidates the KB does not need
     scratch_hours: float = 6.0  # files in a running worker's scratch folder
     cache_days: float = 30.0  # build and baseline cache entries not used for this long
     cache_max_mb: float | None = None  # and the oldest beyond this total size
@@ -115,25 +115,25 @@ def job_records(ctx: GcScope, report: GcReport) -> Iterator[Item]:
 
 
 def unrecorded_candidates(ctx: GcScope, report: GcReport) -> Iterator[Item]:
-    """Sources and reports of candidates that no outcome or lesson names, older than `candidate_days`
-    (their verdict stays in the KB)."""
+    """Sources and reports of candidates the KB does not need (`tools.candidate_store.Needs`: no
+    outcome or lesson names them, no verdict of theirs waits, no composition takes them), older
+    than `candidate_days` (their verdict stays in the KB)."""
     folder = ctx.artifacts / "candidates"
     if not folder.is_dir():
         return
-    with ctx.store.read() as view:
-        referenced = {c for o in view.outcomes() for c in (o.candidate_id, o.parent_candidate_id) if c}
-        referenced |= {lesson.candidate_id for lesson in view.list_lessons() if lesson.candidate_id}
-    from kb_mcp.tools.compile_and_verify import waiting_candidate  # the one place that names waiting verdicts
+    from kb_mcp.tools.candidate_store import Needs  # the one place that decides what the KB needs
 
-    waiting = {waiting_candidate(p.name) for p in ctx.store.pending_dir.glob("*.json")}
+    with ctx.store.read() as view:
+        needs = Needs(view, ctx.store.pending_dir)
+        needed = {cid for cid in {p.name.split(".")[0] for p in folder.iterdir()} if needs.why(cid) is not None}
     for path in folder.iterdir():
         cid = path.name.split(".")[0]
-        if cid in referenced or cid in waiting:
+        if cid in needed:
             report.kept_referenced += 1
             continue
         if path.name.startswith(".") or _age_s(path, ctx.now) < ctx.limits.candidate_days * DAY_S:
             continue
-        yield Item(path, _size(path), f"candidate {cid}: no outcome or lesson names it, "
+        yield Item(path, _size(path), f"candidate {cid}: nothing in the KB needs it, "
                    f"{_age_s(path, ctx.now) / DAY_S:.0f} days old")
 
 

@@ -186,6 +186,7 @@ class CandidateDetail(BaseModel):
     record: CandidateRecord
     source: str | None = Field(None, description="the candidate's source as verified (None if not kept)")
     source_path: str | None = None
+    source_removed: str | None = Field(None, description="why the source is not kept, where it was removed")
     lineage: list[LineageStep] = Field(
         default_factory=list,
         description="from the first kernel to this candidate, each with the optimization that made it"
@@ -292,8 +293,11 @@ def candidate_detail(store: KBStore, candidates_dir: Path, candidate_id: str) ->
     children = [step(o.candidate_id, o) for o in outcomes if o.parent_candidate_id == candidate_id]
     path = candidates_dir / f"{candidate_id}.py"
     source = path.read_text() if path.is_file() else None
+    from kb_mcp.tools.candidate_store import removed_note  # the one place that says why a source went
+
     return CandidateDetail(
         record=record, source=source, source_path=str(path) if source is not None else None,
+        source_removed=removed_note(record) if source is None else None,
         lineage=lineage, children=children, outcomes=[o for o in outcomes if o.candidate_id == candidate_id],
     )
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +15,7 @@ from kb_mcp.harness.problem import Problem
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.errors import EnvironmentFault
 from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
+from kb_mcp.tools import candidate_store
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, gpu_lane_inside, harness_unavailable, no_progress
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.disclosure import private, redact, redact_model
@@ -203,7 +203,9 @@ def prepare(req: Request, files: FileAccess | None) -> tuple[Problem, str]:
 
 
 def check_options(req: Request) -> None:
-    """Raises ToolError where the request's options exceed what this server verifies under."""
+    """Raises ToolError where the request's options exceed what this server verifies under (and
+    SettingError, before anything runs, where the operator's bound on kept sources is unusable)."""
+    candidate_store.candidates_kept_per_client()
     refusal = server_caps().refusal(req.options)
     if refusal:
         raise ToolError(refusal)
@@ -237,8 +239,9 @@ def record(ctx: ToolContext, req: Request, problem: Problem, candidate: str, res
                         "once the cause is gone)")
     # who verified it: only that client may record outcomes of the candidate (`KBView.speaks_for`)
     stored = result.record(req.options).model_copy(update={"verified_by": [ctx.client_name]})
-    path = save_candidate(ctx, result, stored, candidate)
+    path = candidate_store.save_candidate(ctx.candidates_dir, result, stored, candidate)
     committed = store_verdict(ctx, stored)
+    keep_bound(ctx, path, candidate)
     strongest = ctx.store.get_candidate(stored.candidate_id) if committed else None
     standing = strongest if strongest is not None and strongest.key != stored.key else None
     out = summarize(result, stored, standing, str(path), req.detail)
@@ -256,38 +259,17 @@ def store_verdict(ctx: ToolContext, record: CandidateRecord) -> bool:
     """Stores the verdict in the KB under its verdict key: persisted first, so a busy or hung lock
     holder cannot lose it. False when it still waits for the lock (committed by the next
     transaction of any process)."""
-    return ctx.store.commit_soon(pending_key(record), lambda tx: tx.put_candidate(record), wait_s=VERDICT_LOCK_WAIT_S)
+    return ctx.store.commit_soon(candidate_store.pending_key(record), lambda tx: tx.put_candidate(record),
+                                 wait_s=VERDICT_LOCK_WAIT_S)
 
 
-PENDING_PREFIX = "candidate-"
-
-
-def pending_key(record: CandidateRecord) -> str:
-    """The name a verdict waits under for the KB lock: one per verdict key and verifier, so two clients
-    verifying the same source while the lock is busy both stay its verifiers (stored again under its
-    key, a verdict keeps the earlier ones)."""
-    who = hashlib.sha256("\0".join(record.verified_by).encode()).hexdigest()[:8]
-    return f"{PENDING_PREFIX}{record.candidate_id}.{record.options_digest}.{who}"
-
-
-def waiting_candidate(name: str) -> str | None:
-    """The candidate id of a verdict waiting under the file or key `name` (`pending_key`), else None."""
-    if not name.startswith(PENDING_PREFIX):
-        return None
-    return name.removeprefix(PENDING_PREFIX).split(".", 1)[0] or None
-
-
-def save_candidate(ctx: ToolContext, result: VerifyResult, record: CandidateRecord, source: str) -> Path:
-    """Keeps the candidate source (by candidate_id) and the full result of this run (by verdict key)
-    beside the KB."""
-    folder = ctx.candidates_dir
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{result.candidate_id}.py"
+def keep_bound(ctx: ToolContext, path: Path, source: str) -> None:
+    """The client's oldest candidate sources beyond its bound go (`candidate_store.trim`). This one's
+    source is written again if it went meanwhile: the same source verified by another client, judged
+    that client's alone just before this verdict was committed."""
+    candidate_store.trim(ctx.store, path.parent, ctx.client_name, candidate_store.candidates_kept_per_client())
     if not path.exists():
-        write_atomic(path, source)  # a reader never sees half a source
-    report = folder / f"{result.candidate_id}.{record.options_digest}.json"
-    write_atomic(report, result.model_dump_json(indent=1))  # a reader (or kb gc) never sees half a verdict
-    return path
+        write_atomic(path, source)
 
 
 def summarize(result: VerifyResult, record: CandidateRecord, standing: CandidateRecord | None, path: str,

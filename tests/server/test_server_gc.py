@@ -17,7 +17,7 @@ from kb_mcp.kb.models import CandidateRecord, Outcome, Verdict, utcnow
 from kb_mcp.kb.store import KBStore
 from kb_mcp.server import gc
 from kb_mcp.server.job_store import JobRecord, JobStore
-from kb_mcp.tools import compile_and_verify
+from kb_mcp.tools import candidate_store
 
 DAY = 86400
 
@@ -51,7 +51,7 @@ def _setup(kb_path: Path, cache: Path) -> gc.GcScope:
     store.pending_dir.mkdir(parents=True)
     waiting = CandidateRecord(candidate_id="c_pending", problem="p", problem_hash="h", verdict=Verdict.faster,
                               verified_by=["agent"])
-    (store.pending_dir / f"{compile_and_verify.pending_key(waiting)}.json").write_text("{}")
+    (store.pending_dir / f"{candidate_store.pending_key(waiting)}.json").write_text("{}")
     return gc.GcScope(store=store, artifacts=art, cache=cache, limits=gc.Retention())
 
 
@@ -139,3 +139,19 @@ def test_a_negative_retention_is_refused_and_removes_nothing(kb_path: Path, tmp_
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert f"{flags[0]} {flags[1]}: must be a number, 0 or more" in done.stderr
     assert jobs.path("j_20210101000000_dddddd").exists()  # before: -5 kept none, -1 day expired all
+
+
+def test_the_candidate_a_composition_takes_stays_however_old(kb_path: Path, tmp_path: Path) -> None:
+    ctx = _setup(kb_path, tmp_path / "cache")
+    cands = ctx.artifacts / "candidates"
+    with ctx.store.transaction() as tx:  # two standard faster verdicts on one part: a composition takes the faster
+        for cid, speedup in (("c_best", 2.0), ("c_second", 1.5)):
+            tx.put_candidate(CandidateRecord(candidate_id=cid, problem="part01", problem_hash="hp",
+                                             verdict=Verdict.faster, device="H100", arch="sm_90", time_ms=1.0,
+                                             eager_ms=speedup, speedup_vs_baseline=speedup))
+            (cands / f"{cid}.py").write_text("x" * 1000)
+            _age(cands / f"{cid}.py", 90)
+    report = gc.collect(ctx, [("unrecorded candidates", gc.unrecorded_candidates)])
+    gone = {i.path.name for i in report.removed["unrecorded candidates"]}
+    assert {"c_lonely.py", "c_second.py"} <= gone and "c_best.py" not in gone
+    assert (cands / "c_best.py").is_file()

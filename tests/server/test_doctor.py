@@ -70,6 +70,8 @@ BAD_SETTINGS = {  # each variable, a value its reader refuses, and words of that
     "KB_MCP_ATTEMPTS": ("bogus", "KB_MCP_ATTEMPTS='bogus' is not a setting"),
     "KB_MCP_LLM_TIMEOUT": ("0", "$KB_MCP_LLM_TIMEOUT='0' cannot be used"),
     "KB_MCP_SESSIONS_PER_CLIENT": ("0", "$KB_MCP_SESSIONS_PER_CLIENT='0' is not a whole number, more than 0"),
+    "KB_MCP_JOBS_KEPT_PER_CLIENT": ("-2", "$KB_MCP_JOBS_KEPT_PER_CLIENT='-2' is not a whole number, more than 0"),
+    "KB_MCP_CANDIDATES_KEPT_PER_CLIENT": ("x", "$KB_MCP_CANDIDATES_KEPT_PER_CLIENT='x' is not a whole number"),
 }
 
 

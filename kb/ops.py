@@ -1,10 +1,12 @@
 """The changes that edit a KB ("ops"), typed, and their wire form in the journal.
 
 A transaction records the ops it made; the store appends them to the journal as one line of JSON
-lists (``["put", table, key, doc]``, ``["score", state, arch, optimization, prior, row, time(,
-track)]``), and a process that replays the journal turns each list back into its op. The wire form
+lists (``["put", table, key, doc]``, ``["drop", table, key]``, ``["score", state, arch, optimization,
+prior, row, time(, track)]``), and a process that replays the journal turns each list back into its op. The wire form
 is the file format: it stays readable by earlier versions (a score op on the fp32 track is written
-without its track, as before tracks existed).
+without its track, as before tracks existed). A "drop" (a record removed: a verdict beyond its
+client's bound, `tools.candidate_store.trim`) is read only by versions that write it: an earlier one
+calls the line malformed, so every server of a shared KB is upgraded together.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from kb_mcp.kb.models import DEFAULT_TRACK, Track
 
-__all__ = ["FP32", "KBOp", "PutMeta", "PutRecord", "PutScore", "from_wire"]
+__all__ = ["FP32", "DropRecord", "KBOp", "PutMeta", "PutRecord", "PutScore", "from_wire"]
 
 FP32 = DEFAULT_TRACK.value
 RECORD_TABLES = ("states", "optimizations", "lessons", "outcomes", "transitions", "candidates")
@@ -31,6 +33,18 @@ class PutRecord:
     def wire(self) -> list[Any]:
         """The journal's form of this op."""
         return ["put", self.table, self.key, self.doc]
+
+
+@dataclass(frozen=True, slots=True)
+class DropRecord:
+    """Removes one record of `table` by its natural key (nothing when there is none)."""
+
+    table: str
+    key: str
+
+    def wire(self) -> list[Any]:
+        """The journal's form of this op."""
+        return ["drop", self.table, self.key]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +77,7 @@ class PutScore:
         return op if self.track == FP32 else [*op, self.track]
 
 
-KBOp = PutRecord | PutMeta | PutScore
+KBOp = PutRecord | DropRecord | PutMeta | PutScore
 
 
 def from_wire(op: list[Any]) -> KBOp:
@@ -76,6 +90,10 @@ def from_wire(op: list[Any]) -> KBOp:
         if op[1] not in RECORD_TABLES:
             raise ValueError(f"unknown KB table {op[1]!r}")
         return PutRecord(op[1], str(op[2]), dict(op[3]))
+    if kind == "drop":
+        if op[1] not in RECORD_TABLES:
+            raise ValueError(f"unknown KB table {op[1]!r}")
+        return DropRecord(op[1], str(op[2]))
     if kind == "score":
         track = op[7] if len(op) > 7 else FP32
         Track(track)  # an unknown track is a malformed op, not a silent new key

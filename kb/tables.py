@@ -38,7 +38,7 @@ from typing import Any
 
 from kb_mcp.kb import ids
 from kb_mcp.kb.models import ALL_ARCH, CALIBRATION_FIELDS, ChangeRun, Score, Track, calibration_terms, options_digest
-from kb_mcp.kb.ops import FP32, RECORD_TABLES, KBOp, PutMeta, PutRecord, PutScore, from_wire
+from kb_mcp.kb.ops import FP32, RECORD_TABLES, DropRecord, KBOp, PutMeta, PutRecord, PutScore, from_wire
 
 FORMAT = "kb-mcp"
 TABLES = ("meta", *RECORD_TABLES, "scores")
@@ -179,6 +179,9 @@ class Tables:
         self.verdicts_by_candidate: dict[str, list[str]] = {}
         self.outcomes_by_candidate: dict[str, list[str]] = {}  # a kernel's lineage (policy.lineage)
         self.verdicts_by_problem: dict[str, list[str]] = {}  # a problem's first kernels (policy.lineage)
+        # client -> {verdict key: candidate} of this KB's own verdicts naming that client as their one
+        # verifier: read on every verification (`KBView.sole_candidates`), so never a scan of every verdict
+        self.verdicts_by_sole_verifier: dict[str, dict[str, str]] = {}
 
     # ---- loading and saving -------------------------------------------------------------
 
@@ -232,6 +235,8 @@ class Tables:
         """Applies one change (kb.ops)."""
         if isinstance(op, PutRecord):
             self._put(op.table, op.key, op.doc)
+        elif isinstance(op, DropRecord):
+            self._drop_record(op.table, op.key)
         elif isinstance(op, PutMeta):
             self.meta = dict(op.meta)
         else:
@@ -278,6 +283,11 @@ class Tables:
         recs[key] = doc
         self._index(table, key, doc)
 
+    def _drop_record(self, table: str, key: str) -> None:
+        doc = self.records[table].pop(key, None)
+        if doc is not None:
+            self._unindex(table, key, doc)
+
     def _index(self, table: str, key: str, doc: dict[str, Any]) -> None:
         if table == "states":
             self.states_by_key.setdefault(signature_key(doc), []).append(key)
@@ -288,12 +298,20 @@ class Tables:
         elif table == "candidates":
             self.verdicts_by_candidate.setdefault(doc["candidate_id"], []).append(key)
             self.verdicts_by_problem.setdefault(doc.get("problem_hash", ""), []).append(key)
+            sole = sole_verifier(doc)
+            if sole is not None:
+                self.verdicts_by_sole_verifier.setdefault(sole, {})[key] = doc["candidate_id"]
         elif table == "outcomes":
             self.outcomes_by_candidate.setdefault(doc["candidate_id"], []).append(key)
 
     def _unindex(self, table: str, key: str, doc: dict[str, Any]) -> None:
         if table == "candidates":
             _drop(self.verdicts_by_problem, doc.get("problem_hash", ""), key)
+            sole = sole_verifier(doc)
+            if sole is not None and sole in self.verdicts_by_sole_verifier:
+                self.verdicts_by_sole_verifier[sole].pop(key, None)
+                if not self.verdicts_by_sole_verifier[sole]:
+                    del self.verdicts_by_sole_verifier[sole]
         index: dict[Any, list[str]] | None = None
         group: Any = None
         if table == "states":
@@ -324,6 +342,15 @@ def _with_earlier_verifiers(doc: dict[str, Any], earlier: dict[str, Any]) -> dic
     if not before or earlier.get("imported_from"):  # another file's clients never verified it here
         return doc
     return {**doc, "verified_by": list(dict.fromkeys([*before, *(doc.get("verified_by") or [])]))}
+
+
+def sole_verifier(doc: dict[str, Any]) -> str | None:
+    """The one client a stored verdict names as its verifier, or None: several, none (written before
+    verifiers were kept), or a verdict merged in from another KB file (its clients never verified it here)."""
+    who = doc.get("verified_by")
+    if doc.get("imported_from") or not isinstance(who, list) or len(who) != 1 or not isinstance(who[0], str):
+        return None
+    return who[0]
 
 
 def _drop(index: dict[Any, list[str]], group: Any, key: str) -> None:

@@ -32,11 +32,13 @@ from kb_mcp.kb.models import (
     Transition,
     utcnow,
 )
-from kb_mcp.kb.ops import FP32, KBOp, PutMeta, PutRecord, from_wire
-from kb_mcp.kb.tables import Tables, decode_score, score_op
+from kb_mcp.kb.ops import FP32, DropRecord, KBOp, PutMeta, PutRecord, from_wire
+from kb_mcp.kb.tables import Tables, decode_score, score_op, sole_verifier
 
 TRACK_ALARMS = "track_alarms"
 """Meta field: per "track/arch family", the level of its change detector (files without it: all 0)."""
+CANDIDATES_REMOVED = "candidates_removed"
+"""Meta field: per client, how many of its candidates' verdicts left the KB under its bound (files without it: 0)."""
 
 
 def credit_holders(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
@@ -72,7 +74,8 @@ class KBStats(BaseModel):
     flagged_outcomes: int = 0
     lessons: int = 0
     transitions: int = 0  # sum of transition counts
-    candidates: int = 0
+    candidates: int = 0  # candidates with a verdict stored
+    candidates_removed: int = 0  # candidates whose verdicts left under their client's bound
 
 
 class KBView:
@@ -304,20 +307,32 @@ class KBView:
         return found[0] if found else None
 
     def sole_candidates(self, client: str) -> list[str]:
-        """The candidates `client` alone verified (every verdict on them names it as its one verifier,
-        `CandidateRecord.verified_by`), oldest first by their newest verdict: whose kept sources are
-        that client's alone to lose. A candidate another client verified too, or one a verdict names
-        nobody for (written before verifiers were kept), is nobody's alone."""
+        """The candidates `client` alone verified (every verdict of this KB's own on them names it as its
+        one verifier, `CandidateRecord.verified_by`), oldest first by their newest verdict: whose kept
+        sources and verdicts are that client's alone to lose (`tools.candidate_store.trim`). A candidate
+        another client verified too, or one a verdict names nobody for (written before verifiers were
+        kept), is nobody's alone; verdicts merged in from another KB file are not this KB's clients' and
+        are left out. Read through an index by verifier, so its cost follows the client's own verdicts."""
+        recs = self._t.records["candidates"]
         newest: dict[str, datetime] = {}
-        shared: set[str] = set()
-        for doc in self._t.records["candidates"].values():  # raw: read on every verification
-            cid = doc["candidate_id"]
-            if doc.get("verified_by") != [client]:
-                shared.add(cid)
-                continue
-            when = _instant(doc.get("created_at"))
-            newest[cid] = max(newest.get(cid, when), when)
-        return sorted((c for c in newest if c not in shared), key=lambda c: (newest[c], c))
+        for cid in set(self._t.verdicts_by_sole_verifier.get(client, {}).values()):
+            own = [recs[k] for k in self._t.verdicts_by_candidate.get(cid, []) if not recs[k].get("imported_from")]
+            if all(sole_verifier(doc) == client for doc in own):
+                newest[cid] = max(_instant(doc.get("created_at")) for doc in own)
+        return sorted(newest, key=lambda c: (newest[c], c))
+
+    def own_verdict_keys(self, candidate_id: str) -> list[str]:
+        """The keys of this KB's own verdicts on a candidate (those merged in from another file left out)."""
+        recs = self._t.records["candidates"]
+        return [k for k in self._t.verdicts_by_candidate.get(candidate_id, []) if not recs[k].get("imported_from")]
+
+    def candidates_removed(self, client: str | None = None) -> int:
+        """How many candidates' verdicts left the KB under their client's bound (`tools.candidate_store.trim`):
+        `client`'s, or every client's when None. Kept in the meta record's CANDIDATES_REMOVED field."""
+        removed = self._t.meta.get(CANDIDATES_REMOVED) or {}
+        if client is not None:
+            return int(removed.get(client, 0))
+        return sum(int(n) for n in removed.values())
 
     def named_candidates(self) -> set[str]:
         """The candidates an outcome (as its candidate or its parent) or a lesson names."""
@@ -392,6 +407,7 @@ class KBView:
             lessons=len(recs["lessons"]),
             transitions=sum(int(d.get("count", 0)) for d in recs["transitions"].values()),
             candidates=len(self._t.verdicts_by_candidate),
+            candidates_removed=self.candidates_removed(),
         )
 
 
@@ -456,6 +472,22 @@ class Transaction(KBView):
         """Stores the server's verdict on a candidate under its verdict key (compile_and_verify does
         this): it replaces only a verdict checked with the same options on the same device."""
         self._do(PutRecord("candidates", record.key, record.model_dump(mode="json")))
+
+    def drop_verdicts(self, candidate_ids: list[str], client: str) -> int:
+        """Removes this KB's own verdicts on the candidates (every options digest; those merged in from
+        another file stay) and counts each candidate that had one as one of `client`'s removed under its
+        bound (`candidates_removed`); returns how many verdicts went. `tools.candidate_store.trim` decides which."""
+        dropped = gone = 0
+        for cid in candidate_ids:
+            keys = self.own_verdict_keys(cid)
+            for key in keys:
+                self._do(DropRecord("candidates", key))
+            dropped, gone = dropped + len(keys), gone + bool(keys)
+        if gone:
+            removed = dict(self._t.meta.get(CANDIDATES_REMOVED) or {})
+            removed[client] = int(removed.get(client, 0)) + gone
+            self.set_meta(**{CANDIDATES_REMOVED: removed})
+        return dropped
 
     def set_track_alarm(self, track: Track, family: str, level: float) -> None:
         """Stores the level of one track's and arch family's change detector (`track_alarm`)."""

@@ -162,8 +162,15 @@ def _candidate(args: argparse.Namespace, store: KBStore) -> tuple[BaseModel, Pri
 
     matches = kb_views.resolve_candidate_id(store, args.candidate_id)
     if not matches:
-        raise BrowseError(f"no candidate {args.candidate_id!r} in {store.path}; `{kb_command(store, 'kb candidates')}` "
-                          "lists them")
+        from kb_mcp.tools.candidate_store import ENV_CANDIDATES_KEPT_PER_CLIENT
+
+        with store.read() as view:
+            removed = view.candidates_removed()
+        raise BrowseError(f"no candidate {args.candidate_id!r} in {store.path}"
+                          + (f" (the verdicts of {removed} candidate(s) were removed under the per-client bound, "
+                             f"${ENV_CANDIDATES_KEPT_PER_CLIENT}: a removed one is verified again to be shown)"
+                             if removed else "")
+                          + f"; `{kb_command(store, 'kb candidates')}` lists them")
     if len(matches) > 1:
         raise BrowseError(f"{args.candidate_id!r} names {len(matches)} candidates ({', '.join(matches[:5])}...); give "
                           "more of the id")

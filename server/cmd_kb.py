@@ -282,7 +282,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
                   detail(stats.outcomes) + (f"; flagged {stats.flagged_outcomes}" if stats.flagged_outcomes else ""))
     table.add_row("lessons", str(stats.lessons), "")
     table.add_row("transitions", str(stats.transitions), "counted state-to-state moves")
-    table.add_row("candidates", str(stats.candidates), "verdicts stored by compile_and_verify")
+    table.add_row("candidates", str(stats.candidates), "verdicts stored by compile_and_verify"
+                  + (f"; {stats.candidates_removed} more removed under the per-client bound"
+                     if stats.candidates_removed else ""))
     table.add_row("schema version", str(stats.schema_version), "")
     waiting = store.pending_count()
     if waiting:

@@ -1,14 +1,18 @@
-"""Verified candidates kept beside the KB (`<artifacts>/candidates/`): each candidate's source
-(`<candidate_id>.py`) and each run's full report (`<candidate_id>.<options_digest>.json`), which of
-them the KB needs, and the bound on those it does not.
+"""Verified candidates: each candidate's source (`<artifacts>/candidates/<candidate_id>.py`), each
+run's full report (`<candidate_id>.<options_digest>.json`) and its verdicts in the KB
+(`CandidateRecord`), which of them the KB needs, and the bound on those it does not.
 
 A candidate id is content-addressed, so several clients may verify, and share, one source. Each
-client keeps the sources and reports of at most its newest `candidates_kept_per_client()` candidates
-that nothing needs (`Needs`) and that no other client verified; when one more of its candidates is
-saved, the oldest beyond that go (`trim`). Without the bound one client checking compile-only
-candidates in a loop wrote up to 1 MiB (`tools.source.MAX_SOURCE_BYTES`) every 0.2 s, for ever.
-The verdicts stay in the KB: outcomes cite them, and a removed source's page says why it is gone
-(`removed_note`). `kb-mcp kb gc` (`server.gc`) asks `Needs` too.
+client keeps the sources, reports and verdicts of at most its newest `candidates_kept_per_client()`
+candidates that nothing needs (`Needs`) and that no other client verified; when one more of its
+candidates is saved, the oldest beyond that go, files and verdicts in one locked transaction
+(`trim`). Without the bound one client checking compile-only candidates in a loop wrote up to 1 MiB
+(`tools.source.MAX_SOURCE_BYTES`) of source and some 600 B of KB (the file every server loads and
+rewrites) every 0.2 s, for ever. What the KB needs stays: outcomes cite their candidate and parent,
+lineages walk them, compositions take them. A candidate whose verdicts went is refused by name
+(`unknown_candidate`: verify it again); one whose source alone went (`kb-mcp kb gc`, which asks
+`Needs` too) shows why on its page (`removed_note`). Verdicts merged in from another KB file are
+that file's clients', never counted against this KB's: the bound leaves them.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import TYPE_CHECKING
 from kb_mcp.decomposition.assemble import best_verdict
 from kb_mcp.kb import settings
 from kb_mcp.kb.atomic import write_atomic
-from kb_mcp.kb.errors import KBLockTimeout
+from kb_mcp.kb.errors import KBConflictError, KBLockTimeout
 from kb_mcp.kb.models import CandidateRecord
 
 if TYPE_CHECKING:
@@ -32,21 +36,23 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANDIDATES_KEPT_PER_CLIENT", "ENV_CANDIDATES_KEPT_PER_CLIENT", "Needs", "candidate_files",
-    "candidates_kept_per_client", "pending_key", "removed_note", "save_candidate", "trim", "waiting_candidate",
+    "candidates_kept_per_client", "pending_key", "removed_note", "save_candidate", "trim", "unknown_candidate",
+    "waiting_candidate",
 ]
 
 log = logging.getLogger(__name__)
 
 CANDIDATES_KEPT_PER_CLIENT = 200
-"""Candidates whose sources one client keeps when nothing needs them and no other client verified
-them: about 200 x 1 MiB at the most (real sources are a few KB)."""
+"""Candidates whose sources and verdicts one client keeps when nothing needs them and no other client
+verified them: about 200 x 1 MiB of sources at the most (real sources are a few KB), and 200 x ~0.5 KB
+of verdicts per options digest in the KB."""
 ENV_CANDIDATES_KEPT_PER_CLIENT = "KB_MCP_CANDIDATES_KEPT_PER_CLIENT"
 TRIM_LOCK_WAIT_S = 2.0  # then the next saved candidate trims instead: a busy KB never delays a verdict
 _CANDIDATE_ID = re.compile(r"^c_[0-9A-Za-z_-]+$")
 
 
 def candidates_kept_per_client() -> int:
-    """How many unneeded candidate sources each client keeps (``KB_MCP_CANDIDATES_KEPT_PER_CLIENT``,
+    """How many unneeded candidates (sources and verdicts) each client keeps (``KB_MCP_CANDIDATES_KEPT_PER_CLIENT``,
     default CANDIDATES_KEPT_PER_CLIENT); SettingError for a value that is not a whole number of 1 or
     more (0 would remove a source before its client could record an outcome of it)."""
     return settings.count(ENV_CANDIDATES_KEPT_PER_CLIENT, CANDIDATES_KEPT_PER_CLIENT, positive=True)
@@ -101,8 +107,27 @@ def removed_note(record: CandidateRecord) -> str:
                 "source; it was never kept here")
     return (f"the source of {record.candidate_id} is no longer kept; its verdict stays. Sources that no outcome or "
             "lesson names, that no composition takes and that one client alone verified are kept for that client's "
-            f"newest {candidates_kept_per_client()} candidates (${ENV_CANDIDATES_KEPT_PER_CLIENT}), and removed by "
-            "`kb-mcp kb gc` once older than its --candidate-days: verify the source again to keep it")
+            f"newest {candidates_kept_per_client()} candidates (${ENV_CANDIDATES_KEPT_PER_CLIENT}; older ones go with "
+            "their verdicts), and removed by `kb-mcp kb gc` once older than its --candidate-days: verify the source "
+            "again to keep it")
+
+
+def unknown_candidate(view: KBView, candidate_id: str, client: str, what: str, fix: str) -> str:
+    """The refusal of a `candidate_id` (the request's field `what`) the KB holds no verdict on: either
+    never verified here, or one of `client`'s candidates whose verdicts left under its bound (`trim`),
+    which the KB counts per client but does not name (a list of every removed id would grow for ever).
+    `fix` says what else the caller can do."""
+    removed = view.candidates_removed(client) if client else 0
+    if not removed:
+        return f"unknown {what} {candidate_id!r}: {fix}"
+    return (
+        f"unknown {what} {candidate_id!r}: the KB holds no verdict on it. Either compile_and_verify never checked it "
+        f"here, or it is one of the {removed} candidate(s) of yours ({client!r}) whose verdicts were removed under "
+        f"the bound: each client keeps its newest {candidates_kept_per_client()} candidates that no outcome or lesson "
+        f"names, no composition takes and no other client verified (${ENV_CANDIDATES_KEPT_PER_CLIENT}); older ones "
+        "lose their source and verdicts. Verify its source again with compile_and_verify (the same source gives the "
+        f"same candidate_id), then call again. Otherwise: {fix}"
+    )
 
 
 # ---- what the KB needs --------------------------------------------------------------------------
@@ -141,26 +166,27 @@ class Needs:
 
 
 def trim(store: KBStore, folder: Path, client: str, keep: int) -> list[str]:
-    """Removes the sources and reports of `client`'s oldest candidates beyond its newest `keep` that
-    nothing needs (`Needs`) and that it alone verified (`KBView.sole_candidates`); returns their ids.
-    Decided and removed under the KB lock, so no other client's verdict on one of them lands between;
-    a lock busy past TRIM_LOCK_WAIT_S leaves them to the next candidate saved."""
-    if not client or not folder.is_dir():
+    """Removes the sources, reports and verdicts of `client`'s oldest candidates beyond its newest `keep`
+    that nothing needs (`Needs`) and that it alone verified (`KBView.sole_candidates`); returns their ids.
+    Decided and removed in one transaction under the KB lock, so no other client's verdict on one of
+    them lands between; a lock busy past TRIM_LOCK_WAIT_S leaves them to the next candidate saved."""
+    if not client:
         return []  # a verdict naming no client is nobody's alone: nothing to count it against
-    kept = {p.name.removesuffix(".py") for p in folder.glob("c_*.py")}
     try:
         with store.transaction(timeout=TRIM_LOCK_WAIT_S) as tx:
             needs = Needs(tx, store.pending_dir)
-            unneeded = [c for c in tx.sole_candidates(client) if c in kept and needs.why(c) is None]
+            unneeded = [c for c in tx.sole_candidates(client) if needs.why(c) is None]
             gone = unneeded[:max(0, len(unneeded) - keep)]  # oldest first
-            for cid in gone:
+            tx.drop_verdicts(gone, client)
+            for cid in gone:  # a source whose removal fails keeps its verdict: the transaction is not committed
                 for path in candidate_files(folder, cid):
                     path.unlink(missing_ok=True)
     except KBLockTimeout:
         return []
-    except OSError as exc:  # a full or read-only disk: the next saved candidate tries again
-        log.warning("could not remove old candidate sources of %s in %s: %s", client, folder, exc)
+    except (OSError, KBConflictError) as exc:  # a full disk, a lock file deleted: the next saved candidate tries again
+        log.warning("could not remove old candidates of %s in %s: %s", client, folder, exc)
         return []
     if gone:
-        log.info("removed the sources of %d candidate(s) of %s beyond its newest %d", len(gone), client, keep)
+        log.info("removed the sources and verdicts of %d candidate(s) of %s beyond its newest %d",
+                 len(gone), client, keep)
     return gone

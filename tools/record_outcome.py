@@ -36,6 +36,7 @@ from kb_mcp.policy.update import (
     track_alarm_after,
     track_alarmed,
 )
+from kb_mcp.tools import candidate_store
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 
@@ -324,11 +325,10 @@ def _checked_candidate(tx: Transaction, req: Request, client: str) -> CandidateR
             "compile_and_verify, then record the outcome."
         )
     if cand is None:
-        raise ToolError(
-            f"unknown candidate_id {req.candidate_id!r}: only candidates checked by compile_and_verify on this KB "
-            "can be recorded. Call compile_and_verify with the candidate source and use the candidate_id it "
-            "returns."
-        )
+        raise ToolError(candidate_store.unknown_candidate(
+            tx, req.candidate_id, client, "candidate_id",
+            "only candidates checked by compile_and_verify on this KB can be recorded. Call compile_and_verify with "
+            "the candidate source and use the candidate_id it returns."))
     if not tx.speaks_for(cand.candidate_id, client):
         on = f" on {cand.device}" if cand.device else ""
         raise ToolError(
@@ -339,11 +339,10 @@ def _checked_candidate(tx: Transaction, req: Request, client: str) -> CandidateR
             "options" + (" on a GPU" if cand.device else "") + "."
         )
     if req.parent_candidate_id is not None and not tx.candidate_verdicts(req.parent_candidate_id):
-        raise ToolError(
-            f"unknown parent_candidate_id {req.parent_candidate_id!r}: a parent must be a candidate compile_and_verify "
-            "checked on this KB. Pass the candidate_id it returned for the kernel you started from, or omit it "
-            "(the speedup is then measured over eager PyTorch)."
-        )
+        raise ToolError(candidate_store.unknown_candidate(
+            tx, req.parent_candidate_id, client, "parent_candidate_id",
+            "a parent must be a candidate compile_and_verify checked on this KB. Pass the candidate_id it returned "
+            "for the kernel you started from, or omit it (the speedup is then measured over eager PyTorch)."))
     refusal = ineligible(cand)
     if refusal:
         raise ToolError(refusal)

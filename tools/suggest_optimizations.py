@@ -23,6 +23,7 @@ from kb_mcp.policy.select import (
     posterior,
     select_top_k,
 )
+from kb_mcp.tools import candidate_store
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 
@@ -250,10 +251,10 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
         lineage: list[str] = []
         if req.candidate_id is not None:
             if view.get_candidate(req.candidate_id) is None:
-                raise ToolError(
-                    f"unknown candidate_id {req.candidate_id!r}: pass the candidate_id compile_and_verify returned for "
-                    "the kernel you are optimizing, or omit it (nothing is then excluded by lineage)"
-                )
+                raise ToolError(candidate_store.unknown_candidate(
+                    view, req.candidate_id, ctx.client_name, "candidate_id",
+                    "pass the candidate_id compile_and_verify returned for the kernel you are optimizing, or omit it "
+                    "(nothing is then excluded by lineage)"))
             lineage = lineage_optimizations(view, req.candidate_id)
         pool = view.candidates(state.id, family, req.track)
         shown = _shown_pool(view, pool)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kb_mcp.kb.ops import PutMeta, PutRecord, PutScore, from_wire
+from kb_mcp.kb.ops import DropRecord, PutMeta, PutRecord, PutScore, from_wire
 from kb_mcp.kb.tables import Tables
 
 ROW = [0.4, 0.01, 2, 3, 2, 1, 0, "2026-01-01T00:00:00+00:00"]
@@ -13,11 +13,12 @@ ROW = [0.4, 0.01, 2, 3, 2, 1, 0, "2026-01-01T00:00:00+00:00"]
 
 @pytest.mark.parametrize("op", [
     PutRecord("states", "s1", {"id": "s1"}),
+    DropRecord("candidates", "c_1/abc"),
     PutMeta({"format": "kb-mcp", "schema_version": 1}),
     PutScore("s1", "hopper", "o1", [0.1, 1.0], ROW, "2026-01-01T00:00:00+00:00"),
     PutScore("s1", "*", "o1", [0.0, 1.0], None, "2026-01-01T00:00:00+00:00", "bf16"),
 ])
-def test_ops_round_trip_through_the_wire(op: PutRecord | PutMeta | PutScore) -> None:
+def test_ops_round_trip_through_the_wire(op: PutRecord | DropRecord | PutMeta | PutScore) -> None:
     assert from_wire(op.wire()) == op
 
 
@@ -32,6 +33,7 @@ def test_the_wire_form_is_the_journal_format() -> None:
 @pytest.mark.parametrize(("wire", "error"), [
     (["del", "states", "s1"], "unknown KB change 'del'"),
     (["put", "no_such_table", "k", {}], "unknown KB table 'no_such_table'"),
+    (["drop", "meta", "meta"], "unknown KB table 'meta'"),
     (["score", "s", "*", "o", [0.0, 1.0], None, "t", "fp8"], "fp8"),
 ])
 def test_what_is_not_an_op_is_refused(wire: list, error: str) -> None:
@@ -48,3 +50,16 @@ def test_tables_apply_typed_ops_and_replay_wire_ones() -> None:
     replayed.replay([op.wire() for op in ops])
     assert typed.records == replayed.records and typed.scores == replayed.scores
     assert typed.states_by_key == {"memory/-": ["s1"]}
+
+
+def test_a_dropped_verdict_leaves_the_tables_and_every_index_replayed_or_not() -> None:
+    typed, replayed = Tables(), Tables()
+    verdict = {"candidate_id": "c_1", "problem_hash": "h", "verified_by": ["alice"], "options": {}}
+    ops = [PutRecord("candidates", "c_1/k", verdict), DropRecord("candidates", "c_1/k"),
+           DropRecord("candidates", "c_2/k")]  # dropping what is not there changes nothing
+    for op in ops:
+        typed.apply(op)
+    replayed.replay([op.wire() for op in ops])
+    for tables in (typed, replayed):
+        assert tables.records["candidates"] == {}
+        assert tables.verdicts_by_candidate == tables.verdicts_by_problem == tables.verdicts_by_sole_verifier == {}

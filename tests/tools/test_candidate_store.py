@@ -1,10 +1,14 @@
-"""The sources and reports kept of verified candidates (tools.candidate_store): each client keeps at
-most its newest few that nothing needs, and never loses one an outcome names, one another client
-verified too, one a composition takes; another client's stay. Real KB files, the real tools (a real
-compile-only check with nvcc), a real decomposition."""
+"""The sources, reports and verdicts kept of verified candidates (tools.candidate_store): each client
+keeps at most its newest few that nothing needs, and never loses one an outcome names, one another
+client verified too, one a composition takes; another client's stay, and so do verdicts merged in
+from another KB file. Real KB files (their bytes measured), the real tools (a real compile-only check
+with nvcc), a real decomposition, the real CLI."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,10 +18,15 @@ from kb_mcp.harness.judgment.findings import Timings
 from kb_mcp.harness.judgment.verdict import CompileResult, InputSetCheck, VerifyResult
 from kb_mcp.harness.problem import Problem, candidate_id, load_problem, parse_problem
 from kb_mcp.kb.errors import SettingError
+from kb_mcp.kb.interchange import merge_kb
 from kb_mcp.kb.models import Verdict
-from kb_mcp.server import kb_views
+from kb_mcp.kb.store import KBStore
+from kb_mcp.policy import update
+from kb_mcp.server import gc, kb_views
 from kb_mcp.tools import candidate_store, compile_and_verify, decompose_problem
 from kb_mcp.tools import record_outcome as ro
+from kb_mcp.tools import suggest_optimizations as so
+from kb_mcp.tools.base import ToolError
 from kb_mcp.tools.context import ToolContext
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +73,18 @@ def _kept(ctx: ToolContext) -> set[str]:
     return {p.name.removesuffix(".py") for p in ctx.candidates_dir.glob("c_*.py")}
 
 
+def _verdicts(ctx: ToolContext) -> set[str]:
+    """The candidates the KB holds a verdict on, read afresh from the file by another store."""
+    with KBStore.open(ctx.kb_path).read() as view:
+        return {r.candidate_id for r in view.list_candidates()}
+
+
+def _kb_bytes(ctx: ToolContext) -> int:
+    """The KB file's size once its journal is folded into it (what every server loads)."""
+    ctx.store.compact()
+    return ctx.kb_path.stat().st_size
+
+
 def _flood(ctx: ToolContext, tag: str, n: int = KEEP + 2) -> list[str]:
     return [_store(ctx, f"# {tag} {i}\n{NVRTC}") for i in range(n)]
 
@@ -81,8 +102,7 @@ def test_a_client_checking_more_compile_only_candidates_than_its_bound_keeps_onl
     assert _kept(alice) == set(ids[-KEEP:])
     names = {p.name.split(".")[0] for p in alice.candidates_dir.iterdir()}
     assert names == set(ids[-KEEP:])  # the reports of the removed ones went with their sources
-    for cid in ids:  # every verdict stays in the KB
-        assert alice.store.get_candidate(cid) is not None
+    assert _verdicts(alice) == set(ids[-KEEP:])  # and their verdicts left the KB
 
 
 def test_a_source_an_outcome_names_survives_the_bound(clients: tuple[ToolContext, ToolContext]) -> None:
@@ -157,13 +177,132 @@ def test_compose_still_finds_the_part_candidate_it_takes_after_the_bound(
 
 
 def test_a_removed_sources_candidate_page_says_it_was_removed_and_why(
-        clients: tuple[ToolContext, ToolContext]) -> None:
+        clients: tuple[ToolContext, ToolContext], tmp_path: Path) -> None:
     alice, _ = clients
-    first, *rest = _flood(alice, "page")
-    assert first not in _kept(alice)
-    gone = kb_views.candidate_detail(alice.store, alice.candidates_dir, first)
-    assert gone is not None and gone.source is None and gone.record.candidate_id == first
+    kept = _flood(alice, "page", KEEP)
+    limits = gc.Retention(candidate_days=0)  # kb gc takes the unneeded sources; their verdicts stay
+    gc.collect(gc.GcScope(store=alice.store, artifacts=alice.artifacts_dir, cache=tmp_path / "cache", limits=limits),
+               [("unrecorded candidates", gc.unrecorded_candidates)])
+    gone = kb_views.candidate_detail(alice.store, alice.candidates_dir, kept[0])
+    assert gone is not None and gone.source is None and gone.record.candidate_id == kept[0]
     assert gone.source_removed and "no longer kept" in gone.source_removed
     assert candidate_store.ENV_CANDIDATES_KEPT_PER_CLIENT in gone.source_removed
-    kept = kb_views.candidate_detail(alice.store, alice.candidates_dir, rest[-1])
-    assert kept is not None and kept.source and kept.source_removed is None
+    fresh = _store(alice, "# verified again\n" + NVRTC)
+    shown = kb_views.candidate_detail(alice.store, alice.candidates_dir, fresh)
+    assert shown is not None and shown.source and shown.source_removed is None
+
+
+def test_the_page_of_a_candidate_removed_under_the_bound_says_so(clients: tuple[ToolContext, ToolContext]) -> None:
+    alice, _ = clients
+    first, *_ = _flood(alice, "page")
+    assert kb_views.candidate_detail(alice.store, alice.candidates_dir, first) is None
+    cli = [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(alice.kb_path), "kb", "candidate", first]
+    got = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert got.returncode != 0 and "Traceback" not in got.stderr
+    said = " ".join((got.stdout + got.stderr).split())
+    assert "removed under the per-client bound" in said and candidate_store.ENV_CANDIDATES_KEPT_PER_CLIENT in said
+
+
+def test_a_client_beyond_its_bound_keeps_only_its_newest_verdicts_and_the_kb_file_stops_growing(
+        clients: tuple[ToolContext, ToolContext]) -> None:
+    alice, _ = clients
+    first = _flood(alice, "warm", KEEP + 5)
+    before = _kb_bytes(alice)
+    later = _flood(alice, "loop", 60)
+    after = _kb_bytes(alice)
+    assert _verdicts(alice) == set(later[-KEEP:])  # every options digest of the older ones went
+    assert not set(first) & _verdicts(alice)
+    # only the count of removed candidates grew (a few digits): 60 more verdicts would be ~30 KB
+    assert after - before < 64, (before, after)
+    stats = alice.store.stats()
+    assert stats.candidates == KEEP and stats.candidates_removed == KEEP + 5 + 60 - KEEP
+
+
+def test_every_options_digest_of_a_removed_candidate_goes(clients: tuple[ToolContext, ToolContext]) -> None:
+    alice, _ = clients
+    source = "# two digests\n" + NVRTC
+    old = _store(alice, source)
+    _store(alice, source, Verdict.faster)  # the same source on a GPU: a second verdict key
+    with alice.store.read() as view:
+        assert len(view.candidate_verdicts(old)) == 2
+    best = _store(alice, "# newer and as fast\n" + NVRTC, Verdict.faster)  # what a composition takes now
+    flood = _flood(alice, "after")
+    assert _verdicts(alice) == {best, *flood[-KEEP:]}
+
+
+def test_needed_candidates_keep_their_verdicts_beyond_the_bound(
+        clients: tuple[ToolContext, ToolContext]) -> None:
+    alice, bob = clients
+    parent = _store(alice, "# parent\n" + NVRTC, Verdict.faster)
+    child = _store(alice, "# child\n" + NVRTC, Verdict.faster)
+    ro.run(alice, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=child, parent_candidate_id=parent))
+    shared = _store(alice, "# shared\n" + NVRTC)
+    _store(bob, "# shared\n" + NVRTC)
+    bobs = _flood(bob, "bob", KEEP)
+    flood = _flood(alice, "later")
+    assert _verdicts(alice) == {parent, child, shared, *bobs, *flood[-KEEP:]}
+    # the outcome still reads its candidate's and parent's verdicts: its lineage is whole
+    with alice.store.read() as view:
+        assert view.own_candidate(child) is not None and view.own_candidate(parent) is not None
+
+
+def test_the_candidate_a_composition_takes_keeps_its_verdict(
+        clients: tuple[ToolContext, ToolContext], tmp_path: Path) -> None:
+    alice, _ = clients
+    (tmp_path / "mlp.py").write_text(MODEL)
+    req = decompose_problem.Request(problem=str(tmp_path / "mlp.py"), out_dir="parts", compose=True, verify=False)
+    out = Path(decompose_problem.run(alice, req).out_dir)
+    part_file = next(p for p in sorted((out / "parts").glob("part*.py")) if "relu" in p.read_text())
+    part = parse_problem(part_file.read_text(), name=part_file.stem)
+    own = part_file.read_text().replace("class Model(", "class ModelNew(").replace("torch.relu(", "torch.relu_(")
+    best = _store(alice, own, Verdict.faster, part)
+    flood = [_store(alice, f"# try {i}\n{own}", Verdict.needs_gpu, part) for i in range(KEEP + 2)]
+    assert _verdicts(alice) == {best, *flood[-KEEP:]}
+
+
+def test_verdicts_merged_in_from_another_kb_file_are_not_counted_against_a_client(
+        clients: tuple[ToolContext, ToolContext], tmp_path: Path) -> None:
+    alice, _ = clients
+    other = ToolContext(tmp_path / "other" / "kb.json", client_name="alice")  # the same name, another KB
+    try:
+        merged = [_store(other, f"# theirs {i}\n{NVRTC}") for i in range(KEEP)]
+    finally:
+        other.close()
+    merge_kb(alice.store, tmp_path / "other" / "kb.json", update)
+    flood = _flood(alice, "mine")
+    assert _verdicts(alice) == {*merged, *flood[-KEEP:]}
+
+
+def test_recording_an_outcome_of_a_candidate_removed_under_the_bound_is_refused_saying_so(
+        clients: tuple[ToolContext, ToolContext]) -> None:
+    alice, _ = clients
+    parent = _store(alice, "# parent\n" + NVRTC)
+    old, *_ = _flood(alice, "old")
+    with pytest.raises(ToolError) as refused:
+        ro.run(alice, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=old))
+    said = str(refused.value)
+    assert old in said and "removed under the bound" in said and "Verify its source again" in said
+    assert candidate_store.ENV_CANDIDATES_KEPT_PER_CLIENT in said
+    assert parent not in _verdicts(alice)  # the would-be parent went too: refused the same way
+    child = _store(alice, "# child\n" + NVRTC, Verdict.faster)
+    with pytest.raises(ToolError, match="parent_candidate_id .*removed under the bound"):
+        ro.run(alice, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=child, parent_candidate_id=parent))
+    with pytest.raises(ToolError, match="removed under the bound"):
+        so.run(alice, so.Request(state_id=STATE, candidate_id=old))
+    # verified again, it is known again and can be recorded
+    assert _store(alice, "# parent\n" + NVRTC, Verdict.faster) == parent
+    assert ro.run(alice, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=parent)).recorded
+
+
+def test_kb_stats_count_the_kept_verdicts_and_those_removed_under_the_bound(
+        clients: tuple[ToolContext, ToolContext]) -> None:
+    alice, bob = clients
+    _flood(alice, "alice", KEEP + 3)
+    _flood(bob, "bob", KEEP)
+    cli = [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(alice.kb_path), "kb", "stats"]
+    got = subprocess.run([*cli, "--json"], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    stats = json.loads(got.stdout)["stats"]
+    assert stats["candidates"] == 2 * KEEP and stats["candidates_removed"] == 3
+    table = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert "3 more removed under the per-client bound" in table.stdout

@@ -8,7 +8,6 @@ reads inside the transaction see them, and written to disk when the transaction 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -33,29 +32,13 @@ from kb_mcp.kb.models import (
     utcnow,
 )
 from kb_mcp.kb.ops import FP32, DropRecord, KBOp, PutMeta, PutRecord, from_wire
+from kb_mcp.kb.provenance import credit_holders
 from kb_mcp.kb.tables import Tables, decode_score, score_op, sole_verifier
 
 TRACK_ALARMS = "track_alarms"
 """Meta field: per "track/arch family", the level of its change detector (files without it: all 0)."""
 CANDIDATES_REMOVED = "candidates_removed"
 """Meta field: per client, how many of its candidates' verdicts left the KB under its bound (files without it: 0)."""
-
-
-def credit_holders(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
-    """For each candidate, the outcome that holds its credit: the first recorded for it (the oldest;
-    of two recorded at once, the one stored first).
-
-    One candidate's measurement moves the KB's scores once: the outcome holding its credit is the
-    only one of it whose speedup credits a score, bumps a transition, keeps a lesson or vouches for
-    an agent-made optimization. `record_outcome` refuses to record the candidate for another
-    (state, optimization), and a merge leaves out another file's outcomes of a candidate whose credit
-    another outcome holds (and takes them out of that file's scores), so one fast kernel cannot lift
-    every optimization it is recorded against.
-    """
-    found: dict[str, Outcome] = {}
-    for outcome in sorted(outcomes, key=lambda o: o.created_at):  # stable: ties keep their stored order
-        found.setdefault(outcome.candidate_id, outcome)
-    return found
 
 
 class KBStats(BaseModel):

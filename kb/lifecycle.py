@@ -214,7 +214,8 @@ def restore_kb(kb_path: Path, backup: Path | None = None, *, lock_timeout: float
     journal_path = kb_path.with_name(kb_path.name + ".journal")
     mode, gid = mode_of(kb_path if kb_path.exists() else backup)
     aside: list[Path] = []
-    with KBLock(kb_path, lock_timeout, mode=mode).held():
+    lock = KBLock(kb_path, lock_timeout, mode=mode)
+    with lock.held(), lock.writing():
         keep_journal = _journal_continues(tables, journal_path)
         stamp = _stamp()
         try:
@@ -280,7 +281,8 @@ def repair_kb(kb_path: Path, *, output: Path | None = None, dry_run: bool = Fals
     journal_path = kb_path.with_name(kb_path.name + ".journal")
     report = RepairReport(kb_path, output or kb_path, dry_run=dry_run)
     mode, gid = mode_of(kb_path)
-    with KBLock(kb_path, lock_timeout, mode=mode).held():
+    lock = KBLock(kb_path, lock_timeout, mode=mode)
+    with lock.held(), lock.writing():
         if not kb_path.exists():
             raise KBFileError(f"no KB file at {kb_path}", where=kb_path,
                               action=f"restore a backup (`kb-mcp --kb {kb_path} kb restore`): repair needs the KB "

@@ -7,11 +7,20 @@ host, command, since when, from the holder file written beside the lock) and say
 to delete the lock file: deleting it lets the next writer lock a new file while the holder still
 writes. The holder checks before every write that the lock file it locked is still the one at the
 path (`assert_held`), and refuses to write when it is not.
+
+That check alone leaves a window: a lock file deleted just after it passed lets a second writer in
+while the first still writes, and a journal line the second acknowledged could be dropped by the
+first's compaction (which empties the journal). So each write (`writing`: one journal append, or a
+compaction from its check of the journal to emptying it) also holds a short `flock` on the KB's
+folder, which no one deletes while the KB is in it, and makes its check inside: writes never
+interleave, and only the holder of the lock file now at the path writes at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import socket
@@ -32,6 +41,7 @@ from kb_mcp.kb.owners import process_alive
 ENV_LOCK_TIMEOUT = "KB_MCP_LOCK_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
 _HOLDER_BYTES = 512  # the holder record, padded: every write covers the last one whole
+_GATE_POLL_S = 0.002  # between tries of the folder's flock (held for one write: milliseconds)
 
 
 def default_timeout() -> float:
@@ -75,6 +85,41 @@ class KBLock:
         finally:
             self._held.identity = None
             self._lock.release()
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Holds the KB folder's write gate for one write and checks inside it that the lock is still
+        this process's (`assert_held`). Callers hold the lock (`held`); KBLockTimeout if the gate stays
+        busy as long as the lock's timeout, KBConflictError if the lock file was deleted or replaced."""
+        gate = self._take_gate()
+        try:
+            self.assert_held()
+            yield
+        finally:
+            if gate is not None:
+                os.close(gate)  # releases the flock
+
+    def _take_gate(self) -> int | None:
+        """The flocked descriptor of the KB's folder; None where the folder cannot be opened or flocked
+        (e.g. NFS refuses an exclusive flock on a read-only descriptor): the lock and the journal's own
+        checks then stand alone, as they did before the gate."""
+        try:
+            fd = os.open(self.kb_path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:
+            return None
+        started = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    return None
+            if time.monotonic() - started > self.timeout:
+                os.close(fd)
+                raise self.timeout_error(time.monotonic() - started)
+            time.sleep(_GATE_POLL_S)
 
     def assert_held(self) -> None:
         """Raises KBConflictError unless the lock file at the path is still the one this process locked."""

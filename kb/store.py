@@ -95,7 +95,7 @@ class KBStore(KBFiles):
             raise storage_error(exc, "create the KB's folder", self.path.parent) from exc
         self._mode, self._gid = mode, gid
         self.lock = KBLock(self.path, self.lock.timeout, mode=mode)
-        with self._locked(), self._mutex:
+        with self._locked(), self._mutex, self.lock.writing():
             if has_content(self.path):
                 return False  # another process created it while we waited for the lock
             from kb_mcp.kb.seed import seed_tables

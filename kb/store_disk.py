@@ -257,7 +257,10 @@ class KBFiles:
 
     def _append(self, seq: int, ops: list[KBOp]) -> None:
         """Appends transaction `seq` to the journal, durably (the caller holds the KB lock)."""
-        self.lock.assert_held()
+        with self.lock.writing():
+            self._append_line(seq, ops)
+
+    def _append_line(self, seq: int, ops: list[KBOp]) -> None:
         try:
             end, ino = journal.append_entry(self.journal_path, Entry(seq, [op.wire() for op in ops]), self._j_offset,
                                             expected_ino=self._j_ino, mode=self._mode)
@@ -298,15 +301,22 @@ class KBFiles:
             self._tables = None
             raise storage_error(exc, "write the KB file", self.path) from exc
         try:
-            self.lock.assert_held()
-            self._assert_journal_unchanged()
-            os.replace(tmp, self.path)
-        except BaseException as exc:
-            tmp.unlink(missing_ok=True)
-            self._tables = None
-            if isinstance(exc, OSError):
-                raise storage_error(exc, "replace the KB file", self.path) from exc
+            # one write from the journal's check to its emptying: no other writer's line can come between
+            with self.lock.writing():
+                return self._install_base(tmp, seq)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # nothing to do once it replaced the file
+            self._tables = None  # re-read from the files what this compaction left there
             raise
+
+    def _install_base(self, tmp: Path, seq: int) -> OSError | None:
+        """Moves the compacted file `tmp` (holding transactions up to `seq`) over the KB file, keeps its
+        backup and empties the journal (the caller holds the write gate, `KBLock.writing`)."""
+        self._assert_journal_unchanged()
+        try:
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            raise storage_error(exc, "replace the KB file", self.path) from exc
         journal.fsync_dir(self.path.parent)
         self._base_id = FileId.of(self.path)
         self._base_seq = seq  # the journal's lines, all folded now, are skipped by every reader
@@ -322,8 +332,7 @@ class KBFiles:
             return exc
         try:
             journal.reset(self.journal_path, self._mode, self._gid)
-        except OSError as exc:
-            self._tables = None  # re-read from the file; the journal's lines are all folded into it
+        except OSError as exc:  # the cache is re-read from the file; the journal's lines are all folded into it
             raise storage_error(exc, "empty the KB journal", self.journal_path) from exc
         jid = FileId.of(self.journal_path)
         self._j_ino = jid.ino if jid else None

@@ -7,15 +7,24 @@
                                                 line on stdin; print "committed" or "refused"
     python kb_worker.py chaos KB PREFIX         like churn, with its own ids, printing "conflict" when a
                                                 transaction is refused (it is then tried again)
+    python kb_worker.py put KB ID               put candidate ID in one transaction; print "in" inside it,
+                                                then "committed" or "refused"
+    python kb_worker.py fold-stall KB STEP      put c_folder in a transaction that compacts the KB, stopping at
+                                                STEP of the compaction ("replace": the KB file, "reset": the
+                                                journal) until a line on stdin; "paused", then as put
     python kb_worker.py verdicts KB PREFIX N T  store N verdicts through compile_and_verify.record from T
                                                 threads at once, each thread storing all N (the same keys)
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from types import FrameType
+from typing import Any
 
+from kb_mcp.kb import journal
 from kb_mcp.kb.errors import KBConflictError
 from kb_mcp.kb.models import CandidateRecord, Score, Verdict
 from kb_mcp.kb.store import KBStore
@@ -100,6 +109,35 @@ def chaos(kb: str, prefix: str) -> None:
         i += 1
 
 
+def put(store: KBStore, candidate_id: str) -> None:
+    try:
+        with store.transaction() as tx:
+            tx.put_candidate(CandidateRecord(candidate_id=candidate_id, problem="p", problem_hash="h",
+                                             verdict=Verdict.slower))
+            print("in", flush=True)
+    except KBConflictError:
+        print("refused", flush=True)
+    else:
+        print("committed", flush=True)
+
+
+def fold_stall(kb: str, step: str) -> None:
+    """`put` of c_folder with a compaction after its journal line, stopped just before the compaction
+    replaces the KB file (`replace`) or empties the journal (`reset`): the real code, paused at that call."""
+    store = KBStore.open(kb, compact_min_bytes=0, compact_fraction=0.0)  # every transaction compacts
+
+    def pause(frame: FrameType, event: str, arg: Any) -> None:
+        at_replace = event == "c_call" and arg is os.replace and frame.f_globals["__name__"].endswith("store_disk")
+        at_reset = event == "call" and frame.f_code is journal.reset.__code__
+        if (at_replace and step == "replace") or (at_reset and step == "reset"):
+            sys.setprofile(None)
+            print("paused", flush=True)
+            sys.stdin.readline()
+
+    sys.setprofile(pause)
+    put(store, "c_folder")
+
+
 def verdicts(kb: str, prefix: str, n: int, threads: int) -> None:
     # imported here: the other commands need only the store
     from concurrent.futures import ThreadPoolExecutor
@@ -137,6 +175,10 @@ def store_verdicts(ctx: object, prefix: str, n: int) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "verdicts":
         verdicts(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    elif sys.argv[1] == "put":
+        put(KBStore.open(sys.argv[2]), sys.argv[3])
+    elif sys.argv[1] == "fold-stall":
+        fold_stall(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "stall":
         stall(sys.argv[2])
     elif sys.argv[1] == "chaos":

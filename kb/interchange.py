@@ -7,7 +7,7 @@ shape is `kb.reference_kb`'s).
 * `merge_kb` pools another kb-mcp file into the store. Statistics are pooled exactly (Welford's
   parallel combination), and history both files share is counted once: outcomes have
   deterministic ids, so the outcomes present in both files are taken out of the other file's
-  scores before pooling. One candidate's measurement moves scores once (`kb.provenance.credit_holders`):
+  scores before pooling. One candidate's measurement moves scores once (`kb.view.credit_holders`):
   the other file's outcomes of a candidate whose credit an outcome here or an earlier one there holds
   are left out (with their lessons), and taken out of that file's scores and moves as shared ones are.
   Records missing here (states, optimizations, lessons, outcomes,
@@ -48,10 +48,9 @@ from kb_mcp.kb.models import (
     Transition,
     Verdict,
 )
-from kb_mcp.kb.provenance import credit_holders
 from kb_mcp.kb.store import KBFileError, KBStore
 from kb_mcp.kb.tables import FORMAT, Tables, decode_score
-from kb_mcp.kb.view import Transaction
+from kb_mcp.kb.view import Transaction, credit_holders
 
 REFERENCE_WEIGHT_PER_CONFIDENCE = 4.0
 """A reference entry with confidence_score 1.0 counts as 4 pseudo-samples of prior."""
@@ -310,7 +309,7 @@ def _within_bounds(score: Score, rule: ScoreRule) -> Score:
 
 def _left_out(tx: Transaction, theirs: list[Outcome], mine_outcomes: set[str]) -> list[Outcome]:
     """The other file's outcomes (not held here) of a candidate whose credit another outcome holds
-    (`kb.provenance.credit_holders`): here, or earlier in that file. One candidate's measurement moves scores once."""
+    (`kb.view.credit_holders`): here, or earlier in that file. One candidate's measurement moves scores once."""
     first = credit_holders(theirs)
     found = []
     for o in theirs:

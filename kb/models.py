@@ -34,8 +34,8 @@ from kb_mcp.kb.vocabulary import (
 # The vocabulary (`kb.vocabulary`) is importable from here, with the records built on it.
 __all__ = [
     "ALL_ARCH", "CALIBRATION_FIELDS", "CALIBRATION_ROBUST_SCALE", "CandidateRecord", "ChangeRun", "ClientRates",
-    "ClientStats", "Count", "DEFAULT_MODE", "DEFAULT_TRACK", "Finite", "Lesson", "MAX_COUNT", "MetricRange", "Mode",
-    "NonNegative", "Optimization", "Outcome", "PRE_RUN_VERDICTS", "Primary", "SCHEMA_VERSION", "SECONDARY_OF",
+    "ClientStats", "Count", "DEFAULT_MODE", "DEFAULT_TRACK", "Finite", "KBStats", "Lesson", "MAX_COUNT", "MetricRange",
+    "Mode", "NonNegative", "Optimization", "Outcome", "PRE_RUN_VERDICTS", "Primary", "SCHEMA_VERSION", "SECONDARY_OF",
     "Score", "ScoreStats", "Secondary", "Signature", "State", "Strength", "Track", "Transition", "Verdict",
     "calibration_terms", "options_digest", "utcnow"
 ]
@@ -452,3 +452,23 @@ class CandidateRecord(BaseModel):
     def order(self) -> tuple[int, datetime]:
         """Sort key: the strongest verdict last, the newest among equals."""
         return (self.strength.rank, self.created_at)
+
+
+class KBStats(BaseModel):
+    """Sizes and activity of a KB, for `kb-mcp kb stats` and the `kb://stats` resource."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int
+    states: dict[str, int] = Field(default_factory=dict)  # by origin
+    optimizations: dict[str, int] = Field(default_factory=dict)  # by origin
+    scores: int = 0
+    measured_scores: int = 0  # scores with at least one recorded outcome
+    arch_families: list[str] = Field(default_factory=list)
+    tracks: list[str] = Field(default_factory=list)  # precision tracks holding scores
+    outcomes: dict[str, int] = Field(default_factory=dict)  # by verdict
+    flagged_outcomes: int = 0
+    lessons: int = 0
+    transitions: int = 0  # sum of transition counts
+    candidates: int = 0  # candidates with a verdict stored
+    candidates_removed: int = 0  # candidates whose verdicts left under their client's bound

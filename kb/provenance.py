@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from kb_mcp.kb.models import Lesson, Optimization, Outcome
@@ -118,20 +117,3 @@ def quote(text: str, *, author: str, source: str, outcome_id: str | None = None)
     if outcome_id:
         origin += f", outcome {outcome_id}"
     return f"[untrusted KB content from {_escape_unseen(origin)}] {quoted_json(text)}"
-
-
-def credit_holders(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
-    """For each candidate, the outcome that holds its credit: the first recorded for it (the oldest;
-    of two recorded at once, the one stored first).
-
-    One candidate's measurement moves the KB's scores once: the outcome holding its credit is the
-    only one of it whose speedup credits a score, bumps a transition, keeps a lesson or vouches for
-    an agent-made optimization. `record_outcome` refuses to record the candidate for another
-    (state, optimization), and a merge leaves out another file's outcomes of a candidate whose credit
-    another outcome holds (and takes them out of that file's scores), so one fast kernel cannot lift
-    every optimization it is recorded against.
-    """
-    found: dict[str, Outcome] = {}
-    for outcome in sorted(outcomes, key=lambda o: o.created_at):  # stable: ties keep their stored order
-        found.setdefault(outcome.candidate_id, outcome)
-    return found

@@ -32,6 +32,7 @@ from kb_mcp.kb.lock import KBLock
 from kb_mcp.kb.models import (
     ALL_ARCH,
     CandidateRecord,
+    KBStats,
     Lesson,
     Optimization,
     Outcome,
@@ -42,7 +43,7 @@ from kb_mcp.kb.models import (
 )
 from kb_mcp.kb.store_disk import COMPACT_MIN_BYTES, KBFiles
 from kb_mcp.kb.tables import Tables
-from kb_mcp.kb.view import KBStats, KBView, Transaction
+from kb_mcp.kb.view import KBView, Transaction
 
 __all__ = ["AtomicJSONStorage", "COMPACT_MIN_BYTES", "KBFileError", "KBStore", "new_meta", "what_remains"]
 

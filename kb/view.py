@@ -8,10 +8,9 @@ reads inside the transaction see them, and written to disk when the transaction 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.kb import ids
 from kb_mcp.kb.models import (
@@ -21,6 +20,7 @@ from kb_mcp.kb.models import (
     MAX_COUNT,
     SCHEMA_VERSION,
     CandidateRecord,
+    KBStats,
     Lesson,
     Optimization,
     Outcome,
@@ -32,7 +32,6 @@ from kb_mcp.kb.models import (
     utcnow,
 )
 from kb_mcp.kb.ops import FP32, DropRecord, KBOp, PutMeta, PutRecord, from_wire
-from kb_mcp.kb.provenance import credit_holders
 from kb_mcp.kb.tables import Tables, decode_score, score_op, sole_verifier
 
 TRACK_ALARMS = "track_alarms"
@@ -41,24 +40,21 @@ CANDIDATES_REMOVED = "candidates_removed"
 """Meta field: per client, how many of its candidates' verdicts left the KB under its bound (files without it: 0)."""
 
 
-class KBStats(BaseModel):
-    """Sizes and activity of a KB, for `kb-mcp kb stats` and the `kb://stats` resource."""
+def credit_holders(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
+    """For each candidate, the outcome that holds its credit: the first recorded for it (the oldest;
+    of two recorded at once, the one stored first).
 
-    model_config = ConfigDict(extra="forbid")
-
-    schema_version: int
-    states: dict[str, int] = Field(default_factory=dict)  # by origin
-    optimizations: dict[str, int] = Field(default_factory=dict)  # by origin
-    scores: int = 0
-    measured_scores: int = 0  # scores with at least one recorded outcome
-    arch_families: list[str] = Field(default_factory=list)
-    tracks: list[str] = Field(default_factory=list)  # precision tracks holding scores
-    outcomes: dict[str, int] = Field(default_factory=dict)  # by verdict
-    flagged_outcomes: int = 0
-    lessons: int = 0
-    transitions: int = 0  # sum of transition counts
-    candidates: int = 0  # candidates with a verdict stored
-    candidates_removed: int = 0  # candidates whose verdicts left under their client's bound
+    One candidate's measurement moves the KB's scores once: the outcome holding its credit is the
+    only one of it whose speedup credits a score, bumps a transition, keeps a lesson or vouches for
+    an agent-made optimization. `record_outcome` refuses to record the candidate for another
+    (state, optimization), and a merge leaves out another file's outcomes of a candidate whose credit
+    another outcome holds (and takes them out of that file's scores), so one fast kernel cannot lift
+    every optimization it is recorded against.
+    """
+    found: dict[str, Outcome] = {}
+    for outcome in sorted(outcomes, key=lambda o: o.created_at):  # stable: ties keep their stored order
+        found.setdefault(outcome.candidate_id, outcome)
+    return found
 
 
 class KBView:

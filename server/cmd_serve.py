@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kb_mcp.server.app import build_server, package_version
     from kb_mcp.server.banner import http_connect_lines, print_banner, stdio_connect_lines, token_hint_lines
-    from kb_mcp.server.sessions import sessions_per_client
+    from kb_mcp.server.session_limit import sessions_per_client
     from kb_mcp.server.transport import ServeError, serve_http
     from kb_mcp.tools.context import ToolContext
 

@@ -326,7 +326,7 @@ def _setting_readers() -> list[Callable[[], object]]:
     from kb_mcp.harness.sandbox import attempts
     from kb_mcp.kb import backups, lock
     from kb_mcp.server.job_store import jobs_kept_per_client
-    from kb_mcp.server.sessions import sessions_per_client
+    from kb_mcp.server.session_limit import sessions_per_client
     from kb_mcp.tools.candidate_store import candidates_kept_per_client
 
     return [lock.default_timeout, backups.default_keep, Caps.from_env, attempts.policy, LLMConfig.from_env,

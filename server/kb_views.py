@@ -14,9 +14,19 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kb_mcp.kb.models import ALL_ARCH, DEFAULT_MODE, CandidateRecord, Mode, Optimization, Outcome, Score, State, Verdict
+from kb_mcp.kb.models import (
+    ALL_ARCH,
+    DEFAULT_MODE,
+    CandidateRecord,
+    KBStats,
+    Mode,
+    Optimization,
+    Outcome,
+    Score,
+    State,
+    Verdict,
+)
 from kb_mcp.kb.provenance import UNTRUSTED_NOTICE, optimization_is_verified, quote, shown_lessons
-from kb_mcp.kb.view import KBStats
 
 if TYPE_CHECKING:
     from kb_mcp.kb.store import KBStore

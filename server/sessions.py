@@ -28,8 +28,8 @@ from typing import Any
 from mcp.server.streamable_http_manager import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from kb_mcp.kb import settings
 from kb_mcp.server.agents import SHARED_CLIENT
+from kb_mcp.server.session_limit import DEFAULT_SESSIONS_PER_CLIENT, ENV_SESSIONS_PER_CLIENT, sessions_per_client
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
@@ -44,21 +44,11 @@ __all__ = [
     "sessions_per_client",
 ]
 
-ENV_SESSIONS_PER_CLIENT = "KB_MCP_SESSIONS_PER_CLIENT"
-DEFAULT_SESSIONS_PER_CLIENT = 16
-"""An agent needs one session (a few, with helpers of its own); 16 leaves room for that and for
-sessions a crashed client left behind until they idle out."""
 SESSION_IDLE_S = DEFAULT_SESSION_IDLE_TIMEOUT
 """A session with no request in flight for this long is closed (the SDK's 30 minutes). Kept: a client
 whose session closes must notice the 404 and open a new one, and an agent may think for many minutes
 between two tool calls; with the per-client limit a long idle period costs only the client that left
 its sessions open, so a shorter one would buy nothing for the others."""
-
-
-def sessions_per_client(environ: Mapping[str, str] | None = None) -> int:
-    """The most sessions one client may hold open ($KB_MCP_SESSIONS_PER_CLIENT, a whole number > 0;
-    `DEFAULT_SESSIONS_PER_CLIENT` unset): refused by name (`SettingError`) if it is anything else."""
-    return settings.count(ENV_SESSIONS_PER_CLIENT, DEFAULT_SESSIONS_PER_CLIENT, environ, positive=True)
 
 
 def sdk_max_sessions(owned: bool) -> int | None:

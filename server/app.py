@@ -18,7 +18,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, InputRequiredResult
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from kb_mcp.server import prewarm, prompts, resources, tasks
+from kb_mcp.server import logs, prewarm, prompts, resources, tasks
 from kb_mcp.server.about import package_version
 from kb_mcp.server.execution import unknown_tool
 from kb_mcp.server.gpu import gpu_summary
@@ -120,7 +120,10 @@ def build_server(
         # In the background: the client's handshake is answered while the driver starts (prewarm).
         if isinstance(server, KbMcpServer):
             server.profiler_warmup = prewarm.warm_profiler(ctx)
-        yield None
+        try:
+            yield None
+        finally:  # here, not after the serve loop: uvicorn re-raises a SIGTERM once the app has stopped
+            logs.refusals.flush()  # the counts of the lines held back in windows still open
 
     server = KbMcpServer(
         ctx,

@@ -29,6 +29,7 @@ from kb_mcp.kb.errors import (
     Whose,
     storage_error,
 )
+from kb_mcp.server.logs import refusals
 from kb_mcp.server.registry import ToolSpec
 from kb_mcp.tools.base import Progress
 from kb_mcp.tools.context import ToolContext
@@ -168,8 +169,9 @@ class ToolRunner:
             result = spec.run(self.ctx, request, progress)
         except Exception as exc:
             failure = describe_failure(spec, exc)  # a bug is logged there, with its traceback
-            if failure.whose == "environment":
-                log.warning("%s: %s", spec.name, failure.info.message)
+            if failure.whose == "environment":  # the operator's to fix; a client calling in a loop repeats it
+                refusals.log(log, logging.WARNING, f"{spec.name} failing for the machine", "its callers",
+                             "%s: %s", spec.name, failure.info.message)
             raise failure from exc
         if isinstance(result, spec.result):
             return result

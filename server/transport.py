@@ -35,6 +35,7 @@ from kb_mcp.server.agents import (
     unsendable,
 )
 from kb_mcp.server.env import ENV_AGENTS, ENV_TOKEN
+from kb_mcp.server.logs import refusals
 from kb_mcp.server.sessions import SessionCap, SessionCapReached, opens_session
 from kb_mcp.tools.source import MAX_SOURCE_BYTES
 
@@ -242,6 +243,12 @@ class AuthProblem:
     error: str  # invalid_request (nothing usable sent) or invalid_token (the wrong token)
     description: str
     placeholder: str | None = None  # the unexpanded variable the client sent, if that is what it sent
+    logged: str | None = None  # the description for the server's log where the client's own text must stay out
+
+    @property
+    def log_description(self) -> str:
+        """The refusal for the server's log: never any of the text the client sent as its credentials."""
+        return self.logged or self.description
 
     def www_authenticate(self) -> str:
         """The WWW-Authenticate value: the scheme, realm and error, and no OAuth resource metadata."""
@@ -267,6 +274,8 @@ def authenticate(authorization: str | None, credentials: Credentials) -> str | A
         return AuthProblem(
             "invalid_request",
             f"the Authorization header uses the scheme {scheme[:20]!r}; send 'Authorization: Bearer <token>'",
+            # a header of the token alone makes the token its "scheme": not for the log
+            logged="the Authorization header does not use the Bearer scheme",
         )
     presented = presented.strip()
     if not presented:
@@ -302,7 +311,9 @@ class BearerGate:
     one) only the /.well-known/ answers apply, and nobody is named. Either way its body is at most
     `max_body` bytes (`MAX_REQUEST_BYTES`): a larger one is answered 413 and never reaches the app.
     A named client's request that would open an MCP session while it holds the most `sessions` allows
-    is answered 429 and never reaches the app either.
+    is answered 429 and never reaches the app either. Each refusal is logged through `logs.refusals`:
+    a client refused in a loop writes a few lines and a count, under the name its token proves or,
+    without one, its peer address (never the token it sent).
     """
 
     def __init__(self, app: ASGIApp, credentials: Credentials, max_body: int = MAX_REQUEST_BYTES,
@@ -311,7 +322,6 @@ class BearerGate:
         self.credentials = credentials
         self.max_body = max_body
         self.sessions = sessions
-        self._warned: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
                        send: Callable[[Message], Awaitable[None]]) -> None:
@@ -331,14 +341,16 @@ class BearerGate:
         if self.credentials.required:
             found = authenticate(_header(scope, b"authorization"), self.credentials)
             if isinstance(found, AuthProblem):
-                self._log(found)
+                _log_unauthorized(found, _peer(scope))
                 await _send_json(send, 401, found.body(), [(b"www-authenticate", found.www_authenticate().encode())])
                 return
             scope[CLIENT_SCOPE_KEY] = found
             scope["user"] = _principal(found)
         body = await _read_body(scope, receive, self.max_body)
         if isinstance(body, BodyTooLarge):
-            log.info("refused a request (413): %s", body.description)
+            who = scope.get(CLIENT_SCOPE_KEY) or _peer(scope)
+            refusals.log(log, logging.INFO, "refused requests (413)", who,
+                         "refused a request of %s (413): %s", who, body.description)
             await _send_json(send, 413, body.body())
             return
         client = scope.get(CLIENT_SCOPE_KEY)
@@ -347,7 +359,8 @@ class BearerGate:
             return
         opening = self.sessions.admit(client)
         if isinstance(opening, SessionCapReached):
-            log.info("refused a new session (429): %s", opening.description)
+            refusals.log(log, logging.INFO, "refused sessions (429)", client,
+                         "refused a new session (429): %s", opening.description)
             await _send_json(send, 429, opening.body(), opening.headers())
             return
         try:
@@ -355,15 +368,23 @@ class BearerGate:
         finally:
             opening.started()  # it ended without a response: nothing was opened
 
-    def _log(self, problem: AuthProblem) -> None:
-        if problem.placeholder is not None and problem.placeholder not in self._warned:
-            self._warned.add(problem.placeholder)
-            log.warning(
-                "a client sent the unexpanded text %r as its bearer token: the variable in that client's "
-                "configuration is not set where the client runs", problem.placeholder,
-            )
-        else:
-            log.info("refused a request (401): %s", problem.description)
+
+def _log_unauthorized(problem: AuthProblem, peer: str) -> None:
+    """Logs a 401 under its peer address: an unexpanded variable as a warning (the operator can tell
+    that client's owner what to set), anything else as a refusal. Neither names the token sent."""
+    if problem.placeholder is not None:
+        refusals.log(log, logging.WARNING, "unexpanded bearer tokens", peer,
+                     "a client at %s sent the unexpanded text %r as its bearer token: the variable in that "
+                     "client's configuration is not set where the client runs", peer, problem.placeholder)
+    else:
+        refusals.log(log, logging.INFO, "refused requests (401)", peer,
+                     "refused a request from %s (401): %s", peer, problem.log_description)
+
+
+def _peer(scope: Scope) -> str:
+    """The address a request came from ("unknown" when the server was not told)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@
     │   ├── KBFileError             the KB cannot be used as it is (file, journal, lock)
     │   │   ├── KBMissingError      no KB file at the path, though something of a KB is there
     │   │   ├── KBCorruptError      a damaged file or journal line (file, line, byte offset; a copy is kept)
+    │   │   ├── KBNewerFormatError  a file or journal line written by a newer kb-mcp: upgrade, never repair
     │   │   ├── KBReadOnlyError     the KB file or its folder is read-only: kb-mcp will not write it
     │   │   ├── KBLockTimeout       another process held the KB lock too long (its pid, host, since when)
     │   │   └── KBConflictError     the KB changed under a writer that held the lock (a deleted lock file)
@@ -42,6 +43,7 @@ __all__ = [
     "KBFileError",
     "KBLockTimeout",
     "KBMissingError",
+    "KBNewerFormatError",
     "KBReadOnlyError",
     "KbMcpError",
     "SettingError",
@@ -155,6 +157,46 @@ class KBCorruptError(KBFileError):
         self.line = line
         self.offset = offset
         self.copy = os.fspath(copy) if copy is not None else None
+
+
+class KBNewerFormatError(KBFileError):
+    """The KB holds something this kb-mcp does not know, in a form that is not damage: a journal line
+    whose checksum holds but whose op kind (or a field of a known op) is not one of this version's, a
+    pending file likewise, or a KB file of a higher schema version. A newer kb-mcp wrote it (another
+    server of a shared KB, or a KB copied from another machine), so the KB is refused as it is, and
+    nothing reading it may drop, set aside or rewrite it (`kb repair` and `kb restore` refuse too):
+    the fix is this machine's kb-mcp, not the KB.
+
+    `found` says what was not known; `writer` names the kb-mcp that wrote it where the file says so.
+    """
+
+    def __init__(
+        self,
+        found: str,
+        *,
+        where: str | os.PathLike[str] | None = None,
+        line: int | None = None,
+        offset: int | None = None,
+        writer: str | None = None,
+    ) -> None:
+        place = "" if where is None else f"{os.fspath(where)}: "
+        if line is not None:
+            place += f"line {line} (byte offset {offset}) "
+        by = f" ({writer})" if writer else ""
+        super().__init__(
+            f"{place}holds {found}, which this kb-mcp does not know: a newer kb-mcp{by} wrote it. It is not damage; "
+            "the KB is refused as it is and nothing in it is changed, set aside or dropped",
+            where=where,
+            action="upgrade kb-mcp on this machine to the version that wrote it (or a later one), as on every "
+            "machine sharing this KB. Do not run `kb-mcp kb repair` or `kb-mcp kb restore` on it: the KB is not "
+            "damaged, and both refuse it",
+        )
+        self.found, self.line, self.offset, self.writer = found, line, offset, writer
+
+    def located(self, where: str | os.PathLike[str], *, line: int | None = None, offset: int | None = None,
+                writer: str | None = None) -> KBNewerFormatError:
+        """The same refusal naming the file (and line) that holds what was not known."""
+        return KBNewerFormatError(self.found, where=where, line=line, offset=offset, writer=writer or self.writer)
 
 
 class KBReadOnlyError(KBFileError):

@@ -21,10 +21,12 @@ from kb_mcp.kb import backups, journal, jsontext, paths
 from kb_mcp.kb.atomic import temp_beside
 from kb_mcp.kb.errors import KBCorruptError, KBFileError, KBMissingError
 from kb_mcp.kb.models import SCHEMA_VERSION, utcnow
+from kb_mcp.kb.ops import newer_op
 from kb_mcp.kb.tables import FORMAT
 
 __all__ = [
     "AtomicJSONStorage", "JournalGap", "damaged_line_error", "gap_error", "has_content", "head_seq", "journal_of",
+    "refuse_newer_lines",
     "damaged_file_hint", "keep_damaged_copy", "missing_error", "mode_of", "new_meta", "path_error", "read_from",
     "restore_hint", "what_remains",
 ]
@@ -264,6 +266,16 @@ def damaged_line_error(kb_path: Path, bad: journal.BadLine) -> KBCorruptError:
         where=journal_path, line=line, offset=bad.offset, copy=copy,
         action=f"run `kb-mcp --kb {kb_path} kb repair` to salvage every valid transaction into a new KB file",
     )
+
+def refuse_newer_lines(journal_path: Path, found: journal.Salvage) -> None:
+    """Raises KBNewerFormatError naming the first entry of a salvaged journal that holds an op a newer
+    kb-mcp wrote: what replaces or rewrites the journal (`kb repair`, `kb restore`) refuses rather than
+    leave such a line out as damage."""
+    for offset, line, entry in found.entries:
+        newer = newer_op(entry.ops)
+        if newer is not None:
+            raise newer.located(journal_path, line=line, offset=offset, writer=entry.by)
+
 
 def gap_error(kb_path: Path, gap: JournalGap) -> KBCorruptError:
     """The KB refused for a journal line out of sequence or out of place; a copy is kept aside."""

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kb_mcp.kb import jsontext
 from kb_mcp.kb.atomic import write_atomic
-from kb_mcp.kb.errors import KBCorruptError, storage_error
+from kb_mcp.kb.errors import KBCorruptError, KBNewerFormatError, storage_error
 from kb_mcp.kb.files import mode_of
 from kb_mcp.kb.models import (
     ALL_ARCH,
@@ -149,6 +149,8 @@ def load_kb_file(path: Path) -> Tables:
         # The advice for a damaged KB (restore it, start a new one) is for its own user, not for one
         # merging it: this KB is what matters here, and it is unchanged.
         raise _refused(str(p), "damaged", exc.message.removeprefix(f"{p}: ").rstrip(". ")) from exc
+    except KBNewerFormatError:
+        raise  # this machine's kb-mcp is to upgrade, as the error says: not the file's fault
     except KBFileError as exc:
         raise InterchangeError(str(exc)) from exc
 

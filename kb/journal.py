@@ -20,6 +20,12 @@ released::
   entry it had read. A line found anywhere else lost a race with a writer that did not hold the
   lock (its writer saw that and reported the transaction as not committed), so readers skip it.
 
+A line whose checksum holds but which has fields this version does not know was written by a newer
+kb-mcp, not damaged: it raises `KBNewerFormatError` (as does an op of a newer kind, `kb.ops.from_wire`),
+and nothing reading it drops, sets aside or rewrites it. The one optional field this version knows is
+``by``, the writer's name and version, which it reads (to name the writer in that refusal) but does
+not write: versions before it call any line with a field beyond ``crc``/``seq``/``at``/``ops`` damaged.
+
 Only an incomplete *last* line (no newline: a writer killed mid-write, or one still writing) is
 ever ignored, and only a writer holding the lock cuts it. A complete line that fails its checks is
 damage: reading stops there and the store refuses the KB until ``kb-mcp kb repair`` has salvaged
@@ -37,12 +43,13 @@ from typing import Any
 
 from kb_mcp.kb import jsontext
 from kb_mcp.kb.atomic import temp_beside
-from kb_mcp.kb.errors import KBConflictError, KBReadOnlyError
+from kb_mcp.kb.errors import KBConflictError, KBNewerFormatError, KBReadOnlyError
 
 _CRC_PREFIX = b'{"crc":"'
 _CRC_HEAD = len(_CRC_PREFIX) + 8 + 2  # '{"crc":"' + 8 hex digits + '",'
 _LEGACY_KEYS = frozenset({"seq", "ops"})
 _KEYS = frozenset({"crc", "seq", "at", "ops"})
+_OPTIONAL_KEYS = frozenset({"by"})
 
 
 @dataclass(frozen=True)
@@ -65,11 +72,13 @@ class FileId:
 
 @dataclass
 class Entry:
-    """One committed transaction; `at` is None for lines written before lines carried it."""
+    """One committed transaction; `at` is None for lines written before lines carried it, `by` (the
+    writer's kb-mcp and version) for lines that do not name it."""
 
     seq: int
     ops: list[list[Any]]
     at: int | None = None
+    by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +107,8 @@ def encode(entry: Entry) -> bytes:
 
 
 def decode(line: bytes) -> Entry:
-    """Parses one line (without its newline); raises ValueError saying what is wrong with it."""
+    """Parses one line (without its newline); raises ValueError saying what is wrong with it, or
+    KBNewerFormatError (unlocated: see `newer_at`) for a checksummed line with fields a newer kb-mcp wrote."""
     if line.startswith(_CRC_PREFIX):
         if len(line) < _CRC_HEAD or line[_CRC_HEAD - 2:_CRC_HEAD] != b'",':
             raise ValueError("malformed checksum field")
@@ -115,19 +125,32 @@ def decode(line: bytes) -> Entry:
         obj = jsontext.loads(line)
     except ValueError as exc:
         raise ValueError(f"not valid JSON ({exc})") from exc
-    if not isinstance(obj, dict) or obj.keys() != keys:
+    if not isinstance(obj, dict) or not keys <= obj.keys():
+        raise ValueError("not a journal entry (missing fields)")
+    extra = obj.keys() - keys
+    if extra and keys is _LEGACY_KEYS:  # lines without a checksum come from versions that wrote no more
         raise ValueError("not a journal entry (unexpected fields)")
-    seq, ops, at = obj["seq"], obj["ops"], obj.get("at")
+    seq, ops, at, by = obj["seq"], obj["ops"], obj.get("at"), obj.get("by")
+    if not isinstance(by, str | None):
+        raise ValueError("not a journal entry (fields of the wrong type)")
+    if extra - _OPTIONAL_KEYS:  # the checksum holds: a newer kb-mcp wrote these
+        raise KBNewerFormatError(f"journal fields {sorted(extra - _OPTIONAL_KEYS)}", writer=by)
     if not isinstance(seq, int) or not isinstance(ops, list) or not (at is None or isinstance(at, int)):
         raise ValueError("not a journal entry (fields of the wrong type)")
-    return Entry(seq, ops, at)
+    return Entry(seq, ops, at, by)
+
+
+def newer_at(path: Path, offset: int, exc: KBNewerFormatError, by: str | None = None) -> KBNewerFormatError:
+    """`exc` located at the journal line of `path` that starts at byte `offset`."""
+    return exc.located(path, line=line_number(path, offset), offset=offset, writer=by)
 
 
 def read_entries(path: Path, offset: int) -> Chunk:
     """Complete entries from byte `offset` on.
 
     Stops before an incomplete last line (no newline yet) and at the first complete line that is
-    damaged (`Chunk.bad`); `Chunk.end` never moves past either.
+    damaged (`Chunk.bad`); `Chunk.end` never moves past either. A line a newer kb-mcp wrote raises
+    KBNewerFormatError naming it.
     """
     try:
         with open(path, "rb") as f:
@@ -145,6 +168,8 @@ def read_entries(path: Path, offset: int) -> Chunk:
             entries.append((offset + pos, decode(data[pos:nl])))
         except ValueError as exc:
             return Chunk(entries, offset + pos, BadLine(offset + pos, nl - pos + 1, str(exc)))
+        except KBNewerFormatError as exc:
+            raise newer_at(path, offset + pos, exc) from None
         pos = nl + 1
     return Chunk(entries, offset + pos)
 
@@ -289,7 +314,8 @@ def salvage(path: Path) -> Salvage:
     """Reads the whole journal, keeping every line that passes its checks.
 
     A damaged line may hide a good entry after its damage (two lines whose newline was lost): each
-    checksummed entry start inside it is tried too.
+    checksummed entry start inside it is tried too. A line (or an entry inside one) that a newer kb-mcp
+    wrote raises KBNewerFormatError naming it: it is not damage to salvage around.
     """
     data = path.read_bytes() if path.exists() else b""
     out = Salvage([], [])
@@ -301,11 +327,14 @@ def salvage(path: Path) -> Salvage:
             break
         raw = data[pos:nl]
         try:
-            out.entries.append((pos, line_no, decode(raw)))
-        except ValueError as exc:
-            out.bad.append((line_no, BadLine(pos, nl - pos + 1, str(exc))))
-            for inner, entry in _entries_inside(raw):
-                out.entries.append((pos + inner, line_no, entry))
+            try:
+                out.entries.append((pos, line_no, decode(raw)))
+            except ValueError as exc:
+                out.bad.append((line_no, BadLine(pos, nl - pos + 1, str(exc))))
+                for inner, entry in _entries_inside(raw):
+                    out.entries.append((pos + inner, line_no, entry))
+        except KBNewerFormatError as exc:
+            raise exc.located(path, line=line_no, offset=pos) from None
         pos, line_no = nl + 1, line_no + 1
     return out
 

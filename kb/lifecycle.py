@@ -16,10 +16,16 @@ from pathlib import Path
 
 from kb_mcp.kb import backups, journal, paths
 from kb_mcp.kb.atomic import temp_beside
-from kb_mcp.kb.errors import CallerError, KBCorruptError, KBFileError, storage_error
-from kb_mcp.kb.files import AtomicJSONStorage, damaged_file_hint, has_content, mode_of, path_error
+from kb_mcp.kb.errors import CallerError, KBCorruptError, KBFileError, KbMcpError, KBNewerFormatError, storage_error
+from kb_mcp.kb.files import (
+    AtomicJSONStorage,
+    damaged_file_hint,
+    has_content,
+    mode_of,
+    path_error,
+    refuse_newer_lines,
+)
 from kb_mcp.kb.lock import KBLock
-from kb_mcp.kb.models import SCHEMA_VERSION
 from kb_mcp.kb.store import KBStore
 from kb_mcp.kb.tables import LayoutError, Tables
 
@@ -162,10 +168,18 @@ def _load_tables(path: Path, kb_path: Path) -> Tables:
                              action=f"choose another backup (`kb-mcp --kb {kb_path} kb restore --list`)") from exc
     except OSError as exc:
         raise storage_error(exc, "read", path) from exc
-    if tables.meta.get("schema_version") != SCHEMA_VERSION:
-        raise KBFileError(f"{path}: KB schema version {tables.meta.get('schema_version')!r}, this kb-mcp reads "
-                          f"{SCHEMA_VERSION}", where=path, action="restore it with the kb-mcp version that wrote it")
     return tables
+
+
+def _refuse_newer_file(kb_path: Path) -> None:
+    """Refuses to replace a KB file that a newer kb-mcp wrote (it is not damaged); one that is damaged or
+    gone is what a restore is for."""
+    try:
+        _load_tables(kb_path, kb_path)
+    except KBNewerFormatError:
+        raise
+    except KbMcpError:
+        pass
 
 
 def _journal_continues(tables: Tables, journal_path: Path) -> bool:
@@ -192,7 +206,8 @@ def restore_kb(kb_path: Path, backup: Path | None = None, *, lock_timeout: float
 
     The journal is kept when it continues that backup (the newest backup plus the journal is the
     whole KB: this brings back a deleted or damaged KB file without losing a transaction);
-    otherwise it is set aside with the replaced KB file, and the KB is what the backup holds.
+    otherwise it is set aside with the replaced KB file, and the KB is what the backup holds. A journal
+    line or backup a newer kb-mcp wrote is refused (KBNewerFormatError) before anything is replaced.
     """
     _usable(kb_path)
     if backup is None:
@@ -216,6 +231,9 @@ def restore_kb(kb_path: Path, backup: Path | None = None, *, lock_timeout: float
     aside: list[Path] = []
     lock = KBLock(kb_path, lock_timeout, mode=mode)
     with lock.held(), lock.writing():
+        # a line of a newer kb-mcp is not to be set aside with a journal that does not continue the backup
+        refuse_newer_lines(journal_path, journal.salvage(journal_path))
+        _refuse_newer_file(kb_path)
         keep_journal = _journal_continues(tables, journal_path)
         stamp = _stamp()
         try:
@@ -275,7 +293,8 @@ def repair_kb(kb_path: Path, *, output: Path | None = None, dry_run: bool = Fals
     hidden inside a damaged line), applies them in order, and writes the result as a new file:
     `output`, or in place of the KB file, keeping the old file and journal beside it
     (``.before-repair-<time>``) and starting an empty journal. A damaged KB *file* cannot be
-    repaired here: restore a backup.
+    repaired here: restore a backup. A KB holding a line or file a newer kb-mcp wrote is refused
+    (KBNewerFormatError) before anything is written: it is not damaged.
     """
     _usable(kb_path)
     journal_path = kb_path.with_name(kb_path.name + ".journal")
@@ -293,6 +312,7 @@ def repair_kb(kb_path: Path, *, output: Path | None = None, dry_run: bool = Fals
             raise KBCorruptError(f"{exc.message}: the KB file itself is damaged, which repair cannot mend",
                                  where=kb_path, action=damaged_file_hint(kb_path)) from exc
         found = journal.salvage(journal_path)
+        refuse_newer_lines(journal_path, found)  # a newer kb-mcp's line is not damage to leave out
         report.torn_tail_bytes = found.torn_tail
         for line, bad in found.bad:
             report.bad_lines.append(f"line {line} (byte offset {bad.offset}, {bad.length} bytes): {bad.reason}")

@@ -21,6 +21,7 @@ from typing import Any
 
 from kb_mcp.kb import journal, jsontext
 from kb_mcp.kb.atomic import write_atomic
+from kb_mcp.kb.ops import newer_op
 from kb_mcp.kb.tables import Tables
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,8 @@ def write(folder: Path, key: str, ops: list[Any], mode: int) -> Path:
 
 def read_all(folder: Path) -> list[tuple[Path, list[Any]]]:
     """Every readable pending file with its ops, oldest first. A damaged one is moved to
-    ``pending/damaged/`` with a warning (it can be inspected; it is never applied)."""
+    ``pending/damaged/`` with a warning (it can be inspected; it is never applied). One whose checksum
+    holds but which has an op a newer kb-mcp wrote raises KBNewerFormatError naming it, left in place."""
     try:
         entries = [e for e in os.scandir(folder) if e.name.endswith(".json") and not e.name.startswith(".")]
     except (FileNotFoundError, NotADirectoryError):
@@ -76,6 +78,9 @@ def read_all(folder: Path) -> list[tuple[Path, list[Any]]]:
             ops = doc["ops"]
             if zlib.crc32(jsontext.dumps(ops, separators=(",", ":")).encode()) != doc["crc"]:
                 raise ValueError("checksum mismatch")
+            newer = newer_op(ops) if isinstance(ops, list) else None
+            if newer is not None:  # a newer kb-mcp's record, not damage: refused, never set aside
+                raise newer.located(path)
             check_ops(ops)
             _check_applies(ops)
         except FileNotFoundError:

@@ -11,7 +11,8 @@ journal, and each commit written to them durably (`kb.store` builds reads and tr
   with what is cached, re-read the TinyDB file only when it was replaced, and read only the
   journal lines appended since last time.
 * A damaged journal line, a sequence gap or a vanished journal makes the store refuse the KB
-  (KBCorruptError naming the file, line and byte offset); a read-only KB is never written
+  (KBCorruptError naming the file, line and byte offset); a line or file a newer kb-mcp wrote too, as
+  KBNewerFormatError (upgrade kb-mcp; nothing is copied or changed); a read-only KB is never written
   (KBReadOnlyError); a writer whose lock file was deleted under it writes nothing (KBConflictError).
 """
 
@@ -30,6 +31,7 @@ from kb_mcp.kb.errors import (
     KBConflictError,
     KBCorruptError,
     KBFileError,
+    KBNewerFormatError,
     KBReadOnlyError,
     storage_error,
 )
@@ -116,15 +118,6 @@ class KBFiles:
         except LayoutError as exc:
             raise KBFileError(f"{exc}; not a kb-mcp KB file, left untouched", where=self.path,
                               action="pass the path of a kb-mcp KB with --kb (or $KB_MCP_KB)") from exc
-        version = tables.meta.get("schema_version")
-        if version != SCHEMA_VERSION:
-            newer = isinstance(version, int) and version > SCHEMA_VERSION
-            raise KBFileError(
-                f"{self.path}: KB schema version {version!r}, this kb-mcp reads version {SCHEMA_VERSION}"
-                + (" (written by a newer kb-mcp)" if newer else ""),
-                where=self.path,
-                action="upgrade kb-mcp" if newer else "open it with the kb-mcp version that wrote it and export it",
-            )
         self._mode, self._gid = mode_of(self.path)
         self._tables = tables
         self._base_id = base_id
@@ -200,6 +193,9 @@ class KBFiles:
                     return JournalGap(start, entry.seq, self._last_seq + 1)
                 try:
                     self._tables.replay(entry.ops)
+                except KBNewerFormatError as exc:  # not damage: no copy is kept, no repair is offered
+                    self._tables = None
+                    raise journal.newer_at(self.journal_path, start, exc, entry.by) from None
                 except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
                     self._tables = None
                     raise damaged_line_error(self.path,

@@ -37,11 +37,36 @@ from datetime import datetime
 from typing import Any
 
 from kb_mcp.kb import ids
-from kb_mcp.kb.models import ALL_ARCH, CALIBRATION_FIELDS, ChangeRun, Score, Track, calibration_terms, options_digest
+from kb_mcp.kb.errors import KBFileError, KBNewerFormatError
+from kb_mcp.kb.models import (
+    ALL_ARCH,
+    CALIBRATION_FIELDS,
+    SCHEMA_VERSION,
+    ChangeRun,
+    Score,
+    Track,
+    calibration_terms,
+    options_digest,
+)
 from kb_mcp.kb.ops import FP32, RECORD_TABLES, DropRecord, KBOp, PutMeta, PutRecord, PutScore, from_wire
 
 FORMAT = "kb-mcp"
 TABLES = ("meta", *RECORD_TABLES, "scores")
+
+
+
+def check_schema(meta: dict[str, Any], where: str) -> None:
+    """Refuses a KB file of another schema version: KBNewerFormatError for a higher one (a newer
+    kb-mcp wrote it: upgrade, never repair), KBFileError otherwise."""
+    version = meta.get("schema_version")
+    if version == SCHEMA_VERSION:
+        return
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        raise KBNewerFormatError(f"KB schema version {version} (this kb-mcp reads version {SCHEMA_VERSION})",
+                                 where=where)
+    raise KBFileError(f"{where}: KB schema version {version!r}, this kb-mcp reads version {SCHEMA_VERSION}",
+                      where=where, action="open it with the kb-mcp version that wrote it and export it")
+
 
 ScoreDoc = dict[str, Any]
 ScoreKey = tuple[str, str, str]  # (state_id, arch, track)
@@ -196,6 +221,10 @@ class Tables:
         meta = next(iter(metas.values()))
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise LayoutError(f"{where}: the 'meta' table does not mark a kb-mcp KB (format={meta.get('format')!r})")
+        check_schema(meta, where)  # before its records: a newer layout is not a malformed one
+        unknown = sorted(name for name, docs in data.items() if name not in TABLES and docs)
+        if unknown:  # a compaction would write the file without them
+            raise KBNewerFormatError(f"KB tables {unknown}", where=where)
         t = cls()
         t.meta = dict(meta)
         try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.kb import ids, interchange
+from kb_mcp.kb import ids, interchange, journal
 from kb_mcp.kb.interchange import InterchangeError, export_kb, merge_kb
 from kb_mcp.kb.models import ALL_ARCH, CandidateRecord, Lesson, Score, Verdict
 from kb_mcp.kb.reference_kb import export_reference, import_reference
@@ -452,3 +452,23 @@ def test_cli_merge_of_a_damaged_kb_file_names_the_record_and_changes_nothing(tmp
     r = _cli("--kb", str(kb), "kb", "import", str(other))
     assert r.returncode == 1 and "NaN is not a JSON number" in r.stderr and "Traceback" not in r.stderr
     assert _kb_bytes(kb) == before
+
+
+def test_merging_a_kb_holding_a_newer_kb_mcp_line_refuses_with_upgrade_words_and_changes_neither(
+    tmp_path: Path,
+) -> None:
+    other = tmp_path / "other.json"
+    with KBStore.open(other).transaction() as tx:
+        tx.put_candidate(CandidateRecord(candidate_id="c_1", problem="p", problem_hash="h", verdict=Verdict.faster,
+                                         arch="sm_90", time_ms=1.0, eager_ms=2.0))
+    j = tmp_path / "other.json.journal"
+    data = j.read_bytes()
+    j.write_bytes(data + journal.encode(journal.Entry(2, [["frobnicate", "candidates", "c_1"]], len(data))))
+    written, mine = j.read_bytes(), tmp_path / "mine.json"
+    KBStore.open(mine)
+    mine_before = mine.read_bytes()
+    r = _cli("--kb", str(mine), "kb", "merge", str(other))
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 3 and "frobnicate" in said and str(j) in said, r.stdout + r.stderr
+    assert "upgrade kb-mcp on this machine" in said.lower() and "Traceback" not in said
+    assert j.read_bytes() == written and mine.read_bytes() == mine_before

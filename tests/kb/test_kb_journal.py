@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kb_mcp.kb import journal
-from kb_mcp.kb.errors import KBConflictError, KBCorruptError
+from kb_mcp.kb.errors import KBConflictError, KBCorruptError, KBNewerFormatError
 from kb_mcp.kb.models import CandidateRecord, Verdict
 from kb_mcp.kb.store import KBStore
 
@@ -171,3 +171,33 @@ def _checksummed(body: str) -> str:
     """`body` as a journal line of today's format, its checksum computed for exactly that text."""
     tail = body.encode()[1:]
     return (journal._CRC_PREFIX + b'%08x",' % zlib.crc32(tail) + tail + b"\n").decode()
+
+
+def _append_checksummed(j: Path, fields: dict[str, object]) -> bytes:
+    """Appends a line checksummed like the journal's own (`journal.encode`), with `fields` added."""
+    data = j.read_bytes()
+    last = journal.decode(data.splitlines()[-1]).seq
+    body = json.dumps({"seq": last + 1, "at": len(data), "ops": [], **fields}, separators=(",", ":")).encode()[1:]
+    j.write_bytes(data + b'{"crc":"%08x",%s\n' % (zlib.crc32(body), body))
+    return j.read_bytes()
+
+
+def test_a_checksummed_line_with_a_field_of_a_newer_kb_mcp_is_refused_as_newer_not_damaged(kb_path: Path) -> None:
+    j = _ten_transactions(kb_path)
+    written = _append_checksummed(j, {"frobnicate": 1, "by": "kernel-kb-mcp 9.0"})
+    with pytest.raises(KBNewerFormatError) as err:
+        KBStore.open(kb_path)
+    e = err.value
+    assert e.line == 11 and e.where == str(j) and "frobnicate" in e.found and e.whose == "environment"
+    assert "kernel-kb-mcp 9.0" in str(e) and "upgrade kb-mcp on this machine" in str(e).lower()
+    assert j.read_bytes() == written and not list(kb_path.parent.glob("*.damaged-*"))
+
+
+def test_a_line_naming_its_writer_is_read_and_the_writer_named_when_its_op_is_newer(kb_path: Path) -> None:
+    j = _ten_transactions(kb_path)
+    _append_checksummed(j, {"by": "kernel-kb-mcp 9.0"})
+    assert KBStore.open(kb_path).stats()  # "by" is the one field a line may add: it reads
+    _append_checksummed(j, {"by": "kernel-kb-mcp 9.1", "ops": [["frobnicate", "states", "s1"]]})
+    with pytest.raises(KBNewerFormatError, match=r"frobnicate.*kernel-kb-mcp 9\.1") as err:
+        KBStore.open(kb_path)
+    assert err.value.line == 12

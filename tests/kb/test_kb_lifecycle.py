@@ -5,6 +5,7 @@ salvaging every valid journal line, kept read-only when read-only, private (or g
 from __future__ import annotations
 
 import grp
+import json
 import os
 import re
 import stat
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.kb import backups, lifecycle, paths
-from kb_mcp.kb.errors import KBCorruptError, KBMissingError, KBReadOnlyError, StorageError
+from kb_mcp.kb import backups, journal, lifecycle, paths
+from kb_mcp.kb.errors import KBCorruptError, KBMissingError, KBNewerFormatError, KBReadOnlyError, StorageError
 from kb_mcp.kb.files import head_seq
 from kb_mcp.kb.models import CandidateRecord, Verdict
 from kb_mcp.kb.store import KBStore
@@ -436,3 +437,90 @@ def test_listing_a_deleted_kb_beside_its_backup_says_restore_it_not_init(kb_path
         done = _cli("--kb", kb, "kb", action)
         assert done.returncode == 3 and "kb restore" in done.stderr, done.stderr
         assert "kb init" not in done.stderr and not kb_path.exists()
+
+
+# ---- what a newer kb-mcp wrote --------------------------------------------------------------------
+
+
+def _append_newer_line(kb_path: Path, ops: list[list[object]]) -> bytes:
+    """Appends a line as a newer kb-mcp would: checksummed by the journal's own writer, in sequence."""
+    j = Path(str(kb_path) + ".journal")
+    data = j.read_bytes()
+    last = journal.decode(data.splitlines()[-1]).seq
+    j.write_bytes(data + journal.encode(journal.Entry(last + 1, ops, len(data))))
+    return j.read_bytes()
+
+
+def _refusals(kb: str, *argvs: list[str]) -> dict[str, str]:
+    said = {}
+    for argv in argvs:
+        done = _cli("--kb", kb, *argv)
+        text = " ".join((done.stderr + done.stdout).split())  # doctor wraps its table's lines
+        assert done.returncode == 3, text  # the machine's to fix (doctor: a check failed)
+        assert "Traceback" not in text
+        said[" ".join(argv)] = text
+    return said
+
+
+EVERY_READER = (["kb", "stats"], ["kb", "repair"], ["kb", "restore"], ["doctor"])
+
+
+def test_a_line_of_a_newer_kb_mcp_is_refused_by_every_command_with_upgrade_words_and_kept_byte_for_byte(
+    kb_path: Path,
+) -> None:
+    kb = str(kb_path)
+    _write(KBStore.open(kb_path), "c_1", "c_2")
+    assert _cli("--kb", kb, "kb", "backup").returncode == 0
+    _write(KBStore.open(kb_path), "c_3")
+    j = Path(kb + ".journal")
+    written = _append_newer_line(kb_path, [["frobnicate", "candidates", "c_1"]])
+    file_before = kb_path.read_bytes()
+    before = set(os.listdir(kb_path.parent))
+
+    with pytest.raises(KBNewerFormatError) as err:
+        KBStore.open(kb_path)
+    assert err.value.line == 2 and err.value.where == str(j) and "frobnicate" in err.value.found
+
+    for text in _refusals(kb, *EVERY_READER).values():
+        assert "frobnicate" in text and str(j) in text and "line 2" in text, text
+        assert "upgrade kb-mcp on this machine to the version that wrote it" in text.lower(), text
+        assert "is damaged" not in text, text
+    assert j.read_bytes() == written and kb_path.read_bytes() == file_before  # nothing repaired away
+    assert set(os.listdir(kb_path.parent)) == before  # no copy kept as damaged, nothing set aside
+
+    # the same line with one flipped byte is damage, as before: refused with the way to repair it
+    data = bytearray(written)
+    data[len(data) - 10] ^= 0x01
+    j.write_bytes(bytes(data))
+    stats = _cli("--kb", kb, "kb", "stats")
+    assert stats.returncode == 3 and "is damaged" in stats.stderr and "kb repair" in stats.stderr, stats.stderr
+    fixed = _cli("--kb", kb, "kb", "repair")
+    assert fixed.returncode == 0 and "left out damaged line 2" in fixed.stdout, fixed.stdout + fixed.stderr
+    assert _ids(kb_path) == {"c_1", "c_2", "c_3"}
+
+
+def test_a_kb_file_of_a_newer_schema_version_is_refused_by_every_command_and_left_as_it_is(kb_path: Path) -> None:
+    kb = str(kb_path)
+    _write(KBStore.open(kb_path), "c_1")
+    assert _cli("--kb", kb, "kb", "backup").returncode == 0
+    text = kb_path.read_text()
+    newer = text.replace('"schema_version":1', '"schema_version":2', 1)
+    assert newer != text
+    kb_path.write_text(newer)
+    before = set(os.listdir(kb_path.parent))
+    for said in _refusals(kb, *EVERY_READER).values():
+        assert "KB schema version 2" in said and kb in said, said
+        assert "upgrade kb-mcp on this machine to the version that wrote it" in said.lower(), said
+    assert kb_path.read_text() == newer and set(os.listdir(kb_path.parent)) == before
+
+
+def test_a_kb_file_with_a_table_this_version_does_not_know_is_refused_not_compacted_without_it(kb_path: Path) -> None:
+    _write(KBStore.open(kb_path), "c_1")
+    data = json.loads(kb_path.read_text())
+    data["experiments"] = {"1": {"id": "e1"}}
+    kb_path.write_text(json.dumps(data))
+    with pytest.raises(KBNewerFormatError, match="experiments"):
+        KBStore.open(kb_path)
+    with pytest.raises(KBNewerFormatError):
+        lifecycle.repair_kb(kb_path)
+    assert json.loads(kb_path.read_text())["experiments"] == {"1": {"id": "e1"}}

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kb_mcp.kb.ops import DropRecord, PutMeta, PutRecord, PutScore, from_wire
+from kb_mcp.kb.errors import KBNewerFormatError
+from kb_mcp.kb.ops import DropRecord, PutMeta, PutRecord, PutScore, from_wire, newer_op
 from kb_mcp.kb.tables import Tables
 
 ROW = [0.4, 0.01, 2, 3, 2, 1, 0, "2026-01-01T00:00:00+00:00"]
@@ -30,15 +31,30 @@ def test_the_wire_form_is_the_journal_format() -> None:
     assert PutScore("s", "*", "o", [0.0, 1.0], None, "t", "tf32").wire()[-1] == "tf32"
 
 
-@pytest.mark.parametrize(("wire", "error"), [
-    (["del", "states", "s1"], "unknown KB change 'del'"),
-    (["put", "no_such_table", "k", {}], "unknown KB table 'no_such_table'"),
-    (["drop", "meta", "meta"], "unknown KB table 'meta'"),
-    (["score", "s", "*", "o", [0.0, 1.0], None, "t", "fp8"], "fp8"),
+@pytest.mark.parametrize(("wire", "found"), [
+    (["frobnicate", "states", "s1"], "a KB change of kind 'frobnicate'"),
+    (["put", "no_such_table", "k", {}], "a KB table 'no_such_table'"),
+    (["drop", "meta", "meta"], "a KB table 'meta'"),
+    (["score", "s", "*", "o", [0.0, 1.0], None, "t", "fp8"], "a KB track 'fp8'"),
+    (["drop", "candidates", "k", "why"], "a 'drop' KB change of 4 fields (this kb-mcp knows 3)"),
+    (["put", "states", "s1", {"id": "s1"}, {"new": 1}], "a 'put' KB change of 5 fields"),
 ])
-def test_what_is_not_an_op_is_refused(wire: list, error: str) -> None:
-    with pytest.raises(ValueError, match=error):
+def test_an_op_of_a_newer_kb_mcp_is_refused_as_newer_not_malformed(wire: list, found: str) -> None:
+    with pytest.raises(KBNewerFormatError) as err:
         from_wire(wire)
+    assert found in err.value.found and not isinstance(err.value, ValueError)
+    assert err.value.whose == "environment" and "upgrade kb-mcp on this machine" in str(err.value).lower()
+    assert newer_op([PutRecord("states", "s", {}).wire(), wire]) is not None
+
+
+@pytest.mark.parametrize("wire", [
+    [], "frobnicate", {"put": 1}, [7, "states", "s1"], ["put", 7, "k", {}], ["put", "states", "k"],
+    ["score", "s", "*", "o", [0.0, 1.0], None, "t", 16],
+])
+def test_what_no_kb_mcp_writes_is_malformed_not_newer(wire: object) -> None:
+    with pytest.raises((ValueError, KeyError, IndexError, TypeError)):
+        from_wire(wire)  # type: ignore[arg-type]
+    assert newer_op([wire]) is None
 
 
 def test_tables_apply_typed_ops_and_replay_wire_ones() -> None:

@@ -3,17 +3,19 @@ another process cannot lose them, and whichever transaction comes next commits t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
 
 from kb_mcp.kb import pending
-from kb_mcp.kb.errors import KBLockTimeout
+from kb_mcp.kb.errors import KBLockTimeout, KBNewerFormatError
 from kb_mcp.kb.models import CandidateRecord, Score, Verdict
 from kb_mcp.kb.store import KBStore
 
@@ -125,7 +127,7 @@ def test_only_whole_record_puts_may_wait_and_a_damaged_file_is_set_aside(kb_path
 
 
 @pytest.mark.parametrize("ops", [
-    [["put", "no_such_table", "k", {}]],  # a table this kb-mcp does not know (another version's?)
+    [["put", 7, "k", {}]],  # a table that is no name: no kb-mcp writes that
     [["put", "candidates", "c_bad", {"verdict": "faster"}]],  # a record without its id
     [["put", "states", "s", None]],  # no record at all
 ])
@@ -157,3 +159,20 @@ def test_lock_timeout_names_the_holder_and_never_advises_deleting_the_lock(kb_pa
     assert f"kill {holder.pid}" in text
     assert "can be deleted" not in text and "Do not delete the lock file" in text
     assert err.value.whose == "environment" and err.value.where == str(store.lock_path)
+
+
+def test_a_pending_file_of_a_newer_kb_mcp_refuses_the_transaction_and_is_never_set_aside(kb_path: Path) -> None:
+    store = KBStore.open(kb_path)
+    path = pending.write(store.pending_dir, "candidate-c_p", [["put", "candidates", "c_p", {}]], 0o600)
+    ops = [["frobnicate", "candidates", "c_p"]]  # checksummed like the writer's own
+    body = json.dumps(ops, separators=(",", ":"))
+    path.write_text(json.dumps({"key": "candidate-c_p", "crc": zlib.crc32(body.encode()), "ops": ops},
+                               separators=(",", ":")))
+    written = path.read_bytes()
+    with pytest.raises(KBNewerFormatError) as err:
+        with store.transaction() as tx:
+            tx.put_candidate(_record("c_1"))
+    assert err.value.where == str(path) and "frobnicate" in str(err.value)
+    assert "upgrade kb-mcp on this machine" in str(err.value).lower()
+    assert path.read_bytes() == written and not (store.pending_dir / "damaged").exists()
+    assert KBStore.open(kb_path).get_candidate("c_1") is None

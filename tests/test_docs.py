@@ -145,3 +145,26 @@ def test_the_exit_status_table_is_the_one_every_command_answers_by() -> None:
     section = text.split("\n## Exit statuses\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| (\d+) \| ([a-z -]+) \|", section, re.M)
     assert {int(status): whose for status, whose in rows} == exit_status.STATUSES
+
+
+def test_the_per_client_bounds_table_says_what_the_code_does() -> None:
+    from kb_mcp.server import job_slots, job_store, logs, session_limit, transport
+    from kb_mcp.tools import candidate_store
+    from kb_mcp.tools.source import MAX_SOURCE_BYTES
+
+    text = (ROOT / "docs" / "agents.md").read_text()
+    section = text.split("**What one client may use.**", 1)[1].split("\n\n", 2)[1]  # the table
+    rows = {bound: (int(n), setting.strip("`")) for bound, n, setting in
+            re.findall(r"^\| ([^|]+?) \| (\d+) \| ([^|]+?) \|", section, re.M)}
+    assert rows == {
+        "MCP sessions open at once": (session_limit.DEFAULT_SESSIONS_PER_CLIENT, session_limit.ENV_SESSIONS_PER_CLIENT),
+        "jobs queued or running": (job_slots.MAX_JOBS_PER_SUBMITTER, "-"),
+        "long jobs (campaigns) queued or running": (job_slots.MAX_LONG_JOBS_PER_SUBMITTER, "-"),
+        "finished job records kept": (job_store.JOBS_KEPT_PER_CLIENT, job_store.ENV_JOBS_KEPT_PER_CLIENT),
+        "candidates kept that nothing needs": (candidate_store.CANDIDATES_KEPT_PER_CLIENT,
+                                               candidate_store.ENV_CANDIDATES_KEPT_PER_CLIENT),
+        "outcomes credited per candidate": (1, "-"),
+        "size of a problem or candidate (MiB)": (MAX_SOURCE_BYTES >> 20, "-"),
+        "size of an HTTP request body (MiB)": (transport.MAX_REQUEST_BYTES >> 20, "-"),
+        "log lines a minute, per kind of refusal": (logs.refusals.burst * 60 // int(logs.refusals.window_s), "-"),
+    }

@@ -300,10 +300,12 @@ class JobManager:
 
     def _end(self, job_id: str, client: str, change: Callable[[JobRecord], None]) -> None:
         """Writes how the job ended and counts it among its client's finished jobs in one step: a job
-        anyone saw finished is counted before any job that ends after it, so the oldest go first."""
+        anyone saw finished is counted before any job that ends after it, so the oldest go first. The
+        client's oldest records go before this one is written finished, so that whoever sees it
+        finished finds the client's records already within the bound."""
         with self._finished_lock:
-            self.store.update(job_id, change)
             self._remember_finished(client, job_id)
+            self.store.update(job_id, change)
 
     def _remember_finished(self, client: str, job_id: str) -> None:
         """`job_id` of `client` has finished: the client's oldest finished records beyond

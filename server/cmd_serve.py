@@ -100,12 +100,24 @@ def _tokens_line(opts: HttpOptions) -> str:
 
 def _attempt_policy(choice: str | None) -> None:
     """Makes `--attempts` the server's policy for sandbox attempts (`harness.sandbox.attempts.policy` reads
-    it on every verdict); without it the setting must be a valid one (ValueError says why)."""
-    from kb_mcp.harness.sandbox.attempts import ENV_ATTEMPTS, policy
+    it on every verdict); without it $KB_MCP_ATTEMPTS is (checked with the other settings)."""
+    from kb_mcp.harness.sandbox.attempts import ENV_ATTEMPTS
 
     if choice is not None:
         os.environ[ENV_ATTEMPTS] = choice
+
+
+def _refused_settings() -> str | None:
+    """Why the server must not start on this environment's KB_MCP_ settings (None: it may), in the words
+    of the readers `kb-mcp doctor` asks; the sandbox attempts policy is logged once it is known good."""
+    from kb_mcp.harness.sandbox.attempts import policy
+    from kb_mcp.server.doctor import refused_settings
+
+    refused = refused_settings()
+    if refused:
+        return "; ".join(refused)  # each names its variable and what it takes
     log.info("sandbox attempts: %s", "verdicts are invalid" if policy() == "invalid" else "verdicts are flagged")
+    return None
 
 
 def file_access(args: argparse.Namespace, http: bool) -> FileAccess | None:
@@ -156,8 +168,12 @@ def run(args: argparse.Namespace) -> int:
 
     logs.configure(args.log_level)
     logs.log_attempts()
+    _attempt_policy(args.attempts)
+    refused = _refused_settings()
+    if refused is not None:  # a value every call (or every verdict) would be refused for: not started
+        print(f"kb-mcp serve: {refused}", file=sys.stderr)
+        return EXIT_CODES["environment"]
     try:
-        _attempt_policy(args.attempts)
         options = _http_options(args)
         files = file_access(args, http=options is not None)
         sessions_per = sessions_per_client() if options is not None else 0

@@ -325,16 +325,18 @@ def _setting_readers() -> list[Callable[[], object]]:
     from kb_mcp.harness.judgment.caps import Caps
     from kb_mcp.harness.sandbox import attempts
     from kb_mcp.kb import backups, lock
+    from kb_mcp.profiling.profile_standby import standby_enabled
     from kb_mcp.server.job_store import jobs_kept_per_client
     from kb_mcp.server.session_limit import sessions_per_client
     from kb_mcp.tools.candidate_store import candidates_kept_per_client
 
-    return [lock.default_timeout, backups.default_keep, Caps.from_env, attempts.policy, LLMConfig.from_env,
-            sessions_per_client, jobs_kept_per_client, candidates_kept_per_client]
+    return [lock.default_timeout, backups.default_keep, Caps.from_env, attempts.policy, standby_enabled,
+            LLMConfig.from_env, sessions_per_client, jobs_kept_per_client, candidates_kept_per_client]
 
 
-def check_settings() -> Check:
-    """The KB_MCP_ variables set in this environment: each is read by the code that uses it."""
+def refused_settings() -> list[str]:
+    """What each reader says of a KB_MCP_ setting it refuses, in this environment ([] when none):
+    the doctor reports them, and `kb-mcp serve` does not start while there is one."""
     from kb_mcp.kb.errors import KbMcpError
 
     refused = []
@@ -343,6 +345,12 @@ def check_settings() -> Check:
             read()
         except (KbMcpError, ValueError, RuntimeError) as exc:  # the readers' own refusals (LLM: RuntimeError)
             refused.append(str(exc).rstrip(". "))
+    return refused
+
+
+def check_settings() -> Check:
+    """The KB_MCP_ variables set in this environment: each is read by the code that uses it."""
+    refused = refused_settings()
     given = sorted(name for name in os.environ if name.startswith("KB_MCP_"))
     if refused:
         return Check(name="settings", status=Status.fail, summary="; ".join(refused),

@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     """Serves until the client disconnects (stdio) or the process is interrupted (HTTP)."""
     import anyio
 
-    from kb_mcp.server.app import build_server, package_version
+    from kb_mcp.server.app import package_version
     from kb_mcp.server.banner import http_connect_lines, print_banner, stdio_connect_lines, token_hint_lines
     from kb_mcp.server.session_limit import sessions_per_client
     from kb_mcp.server.transport import ServeError, serve_http
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     refused = _refused_settings()
     if refused is not None:  # a value every call (or every verdict) would be refused for: not started
         print(f"kb-mcp serve: {refused}", file=sys.stderr)
-        return EXIT_CODES["environment"]
+        return exit_status.ENVIRONMENT
     try:
         options = _http_options(args)
         files = file_access(args, http=options is not None)
@@ -181,21 +181,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"kb-mcp serve: {exc}", file=sys.stderr)
         return exit_status.of(exc, default="usage")
     ctx = ToolContext(args.kb, client_name=SHARED_CLIENT if options else "mcp", files=files)
-    try:
-        # Open the KB now: a KB is created where nothing of one is yet; a missing one beside its
-        # remains, a damaged or a foreign one is refused here, with its name and what to do,
-        # instead of failing the first tool call.
-        stats_line = ""
-        server = build_server(ctx, adopt_client_name=options is None)
-        stats_line = _stats_line(server)
-    except KbMcpError as exc:
-        print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc}", file=sys.stderr)
-        return exit_status.of(exc)
-    except Exception as exc:
-        log.exception("cannot open the KB %s", ctx.kb_path)
-        print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc} (a kb-mcp bug: the traceback is above)",
-              file=sys.stderr)
-        return exit_status.BUG
+    built = _built(ctx, adopt_client_name=options is None)
+    if isinstance(built, int):
+        return built
+    server, stats_line = built
     tools = list(server.specs)
     gpu_tools = server.gpu_tools
     try:
@@ -254,6 +243,25 @@ def _http_app(server: KbMcpServer, options: HttpOptions, sessions_per: int) -> B
                                          session_idle_timeout=SESSION_IDLE_S,
                                          max_sessions=sdk_max_sessions(options.credentials.required))
     return BearerGate(mcp_app, options.credentials, sessions=SessionCap(server.session_manager, sessions_per))
+
+
+def _built(ctx: ToolContext, adopt_client_name: bool) -> tuple[KbMcpServer, str] | int:
+    """The server on the KB, opened now, and its stats line; or the exit status where it cannot open.
+    A KB is created where nothing of one is yet; a missing one beside its remains, a damaged or a
+    foreign one is refused here, with its name and what to do, instead of failing the first tool call."""
+    from kb_mcp.server.app import build_server
+
+    try:
+        server = build_server(ctx, adopt_client_name=adopt_client_name)
+        return server, _stats_line(server)
+    except KbMcpError as exc:
+        print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc}", file=sys.stderr)
+        return exit_status.of(exc)
+    except Exception as exc:
+        log.exception("cannot open the KB %s", ctx.kb_path)
+        print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc} (a kb-mcp bug: the traceback is above)",
+              file=sys.stderr)
+        return exit_status.BUG
 
 
 def _finish(server: KbMcpServer, ctx: ToolContext) -> None:

@@ -99,15 +99,10 @@ class Standby:
 Launcher = Callable[[Path], NcuLike]
 
 
-# The words $KB_MCP_PROFILE_STANDBY takes (any case); any other is refused by name, not read as on or off.
-STANDBY_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
-                 "off": False}
-
-
 def standby_enabled() -> bool:
     """False when $KB_MCP_PROFILE_STANDBY is 0/false/no/off, True when unset or 1/true/yes/on; any other
     value is refused by name (`kb.errors.SettingError`)."""
-    return settings.word(ENV_STANDBY, "1", STANDBY_WORDS)
+    return settings.switch(ENV_STANDBY, True)
 
 
 def driver_args(folder: Path, idle_s: float, owner: int | None = None) -> list[str]:

@@ -206,6 +206,7 @@ REFUSED_AT_START = {
     "KB_MCP_MAX_TIMEOUT_S": ("0", "$KB_MCP_MAX_TIMEOUT_S='0' is not a number of seconds, more than 0"),
     "KB_MCP_MAX_COMPILE_TIMEOUT_S": ("nan", "$KB_MCP_MAX_COMPILE_TIMEOUT_S='nan' is not a number of seconds"),
     "KB_MCP_PROFILE_STANDBY": ("maybe", "$KB_MCP_PROFILE_STANDBY='maybe' is not one of"),
+    "KB_MCP_WATCH": ("disabled", "$KB_MCP_WATCH='disabled' is not one of"),
 }
 
 

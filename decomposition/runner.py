@@ -10,17 +10,16 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from kb_mcp.decomposition.limits import TIME_LIMIT_S
-from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox, detect, kill_group
+from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox, detect
 from kb_mcp.harness.sandbox.scratch import new_scratch
+from kb_mcp.harness.sandbox.waiting import wait_for
 
 WORKER = "kb_mcp.harness.worker.decompose_trace"
-POLL_S = 1.0  # how often the worker's answers are looked at, to start the next problem's time limit
 STEPS = {"trace": "traced", "split": "split into its parts", "check": "checked against its recomposition"}
 
 
@@ -103,26 +102,19 @@ def _wait(proc: subprocess.Popen[str], result: Path, timeout_s: float) -> tuple[
     """Waits for the worker: (exit code, output, whether it was stopped). Each entry has `timeout_s`
     from the answer before it (the first from the worker's start, its imports included): the worker
     writes its answers as it goes, so a slow entry is not charged for the ones before it."""
-    answered, seen, deadline = 0, (-1, -1), time.monotonic() + timeout_s
-    try:
-        while True:
-            try:
-                out, _ = proc.communicate(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
-                return proc.returncode, out or "", False
-            except subprocess.TimeoutExpired:  # retrying communicate loses no output
-                pass
-            stamp = _stamp(result)
-            if stamp != seen:  # read again only when the worker wrote (an answer can be large)
-                seen, now = stamp, len(_answers(result))
-                if now > answered:
-                    answered, deadline = now, time.monotonic() + timeout_s
-            if time.monotonic() >= deadline:
-                kill_group(proc)
-                out, _ = proc.communicate()
-                return proc.returncode, out or "", True
-    except BaseException:  # Ctrl-C, a cancelled call: nothing the worker started outlives the wait
-        kill_group(proc)
-        raise
+    answered, seen = 0, (-1, -1)
+
+    def answered_another() -> bool:
+        nonlocal answered, seen
+        stamp = _stamp(result)
+        if stamp == seen:  # read again only when the worker wrote (an answer can be large)
+            return False
+        seen, now = stamp, len(_answers(result))
+        another, answered = now > answered, max(now, answered)
+        return another
+
+    ended = wait_for(proc, timeout_s, restart=answered_another)
+    return ended.code, ended.output, ended.timed_out
 
 
 def _stamp(path: Path) -> tuple[int, int]:

@@ -17,6 +17,12 @@ from kb_mcp.kb import pyparse
 
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 
+MAX_SOURCE_BYTES = 1 << 20
+"""The largest problem or candidate kb-mcp reads, in UTF-8 bytes, as text or as a file: 1 MiB. Real
+ones are far smaller (KernelBench problems a few KB, the largest candidates in
+bench/kernelbench_solutions about 73 KB), so only a mistake or an attack comes near it; a larger file
+is refused before it is read whole (a campaign's or an eval's problem files too, on every transport)."""
+
 
 class ProblemError(ValueError):
     """A problem file or source that is not in the KernelBench format; the message says what is missing."""
@@ -81,9 +87,20 @@ def parse_problem(source: str, name: str = "problem", path: str | None = None) -
 
 
 def load_problem(path: str | Path, name: str | None = None) -> Problem:
-    """Loads a problem from its `.py` file. (Whether a tool argument is a path or source text is
-    decided in one place, `kb_mcp.tools.source`; text goes to `parse_problem`.)"""
+    """Loads a problem from its `.py` file, read only up to `MAX_SOURCE_BYTES` (a larger one is a
+    ProblemError). (Whether a tool argument is a path or source text is decided in one place,
+    `kb_mcp.tools.source`; text goes to `parse_problem`.)"""
     path = Path(path).expanduser()
     if not path.is_file():
         raise ProblemError(f"problem file not found: {path}")
-    return parse_problem(path.read_text(), name=name or path.stem, path=str(path.resolve()))
+    with path.open("rb") as file:
+        data = file.read(MAX_SOURCE_BYTES + 1)  # never more: a 10 GB "problem" must not be held in memory
+    if len(data) > MAX_SOURCE_BYTES:
+        raise ProblemError(f"{path}: more than {MAX_SOURCE_BYTES} bytes, over the 1 MiB a problem may be (real ones "
+                           "are a few KB): check that this is the problem file you meant")
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProblemError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                           "save it as UTF-8") from exc
+    return parse_problem(source, name=name or path.stem, path=str(path.resolve()))

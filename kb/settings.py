@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from kb_mcp.kb.errors import SettingError
 
-__all__ = ["count", "seconds", "word"]
+__all__ = ["SWITCH_WORDS", "count", "seconds", "switch", "word"]
 
 T = TypeVar("T")
 
@@ -50,6 +50,16 @@ def word(name: str, default: str, words: Mapping[str, T], environ: Mapping[str, 
     if key not in words:
         raise _refused(name, value or "", "one of " + ", ".join(f"'{w}'" for w in words), default)
     return words[key]
+
+
+# The words an on/off setting takes (any case); any other is refused by name, not read as on or off.
+SWITCH_WORDS: Mapping[str, bool] = {"1": True, "true": True, "yes": True, "on": True,
+                                    "0": False, "false": False, "no": False, "off": False}
+
+
+def switch(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """An on/off setting (`SWITCH_WORDS`), else `default` where unset or empty; any other value is refused."""
+    return word(name, "on" if default else "off", SWITCH_WORDS, environ)
 
 
 def count(name: str, default: int, environ: Mapping[str, str] | None = None, *, positive: bool = False) -> int:

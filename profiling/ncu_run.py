@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kb_mcp.harness.protocol import NVTX_RANGE
 from kb_mcp.harness.sandbox.sandbox import Grant, Sandbox, kill_group
 from kb_mcp.harness.sandbox.scratch import new_scratch
+from kb_mcp.harness.sandbox.waiting import BoundedText, drain
 from kb_mcp.kb.progress import Progress, no_progress
 from kb_mcp.profiling import ncu_parse
 from kb_mcp.profiling.ncu_parse import unknown_metrics
@@ -155,7 +156,7 @@ class NcuProcess:
         self.start = time.perf_counter()
         # Its own session: a timeout kills ncu and the driver under it together.
         self.proc = sandbox.popen(list(cmd), grant, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
+        self.output = BoundedText()  # what it printed, within a bound (the driver runs a candidate's code)
         self.passes: list[int] = []
         self.progress: Progress = no_progress  # replaced by whoever waits for the result
         self._reader = threading.Thread(target=self._pump, daemon=True)
@@ -163,15 +164,17 @@ class NcuProcess:
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            match = _PROFILING.search(line)
-            if match:
-                found = _PASSES.search(line)
-                if found:
-                    self.passes.append(int(found.group(1)))
-                self.progress(len(self.passes) + (0 if found else 1), None,
-                              f"profiling kernel: {ncu_parse.short_name(match.group(1))}")
+        drain(self.proc.stdout, self.output, self._progress_of)
+
+    def _progress_of(self, line: str) -> None:
+        """Progress from one line of ncu's output (the kernel it profiles, the pass it is on)."""
+        match = _PROFILING.search(line)
+        if match:
+            found = _PASSES.search(line)
+            if found:
+                self.passes.append(int(found.group(1)))
+            self.progress(len(self.passes) + (0 if found else 1), None,
+                          f"profiling kernel: {ncu_parse.short_name(match.group(1))}")
 
     def alive(self) -> bool:
         """Whether the process is still running."""
@@ -197,7 +200,7 @@ class NcuProcess:
             timed_out = True
             self.kill()
         self._reader.join(timeout=5)
-        output = "".join(self.lines)
+        output = self.output.text
         if log_path is not None:
             log_path.write_text(output)
         return NcuRun(self.proc.returncode, output, list(self.passes), timed_out, time.perf_counter() - begun)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kb_mcp.harness.protocol import CLAIMED_FILE, READY_FILE, SPEC_FILE, DriverSpec
+from kb_mcp.kb import settings
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.owners import process_alive
 
@@ -99,8 +100,9 @@ Launcher = Callable[[Path], NcuLike]
 
 
 def standby_enabled() -> bool:
-    """False when $KB_MCP_PROFILE_STANDBY is 0/false/no/off."""
-    return os.environ.get(ENV_STANDBY, "1").strip().lower() not in {"0", "false", "no", "off"}
+    """False when $KB_MCP_PROFILE_STANDBY is 0/false/no/off, True when unset or 1/true/yes/on; any other
+    value is refused by name (`kb.errors.SettingError`)."""
+    return settings.switch(ENV_STANDBY, True)
 
 
 def driver_args(folder: Path, idle_s: float, owner: int | None = None) -> list[str]:

@@ -100,12 +100,24 @@ def _tokens_line(opts: HttpOptions) -> str:
 
 def _attempt_policy(choice: str | None) -> None:
     """Makes `--attempts` the server's policy for sandbox attempts (`harness.sandbox.attempts.policy` reads
-    it on every verdict); without it the setting must be a valid one (ValueError says why)."""
-    from kb_mcp.harness.sandbox.attempts import ENV_ATTEMPTS, policy
+    it on every verdict); without it $KB_MCP_ATTEMPTS is (checked with the other settings)."""
+    from kb_mcp.harness.sandbox.attempts import ENV_ATTEMPTS
 
     if choice is not None:
         os.environ[ENV_ATTEMPTS] = choice
+
+
+def _refused_settings() -> str | None:
+    """Why the server must not start on this environment's KB_MCP_ settings (None: it may), in the words
+    of the readers `kb-mcp doctor` asks; the sandbox attempts policy is logged once it is known good."""
+    from kb_mcp.harness.sandbox.attempts import policy
+    from kb_mcp.server.doctor import refused_settings
+
+    refused = refused_settings()
+    if refused:
+        return "; ".join(refused)  # each names its variable and what it takes
     log.info("sandbox attempts: %s", "verdicts are invalid" if policy() == "invalid" else "verdicts are flagged")
+    return None
 
 
 def file_access(args: argparse.Namespace, http: bool) -> FileAccess | None:
@@ -148,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     """Serves until the client disconnects (stdio) or the process is interrupted (HTTP)."""
     import anyio
 
-    from kb_mcp.server.app import build_server, package_version
+    from kb_mcp.server.app import package_version
     from kb_mcp.server.banner import http_connect_lines, print_banner, stdio_connect_lines, token_hint_lines
     from kb_mcp.server.session_limit import sessions_per_client
     from kb_mcp.server.transport import ServeError, serve_http
@@ -156,8 +168,12 @@ def run(args: argparse.Namespace) -> int:
 
     logs.configure(args.log_level)
     logs.log_attempts()
+    _attempt_policy(args.attempts)
+    refused = _refused_settings()
+    if refused is not None:  # a value every call (or every verdict) would be refused for: not started
+        print(f"kb-mcp serve: {refused}", file=sys.stderr)
+        return exit_status.ENVIRONMENT
     try:
-        _attempt_policy(args.attempts)
         options = _http_options(args)
         files = file_access(args, http=options is not None)
         sessions_per = sessions_per_client() if options is not None else 0
@@ -165,21 +181,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"kb-mcp serve: {exc}", file=sys.stderr)
         return exit_status.of(exc, default="usage")
     ctx = ToolContext(args.kb, client_name=SHARED_CLIENT if options else "mcp", files=files)
-    try:
-        # Open the KB now: a KB is created where nothing of one is yet; a missing one beside its
-        # remains, a damaged or a foreign one is refused here, with its name and what to do,
-        # instead of failing the first tool call.
-        stats_line = ""
-        server = build_server(ctx, adopt_client_name=options is None)
-        stats_line = _stats_line(server)
-    except KbMcpError as exc:
-        print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc}", file=sys.stderr)
-        return exit_status.of(exc)
-    except Exception as exc:
-        log.exception("cannot open the KB %s", ctx.kb_path)
-        print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc} (a kb-mcp bug: the traceback is above)",
-              file=sys.stderr)
-        return exit_status.BUG
+    built = _built(ctx, adopt_client_name=options is None)
+    if isinstance(built, int):
+        return built
+    server, stats_line = built
     tools = list(server.specs)
     gpu_tools = server.gpu_tools
     try:
@@ -238,6 +243,25 @@ def _http_app(server: KbMcpServer, options: HttpOptions, sessions_per: int) -> B
                                          session_idle_timeout=SESSION_IDLE_S,
                                          max_sessions=sdk_max_sessions(options.credentials.required))
     return BearerGate(mcp_app, options.credentials, sessions=SessionCap(server.session_manager, sessions_per))
+
+
+def _built(ctx: ToolContext, adopt_client_name: bool) -> tuple[KbMcpServer, str] | int:
+    """The server on the KB, opened now, and its stats line; or the exit status where it cannot open.
+    A KB is created where nothing of one is yet; a missing one beside its remains, a damaged or a
+    foreign one is refused here, with its name and what to do, instead of failing the first tool call."""
+    from kb_mcp.server.app import build_server
+
+    try:
+        server = build_server(ctx, adopt_client_name=adopt_client_name)
+        return server, _stats_line(server)
+    except KbMcpError as exc:
+        print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc}", file=sys.stderr)
+        return exit_status.of(exc)
+    except Exception as exc:
+        log.exception("cannot open the KB %s", ctx.kb_path)
+        print(f"kb-mcp serve: cannot open the KB {ctx.kb_path}: {exc} (a kb-mcp bug: the traceback is above)",
+              file=sys.stderr)
+        return exit_status.BUG
 
 
 def _finish(server: KbMcpServer, ctx: ToolContext) -> None:

@@ -323,18 +323,21 @@ def _setting_readers() -> list[Callable[[], object]]:
     them, so it says what the server would refuse, in the same words (none of them is a second copy)."""
     from kb_mcp.clients.llm import LLMConfig
     from kb_mcp.harness.judgment.caps import Caps
-    from kb_mcp.harness.sandbox import attempts
+    from kb_mcp.harness.sandbox import attempts, watch
     from kb_mcp.kb import backups, lock
+    from kb_mcp.profiling.profile_standby import standby_enabled
     from kb_mcp.server.job_store import jobs_kept_per_client
     from kb_mcp.server.session_limit import sessions_per_client
     from kb_mcp.tools.candidate_store import candidates_kept_per_client
 
-    return [lock.default_timeout, backups.default_keep, Caps.from_env, attempts.policy, LLMConfig.from_env,
-            sessions_per_client, jobs_kept_per_client, candidates_kept_per_client]
+    return [lock.default_timeout, backups.default_keep, Caps.from_env, attempts.policy, watch.watch_enabled,
+            standby_enabled, LLMConfig.from_env, sessions_per_client, jobs_kept_per_client,
+            candidates_kept_per_client]
 
 
-def check_settings() -> Check:
-    """The KB_MCP_ variables set in this environment: each is read by the code that uses it."""
+def refused_settings() -> list[str]:
+    """What each reader says of a KB_MCP_ setting it refuses, in this environment ([] when none):
+    the doctor reports them, and `kb-mcp serve` does not start while there is one."""
     from kb_mcp.kb.errors import KbMcpError
 
     refused = []
@@ -343,6 +346,12 @@ def check_settings() -> Check:
             read()
         except (KbMcpError, ValueError, RuntimeError) as exc:  # the readers' own refusals (LLM: RuntimeError)
             refused.append(str(exc).rstrip(". "))
+    return refused
+
+
+def check_settings() -> Check:
+    """The KB_MCP_ variables set in this environment: each is read by the code that uses it."""
+    refused = refused_settings()
     given = sorted(name for name in os.environ if name.startswith("KB_MCP_"))
     if refused:
         return Check(name="settings", status=Status.fail, summary="; ".join(refused),
@@ -390,24 +399,29 @@ def check_cluster(machine: Machine, distributed: str | None) -> Check:
 def run_checks(kb_arg: str | None, *, require_gpu: bool = False, on_check: Callable[[Check],
                                                                                     None] | None = None) -> Report:
     """Runs every check in order (each GPU check reads what the earlier ones found)."""
+    from kb_mcp.kb.errors import SettingError
+
     machine = Machine()
-    steps: list[Callable[[], Check]] = [
-        check_install,
-        check_settings,
-        lambda: check_gpu(machine, require_gpu),
-        lambda: check_torch(machine, require_gpu),
-        lambda: check_nvcc(machine, require_gpu),
-        lambda: check_ncu(machine, require_gpu),
-        check_sandbox,
-        check_attempts,
-        check_lane,
-        lambda: check_kb(kb_arg),
-        check_cache,
-        lambda: check_cluster(machine, installed_version("distributed")),
+    steps: list[tuple[str, Callable[[], Check]]] = [
+        ("kb-mcp", check_install),
+        ("settings", check_settings),
+        ("GPU", lambda: check_gpu(machine, require_gpu)),
+        ("PyTorch", lambda: check_torch(machine, require_gpu)),
+        ("nvcc", lambda: check_nvcc(machine, require_gpu)),
+        ("ncu", lambda: check_ncu(machine, require_gpu)),
+        ("sandbox", check_sandbox),
+        ("attempts", check_attempts),
+        ("GPU lane", check_lane),
+        ("KB", lambda: check_kb(kb_arg)),
+        ("cache", check_cache),
+        ("cluster", lambda: check_cluster(machine, installed_version("distributed"))),
     ]
     checks = []
-    for step in steps:
-        check = step()
+    for name, step in steps:
+        try:
+            check = step()
+        except SettingError as exc:  # a setting the code this check runs refuses (also named under "settings")
+            check = Check(name=name, status=Status.fail, summary=exc.message, fix=exc.action)
         checks.append(check)
         if on_check is not None:
             on_check(check)

@@ -13,7 +13,6 @@ from kb_mcp.harness.judgment.probing import PrecisionCheck
 from kb_mcp.harness.judgment.verdict import CompileResult, Finding, InputSetCheck, Timings, VerifyOptions, VerifyResult
 from kb_mcp.harness.problem import Problem
 from kb_mcp.kb.atomic import write_atomic
-from kb_mcp.kb.errors import EnvironmentFault
 from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 from kb_mcp.tools import candidate_store
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, gpu_lane_inside, harness_unavailable, no_progress
@@ -212,13 +211,9 @@ def check_options(req: Request) -> None:
 
 
 def server_caps() -> Caps:
-    """The caps this server verifies under. They are the operator's settings, so one that is not a
-    number is the environment's to fix: no argument of the call can."""
-    try:
-        return Caps.from_env()
-    except ValueError as exc:
-        raise EnvironmentFault(str(exc), action="the server's operator sets it: give a number of seconds, or "
-                               "unset it for the default") from exc
+    """The caps this server verifies under. They are the operator's settings, so one it cannot use is
+    the environment's to fix (`SettingError`, raised by `Caps.from_env`): no argument of the call can."""
+    return Caps.from_env()
 
 
 def record(ctx: ToolContext, req: Request, problem: Problem, candidate: str, result: VerifyResult) -> Result:

@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from kb_mcp.harness.problem import Problem, ProblemError, parse_problem
+from kb_mcp.harness.problem import MAX_SOURCE_BYTES, Problem, ProblemError, parse_problem
 from kb_mcp.kb import pyparse
 from kb_mcp.kb.errors import ToolError, decode_utf8, storage_error
 
@@ -35,11 +35,6 @@ __all__ = ["CUDA_SUFFIXES", "MAX_SOURCE_BYTES", "FileAccess", "Source", "SourceT
 Source = Annotated[str, "path or text"]
 """The type of a tool argument that is a path to a `.py` file on the server's machine, or the
 source text; `read_source` resolves it."""
-
-MAX_SOURCE_BYTES = 1 << 20
-"""The largest problem or candidate a tool takes, in UTF-8 bytes, as text or as a file: 1 MiB. Real
-ones are far smaller (KernelBench problems a few KB, the largest candidates in
-bench/kernelbench_solutions about 73 KB), so only a mistake or an attack comes near it."""
 
 Kind = Literal["problem", "candidate"]
 FileKind = Literal["problem", "candidate", "report"]

@@ -3,11 +3,13 @@ request is refused, with the cap in the message)."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from kb_mcp.harness.judgment.verdict import VerifyOptions
+from kb_mcp.kb import settings
 
 __all__ = ["Caps"]
 
@@ -18,24 +20,21 @@ class Caps(BaseModel):
     Set by the server's operator through `KB_MCP_MAX_TIMEOUT_S` and `KB_MCP_MAX_COMPILE_TIMEOUT_S`.
     """
 
+    ENV: ClassVar[dict[str, str]] = {"timeout_s": "KB_MCP_MAX_TIMEOUT_S",
+                                     "compile_timeout_s": "KB_MCP_MAX_COMPILE_TIMEOUT_S"}
+
     model_config = ConfigDict(extra="forbid")
 
     timeout_s: float = 600.0
     compile_timeout_s: float = 1200.0
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> Caps:
-        """The caps this server runs with (defaults where the variables are unset)."""
-        env = os.environ if environ is None else environ
-        values: dict[str, float] = {}
-        for field, var in (("timeout_s", "KB_MCP_MAX_TIMEOUT_S"), ("compile_timeout_s",
-                                                                   "KB_MCP_MAX_COMPILE_TIMEOUT_S")):
-            if env.get(var):
-                try:
-                    values[field] = float(env[var])
-                except ValueError as exc:
-                    raise ValueError(f"${var} must be a number of seconds, got {env[var]!r}") from exc
-        return cls(**values)
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Caps:
+        """The caps this server runs with (defaults where the variables are unset). A value that is not
+        a number of seconds above 0 (a cap of 0 or NaN would refuse every verification) is refused by
+        name (`kb.errors.SettingError`: the operator's to fix, not a caller's)."""
+        return cls(**{field: settings.seconds(var, cls.model_fields[field].default, environ, positive=True)
+                      for field, var in cls.ENV.items()})
 
     def refusal(self, options: VerifyOptions) -> str | None:
         """Why `options` ask for more than this server allows, or None when they do not."""

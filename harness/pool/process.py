@@ -187,7 +187,14 @@ class WorkerProcess:
         self.info: WorkerInfo | None = None
         self.started = time.monotonic()
         self.served = 0  # candidates sent to it: a census worker that served none is untouched by them
-        send(parent, Init(key=self.session.hex()), POOL_KEY)
+        try:
+            send(parent, Init(key=self.session.hex()), POOL_KEY)
+        except OSError:
+            # It died at once (its Python could not start: a broken site, a missing library), before
+            # it read this: `wait_ready` reads the closed channel and says how it ended, from its exit
+            # status and output, as for any worker that failed to start (a BrokenPipeError here had
+            # escaped as a traceback, and a cluster did not withdraw the worker whose harness cannot run).
+            pass
 
     @property
     def pid(self) -> int:

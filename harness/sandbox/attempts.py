@@ -26,6 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from kb_mcp.kb import settings
+
 ENV_ATTEMPTS = "KB_MCP_ATTEMPTS"  # "flag" (the default) or "invalid"
 Policy = Literal["flag", "invalid"]
 # `build`: a compiler flag, folder or #include the allow-lists refused (`allow_lists.tried_outside`)
@@ -151,11 +153,12 @@ def announce(attempt: Attempt, clients: str = "") -> None:
 
 
 def policy() -> Policy:
-    """What an attempt makes of a verdict on this server (`KB_MCP_ATTEMPTS`)."""
-    value = os.environ.get(ENV_ATTEMPTS, "").strip().lower() or "flag"
-    if value not in ("flag", "invalid"):
-        raise ValueError(f"{ENV_ATTEMPTS}={value!r} is not a setting: use 'flag' (the default) or 'invalid'")
-    return value  # type: ignore[return-value]
+    """What an attempt makes of a verdict on this server (`KB_MCP_ATTEMPTS`); any other value than
+    'flag' or 'invalid' is refused by name (`kb.errors.SettingError`, the operator's to fix)."""
+    return settings.word(ENV_ATTEMPTS, "flag", _POLICIES)
+
+
+_POLICIES: dict[str, Policy] = {"flag": "flag", "invalid": "invalid"}
 
 
 # ---------------------------------------------------------------------------------------------

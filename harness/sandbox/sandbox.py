@@ -44,7 +44,6 @@ import functools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -67,6 +66,7 @@ from kb_mcp.harness.sandbox.view import (
     _under,
     private_places,
 )
+from kb_mcp.harness.sandbox.waiting import finish, kill_group
 from kb_mcp.harness.sandbox.watch import Places, Watch, unavailable
 
 ENV_SANDBOX = "KB_MCP_SANDBOX"  # "bwrap" (the default) or "unconfined" (explicit opt-in: no namespaces)
@@ -310,31 +310,6 @@ class Sandbox:
         return finish(proc, timeout_s, input_text)
 
 
-def finish(proc: subprocess.Popen[str], timeout_s: float, input_text: str | None = None) -> tuple[int, str]:
-    """Waits for a process `Sandbox.popen` started with piped text output: (return code, output). At
-    `timeout_s` its group is killed (-9, said at the end of the output); so it is when the wait is
-    interrupted (Ctrl-C, a cancelled call), so that nothing it started outlives the caller's wait."""
-    try:
-        out, _ = proc.communicate(input_text, timeout=timeout_s)
-        return proc.returncode, out or ""
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        out, _ = proc.communicate()
-        return -9, (out or "") + f"\n[killed after {timeout_s:.0f} s]"
-    except BaseException:
-        kill_group(proc)
-        raise
-
-
-def kill_group(proc: subprocess.Popen[Any]) -> None:
-    """Kills a process started by `Sandbox.popen` and everything in its session."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            proc.kill()
-
-
 def _passwd(scratch: Path) -> str:
     return (
         "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
@@ -449,5 +424,5 @@ def unconfined_note(sandbox: Sandbox) -> str:
 
 __all__ = [
     "ENV_EXTRA_RO", "ENV_SANDBOX", "Grant", "Limits", "Role", "Sandbox", "SandboxUnavailable", "View", "detect",
-    "kill_group", "limits_for", "private_places", "unconfined_note",
+    "finish", "kill_group", "limits_for", "private_places", "unconfined_note",
 ]

@@ -54,8 +54,9 @@ from kb_mcp.harness.sandbox.attempts import (
     toolchain_script,
     where,
 )
+from kb_mcp.kb import settings
 
-ENV_WATCH = "KB_MCP_WATCH"  # "off": start sandboxed processes without the watch (no record)
+ENV_WATCH = "KB_MCP_WATCH"  # off (or 0/false/no): start sandboxed processes without the watch (no record)
 LAUNCHER = Path(__file__).with_name("watch_launch.py")
 
 _NOTIF_SIZE = 80  # struct seccomp_notif: id u64, pid u32, flags u32, seccomp_data (nr, arch, ip, args[6])
@@ -111,10 +112,16 @@ def _numbers(names: tuple[str, ...]) -> dict[int, str]:
     return out
 
 
+def watch_enabled() -> bool:
+    """False when $KB_MCP_WATCH is off (0/false/no/off), True when unset or on; any other value is refused
+    by name (`kb.errors.SettingError`): a watch meant off, misspelt, must not silently stay on, nor the reverse."""
+    return settings.switch(ENV_WATCH, True)
+
+
 def unavailable() -> str:
     """Why attempts cannot be recorded on this machine ("" where they can): the watch's needs are
     Linux, libseccomp, and a kernel with seccomp user notification (5.5+ for CONTINUE)."""
-    if os.environ.get(ENV_WATCH, "").strip().lower() == "off":
+    if not watch_enabled():
         return f"{ENV_WATCH}=off"
     if not sys.platform.startswith("linux"):
         return f"seccomp user notification needs Linux (this is {sys.platform})"

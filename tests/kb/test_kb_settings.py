@@ -74,3 +74,16 @@ def test_a_positive_count_refuses_zero_and_anything_but_ascii_digits_by_name(val
         settings.count("X", 16, {"X": value}, positive=True)
     with pytest.raises(SettingError):  # before: a superscript two passed as a digit and int() raised
         settings.count("X", 16, {"X": "\u00b2"})
+
+
+@pytest.mark.parametrize(("value", "expected"), [("", True), ("ON", True), ("yes", True), ("1", True),
+                                                 ("off", False), ("False", False), ("no", False), ("0", False)])
+def test_a_switch_reads_on_and_off_words_in_any_case(value: str, expected: bool) -> None:
+    assert settings.switch("KB_MCP_X", True, {"KB_MCP_X": value}) is expected
+
+
+@pytest.mark.parametrize("value", ["of", "disabled", "2", "maybe"])
+def test_a_switch_refuses_any_other_word_whatever_its_default(value: str) -> None:
+    for default in (True, False):
+        with pytest.raises(SettingError, match=f"KB_MCP_X='{value}' is not one of"):
+            settings.switch("KB_MCP_X", default, {"KB_MCP_X": value})

@@ -20,8 +20,9 @@ from prof_fixtures import PROBLEMS, pass_through_ncu
 from kb_mcp.harness.problem import load_problem
 from kb_mcp.harness.protocol import CLAIMED_FILE, EXIT_UNCLAIMED, DriverReport, DriverSpec
 from kb_mcp.harness.sandbox.sandbox import detect
+from kb_mcp.kb.errors import SettingError
 from kb_mcp.profiling import profiler
-from kb_mcp.profiling.profile_standby import StandbyKey, StandbyPool, driver_args
+from kb_mcp.profiling.profile_standby import StandbyKey, StandbyPool, driver_args, standby_enabled
 
 DRIVER = [sys.executable, "-m", "kb_mcp.harness.worker.profile_driver"]
 KEY = StandbyKey("ncu", False, 200, ("a", "b"), "/cache")
@@ -210,3 +211,22 @@ def test_refused_counters_start_no_waiting_driver(tmp_path: Path, monkeypatch: p
         pass  # this machine: the fallback driver found no GPU
     assert pool.disabled_reason and "ERR_NVGPUCTRPERM" in pool.disabled_reason
     assert not list((tmp_path / "pool").glob("standby-*"))
+
+
+@pytest.mark.parametrize(("value", "on"), [("0", False), ("off", False), ("No", False), ("false", False),
+                                           ("1", True), ("on", True), ("YES", True), ("true", True), ("", True)])
+def test_standby_takes_the_documented_words(monkeypatch: pytest.MonkeyPatch, value: str, on: bool) -> None:
+    monkeypatch.setenv("KB_MCP_PROFILE_STANDBY", value)
+    assert standby_enabled() is on
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "disabled", "nope"])
+def test_a_standby_setting_of_another_word_is_refused_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              value: str) -> None:
+    """Not read as on (nor as off): the operator meant something kb-mcp cannot tell."""
+    monkeypatch.setenv("KB_MCP_PROFILE_STANDBY", value)
+    with pytest.raises(SettingError) as refused:
+        StandbyPool(tmp_path / "pool").launch(KEY, _sleeper)
+    assert refused.value.whose == "environment" and refused.value.where == "KB_MCP_PROFILE_STANDBY"
+    assert f"$KB_MCP_PROFILE_STANDBY={value!r} is not one of '1', 'true', 'yes', 'on', '0'" in str(refused.value)
+    assert not (tmp_path / "pool").exists() or not any((tmp_path / "pool").iterdir())  # no driver started

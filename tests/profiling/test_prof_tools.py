@@ -43,7 +43,7 @@ def test_profile_store_round_trip_and_ids(tmp_path: Path) -> None:
         store.load(new_profile_id())
     with pytest.raises(ProfileNotFound, match="not a profile id"):
         store.load("../../kb")  # ids never become paths outside the folder
-    assert not list((tmp_path / "profiles").glob(".tmp-*"))  # atomic write leaves no temp file
+    assert not list((tmp_path / "profiles").glob(".*"))  # atomic write leaves no temp file
 
 
 def test_classify_stored_profile_matches_seed_states(kb_path: Path) -> None:

@@ -66,8 +66,10 @@ def test_a_kb_path_below_a_file_fails_saying_which_file(tmp_path: Path) -> None:
 BAD_SETTINGS = {  # each variable, a value its reader refuses, and words of that refusal
     "KB_MCP_LOCK_TIMEOUT": ("abc", "$KB_MCP_LOCK_TIMEOUT='abc' is not a number of seconds"),
     "KB_MCP_BACKUPS": ("-1", "$KB_MCP_BACKUPS='-1' is not a whole number"),
-    "KB_MCP_MAX_TIMEOUT_S": ("x", "$KB_MCP_MAX_TIMEOUT_S must be a number of seconds, got 'x'"),
-    "KB_MCP_ATTEMPTS": ("bogus", "KB_MCP_ATTEMPTS='bogus' is not a setting"),
+    "KB_MCP_MAX_TIMEOUT_S": ("x", "$KB_MCP_MAX_TIMEOUT_S='x' is not a number of seconds, more than 0"),
+    "KB_MCP_ATTEMPTS": ("bogus", "$KB_MCP_ATTEMPTS='bogus' is not one of 'flag', 'invalid'"),
+    "KB_MCP_PROFILE_STANDBY": ("maybe", "$KB_MCP_PROFILE_STANDBY='maybe' is not one of '1', 'true'"),
+    "KB_MCP_WATCH": ("of", "$KB_MCP_WATCH='of' is not one of '1', 'true'"),
     "KB_MCP_LLM_TIMEOUT": ("0", "$KB_MCP_LLM_TIMEOUT='0' cannot be used"),
     "KB_MCP_SESSIONS_PER_CLIENT": ("0", "$KB_MCP_SESSIONS_PER_CLIENT='0' is not a whole number, more than 0"),
     "KB_MCP_JOBS_KEPT_PER_CLIENT": ("-2", "$KB_MCP_JOBS_KEPT_PER_CLIENT='-2' is not a whole number, more than 0"),

@@ -165,7 +165,8 @@ def test_an_argument_file_that_is_not_utf8_is_named_with_its_byte(kb_path: Path,
 # Settings of the server's operator: no argument of the call can fix them, so they are the environment's.
 OPERATOR_SETTINGS = {
     "KB_MCP_SANDBOX": ("KB_MCP_SANDBOX='abc' is not a sandbox setting", "`kb-mcp doctor`"),
-    "KB_MCP_MAX_TIMEOUT_S": ("$KB_MCP_MAX_TIMEOUT_S must be a number of seconds, got 'abc'", "operator sets it"),
+    "KB_MCP_MAX_TIMEOUT_S": ("$KB_MCP_MAX_TIMEOUT_S='abc' is not a number of seconds, more than 0",
+                             "unset it for the default (600)"),
 }
 
 

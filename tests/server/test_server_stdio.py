@@ -200,7 +200,27 @@ def test_serve_attempts_invalid_rejects_such_a_verdict(kb_path: Path, tmp_path: 
     assert "sandbox attempts: verdicts are invalid" in stderr
 
 
-def test_a_wrong_attempts_setting_is_refused_at_start(kb_path: Path) -> None:
+# Settings every call (or every verdict) would be refused for, and words of the refusal at start.
+REFUSED_AT_START = {
+    "KB_MCP_ATTEMPTS": ("ignore", "$KB_MCP_ATTEMPTS='ignore' is not one of 'flag', 'invalid'"),
+    "KB_MCP_MAX_TIMEOUT_S": ("0", "$KB_MCP_MAX_TIMEOUT_S='0' is not a number of seconds, more than 0"),
+    "KB_MCP_MAX_COMPILE_TIMEOUT_S": ("nan", "$KB_MCP_MAX_COMPILE_TIMEOUT_S='nan' is not a number of seconds"),
+    "KB_MCP_PROFILE_STANDBY": ("maybe", "$KB_MCP_PROFILE_STANDBY='maybe' is not one of"),
+    "KB_MCP_WATCH": ("disabled", "$KB_MCP_WATCH='disabled' is not one of"),
+}
+
+
+@pytest.mark.parametrize("variable", sorted(REFUSED_AT_START))
+def test_a_setting_the_server_cannot_use_is_refused_at_start_by_name(kb_path: Path, variable: str) -> None:
+    value, said = REFUSED_AT_START[variable]
     done = subprocess.run(serve_command(kb_path), input="", capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "KB_MCP_ATTEMPTS": "ignore"})
-    assert done.returncode == 2 and "KB_MCP_ATTEMPTS='ignore' is not a setting" in done.stderr, done.stderr
+                          env={**os.environ, variable: value})
+    assert done.returncode == 3 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "unset it for the default" in done.stderr
+    assert not kb_path.exists()  # refused before the KB is opened (or created)
+
+
+def test_the_attempts_flag_stands_in_for_a_wrong_attempts_setting(kb_path: Path) -> None:
+    done = subprocess.run(serve_command(kb_path, ["--attempts", "flag"]), input="", capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "KB_MCP_ATTEMPTS": "ignore"})
+    assert done.returncode == 0 and "sandbox attempts: verdicts are flagged" in done.stderr, done.stderr

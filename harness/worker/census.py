@@ -29,6 +29,7 @@ candidate's allow-list, as `IntegrityGuard.findings` always did.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -44,7 +45,7 @@ from kb_mcp.harness.protocol import CensusReply, ProblemFailed
 from kb_mcp.harness.worker import integrity_runtime as rt
 from kb_mcp.harness.worker.fault import Blame, first_line, is_out_of_memory, raised_in, tensor_bytes
 from kb_mcp.harness.worker.footprint import start_request
-from kb_mcp.harness.worker.loading import load_module, short_traceback, unload_modules
+from kb_mcp.harness.worker.loading import load_module, short_traceback
 from kb_mcp.harness.worker.profiling import measure_device_time
 from kb_mcp.harness.worker.timing import L2Flusher
 from kb_mcp.harness.worker.tracks import track_numerics
@@ -258,7 +259,9 @@ class _CensusRun:
 
     def cleanup(self) -> Failure | None:
         """Drops the imported modules and the cached GPU memory; a CUDA context that fails to is broken."""
-        unload_modules(self.names)
+        for name in self.names:
+            sys.modules.pop(name, None)
+        gc.collect()
         if self.env.cuda:
             try:
                 self.peak = torch.cuda.max_memory_reserved()

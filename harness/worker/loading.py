@@ -7,7 +7,6 @@ Code is written to a real file and imported from it, so tracebacks point at line
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import sys
 import traceback
@@ -32,23 +31,6 @@ def load_module(source: str, module_name: str, directory: Path) -> ModuleType:
         sys.modules.pop(module_name, None)
         raise
     return module
-
-
-def unload_modules(names: list[str]) -> None:
-    """Drops the modules a verification imported, collects what they leave as garbage, and freezes what
-    survives out of the cyclic collector's walk.
-
-    The worker freezes its heap once it is set up (`main._setup`), but a verification imports more that
-    lives on: torch.compile's baseline brings Inductor, sympy and Triton (about 80,000 objects over torch
-    and dynamo), a candidate's build brings cpp_extension. Unfrozen, each later full collection walks
-    them again, and a verdict runs several (before the census, at this cleanup): on a CPU, a collection
-    after importing dynamo and Inductor takes about 130-200 ms against under 1 ms frozen. What survives
-    here is reachable (the collection just ran), so freezing it loses nothing but the cyclic collection
-    of objects that become garbage later: reference counting still frees them."""
-    for name in names:
-        sys.modules.pop(name, None)
-    gc.collect()
-    gc.freeze()
 
 
 def short_traceback(exc: BaseException, files: tuple[str, ...]) -> str:

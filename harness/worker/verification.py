@@ -8,8 +8,10 @@ record into and the steps around them (phases, the result, the memory report, cl
 
 from __future__ import annotations
 
+import gc
 import itertools
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ from kb_mcp.harness.worker.fault import Blame
 from kb_mcp.harness.worker.footprint import request_peak
 from kb_mcp.harness.worker.integrity import IntegrityGuard, dedupe
 from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
-from kb_mcp.harness.worker.loading import load_module, unload_modules
+from kb_mcp.harness.worker.loading import load_module
 from kb_mcp.harness.worker.seal import ReferenceSeal
 from kb_mcp.harness.worker.timing import RunStats, Timer, guards_active
 
@@ -244,10 +246,12 @@ class Verification:
     def cleanup(self) -> None:
         """Drops the modules this verification imported (fresh namespace for the next one). A CUDA
         context the candidate broke fails here too: the worker is then replaced."""
+        for name in self.modules:
+            sys.modules.pop(name, None)
         # What this verification held goes with it; whatever the candidate's code still keeps alive
         # after that (a class-level cache, a global) would shrink the next candidate's GPU.
         self.cand = self.cmod = self.checker = None
-        unload_modules(self.modules)
+        gc.collect()
         if self.env.cuda:
             try:
                 torch.cuda.empty_cache()

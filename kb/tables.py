@@ -207,6 +207,9 @@ class Tables:
         # client -> {verdict key: candidate} of this KB's own verdicts naming that client as their one
         # verifier: read on every verification (`KBView.sole_candidates`), so never a scan of every verdict
         self.verdicts_by_sole_verifier: dict[str, dict[str, str]] = {}
+        # candidate -> how many times outcomes and lessons name it (`names_of`): asked under the KB lock
+        # on every verification (`tools.candidate_store.Needs`), so never a scan of every outcome and lesson
+        self.names_by_candidate: dict[str, int] = {}
 
     # ---- loading and saving -------------------------------------------------------------
 
@@ -318,6 +321,8 @@ class Tables:
             self._unindex(table, key, doc)
 
     def _index(self, table: str, key: str, doc: dict[str, Any]) -> None:
+        for cid in names_of(table, doc):
+            self.names_by_candidate[cid] = self.names_by_candidate.get(cid, 0) + 1
         if table == "states":
             self.states_by_key.setdefault(signature_key(doc), []).append(key)
         elif table == "lessons":
@@ -334,6 +339,12 @@ class Tables:
             self.outcomes_by_candidate.setdefault(doc["candidate_id"], []).append(key)
 
     def _unindex(self, table: str, key: str, doc: dict[str, Any]) -> None:
+        for cid in names_of(table, doc):
+            left = self.names_by_candidate.get(cid, 0) - 1
+            if left > 0:
+                self.names_by_candidate[cid] = left
+            else:
+                self.names_by_candidate.pop(cid, None)
         if table == "candidates":
             _drop(self.verdicts_by_problem, doc.get("problem_hash", ""), key)
             sole = sole_verifier(doc)
@@ -380,6 +391,14 @@ def sole_verifier(doc: dict[str, Any]) -> str | None:
     if doc.get("imported_from") or not isinstance(who, list) or len(who) != 1 or not isinstance(who[0], str):
         return None
     return who[0]
+
+
+def names_of(table: str, doc: dict[str, Any]) -> list[str]:
+    """The candidates a stored record names, once per field: an outcome its candidate and its parent, a
+    lesson its candidate; none for other tables. A field that holds no candidate id (absent, empty, not a
+    string: a KB file is untrusted) names none."""
+    fields = {"outcomes": ("candidate_id", "parent_candidate_id"), "lessons": ("candidate_id",)}.get(table, ())
+    return [cid for cid in (doc.get(f) for f in fields) if isinstance(cid, str) and cid]
 
 
 def _drop(index: dict[Any, list[str]], group: Any, key: str) -> None:

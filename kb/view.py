@@ -313,12 +313,10 @@ class KBView:
             return int(removed.get(client, 0))
         return sum(int(n) for n in removed.values())
 
-    def named_candidates(self) -> set[str]:
-        """The candidates an outcome (as its candidate or its parent) or a lesson names."""
-        recs = self._t.records
-        named = {o.get(k) for o in recs["outcomes"].values() for k in ("candidate_id", "parent_candidate_id")}
-        named |= {lesson.get("candidate_id") for lesson in recs["lessons"].values()}
-        return {c for c in named if isinstance(c, str) and c}
+    def is_named(self, candidate_id: str) -> bool:
+        """Whether an outcome (as its candidate or its parent) or a lesson names the candidate
+        (`kb.tables.names_of`). Read through an index, so its cost does not follow the KB's size."""
+        return candidate_id in self._t.names_by_candidate
 
     def candidate_verifiers(self, candidate_id: str) -> set[str] | None:
         """The clients whose compile_and_verify produced one of the candidate's strongest verdicts (this

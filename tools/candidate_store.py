@@ -141,13 +141,12 @@ class Needs:
 
     def __init__(self, view: KBView, pending_dir: Path) -> None:
         self._view = view
-        self._named = view.named_candidates()
         self._waiting = {waiting_candidate(p.name) for p in pending_dir.glob("*.json")}
         self._best: dict[str, str | None] = {}  # problem hash -> the candidate a composition takes
 
     def why(self, candidate_id: str) -> str | None:
         """Why the KB needs the candidate's source, or None when nothing does."""
-        if candidate_id in self._named:
+        if self._view.is_named(candidate_id):
             return "an outcome or a lesson names it"
         if candidate_id in self._waiting:
             return "its verdict waits to be committed"

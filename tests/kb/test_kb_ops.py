@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kb_mcp.kb.errors import KBNewerFormatError
+from kb_mcp.kb.models import SCHEMA_VERSION
 from kb_mcp.kb.ops import DropRecord, PutMeta, PutRecord, PutScore, from_wire, newer_op
 from kb_mcp.kb.tables import Tables
 
@@ -79,3 +80,37 @@ def test_a_dropped_verdict_leaves_the_tables_and_every_index_replayed_or_not() -
     for tables in (typed, replayed):
         assert tables.records["candidates"] == {}
         assert tables.verdicts_by_candidate == tables.verdicts_by_problem == tables.verdicts_by_sole_verifier == {}
+
+
+def _outcome(key: str, cid: object, parent: object = None) -> dict[str, object]:
+    return {"id": key, "candidate_id": cid, "parent_candidate_id": parent, "state_id": "s", "optimization_id": "o1"}
+
+
+def _lesson(key: str, cid: object) -> dict[str, object]:
+    return {"id": key, "candidate_id": cid, "state_id": "s", "optimization_id": "o1"}
+
+
+def test_the_count_of_names_per_candidate_follows_puts_replacements_and_drops_replayed_or_loaded() -> None:
+    ops = [
+        PutMeta({"format": "kb-mcp", "schema_version": SCHEMA_VERSION}),
+        PutRecord("outcomes", "o1", _outcome("o1", "c_child", "c_parent")),
+        PutRecord("outcomes", "o2", _outcome("o2", "c_self", "c_self")),  # its own parent: named twice
+        PutRecord("lessons", "l1", _lesson("l1", "c_child")),
+        PutRecord("lessons", "l2", _lesson("l2", None)),  # a lesson of no candidate names none
+        PutRecord("lessons", "l3", _lesson("l3", ["c_child"])),  # nor a field that is no candidate id (untrusted)
+        PutRecord("outcomes", "o1", _outcome("o1", "c_child")),  # replaced: its parent is no longer named by it
+        PutRecord("outcomes", "o3", _outcome("o3", "c_gone", "c_self")),
+        DropRecord("outcomes", "o3"),
+        DropRecord("outcomes", "o4"),  # dropping what is not there changes nothing
+        PutRecord("candidates", "c_parent/k", {"candidate_id": "c_parent", "problem_hash": "h", "options": {}}),
+    ]
+    typed, replayed = Tables(), Tables()
+    for op in ops:
+        typed.apply(op)
+    replayed.replay([op.wire() for op in ops])
+    loaded = Tables.from_tinydb(typed.to_tinydb(), "kb.json")
+    for tables in (typed, replayed, loaded):
+        assert tables.names_by_candidate == {"c_child": 2, "c_self": 2}
+    for op in [DropRecord("outcomes", "o1"), DropRecord("lessons", "l1"), DropRecord("outcomes", "o2")]:
+        typed.apply(op)
+    assert typed.names_by_candidate == {}

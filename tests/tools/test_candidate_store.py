@@ -19,7 +19,7 @@ from kb_mcp.harness.judgment.verdict import CompileResult, InputSetCheck, Verify
 from kb_mcp.harness.problem import Problem, candidate_id, load_problem, parse_problem
 from kb_mcp.kb.errors import SettingError
 from kb_mcp.kb.interchange import merge_kb
-from kb_mcp.kb.models import Verdict
+from kb_mcp.kb.models import Lesson, Verdict
 from kb_mcp.kb.store import KBStore
 from kb_mcp.policy import update
 from kb_mcp.server import gc, kb_views
@@ -112,6 +112,18 @@ def test_a_source_an_outcome_names_survives_the_bound(clients: tuple[ToolContext
     ro.run(alice, ro.Request(state_id=STATE, optimization_id=OPT, candidate_id=child, parent_candidate_id=parent))
     flood = _flood(alice, "later")
     assert _kept(alice) == {parent, child, *flood[-KEEP:]}
+
+
+def test_a_source_a_lesson_names_survives_the_bound_in_a_store_that_read_the_lesson_from_the_journal(
+        clients: tuple[ToolContext, ToolContext]) -> None:
+    alice, _ = clients
+    taught = _store(alice, "# taught\n" + NVRTC)
+    # another process's KB edit: alice's store learns of the lesson by replaying the journal
+    with KBStore.open(alice.kb_path).transaction() as tx:
+        tx.put_lesson(Lesson(id="l_taught", state_id=STATE, optimization_id=OPT, text="fuse it", candidate_id=taught))
+    flood = _flood(alice, "later")
+    assert _kept(alice) == {taught, *flood[-KEEP:]}
+    assert _verdicts(alice) == {taught, *flood[-KEEP:]}
 
 
 def test_another_clients_sources_are_untouched_by_a_clients_bound(clients: tuple[ToolContext, ToolContext]) -> None:

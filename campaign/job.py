@@ -55,10 +55,24 @@ META = ToolMeta(
 )
 
 
+MAX_ITERATIONS = 100
+MAX_STEPS = 100
+MAX_ATTEMPTS = 10
+"""A client's campaign is bounded per problem: each step keeps a record (about 5 KB with small kernels)
+and the source of each attempt (up to 1 MiB each) in the campaign folder, so unbounded counts let one
+campaign fill the disk (iterations=steps=1000 is a million steps a problem). Ten times the defaults;
+the operator runs larger campaigns from the shell (`kb-mcp run-campaign`)."""
+
+
 class Request(CampaignOptions):
     """Campaign settings; None leaves the stored value (resume) or the default."""
 
     model_config = ConfigDict(extra="forbid")
+
+    iterations: int | None = Field(None, ge=1, le=MAX_ITERATIONS)
+    steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    fix_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS)
+    generate_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS)
 
     name: str = Field(DEFAULT_CAMPAIGN_NAME, pattern=CAMPAIGN_NAME,
                       description="campaign folder name beside the KB (a letter or digit first)")

@@ -252,3 +252,15 @@ async def test_a_client_cannot_run_a_campaign_another_client_or_the_operator_sta
     for name, client in (("mine", "agent:alice"), ("overnight", None)):
         header = CampaignStore(campaign_folder(kb, name)).read_status()
         assert (header.client, header.runs, header.config.iterations) == (client, 1, 1)
+
+
+@pytest.mark.parametrize("field", ["iterations", "steps", "fix_attempts", "generate_attempts"])
+def test_a_clients_campaign_is_bounded_in_steps_and_attempts_per_problem(field: str) -> None:
+    from pydantic import ValidationError
+
+    from kb_mcp.campaign.job import MAX_ATTEMPTS, MAX_ITERATIONS, MAX_STEPS, Request
+
+    most = {"iterations": MAX_ITERATIONS, "steps": MAX_STEPS}.get(field, MAX_ATTEMPTS)
+    assert getattr(Request.model_validate({field: most}), field) == most
+    with pytest.raises(ValidationError, match=f"less than or equal to {most}"):
+        Request.model_validate({field: 1000})

@@ -14,18 +14,23 @@ The campaign reads the problem files it is given (`problems`) on the server, thr
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+from pathlib import Path
 
 from pydantic import ConfigDict, Field, field_validator
 
 from kb_mcp.campaign.names import CAMPAIGN_NAME, DEFAULT_CAMPAIGN_NAME, CampaignError, campaign_folder
+from kb_mcp.campaign.owners import campaigns_kept_per_client, trim
 from kb_mcp.campaign.runner import CampaignOptions, CampaignSummary, run_campaign
 from kb_mcp.campaign.selection import SelectionError, select_problems
 from kb_mcp.clients.llm import ENV_BASE_URL, LLMConfig, LLMNotConfigured
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.source import readable_problems
+
+log = logging.getLogger(__name__)
 
 NAME = "run_campaign"
 DESCRIPTION = """\
@@ -34,8 +39,11 @@ server's own LLM (configured on the server: KB_MCP_LLM_BASE_URL / KB_MCP_LLM_MOD
 `model` here picks another model of that endpoint). For each problem it generates a CUDA kernel,
 then runs iterations x steps of profile -> classify -> suggest -> lower -> compile_and_verify ->
 review -> record_outcome, with textual-gradient KB updates. Start it with start_job; it takes
-minutes to hours. Rerunning with the same `name` resumes a stopped campaign. The result gives the
-report paths, the best kernel files and the headline numbers (valid rate, geomean speedup)."""
+minutes to hours. Rerunning with the same `name` resumes a stopped campaign; a name another client's
+(or the operator's) campaign holds is refused: choose your own. Each client keeps the folders of its
+newest few finished campaigns (KB_MCP_CAMPAIGNS_KEPT_PER_CLIENT, default 10); older ones go as its
+campaigns end. The result gives the report paths, the best kernel files and the headline numbers
+(valid rate, geomean speedup)."""
 
 META = ToolMeta(
     title="Run an optimization campaign",
@@ -47,10 +55,24 @@ META = ToolMeta(
 )
 
 
+MAX_ITERATIONS = 100
+MAX_STEPS = 100
+MAX_ATTEMPTS = 10
+"""A client's campaign is bounded per problem: each step keeps a record (about 5 KB with small kernels)
+and the source of each attempt (up to 1 MiB each) in the campaign folder, so unbounded counts let one
+campaign fill the disk (iterations=steps=1000 is a million steps a problem). Ten times the defaults;
+the operator runs larger campaigns from the shell (`kb-mcp run-campaign`)."""
+
+
 class Request(CampaignOptions):
     """Campaign settings; None leaves the stored value (resume) or the default."""
 
     model_config = ConfigDict(extra="forbid")
+
+    iterations: int | None = Field(None, ge=1, le=MAX_ITERATIONS)
+    steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    fix_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS)
+    generate_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS)
 
     name: str = Field(DEFAULT_CAMPAIGN_NAME, pattern=CAMPAIGN_NAME,
                       description="campaign folder name beside the KB (a letter or digit first)")
@@ -97,11 +119,23 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
             all_total = sum(t for _, t in counts.values())
         progress(all_done, all_total, f"{problem}: {message}")
 
+    client, keep = ctx.client_name, campaigns_kept_per_client()  # a bad setting fails here, by name
     try:
-        result = run_campaign(folder, ctx.kb_path, options, llm, progress=forward, ctx=ctx)
+        result = run_campaign(folder, ctx.kb_path, options, llm, progress=forward, ctx=ctx, client=client)
     except CampaignError as exc:
         raise ToolError(str(exc)) from exc
+    finally:  # however it ended (a cancel too): the client's older finished campaigns beyond its bound go
+        _trim(folder.parent, client, keep)
     return result.headline()
+
+
+def _trim(root: Path, client: str, keep: int) -> None:
+    """`owners.trim`, with a disk that refuses logged: the campaign's own result stands, and the next
+    campaign of the client to end tries again."""
+    try:
+        trim(root, client, keep)
+    except OSError as exc:
+        log.warning("could not remove old campaign folders of %s in %s: %s", client or "a client", root, exc)
 
 
 def _readable(ctx: ToolContext, options: CampaignOptions) -> None:

@@ -29,6 +29,7 @@ from kb_mcp.campaign.models import (
     StepRecord,
     problem_name,
 )
+from kb_mcp.campaign.owners import may_run
 from kb_mcp.campaign.report import CampaignReport, build_report, pick_best
 from kb_mcp.campaign.report_render import write_report
 from kb_mcp.campaign.store import CampaignError, CampaignStore
@@ -65,8 +66,10 @@ class Campaign:
         kb_path: str,
         progress: ProblemProgress = _quiet,
         log: Callable[[str], None] = lambda message: None,
+        client: str | None = None,
     ) -> None:
         self.config = config
+        self.client = client  # the server client running it (campaign.owners); None: the shell
         self.store = store
         self.bench = bench
         self.llm = llm
@@ -86,8 +89,9 @@ class Campaign:
     def _open(self) -> CampaignStatus:
         status = self.store.read_status()
         if status is None:
-            status = CampaignStatus(config=self.config, kb_path=self.kb_path)
+            status = CampaignStatus(config=self.config, kb_path=self.kb_path, client=self.client)
         else:
+            may_run(status, self.client, self.store.root)
             old = status.config
             if old.problems != self.config.problems:
                 raise CampaignError(

@@ -252,6 +252,9 @@ class CampaignStatus(BaseModel):
     version: int = CAMPAIGN_VERSION
     config: CampaignConfig
     kb_path: str
+    # the server client that started it (`start_job`), as the KB names its clients: only it runs the
+    # folder again, and it keeps its newest few (campaign.owners); None: the operator, from the shell
+    client: str | None = None
     state: Literal["running", "stopped", "finished", "failed"] = "running"
     message: str = ""
     runs: int = 0  # how many times the campaign was started (1 + resumes)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kb_mcp.campaign.bench import Bench, Verifier
 from kb_mcp.campaign.loop import Campaign, CampaignAborted, ProblemProgress
 from kb_mcp.campaign.models import CampaignConfig, retried_text
+from kb_mcp.campaign.owners import may_run
 from kb_mcp.campaign.problems import resolve_problems
 from kb_mcp.campaign.report import CampaignReport, report_from_store
 from kb_mcp.campaign.report_render import write_report
@@ -129,6 +130,7 @@ def run_campaign(
     log: Callable[[str], None] | None = None,
     ctx: ToolContext | None = None,
     cluster: Cluster | None = None,
+    client: str | None = None,
 ) -> CampaignResult:
     """Runs or resumes the campaign in `folder` on the KB at `kb_path`.
 
@@ -136,12 +138,16 @@ def run_campaign(
     A run stopped by an LLM failure returns `finished=False` with the reason in `summary`. With
     `ctx` (a server's), its KB and worker pool are used and left open; otherwise one is made here.
     With `cluster`, candidates are verified on its workers (`parallel` defaults to its GPUs then).
+    `client` is the server client running it (`campaign.owners`: it may run only its own folders);
+    None for the operator's shell.
     """
     own_ctx = ctx is None
     if ctx is None:
         ctx = ToolContext(kb_path, client_name="kb-mcp campaign")
     store = CampaignStore(folder)
     stored = store.read_status()
+    if stored is not None:  # before its settings are compared with this run's (the run checks again, locked)
+        may_run(stored, client, folder)
     if cluster is not None and options.parallel is None and (stored is None or stored.config.parallel == 1):
         options = options.model_copy(update={"parallel": cluster.capacity})  # a trajectory per GPU at least
     config = options.config(stored.config if stored else None, llm_config)
@@ -152,7 +158,7 @@ def run_campaign(
         kwargs["progress"] = progress
     if log is not None:
         kwargs["log"] = log
-    campaign = Campaign(config, store, bench, llm, kb_path=str(ctx.kb_path), **kwargs)  # type: ignore[arg-type]
+    campaign = Campaign(config, store, bench, llm, kb_path=str(ctx.kb_path), client=client, **kwargs)  # type: ignore[arg-type]
     aborted = False
     seen = len(cluster.retried) if cluster is not None else 0  # a cluster may serve several runs
     try:

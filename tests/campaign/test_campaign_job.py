@@ -22,8 +22,9 @@ from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.source import FileAccess
 
 
-async def _run_job(kb: Path, arguments: dict, timeout_s: float = 400, files: FileAccess | None = None) -> dict:
-    server = build_server(ToolContext(kb, files=files))
+async def _run_job(kb: Path, arguments: dict, timeout_s: float = 400, files: FileAccess | None = None,
+                   client: str = "") -> dict:
+    server = build_server(ToolContext(kb, files=files, client_name=client))
     try:
         async with Client(server) as client:
             tools = {t.name for t in (await client.list_tools()).tools}
@@ -179,3 +180,87 @@ async def test_a_campaign_reads_no_problem_file_outside_the_folders_its_server_r
             assert status["status"] == "failed", (problems, status)
             assert "reads no files of its clients outside" in status["error"], status["error"]
         assert llm.requests == []  # refused before anything was asked of the LLM, or read
+
+
+ONE_STEP = {"problems": [str(SWISH)], "compile_only": True, "iterations": 1, "steps": 1, "gradient_every": 0}
+
+
+def _campaigns(kb: Path) -> dict[str, str | None]:
+    """The campaign folders beside the KB, and the client each header names."""
+    from kb_mcp.campaign.store import CampaignStore
+
+    root = kb.parent / "kb.artifacts" / "campaigns"
+    return {f.name: CampaignStore(f).read_status().client for f in root.iterdir()}
+
+
+@pytest.mark.nvcc
+async def test_a_client_keeps_its_newest_finished_campaigns_never_a_running_one_anothers_or_the_operators(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kb_mcp.campaign.names import campaign_folder
+    from kb_mcp.campaign.store import CampaignStore
+
+    kb = tmp_path / "kb.json"
+    monkeypatch.setenv("KB_MCP_CAMPAIGNS_KEPT_PER_CLIENT", "2")
+    with FakeLLMServer(campaign_script()) as llm:
+        monkeypatch.setenv("KB_MCP_LLM_BASE_URL", llm.base_url)
+        monkeypatch.setenv("KB_MCP_LLM_MODEL", "fake-model")
+        shell = subprocess.run(  # the operator's own campaign, from the shell
+            [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(kb), "run-campaign", str(SWISH), "--name",
+             "overnight", "--compile-only", "--iterations", "1", "--steps", "1", "--gradient-every", "0",
+             "--no-progress"], env={**os.environ, "KB_MCP_HOME": str(tmp_path / "home")},
+            capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert shell.returncode == 0, shell.stderr
+        assert (await _run_job(kb, {**ONE_STEP, "name": "bob-1"}, client="agent:bob"))["status"] == "succeeded"
+        assert (await _run_job(kb, {**ONE_STEP, "name": "a1"}, client="agent:alice"))["status"] == "succeeded"
+        running = CampaignStore(campaign_folder(kb, "a1"))
+        running.acquire()  # a resume of a1 in progress (another server on this KB)
+        try:
+            for name in ("a2", "a3", "a4"):
+                status = await _run_job(kb, {**ONE_STEP, "name": name}, client="agent:alice")
+                assert status["status"] == "succeeded", status
+        finally:
+            running.release()
+    # alice's two newest finished campaigns stay, and the one being run; a2 went with everything in it
+    assert _campaigns(kb) == {"overnight": None, "bob-1": "agent:bob", "a1": "agent:alice", "a3": "agent:alice",
+                              "a4": "agent:alice"}
+    assert CampaignStore(campaign_folder(kb, "a4")).read_status().state == "finished"
+
+
+@pytest.mark.nvcc
+async def test_a_client_cannot_run_a_campaign_another_client_or_the_operator_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kb_mcp.campaign.names import campaign_folder
+    from kb_mcp.campaign.runner import CampaignOptions, run_campaign
+    from kb_mcp.campaign.store import CampaignStore
+    from kb_mcp.clients.llm import LLMConfig
+
+    kb = tmp_path / "kb.json"
+    with FakeLLMServer(campaign_script()) as llm:
+        monkeypatch.setenv("KB_MCP_LLM_BASE_URL", llm.base_url)
+        monkeypatch.setenv("KB_MCP_LLM_MODEL", "fake-model")
+        assert (await _run_job(kb, {**ONE_STEP, "name": "mine"}, client="agent:alice"))["status"] == "succeeded"
+        options = CampaignOptions.model_validate(ONE_STEP)
+        run_campaign(campaign_folder(kb, "overnight"), kb, options, LLMConfig.from_env().require())  # the shell's
+        asked = len(llm.requests)
+        for name, who in (("mine", "another client"), ("overnight", "operator")):
+            for arguments in ({"name": name}, {**ONE_STEP, "name": name, "iterations": 2}):
+                status = await _run_job(kb, arguments, client="agent:bob")
+                assert status["status"] == "failed", status
+                assert who in status["error"] and "choose another name" in status["error"], status["error"]
+                assert status["error_info"]["whose"] == "caller"
+        assert len(llm.requests) == asked  # refused before the LLM was asked anything
+    for name, client in (("mine", "agent:alice"), ("overnight", None)):
+        header = CampaignStore(campaign_folder(kb, name)).read_status()
+        assert (header.client, header.runs, header.config.iterations) == (client, 1, 1)
+
+
+@pytest.mark.parametrize("field", ["iterations", "steps", "fix_attempts", "generate_attempts"])
+def test_a_clients_campaign_is_bounded_in_steps_and_attempts_per_problem(field: str) -> None:
+    from pydantic import ValidationError
+
+    from kb_mcp.campaign.job import MAX_ATTEMPTS, MAX_ITERATIONS, MAX_STEPS, Request
+
+    most = {"iterations": MAX_ITERATIONS, "steps": MAX_STEPS}.get(field, MAX_ATTEMPTS)
+    assert getattr(Request.model_validate({field: most}), field) == most
+    with pytest.raises(ValidationError, match=f"less than or equal to {most}"):
+        Request.model_validate({field: 1000})

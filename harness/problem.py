@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from kb_mcp.kb import pyparse
+from kb_mcp.kb.errors import InputEncodingError, decode_utf8
 
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 
@@ -99,8 +100,7 @@ def load_problem(path: str | Path, name: str | None = None) -> Problem:
         raise ProblemError(f"{path}: more than {MAX_SOURCE_BYTES} bytes, over the 1 MiB a problem may be (real ones "
                            "are a few KB): check that this is the problem file you meant")
     try:
-        source = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProblemError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-                           "save it as UTF-8") from exc
+        source = decode_utf8(data, path)
+    except InputEncodingError as exc:  # the same words as a tool's, as the problem file's error here
+        raise ProblemError(str(exc)) from exc
     return parse_problem(source, name=name or path.stem, path=str(path.resolve()))

@@ -172,9 +172,10 @@ def get_init_inputs():
 '''
 
 
-def test_compose_still_finds_the_part_candidate_it_takes_after_the_bound(
-        clients: tuple[ToolContext, ToolContext], tmp_path: Path) -> None:
-    alice, _ = clients
+def _flooded_part(alice: ToolContext, tmp_path: Path) -> tuple[decompose_problem.Request, str, str, list[str]]:
+    """A model decomposed with `compose`, its relu part's own candidate stored `faster` (the one a
+    composition takes), then more unneeded candidates of that part than alice keeps: (the request, the
+    part's name, the best candidate, the flood)."""
     (tmp_path / "mlp.py").write_text(MODEL)
     req = decompose_problem.Request(problem=str(tmp_path / "mlp.py"), out_dir="parts", compose=True, verify=False)
     out = Path(decompose_problem.run(alice, req).out_dir)
@@ -183,9 +184,16 @@ def test_compose_still_finds_the_part_candidate_it_takes_after_the_bound(
     own = part_file.read_text().replace("class Model(", "class ModelNew(").replace("torch.relu(", "torch.relu_(")
     best = _store(alice, own, Verdict.faster, part)
     flood = [_store(alice, f"# try {i}\n{own}", Verdict.needs_gpu, part) for i in range(KEEP + 2)]
+    return req, part_file.stem, best, flood
+
+
+def test_compose_still_finds_the_part_candidate_it_takes_after_the_bound(
+        clients: tuple[ToolContext, ToolContext], tmp_path: Path) -> None:
+    alice, _ = clients
+    req, part_name, best, flood = _flooded_part(alice, tmp_path)
     assert _kept(alice) == {best, *flood[-KEEP:]}
     picks = {p.part: p for p in decompose_problem.run(alice, req).picks}
-    assert picks[part_file.stem].taken == "candidate" and picks[part_file.stem].candidate_id == best
+    assert picks[part_name].taken == "candidate" and picks[part_name].candidate_id == best
 
 
 def test_a_removed_sources_candidate_page_says_it_was_removed_and_why(
@@ -261,14 +269,7 @@ def test_needed_candidates_keep_their_verdicts_beyond_the_bound(
 def test_the_candidate_a_composition_takes_keeps_its_verdict(
         clients: tuple[ToolContext, ToolContext], tmp_path: Path) -> None:
     alice, _ = clients
-    (tmp_path / "mlp.py").write_text(MODEL)
-    req = decompose_problem.Request(problem=str(tmp_path / "mlp.py"), out_dir="parts", compose=True, verify=False)
-    out = Path(decompose_problem.run(alice, req).out_dir)
-    part_file = next(p for p in sorted((out / "parts").glob("part*.py")) if "relu" in p.read_text())
-    part = parse_problem(part_file.read_text(), name=part_file.stem)
-    own = part_file.read_text().replace("class Model(", "class ModelNew(").replace("torch.relu(", "torch.relu_(")
-    best = _store(alice, own, Verdict.faster, part)
-    flood = [_store(alice, f"# try {i}\n{own}", Verdict.needs_gpu, part) for i in range(KEEP + 2)]
+    _, _, best, flood = _flooded_part(alice, tmp_path)
     assert _verdicts(alice) == {best, *flood[-KEEP:]}
 
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from kb_mcp.campaign.runner import CampaignOptions, run_campaign
 from kb_mcp.clients.llm import LLMConfig
-from kb_mcp.decomposition.assemble import best_verdict, part_hash, write_composed
+from kb_mcp.decomposition.assemble import part_hash, write_composed
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.tools import compile_and_verify, decompose_problem
 from kb_mcp.tools.context import ToolContext
@@ -70,7 +70,7 @@ def bound_now(ranked_shares: list[float], done: list[float], cap: float) -> floa
 
 def _measured(ctx: ToolContext, parts_dir: Path, file: str) -> float | None:
     with ctx.store.read() as view:
-        best = best_verdict(view.problem_verdicts(part_hash(parts_dir, file)))
+        best = view.composed_verdict(part_hash(parts_dir, file))
     return best.speedup_vs_baseline if best else None
 
 

@@ -1,6 +1,7 @@
-"""The whole-model candidate composed from a decomposition's parts: for each part, its best standard
-verdict in the KB (a `faster` candidate checked with the default options, never a flagged one, the
-largest speedup first), or the reference part where it has none; written as an ordinary candidate
+"""The whole-model candidate composed from a decomposition's parts: for each part, the verdict a
+composition takes in the KB (`KBView.composed_verdict`: a `faster` candidate checked with the default
+options, never a flagged one, the largest speedup first; the rule is `kb.composition`'s), or the
+reference part where it has none; written as an ordinary candidate
 file (`composed.py`) an agent can read and edit, and verified end to end in composed mode by the caller
 (`tools.decompose_problem`, `kb-mcp compose`)."""
 
@@ -15,7 +16,6 @@ from kb_mcp.decomposition.compose import PartSource, composed_source
 from kb_mcp.decomposition.decompose import COMPOSED, load
 from kb_mcp.decomposition.models import Decomposition
 from kb_mcp.harness.problem import content_hash
-from kb_mcp.kb.models import CandidateRecord, Strength, Verdict
 from kb_mcp.kb.view import KBView
 
 
@@ -45,12 +45,6 @@ class Composition(BaseModel):
         return sum(1 for p in self.picks if p.taken == "candidate")
 
 
-def best_verdict(records: list[CandidateRecord]) -> CandidateRecord | None:
-    """The verdict a composition takes for a part: standard, not flagged, faster; the largest speedup."""
-    good = [r for r in records if r.strength == Strength.standard and not r.flagged and r.verdict == Verdict.faster]
-    return max(good, key=lambda r: (r.speedup_vs_baseline or 0.0, r.created_at), default=None)
-
-
 def part_hash(parts_dir: Path, file: str) -> str:
     """The content hash of a part's problem file: the key of its verdicts in the KB."""
     return content_hash((parts_dir / file).read_text())
@@ -67,7 +61,7 @@ def compose_parts(parts_dir: Path, view: KBView, candidates_dir: Path,
         pick = PartPick(part=part.name, label=part.label, share=part.share, taken="reference")
         source, cls, note = reference, "Model", f"{part.label}: the reference part"
         given = (chosen or {}).get(part.name)
-        best = None if given else best_verdict(view.problem_verdicts(content_hash(reference)))
+        best = None if given else view.composed_verdict(content_hash(reference))
         path = given or (candidates_dir / f"{best.candidate_id}.py" if best else None)
         if path is not None and path.is_file():
             source, cls = path.read_text(), "ModelNew"

@@ -49,6 +49,19 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def stored_instant(value: Any) -> datetime:
+    """A stored record's time (ISO text, or a datetime), comparable with any other: a time without a
+    zone is UTC; the epoch for a value that is neither."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            value = None
+    if not isinstance(value, datetime):
+        return datetime.fromtimestamp(0, timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
 MAX_COUNT = 2**53
 """The largest count a record may hold: beyond it a JSON number is no longer an exact integer, and
 no KB ever recorded that many outcomes."""

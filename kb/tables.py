@@ -37,6 +37,7 @@ from datetime import datetime
 from typing import Any
 
 from kb_mcp.kb import ids
+from kb_mcp.kb.composition import Picks
 from kb_mcp.kb.errors import KBFileError, KBNewerFormatError
 from kb_mcp.kb.models import (
     ALL_ARCH,
@@ -210,6 +211,9 @@ class Tables:
         # candidate -> how many times outcomes and lessons name it (`names_of`): asked under the KB lock
         # on every verification (`tools.candidate_store.Needs`), so never a scan of every outcome and lesson
         self.names_by_candidate: dict[str, int] = {}
+        # problem -> the verdict a composition takes (`kb.composition`): asked under the KB lock on every
+        # verification (`tools.candidate_store.Needs`), so never a validation of every verdict of a problem
+        self.picks = Picks(self.records["candidates"], self.verdicts_by_problem, self.verdicts_by_candidate)
 
     # ---- loading and saving -------------------------------------------------------------
 
@@ -335,6 +339,7 @@ class Tables:
             sole = sole_verifier(doc)
             if sole is not None:
                 self.verdicts_by_sole_verifier.setdefault(sole, {})[key] = doc["candidate_id"]
+            self.picks.added(key, doc)
         elif table == "outcomes":
             self.outcomes_by_candidate.setdefault(doc["candidate_id"], []).append(key)
 
@@ -346,6 +351,7 @@ class Tables:
             else:
                 self.names_by_candidate.pop(cid, None)
         if table == "candidates":
+            self.picks.removed(key, doc)
             _drop(self.verdicts_by_problem, doc.get("problem_hash", ""), key)
             sole = sole_verifier(doc)
             if sole is not None and sole in self.verdicts_by_sole_verifier:

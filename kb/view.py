@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from kb_mcp.kb import ids
@@ -29,6 +29,7 @@ from kb_mcp.kb.models import (
     State,
     Track,
     Transition,
+    stored_instant,
     utcnow,
 )
 from kb_mcp.kb.ops import FP32, DropRecord, KBOp, PutMeta, PutRecord, from_wire
@@ -280,6 +281,15 @@ class KBView:
         found = [CandidateRecord.model_validate(recs[k]) for k in self._t.verdicts_by_problem.get(problem_hash, [])]
         return sorted(found, key=lambda r: r.created_at)
 
+    def composed_verdict(self, problem_hash: str) -> CandidateRecord | None:
+        """The verdict a composition takes for the problem (`kb.composition.best_verdict` of its verdicts), or
+        None. Read through an index, so it does not validate every verdict of the problem."""
+        return self._t.picks.pick(problem_hash)
+
+    def composition_takes(self, candidate_id: str) -> bool:
+        """Whether a composition takes the candidate for a problem it has a verdict of (`composed_verdict`)."""
+        return self._t.picks.takes_candidate(candidate_id)
+
     def get_candidate(self, candidate_id: str) -> CandidateRecord | None:
         """The server's strongest stored verdict on a candidate, or None (weaker ones never shadow it)."""
         found = self.candidate_verdicts(candidate_id)
@@ -297,7 +307,7 @@ class KBView:
         for cid in set(self._t.verdicts_by_sole_verifier.get(client, {}).values()):
             own = [recs[k] for k in self._t.verdicts_by_candidate.get(cid, []) if not recs[k].get("imported_from")]
             if all(sole_verifier(doc) == client for doc in own):
-                newest[cid] = max(_instant(doc.get("created_at")) for doc in own)
+                newest[cid] = max(stored_instant(doc.get("created_at")) for doc in own)
         return sorted(newest, key=lambda c: (newest[c], c))
 
     def own_verdict_keys(self, candidate_id: str) -> list[str]:
@@ -480,15 +490,3 @@ class Transaction(KBView):
         meta = {**self._t.meta, **values}
         self._do(PutMeta(meta))
 
-
-def _instant(value: Any) -> datetime:
-    """A stored record's time (ISO text, or a datetime not yet written), comparable with any other;
-    the epoch for one that is neither."""
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            value = None
-    if not isinstance(value, datetime):
-        return datetime.fromtimestamp(0, timezone.utc)
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)

@@ -23,7 +23,6 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kb_mcp.decomposition.assemble import best_verdict
 from kb_mcp.kb import settings
 from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.errors import KBConflictError, KBLockTimeout
@@ -136,13 +135,12 @@ def unknown_candidate(view: KBView, candidate_id: str, client: str, what: str, f
 class Needs:
     """Which kept sources the KB needs, read from one view: those an outcome (as its candidate or its
     parent) or a lesson names, those whose verdict waits in `pending_dir` to be committed, and those
-    a composition takes (`decomposition.assemble.best_verdict` of their problem). The view must stay
-    open while this is asked."""
+    a composition takes for their problem (`KBView.composition_takes`, the rule of `kb.composition`).
+    The view must stay open while this is asked."""
 
     def __init__(self, view: KBView, pending_dir: Path) -> None:
         self._view = view
         self._waiting = {waiting_candidate(p.name) for p in pending_dir.glob("*.json")}
-        self._best: dict[str, str | None] = {}  # problem hash -> the candidate a composition takes
 
     def why(self, candidate_id: str) -> str | None:
         """Why the KB needs the candidate's source, or None when nothing does."""
@@ -150,18 +148,9 @@ class Needs:
             return "an outcome or a lesson names it"
         if candidate_id in self._waiting:
             return "its verdict waits to be committed"
-        # only a candidate with a verdict a composition would take can be its problem's pick: asking
-        # that first keeps the problem's every verdict unread for the rest
-        own = best_verdict(self._view.candidate_verdicts(candidate_id))
-        if own is not None and self._composed(own.problem_hash) == candidate_id:
+        if self._view.composition_takes(candidate_id):  # each problem's pick kept by an index: no scan
             return "a composition takes it for its problem"
         return None
-
-    def _composed(self, problem_hash: str) -> str | None:
-        if problem_hash not in self._best:
-            best = best_verdict(self._view.problem_verdicts(problem_hash))
-            self._best[problem_hash] = best.candidate_id if best else None
-        return self._best[problem_hash]
 
 
 def trim(store: KBStore, folder: Path, client: str, keep: int) -> list[str]:

@@ -273,6 +273,26 @@ def test_the_candidate_a_composition_takes_keeps_its_verdict(
     assert _verdicts(alice) == {best, *flood[-KEEP:]}
 
 
+def test_a_damaged_verdict_of_the_problem_is_never_taken_and_does_not_stop_the_bound(
+        clients: tuple[ToolContext, ToolContext], tmp_path: Path) -> None:
+    alice, _ = clients
+    best = _store(alice, "# best\n" + NVRTC, Verdict.faster)
+    with alice.store.read() as view:
+        doc = view.get_candidate(best).model_dump(mode="json")  # type: ignore[union-attr]
+    # another process's damaged record of the same problem, faster still: a KB file is untrusted
+    damaged = {**doc, "candidate_id": "c_damaged", "speedup_vs_baseline": 50.0, "coverage": "most",
+               "verified_by": ["carol"]}
+    with KBStore.open(alice.kb_path).transaction() as tx:
+        tx.replay([["put", "candidates", f"c_damaged/{doc['options_digest']}", damaged]])
+    flood = _flood(alice, "after")
+    assert _kept(alice) == {best, *flood[-KEEP:]}
+    with KBStore.open(alice.kb_path).read() as view:
+        assert {c for c in [best, *flood] if view.candidate_verdicts(c)} == {best, *flood[-KEEP:]}
+        assert view.own_verdict_keys("c_damaged")  # another client's record stays, never taken
+        picked = view.composed_verdict(PROBLEM.hash)
+    assert picked is not None and picked.candidate_id == best
+
+
 def test_verdicts_merged_in_from_another_kb_file_are_not_counted_against_a_client(
         clients: tuple[ToolContext, ToolContext], tmp_path: Path) -> None:
     alice, _ = clients

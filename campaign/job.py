@@ -19,8 +19,9 @@ import os
 import threading
 from pathlib import Path
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
+from kb_mcp.campaign.caps import CAPPED, CampaignCaps
 from kb_mcp.campaign.names import CAMPAIGN_NAME, DEFAULT_CAMPAIGN_NAME, CampaignError, campaign_folder
 from kb_mcp.campaign.owners import campaigns_kept_per_client, trim
 from kb_mcp.campaign.runner import CampaignOptions, CampaignSummary, run_campaign
@@ -42,8 +43,11 @@ review -> record_outcome, with textual-gradient KB updates. Start it with start_
 minutes to hours. Rerunning with the same `name` resumes a stopped campaign; a name another client's
 (or the operator's) campaign holds is refused: choose your own. Each client keeps the folders of its
 newest few finished campaigns (KB_MCP_CAMPAIGNS_KEPT_PER_CLIENT, default 10); older ones go as its
-campaigns end. The result gives the report paths, the best kernel files and the headline numbers
-(valid rate, geomean speedup)."""
+campaigns end. A campaign takes at most """ + ", ".join(
+    f"{cap.default} {'fix or generate attempts' if cap.field == 'attempts' else cap.counts} ({cap.setting})"
+    for option, cap in CAPPED.items() if option != "generate_attempts") + """ by default: its operator may set
+other caps. The result gives the report paths, the best kernel files and the headline numbers (valid rate,
+geomean speedup)."""
 
 META = ToolMeta(
     title="Run an optimization campaign",
@@ -55,13 +59,9 @@ META = ToolMeta(
 )
 
 
-MAX_ITERATIONS = 100
-MAX_STEPS = 100
-MAX_ATTEMPTS = 10
-"""A client's campaign is bounded per problem: each step keeps a record (about 5 KB with small kernels)
-and the source of each attempt (up to 1 MiB each) in the campaign folder, so unbounded counts let one
-campaign fill the disk (iterations=steps=1000 is a million steps a problem). Ten times the defaults;
-the operator runs larger campaigns from the shell (`kb-mcp run-campaign`)."""
+def _capped(option: str, what: str) -> str:
+    cap = CAPPED[option]
+    return f"{what} (at most the server operator's {cap.setting}, default {cap.default})"
 
 
 class Request(CampaignOptions):
@@ -69,16 +69,33 @@ class Request(CampaignOptions):
 
     model_config = ConfigDict(extra="forbid")
 
-    iterations: int | None = Field(None, ge=1, le=MAX_ITERATIONS)
-    steps: int | None = Field(None, ge=1, le=MAX_STEPS)
-    fix_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS)
-    generate_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS)
+    # Capped by the operator's settings (`campaign.caps`), read when a request comes: a schema maximum
+    # would be fixed at import, and wrong wherever the operator sets another.
+    problems: list[str] = Field(default_factory=list, description=_capped(
+        "problems", "problem files or folders, empty to resume; the problems selected from them"))
+    iterations: int | None = Field(None, ge=1, description=_capped("iterations", "trajectories per problem"))
+    steps: int | None = Field(None, ge=1, description=_capped("steps", "steps per trajectory"))
+    parallel: int | None = Field(None, ge=1, description=_capped("parallel", "trajectories at once"))
+    fix_attempts: int | None = Field(None, ge=1, description=_capped(
+        "fix_attempts", "candidates per lowering step (first try plus fixes)"))
+    generate_attempts: int | None = Field(None, ge=1, description=_capped(
+        "generate_attempts", "candidates for the initial kernel (first try plus fixes)"))
 
     name: str = Field(DEFAULT_CAMPAIGN_NAME, pattern=CAMPAIGN_NAME,
                       description="campaign folder name beside the KB (a letter or digit first)")
     base_url: str | None = Field(None, description="leave out: the LLM endpoint is the server operator's "
                                  f"({ENV_BASE_URL}); only that same URL is accepted here")
     model: str | None = Field(None, description="model for every role (default: the server's environment)")
+
+    @field_validator("iterations", "steps", "parallel", "fix_attempts", "generate_attempts")
+    @classmethod
+    def _within_caps(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """Refuses, when the job is started, a count over the operator's cap; the run checks the
+        campaign as it will run too (the problems selected, a resumed campaign's stored counts)."""
+        said = None if value is None else CampaignCaps.from_env().refusal(info.field_name or "", value)
+        if said is not None:
+            raise ValueError(said)
+        return value
 
     @field_validator("base_url")
     @classmethod
@@ -119,9 +136,10 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
             all_total = sum(t for _, t in counts.values())
         progress(all_done, all_total, f"{problem}: {message}")
 
-    client, keep = ctx.client_name, campaigns_kept_per_client()  # a bad setting fails here, by name
+    # a bad setting fails here, by name
+    client, keep, caps = ctx.client_name, campaigns_kept_per_client(), CampaignCaps.from_env()
     try:
-        result = run_campaign(folder, ctx.kb_path, options, llm, progress=forward, ctx=ctx, client=client)
+        result = run_campaign(folder, ctx.kb_path, options, llm, progress=forward, ctx=ctx, client=client, caps=caps)
     except CampaignError as exc:
         raise ToolError(str(exc)) from exc
     finally:  # however it ended (a cancel too): the client's older finished campaigns beyond its bound go

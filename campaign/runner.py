@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from kb_mcp.campaign.bench import Bench, Verifier
+from kb_mcp.campaign.caps import CampaignCaps
 from kb_mcp.campaign.loop import Campaign, CampaignAborted, ProblemProgress
 from kb_mcp.campaign.models import CampaignConfig, retried_text
 from kb_mcp.campaign.owners import may_run
@@ -131,6 +132,7 @@ def run_campaign(
     ctx: ToolContext | None = None,
     cluster: Cluster | None = None,
     client: str | None = None,
+    caps: CampaignCaps | None = None,
 ) -> CampaignResult:
     """Runs or resumes the campaign in `folder` on the KB at `kb_path`.
 
@@ -139,7 +141,8 @@ def run_campaign(
     `ctx` (a server's), its KB and worker pool are used and left open; otherwise one is made here.
     With `cluster`, candidates are verified on its workers (`parallel` defaults to its GPUs then).
     `client` is the server client running it (`campaign.owners`: it may run only its own folders);
-    None for the operator's shell.
+    None for the operator's shell. `caps` (a server client's, `campaign.caps`) refuses a run over them,
+    as it will run, before anything is asked or written; None (the operator's shell): not capped.
     """
     own_ctx = ctx is None
     if ctx is None:
@@ -151,6 +154,8 @@ def run_campaign(
     if cluster is not None and options.parallel is None and (stored is None or stored.config.parallel == 1):
         options = options.model_copy(update={"parallel": cluster.capacity})  # a trajectory per GPU at least
     config = options.config(stored.config if stored else None, llm_config)
+    if caps is not None:
+        caps.check(config)
     llm = LLMClient(llm_config)
     bench = Bench(ctx, arch=config.arch, track=config.track, verifier=_verifier(ctx, cluster))
     kwargs: dict[str, object] = {}

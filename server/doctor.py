@@ -321,6 +321,7 @@ def check_kb(kb_arg: str | None) -> Check:
 def _setting_readers() -> list[Callable[[], object]]:
     """Every reader of an operator's KB_MCP_ setting that refuses a value it cannot use: the doctor asks
     them, so it says what the server would refuse, in the same words (none of them is a second copy)."""
+    from kb_mcp.campaign.caps import CampaignCaps
     from kb_mcp.campaign.owners import campaigns_kept_per_client
     from kb_mcp.clients.llm import LLMConfig
     from kb_mcp.harness.judgment.caps import Caps
@@ -333,7 +334,7 @@ def _setting_readers() -> list[Callable[[], object]]:
 
     return [lock.default_timeout, backups.default_keep, Caps.from_env, attempts.policy, watch.watch_enabled,
             standby_enabled, LLMConfig.from_env, sessions_per_client, jobs_kept_per_client,
-            candidates_kept_per_client, campaigns_kept_per_client]
+            candidates_kept_per_client, campaigns_kept_per_client, CampaignCaps.from_env]
 
 
 def refused_settings() -> list[str]:

@@ -148,7 +148,7 @@ def test_the_exit_status_table_is_the_one_every_command_answers_by() -> None:
 
 
 def test_the_per_client_bounds_table_says_what_the_code_does() -> None:
-    from kb_mcp.campaign import owners
+    from kb_mcp.campaign import caps, owners
     from kb_mcp.server import job_slots, job_store, logs, session_limit, transport
     from kb_mcp.tools import candidate_store
     from kb_mcp.tools.source import MAX_SOURCE_BYTES
@@ -163,6 +163,12 @@ def test_the_per_client_bounds_table_says_what_the_code_does() -> None:
         "long jobs (campaigns) queued or running": (job_slots.MAX_LONG_JOBS_PER_SUBMITTER, "-"),
         "finished job records kept": (job_store.JOBS_KEPT_PER_CLIENT, job_store.ENV_JOBS_KEPT_PER_CLIENT),
         "finished campaigns kept (folders)": (owners.CAMPAIGNS_KEPT_PER_CLIENT, owners.ENV_CAMPAIGNS_KEPT_PER_CLIENT),
+        **{bound: (caps.CAPPED[option].default, caps.CAPPED[option].setting) for bound, option in (
+            ("problems a campaign takes", "problems"),
+            ("iterations (trajectories per problem) of a campaign", "iterations"),
+            ("steps per trajectory of a campaign", "steps"),
+            ("fix or generate attempts of a campaign", "fix_attempts"),
+            ("trajectories of a campaign at once", "parallel"))},
         "candidates kept that nothing needs": (candidate_store.CANDIDATES_KEPT_PER_CLIENT,
                                                candidate_store.ENV_CANDIDATES_KEPT_PER_CLIENT),
         "outcomes credited per candidate": (1, "-"),

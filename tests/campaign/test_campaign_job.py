@@ -254,13 +254,129 @@ async def test_a_client_cannot_run_a_campaign_another_client_or_the_operator_sta
         assert (header.client, header.runs, header.config.iterations) == (client, 1, 1)
 
 
-@pytest.mark.parametrize("field", ["iterations", "steps", "fix_attempts", "generate_attempts"])
-def test_a_clients_campaign_is_bounded_in_steps_and_attempts_per_problem(field: str) -> None:
+CAPPED_COUNTS = {"iterations": "KB_MCP_CAMPAIGN_MAX_ITERATIONS", "steps": "KB_MCP_CAMPAIGN_MAX_STEPS",
+                 "fix_attempts": "KB_MCP_CAMPAIGN_MAX_ATTEMPTS", "generate_attempts": "KB_MCP_CAMPAIGN_MAX_ATTEMPTS",
+                 "parallel": "KB_MCP_CAMPAIGN_MAX_PARALLEL"}
+
+
+async def _refused_start(kb: Path, arguments: dict) -> str:
+    """What start_job(run_campaign, arguments) on a real server over the KB says as it refuses them."""
+    server = build_server(ToolContext(kb))
+    try:
+        async with Client(server) as client:
+            with pytest.raises(ToolCallError) as refused:
+                await call_json(client, "start_job", {"kind": "run_campaign", "arguments": arguments})
+            return str(refused.value)
+    finally:
+        server.jobs.shutdown(wait=True)
+        server.kb_ctx.close()
+
+
+@pytest.mark.parametrize("field", sorted(CAPPED_COUNTS))
+async def test_a_clients_campaign_over_a_cap_is_refused_at_start_naming_the_cap_and_its_setting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str) -> None:
+    from kb_mcp.campaign.caps import CAPPED
+
+    monkeypatch.setenv("KB_MCP_LLM_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("KB_MCP_LLM_MODEL", "fake-model")
+    most, setting = CAPPED[field].default, CAPPED_COUNTS[field]
+    message = await _refused_start(tmp_path / "kb.json", {**ONE_STEP, field: most + 1})
+    assert f"{field}={most + 1}" in message and f"at most {most}" in message, message
+    assert f"{setting}={most}" in message and "operator" in message and "kb-mcp run-campaign" in message
+    assert "Traceback" not in message
+    assert not list((tmp_path / "kb.artifacts" / "jobs").glob("j_*.json"))  # refused at the start: no job
+
+
+def test_the_campaign_schema_names_each_caps_setting_and_no_fixed_maximum() -> None:
+    from kb_mcp.campaign.job import Request
+
+    fields = Request.model_json_schema()["properties"]
+    for field, setting in {**CAPPED_COUNTS, "problems": "KB_MCP_CAMPAIGN_MAX_PROBLEMS"}.items():
+        assert setting in fields[field]["description"], field
+        assert "maximum" not in json.dumps(fields[field]), fields[field]  # the operator's cap is read per request
+
+
+@pytest.mark.parametrize("field", sorted(CAPPED_COUNTS))
+def test_the_operator_raises_or_lowers_a_clients_campaign_cap_with_its_setting(
+        monkeypatch: pytest.MonkeyPatch, field: str) -> None:
     from pydantic import ValidationError
 
-    from kb_mcp.campaign.job import MAX_ATTEMPTS, MAX_ITERATIONS, MAX_STEPS, Request
+    from kb_mcp.campaign.job import Request
 
-    most = {"iterations": MAX_ITERATIONS, "steps": MAX_STEPS}.get(field, MAX_ATTEMPTS)
-    assert getattr(Request.model_validate({field: most}), field) == most
-    with pytest.raises(ValidationError, match=f"less than or equal to {most}"):
-        Request.model_validate({field: 1000})
+    monkeypatch.setenv(CAPPED_COUNTS[field], "1000")
+    assert getattr(Request.model_validate({field: 1000}), field) == 1000
+    monkeypatch.setenv(CAPPED_COUNTS[field], "2")
+    assert getattr(Request.model_validate({field: 2}), field) == 2
+    with pytest.raises(ValidationError, match=f"{CAPPED_COUNTS[field]}=2"):
+        Request.model_validate({field: 3})
+
+
+def test_the_operators_shell_campaign_is_not_capped() -> None:
+    from kb_mcp.campaign.caps import CAPPED
+    from kb_mcp.campaign.runner import CampaignOptions
+
+    counts = {field: CAPPED[field].default * 10 for field in CAPPED_COUNTS}
+    assert CampaignOptions.model_validate(counts).model_dump(include=set(counts)) == counts
+
+
+def _problems(folder: Path, names: list[str]) -> Path:
+    folder.mkdir()
+    for name in names:
+        (folder / f"{name}.py").write_text((SWISH.parent / f"{name}.py").read_text())
+    return folder
+
+
+async def test_a_campaign_selecting_more_problems_than_the_cap_is_refused_before_the_llm_is_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _problems(tmp_path / "problems", ["swish", "elementwise_chain_small", "softmax"])
+    kb = tmp_path / "kb.json"
+    monkeypatch.setenv("KB_MCP_CAMPAIGN_MAX_PROBLEMS", "2")
+    with FakeLLMServer(campaign_script()) as llm:
+        monkeypatch.setenv("KB_MCP_LLM_BASE_URL", llm.base_url)
+        monkeypatch.setenv("KB_MCP_LLM_MODEL", "fake-model")
+        for arguments in ({"problems": [str(folder)]}, {"problems": [str(folder), str(SWISH.parent / "gemm.py")]}):
+            status = await _run_job(kb, {**ONE_STEP, **arguments, "name": "many"})
+            assert status["status"] == "failed", status
+            assert "problems selected: a campaign started through this server takes at most 2 problems" in \
+                status["error"] and "KB_MCP_CAMPAIGN_MAX_PROBLEMS=2" in status["error"], status["error"]
+            assert "`problem_ids`" in status["error"] and status["error_info"]["whose"] == "caller"
+        assert llm.requests == []
+    assert not (tmp_path / "kb.artifacts" / "campaigns" / "many" / "campaign.json").exists()
+
+
+async def test_a_resumed_campaign_over_a_cap_the_operator_lowered_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kb_mcp.campaign.models import CampaignConfig, CampaignStatus
+    from kb_mcp.campaign.names import campaign_folder
+    from kb_mcp.campaign.store import CampaignStore
+
+    kb = tmp_path / "kb.json"
+    stopped = CampaignStatus(config=CampaignConfig(problems=[str(SWISH)], iterations=1, steps=5, compile_only=True),
+                             kb_path=str(kb), client="", state="stopped", runs=1)
+    CampaignStore(campaign_folder(kb, "mine")).write_status(stopped)  # this client's, stopped after a run
+    monkeypatch.setenv("KB_MCP_CAMPAIGN_MAX_STEPS", "3")
+    with FakeLLMServer(campaign_script()) as llm:
+        monkeypatch.setenv("KB_MCP_LLM_BASE_URL", llm.base_url)
+        monkeypatch.setenv("KB_MCP_LLM_MODEL", "fake-model")
+        status = await _run_job(kb, {"name": "mine"})
+        assert llm.requests == []
+    assert status["status"] == "failed" and status["error_info"]["whose"] == "caller", status
+    assert "steps=5" in status["error"] and "KB_MCP_CAMPAIGN_MAX_STEPS=3" in status["error"], status["error"]
+    assert CampaignStore(campaign_folder(kb, "mine")).read_status().runs == 1  # not run again
+
+
+@pytest.mark.nvcc
+async def test_a_campaign_within_a_problem_cap_the_operator_raised_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _problems(tmp_path / "problems", ["swish", "elementwise_chain_small"])
+    monkeypatch.setenv("KB_MCP_CAMPAIGN_MAX_PROBLEMS", "1")
+    monkeypatch.setenv("KB_MCP_CAMPAIGN_MAX_STEPS", "1")
+    with FakeLLMServer(campaign_script()) as llm:
+        monkeypatch.setenv("KB_MCP_LLM_BASE_URL", llm.base_url)
+        monkeypatch.setenv("KB_MCP_LLM_MODEL", "fake-model")
+        refused = await _run_job(tmp_path / "kb.json", {**ONE_STEP, "problems": [str(folder)], "name": "two"})
+        assert refused["status"] == "failed" and "KB_MCP_CAMPAIGN_MAX_PROBLEMS=1" in refused["error"], refused
+        monkeypatch.setenv("KB_MCP_CAMPAIGN_MAX_PROBLEMS", "2")
+        status = await _run_job(tmp_path / "kb.json", {**ONE_STEP, "problems": [str(folder)], "name": "two"})
+    assert status["status"] == "succeeded", status
+    assert status["result"]["finished"] and status["result"]["problems"] == 2

@@ -75,6 +75,7 @@ BAD_SETTINGS = {  # each variable, a value its reader refuses, and words of that
     "KB_MCP_JOBS_KEPT_PER_CLIENT": ("-2", "$KB_MCP_JOBS_KEPT_PER_CLIENT='-2' is not a whole number, more than 0"),
     "KB_MCP_CANDIDATES_KEPT_PER_CLIENT": ("x", "$KB_MCP_CANDIDATES_KEPT_PER_CLIENT='x' is not a whole number"),
     "KB_MCP_CAMPAIGNS_KEPT_PER_CLIENT": ("0", "$KB_MCP_CAMPAIGNS_KEPT_PER_CLIENT='0' is not a whole number, more than"),
+    "KB_MCP_CAMPAIGN_MAX_PROBLEMS": ("0", "$KB_MCP_CAMPAIGN_MAX_PROBLEMS='0' is not a whole number, more than 0"),
 }
 
 

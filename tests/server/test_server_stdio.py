@@ -207,6 +207,11 @@ REFUSED_AT_START = {
     "KB_MCP_MAX_COMPILE_TIMEOUT_S": ("nan", "$KB_MCP_MAX_COMPILE_TIMEOUT_S='nan' is not a number of seconds"),
     "KB_MCP_PROFILE_STANDBY": ("maybe", "$KB_MCP_PROFILE_STANDBY='maybe' is not one of"),
     "KB_MCP_WATCH": ("disabled", "$KB_MCP_WATCH='disabled' is not one of"),
+    "KB_MCP_CAMPAIGN_MAX_PROBLEMS": ("0", "$KB_MCP_CAMPAIGN_MAX_PROBLEMS='0' is not a whole number, more than 0"),
+    "KB_MCP_CAMPAIGN_MAX_ITERATIONS": ("-1", "$KB_MCP_CAMPAIGN_MAX_ITERATIONS='-1' is not a whole number"),
+    "KB_MCP_CAMPAIGN_MAX_STEPS": ("1e3", "$KB_MCP_CAMPAIGN_MAX_STEPS='1e3' is not a whole number"),
+    "KB_MCP_CAMPAIGN_MAX_ATTEMPTS": ("ten", "$KB_MCP_CAMPAIGN_MAX_ATTEMPTS='ten' is not a whole number"),
+    "KB_MCP_CAMPAIGN_MAX_PARALLEL": ("2.5", "$KB_MCP_CAMPAIGN_MAX_PARALLEL='2.5' is not a whole number"),
 }
 
 

@@ -26,7 +26,8 @@ from kb_mcp.campaign.names import CAMPAIGN_NAME, DEFAULT_CAMPAIGN_NAME, Campaign
 from kb_mcp.campaign.owners import campaigns_kept_per_client, trim
 from kb_mcp.campaign.runner import CampaignOptions, CampaignSummary, run_campaign
 from kb_mcp.campaign.selection import SelectionError, select_problems
-from kb_mcp.clients.llm import ENV_BASE_URL, LLMConfig, LLMNotConfigured
+from kb_mcp.clients.llm import ENV_API_KEY, ENV_BASE_URL, LLMConfig, LLMNotConfigured, LLMSettingInvalid
+from kb_mcp.kb.errors import EnvironmentFault, KbMcpError
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, no_progress
 from kb_mcp.tools.context import ToolContext
 from kb_mcp.tools.source import readable_problems
@@ -114,16 +115,32 @@ class Request(CampaignOptions):
 Result = CampaignSummary  # the headline only: the full report stays in its files
 
 
+def _unconfigured(exc: LLMNotConfigured) -> KbMcpError:
+    """No usable LLM for the campaign: the operator's to fix where the server has no endpoint or one of
+    its KB_MCP_LLM_ settings is malformed; the caller's where only a model is missing (`model` names one)."""
+    if isinstance(exc, LLMSettingInvalid) or not (os.environ.get(ENV_BASE_URL) or os.environ.get(ENV_API_KEY)):
+        return EnvironmentFault(str(exc))
+    return ToolError(str(exc))
+
+
+def refusal(exc: CampaignError) -> KbMcpError:
+    """A campaign's refusal as the server answers it, keeping whose it is: the machine's (another run
+    of the campaign holds its folder, a kept kernel gone) is no argument the caller can change."""
+    if exc.whose == "environment":
+        return EnvironmentFault(str(exc))
+    return ToolError(str(exc))
+
+
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
     """Runs (or resumes) the campaign named `req.name` on this server's KB."""
     try:
         llm = LLMConfig.from_env(model=req.model).require()  # the endpoint and key: the operator's only
     except LLMNotConfigured as exc:
-        raise ToolError(str(exc)) from exc
+        raise _unconfigured(exc) from exc
     try:
         folder = campaign_folder(ctx.kb_path, req.name)
     except CampaignError as exc:
-        raise ToolError(str(exc)) from exc
+        raise refusal(exc) from exc
     options = CampaignOptions.model_validate(req.model_dump(include=set(CampaignOptions.model_fields)))
     _readable(ctx, options)
     counts: dict[str, tuple[int, int]] = {}
@@ -141,7 +158,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     try:
         result = run_campaign(folder, ctx.kb_path, options, llm, progress=forward, ctx=ctx, client=client, caps=caps)
     except CampaignError as exc:
-        raise ToolError(str(exc)) from exc
+        raise refusal(exc) from exc
     finally:  # however it ended (a cancel too): the client's older finished campaigns beyond its bound go
         _trim(folder.parent, client, keep)
     return result.headline()

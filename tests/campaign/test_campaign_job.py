@@ -73,6 +73,35 @@ async def test_campaign_job_without_llm_fails_with_instructions(tmp_path: Path,
     status = await _run_job(tmp_path / "kb.json", {"problems": [str(SWISH)], "compile_only": True})
     assert status["status"] == "failed"
     assert "KB_MCP_LLM_MODEL" in status["error"] and "--llm-base-url" in status["error"]
+    assert status["error_info"]["whose"] == "environment"  # the operator's setting, no argument of the caller's
+    # with the operator's endpoint set, only the model is missing: the caller can name one
+    monkeypatch.setenv("KB_MCP_LLM_BASE_URL", "http://127.0.0.1:9/v1")
+    status = await _run_job(tmp_path / "kb.json", {"problems": [str(SWISH)], "compile_only": True})
+    assert status["status"] == "failed" and status["error_info"]["whose"] == "caller", status
+
+
+async def test_a_campaign_another_run_holds_is_refused_as_the_machines_not_the_callers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kb_mcp.campaign.names import campaign_folder
+
+    kb = tmp_path / "kb.json"
+    folder = campaign_folder(kb, "held")
+    folder.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from filelock import FileLock; lock = FileLock(sys.argv[1]); lock.acquire(); "
+        "print('held', flush=True); time.sleep(120)"), str(folder / ".campaign.lock")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with FakeLLMServer(campaign_script()) as llm:
+            monkeypatch.setenv("KB_MCP_LLM_BASE_URL", llm.base_url)
+            monkeypatch.setenv("KB_MCP_LLM_MODEL", "fake-model")
+            status = await _run_job(kb, {**ONE_STEP, "name": "held"})
+        assert status["status"] == "failed" and "in progress" in status["error"], status
+        assert status["error_info"]["whose"] == "environment"
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.mark.nvcc

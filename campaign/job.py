@@ -115,20 +115,23 @@ class Request(CampaignOptions):
 Result = CampaignSummary  # the headline only: the full report stays in its files
 
 
+def _answer(message: str, environment: bool) -> KbMcpError:
+    """A refusal as the server answers it: the environment's (no argument the caller can change fixes
+    it), else the caller's."""
+    return EnvironmentFault(message) if environment else ToolError(message)
+
+
 def _unconfigured(exc: LLMNotConfigured) -> KbMcpError:
     """No usable LLM for the campaign: the operator's to fix where the server has no endpoint or one of
     its KB_MCP_LLM_ settings is malformed; the caller's where only a model is missing (`model` names one)."""
-    if isinstance(exc, LLMSettingInvalid) or not (os.environ.get(ENV_BASE_URL) or os.environ.get(ENV_API_KEY)):
-        return EnvironmentFault(str(exc))
-    return ToolError(str(exc))
+    operators = os.environ.get(ENV_BASE_URL) or os.environ.get(ENV_API_KEY)
+    return _answer(str(exc), isinstance(exc, LLMSettingInvalid) or not operators)
 
 
-def refusal(exc: CampaignError) -> KbMcpError:
-    """A campaign's refusal as the server answers it, keeping whose it is: the machine's (another run
-    of the campaign holds its folder, a kept kernel gone) is no argument the caller can change."""
-    if exc.whose == "environment":
-        return EnvironmentFault(str(exc))
-    return ToolError(str(exc))
+def _refusal(exc: CampaignError) -> KbMcpError:
+    """A campaign's refusal, keeping whose it is (another run holding its folder, a kept kernel gone: the
+    machine's)."""
+    return _answer(str(exc), exc.whose == "environment")
 
 
 def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Result:
@@ -140,7 +143,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     try:
         folder = campaign_folder(ctx.kb_path, req.name)
     except CampaignError as exc:
-        raise refusal(exc) from exc
+        raise _refusal(exc) from exc
     options = CampaignOptions.model_validate(req.model_dump(include=set(CampaignOptions.model_fields)))
     _readable(ctx, options)
     counts: dict[str, tuple[int, int]] = {}
@@ -158,7 +161,7 @@ def run(ctx: ToolContext, req: Request, progress: Progress = no_progress) -> Res
     try:
         result = run_campaign(folder, ctx.kb_path, options, llm, progress=forward, ctx=ctx, client=client, caps=caps)
     except CampaignError as exc:
-        raise refusal(exc) from exc
+        raise _refusal(exc) from exc
     finally:  # however it ended (a cancel too): the client's older finished campaigns beyond its bound go
         _trim(folder.parent, client, keep)
     return result.headline()

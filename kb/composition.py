@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Literal
 
-from kb_mcp.kb.models import CandidateRecord, Strength, Verdict, stored_instant
+from kb_mcp.kb.models import CandidateRecord, Strength, Verdict, legacy_strength, stored_instant
 
 __all__ = ["Picks", "Rank", "best_verdict", "rank", "raw_rank", "takes"]
 
@@ -75,10 +75,8 @@ def raw_rank(doc: Any) -> Rank | None:
 def _raw_fields(doc: dict[str, Any]) -> Rank | Literal[False] | None:
     """The raw reading of `raw_rank`; False where a field is not in the KB's own form."""
     verdict, flagged = doc.get("verdict"), doc.get("flagged", False)
-    if "strength" in doc:
-        strength = doc["strength"]
-    else:  # CandidateRecord's legacy rule, decided there before any field is read
-        strength = Strength.standard.value if doc.get("device") or doc.get("arch") else Strength.compile_only.value
+    # without a strength, CandidateRecord's legacy rule, as validation applies it before any field is read
+    strength = doc["strength"] if "strength" in doc else legacy_strength(doc).value
     if type(verdict) is not str or type(strength) is not str or type(flagged) is not bool:
         return False
     if verdict != Verdict.faster.value or strength != Strength.standard.value or flagged:

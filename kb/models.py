@@ -37,7 +37,7 @@ __all__ = [
     "ClientStats", "Count", "DEFAULT_MODE", "DEFAULT_TRACK", "Finite", "KBStats", "Lesson", "MAX_COUNT", "MetricRange",
     "Mode", "NonNegative", "Optimization", "Outcome", "PRE_RUN_VERDICTS", "Primary", "SCHEMA_VERSION", "SECONDARY_OF",
     "Score", "ScoreStats", "Secondary", "Signature", "State", "Strength", "Track", "Transition", "Verdict",
-    "calibration_terms", "options_digest", "utcnow"
+    "calibration_terms", "legacy_strength", "options_digest", "stored_instant", "utcnow"
 ]
 
 SCHEMA_VERSION = 1
@@ -383,6 +383,12 @@ PRE_RUN_VERDICTS = frozenset({Verdict.compile_error, Verdict.invalid, Verdict.ne
 """Verdicts a compile-only check reaches as surely as a GPU run: the build, and the static checks."""
 
 
+def legacy_strength(doc: dict[str, Any]) -> Strength:
+    """The strength of a stored verdict written before verdict keys carried options: checked with the
+    defaults, on a GPU where it names one (a device or its arch), else compile-only."""
+    return Strength.standard if doc.get("device") or doc.get("arch") else Strength.compile_only
+
+
 class CandidateRecord(BaseModel):
     """The server's own verdict on one candidate, as `compile_and_verify` measured it.
 
@@ -436,8 +442,7 @@ class CandidateRecord(BaseModel):
         # Records written before verdict keys carry no options: they were checked with the
         # defaults, on a GPU when they name one (a device or its arch), else compile-only.
         if isinstance(data, dict) and "strength" not in data:
-            gpu = data.get("device") or data.get("arch")
-            data = {**data, "strength": Strength.standard if gpu else Strength.compile_only}
+            data = {**data, "strength": legacy_strength(data)}
         return data
 
     @model_validator(mode="after")

@@ -166,7 +166,8 @@ class Bench:
         """The candidate's series as `TimedChecks.time_candidate` makes it: wall time, runs, median."""
         import torch
 
-        from kb_mcp.harness.worker.timing import PRECISION, TIMED_WALL_S, median_interval
+        from kb_mcp.harness.worker.run_stats import PRECISION, median_interval
+        from kb_mcp.harness.worker.timing import TIMED_WALL_S
 
         refs: dict[int, Any] = {}
 

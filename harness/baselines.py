@@ -58,6 +58,12 @@ def launch_bound(event_ms: float, issue_ms: float | None) -> bool:
     return issue_ms >= LAUNCH_BOUND_FRACTION * event_ms
 
 
+def best_of(eager_ms: float, compile_ms: float | None) -> float:
+    """The time a candidate must beat to be faster: the better of eager's and torch.compile's (None:
+    not measured, or not wanted)."""
+    return eager_ms if compile_ms is None else min(eager_ms, compile_ms)
+
+
 def not_cached(why: str) -> str:
     """What a result says of a baseline it measured that was not cached because the measurement did
     not hold the GPU alone (the machine-wide GPU lane, `harness.gpu.lane`): `why` says why it did not."""
@@ -91,6 +97,10 @@ class Baseline(BaseModel):
     def launch_bound(self) -> bool:
         """Whether eager is launch-bound, so that this figure must be re-timed beside a candidate."""
         return launch_bound(self.eager_ms, self.eager_issue_ms)
+
+    def turns_at(self, want_compile: bool) -> float:
+        """The candidate time at which the verdict against these figures turns (`best_of`)."""
+        return best_of(self.eager_ms, self.compile_ms if want_compile else None)
 
 
 def _slug(text: str) -> str:

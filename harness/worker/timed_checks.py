@@ -99,7 +99,9 @@ class TimedChecks:
         warm = 1 if quick else v.options.warmup_runs
         runs = timer.runs_for(self.cand, self._named(self._gen(None)), quick, v.options.timed_runs)
         wall, precision = stop_rules(v.options.timed_runs)
-        cand = Series(self.cand, self._named(self._gen(refs, seeds)), runs, warm, check, wall, precision)
+        # a cached, GPU-bound baseline is fixed: the series may stop once the verdict against it is known
+        turns = base.turns_at(v.options.compile_baseline) if base is not None and not base.launch_bound else None
+        cand = Series(self.cand, self._named(self._gen(refs, seeds)), runs, warm, check, wall, precision, turns)
         return time_with_reference(timer, cand, self.ref, self._gen(None), base, quick)
 
     def _timed_output(self, out: Any, ref_out: Any, seed: int) -> str | None:

@@ -31,22 +31,23 @@ compares this timer in a worker with the same timer in a bare process.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-import math
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from kb_mcp.harness.baselines import MAX_EAGER_DRIFT, Baseline, launch_bound
+from kb_mcp.harness.baselines import MAX_EAGER_DRIFT, Baseline, best_of, launch_bound
 from kb_mcp.harness.judgment.kernels import DeviceTime
 from kb_mcp.harness.judgment.verdict import Timings
 from kb_mcp.harness.worker.integrity_runtime import Trusted
+from kb_mcp.harness.worker.run_stats import PRECISION, RunStats
 
 TARGET_TIMED_S = 0.4  # timed runs per candidate: as many as fit this budget, within [MIN_RUNS, MAX_RUNS]
 MIN_RUNS = 10
@@ -59,70 +60,6 @@ RETIME_TIMED_S = 0.15
 # on an input of several GB, each run's fresh inputs and re-checked output cost tens of
 # milliseconds around a call of a few, so a hundred runs took 7-14 s of a first verdict.
 TIMED_WALL_S = 1.5
-# A series also stops once the median of its event times is known this closely (the 95 % interval
-# `median_interval` within +-PRECISION of the median) after PRECISE_MIN_RUNS runs: a GPU-bound call
-# of a fraction of a millisecond is that stable within a few dozen runs, and each run beyond them
-# costs its fresh inputs and re-checked output, several times the call itself.
-PRECISION = 0.01
-PRECISE_MIN_RUNS = 20
-
-
-@dataclass
-class RunStats:
-    """Per-run times of one timed series (milliseconds)."""
-
-    gpu_ms: list[float] = field(default_factory=list)
-    host_ms: list[float] = field(default_factory=list)
-    # host time until the call returned and its end event was queued
-    issue_ms: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)  # re-check failures of timed outputs
-
-    @property
-    def median_ms(self) -> float:
-        """Median event time."""
-        return statistics.median(self.gpu_ms)
-
-    @property
-    def min_ms(self) -> float:
-        """Fastest run."""
-        return min(self.gpu_ms)
-
-    @property
-    def host_median_ms(self) -> float:
-        """Median host-clock time of the same runs."""
-        return statistics.median(self.host_ms)
-
-    @property
-    def issue_median_ms(self) -> float:
-        """Median host time to issue the call (launches queued, nothing waited for)."""
-        return statistics.median(self.issue_ms)
-
-    @property
-    def gap_ms(self) -> float:
-        """Median of host minus event time per run."""
-        return statistics.median(h - g for h, g in zip(self.host_ms, self.gpu_ms))
-
-    def precise(self, precision: float) -> bool:
-        """Whether the median event time is known to within +-`precision` of itself (its 95 %
-        interval, `median_interval`), after at least PRECISE_MIN_RUNS runs."""
-        if len(self.gpu_ms) < PRECISE_MIN_RUNS:
-            return False
-        lo, hi = median_interval(self.gpu_ms)
-        return hi - lo <= 2 * precision * self.median_ms
-
-
-def median_interval(ms: Sequence[float]) -> tuple[float, float]:
-    """A distribution-free 95 % confidence interval of the median of `ms` (at least one value): the
-    order statistics at ranks (n - 1.96 sqrt n) / 2 and 1 + (n + 1.96 sqrt n) / 2, as the sign test
-    gives them; nothing is assumed about the shape of run times, which are skewed."""
-    xs = sorted(ms)
-    n = len(xs)
-    half = 1.96 * math.sqrt(n)
-    lo = max(math.floor((n - half) / 2), 1)
-    hi = min(math.ceil(1 + (n + half) / 2), n)
-    return xs[lo - 1], xs[hi - 1]
-
-
 def stop_rules(asked: int | None) -> tuple[float | None, float | None]:
     """A series' (`wall_s`, `precision`): none where the caller asked for a number of runs (all are
     made), else the wall budget (`TIMED_WALL_S`) and the precision (`PRECISION`)."""
@@ -153,6 +90,9 @@ class Series:
     check: Callable[[int, Any], str | None] | None = None
     wall_s: float | None = None  # stop after this much wall time, once MIN_RUNS (or `runs`) have run
     precision: float | None = None  # stop once the median is this precise (`RunStats.precise`)
+    # With a precision, stop also once the verdict against this time is known (`RunStats.decided`):
+    # the best baseline's, where it is fixed before the series (cached and GPU-bound)
+    decides_at: float | None = None
 
 
 def interleave_order(runs_a: int, runs_b: int) -> list[int]:
@@ -307,12 +247,13 @@ class Timer:
         check: Callable[[int, Any], str | None] | None = None,
         wall_s: float | None = None,
         precision: float | None = None,
+        decides_at: float | None = None,
     ) -> RunStats:
         """`warmup` untimed runs, then `runs` timed ones; `make_args(i)` makes fresh inputs for run i
         (called outside the timed region); `check(i, out)` returns an error text for a wrong output;
-        `wall_s` and `precision` end the series early (`Series`). The caller makes sure that
+        `wall_s`, `precision` and `decides_at` end the series early (`Series`). The caller makes sure that
         `guards_active()` is empty."""
-        (stats,) = self._timed([Series(fn, make_args, runs, warmup, check, wall_s, precision)], [0] * runs)
+        (stats,) = self._timed([Series(fn, make_args, runs, warmup, check, wall_s, precision, decides_at)], [0] * runs)
         return stats
 
     def interleaved(self, a: Series, b: Series) -> tuple[RunStats, RunStats]:
@@ -369,8 +310,9 @@ class Timer:
 
 
 def _settled(series: list[Series], stats: list[RunStats]) -> bool:
-    """Whether every series asks for a precision and its median already has it."""
-    return all(s.precision is not None and st.precise(s.precision) for s, st in zip(series, stats))
+    """Whether every series asks for a precision and its median already has it, or decides its verdict."""
+    return all(s.precision is not None and (st.precise(s.precision) or (
+        s.decides_at is not None and st.decided(s.decides_at))) for s, st in zip(series, stats))
 
 
 def time_with_reference(
@@ -379,7 +321,8 @@ def time_with_reference(
 ) -> tuple[RunStats, RunStats | None]:
     """The candidate's timed series, and the reference's eager series where eager is timed now.
 
-    * cached, GPU-bound: the candidate alone; the cached eager figure stands (None).
+    * cached, GPU-bound: the candidate alone; the cached eager figure stands (None). Only here may
+      the series stop once its verdict is decided (`Series.decides_at`): the baseline is fixed.
     * cached, launch-bound: both interleaved (`retime_runs` eager runs), since the cached figure
       may come from a slower or faster minute than this one.
     * nothing cached (a first measurement): the candidate alone, then eager alone, exactly as a
@@ -389,7 +332,9 @@ def time_with_reference(
     """
     warm, wall, precision = cand.warmup, cand.wall_s, cand.precision
     if cached is not None and not cached.launch_bound:
-        return timer.series(cand.fn, cand.make_args, cand.runs, warm, cand.check, wall, precision), None
+        return timer.series(cand.fn, cand.make_args, cand.runs, warm, cand.check, wall, precision,
+                            cand.decides_at), None
+    cand = dataclasses.replace(cand, decides_at=None)  # eager is timed now: no fixed time to decide against
     if cached is not None:
         return timer.interleaved(cand, Series(ref, make_ref, retime_runs(cached.eager_ms, quick), warm, wall_s=wall,
                                               precision=precision))
@@ -456,7 +401,7 @@ def timings_against(
                          f"{cached_ms:.4g} ms: more than the {MAX_EAGER_DRIFT:g}x a host's drift explains, so the "
                          "cached "
                          "figures are used (a reference slowed from inside the process must not make a speedup)")
-    best = min(x for x in (eager_ms, compile_ms) if x is not None)
+    best = best_of(eager_ms, compile_ms)
     device_fields, device_notes = _device_fields(device, eager_device, base)
     notes += device_notes
     return Timings(

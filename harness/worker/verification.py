@@ -41,8 +41,9 @@ from kb_mcp.harness.worker.footprint import request_peak
 from kb_mcp.harness.worker.integrity import IntegrityGuard, dedupe
 from kb_mcp.harness.worker.integrity_runtime import TrustedSnapshot
 from kb_mcp.harness.worker.loading import load_module
+from kb_mcp.harness.worker.run_stats import RunStats
 from kb_mcp.harness.worker.seal import ReferenceSeal
-from kb_mcp.harness.worker.timing import RunStats, Timer, guards_active
+from kb_mcp.harness.worker.timing import Timer, guards_active
 
 
 @dataclass

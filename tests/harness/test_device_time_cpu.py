@@ -21,7 +21,8 @@ from kb_mcp.harness.worker.profiling import (
     measure_device_time,
     profile_runs,
 )
-from kb_mcp.harness.worker.timing import RunStats, timings_against
+from kb_mcp.harness.worker.run_stats import RunStats
+from kb_mcp.harness.worker.timing import timings_against
 from kb_mcp.kb.models import Verdict
 
 US = 1000  # ns

@@ -1,6 +1,7 @@
 """What keeps the timing process clean, on CPU: the guard census that must be empty before a timed
 series, the garbage collector paused around it, and the profiler refused in timing workers; and when
-a series may stop because its median is known well enough (`RunStats.precise`)."""
+a series may stop because its median is known well enough (`RunStats.precise`) or its verdict is
+(`RunStats.decided`)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,16 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kb_mcp.harness.baselines import Baseline
 from kb_mcp.harness.worker import integrity_runtime as rt
 from kb_mcp.harness.worker import profiling
+from kb_mcp.harness.worker.run_stats import PRECISE_MIN_RUNS, PRECISION, RunStats, median_interval
 from kb_mcp.harness.worker.timing import (
-    PRECISE_MIN_RUNS,
-    PRECISION,
     HostEvent,
-    RunStats,
     Series,
     Timer,
     guards_active,
     host_trusted,
-    median_interval,
     paused_gc,
     time_with_reference,
 )
@@ -146,3 +145,56 @@ def test_the_reference_series_timed_beside_a_candidate_takes_the_candidates_prec
     fixed = dataclasses.replace(cand, precision=None)
     alone, eager = time_with_reference(_scripted_timer([0.5]), fixed, lambda i: i, lambda i: [i], None, quick=False)
     assert eager is not None and len(alone.gpu_ms) == len(eager.gpu_ms) == 100
+
+
+# Twenty runs spread over 1.000-1.045 ms (each value twice): the 95 % interval of the median is
+# 1.010-1.035, wider than +-1 %; the 99 % interval 1.005-1.040 is within +-3 % of the 1.0225 median.
+SPREAD = [1.0 + 0.005 * (i % 10) for i in range(PRECISE_MIN_RUNS)]
+
+
+def _baseline(eager_ms: float, compile_ms: float | None = None, issue_ms: float = 0.0) -> Baseline:
+    return Baseline(problem_hash="p", device="d", torch_version="t", eager_ms=eager_ms, eager_runs=20,
+                    eager_issue_ms=issue_ms, compile_ms=compile_ms)
+
+
+def test_a_verdict_is_decided_only_wholly_on_one_side_of_its_baseline_and_within_a_few_percent() -> None:
+    stats = RunStats(gpu_ms=list(SPREAD))
+    assert not stats.precise(PRECISION)
+    assert stats.decided(0.9) and stats.decided(1.2)  # clearly faster than 1.2, clearly slower than 0.9
+    assert not stats.decided(1.02) and not stats.decided(1.005)  # inside the 99 % interval: not yet
+    assert not RunStats(gpu_ms=SPREAD[:-1]).decided(0.9)  # too few runs
+    wide = RunStats(gpu_ms=[1.0 + 0.05 * (i % 10) for i in range(PRECISE_MIN_RUNS)])
+    assert not wide.decided(0.5)  # on one side, but the median is not known within +-3 %
+
+
+def test_a_series_stops_once_its_verdict_against_a_fixed_baseline_is_decided() -> None:
+    def timed(decides_at: float | None) -> int:
+        stats = _scripted_timer(SPREAD * 10).series(lambda i: i, lambda i: [i], 100, 0, precision=PRECISION,
+                                                    decides_at=decides_at)
+        return len(stats.gpu_ms)
+
+    assert timed(0.9) == PRECISE_MIN_RUNS
+    assert PRECISE_MIN_RUNS < timed(1.02) == timed(None) <= 100  # undecided: on until the median is precise
+
+
+def test_only_a_cached_gpu_bound_baseline_lets_the_candidate_stop_at_its_verdict() -> None:
+    cand = Series(lambda i: i, lambda i: [i], runs=100, warmup=0, precision=PRECISION, decides_at=0.9)
+    alone, eager = time_with_reference(_scripted_timer(SPREAD * 10), cand, lambda i: i, lambda i: [i],
+                                       _baseline(0.9), quick=False)
+    assert eager is None and len(alone.gpu_ms) == PRECISE_MIN_RUNS
+    # launch-bound: eager is re-timed beside the candidate, so there is no fixed time to decide against
+    steady_eager = [t for v in SPREAD * 10 for t in (v, 0.9)]  # interleaved: the candidate's, then eager's
+    paired, eager = time_with_reference(_scripted_timer(steady_eager), cand, lambda i: i, lambda i: [i],
+                                        _baseline(0.9, issue_ms=0.8), quick=False)
+    assert eager is not None and len(paired.gpu_ms) > PRECISE_MIN_RUNS
+    # a first measurement times eager after the candidate: the same
+    alone, eager = time_with_reference(_scripted_timer(SPREAD * 10), cand, lambda i: i, lambda i: [i], None,
+                                       quick=False)
+    assert eager is not None and len(alone.gpu_ms) > PRECISE_MIN_RUNS
+
+
+def test_the_verdict_turns_at_the_better_of_the_baselines_wanted() -> None:
+    assert _baseline(1.0, compile_ms=0.8).turns_at(want_compile=True) == 0.8
+    assert _baseline(1.0, compile_ms=0.8).turns_at(want_compile=False) == 1.0
+    assert _baseline(1.0, compile_ms=1.3).turns_at(want_compile=True) == 1.0
+    assert _baseline(1.0).turns_at(want_compile=True) == 1.0

@@ -3,6 +3,7 @@ as a problem file of its own, and the reference recomposed from them (`composed_
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any, Literal
 
 from kb_mcp.decomposition import grouping, ranking, runner, writing
 from kb_mcp.decomposition.compose import PartSource, composed_source
+from kb_mcp.decomposition.errors import DecompositionError, PastTimeLimit, TracerLimit
 from kb_mcp.decomposition.limits import TIME_LIMIT_S
 from kb_mcp.decomposition.models import Decomposition, Part, Trace
 from kb_mcp.harness.sandbox.sandbox import Sandbox
@@ -23,24 +25,31 @@ _WRITTEN = re.compile(r"(problem|composed|composed_reference)\.py|decomposition\
 WHOLE_GLUE = "def forward(self, *args):\n    return self.submod_0(*args)\n"
 
 
-class DecompositionError(RuntimeError):
-    """The model could not be decomposed (the message says at which step and why)."""
-
-
-class PastTimeLimit(DecompositionError):
-    """The problem's own code ran past the time limit in a step of its decomposition: the problem's
-    fault (it never returns), or a limit too short for it (`limit_s` says which limit)."""
-
-    def __init__(self, message: str, limit_s: float) -> None:
-        super().__init__(message)
-        self.limit_s = limit_s
-
-
 def failed(step: str, problem: str, answer: dict[str, Any]) -> DecompositionError:
     """The error for a worker's failed answer at `step` ("tracing", "splitting")."""
     message = f"{step} {problem} failed: {answer.get('error')}"
     limit = answer.get("timed_out")
     return PastTimeLimit(message, float(limit)) if isinstance(limit, (int, float)) else DecompositionError(message)
+
+
+def enters_autocast(source: str) -> bool:
+    """Whether the problem's code enters an autocast region (`with torch.autocast(...)`, a decorator, the
+    `torch.cuda.amp` / `torch.cpu.amp` forms): a dtype rule that lives outside the graph a trace records."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    calls = [item.context_expr for node in ast.walk(tree) if isinstance(node, (ast.With, ast.AsyncWith))
+             for item in node.items]
+    calls += [d for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for d in node.decorator_list]
+    return any(_called_name(c) == "autocast" for c in calls)
+
+
+def _called_name(expr: ast.expr) -> str:
+    """The last name of what an expression calls (`torch.amp.autocast(...)` -> autocast), or of the expression."""
+    target = expr.func if isinstance(expr, ast.Call) else expr
+    return target.attr if isinstance(target, ast.Attribute) else target.id if isinstance(target, ast.Name) else ""
 
 
 def _parts(problem: str, trace: Trace) -> tuple[list[Part], dict[str, int]]:
@@ -66,6 +75,14 @@ def plan(problem: str, source: str, traced: dict[str, Any], batch: int | None = 
     if not traced.get("ok"):
         raise failed("tracing", problem, traced)
     trace = Trace.model_validate({k: v for k, v in traced.items() if k not in ("ok", "shrunk")})
+    if trace.method != "whole" and enters_autocast(source):
+        raise TracerLimit(
+            f"{problem} enters autocast (`torch.autocast`, `torch.cuda.amp.autocast`), which a traced graph does not "
+            "keep: traced on meta tensors, the ops inside it would be written into parts at the dtypes outside it, "
+            "so the parts would not compute what the model computes. This is a limit of kb-mcp's trace, not a fault "
+            "of the model", action="to decompose the model now, cast explicitly where autocast would "
+            "(`self.fc1(x.to(torch.bfloat16))` with the layer in bfloat16), or decompose it without the autocast "
+            "region")
     parts, assignment = _parts(problem, trace)
     shrunk = bool(traced.get("shrunk"))
     sizes = "its sizes divided for a check" if shrunk else "the real sizes"

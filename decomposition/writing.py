@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import textwrap
 import tokenize
 from typing import Any
 
+from kb_mcp.decomposition.errors import TracerLimit
 from kb_mcp.decomposition.models import Part
 
 # what fx's generated code names beyond `torch` (export's graphs name `device`)
@@ -42,8 +44,23 @@ def _values(text: str, shape: list, dtype: torch.dtype) -> torch.Tensor:
 '''
 
 
-def _tensor_line(name: str, piece: dict[str, Any]) -> str:
+# The names the tracers give a tensor the forward computed while it was traced (fx's `_tensor_constant0`,
+# export's `lifted_tensor_0`): the model holds no such attribute, so its state dict never fills one in.
+TRACE_MADE = re.compile(r"_tensor_constant\d+|lifted_tensor_\d+")
+
+
+def _tensor_line(part: str, name: str, piece: dict[str, Any]) -> str:
     shape, dtype = piece["shape"], f"torch.{piece['dtype']}"
+    if not piece["parameter"] and "values" not in piece and TRACE_MADE.fullmatch(name):
+        # zeros in its place would make a part that computes something else than the model, silently
+        raise TracerLimit(
+            f"{part} reads a tensor ({name}, shape {shape}, {dtype}) that the trace computed inside forward from the "
+            "model's buffers or constants (as `torch.sqrt(self.running_var + eps)` or `~self.mask` do): traced on "
+            "meta tensors its values are unknown, and the model's state dict does not hold it, so the part could "
+            "not compute what the model computes. This is a limit of kb-mcp's trace, not a fault of the model",
+            action="to decompose the model now, compute such a tensor once in __init__ and register it as a buffer of "
+                   "its own (`self.register_buffer('inv_std', torch.rsqrt(self.running_var + 1e-5))`), and read "
+                   "that buffer in forward")
     if piece["parameter"]:
         scale = "" if not dtype.startswith("torch.float") and "bfloat" not in dtype else " * 0.02"
         return f'_place(self, "{name}", nn.Parameter(torch.randn({shape}, dtype={dtype}){scale}))'
@@ -138,7 +155,7 @@ def part_source(problem: str, part: Part, pieces: dict[str, Any], total: int, al
     unknown = [name for name, m in pieces["modules"].items() if not m["ctor"]]
     if unknown:
         raise ValueError(f"cannot rebuild the torch.nn modules {unknown} of {part.name} from their attributes")
-    init += [_tensor_line(name, piece) for name, piece in pieces["tensors"].items()]
+    init += [_tensor_line(part.name, name, piece) for name, piece in pieces["tensors"].items()]
     imports = sorted({GLOBAL_IMPORTS[g] for g in pieces["globals"] if g in GLOBAL_IMPORTS})
     body = "\n".join(["super().__init__()", *init])
     names = ", ".join(part.modules[:6]) + (f" and {len(part.modules) - 6} more" if len(part.modules) > 6 else "")

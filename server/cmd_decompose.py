@@ -55,9 +55,10 @@ def say(command: str) -> Callable[[str], None]:
 
 def run(args: argparse.Namespace) -> int:
     """Decomposes the problem (or reuses its decomposition in DIR) and prints the ranking; the caller's
-    status (1) when there is no problem file, it is not a problem or cannot be decomposed, or DIR holds
-    another problem's decomposition."""
-    from kb_mcp.tools.base import ToolError
+    status (1) when there is no problem file, it is not a problem or its code fails, or DIR holds
+    another problem's decomposition; kb-mcp's status (4) for a model the decomposition cannot split
+    faithfully (the message says what in the model to change to get around it)."""
+    from kb_mcp.kb.errors import KbMcpError
     from kb_mcp.tools.decompose_problem import decomposed
     from kb_mcp.tools.source import read_problem
 
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         # the decomposition the tool would make or reuse in `out`
         decomp = decomposed(read_problem(str(path), None), out.expanduser().resolve(),  # the operator's own file
                             timeout_s=args.timeout, say=say("decompose"))
-    except ToolError as exc:
+    except KbMcpError as exc:  # the problem's to fix (a ToolError), or ours: `whose` picks the status
         print(f"kb-mcp decompose: {exc}", file=sys.stderr)
         return exit_status.of(exc)
     ranked = decomp.by_file()

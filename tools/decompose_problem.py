@@ -25,7 +25,7 @@ from kb_mcp.decomposition.limits import MAX_TIME_LIMIT_S, MIN_TIME_LIMIT_S, TIME
 from kb_mcp.decomposition.models import Decomposition
 from kb_mcp.harness.problem import Problem
 from kb_mcp.harness.sandbox.sandbox import Sandbox
-from kb_mcp.kb.errors import decode_utf8, storage_error
+from kb_mcp.kb.errors import KbMcpError, decode_utf8, storage_error
 from kb_mcp.tools import compile_and_verify
 from kb_mcp.tools.base import Progress, ToolError, ToolMeta, gpu_lane_inside, no_progress
 from kb_mcp.tools.context import ToolContext
@@ -176,12 +176,22 @@ def decomposed(problem: Problem, out: Path, sandbox: Sandbox | None = None, time
     started = time.monotonic()
     (result,) = decompose_many([(problem.name, problem.source)], sandbox, timeout_s=timeout_s)
     if isinstance(result, DecompositionError):
-        raise ToolError(f"the problem {problem.path or '(given as source text)'} could not be decomposed: {result}"
-                        + (f". {RAISE_THE_LIMIT}" if isinstance(result, PastTimeLimit) else ""))
+        raise refusal(problem, result)
     say(f"traced and split {problem.name} in {time.monotonic() - started:.1f} s")
     decomp, files = result
     write({**files, PROBLEM: problem.source}, out)
     return decomp
+
+
+def refusal(problem: Problem, error: DecompositionError) -> KbMcpError:
+    """The error a failed decomposition is answered with, by whose it is: the problem's (ToolError: the
+    caller fixes the problem file), or ours (a model the decomposition cannot split faithfully: the
+    action says how its author gets around it)."""
+    message = f"the problem {problem.path or '(given as source text)'} could not be decomposed: {error}"
+    if error.whose != "caller":
+        return KbMcpError(message, action=error.action)
+    return ToolError(message + (f". {RAISE_THE_LIMIT}" if isinstance(error, PastTimeLimit) else ""),
+                     action=error.action)
 
 
 RAISE_THE_LIMIT = (f"If the model is only slow to build or trace, raise the limit (up to {MAX_TIME_LIMIT_S:g} s): "

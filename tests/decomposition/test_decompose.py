@@ -80,3 +80,39 @@ def test_a_layer_run_over_an_inputs_steps_in_several_files_is_listed_as_one(tmp_
     assert all(len(hs) > 1 for hs, _, _ in layers)  # a layer in one file is `by_file`'s, not listed here
     (plain,) = decompose.decompose_many([("toy_rnn", RNN)])
     assert not isinstance(plain, Exception) and plain[0].by_layer() == []  # each layer one file already
+
+
+DERIVED_BUFFERS = (Path(__file__).parent / "derived_buffer_model.py").read_text()
+AUTOCAST = (Path(__file__).parent / "autocast_model.py").read_text()
+
+
+def test_a_tensor_the_forward_derives_from_buffers_is_refused_not_written_as_zeros() -> None:
+    """fx computes `torch.sqrt(self.running_var + eps)` and `~self.mask` while it traces, on meta
+    tensors: a part holding them as zeros divides by zero. The decomposition says it is its own limit
+    and how the model's author gets around it; registering the derived tensors as buffers does."""
+    (result,) = decompose.decompose_many([("derived_buffers", DERIVED_BUFFERS)])
+    assert isinstance(result, decompose.TracerLimit), result
+    assert result.whose == "kb-mcp" and "_tensor_constant" in str(result) and "not a fault of the model" in str(result)
+    assert result.action and "register_buffer" in result.action
+
+    registered = DERIVED_BUFFERS.replace(
+        'self.register_buffer("running_var", torch.linspace(0.5, 2.0, d))',
+        'self.register_buffer("inv_std", torch.rsqrt(torch.linspace(0.5, 2.0, d) + 1e-5))').replace(
+        "/ torch.sqrt(self.running_var + 1e-5)", "* self.inv_std").replace(
+        '"mask", torch.tril(torch.ones(t, t)).bool()', '"blocked", ~torch.tril(torch.ones(t, t)).bool()').replace(
+        "~self.mask", "self.blocked")
+    assert registered.count("inv_std") == 2 and registered.count("blocked") == 2
+    (fixed,) = decompose.decompose_many([("registered_buffers", registered)])
+    assert not isinstance(fixed, Exception), fixed
+    (check,) = runner.run("check", [{"source": registered, "composed": fixed[1][decompose.REFERENCE], "batch": None,
+                                     "shrink": False}])
+    assert check.get("exact"), check
+
+
+def test_a_model_that_enters_autocast_is_refused_as_the_traces_limit() -> None:
+    """A traced graph keeps no autocast region: its parts would run the region's ops at the outer dtype."""
+    (result,) = decompose.decompose_many([("autocast", AUTOCAST)])
+    assert isinstance(result, decompose.TracerLimit), result
+    assert result.whose == "kb-mcp" and "autocast" in str(result) and result.action
+    region = 'with torch.autocast(device_type="cpu", dtype=torch.bfloat16):'
+    assert region in AUTOCAST and not decompose.enters_autocast(AUTOCAST.replace(region, "with torch.no_grad():"))

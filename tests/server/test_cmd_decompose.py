@@ -76,3 +76,18 @@ def test_a_timeout_outside_its_range_is_refused_before_anything_runs(tmp_path: P
                                value], capture_output=True, text=True, timeout=60, cwd=tmp_path)
         assert proc.returncode == 2 and said in proc.stderr.split("argument --timeout: ")[-1], (value, proc.stderr)
         assert "tracing" not in proc.stderr
+
+
+def test_a_model_the_trace_cannot_split_faithfully_is_refused_as_kb_mcps_not_the_problems(tmp_path: Path) -> None:
+    """No part is written with zeros for a tensor the forward derived from a buffer: exit 4 (ours), the
+    reason and the way around it, no traceback."""
+    problem = tmp_path / "derived.py"
+    problem.write_text((Path(__file__).parents[1] / "decomposition" / "derived_buffer_model.py").read_text())
+    out = tmp_path / "parts"
+    proc = subprocess.run([sys.executable, "-m", "kb_mcp.server.cli", "decompose", str(problem), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 4, proc.stderr
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"kb-mcp decompose: the problem {problem} could not be decomposed: part01 reads a tensor")
+    assert "not a fault of the model" in error and "register it as a buffer" in error
+    assert "Traceback" not in proc.stderr and not out.exists()

@@ -66,7 +66,9 @@ def _unknown_words(command: str, top: argparse.ArgumentParser) -> list[str]:
         subs = _subcommands(parser)
         if word.startswith("--"):
             option = word.split("=")[0].rstrip(",.;:)")
-            if re.fullmatch(r"--[a-z][a-z0-9-]*", option) and option not in _options(parser) | _options(top):
+            # `kb-mcp`'s own options (--kb, --version) come before its command: `kb-mcp kb stats --kb K` is refused
+            allowed = _options(parser) | (_options(top) if parser is top else set())
+            if re.fullmatch(r"--[a-z][a-z0-9-]*", option) and option not in allowed:
                 unknown.append(f"{' '.join(chain)} {option}")
         elif subs and re.fullmatch(r"[a-z][a-z|-]*", word) and chain[-1] != "call":
             names = word.split("|")
@@ -96,6 +98,7 @@ def test_the_command_check_finds_an_option_or_command_the_cli_lacks() -> None:
     assert _unknown_words("kb-mcp kb export out.json --overwrite", top) == ["kb-mcp kb export --overwrite"]
     assert _unknown_words("kb-mcp kb vacuum", top) == ["kb-mcp kb vacuum"]
     assert _unknown_words("kb-mcp serve --stdio", top) == ["kb-mcp serve --stdio"]
+    assert _unknown_words("kb-mcp kb stats --kb k.json", top) == ["kb-mcp kb stats --kb"]
 
 
 # The folders that install as kb_mcp (pyproject's package-dir): the code whose settings a user sets.

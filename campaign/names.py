@@ -1,5 +1,5 @@
 """What names a campaign, and where the campaign of a name lives: the one rule for the CLI
-(`kb-mcp run-campaign --name`) and the MCP job (`run_campaign`'s `name`). Light on purpose: the
+(`kb-mcp run-campaign --name`, `kb-mcp eval --name`) and the MCP job (`run_campaign`'s `name`). Light on purpose: the
 CLI reads it at start-up."""
 
 from __future__ import annotations
@@ -35,10 +35,19 @@ def campaign_folder(kb_path: Path, name: str) -> Path:
     A name that is not `CAMPAIGN_NAME`, or whose folder resolves anywhere but directly inside the
     campaigns folder (a symbolic link), is refused with CampaignError.
     """
-    root = paths.artifacts_dir(kb_path) / "campaigns"
+    return _named_folder(paths.artifacts_dir(kb_path) / "campaigns", name, "a campaign")
+
+
+def eval_folder(kb_path: Path, name: str) -> Path:
+    """The folder of the eval `name` (`kb-mcp eval --name`) beside the KB at `kb_path`:
+    `<artifacts>/evals/<name>`, by the same rule as a campaign's (an eval's folder is a campaign folder)."""
+    return _named_folder(paths.artifacts_dir(kb_path) / "evals", name, "an eval")
+
+
+def _named_folder(root: Path, name: str, what: str) -> Path:
     folder = root / name
     if not re.fullmatch(CAMPAIGN_NAME, name) or folder.resolve().parent != root.resolve():
-        raise CampaignError(f"{name!r} cannot name a campaign: a name starts with a letter or digit, then letters, "
+        raise CampaignError(f"{name!r} cannot name {what}: a name starts with a letter or digit, then letters, "
                             f"digits, '_', '.' or '-', and its folder is directly inside {root} (not a link "
                             "elsewhere); choose another name", whose="usage")
     return folder

@@ -34,7 +34,8 @@ def stdio_connect_lines(kb_arg: str | None) -> list[str]:
 
 
 def http_connect_lines(url: str, with_token: bool) -> list[str]:
-    """How to point an agent at this HTTP server."""
+    """How to point an agent at this HTTP server; `with_token` where it requires one (the shared token or
+    an agent's own, which each agent sets as its KB_MCP_TOKEN: the same lines send either)."""
     header = f' --header "Authorization: Bearer ${ENV_TOKEN}"' if with_token else ""
     headers_json = f', "headers": {{"Authorization": "Bearer ${{env:{ENV_TOKEN}}}"}}' if with_token else ""
     return [

@@ -1,7 +1,7 @@
 """`kb-mcp doctor`: one screen of checks of this machine, each failure with its fix.
 
-Exit status: 0 when nothing failed (warnings limit what works but do not fail), 1 when a check
-failed, so scripts can gate on it; `--gpu` makes everything GPU work needs a requirement.
+Exit status: 0 when nothing failed (warnings limit what works but do not fail), 3 (the machine's to
+fix) when a check failed, so scripts can gate on it; `--gpu` makes everything GPU work needs a requirement.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kb_mcp.campaign.names import CampaignError, eval_folder
 from kb_mcp.kb import paths
 from kb_mcp.server import cluster_args, exit_status
 
@@ -23,10 +24,11 @@ TRACKS = ("fp32", "tf32", "bf16", "fp16")  # kb.models.Track's values (kept lite
 
 
 def eval_dir(kb_path: Path, name: str | None, out: str | None) -> Path:
-    """The eval's folder: `--out`, else `<kb artifacts>/evals/<name>`."""
+    """The eval's folder: `--out`, else `<kb artifacts>/evals/<name>` by the campaign-name rule
+    (`campaign.names.eval_folder`; CampaignError for a name that would leave that folder)."""
     if out:
         return Path(out).expanduser().resolve()
-    return paths.artifacts_dir(kb_path) / "evals" / (name or DEFAULT_NAME)
+    return eval_folder(kb_path, name or DEFAULT_NAME)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=("own", "composed"),
                    help="own: only the solution's own kernels compute; composed: it may keep the PyTorch ops the "
                         "reference runs beside one kernel of its own (default: composed for level 3, own otherwise)")
-    p.add_argument("--name", help=f"eval name: its folder is <kb artifacts>/evals/NAME (default {DEFAULT_NAME})")
+    p.add_argument("--name", help="eval name (a letter or digit first, then letters, digits, '_', '.', '-'): its "
+                   f"folder is <kb artifacts>/evals/NAME (default {DEFAULT_NAME})")
     p.add_argument("--out", help="eval folder (overrides --name)")
     p.add_argument("--compile-only", action="store_true", help="no GPU: compile each solution, time nothing")
     p.add_argument("--baselines", action="store_true",
@@ -74,14 +77,17 @@ def run(args: argparse.Namespace) -> int:
     from kb_mcp.campaign.cluster_models import ClusterError
     from kb_mcp.campaign.eval_models import EvalError, EvalOptions
     from kb_mcp.campaign.evaluate import evaluate
-    from kb_mcp.campaign.store import CampaignError
     from kb_mcp.kb.models import Track
     from kb_mcp.server.campaign_console import ConsoleProgress
     from kb_mcp.server.gpu import detect_gpus
     from kb_mcp.tools.context import ToolContext
 
     kb_path = paths.resolve_kb_path(args.kb)
-    folder = eval_dir(kb_path, args.name, args.out)
+    try:
+        folder = eval_dir(kb_path, args.name, args.out)
+    except CampaignError as exc:  # a --name no eval could use
+        print(f"kb-mcp eval: {exc}", file=sys.stderr)
+        return exit_status.of(exc)
     if args.build_jobs is not None and args.build_jobs < 0:
         print("kb-mcp eval: --build-jobs takes 0 (no builds ahead) or more", file=sys.stderr)
         return exit_status.USAGE
@@ -129,7 +135,6 @@ def run_baselines(args: argparse.Namespace, kb_path: Path, folder: Path) -> int:
     from kb_mcp.campaign.baselines_eval import BaselinesError, baselines_table
     from kb_mcp.campaign.cluster_models import ClusterError
     from kb_mcp.campaign.selection import SelectionError, select_problems
-    from kb_mcp.campaign.store import CampaignError
     from kb_mcp.kb.models import Track
     from kb_mcp.server.campaign_console import ConsoleProgress
     from kb_mcp.server.gpu import detect_gpus

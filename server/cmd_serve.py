@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
                     stats_line=stats_line,
                     tools=tools,
                     gpu_tools=gpu_tools,
-                    connect=http_connect_lines(url, opts.token is not None) + token_hint_lines(opts.token),
+                    connect=http_connect_lines(url, opts.credentials.required) + token_hint_lines(opts.token),
                     footer=f"serving http {url} ({_tokens_line(opts)}; "
                     f"allowed hosts: {', '.join(opts.allowed_hosts)}); Ctrl-C quits",
                 )

@@ -66,7 +66,9 @@ def _unknown_words(command: str, top: argparse.ArgumentParser) -> list[str]:
         subs = _subcommands(parser)
         if word.startswith("--"):
             option = word.split("=")[0].rstrip(",.;:)")
-            if re.fullmatch(r"--[a-z][a-z0-9-]*", option) and option not in _options(parser) | _options(top):
+            # `kb-mcp`'s own options (--kb, --version) come before its command: `kb-mcp kb stats --kb K` is refused
+            allowed = _options(parser) | (_options(top) if parser is top else set())
+            if re.fullmatch(r"--[a-z][a-z0-9-]*", option) and option not in allowed:
                 unknown.append(f"{' '.join(chain)} {option}")
         elif subs and re.fullmatch(r"[a-z][a-z|-]*", word) and chain[-1] != "call":
             names = word.split("|")
@@ -96,6 +98,30 @@ def test_the_command_check_finds_an_option_or_command_the_cli_lacks() -> None:
     assert _unknown_words("kb-mcp kb export out.json --overwrite", top) == ["kb-mcp kb export --overwrite"]
     assert _unknown_words("kb-mcp kb vacuum", top) == ["kb-mcp kb vacuum"]
     assert _unknown_words("kb-mcp serve --stdio", top) == ["kb-mcp serve --stdio"]
+    assert _unknown_words("kb-mcp kb stats --kb k.json", top) == ["kb-mcp kb stats --kb"]
+
+
+# The folders that install as kb_mcp (pyproject's package-dir): the code whose settings a user sets.
+PACKAGE = ("harness", "kb", "policy", "tools", "server", "campaign", "profiling", "clients", "decomposition")
+# Names in the code that are no setting of kb-mcp's, with why.
+NOT_SETTINGS = {
+    "KB_MCP_": "the prefix the doctor lists set variables by",
+    "KB_MCP_TOKEN_FILE": "a variable name the redaction passes over (tools/disclosure.py); nothing reads it",
+}
+
+
+def _settings_read() -> set[str]:
+    """Every `KB_MCP_` variable the package's code names; one ending in `_` is a prefix (`KB_MCP_LLM_MODEL_`
+    for KB_MCP_LLM_MODEL_<ROLE>)."""
+    return {name for folder in PACKAGE for path in (ROOT / folder).rglob("*.py")
+            for name in re.findall(r'"(KB_MCP_[A-Z0-9_]*)"', path.read_text())} - set(NOT_SETTINGS)
+
+
+def test_the_docs_name_every_setting_the_code_reads() -> None:
+    documented = {name for doc in _described() for name in re.findall(r"KB_MCP_[A-Z0-9_]*", doc.read_text())}
+    missing = sorted(name for name in _settings_read()
+                     if not any(d == name or (name.endswith("_") and d.startswith(name)) for d in documented))
+    assert not missing, "KB_MCP_ settings the code reads that README.md and docs/*.md never name: " + ", ".join(missing)
 
 
 def test_the_readme_counts_the_cheats_the_suite_holds() -> None:

@@ -124,6 +124,18 @@ def test_unusable_arguments_are_the_callers_to_fix(tmp_path: Path, args: list[st
     assert proc.returncode == status and message in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("name", ["../x", "..", ".hidden"])
+def test_an_eval_name_that_leaves_the_evals_folder_is_refused(tmp_path: Path, name: str) -> None:
+    proc = subprocess.run(  # no --out: the folder comes from --name
+        [sys.executable, "-m", "kb_mcp.server.cli", "--kb", str(tmp_path / "kb.json"), "eval", str(TREE),
+         "--solutions", str(SOLUTIONS), "--compile-only", "--no-progress", "--name", name],
+        capture_output=True, text=True, env={**os.environ, "KB_MCP_HOME": str(tmp_path / "home")}, timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # the command line's (docs/agents.md, "Exit statuses")
+    assert f"{name!r} cannot name an eval" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "kb.artifacts").glob("*")) in ([], ["evals"])
+    assert not list((tmp_path / "kb.artifacts").glob("*/campaign.json"))  # nothing written beside evals/
+
+
 def test_cli_tracks_are_the_models_tracks() -> None:
     assert tuple(t.value for t in Track) == cmd_eval.TRACKS
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_mcp.campaign.names import CampaignError, campaign_folder
+from kb_mcp.campaign.names import CampaignError, campaign_folder, eval_folder
 
 
 @pytest.mark.parametrize("name", ["..", ".", ".hidden", "-x", "a/b", ""])
@@ -23,3 +23,10 @@ def test_a_campaign_folder_that_links_elsewhere_is_refused(tmp_path: Path) -> No
     (campaigns / "linked").symlink_to(tmp_path)
     with pytest.raises(CampaignError, match="not a link elsewhere"):
         campaign_folder(tmp_path / "kb.json", "linked")
+
+
+@pytest.mark.parametrize("name", ["..", "../x", ".hidden", "a/b"])
+def test_an_eval_name_cannot_name_a_folder_outside_the_evals_folder(tmp_path: Path, name: str) -> None:
+    with pytest.raises(CampaignError, match="cannot name an eval: a name starts with a letter or digit"):
+        eval_folder(tmp_path / "kb.json", name)
+    assert eval_folder(tmp_path / "kb.json", "mine-1") == tmp_path / "kb.artifacts" / "evals" / "mine-1"

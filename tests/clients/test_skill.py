@@ -11,7 +11,9 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from kb_mcp.server.cmd_skill import SKILL_NAME, skill_text
+from kb_mcp.server.job_tools import server_specs
 from kb_mcp.server.registry import load_tools
+from kb_mcp.tools.context import ToolContext
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,11 +41,14 @@ def test_front_matter_is_a_valid_skill_header() -> None:
     assert 50 < len(meta["description"]) <= 1024 and "Use when" in meta["description"]
 
 
-def test_the_skill_teaches_the_tools_the_server_has() -> None:
+def test_the_skill_teaches_the_tools_the_server_has(tmp_path: Path) -> None:
     text = SKILL.read_text()
     for spec in load_tools():
         assert f"`{spec.name}" in text, spec.name
-    assert "start_job" in text and "job_status" in text and "needs_gpu" in text
+    _, served = server_specs(ToolContext(tmp_path / "kb.json"))  # the job tools too: every tool it lists
+    assert {spec.name for spec in served if f"`{spec.name}`" not in text} == set()
+    assert "needs_gpu" in text
+    assert "`record`, with the `candidate_id`" in " ".join(text.split())  # where compile_and_verify returns it
 
 
 def test_it_ships_in_the_package() -> None:

@@ -54,6 +54,14 @@ def test_json_lists_every_check_and_the_exit_status_follows_them(tmp_path: Path)
     assert not (tmp_path / "kb.json").exists()  # the doctor looks, it does not create
 
 
+def test_the_help_names_the_exit_status_a_failed_check_gives(tmp_path: Path) -> None:
+    """A script reads `kb-mcp doctor --help` to gate on it: the status it names is the one a failure exits with."""
+    failed = _doctor([], tmp_path / "kb.json", env={"KB_MCP_SESSIONS_PER_CLIENT": "0"})  # a setting it refuses
+    assert failed.returncode not in (0, 1, 2), failed.stdout  # not a success, nor argparse's or the caller's
+    said = " ".join(_doctor(["--help"], tmp_path / "kb.json").stdout.split())
+    assert f"{failed.returncode} (the machine's to fix) when a check failed" in said
+
+
 def test_a_kb_path_below_a_file_fails_saying_which_file(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.write_text("")

@@ -194,6 +194,21 @@ async def test_each_agent_is_a_client_of_its_own_to_the_kb(kb_path: Path, tmp_pa
         assert token not in server.stderr
 
 
+def test_the_banner_of_a_server_of_agents_tokens_alone_connects_agents_with_their_token(kb_path: Path,
+                                                                                       tmp_path: Path) -> None:
+    """Each agent sets its own token as its KB_MCP_TOKEN (docs/agents.md): the connect lines send it, as they
+    send the shared one, so an agent following them is not refused for sending none."""
+    args = ["--http", "127.0.0.1:0", "--agents-file", str(_agents_file(tmp_path))]
+    with http_server(kb_path, args, env={"KB_MCP_TOKEN": ""}) as server:
+        said = server.stderr
+    assert "bearer token required: 2 agents' own tokens (alice, bob;" in " ".join(said.split())
+    claude = next(line for line in said.splitlines() if "Claude Code:" in line)
+    assert claude.endswith(f'{server.url} --header "Authorization: Bearer $KB_MCP_TOKEN"'), claude
+    for host in ("Cursor", "VS Code"):
+        line = next(line for line in said.splitlines() if f"{host} (" in line)
+        assert '"headers": {"Authorization": "Bearer ${env:KB_MCP_TOKEN}"}' in line, line
+
+
 async def test_an_agents_jobs_count_towards_its_own_cap_whatever_its_session(kb_path: Path, tmp_path: Path) -> None:
     """Alice's campaign in one session is hers in every other and on the sessionless protocol: her
     second is refused, saying why and what to do, and bob's campaign still finds a slot (before, alice

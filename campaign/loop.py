@@ -93,15 +93,18 @@ class Campaign:
         else:
             may_run(status, self.client, self.store.root)
             old = status.config
+            changes = self.config.changes_from(old)
             if old.problems != self.config.problems:
                 raise CampaignError(
-                    f"{self.store.root} holds a campaign over other problems; use another folder, "
-                    "or rerun without problems to resume it"
+                    f"{self.store.root} holds a campaign over other problems ({'; '.join(changes)}); use another "
+                    "folder (--name or --out), or rerun without problems to resume it"
                 )
             if old.compile_only != self.config.compile_only:
                 raise CampaignError(
                     f"{self.store.root} was run with compile_only={old.compile_only}; keep that setting")
-            status.config = self.config  # iterations, steps and the rest may change between runs
+            if changes:  # iterations, steps, models and the rest may change between runs: say which did
+                self.log(f"resuming {self.store.root} with settings changed since its last run: {'; '.join(changes)}")
+            status.config = self.config
             status.kb_path = self.kb_path
         status.runs += 1
         status.state = "running"
@@ -131,6 +134,15 @@ class Campaign:
                 [s for s in run.steps if s.iteration < self.config.iterations and s.step < self.config.steps]
             )
 
+    def _resumed(self, run: int) -> str:
+        """What a resumed run found finished, so the operator sees nothing was started over."""
+        initials = sum(r.initial is not None for r in self._runs.values())
+        steps = sum(self._done.values()) - initials
+        gradients = len(self.store.gradients())
+        return (f"resuming {self.store.root} (run {run}): kept {initials} of {len(self._runs)} first kernels, "
+                f"{steps} of {len(self._runs) * (self._total() - 1)} steps and {gradients} textual-gradient "
+                "batches; running the rest")
+
     def _total(self) -> int:
         return 1 + self.config.iterations * self.config.steps
 
@@ -151,6 +163,8 @@ class Campaign:
             status = self._open()
             self._load()
             self.store.write_kb_start(self.bench.snapshot())
+            if status.runs > 1:
+                self.log(self._resumed(status.runs))
             if self.config.gradient_every == 0:
                 self.log("textual gradient off (--gradient-every 0): the KB is updated numerically only")
             for name in self._runs:
@@ -220,6 +234,14 @@ class Campaign:
         pool.shutdown(wait=True)
         if interrupt is not None:
             raise interrupt
+        if failure is None and not self.stop.is_set():
+            # A batch whose last outcome came while another thread held the gradient, or one a
+            # previous run lost (killed, or its endpoint failed, after the outcomes were recorded):
+            # no step of this run may come to start it, so it is run here.
+            try:
+                self._maybe_gradient()
+            except (LLMError, CampaignStopped) as exc:
+                failure = exc
         self._flush_events()
         if failure is not None and not isinstance(failure, (LLMError, CampaignStopped)):
             raise failure

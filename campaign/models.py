@@ -63,6 +63,32 @@ class CampaignConfig(BaseModel):
     track: Track = Field(DEFAULT_TRACK, description="Precision track the candidates are verified in.")
 
 
+    def changes_from(self, old: CampaignConfig) -> list[str]:
+        """What this configuration sets otherwise than `old` (a stored run's), one `name: old -> new`
+        per setting (per role for the models): what a resumed run says it changed."""
+        changes: list[str] = []
+        mine, theirs = self.model_dump(mode="json"), old.model_dump(mode="json")
+        for name, value in mine.items():
+            before = theirs.get(name)
+            if name == "models":
+                before = before or {}
+                changes += [f"model for {role}: {before.get(role)} -> {model}" for role, model in sorted(value.items())
+                            if before.get(role) != model]
+            elif name == "problems":
+                changes += _problem_changes(list(before or []), value)
+            elif before != value:
+                changes.append(f"{name}: {before} -> {value}")
+        return changes
+
+
+def _problem_changes(before: list[str], after: list[str]) -> list[str]:
+    """The problems only one of two problem lists holds, by name and path."""
+    gone = [p for p in before if p not in after]
+    new = [p for p in after if p not in before]
+    return ([f"problems only the campaign holds: {', '.join(gone)}"] if gone else []) + (
+        [f"problems only given now: {', '.join(new)}"] if new else [])
+
+
 class ReviewRecord(BaseModel):
     """Soft verification of one candidate."""
 

@@ -19,7 +19,7 @@ finished units by listing these files and continues with the rest.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -39,6 +39,7 @@ from kb_mcp.kb.atomic import write_atomic
 from kb_mcp.kb.errors import EnvironmentFault, storage_error
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _RETRIES = TypeAdapter(list[Retry])
 
@@ -60,6 +61,15 @@ def _damaged(path: Path, what: str, exc: ValidationError) -> EnvironmentFault:
         action=f"restore it from a copy, or move it aside (`mv {path} {path}.damaged`): a resumed campaign "
         "redoes a step whose record is missing",
     )
+
+
+def _unreadable(path: Path, exc: OSError) -> EnvironmentFault:
+    """A record file listed in the folder that cannot be read (a folder or a dangling link in its
+    place, permissions, a failing disk): the environment's; the run stops before anything is redone."""
+    fault = storage_error(exc, "read the campaign record", path)
+    fault.action = (f"{fault.action}; or move it aside (`mv {path} {path}.damaged`): a resumed campaign "
+                    "redoes a unit whose record is missing")
+    return fault
 
 
 def _safe(name: str) -> str:
@@ -119,10 +129,20 @@ class CampaignStore:
     # -- records -------------------------------------------------------------------------------
 
     def _read(self, path: Path, model: type[M]) -> M:
+        return self._validated(path, model.__name__, model.model_validate_json)
+
+    @staticmethod
+    def _validated(path: Path, what: str, validate: Callable[[bytes], T]) -> T:
+        """A record file read and validated; a file that does not read back (damaged, a folder or a
+        dangling link in its place, unreadable) is the environment's fault, said with what to do."""
         try:
-            return model.model_validate_json(path.read_bytes())
+            data = path.read_bytes()
+        except OSError as exc:
+            raise _unreadable(path, exc) from exc
+        try:
+            return validate(data)
         except ValidationError as exc:
-            raise _damaged(path, f"a {model.__name__} record", exc) from exc
+            raise _damaged(path, f"a {what} record", exc) from exc
 
     def read_status(self) -> CampaignStatus | None:
         """The campaign header, or None for a new folder."""
@@ -188,10 +208,7 @@ class CampaignStore:
         folder = self.root / "raw" / "retried"
         found: list[Retry] = []
         for path in sorted(folder.glob("run*.json")) if folder.is_dir() else []:
-            try:
-                found += _RETRIES.validate_json(path.read_bytes())
-            except ValidationError as exc:
-                raise _damaged(path, "a list of Retry records", exc) from exc
+            found += self._validated(path, "list of Retry", _RETRIES.validate_json)
         return found
 
     # -- kernels -------------------------------------------------------------------------------

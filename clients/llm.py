@@ -229,6 +229,31 @@ class ChatReply(BaseModel):
     tokens_estimated: bool = False  # the endpoint reported no usage; counted from characters
 
 
+class _ReplyMessage(BaseModel):
+    content: str | None = None
+
+
+class _ReplyChoice(BaseModel):
+    message: _ReplyMessage
+
+
+class _ReplyShape(BaseModel):
+    """The part of a chat completion this client reads; local servers differ in the rest (some omit
+    `created` or `usage`), so only this is required of them."""
+
+    choices: list[_ReplyChoice]
+
+
+def _is_completion(body: str) -> bool:
+    """Whether a response body has a chat completion's shape: the openai package hands on a body that
+    is not JSON, or JSON of another shape, half-parsed (a str, a list, a choice without a message)."""
+    try:
+        _ReplyShape.model_validate_json(body)
+    except ValidationError:
+        return False
+    return True
+
+
 def _estimate_tokens(text: str) -> int:
     # About four characters per token for English and code; only used when the server reports no usage.
     return max(1, len(text) // 4) if text else 0
@@ -272,15 +297,26 @@ class LLMClient:
             extra["temperature"] = self.config.temperature
         if self.config.max_tokens is not None:
             extra["max_tokens"] = self.config.max_tokens
-        try:
-            response = self._client.chat.completions.create(
-                model=model,
-                messages=cast("list[ChatCompletionMessageParam]", [m.model_dump() for m in messages]),
-                **extra,
-            )
-        except self._openai_error as exc:
-            where = self.config.base_url or "api.openai.com"
-            raise LLMError(f"LLM call for role {role.value!r} to {where} (model {model}) failed: {exc}") from exc
+        where = f"{self.config.base_url or 'api.openai.com'} (model {model})"
+        for attempt in range(self.config.max_retries + 1):
+            try:
+                raw = self._client.chat.completions.with_raw_response.create(
+                    model=model,
+                    messages=cast("list[ChatCompletionMessageParam]", [m.model_dump() for m in messages]),
+                    **extra,
+                )
+            except self._openai_error as exc:
+                raise LLMError(f"LLM call for role {role.value!r} to {where} failed: {exc}") from exc
+            if _is_completion(raw.text):
+                response = raw.parse()
+                break
+            # A body that is no chat completion (a proxy's error page, a cut-off answer): the
+            # endpoint's fault, retried like a 5xx; the openai package itself would not retry it.
+            if attempt == self.config.max_retries:
+                raise LLMError(f"LLM call for role {role.value!r} to {where} failed: the endpoint answered "
+                               f"{self.config.max_retries + 1} times with something that is not a chat completion "
+                               f"(it began {raw.text[:80]!r}); check that the base URL is an OpenAI-compatible "
+                               "/v1 endpoint and that the server is healthy")
         if not response.choices:
             raise LLMError(f"LLM endpoint returned no choices for role {role.value!r} (model {model})")
         choice = response.choices[0]

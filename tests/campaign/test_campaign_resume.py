@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from campaign_helpers import (
+    CHAIN,
     SWISH,
     campaign_command,
     campaign_env,
@@ -18,7 +19,8 @@ from campaign_helpers import (
     slow_campaign_script,
     start_campaign,
 )
-from fakellm import FakeLLMServer
+from fakellm import Answer, FakeLLMServer, Rule, Script
+from fakellm.campaign_script import campaign_script
 
 from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.kb import ids
@@ -116,3 +118,48 @@ def test_interrupt_stops_cleanly_and_resumes(tmp_path: Path) -> None:
         second = run_campaign_process(campaign_command(kb, out, [SWISH], *FLAGS), env)
         assert second.returncode == 0, second.stdout + second.stderr
     _check_finished(store, kb, runs=2)
+
+
+def _failing(role: str, answer: Answer) -> Script:
+    """The scripted campaign with every answer to `role` replaced by `answer`."""
+    script = campaign_script()
+    script.rules.insert(0, Rule(role=role, answers=[answer]))
+    return script
+
+
+def test_resume_runs_the_gradient_batch_a_failed_endpoint_left(tmp_path: Path) -> None:
+    kb, out = tmp_path / "kb.json", tmp_path / "camp"
+    # three steps: the batch of the two outcomes (s0, s2) falls due when every step has finished
+    cmd = campaign_command(kb, out, [SWISH], *FLAGS[:3], "--steps", "3", *FLAGS[5:])
+    with FakeLLMServer(_failing("evaluate", Answer(status=503, text="overloaded"))) as server:
+        first = run_campaign_process(cmd, campaign_env(server, tmp_path / "home"))
+    assert first.returncode == 3, first.stdout + first.stderr  # the endpoint's fault, after its retries
+    store = CampaignStore(out)
+    assert len(store.steps()) == 3 and store.gradients() == []  # every step kept
+    with FakeLLMServer(campaign_script()) as server:
+        second = run_campaign_process(cmd, campaign_env(server, tmp_path / "home"))
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert server.requests_for("lower") == []  # no step redone
+    assert [g.index for g in store.gradients()] == [1]  # the batch the failure left, run now
+    assert "kept 1 of 1 first kernels, 3 of 3 steps" in second.stderr
+
+
+def test_a_garbage_llm_reply_stops_the_campaign_as_the_environments_fault(tmp_path: Path) -> None:
+    with FakeLLMServer(_failing("generate", Answer(body="<html>502 bad gateway</html>"))) as server:
+        done = run_campaign_process(campaign_command(tmp_path / "kb.json", tmp_path / "camp", [SWISH], *FLAGS),
+                                    campaign_env(server, tmp_path / "home"))
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert "not a chat completion" in done.stdout and "rerun the same command to resume" in done.stdout
+
+
+def test_a_rerun_with_other_problems_or_models_says_what_differs(tmp_path: Path) -> None:
+    kb, out = tmp_path / "kb.json", tmp_path / "camp"
+    with FakeLLMServer(_failing("generate", Answer(status=500, text="down"))) as server:
+        env = campaign_env(server, tmp_path / "home")
+        assert run_campaign_process(campaign_command(kb, out, [SWISH], *FLAGS), env).returncode == 3
+        other = run_campaign_process(campaign_command(kb, out, [CHAIN], *FLAGS), env)
+        assert other.returncode == 1 and "Traceback" not in other.stderr
+        assert f"only the campaign holds: {SWISH}" in other.stderr and f"only given now: {CHAIN}" in other.stderr
+        model = run_campaign_process(campaign_command(kb, out, [], "--llm-model-for", "review=small"), env)
+    assert "model for review: fake-model -> small" in model.stderr, model.stderr
+    assert "model for lower" not in model.stderr  # only what changed

@@ -95,3 +95,14 @@ def test_missing_usage_is_estimated_and_flagged(fake_llm, client_for) -> None:
     reply = client_for(server).chat(Role.analyze, _messages(Role.analyze))
     assert reply.tokens_estimated
     assert reply.tokens.completion_tokens == 100
+
+
+def test_a_reply_that_is_no_chat_completion_is_retried_then_an_llm_error(fake_llm, client_for) -> None:
+    for body in ("{not json", "<html>bad gateway</html>", '{"choices": "x"}', "[]"):
+        server = fake_llm(Script(rules=[Rule(answers=[Answer(body=body)])]))
+        client = client_for(server, max_retries=2)
+        with pytest.raises(LLMError, match="not a chat completion"):
+            client.chat(Role.generate, _messages(Role.generate))
+        assert len(server.requests) == 3  # the first try and two retries
+    server = fake_llm(Script(rules=[Rule(answers=[Answer(body="{not json"), Answer(text="hello")])]))
+    assert client_for(server, max_retries=2).chat(Role.generate, _messages(Role.generate)).text == "hello"

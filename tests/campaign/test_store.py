@@ -59,3 +59,18 @@ def test_a_record_damaged_after_it_was_written_is_the_environments_fault(tmp_pat
             read()
         assert err.value.whose == "environment" and err.value.where == str(path)
         assert str(path) in err.value.message and err.value.action and f"mv {path}" in err.value.action
+
+
+def test_a_record_that_cannot_be_read_is_the_environments_fault_with_its_path(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    step = store.root / "raw" / "steps" / "swish" / "i000_s000.json"
+    step.parent.mkdir(parents=True)
+    step.symlink_to(tmp_path / "gone.json")  # listed by the folder, but nothing to read
+    with pytest.raises(EnvironmentFault) as raised:
+        store.steps()
+    assert raised.value.where == str(step) and f"mv {step}" in str(raised.value)
+    store.status_path.unlink()
+    store.status_path.mkdir()  # a folder where the header should be
+    with pytest.raises(EnvironmentFault) as raised:
+        store.read_status()
+    assert raised.value.where == str(store.status_path)

@@ -40,6 +40,7 @@ class Answer(BaseModel):
     delay_s: float = 0.0  # sleep before answering (timeouts)
     finish_reason: str = "stop"
     usage: bool = True  # False: omit the usage block, as some local servers do
+    body: str | None = None  # sent as it is (status 200) instead of a chat completion: a garbage answer
 
 
 Responder = Callable[[list[dict[str, Any]]], str]
@@ -173,6 +174,14 @@ class _Handler(BaseHTTPRequestHandler):
                 answer=answer.text,
             )
         )
+        if answer.body is not None:
+            data = answer.body.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if answer.status != 200:
             self._send(answer.status, {"error": {"message": answer.text or "scripted failure", "type": "server_error"}})
             return

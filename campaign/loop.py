@@ -161,25 +161,18 @@ class Campaign:
         self.store.acquire()
         try:
             status = self._open()
-            self._load()
-            self.store.write_kb_start(self.bench.snapshot())
-            if status.runs > 1:
-                self.log(self._resumed(status.runs))
-            if self.config.gradient_every == 0:
-                self.log("textual gradient off (--gradient-every 0): the KB is updated numerically only")
-            for name in self._runs:
-                self.progress(name, self._done[name], self._total(), "resumed" if self._done[name] else "queued")
-            try:
+            try:  # from here on the header is "running": whatever ends the run says so there
+                self._start(status)
                 failure = self._execute()
+                write_best_kernels(self.store, self.config.problems)
+                report = self.report()
+                write_report(report, self.store.report_dir)
             except BaseException as exc:  # record it quickly; the report can wait for the rerun
                 if isinstance(exc, Exception):
                     self._set_status(status, "failed", f"failed: {type(exc).__name__}: {exc}")
                 else:  # KeyboardInterrupt, or a job's cancellation
                     self._set_status(status, "stopped", f"interrupted ({type(exc).__name__})")
                 raise
-            write_best_kernels(self.store, self.config.problems)
-            report = self.report()
-            write_report(report, self.store.report_dir)
             if failure is not None or self.stop.is_set():
                 message = str(failure) if failure else "stopped on request"
                 self._set_status(status, "stopped", message)
@@ -188,6 +181,18 @@ class Campaign:
             return report
         finally:
             self.store.release()
+
+    def _start(self, status: CampaignStatus) -> None:
+        """Reads back what earlier runs finished (a record that cannot be read stops the run) and says
+        what this run starts from."""
+        self._load()
+        self.store.write_kb_start(self.bench.snapshot())
+        if status.runs > 1:
+            self.log(self._resumed(status.runs))
+        if self.config.gradient_every == 0:
+            self.log("textual gradient off (--gradient-every 0): the KB is updated numerically only")
+        for name in self._runs:
+            self.progress(name, self._done[name], self._total(), "resumed" if self._done[name] else "queued")
 
     def _set_status(self, status: CampaignStatus, state: str, message: str) -> None:
         status.state = state  # type: ignore[assignment]

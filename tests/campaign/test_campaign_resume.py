@@ -163,3 +163,19 @@ def test_a_rerun_with_other_problems_or_models_says_what_differs(tmp_path: Path)
         model = run_campaign_process(campaign_command(kb, out, [], "--llm-model-for", "review=small"), env)
     assert "model for review: fake-model -> small" in model.stderr, model.stderr
     assert "model for lower" not in model.stderr  # only what changed
+
+
+def test_a_record_that_cannot_be_read_on_resume_leaves_the_header_failed_not_running(tmp_path: Path) -> None:
+    kb, out = tmp_path / "kb.json", tmp_path / "camp"
+    cmd = campaign_command(kb, out, [SWISH], *FLAGS)
+    with FakeLLMServer(_failing("generate", Answer(status=500, text="down"))) as server:
+        env = campaign_env(server, tmp_path / "home")
+        assert run_campaign_process(cmd, env).returncode == 3
+        step = out / "raw" / "steps" / "swish" / "i000_s000.json"
+        step.parent.mkdir(parents=True, exist_ok=True)
+        step.symlink_to(tmp_path / "gone.json")  # listed by the folder, nothing to read
+        again = run_campaign_process(cmd, env)
+    assert again.returncode == 3 and "Traceback" not in again.stderr, again.stdout + again.stderr
+    status = CampaignStore(out).read_status()
+    assert status is not None and status.runs == 2
+    assert status.state == "failed" and str(step) in status.message, status  # not left "running"

@@ -226,8 +226,9 @@ class CampaignStore:
         try:
             return path.read_text()
         except FileNotFoundError as exc:
-            raise CampaignError(f"kernel source {path} is missing; the campaign folder is incomplete",
-                                whose="environment") from exc
+            raise CampaignError(f"kernel source {path} is missing; the campaign folder is incomplete: restore its "
+                                f"kernels/ folder ({self.root / 'kernels'}) from a copy, or run the campaign again "
+                                "in a new folder (another --name or --out)", whose="environment") from exc
 
     def write_best(self, problem: str, source: str, header: str) -> Path:
         """Saves the best kernel of `problem`, with a comment header saying what it is."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kb_mcp.campaign.models import CampaignConfig, CampaignStatus, KBSnapshot, Retry
+from kb_mcp.campaign.names import CampaignError
 from kb_mcp.campaign.report import report_from_store
 from kb_mcp.campaign.store import CampaignStore
 from kb_mcp.kb.errors import EnvironmentFault
@@ -74,3 +75,14 @@ def test_a_record_that_cannot_be_read_is_the_environments_fault_with_its_path(tm
     with pytest.raises(EnvironmentFault) as raised:
         store.read_status()
     assert raised.value.where == str(store.status_path)
+
+
+def test_a_missing_kernel_source_is_the_environments_with_the_way_back(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save_kernel("swish", "c_1", "print('kernel')\n")
+    assert store.kernel_source("swish", "c_1") == "print('kernel')\n"
+    store.kernel_path("swish", "c_1").unlink()
+    with pytest.raises(CampaignError) as raised:
+        store.kernel_source("swish", "c_1")
+    assert raised.value.whose == "environment"
+    assert str(store.root / "kernels") in str(raised.value) and "in a new folder" in str(raised.value)

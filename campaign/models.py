@@ -62,7 +62,6 @@ class CampaignConfig(BaseModel):
     )
     track: Track = Field(DEFAULT_TRACK, description="Precision track the candidates are verified in.")
 
-
     def changes_from(self, old: CampaignConfig) -> list[str]:
         """What this configuration sets otherwise than `old` (a stored run's), one `name: old -> new`
         per setting (per role for the models): what a resumed run says it changed."""

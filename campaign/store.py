@@ -129,7 +129,7 @@ class CampaignStore:
     # -- records -------------------------------------------------------------------------------
 
     def _read(self, path: Path, model: type[M]) -> M:
-        return self._validated(path, model.__name__, model.model_validate_json)
+        return self._validated(path, f"a {model.__name__} record", model.model_validate_json)
 
     @staticmethod
     def _validated(path: Path, what: str, validate: Callable[[bytes], T]) -> T:
@@ -142,7 +142,7 @@ class CampaignStore:
         try:
             return validate(data)
         except ValidationError as exc:
-            raise _damaged(path, f"a {what} record", exc) from exc
+            raise _damaged(path, what, exc) from exc
 
     def read_status(self) -> CampaignStatus | None:
         """The campaign header, or None for a new folder."""
@@ -208,7 +208,7 @@ class CampaignStore:
         folder = self.root / "raw" / "retried"
         found: list[Retry] = []
         for path in sorted(folder.glob("run*.json")) if folder.is_dir() else []:
-            found += self._validated(path, "list of Retry", _RETRIES.validate_json)
+            found += self._validated(path, "a list of Retry records", _RETRIES.validate_json)
         return found
 
     # -- kernels -------------------------------------------------------------------------------
